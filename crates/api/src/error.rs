@@ -1,0 +1,84 @@
+//! How failures become HTTP responses: a status code chosen by what the
+//! client can do about it, and a JSON body `{"error": "<one line>"}`.
+
+use crate::types::ErrorBody;
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use basalt_catalog::CatalogError;
+use basalt_store::StoreError;
+use basalt_volume::VolumeError;
+
+/// An error response.
+#[derive(Debug)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub message: String,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, message: impl Into<String>) -> Self {
+        ApiError {
+            status,
+            message: message.into(),
+        }
+    }
+
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, message)
+    }
+
+    pub fn unauthorized(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::UNAUTHORIZED, message)
+    }
+
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::INTERNAL_SERVER_ERROR, message)
+    }
+}
+
+/// The status code for a control-plane error:
+/// 400 the request is invalid, 404 no such volume, 409 it conflicts with the
+/// volume's state, 507 the store has no room for it, 500 the node failed.
+pub fn status_for(err: &VolumeError) -> StatusCode {
+    match err {
+        VolumeError::InvalidName { .. } | VolumeError::InvalidSize(_) => StatusCode::BAD_REQUEST,
+        VolumeError::NotFound(_) => StatusCode::NOT_FOUND,
+        VolumeError::AlreadyExists(_)
+        | VolumeError::InUse { .. }
+        | VolumeError::ShrinkRefused { .. }
+        | VolumeError::Catalog(CatalogError::Conflict { .. }) => StatusCode::CONFLICT,
+        VolumeError::Overcommit { .. } | VolumeError::Store(StoreError::TooManyVolumes(_)) => {
+            StatusCode::INSUFFICIENT_STORAGE
+        }
+        VolumeError::Store(StoreError::InvalidSize(_)) => StatusCode::BAD_REQUEST,
+        _ => StatusCode::INTERNAL_SERVER_ERROR,
+    }
+}
+
+impl From<VolumeError> for ApiError {
+    fn from(err: VolumeError) -> Self {
+        ApiError::new(status_for(&err), err.to_string())
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        if self.status.is_server_error() && self.status != StatusCode::INSUFFICIENT_STORAGE {
+            tracing::error!(status = %self.status, error = %self.message, "request failed");
+        }
+        let mut response = (
+            self.status,
+            Json(ErrorBody {
+                error: self.message,
+            }),
+        )
+            .into_response();
+        if self.status == StatusCode::UNAUTHORIZED {
+            response
+                .headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        response
+    }
+}

@@ -1,0 +1,150 @@
+//! The JSON bodies of the REST API, shared by the server and its clients
+//! (the `basalt` CLI). Field names are the wire format: add fields, never
+//! rename them; clients ignore fields they do not know.
+
+use basalt_volume::{parse_size, StoreStatus, VolumeInfo};
+use serde::{de, Deserialize, Deserializer, Serialize};
+use std::fmt;
+use uuid::Uuid;
+
+/// A volume, as returned by the volume endpoints.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Volume {
+    pub name: String,
+    pub id: Uuid,
+    pub size_bytes: u64,
+    pub allocated_bytes: u64,
+    pub created_at: String,
+    pub open_connections: usize,
+}
+
+impl From<VolumeInfo> for Volume {
+    fn from(v: VolumeInfo) -> Self {
+        Volume {
+            name: v.name,
+            id: v.id,
+            size_bytes: v.size_bytes,
+            allocated_bytes: v.allocated_bytes,
+            created_at: v.created_at,
+            open_connections: v.open_connections,
+        }
+    }
+}
+
+/// `GET /api/v1/volumes`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct VolumeList {
+    pub volumes: Vec<Volume>,
+}
+
+/// `GET /api/v1/status`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Status {
+    pub capacity_bytes: u64,
+    pub provisioned_bytes: u64,
+    pub allocated_bytes: u64,
+    pub overcommit_ratio: f64,
+    pub volume_count: usize,
+    pub extent_size: u64,
+}
+
+impl From<StoreStatus> for Status {
+    fn from(s: StoreStatus) -> Self {
+        Status {
+            capacity_bytes: s.capacity_bytes,
+            provisioned_bytes: s.provisioned_bytes,
+            allocated_bytes: s.allocated_bytes,
+            overcommit_ratio: s.overcommit_ratio,
+            volume_count: s.volume_count,
+            extent_size: s.extent_size,
+        }
+    }
+}
+
+/// A size in a request: bytes as a JSON number, or a human string such as
+/// `"10G"` (see `basalt_volume::size`). Serialises as the number of bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(transparent)]
+pub struct Size(pub u64);
+
+impl<'de> Deserialize<'de> for Size {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct SizeVisitor;
+        impl de::Visitor<'_> for SizeVisitor {
+            type Value = Size;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(r#"a size: a number of bytes or a string like "10G""#)
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Size, E> {
+                Ok(Size(v))
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Size, E> {
+                u64::try_from(v)
+                    .map(Size)
+                    .map_err(|_| E::custom(format!("size {v} is negative")))
+            }
+            fn visit_f64<E: de::Error>(self, v: f64) -> Result<Size, E> {
+                Err(E::custom(format!(
+                    "size {v} is not a whole number of bytes; use an integer or a string like \"1.5G\""
+                )))
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Size, E> {
+                parse_size(v).map(Size).map_err(E::custom)
+            }
+        }
+        d.deserialize_any(SizeVisitor)
+    }
+}
+
+/// `POST /api/v1/volumes`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateVolume {
+    pub name: String,
+    pub size: Size,
+}
+
+/// `POST /api/v1/volumes/{name}/resize`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ResizeVolume {
+    pub size: Size,
+    #[serde(default)]
+    pub allow_shrink: bool,
+}
+
+/// The body of every error response.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ErrorBody {
+    /// One line saying what went wrong and, where possible, what to do.
+    pub error: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn size_accepts_numbers_and_strings() {
+        let r: ResizeVolume = serde_json::from_str(r#"{"size": "20G"}"#).unwrap();
+        assert_eq!(r, ResizeVolume { size: Size(20 << 30), allow_shrink: false });
+        let r: ResizeVolume =
+            serde_json::from_str(r#"{"size": 21474836480, "allow_shrink": true}"#).unwrap();
+        assert_eq!(r, ResizeVolume { size: Size(20 << 30), allow_shrink: true });
+    }
+
+    #[test]
+    fn size_errors_are_readable() {
+        for (body, needle) in [
+            (r#"{"name":"a","size":"10X"}"#, "unknown unit"),
+            (r#"{"name":"a","size":-1}"#, "negative"),
+            (r#"{"name":"a","size":1.5}"#, "whole number"),
+            (r#"{"name":"a","size":true}"#, "a number of bytes or a string"),
+            (r#"{"name":"a"}"#, "missing field `size`"),
+            (r#"{"name":"a","size":1,"sise":2}"#, "unknown field `sise`"),
+        ] {
+            let err = serde_json::from_str::<CreateVolume>(body).unwrap_err().to_string();
+            assert!(err.contains(needle), "{body}: {err}");
+        }
+    }
+}

@@ -1,0 +1,45 @@
+//! The catalog's error type, shared by every backend so callers can match on
+//! outcomes (absent, duplicate, lost race) without knowing the backend.
+
+use crate::Revision;
+use std::path::PathBuf;
+
+/// Why a catalog call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum CatalogError {
+    #[error("no volume named {0:?} in the catalog")]
+    NotFound(String),
+
+    #[error("a volume named {0:?} already exists")]
+    AlreadyExists(String),
+
+    #[error(
+        "volume {name:?} was changed concurrently (expected revision {expected}, found {found}); re-read and retry"
+    )]
+    Conflict {
+        name: String,
+        expected: Revision,
+        found: Revision,
+    },
+
+    #[error("catalog record {key:?} is unreadable: {reason}")]
+    Corrupt { key: String, reason: String },
+
+    #[error(
+        "catalog schema version {found} is newer than this binary supports (up to {supported}); upgrade basalt"
+    )]
+    UnsupportedSchema { found: u64, supported: u64 },
+
+    #[error("catalog {} is in use by another process (is another basalt server running on this data directory?)", .0.display())]
+    Locked(PathBuf),
+
+    #[error("catalog backend failed: {0}")]
+    Backend(#[source] Box<dyn std::error::Error + Send + Sync>),
+}
+
+impl CatalogError {
+    /// Wraps a backend-specific failure.
+    pub fn backend(err: impl std::error::Error + Send + Sync + 'static) -> Self {
+        CatalogError::Backend(Box::new(err))
+    }
+}

@@ -1,0 +1,92 @@
+//! The catalog's record of one volume.
+//!
+//! Compatibility rules, so records written by any basalt version stay
+//! readable by any other:
+//! - A field added later must carry `#[serde(default)]` (records written
+//!   before it existed lack it).
+//! - Fields this version does not know are kept in [`VolumeRecord::unknown`]
+//!   and written back unchanged, so an older node updating a record does not
+//!   drop what a newer one added.
+//! - Fields are never renamed or re-typed; add a new one instead.
+
+use serde::{Deserialize, Serialize};
+use std::time::SystemTime;
+use uuid::Uuid;
+
+/// The longest volume name the control plane accepts, in bytes.
+pub const MAX_VOLUME_NAME_LEN: usize = 64;
+
+/// The desired state of one volume.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct VolumeRecord {
+    /// Stable identity and the store's volume id; never changes. A name can
+    /// be reused after a delete, always with a new id.
+    pub id: Uuid,
+    /// Unique, user-chosen name; the catalog key.
+    pub name: String,
+    /// Provisioned size in bytes (a multiple of 4096).
+    pub size_bytes: u64,
+    /// Creation time, RFC 3339 in UTC with second precision.
+    pub created_at: String,
+    /// Fields written by a newer basalt that this version does not know.
+    #[serde(flatten)]
+    pub unknown: serde_json::Map<String, serde_json::Value>,
+}
+
+impl VolumeRecord {
+    /// A record for a new volume created at `now`.
+    pub fn new(id: Uuid, name: impl Into<String>, size_bytes: u64, now: SystemTime) -> Self {
+        VolumeRecord {
+            id,
+            name: name.into(),
+            size_bytes,
+            created_at: humantime::format_rfc3339_seconds(now).to_string(),
+            unknown: serde_json::Map::new(),
+        }
+    }
+
+    /// The JSON stored as the record's value.
+    pub fn to_json(&self) -> String {
+        // Serialising plain strings, numbers and JSON values cannot fail.
+        serde_json::to_string(self).expect("VolumeRecord serialises to JSON")
+    }
+
+    /// Parses a stored value; `key` only names the record in the error.
+    pub fn from_json(key: &str, json: &str) -> Result<Self, crate::CatalogError> {
+        serde_json::from_str(json).map_err(|e| crate::CatalogError::Corrupt {
+            key: key.to_string(),
+            reason: e.to_string(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_round_trip() {
+        let rec = VolumeRecord::new(Uuid::new_v4(), "vol-1", 1 << 30, SystemTime::UNIX_EPOCH);
+        assert_eq!(rec.created_at, "1970-01-01T00:00:00Z");
+        let back = VolumeRecord::from_json("vol-1", &rec.to_json()).unwrap();
+        assert_eq!(back, rec);
+    }
+
+    #[test]
+    fn unknown_fields_survive_a_rewrite() {
+        let json = r#"{"id":"67e55044-10b1-426f-9247-bb680e5fe0c8","name":"a","size_bytes":4096,
+            "created_at":"2024-01-01T00:00:00Z","replicas":3,"tenant":{"id":"t1"}}"#;
+        let rec = VolumeRecord::from_json("a", json).unwrap();
+        assert_eq!(rec.unknown.len(), 2);
+        let rewritten: serde_json::Value = serde_json::from_str(&rec.to_json()).unwrap();
+        assert_eq!(rewritten["replicas"], 3);
+        assert_eq!(rewritten["tenant"]["id"], "t1");
+        assert_eq!(rewritten["size_bytes"], 4096);
+    }
+
+    #[test]
+    fn missing_required_field_is_corrupt() {
+        let err = VolumeRecord::from_json("a", r#"{"name":"a"}"#).unwrap_err();
+        assert!(matches!(err, crate::CatalogError::Corrupt { .. }), "{err}");
+    }
+}

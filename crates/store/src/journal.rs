@@ -1,0 +1,63 @@
+//! The metadata journal's bookkeeping: a ring of 4 KiB blocks, each holding
+//! up to `JOURNAL_ENTRIES_PER_BLOCK` entries under its own sequence number
+//! and CRC. Block `seq` lives at ring position `seq % journal_blocks`.
+//!
+//! Invariant: blocks `tail_seq .. head_seq` are on disk and not yet covered
+//! by the tables; the superblock's tail is only advanced by a checkpoint
+//! after the tables it covers are durable.
+
+use crate::buf::AlignedBuf;
+use crate::format::{encode_journal_block, JournalEntry, JOURNAL_ENTRIES_PER_BLOCK, PAGE};
+
+pub(crate) struct Journal {
+    pub store_id: uuid::Uuid,
+    pub ring_blocks: u64,
+    pub head_seq: u64,
+    pub tail_seq: u64,
+    /// Generation of the last superblock written.
+    pub generation: u64,
+    /// Entries appended (ever) that are known durable.
+    pub durable_entries: u64,
+}
+
+impl Journal {
+    pub fn used_blocks(&self) -> u64 {
+        self.head_seq - self.tail_seq
+    }
+
+    /// Whether `blocks` more fit without overwriting blocks the tables do
+    /// not cover yet.
+    pub fn fits(&self, blocks: u64) -> bool {
+        self.used_blocks() + blocks < self.ring_blocks
+    }
+
+    pub fn blocks_for(entries: usize) -> u64 {
+        entries.div_ceil(JOURNAL_ENTRIES_PER_BLOCK) as u64
+    }
+
+    /// Encodes `entries` as consecutive blocks starting at `head_seq` and
+    /// returns the (device offset, byte range in `buf`) writes needed, split
+    /// where the ring wraps.
+    pub fn encode(
+        &self,
+        entries: &[JournalEntry],
+        journal_offset: u64,
+        buf: &mut AlignedBuf,
+    ) -> Vec<(u64, std::ops::Range<usize>)> {
+        let blocks = Self::blocks_for(entries.len()) as usize;
+        buf.set_len(blocks * PAGE as usize);
+        for (i, chunk) in entries.chunks(JOURNAL_ENTRIES_PER_BLOCK).enumerate() {
+            let at = i * PAGE as usize;
+            encode_journal_block(self.store_id, self.head_seq + i as u64, chunk, &mut buf[at..at + PAGE as usize]);
+        }
+        let first_pos = self.head_seq % self.ring_blocks;
+        let until_wrap = (self.ring_blocks - first_pos) as usize;
+        let off = |pos: u64| journal_offset + pos * PAGE;
+        if blocks <= until_wrap {
+            vec![(off(first_pos), 0..blocks * PAGE as usize)]
+        } else {
+            let split = until_wrap * PAGE as usize;
+            vec![(off(first_pos), 0..split), (off(0), split..blocks * PAGE as usize)]
+        }
+    }
+}

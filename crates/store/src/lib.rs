@@ -1,0 +1,35 @@
+//! Basalt's local store engine: thin-provisioned volumes kept in fixed-size
+//! extents on one block device (a data file or a raw device), with a metadata
+//! journal that makes every flushed write survive a crash.
+//!
+//! Invariants (see `docs/format.md` for the on-disk side):
+//! - A physical extent is owned by at most one (volume, logical extent).
+//! - A free physical extent reads as zeros; so does every logical extent that
+//!   is not mapped. Both hold after a crash too.
+//! - A write is durable once it carried FUA or a later `flush` completed; the
+//!   mapping it needed is journaled no later than that.
+//! - An extent unmapped by TRIM, shrink or delete is reused only after the
+//!   unmap is durable and the extent has been zeroed, and only after every I/O
+//!   that could still reach it has finished.
+
+mod alloc;
+mod buf;
+pub mod device;
+mod engine;
+mod error;
+pub mod format;
+mod journal;
+mod meta;
+mod volume;
+
+pub use buf::AlignedBuf;
+pub use device::{BlockDevice, FileDevice, IoKind, IoOp, SimDevice};
+pub use engine::{FormatOptions, Store, StoreUsage, VolumeUsage};
+pub use error::{IoError, StoreError};
+pub use volume::{DataOp, LocalVolume, MappingRun};
+
+/// Identifies a volume in the store; the control plane's volume UUID.
+pub type VolumeId = uuid::Uuid;
+
+/// The block size every data-path offset and length is aligned to internally.
+pub const BLOCK_SIZE: u64 = 4096;

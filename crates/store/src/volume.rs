@@ -1,0 +1,455 @@
+//! The data path of one volume: batched reads and writes mapped onto
+//! physical extents, thin allocation on first write, TRIM and write-zeroes,
+//! and the allocation map for block-status queries.
+//!
+//! Invariants:
+//! - Reads and writes hold the volume's map lock shared for the whole batch,
+//!   including the device I/O; anything that unmaps extents (trim, zeroing,
+//!   shrink, delete) holds it exclusively. So no I/O can land in an extent
+//!   after it was unmapped and handed to another volume.
+//! - An overwrite of mapped space costs one device write and no metadata.
+//! - A FUA write's data and the mapping it needs are durable when it returns.
+
+use crate::buf::AlignedBuf;
+use crate::device::{IoKind, IoOp};
+use crate::engine::Store;
+use crate::error::IoError;
+use crate::format::JournalEntry;
+use crate::{VolumeId, BLOCK_SIZE};
+use parking_lot::RwLock;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// One logical extent's physical location (stored as phys + 1; 0 = unmapped).
+#[derive(Default)]
+pub(crate) struct MapEntry(AtomicU32);
+
+impl MapEntry {
+    pub fn get(&self) -> Option<u32> {
+        self.0.load(Ordering::Acquire).checked_sub(1)
+    }
+    pub fn set(&self, phys: Option<u32>) {
+        self.0.store(phys.map_or(0, |p| p + 1), Ordering::Release);
+    }
+}
+
+/// A volume's logical→physical extent map.
+pub(crate) struct ExtentMap(Vec<MapEntry>);
+
+impl ExtentMap {
+    pub fn get(&self, logical: usize) -> Option<&MapEntry> {
+        self.0.get(logical)
+    }
+    pub fn resize(&mut self, extents: usize) {
+        self.0.resize_with(extents, MapEntry::default);
+    }
+}
+
+pub(crate) struct VolumeState {
+    pub id: VolumeId,
+    pub slot: u32,
+    size: AtomicU64,
+    pub map: RwLock<ExtentMap>,
+    deleted: AtomicBool,
+}
+
+impl VolumeState {
+    pub fn new(id: VolumeId, slot: u32, size: u64, extents: usize) -> VolumeState {
+        let mut map = ExtentMap(Vec::new());
+        map.resize(extents);
+        VolumeState { id, slot, size: AtomicU64::new(size), map: RwLock::new(map), deleted: AtomicBool::new(false) }
+    }
+    pub fn size(&self) -> u64 {
+        self.size.load(Ordering::Acquire)
+    }
+    pub fn set_size(&self, size: u64) {
+        self.size.store(size, Ordering::Release)
+    }
+    pub fn mark_deleted(&self) {
+        self.deleted.store(true, Ordering::Release)
+    }
+    fn is_deleted(&self) -> bool {
+        self.deleted.load(Ordering::Acquire)
+    }
+    /// At open: records that `phys` holds `logical`; false if that does not
+    /// fit the volume or the logical extent is already mapped.
+    pub fn set_mapping_at_open(&self, logical: u32, phys: u32) -> bool {
+        let map = self.map.read();
+        match map.get(logical as usize) {
+            Some(e) if e.get().is_none() => {
+                e.set(Some(phys));
+                true
+            }
+            _ => false,
+        }
+    }
+}
+
+/// What a data operation does.
+pub enum DataKind<'a> {
+    Read(&'a mut [u8]),
+    Write(&'a [u8]),
+}
+
+/// One read or write of a batch; `submit` stores its outcome in `result`.
+pub struct DataOp<'a> {
+    pub offset: u64,
+    pub kind: DataKind<'a>,
+    pub fua: bool,
+    pub result: Result<(), IoError>,
+}
+
+impl<'a> DataOp<'a> {
+    pub fn read(offset: u64, buf: &'a mut [u8]) -> Self {
+        DataOp { offset, kind: DataKind::Read(buf), fua: false, result: Ok(()) }
+    }
+    pub fn write(offset: u64, data: &'a [u8], fua: bool) -> Self {
+        DataOp { offset, kind: DataKind::Write(data), fua, result: Ok(()) }
+    }
+    fn len(&self) -> u64 {
+        match &self.kind {
+            DataKind::Read(b) => b.len() as u64,
+            DataKind::Write(b) => b.len() as u64,
+        }
+    }
+    fn is_aligned(&self) -> bool {
+        self.offset % BLOCK_SIZE == 0 && self.len() % BLOCK_SIZE == 0
+    }
+}
+
+/// A run of a volume's address space that is either allocated or a hole
+/// (reads as zeros).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MappingRun {
+    pub len: u64,
+    pub allocated: bool,
+}
+
+/// A handle to one volume's data path; clones share the volume.
+#[derive(Clone)]
+pub struct LocalVolume {
+    store: Arc<Store>,
+    vol: Arc<VolumeState>,
+}
+
+fn check_range(offset: u64, len: u64, size: u64) -> Result<(), IoError> {
+    match offset.checked_add(len) {
+        Some(end) if end <= size => Ok(()),
+        _ => Err(IoError::OutOfRange { offset, len, size }),
+    }
+}
+
+impl LocalVolume {
+    pub(crate) fn new(store: Arc<Store>, vol: Arc<VolumeState>) -> LocalVolume {
+        LocalVolume { store, vol }
+    }
+
+    pub fn id(&self) -> VolumeId {
+        self.vol.id
+    }
+
+    pub fn size(&self) -> u64 {
+        self.vol.size()
+    }
+
+    pub fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), IoError> {
+        let mut ops = [DataOp::read(offset, buf)];
+        self.submit(&mut ops);
+        let [op] = ops;
+        op.result
+    }
+
+    pub fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), IoError> {
+        let mut ops = [DataOp::write(offset, data, fua)];
+        self.submit(&mut ops);
+        let [op] = ops;
+        op.result
+    }
+
+    /// Makes every completed write of the store durable (all volumes, all
+    /// handles: a flush on one connection covers writes done on the others).
+    pub fn flush(&self) -> Result<(), IoError> {
+        Ok(self.store.commit()?)
+    }
+
+    /// Executes a batch of reads and writes: extent lookups and allocations
+    /// first, then every device I/O in one submission.
+    pub fn submit(&self, ops: &mut [DataOp<'_>]) {
+        let size = self.vol.size();
+        let mut unaligned = Vec::new();
+        for (i, op) in ops.iter_mut().enumerate() {
+            op.result = check_range(op.offset, op.len(), size);
+            if op.result.is_ok() && !op.is_aligned() {
+                unaligned.push(i);
+            }
+        }
+        self.submit_aligned(ops);
+        for i in unaligned {
+            let op = &mut ops[i];
+            op.result = match &mut op.kind {
+                DataKind::Read(buf) => self.read_unaligned(op.offset, buf),
+                DataKind::Write(data) => self.write_unaligned(op.offset, data, op.fua),
+            };
+        }
+    }
+
+    fn submit_aligned(&self, ops: &mut [DataOp<'_>]) {
+        let es = self.store.extent_size();
+        let layout = self.store.layout;
+        let map = self.vol.map.read();
+        if self.vol.is_deleted() {
+            for op in ops.iter_mut() {
+                op.result = Err(IoError::Gone);
+            }
+            return;
+        }
+        if self.store.check_usable().is_err() && ops.iter().any(|o| matches!(o.kind, DataKind::Write(_))) {
+            for op in ops.iter_mut() {
+                op.result = Err(IoError::Failed);
+            }
+            return;
+        }
+        let mut ios: Vec<IoOp<'_>> = Vec::with_capacity(ops.len());
+        let mut owner: Vec<usize> = Vec::with_capacity(ops.len());
+        let mut io_fua: Vec<bool> = Vec::with_capacity(ops.len());
+        let mut failed: Vec<(usize, IoError)> = Vec::new();
+        let mut fua_wanted = false;
+        for (i, op) in ops.iter_mut().enumerate() {
+            if op.result.is_err() || !op.is_aligned() || op.len() == 0 {
+                continue;
+            }
+            let DataOp { offset, kind, fua, .. } = op;
+            let mut off = *offset;
+            match kind {
+                DataKind::Read(buf) => {
+                    let mut rest: &mut [u8] = buf;
+                    while !rest.is_empty() {
+                        let within = off % es;
+                        let n = ((es - within) as usize).min(rest.len());
+                        let (piece, tail) = std::mem::take(&mut rest).split_at_mut(n);
+                        rest = tail;
+                        match map.get((off / es) as usize).and_then(MapEntry::get) {
+                            Some(phys) => {
+                                ios.push(IoOp::read(layout.extent_offset(phys) + within, piece));
+                                owner.push(i);
+                                io_fua.push(false);
+                            }
+                            None => piece.fill(0),
+                        }
+                        off += n as u64;
+                    }
+                }
+                DataKind::Write(data) => {
+                    fua_wanted |= *fua;
+                    let mut rest: &[u8] = data;
+                    while !rest.is_empty() {
+                        let within = off % es;
+                        let n = ((es - within) as usize).min(rest.len());
+                        let (piece, tail) = rest.split_at(n);
+                        rest = tail;
+                        let logical = (off / es) as u32;
+                        let phys = match map.get(logical as usize) {
+                            Some(entry) => match entry.get() {
+                                Some(p) => Ok(p),
+                                None => self.store.allocate(self.vol.slot, logical, entry).map_err(IoError::from),
+                            },
+                            None => Err(IoError::OutOfRange { offset: off, len: n as u64, size: self.vol.size() }),
+                        };
+                        match phys {
+                            Ok(phys) => {
+                                ios.push(IoOp::write(layout.extent_offset(phys) + within, piece, false));
+                                owner.push(i);
+                                io_fua.push(*fua);
+                            }
+                            Err(e) => {
+                                failed.push((i, e));
+                                break;
+                            }
+                        }
+                        off += n as u64;
+                    }
+                }
+            }
+        }
+        // A FUA write needs its mapping durable too: if metadata is queued,
+        // write normally and commit; otherwise let the device do FUA.
+        let commit_after = fua_wanted && self.store.metadata_pending();
+        if fua_wanted && !commit_after {
+            for (io, _) in ios.iter_mut().zip(&io_fua).filter(|(_, f)| **f) {
+                if let IoKind::Write(data) = &io.kind {
+                    let data: &[u8] = data;
+                    io.kind = IoKind::WriteFua(data);
+                }
+            }
+        }
+        self.store.device.submit(&mut ios);
+        for (io, &i) in ios.into_iter().zip(&owner) {
+            if let Err(e) = io.result {
+                failed.push((i, IoError::Io(e)));
+            }
+        }
+        drop(map);
+        for (i, e) in failed {
+            if ops[i].result.is_ok() {
+                ops[i].result = Err(e);
+            }
+        }
+        if commit_after {
+            if let Err(e) = self.store.commit() {
+                let e = IoError::from(e);
+                for op in ops.iter_mut().filter(|o| o.fua && matches!(o.kind, DataKind::Write(_))) {
+                    if op.result.is_ok() {
+                        op.result = Err(e.duplicate());
+                    }
+                }
+            }
+        }
+    }
+
+    fn stripe(&self, block: u64) -> usize {
+        ((self.vol.slot as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ block) as usize % self.store.rmw_locks.len()
+    }
+
+    fn read_unaligned(&self, offset: u64, buf: &mut [u8]) -> Result<(), IoError> {
+        let a0 = offset / BLOCK_SIZE * BLOCK_SIZE;
+        let a1 = (offset + buf.len() as u64).div_ceil(BLOCK_SIZE) * BLOCK_SIZE;
+        let mut bounce = AlignedBuf::zeroed((a1 - a0) as usize);
+        self.read(a0, &mut bounce)?;
+        let at = (offset - a0) as usize;
+        buf.copy_from_slice(&bounce[at..at + buf.len()]);
+        Ok(())
+    }
+
+    /// Read-modify-write of the partial blocks at either end, serialised per
+    /// block so two small writes into one block cannot lose each other.
+    fn write_unaligned(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), IoError> {
+        let end = offset + data.len() as u64;
+        let a0 = offset / BLOCK_SIZE * BLOCK_SIZE;
+        let a1 = end.div_ceil(BLOCK_SIZE) * BLOCK_SIZE;
+        let (head, tail) = (a0 / BLOCK_SIZE, a1 / BLOCK_SIZE - 1);
+        let (s0, s1) = (self.stripe(head), self.stripe(tail));
+        let (first, second) = (s0.min(s1), s0.max(s1));
+        let _g0 = self.store.rmw_locks[first].lock();
+        let _g1 = (second != first).then(|| self.store.rmw_locks[second].lock());
+        let mut bounce = AlignedBuf::zeroed((a1 - a0) as usize);
+        let b = BLOCK_SIZE as usize;
+        if offset != a0 {
+            self.read(a0, &mut bounce[..b])?;
+        }
+        if end != a1 && (tail != head || offset == a0) {
+            let at = bounce.len() - b;
+            self.read(a1 - BLOCK_SIZE, &mut bounce[at..])?;
+        }
+        let at = (offset - a0) as usize;
+        bounce[at..at + data.len()].copy_from_slice(data);
+        self.write(a0, &bounce, fua)
+    }
+
+    /// Makes [offset, offset+len) read as zeros. With `may_unmap`, whole
+    /// extents are returned to the store (thin space is freed); without it
+    /// (NBD's NO_HOLE), the space stays allocated.
+    pub fn write_zeroes(&self, offset: u64, len: u64, may_unmap: bool, fua: bool) -> Result<(), IoError> {
+        check_range(offset, len, self.vol.size())?;
+        if len == 0 {
+            return Ok(());
+        }
+        let end = offset + len;
+        let a0 = offset.div_ceil(BLOCK_SIZE) * BLOCK_SIZE;
+        let a1 = end / BLOCK_SIZE * BLOCK_SIZE;
+        if a0 >= a1 {
+            self.write_unaligned(offset, &vec![0u8; len as usize], false)?;
+        } else {
+            if offset < a0 {
+                self.write_unaligned(offset, &vec![0u8; (a0 - offset) as usize], false)?;
+            }
+            if a1 < end {
+                self.write_unaligned(a1, &vec![0u8; (end - a1) as usize], false)?;
+            }
+            self.zero_aligned(a0, a1, may_unmap)?;
+        }
+        if fua {
+            self.store.commit()?;
+        }
+        Ok(())
+    }
+
+    /// TRIM: the range reads as zeros afterwards and whole extents are freed.
+    pub fn trim(&self, offset: u64, len: u64, fua: bool) -> Result<(), IoError> {
+        self.write_zeroes(offset, len, true, fua)
+    }
+
+    fn zero_aligned(&self, start: u64, end: u64, may_unmap: bool) -> Result<(), IoError> {
+        let es = self.store.extent_size();
+        let layout = self.store.layout;
+        let map = self.vol.map.write();
+        if self.vol.is_deleted() {
+            return Err(IoError::Gone);
+        }
+        self.store.check_usable()?;
+        let size = self.vol.size();
+        let mut unmap = Vec::new();
+        let mut off = start;
+        while off < end {
+            let logical = off / es;
+            let extent_end = ((logical + 1) * es).min(size);
+            let piece_end = extent_end.min(end);
+            let whole = off == logical * es && piece_end == extent_end;
+            let Some(entry) = map.get(logical as usize) else { break };
+            match entry.get() {
+                Some(phys) if whole && may_unmap => unmap.push((entry, phys)),
+                Some(phys) => {
+                    let at = layout.extent_offset(phys) + off % es;
+                    let r = if may_unmap {
+                        self.store.device.discard_zeroes(at, piece_end - off)
+                    } else {
+                        self.store.device.zero_range(at, piece_end - off)
+                    };
+                    r.map_err(|e| IoError::from(self.store.fail(e.into())))?;
+                }
+                // NO_HOLE on a hole: reserve the (already zero) space.
+                None if !may_unmap => {
+                    self.store.allocate(self.vol.slot, logical as u32, entry)?;
+                }
+                None => {}
+            }
+            off = piece_end;
+        }
+        if !unmap.is_empty() {
+            let mut m = self.store.meta.lock();
+            for (entry, phys) in unmap {
+                m.push(JournalEntry::Unmap { phys })?;
+                entry.set(None);
+            }
+        }
+        Ok(())
+    }
+
+    /// Allocated and unallocated runs covering [offset, offset+len).
+    pub fn mapping(&self, offset: u64, len: u64) -> Result<Vec<MappingRun>, IoError> {
+        check_range(offset, len, self.vol.size())?;
+        let es = self.store.extent_size();
+        let map = self.vol.map.read();
+        if self.vol.is_deleted() {
+            return Err(IoError::Gone);
+        }
+        let mut runs: Vec<MappingRun> = Vec::new();
+        let (mut off, end) = (offset, offset + len);
+        while off < end {
+            let logical = off / es;
+            let piece_end = ((logical + 1) * es).min(end);
+            let allocated = map.get(logical as usize).and_then(MapEntry::get).is_some();
+            match runs.last_mut() {
+                Some(r) if r.allocated == allocated => r.len += piece_end - off,
+                _ => runs.push(MappingRun { len: piece_end - off, allocated }),
+            }
+            off = piece_end;
+        }
+        Ok(runs)
+    }
+
+    /// Bytes of the volume backed by allocated extents.
+    pub fn allocated_bytes(&self) -> u64 {
+        let map = self.vol.map.read();
+        map.0.iter().filter(|e| e.get().is_some()).count() as u64 * self.store.extent_size()
+    }
+}

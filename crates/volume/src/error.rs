@@ -1,0 +1,60 @@
+//! Errors of the volume control plane: one variant per outcome a caller (the
+//! REST API, the CLI) must tell apart, each with a one-line message that says
+//! what was wrong and, where there is one, what to do instead.
+
+use crate::size::format_size;
+use basalt_catalog::CatalogError;
+use basalt_store::StoreError;
+
+/// Why a volume control operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum VolumeError {
+    #[error("no volume named {0:?}")]
+    NotFound(String),
+
+    #[error("a volume named {0:?} already exists")]
+    AlreadyExists(String),
+
+    #[error("invalid volume name {name:?}: {reason}")]
+    InvalidName { name: String, reason: String },
+
+    #[error("invalid volume size: {0}")]
+    InvalidSize(String),
+
+    #[error(
+        "not enough capacity: {} requested with {} already provisioned exceeds the limit of {} ({} store capacity x overcommit ratio {ratio})",
+        format_size(*requested), format_size(*provisioned), format_size(*limit), format_size(*capacity)
+    )]
+    Overcommit {
+        /// Bytes the operation would add to the provisioned total.
+        requested: u64,
+        /// Bytes provisioned to volumes before the operation.
+        provisioned: u64,
+        /// Bytes that may be provisioned in total: capacity × ratio.
+        limit: u64,
+        capacity: u64,
+        ratio: f64,
+    },
+
+    #[error(
+        "refusing to shrink volume {name:?} from {} to {}: data beyond the new size would be lost; pass allow_shrink (CLI: --allow-shrink) to shrink anyway",
+        format_size(*current), format_size(*requested)
+    )]
+    ShrinkRefused {
+        name: String,
+        current: u64,
+        requested: u64,
+    },
+
+    #[error("volume {name:?} is in use by {handles} open connection(s); disconnect its clients first")]
+    InUse { name: String, handles: usize },
+
+    #[error("invalid overcommit ratio {0}: it must be a finite number greater than 0")]
+    InvalidOvercommit(f64),
+
+    #[error("store: {0}")]
+    Store(#[from] StoreError),
+
+    #[error("catalog: {0}")]
+    Catalog(#[from] CatalogError),
+}

@@ -1,0 +1,13 @@
+//! Basalt volumes on one node: the control plane that keeps the local store
+//! converged on the catalog, and the data-path handle frontends serve I/O on.
+
+mod error;
+mod service;
+pub mod size;
+
+pub use error::VolumeError;
+pub use service::{
+    validate_volume_name, validate_volume_size, ReconcileReport, StoreStatus, VolumeInfo,
+    VolumeService, DEFAULT_OVERCOMMIT_RATIO,
+};
+pub use size::{format_size, parse_size, ParseSizeError};

@@ -1,0 +1,852 @@
+//! The volume control plane of one node: validates requests, records the
+//! desired state in the [`Catalog`] and converges the local [`Store`] on it.
+//!
+//! Invariants:
+//! - The catalog is the source of truth; the store follows it. Every store
+//!   volume has a catalog record with the same id and size once a mutation
+//!   (or, after a crash, [`VolumeService::reconcile`]) has finished.
+//! - Mutations and opens run one at a time under the service's control lock,
+//!   so the capacity check, the in-use check and the change they guard cannot
+//!   interleave with another mutation on this node. (A clustered catalog adds
+//!   revision checks; every catalog write here is already compare-and-swap.)
+//! - The sum of catalog sizes never exceeds overcommit ratio × store capacity
+//!   through this service.
+//!
+//! Crash safety comes from the order of the two steps of each mutation, so
+//! that any crash in between leaves a state `reconcile` resolves toward what
+//! the catalog says:
+//! - create: catalog record first, then the store volume. A crash in between
+//!   leaves a record without a store volume; reconcile creates it (empty,
+//!   which is what a just-created volume holds).
+//! - delete: catalog record first, then the store volume. A crash in between
+//!   leaves a store volume without a record; reconcile deletes it. Deleting
+//!   the record first also means no client can open the volume meanwhile.
+//! - resize: catalog size first, then the store. A crash in between leaves a
+//!   size mismatch; reconcile resizes the store volume to the catalog size
+//!   (the shrink, if it was one, was already explicitly allowed).
+//!
+//! If the store step fails without a crash, create and resize undo their
+//! catalog change before returning the error.
+
+use crate::error::VolumeError;
+use crate::size::format_size;
+use crate::{VolumeHandle, VolumeStats};
+use basalt_catalog::{Catalog, CatalogError, Versioned, VolumeRecord, MAX_VOLUME_NAME_LEN};
+use basalt_store::{Store, StoreError, VolumeId, BLOCK_SIZE};
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+/// How far provisioned sizes may exceed the store's capacity by default.
+pub const DEFAULT_OVERCOMMIT_RATIO: f64 = 2.0;
+
+/// A volume as the control plane reports it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct VolumeInfo {
+    pub name: String,
+    pub id: VolumeId,
+    /// Provisioned size.
+    pub size_bytes: u64,
+    /// Bytes of store extents the volume holds (thin provisioning).
+    pub allocated_bytes: u64,
+    /// RFC 3339 creation time.
+    pub created_at: String,
+    /// Open handles, i.e. frontend connections to the volume.
+    pub open_connections: usize,
+}
+
+/// The node's store as the control plane reports it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StoreStatus {
+    pub capacity_bytes: u64,
+    /// Sum of the volumes' provisioned sizes.
+    pub provisioned_bytes: u64,
+    /// Bytes of extents in use by volumes.
+    pub allocated_bytes: u64,
+    pub overcommit_ratio: f64,
+    pub volume_count: usize,
+    pub extent_size: u64,
+}
+
+/// What [`VolumeService::reconcile`] changed in the store.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ReconcileReport {
+    /// Volumes created in the store because the catalog had them.
+    pub created: Vec<String>,
+    /// Volumes resized in the store to their catalog size.
+    pub resized: Vec<String>,
+    /// Store volumes deleted because the catalog has no record of them.
+    pub deleted_orphans: Vec<VolumeId>,
+    /// Volumes that could not be converged, with the reason.
+    pub failed: Vec<(String, String)>,
+}
+
+impl ReconcileReport {
+    /// True if the store already matched the catalog.
+    pub fn is_clean(&self) -> bool {
+        self.created.is_empty()
+            && self.resized.is_empty()
+            && self.deleted_orphans.is_empty()
+            && self.failed.is_empty()
+    }
+}
+
+/// The single-node volume control plane; see the module docs.
+pub struct VolumeService {
+    catalog: Arc<dyn Catalog>,
+    store: Arc<Store>,
+    overcommit_ratio: f64,
+    /// Per-volume counters, by id so a recreated name starts from zero.
+    stats: Mutex<HashMap<VolumeId, Arc<VolumeStats>>>,
+    /// Serialises mutations and opens; see the module invariants.
+    control: Mutex<()>,
+}
+
+impl std::fmt::Debug for VolumeService {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VolumeService")
+            .field("overcommit_ratio", &self.overcommit_ratio)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Checks a volume name: 1–64 characters of `[A-Za-z0-9._-]`, not starting
+/// with `.` or `-` (so names are safe as file names, URL path segments, NBD
+/// export names and Prometheus label values).
+pub fn validate_volume_name(name: &str) -> Result<(), VolumeError> {
+    let invalid = |reason: &str| {
+        Err(VolumeError::InvalidName {
+            name: name.to_string(),
+            reason: reason.to_string(),
+        })
+    };
+    if name.is_empty() {
+        return invalid("it is empty");
+    }
+    if name.len() > MAX_VOLUME_NAME_LEN {
+        return invalid("it is longer than 64 characters");
+    }
+    if let Some(bad) = name
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
+    {
+        return invalid(&format!(
+            "{bad:?} is not allowed; use letters, digits, '.', '_' and '-'"
+        ));
+    }
+    if name.starts_with('.') || name.starts_with('-') {
+        return invalid("it must not start with '.' or '-'");
+    }
+    Ok(())
+}
+
+/// Checks a volume size: more than zero and a multiple of 4 KiB.
+pub fn validate_volume_size(size: u64) -> Result<(), VolumeError> {
+    if size == 0 {
+        return Err(VolumeError::InvalidSize(
+            "size must be greater than 0".to_string(),
+        ));
+    }
+    if size % BLOCK_SIZE != 0 {
+        let below = size - size % BLOCK_SIZE;
+        let above = below.checked_add(BLOCK_SIZE);
+        let suggestion = match (below, above) {
+            (0, Some(above)) => format!("use {above} ({})", format_size(above)),
+            (below, None) => format!("use {below} ({})", format_size(below)),
+            (below, Some(above)) => format!(
+                "use {below} ({}) or {above} ({})",
+                format_size(below),
+                format_size(above)
+            ),
+        };
+        return Err(VolumeError::InvalidSize(format!(
+            "{size} bytes is not a multiple of 4096; {suggestion}"
+        )));
+    }
+    Ok(())
+}
+
+/// Maps the catalog's outcomes onto the control plane's.
+fn catalog_error(e: CatalogError) -> VolumeError {
+    match e {
+        CatalogError::NotFound(name) => VolumeError::NotFound(name),
+        CatalogError::AlreadyExists(name) => VolumeError::AlreadyExists(name),
+        other => VolumeError::Catalog(other),
+    }
+}
+
+impl VolumeService {
+    /// A service over `catalog` and `store`. Call [`VolumeService::reconcile`]
+    /// before serving requests.
+    pub fn new(
+        catalog: Arc<dyn Catalog>,
+        store: Arc<Store>,
+        overcommit_ratio: f64,
+    ) -> Result<Self, VolumeError> {
+        if !(overcommit_ratio.is_finite() && overcommit_ratio > 0.0) {
+            return Err(VolumeError::InvalidOvercommit(overcommit_ratio));
+        }
+        Ok(VolumeService {
+            catalog,
+            store,
+            overcommit_ratio,
+            stats: Mutex::new(HashMap::new()),
+            control: Mutex::new(()),
+        })
+    }
+
+    /// The store this service manages.
+    pub fn store(&self) -> &Arc<Store> {
+        &self.store
+    }
+
+    pub fn overcommit_ratio(&self) -> f64 {
+        self.overcommit_ratio
+    }
+
+    fn stats_for(&self, id: VolumeId) -> Arc<VolumeStats> {
+        self.stats.lock().entry(id).or_default().clone()
+    }
+
+    fn open_handles(&self, id: VolumeId) -> usize {
+        self.stats
+            .lock()
+            .get(&id)
+            .map_or(0, |stats| stats.open_handles())
+    }
+
+    fn record(&self, name: &str) -> Result<Versioned<VolumeRecord>, VolumeError> {
+        self.catalog
+            .get(name)
+            .map_err(catalog_error)?
+            .ok_or_else(|| VolumeError::NotFound(name.to_string()))
+    }
+
+    /// Fails with [`VolumeError::Overcommit`] unless `growth` more bytes fit
+    /// under the provisioning limit, given `provisioned` bytes already.
+    fn check_capacity(&self, provisioned: u64, growth: u64) -> Result<(), VolumeError> {
+        let capacity = self.store.usage().capacity_bytes;
+        // `as` saturates, so an absurd ratio cannot wrap the limit.
+        let limit = (capacity as f64 * self.overcommit_ratio).floor() as u64;
+        if (provisioned as u128) + (growth as u128) > limit as u128 {
+            return Err(VolumeError::Overcommit {
+                requested: growth,
+                provisioned,
+                limit,
+                capacity,
+                ratio: self.overcommit_ratio,
+            });
+        }
+        Ok(())
+    }
+
+    fn provisioned(records: &[Versioned<VolumeRecord>]) -> u64 {
+        records
+            .iter()
+            .map(|v| v.record.size_bytes)
+            .fold(0u64, u64::saturating_add)
+    }
+
+    fn info(&self, record: &VolumeRecord, allocated: &HashMap<VolumeId, u64>) -> VolumeInfo {
+        VolumeInfo {
+            name: record.name.clone(),
+            id: record.id,
+            size_bytes: record.size_bytes,
+            allocated_bytes: allocated.get(&record.id).copied().unwrap_or(0),
+            created_at: record.created_at.clone(),
+            open_connections: self.open_handles(record.id),
+        }
+    }
+
+    fn allocated_by_volume(&self) -> HashMap<VolumeId, u64> {
+        self.store
+            .volumes()
+            .into_iter()
+            .map(|v| (v.id, v.allocated_bytes))
+            .collect()
+    }
+
+    /// Creates volume `name` of `size` bytes (thin: nothing is allocated
+    /// until written).
+    pub fn create(&self, name: &str, size: u64) -> Result<VolumeInfo, VolumeError> {
+        validate_volume_name(name)?;
+        validate_volume_size(size)?;
+        let _control = self.control.lock();
+        let records = self.catalog.list().map_err(catalog_error)?;
+        if records.iter().any(|v| v.record.name == name) {
+            return Err(VolumeError::AlreadyExists(name.to_string()));
+        }
+        self.check_capacity(Self::provisioned(&records), size)?;
+
+        let record = VolumeRecord::new(VolumeId::new_v4(), name, size, SystemTime::now());
+        let revision = self.catalog.insert(&record).map_err(catalog_error)?;
+        if let Err(e) = self.store.create_volume(record.id, size) {
+            if let Err(undo) = self.catalog.delete(name, revision) {
+                tracing::error!(volume = name, error = %undo,
+                    "could not remove the catalog record after the store refused the volume; the next start will retry creating it");
+            }
+            return Err(e.into());
+        }
+        tracing::info!(volume = name, id = %record.id, size = %format_size(size), "created volume");
+        Ok(self.info(&record, &HashMap::new()))
+    }
+
+    /// Every volume, ordered by name.
+    pub fn list(&self) -> Result<Vec<VolumeInfo>, VolumeError> {
+        let records = self.catalog.list().map_err(catalog_error)?;
+        let allocated = self.allocated_by_volume();
+        Ok(records
+            .iter()
+            .map(|v| self.info(&v.record, &allocated))
+            .collect())
+    }
+
+    /// The volume named `name`.
+    pub fn get(&self, name: &str) -> Result<VolumeInfo, VolumeError> {
+        let record = self.record(name)?.record;
+        Ok(self.info(&record, &self.allocated_by_volume()))
+    }
+
+    /// Changes the size of `name` to `size`, online. Growing is checked
+    /// against the provisioning limit; shrinking drops the data beyond the
+    /// new size and is refused unless `allow_shrink`. Clients connected
+    /// while the size changes keep the size they negotiated until they
+    /// reconnect.
+    pub fn resize(
+        &self,
+        name: &str,
+        size: u64,
+        allow_shrink: bool,
+    ) -> Result<VolumeInfo, VolumeError> {
+        validate_volume_size(size)?;
+        let _control = self.control.lock();
+        let records = self.catalog.list().map_err(catalog_error)?;
+        let Some(current) = records.iter().find(|v| v.record.name == name) else {
+            return Err(VolumeError::NotFound(name.to_string()));
+        };
+        let old_size = current.record.size_bytes;
+        if size < old_size && !allow_shrink {
+            return Err(VolumeError::ShrinkRefused {
+                name: name.to_string(),
+                current: old_size,
+                requested: size,
+            });
+        }
+        if size > old_size {
+            self.check_capacity(Self::provisioned(&records), size - old_size)?;
+        }
+        if size != old_size {
+            let mut record = current.record.clone();
+            record.size_bytes = size;
+            let revision = self
+                .catalog
+                .update(&record, current.revision)
+                .map_err(catalog_error)?;
+            if let Err(e) = self.store.resize_volume(record.id, size) {
+                record.size_bytes = old_size;
+                if let Err(undo) = self.catalog.update(&record, revision) {
+                    tracing::error!(volume = name, error = %undo,
+                        "could not restore the catalog size after the store refused the resize; the next start will retry it");
+                }
+                return Err(e.into());
+            }
+            tracing::info!(volume = name, from = %format_size(old_size), to = %format_size(size), "resized volume");
+        }
+        drop(_control);
+        self.get(name)
+    }
+
+    /// Deletes `name` and its data. Refused while a frontend has it open.
+    pub fn delete(&self, name: &str) -> Result<(), VolumeError> {
+        let _control = self.control.lock();
+        let current = self.record(name)?;
+        let id = current.record.id;
+        let handles = self.open_handles(id);
+        if handles > 0 {
+            return Err(VolumeError::InUse {
+                name: name.to_string(),
+                handles,
+            });
+        }
+        self.catalog
+            .delete(name, current.revision)
+            .map_err(catalog_error)?;
+        self.stats.lock().remove(&id);
+        match self.store.delete_volume(id) {
+            Ok(()) | Err(StoreError::NotFound(_)) => {}
+            Err(e) => {
+                tracing::error!(volume = name, %id, error = %e,
+                    "volume removed from the catalog, but the store could not free it; the next start will retry");
+                return Err(e.into());
+            }
+        }
+        tracing::info!(volume = name, %id, "deleted volume");
+        Ok(())
+    }
+
+    /// Opens `name` for a frontend; the handle counts as an open connection
+    /// until dropped.
+    pub fn open(&self, name: &str) -> Result<VolumeHandle, VolumeError> {
+        let _control = self.control.lock();
+        let record = self.record(name)?.record;
+        let local = self.store.volume(record.id)?;
+        Ok(VolumeHandle::new(local, record.name, self.stats_for(record.id)))
+    }
+
+    /// Capacity, provisioning and allocation of the node's store.
+    pub fn status(&self) -> Result<StoreStatus, VolumeError> {
+        let records = self.catalog.list().map_err(catalog_error)?;
+        let usage = self.store.usage();
+        Ok(StoreStatus {
+            capacity_bytes: usage.capacity_bytes,
+            provisioned_bytes: Self::provisioned(&records),
+            allocated_bytes: usage.allocated_bytes,
+            overcommit_ratio: self.overcommit_ratio,
+            volume_count: records.len(),
+            extent_size: u64::from(usage.extent_size),
+        })
+    }
+
+    /// Converges the store on the catalog after a start (see the module docs
+    /// for the states a crash can leave). Volumes that cannot be converged
+    /// are logged and reported, not fatal; a catalog failure is.
+    pub fn reconcile(&self) -> Result<ReconcileReport, VolumeError> {
+        let _control = self.control.lock();
+        let records = self.catalog.list().map_err(catalog_error)?;
+        let in_store: HashMap<VolumeId, u64> = self
+            .store
+            .volumes()
+            .into_iter()
+            .map(|v| (v.id, v.size))
+            .collect();
+        let mut report = ReconcileReport::default();
+
+        for Versioned { record, .. } in &records {
+            let name = &record.name;
+            let outcome = match in_store.get(&record.id) {
+                None => self
+                    .store
+                    .create_volume(record.id, record.size_bytes)
+                    .map(|()| report.created.push(name.clone())),
+                Some(&size) if size != record.size_bytes => self
+                    .store
+                    .resize_volume(record.id, record.size_bytes)
+                    .map(|()| report.resized.push(name.clone())),
+                Some(_) => Ok(()),
+            };
+            if let Err(e) = outcome {
+                tracing::error!(volume = %name, id = %record.id, error = %e, "could not converge volume on its catalog record");
+                report.failed.push((name.clone(), e.to_string()));
+            }
+        }
+        let known: std::collections::HashSet<VolumeId> =
+            records.iter().map(|v| v.record.id).collect();
+        for &id in in_store.keys().filter(|id| !known.contains(id)) {
+            match self.store.delete_volume(id) {
+                Ok(()) => report.deleted_orphans.push(id),
+                Err(e) => {
+                    tracing::error!(%id, error = %e, "could not delete store volume that has no catalog record");
+                    report.failed.push((id.to_string(), e.to_string()));
+                }
+            }
+        }
+
+        if report.is_clean() {
+            tracing::info!(volumes = records.len(), "store matches the catalog");
+        } else {
+            tracing::info!(
+                created = ?report.created,
+                resized = ?report.resized,
+                deleted_orphans = ?report.deleted_orphans,
+                failed = report.failed.len(),
+                "reconciled the store with the catalog"
+            );
+        }
+        Ok(report)
+    }
+
+    /// Prometheus text exposition of per-volume I/O statistics and the
+    /// store's gauges.
+    pub fn render_metrics(&self) -> Result<String, VolumeError> {
+        let records = self.catalog.list().map_err(catalog_error)?;
+        let usage = self.store.usage();
+        let allocated = self.allocated_by_volume();
+        let mut out = String::new();
+
+        let gauges: [(&str, &str, u64); 4] = [
+            (
+                "basalt_store_capacity_bytes",
+                "Usable data capacity of the store.",
+                usage.capacity_bytes,
+            ),
+            (
+                "basalt_store_allocated_bytes",
+                "Bytes of store extents allocated to volumes.",
+                usage.allocated_bytes,
+            ),
+            (
+                "basalt_store_provisioned_bytes",
+                "Sum of the provisioned sizes of all volumes.",
+                Self::provisioned(&records),
+            ),
+            ("basalt_volumes", "Number of volumes.", records.len() as u64),
+        ];
+        for (metric, help, value) in gauges {
+            let _ = writeln!(out, "# HELP {metric} {help}\n# TYPE {metric} gauge\n{metric} {value}");
+        }
+
+        let per_volume: [(&str, &str, fn(&VolumeInfo) -> u64); 2] = [
+            (
+                "basalt_volume_size_bytes",
+                "Provisioned size of the volume.",
+                |v| v.size_bytes,
+            ),
+            (
+                "basalt_volume_allocated_bytes",
+                "Bytes of store extents the volume holds.",
+                |v| v.allocated_bytes,
+            ),
+        ];
+        let infos: Vec<VolumeInfo> = records
+            .iter()
+            .map(|v| self.info(&v.record, &allocated))
+            .collect();
+        for (metric, help, value) in per_volume {
+            let _ = writeln!(out, "# HELP {metric} {help}\n# TYPE {metric} gauge");
+            for info in &infos {
+                // Names are validated to [A-Za-z0-9._-]: no label escaping needed.
+                let _ = writeln!(
+                    out,
+                    "{metric}{{volume=\"{}\",uuid=\"{}\"}} {}",
+                    info.name,
+                    info.id,
+                    value(info)
+                );
+            }
+        }
+
+        VolumeStats::render_prometheus_header(&mut out);
+        for Versioned { record, .. } in &records {
+            self.stats_for(record.id)
+                .render_prometheus(&mut out, &record.name, &record.id.to_string());
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use basalt_catalog::RedbCatalog;
+    use basalt_store::{FormatOptions, SimDevice};
+
+    const MIB: u64 = 1 << 20;
+    const GIB: u64 = 1 << 30;
+
+    struct Node {
+        _dir: tempfile::TempDir,
+        catalog: Arc<RedbCatalog>,
+        store: Arc<Store>,
+        service: VolumeService,
+    }
+
+    /// A node with an in-memory device of `device_size` bytes.
+    fn node(device_size: u64, ratio: f64) -> Node {
+        let dir = tempfile::tempdir().unwrap();
+        let catalog = Arc::new(RedbCatalog::open(dir.path().join("catalog.redb")).unwrap());
+        let device = SimDevice::new(device_size, 7);
+        let store = Store::create(device, &FormatOptions::default()).unwrap();
+        let service = VolumeService::new(catalog.clone(), store.clone(), ratio).unwrap();
+        Node {
+            _dir: dir,
+            catalog,
+            store,
+            service,
+        }
+    }
+
+    fn small_node() -> Node {
+        node(256 * MIB, DEFAULT_OVERCOMMIT_RATIO)
+    }
+
+    #[test]
+    fn create_list_get() {
+        let n = small_node();
+        let info = n.service.create("db-1", 64 * MIB).unwrap();
+        assert_eq!((info.name.as_str(), info.size_bytes), ("db-1", 64 * MIB));
+        assert_eq!((info.allocated_bytes, info.open_connections), (0, 0));
+        n.service.create("a.vol_2", 4096).unwrap();
+        let names: Vec<_> = n.service.list().unwrap().into_iter().map(|v| v.name).collect();
+        assert_eq!(names, ["a.vol_2", "db-1"]);
+        let got = n.service.get("db-1").unwrap();
+        assert_eq!(got, info);
+        assert!(n.store.volumes().iter().any(|v| v.id == info.id && v.size == 64 * MIB));
+        assert!(matches!(n.service.get("nope"), Err(VolumeError::NotFound(_))));
+    }
+
+    #[test]
+    fn names_are_validated() {
+        let n = small_node();
+        let long = "x".repeat(65);
+        for bad in ["", ".hidden", "-flag", "a b", "a/b", "ü", "a:b", long.as_str()] {
+            let err = n.service.create(bad, 4096).unwrap_err();
+            assert!(matches!(err, VolumeError::InvalidName { .. }), "{bad:?}: {err}");
+        }
+        n.service.create(&"x".repeat(64), 4096).unwrap();
+        n.service.create("0", 4096).unwrap();
+        assert!(n.service.list().unwrap().len() == 2);
+        assert!(n.store.volumes().len() == 2, "refused names leave nothing behind");
+    }
+
+    #[test]
+    fn sizes_are_validated_with_suggestions() {
+        let n = small_node();
+        let err = n.service.create("v", 0).unwrap_err().to_string();
+        assert!(err.contains("greater than 0"), "{err}");
+        let err = n.service.create("v", 10_000).unwrap_err().to_string();
+        assert!(err.contains("8192") && err.contains("12288"), "{err}");
+        let err = n.service.create("v", 100).unwrap_err().to_string();
+        assert!(err.contains("use 4096"), "{err}");
+        assert!(n.service.list().unwrap().is_empty());
+    }
+
+    #[test]
+    fn duplicate_names_are_refused() {
+        let n = small_node();
+        let first = n.service.create("v", 4096).unwrap();
+        let err = n.service.create("v", 8192).unwrap_err();
+        assert!(matches!(err, VolumeError::AlreadyExists(_)), "{err}");
+        assert_eq!(n.service.get("v").unwrap().id, first.id);
+        assert_eq!(n.store.volumes().len(), 1);
+    }
+
+    #[test]
+    fn provisioning_is_limited_by_overcommit() {
+        let n = node(256 * MIB, 1.5);
+        let capacity = n.service.status().unwrap().capacity_bytes;
+        let limit = ((capacity as f64 * 1.5) as u64) / 4096 * 4096;
+        n.service.create("big", limit - 4096).unwrap();
+        n.service.create("last", 4096).unwrap();
+        let err = n.service.create("over", 4096).unwrap_err();
+        match &err {
+            VolumeError::Overcommit {
+                requested,
+                provisioned,
+                capacity: c,
+                ratio,
+                ..
+            } => {
+                assert_eq!((*requested, *provisioned, *c, *ratio), (4096, limit, capacity, 1.5));
+            }
+            other => panic!("expected overcommit, got {other}"),
+        }
+        let msg = err.to_string();
+        assert!(msg.contains("overcommit ratio 1.5"), "{msg}");
+        assert!(n.service.get("over").is_err());
+        // Growing is checked too; freeing space makes room again.
+        let err = n.service.resize("last", 8192, false).unwrap_err();
+        assert!(matches!(err, VolumeError::Overcommit { .. }), "{err}");
+        n.service.delete("last").unwrap();
+        n.service.resize("big", limit, false).unwrap();
+    }
+
+    #[test]
+    fn invalid_overcommit_ratio_is_refused() {
+        let n = small_node();
+        for ratio in [0.0, -1.0, f64::NAN, f64::INFINITY] {
+            let err = VolumeService::new(n.catalog.clone(), n.store.clone(), ratio).unwrap_err();
+            assert!(matches!(err, VolumeError::InvalidOvercommit(_)), "{err}");
+        }
+    }
+
+    #[test]
+    fn resize_grows_and_shrinks_only_when_allowed() {
+        let n = small_node();
+        n.service.create("v", 8 * MIB).unwrap();
+        let grown = n.service.resize("v", 16 * MIB, false).unwrap();
+        assert_eq!(grown.size_bytes, 16 * MIB);
+        let err = n.service.resize("v", 4 * MIB, false).unwrap_err();
+        assert!(matches!(err, VolumeError::ShrinkRefused { current, requested, .. }
+            if current == 16 * MIB && requested == 4 * MIB), "{err}");
+        assert!(err.to_string().contains("--allow-shrink"), "{err}");
+        assert_eq!(n.service.get("v").unwrap().size_bytes, 16 * MIB);
+        let shrunk = n.service.resize("v", 4 * MIB, true).unwrap();
+        assert_eq!(shrunk.size_bytes, 4 * MIB);
+        let id = shrunk.id;
+        assert!(n.store.volumes().iter().any(|v| v.id == id && v.size == 4 * MIB));
+        // Same size is a no-op; bad sizes and names are refused.
+        assert_eq!(n.service.resize("v", 4 * MIB, false).unwrap().size_bytes, 4 * MIB);
+        assert!(matches!(n.service.resize("v", 4097, true), Err(VolumeError::InvalidSize(_))));
+        assert!(matches!(n.service.resize("nope", 4096, true), Err(VolumeError::NotFound(_))));
+    }
+
+    #[test]
+    fn data_survives_growth_and_is_visible_in_allocation() {
+        let n = small_node();
+        n.service.create("v", 8 * MIB).unwrap();
+        {
+            let h = n.service.open("v").unwrap();
+            h.write(0, &[0xAB; 4096], true).unwrap();
+        }
+        n.service.resize("v", 32 * MIB, false).unwrap();
+        let h = n.service.open("v").unwrap();
+        assert_eq!(h.size(), 32 * MIB);
+        let mut buf = vec![0u8; 4096];
+        h.read(0, &mut buf).unwrap();
+        assert!(buf.iter().all(|&b| b == 0xAB));
+        drop(h);
+        let info = n.service.get("v").unwrap();
+        assert!(info.allocated_bytes > 0, "{info:?}");
+        let status = n.service.status().unwrap();
+        assert_eq!(status.allocated_bytes, info.allocated_bytes);
+    }
+
+    #[test]
+    fn delete_is_refused_while_open() {
+        let n = small_node();
+        n.service.create("v", 4 * MIB).unwrap();
+        let handle = n.service.open("v").unwrap();
+        assert_eq!(n.service.get("v").unwrap().open_connections, 1);
+        let err = n.service.delete("v").unwrap_err();
+        assert!(matches!(err, VolumeError::InUse { handles: 1, .. }), "{err}");
+        drop(handle);
+        assert_eq!(n.service.get("v").unwrap().open_connections, 0);
+        n.service.delete("v").unwrap();
+        assert!(n.store.volumes().is_empty());
+        assert!(n.catalog.list().unwrap().is_empty());
+        assert!(matches!(n.service.delete("v"), Err(VolumeError::NotFound(_))));
+        assert!(matches!(n.service.open("v"), Err(VolumeError::NotFound(_))));
+    }
+
+    #[test]
+    fn recreated_name_is_a_new_empty_volume() {
+        let n = small_node();
+        let first = n.service.create("v", 4 * MIB).unwrap();
+        n.service.open("v").unwrap().write(0, &[1; 4096], true).unwrap();
+        n.service.delete("v").unwrap();
+        let second = n.service.create("v", 4 * MIB).unwrap();
+        assert_ne!(first.id, second.id);
+        let mut buf = vec![0xFFu8; 4096];
+        n.service.open("v").unwrap().read(0, &mut buf).unwrap();
+        assert!(buf.iter().all(|&b| b == 0));
+    }
+
+    #[test]
+    fn status_reports_provisioning() {
+        let n = node(256 * MIB, 3.0);
+        n.service.create("a", 8 * MIB).unwrap();
+        n.service.create("b", 1 * GIB).unwrap();
+        let s = n.service.status().unwrap();
+        assert_eq!(s.provisioned_bytes, 8 * MIB + GIB);
+        assert_eq!(s.volume_count, 2);
+        assert_eq!(s.overcommit_ratio, 3.0);
+        assert!(s.capacity_bytes > 0 && s.capacity_bytes <= 256 * MIB);
+        assert!(s.extent_size.is_power_of_two());
+    }
+
+    #[test]
+    fn reconcile_converges_the_store_on_the_catalog() {
+        let n = small_node();
+        n.service.create("kept", 4 * MIB).unwrap();
+        n.service.create("resized", 4 * MIB).unwrap();
+        assert!(n.service.reconcile().unwrap().is_clean());
+
+        // Crash after the catalog step of a create: record without volume.
+        let pending = VolumeRecord::new(VolumeId::new_v4(), "pending", 8 * MIB, SystemTime::now());
+        n.catalog.insert(&pending).unwrap();
+        // Crash after the catalog step of a delete: volume without record.
+        let orphan = VolumeId::new_v4();
+        n.store.create_volume(orphan, 4 * MIB).unwrap();
+        // Crash after the catalog step of a resize: sizes differ.
+        let resized = n.catalog.get("resized").unwrap().unwrap();
+        let mut rec = resized.record.clone();
+        rec.size_bytes = 12 * MIB;
+        n.catalog.update(&rec, resized.revision).unwrap();
+
+        let report = n.service.reconcile().unwrap();
+        assert_eq!(report.created, ["pending"]);
+        assert_eq!(report.resized, ["resized"]);
+        assert_eq!(report.deleted_orphans, [orphan]);
+        assert!(report.failed.is_empty(), "{report:?}");
+
+        let mut store: Vec<_> = n.store.volumes().into_iter().map(|v| (v.id, v.size)).collect();
+        store.sort();
+        let mut catalog: Vec<_> = n
+            .catalog
+            .list()
+            .unwrap()
+            .into_iter()
+            .map(|v| (v.record.id, v.record.size_bytes))
+            .collect();
+        catalog.sort();
+        assert_eq!(store, catalog);
+        assert!(n.service.reconcile().unwrap().is_clean());
+        n.service.open("pending").unwrap();
+    }
+
+    #[test]
+    fn volumes_survive_a_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let device = SimDevice::new(256 * MIB, 3);
+        let catalog_path = dir.path().join("catalog.redb");
+        {
+            let catalog = Arc::new(RedbCatalog::open(&catalog_path).unwrap());
+            let store = Store::create(device.clone(), &FormatOptions::default()).unwrap();
+            let service = VolumeService::new(catalog, store.clone(), 2.0).unwrap();
+            service.create("v", 4 * MIB).unwrap();
+            service.open("v").unwrap().write(8192, &[9; 4096], true).unwrap();
+            drop(service);
+            store.close().unwrap();
+        }
+        let catalog = Arc::new(RedbCatalog::open(&catalog_path).unwrap());
+        let store = Store::open(device).unwrap();
+        let service = VolumeService::new(catalog, store, 2.0).unwrap();
+        assert!(service.reconcile().unwrap().is_clean());
+        let mut buf = vec![0u8; 4096];
+        service.open("v").unwrap().read(8192, &mut buf).unwrap();
+        assert!(buf.iter().all(|&b| b == 9));
+    }
+
+    #[test]
+    fn metrics_expose_store_gauges_and_volumes() {
+        let n = small_node();
+        n.service.create("m1", 4 * MIB).unwrap();
+        n.service.open("m1").unwrap().write(0, &[1; 4096], false).unwrap();
+        let text = n.service.render_metrics().unwrap();
+        for needle in [
+            "# TYPE basalt_store_capacity_bytes gauge",
+            "basalt_store_provisioned_bytes 4194304",
+            "basalt_volumes 1",
+            "basalt_store_allocated_bytes ",
+            "basalt_volume_size_bytes{volume=\"m1\"",
+        ] {
+            assert!(text.contains(needle), "missing {needle:?} in:\n{text}");
+        }
+        for line in text.lines().filter(|l| !l.starts_with('#') && !l.is_empty()) {
+            let value = line.rsplit(' ').next().unwrap();
+            assert!(value.parse::<f64>().is_ok(), "bad sample line {line:?}");
+        }
+    }
+
+    #[test]
+    fn concurrent_creates_respect_the_limit() {
+        let n = Arc::new(node(64 * MIB, 1.0));
+        let capacity = n.service.status().unwrap().capacity_bytes;
+        let each = (capacity / 4) / 4096 * 4096;
+        let threads: Vec<_> = (0..8)
+            .map(|i| {
+                let n = n.clone();
+                std::thread::spawn(move || n.service.create(&format!("v{i}"), each).is_ok())
+            })
+            .collect();
+        let created = threads
+            .into_iter()
+            .map(|t| t.join().unwrap())
+            .filter(|ok| *ok)
+            .count();
+        assert_eq!(created, 4);
+        assert!(n.service.status().unwrap().provisioned_bytes <= capacity);
+    }
+}
