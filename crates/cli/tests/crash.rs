@@ -33,26 +33,59 @@ fn kill9_during_writes_keeps_flushed_data() {
         std::thread::sleep(Duration::from_millis(delay));
         s.kill9();
         let (st, out, err) = w.finish(Duration::from_secs(60));
-        eprintln!("round {round}: killed after {delay} ms; writer: {}", out.lines().last().unwrap_or(""));
+        eprintln!(
+            "round {round}: killed after {delay} ms; writer: {}",
+            out.lines().last().unwrap_or("")
+        );
         assert!(
             st.success(),
             "round {round}: crash writer failed (seed {seed}):\n{out}\n{err}"
         );
-        assert!(out.contains("\"lost\": \"nbd"), "round {round}: writer did not see the connection drop:\n{out}\n{err}");
+        assert!(
+            out.contains("\"lost\": \"nbd"),
+            "round {round}: writer did not see the connection drop:\n{out}\n{err}"
+        );
 
         let t = Instant::now();
         s.restart();
         eprintln!("round {round}: restart took {:?}", t.elapsed());
         let list = s.cli_json(&["volume", "list"]);
-        assert!(find_volume(&list, "crash").is_some(), "volume lost after kill -9: {list}");
+        assert!(
+            find_volume(&list, "crash").is_some(),
+            "volume lost after kill -9: {list}"
+        );
     }
 
     // Final check, and then the volume still takes writes after all the crashes.
-    let out = nbd_script("crash_writer.py", [s.uri("crash"), state.display().to_string(), py_seed.clone(), "--verify-only".into()]);
-    assert!(out.status.success(), "final verification failed (seed {seed}):\n{}", out.describe());
+    let out = nbd_script(
+        "crash_writer.py",
+        [
+            s.uri("crash"),
+            state.display().to_string(),
+            py_seed.clone(),
+            "--verify-only".into(),
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "final verification failed (seed {seed}):\n{}",
+        out.describe()
+    );
     let uri = s.uri("crash");
-    nbd_script("nbdtool.py", ["write", &uri, "--seed", "9", "--offset", "0", "--length", "1048576", "--flush"]).ok();
-    nbd_script("nbdtool.py", ["verify", &uri, "--seed", "9", "--offset", "0", "--length", "1048576"]).ok();
+    nbd_script(
+        "nbdtool.py",
+        [
+            "write", &uri, "--seed", "9", "--offset", "0", "--length", "1048576", "--flush",
+        ],
+    )
+    .ok();
+    nbd_script(
+        "nbdtool.py",
+        [
+            "verify", &uri, "--seed", "9", "--offset", "0", "--length", "1048576",
+        ],
+    )
+    .ok();
 }
 
 #[test]
@@ -64,23 +97,79 @@ fn kill9_after_fua_and_flush_on_two_volumes() {
     s.create_volume("flushed", "8M");
     let fua = s.uri("fua");
     let fl = s.uri("flushed");
-    nbd_script("nbdtool.py", ["write", &fua, "--seed", "1", "--offset", "0", "--length", "2097152", "--fua", "--chunk", "65536"]).ok();
-    nbd_script("nbdtool.py", ["write", &fl, "--seed", "2", "--offset", "4194304", "--length", "2097152"]).ok();
+    nbd_script(
+        "nbdtool.py",
+        [
+            "write", &fua, "--seed", "1", "--offset", "0", "--length", "2097152", "--fua",
+            "--chunk", "65536",
+        ],
+    )
+    .ok();
+    nbd_script(
+        "nbdtool.py",
+        [
+            "write", &fl, "--seed", "2", "--offset", "4194304", "--length", "2097152",
+        ],
+    )
+    .ok();
     // flush from a new connection: covers the completed writes of the earlier one (multi-conn)
     let mut cmd = std::process::Command::new(require_tool("nbdsh"));
-    cmd.env("PATH", path_for_nbdsh()).args(["-u", &fl, "-c", "h.flush()"]);
+    cmd.env("PATH", path_for_nbdsh())
+        .args(["-u", &fl, "-c", "h.flush()"]);
     run_cmd(&mut cmd, CMD_TIMEOUT).ok();
     // a trim + flush must also be durable: trimmed blocks read zeros after the crash
-    nbd_script("nbdtool.py", ["trim", &fl, "--offset", "4194304", "--length", "65536", "--flush"]).ok();
+    nbd_script(
+        "nbdtool.py",
+        [
+            "trim", &fl, "--offset", "4194304", "--length", "65536", "--flush",
+        ],
+    )
+    .ok();
     s.kill9();
     s.restart();
-    nbd_script("nbdtool.py", ["verify", &fua, "--seed", "1", "--offset", "0", "--length", "2097152"]).ok();
-    nbd_script("nbdtool.py", ["verify", &fl, "--zero", "--offset", "4194304", "--length", "65536"]).ok();
-    nbd_script("nbdtool.py", ["verify", &fl, "--seed", "2", "--offset", "4259840", "--length", "2031616"]).ok();
-    nbd_script("nbdtool.py", ["verify", &fl, "--zero", "--offset", "0", "--length", "4194304"]).ok();
+    nbd_script(
+        "nbdtool.py",
+        [
+            "verify", &fua, "--seed", "1", "--offset", "0", "--length", "2097152",
+        ],
+    )
+    .ok();
+    nbd_script(
+        "nbdtool.py",
+        [
+            "verify", &fl, "--zero", "--offset", "4194304", "--length", "65536",
+        ],
+    )
+    .ok();
+    nbd_script(
+        "nbdtool.py",
+        [
+            "verify", &fl, "--seed", "2", "--offset", "4259840", "--length", "2031616",
+        ],
+    )
+    .ok();
+    nbd_script(
+        "nbdtool.py",
+        [
+            "verify", &fl, "--zero", "--offset", "0", "--length", "4194304",
+        ],
+    )
+    .ok();
     // Twice in a row, with nothing written in between.
     s.kill9();
     s.restart();
-    nbd_script("nbdtool.py", ["verify", &fua, "--seed", "1", "--offset", "0", "--length", "2097152"]).ok();
-    nbd_script("nbdtool.py", ["verify", &fl, "--seed", "2", "--offset", "4259840", "--length", "2031616"]).ok();
+    nbd_script(
+        "nbdtool.py",
+        [
+            "verify", &fua, "--seed", "1", "--offset", "0", "--length", "2097152",
+        ],
+    )
+    .ok();
+    nbd_script(
+        "nbdtool.py",
+        [
+            "verify", &fl, "--seed", "2", "--offset", "4259840", "--length", "2031616",
+        ],
+    )
+    .ok();
 }

@@ -14,10 +14,20 @@ fn fio(dir: &Scratch, tag: &str, args: &[&str]) -> Value {
     a.push(format!("--output={}", json.display()));
     let out = tool("fio", &a);
     let text = std::fs::read_to_string(&json).unwrap_or_default();
-    assert!(out.status.success(), "fio {tag} failed:\n{}\n--- json ---\n{text}", out.describe());
-    let v: Value = serde_json::from_str(&text)
-        .unwrap_or_else(|e| panic!("fio {tag}: output is not JSON ({e}):\n{text}\n{}", out.describe()));
-    let jobs = v["jobs"].as_array().unwrap_or_else(|| panic!("fio {tag}: no jobs: {text}"));
+    assert!(
+        out.status.success(),
+        "fio {tag} failed:\n{}\n--- json ---\n{text}",
+        out.describe()
+    );
+    let v: Value = serde_json::from_str(&text).unwrap_or_else(|e| {
+        panic!(
+            "fio {tag}: output is not JSON ({e}):\n{text}\n{}",
+            out.describe()
+        )
+    });
+    let jobs = v["jobs"]
+        .as_array()
+        .unwrap_or_else(|| panic!("fio {tag}: no jobs: {text}"));
     assert_eq!(jobs.len(), 4, "fio {tag}: expected 4 jobs (numjobs=4)");
     for j in jobs {
         assert_eq!(j["error"].as_u64(), Some(0), "fio {tag}: job error: {j}");
@@ -26,7 +36,12 @@ fn fio(dir: &Scratch, tag: &str, args: &[&str]) -> Value {
 }
 
 fn total(v: &Value, dir: &str) -> u64 {
-    v["jobs"].as_array().unwrap().iter().map(|j| j[dir]["total_ios"].as_u64().unwrap()).sum()
+    v["jobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|j| j[dir]["total_ios"].as_u64().unwrap())
+        .sum()
 }
 
 #[test]
@@ -53,29 +68,59 @@ fn fio_multi_conn_randrw_verified() {
     let mut a = vec!["--name=w", "--rw=randwrite", "--do_verify=1"];
     a.extend(common);
     let v = fio(&dir, "write", &a);
-    assert_eq!(total(&v, "write"), 4 * 2048, "every 4k block of 4 x 8 MiB written once");
+    assert_eq!(
+        total(&v, "write"),
+        4 * 2048,
+        "every 4k block of 4 x 8 MiB written once"
+    );
     assert_eq!(total(&v, "read"), 4 * 2048, "every written block verified");
 
     // 2. verify again from new connections (same job name and seed: fio replays the layout)
     let mut a = vec!["--name=w", "--rw=randwrite", "--verify_only"];
     a.extend(common);
     let v = fio(&dir, "verify", &a);
-    assert_eq!(total(&v, "read"), 4 * 2048, "verify_only pass read every block");
+    assert_eq!(
+        total(&v, "read"),
+        4 * 2048,
+        "verify_only pass read every block"
+    );
 
     // 3. mixed random read/write with verification of what was written, in the upper half
-    let mut a = vec!["--name=m", "--rw=randrw", "--rwmixread=50", "--do_verify=1", "--offset=32M"];
+    let mut a = vec![
+        "--name=m",
+        "--rw=randrw",
+        "--rwmixread=50",
+        "--do_verify=1",
+        "--offset=32M",
+    ];
     a.extend(common);
     let v = fio(&dir, "randrw", &a);
-    assert!(total(&v, "write") > 1000, "randrw did few writes: {}", total(&v, "write"));
-    assert!(total(&v, "read") > total(&v, "write"), "randrw reads (incl. verify) <= writes");
+    assert!(
+        total(&v, "write") > 1000,
+        "randrw did few writes: {}",
+        total(&v, "write")
+    );
+    assert!(
+        total(&v, "read") > total(&v, "write"),
+        "randrw reads (incl. verify) <= writes"
+    );
 
     // Negative control: verifying the never-written 64M..96M must fail.
-    let mut a = vec!["--name=w", "--rw=randwrite", "--verify_only", "--offset=64M"];
+    let mut a = vec![
+        "--name=w",
+        "--rw=randwrite",
+        "--verify_only",
+        "--offset=64M",
+    ];
     a.extend(common);
     let json = dir.path("neg.json");
     let mut args: Vec<String> = a.iter().map(|s| s.to_string()).collect();
     args.push("--output-format=json".into());
     args.push(format!("--output={}", json.display()));
     let out = tool("fio", &args);
-    assert!(!out.status.success(), "fio verify of foreign data passed:\n{}", out.describe());
+    assert!(
+        !out.status.success(),
+        "fio verify of foreign data passed:\n{}",
+        out.describe()
+    );
 }

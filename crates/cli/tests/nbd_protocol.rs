@@ -16,7 +16,11 @@ fn nbd_protocol_conformance() {
         "protocol checks failed:\n{}",
         out.describe()
     );
-    assert!(out.stdout.contains(" passed, 0 failed"), "{}", out.describe());
+    assert!(
+        out.stdout.contains(" passed, 0 failed"),
+        "{}",
+        out.describe()
+    );
     // The server survived all of that.
     tool("nbdinfo", ["--size", &s.uri("proto")]).ok();
 }
@@ -28,22 +32,26 @@ fn nbdsh_one_liners() {
     let uri = s.uri("sh");
     let run = |code: &str| {
         let mut cmd = Command::new(require_tool("nbdsh"));
-        cmd.env("PATH", path_for_nbdsh()).args(["-u", &uri, "-c", code]);
+        cmd.env("PATH", path_for_nbdsh())
+            .args(["-u", &uri, "-c", code]);
         run_cmd(&mut cmd, CMD_TIMEOUT)
     };
     run("assert h.can_multi_conn() and h.can_fua() and h.can_flush() and h.can_trim() and h.can_zero() and h.can_cache()").ok();
     run("assert h.get_size() == 16 * 1024 * 1024, h.get_size()").ok();
-    run(
-        "h.pwrite(b'basalt' * 100, 4096, nbd.CMD_FLAG_FUA)\n\
+    run("h.pwrite(b'basalt' * 100, 4096, nbd.CMD_FLAG_FUA)\n\
          h.flush()\n\
-         assert h.pread(600, 4096) == b'basalt' * 100",
-    )
+         assert h.pread(600, 4096) == b'basalt' * 100")
     .ok();
     // data persists across connections
     run("assert h.pread(600, 4096) == b'basalt' * 100").ok();
     // negative control: a failing assertion makes nbdsh exit non-zero
     let out = run("assert h.pread(6, 4096) == b'nope!!'");
-    assert_ne!(out.code(), Some(0), "nbdsh should fail:\n{}", out.describe());
+    assert_ne!(
+        out.code(),
+        Some(0),
+        "nbdsh should fail:\n{}",
+        out.describe()
+    );
     // out-of-range read: EINVAL from the server, the connection survives
     run(
         "h.set_strict_mode(0)\n\

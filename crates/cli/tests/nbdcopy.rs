@@ -35,7 +35,16 @@ fn nbdcopy_file_in_and_out() {
 
     // one connection, small requests, a different code path
     fs::remove_file(&back).unwrap();
-    tool("nbdcopy", ["--connections=1", "--request-size=65536", &uri, back.to_str().unwrap()]).ok();
+    tool(
+        "nbdcopy",
+        [
+            "--connections=1",
+            "--request-size=65536",
+            &uri,
+            back.to_str().unwrap(),
+        ],
+    )
+    .ok();
     assert_files_equal(&src, &back);
 }
 
@@ -50,23 +59,38 @@ fn nbdcopy_sparse_source_keeps_volume_sparse() {
 
     let f = fs::File::create(&src).unwrap();
     f.set_len(64 * MIB).unwrap();
-    f.write_all_at(&vec![0xa1u8; MIB as usize], 4 * MIB).unwrap();
-    f.write_all_at(&vec![0xb2u8; 512 * KIB as usize], 50 * MIB).unwrap();
+    f.write_all_at(&vec![0xa1u8; MIB as usize], 4 * MIB)
+        .unwrap();
+    f.write_all_at(&vec![0xb2u8; 512 * KIB as usize], 50 * MIB)
+        .unwrap();
     // an explicit run of written zeros: nbdcopy detects them (--sparse) and sends no data
-    f.write_all_at(&vec![0u8; 2 * MIB as usize], 20 * MIB).unwrap();
+    f.write_all_at(&vec![0u8; 2 * MIB as usize], 20 * MIB)
+        .unwrap();
     drop(f);
 
     tool("nbdcopy", [src.to_str().unwrap(), &uri, "--flush"]).ok();
 
     let map = nbd_map(&uri, 64 * MIB);
     let data = map_bytes(&map, 0, 64 * MIB, |t| t & 1 == 0);
-    assert_eq!(map_bytes(&map, 4 * MIB, MIB, |t| t & 1 == 0), MIB, "data range not allocated: {map:?}");
-    assert_eq!(map_bytes(&map, 50 * MIB, 512 * KIB, |t| t & 1 == 0), 512 * KIB, "{map:?}");
+    assert_eq!(
+        map_bytes(&map, 4 * MIB, MIB, |t| t & 1 == 0),
+        MIB,
+        "data range not allocated: {map:?}"
+    );
+    assert_eq!(
+        map_bytes(&map, 50 * MIB, 512 * KIB, |t| t & 1 == 0),
+        512 * KIB,
+        "{map:?}"
+    );
     assert!(
         data <= 8 * MIB,
         "copying a sparse image with 1.5 MiB of data allocated {data} bytes: {map:?}"
     );
-    assert_eq!(map_bytes(&map, 20 * MIB, 2 * MIB, |t| t & 2 == 2), 2 * MIB, "zero run not reported zero: {map:?}");
+    assert_eq!(
+        map_bytes(&map, 20 * MIB, 2 * MIB, |t| t & 2 == 2),
+        2 * MIB,
+        "zero run not reported zero: {map:?}"
+    );
 
     tool("nbdcopy", [&uri, back.to_str().unwrap()]).ok();
     assert_files_equal(&src, &back);

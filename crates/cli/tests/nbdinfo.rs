@@ -14,19 +14,34 @@ fn nbdinfo_export_info_and_block_sizes() {
     let out = tool("nbdinfo", ["--json", &uri]);
     let v: Value = serde_json::from_str(out.ok()).expect("nbdinfo --json");
     assert_eq!(v["protocol"].as_str(), Some("newstyle-fixed"), "{v}");
-    assert_eq!(v["structured"].as_bool(), Some(true), "structured replies: {v}");
+    assert_eq!(
+        v["structured"].as_bool(),
+        Some(true),
+        "structured replies: {v}"
+    );
     let e = &v["exports"][0];
     assert_eq!(e["export-name"].as_str(), Some("info"), "{v}");
     assert_eq!(e["export-size"].as_u64(), Some(64 * MIB), "{v}");
     assert_eq!(e["block_size_minimum"].as_u64(), Some(512), "{v}");
     assert_eq!(e["block_size_preferred"].as_u64(), Some(4096), "{v}");
-    let max = e["block_size_maximum"].as_u64().unwrap_or_else(|| panic!("no block_size_maximum: {v}"));
+    let max = e["block_size_maximum"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no block_size_maximum: {v}"));
     assert!(max >= 4096 && max % 4096 == 0, "block_size_maximum {max}");
     assert!(
-        e["contexts"].as_array().is_some_and(|c| c.iter().any(|x| x == "base:allocation")),
+        e["contexts"]
+            .as_array()
+            .is_some_and(|c| c.iter().any(|x| x == "base:allocation")),
         "base:allocation not offered: {v}"
     );
-    for flag in ["can_flush", "can_fua", "can_trim", "can_zero", "can_cache", "can_multi_conn"] {
+    for flag in [
+        "can_flush",
+        "can_fua",
+        "can_trim",
+        "can_zero",
+        "can_cache",
+        "can_multi_conn",
+    ] {
         assert_eq!(e[flag].as_bool(), Some(true), "{flag}: {v}");
     }
     assert_eq!(e["is_read_only"].as_bool(), Some(false), "{v}");
@@ -36,7 +51,12 @@ fn nbdinfo_export_info_and_block_sizes() {
 
     // An unknown export is refused, and the server keeps serving.
     let bad = tool("nbdinfo", ["--size", &s.uri("no-such-volume")]);
-    assert_ne!(bad.code(), Some(0), "unknown export accepted:\n{}", bad.describe());
+    assert_ne!(
+        bad.code(),
+        Some(0),
+        "unknown export accepted:\n{}",
+        bad.describe()
+    );
     tool("nbdinfo", ["--size", &uri]).ok();
 }
 
@@ -55,19 +75,46 @@ fn nbdinfo_map_fresh_then_written() {
     // Write 1 MiB at 8 MiB and 4 KiB at 40 MiB + 4 KiB.
     tool(
         "qemu-io",
-        ["-f", "raw", "-c", "write -P 0x61 8M 1M", "-c", "write -P 0x62 40964k 4k", &uri],
+        [
+            "-f",
+            "raw",
+            "-c",
+            "write -P 0x61 8M 1M",
+            "-c",
+            "write -P 0x62 40964k 4k",
+            &uri,
+        ],
     )
     .ok();
     let map = nbd_map(&uri, 64 * MIB);
     // written ranges are data (type 0: neither hole nor zero)
-    assert_eq!(map_bytes(&map, 8 * MIB, MIB, |t| t == 0), MIB, "8M..9M not data: {map:?}");
-    assert_eq!(map_bytes(&map, 40964 * KIB, 4 * KIB, |t| t == 0), 4 * KIB, "40M+4k not data: {map:?}");
+    assert_eq!(
+        map_bytes(&map, 8 * MIB, MIB, |t| t == 0),
+        MIB,
+        "8M..9M not data: {map:?}"
+    );
+    assert_eq!(
+        map_bytes(&map, 40964 * KIB, 4 * KIB, |t| t == 0),
+        4 * KIB,
+        "40M+4k not data: {map:?}"
+    );
     // far-away ranges are still holes
-    assert_eq!(map_bytes(&map, 0, 4 * MIB, |t| t == 3), 4 * MIB, "0..4M not hole: {map:?}");
-    assert_eq!(map_bytes(&map, 48 * MIB, 16 * MIB, |t| t == 3), 16 * MIB, "48M.. not hole: {map:?}");
+    assert_eq!(
+        map_bytes(&map, 0, 4 * MIB, |t| t == 3),
+        4 * MIB,
+        "0..4M not hole: {map:?}"
+    );
+    assert_eq!(
+        map_bytes(&map, 48 * MIB, 16 * MIB, |t| t == 3),
+        16 * MIB,
+        "48M.. not hole: {map:?}"
+    );
     // data is not over-reported wildly (allocation granularity may round up)
     let data = map_bytes(&map, 0, 64 * MIB, |t| t & 1 == 0);
-    assert!(data <= 8 * MIB, "{data} bytes reported allocated for 1 MiB + 4 KiB written: {map:?}");
+    assert!(
+        data <= 8 * MIB,
+        "{data} bytes reported allocated for 1 MiB + 4 KiB written: {map:?}"
+    );
 
     // --totals agrees
     let tot = tool("nbdinfo", ["--map", "--totals", "--json", &uri]);
@@ -82,7 +129,19 @@ fn nbdinfo_map_fresh_then_written() {
     assert_eq!(data_tot, data, "--totals {v}");
 
     // trim everything: one hole again
-    nbd_script("nbdtool.py", ["trim", &uri, "--offset", "0", "--length", &(64 * MIB).to_string(), "--flush"]).ok();
+    nbd_script(
+        "nbdtool.py",
+        [
+            "trim",
+            &uri,
+            "--offset",
+            "0",
+            "--length",
+            &(64 * MIB).to_string(),
+            "--flush",
+        ],
+    )
+    .ok();
     let map = nbd_map(&uri, 64 * MIB);
     assert_eq!(
         map_bytes(&map, 0, 64 * MIB, |t| t & 1 == 1),
@@ -96,20 +155,42 @@ fn nbdinfo_list_exports() {
     let s = Server::start("128M");
     s.create_volume("one", "4M");
     s.create_volume("two", "8M");
-    let out = tool("nbdinfo", ["--list", "--json", &format!("nbd://{}/", s.nbd_addr())]);
+    let out = tool(
+        "nbdinfo",
+        ["--list", "--json", &format!("nbd://{}/", s.nbd_addr())],
+    );
     let v: Value = serde_json::from_str(out.ok()).expect("--list --json");
-    let exports = v["exports"].as_array().unwrap_or_else(|| panic!("no exports: {v}"));
+    let exports = v["exports"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no exports: {v}"));
     let mut names: Vec<(String, u64)> = exports
         .iter()
-        .map(|e| (e["export-name"].as_str().unwrap().to_string(), e["export-size"].as_u64().unwrap_or(0)))
+        .map(|e| {
+            (
+                e["export-name"].as_str().unwrap().to_string(),
+                e["export-size"].as_u64().unwrap_or(0),
+            )
+        })
         .collect();
     names.sort();
-    assert_eq!(names, vec![("one".to_string(), 4 * MIB), ("two".to_string(), 8 * MIB)], "{v}");
+    assert_eq!(
+        names,
+        vec![("one".to_string(), 4 * MIB), ("two".to_string(), 8 * MIB)],
+        "{v}"
+    );
 
     // A deleted volume disappears from the list.
     s.cli(&["volume", "delete", "one"]).ok();
-    let out = tool("nbdinfo", ["--list", "--json", &format!("nbd://{}/", s.nbd_addr())]);
+    let out = tool(
+        "nbdinfo",
+        ["--list", "--json", &format!("nbd://{}/", s.nbd_addr())],
+    );
     let v: Value = serde_json::from_str(out.ok()).expect("--list --json");
-    let names: Vec<&str> = v["exports"].as_array().unwrap().iter().map(|e| e["export-name"].as_str().unwrap()).collect();
+    let names: Vec<&str> = v["exports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["export-name"].as_str().unwrap())
+        .collect();
     assert_eq!(names, vec!["two"], "{v}");
 }

@@ -40,7 +40,14 @@ fn qemu_img_convert_compare_roundtrip() {
 
     // Old data in the volume that the conversion must overwrite with zeros (convert -n
     // cannot assume a zeroed target).
-    qemu_io_ok(&uri, &["write -P 0x77 10M 2M", "write -P 0x77 30M 64k", "write -P 0x77 63M 1M"]);
+    qemu_io_ok(
+        &uri,
+        &[
+            "write -P 0x77 10M 2M",
+            "write -P 0x77 30M 64k",
+            "write -P 0x77 63M 1M",
+        ],
+    );
 
     tool("qemu-img", ["create", "-q", "-f", "qcow2", src_s, "64M"]).ok();
     let out = tool(
@@ -63,9 +70,21 @@ fn qemu_img_convert_compare_roundtrip() {
     );
     out.ok();
 
-    tool("qemu-img", ["convert", "-n", "-f", "qcow2", "-O", "raw", src_s, &uri]).ok();
-    let cmp = tool("qemu-img", ["compare", "-f", "qcow2", "-F", "raw", src_s, &uri]);
-    assert_eq!(cmp.code(), Some(0), "images differ after convert:\n{}", cmp.describe());
+    tool(
+        "qemu-img",
+        ["convert", "-n", "-f", "qcow2", "-O", "raw", src_s, &uri],
+    )
+    .ok();
+    let cmp = tool(
+        "qemu-img",
+        ["compare", "-f", "qcow2", "-F", "raw", src_s, &uri],
+    );
+    assert_eq!(
+        cmp.code(),
+        Some(0),
+        "images differ after convert:\n{}",
+        cmp.describe()
+    );
 
     // The old 0x77 data is gone, the new data is there (independent of qemu-img compare).
     qemu_io_ok(
@@ -84,14 +103,34 @@ fn qemu_img_convert_compare_roundtrip() {
     // and back out into a new qcow2
     let back = dir.path("back.qcow2");
     let back_s = back.to_str().unwrap();
-    tool("qemu-img", ["convert", "-f", "raw", "-O", "qcow2", &uri, back_s]).ok();
-    let cmp = tool("qemu-img", ["compare", "-f", "qcow2", "-F", "qcow2", src_s, back_s]);
-    assert_eq!(cmp.code(), Some(0), "copy back out differs:\n{}", cmp.describe());
+    tool(
+        "qemu-img",
+        ["convert", "-f", "raw", "-O", "qcow2", &uri, back_s],
+    )
+    .ok();
+    let cmp = tool(
+        "qemu-img",
+        ["compare", "-f", "qcow2", "-F", "qcow2", src_s, back_s],
+    );
+    assert_eq!(
+        cmp.code(),
+        Some(0),
+        "copy back out differs:\n{}",
+        cmp.describe()
+    );
 
     // Negative control: a change in the volume is detected by compare.
     qemu_io_ok(&uri, &["write -P 0x99 40M 4k"]);
-    let cmp = tool("qemu-img", ["compare", "-f", "qcow2", "-F", "raw", src_s, &uri]);
-    assert_eq!(cmp.code(), Some(1), "compare should report a difference:\n{}", cmp.describe());
+    let cmp = tool(
+        "qemu-img",
+        ["compare", "-f", "qcow2", "-F", "raw", src_s, &uri],
+    );
+    assert_eq!(
+        cmp.code(),
+        Some(1),
+        "compare should report a difference:\n{}",
+        cmp.describe()
+    );
 }
 
 #[test]
@@ -103,15 +142,50 @@ fn qemu_img_convert_target_is_zero_into_fresh_volume() {
     let src = dir.path("src.raw");
     let src_s = src.to_str().unwrap();
     tool("qemu-img", ["create", "-q", "-f", "raw", src_s, "32M"]).ok();
-    tool("qemu-io", ["-f", "raw", "-c", "write -P 0x42 3M 3M", "-c", "write -P 0x24 31M 1M", src_s]).ok();
-    tool("qemu-img", ["convert", "-n", "--target-is-zero", "-f", "raw", "-O", "raw", src_s, &uri]).ok();
-    let cmp = tool("qemu-img", ["compare", "-f", "raw", "-F", "raw", src_s, &uri]);
+    tool(
+        "qemu-io",
+        [
+            "-f",
+            "raw",
+            "-c",
+            "write -P 0x42 3M 3M",
+            "-c",
+            "write -P 0x24 31M 1M",
+            src_s,
+        ],
+    )
+    .ok();
+    tool(
+        "qemu-img",
+        [
+            "convert",
+            "-n",
+            "--target-is-zero",
+            "-f",
+            "raw",
+            "-O",
+            "raw",
+            src_s,
+            &uri,
+        ],
+    )
+    .ok();
+    let cmp = tool(
+        "qemu-img",
+        ["compare", "-f", "raw", "-F", "raw", src_s, &uri],
+    );
     assert_eq!(cmp.code(), Some(0), "images differ:\n{}", cmp.describe());
     // holes stayed holes: at most the written 4 MiB plus allocation rounding is data
     let map = nbd_map(&uri, 32 * MIB);
     let data = map_bytes(&map, 0, 32 * MIB, |t| t & 1 == 0);
-    assert!(data >= 4 * MIB, "written ranges not reported allocated: {map:?}");
-    assert!(data <= 12 * MIB, "--target-is-zero convert allocated {data} bytes: {map:?}");
+    assert!(
+        data >= 4 * MIB,
+        "written ranges not reported allocated: {map:?}"
+    );
+    assert!(
+        data <= 12 * MIB,
+        "--target-is-zero convert allocated {data} bytes: {map:?}"
+    );
 }
 
 #[test]
@@ -160,5 +234,10 @@ fn qemu_io_write_read_patterns() {
 
     // Negative control: qemu-io does fail on a mismatch.
     let out = qemu_io(&uri, &["read -P 0x5a 8M 4k"]);
-    assert_ne!(out.code(), Some(0), "qemu-io should fail on a pattern mismatch:\n{}", out.describe());
+    assert_ne!(
+        out.code(),
+        Some(0),
+        "qemu-io should fail on a pattern mismatch:\n{}",
+        out.describe()
+    );
 }

@@ -18,21 +18,25 @@ fn info_type() -> impl Strategy<Value = InfoType> {
     any::<u16>().prop_map(InfoType::from_code)
 }
 
+fn info_request() -> impl Strategy<Value = InfoRequest> {
+    (name(), vec(info_type(), 0..8)).prop_map(|(export, requests)| InfoRequest { export, requests })
+}
+
+fn meta_request() -> impl Strategy<Value = MetaContextRequest> {
+    (name(), vec(name(), 0..6)).prop_map(|(export, queries)| MetaContextRequest { export, queries })
+}
+
 fn client_option() -> impl Strategy<Value = ClientOption> {
-    let info_request = (name(), vec(info_type(), 0..8))
-        .prop_map(|(export, requests)| InfoRequest { export, requests });
-    let meta = (name(), vec(name(), 0..6))
-        .prop_map(|(export, queries)| MetaContextRequest { export, queries });
     prop_oneof![
         name().prop_map(ClientOption::ExportName),
         Just(ClientOption::Abort),
         Just(ClientOption::List),
         Just(ClientOption::StartTls),
-        info_request.clone().prop_map(ClientOption::Info),
-        info_request.prop_map(ClientOption::Go),
+        info_request().prop_map(ClientOption::Info),
+        info_request().prop_map(ClientOption::Go),
         Just(ClientOption::StructuredReply),
-        meta.clone().prop_map(ClientOption::ListMetaContext),
-        meta.prop_map(ClientOption::SetMetaContext),
+        meta_request().prop_map(ClientOption::ListMetaContext),
+        meta_request().prop_map(ClientOption::SetMetaContext),
         (
             any::<u32>().prop_filter("unknown option code", |c| !(1..=10).contains(c)
                 || *c == opt::PEEK_EXPORT),
@@ -220,9 +224,9 @@ fn chunk() -> impl Strategy<Value = OwnedChunk> {
 
 /// Every strict prefix of a message must be `Incomplete`, never an error or
 /// a success.
-fn check_prefixes<T: std::fmt::Debug>(
+fn check_prefixes(
     bytes: &[u8],
-    parse: impl Fn(&[u8]) -> Result<(T, usize), WireError>,
+    parse: impl Fn(&[u8]) -> Result<usize, WireError>,
 ) -> Result<(), TestCaseError> {
     for cut in 0..bytes.len() {
         match parse(&bytes[..cut]) {
@@ -249,7 +253,7 @@ proptest! {
         // ABORT is the one option whose payload is ignored, so it is the only
         // one whose decoded form may not re-encode identically; ours has none.
         prop_assert_eq!(parsed, option);
-        check_prefixes(&bytes[..len], parse_option_frame)?;
+        check_prefixes(&bytes[..len], |b| parse_option_frame(b).map(|(_, used)| used))?;
     }
 
     #[test]
@@ -260,7 +264,7 @@ proptest! {
         prop_assert_eq!(used, bytes.len());
         prop_assert_eq!(parsed_option, option);
         prop_assert_eq!(parsed, reply);
-        check_prefixes(&bytes, parse_option_reply)?;
+        check_prefixes(&bytes, |b| parse_option_reply(b).map(|(_, used)| used))?;
     }
 
     #[test]
@@ -280,7 +284,7 @@ proptest! {
         encode_export_name_reply(size, flags, no_zeroes, &mut bytes);
         let parse = |b: &[u8]| parse_export_name_reply(b, no_zeroes);
         prop_assert_eq!(parse(&bytes).unwrap(), ((size, flags), bytes.len()));
-        check_prefixes(&bytes, parse)?;
+        check_prefixes(&bytes, |b| parse(b).map(|(_, used)| used))?;
     }
 
     #[test]
@@ -288,7 +292,7 @@ proptest! {
         let mut bytes = Vec::new();
         encode_request(&request, &mut bytes);
         prop_assert_eq!(parse_request(&bytes).unwrap(), (request, 28));
-        check_prefixes(&bytes, parse_request)?;
+        check_prefixes(&bytes, |b| parse_request(b).map(|(_, used)| used))?;
     }
 
     #[test]
@@ -306,7 +310,7 @@ proptest! {
         let (parsed, used) = parse_chunk(&bytes).unwrap();
         prop_assert_eq!(used, bytes.len());
         prop_assert_eq!(parsed, chunk);
-        check_prefixes(&bytes, parse_chunk)?;
+        check_prefixes(&bytes, |b| parse_chunk(b).map(|(_, used)| used))?;
     }
 
     /// A stream of several chunks parses back message by message.

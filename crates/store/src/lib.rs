@@ -26,7 +26,7 @@ pub use buf::AlignedBuf;
 pub use device::{BlockDevice, FileDevice, IoKind, IoOp, SimDevice};
 pub use engine::{FormatOptions, Store, StoreUsage, VolumeUsage};
 pub use error::{IoError, StoreError};
-pub use volume::{DataOp, LocalVolume, MappingRun};
+pub use volume::{DataKind, DataOp, LocalVolume, MappingRun};
 
 /// Identifies a volume in the store; the control plane's volume UUID.
 pub type VolumeId = uuid::Uuid;

@@ -2,8 +2,10 @@
 //! converged on the catalog, and the data-path handle frontends serve I/O on.
 
 mod error;
+mod handle;
 mod service;
 pub mod size;
+mod stats;
 
 pub use error::VolumeError;
 pub use service::{
@@ -11,3 +13,6 @@ pub use service::{
     VolumeService, DEFAULT_OVERCOMMIT_RATIO,
 };
 pub use size::{format_size, parse_size, ParseSizeError};
+pub use handle::VolumeHandle;
+pub use stats::{OpKind, VolumeStats};
+pub use basalt_store::{DataKind, DataOp, IoError, MappingRun};

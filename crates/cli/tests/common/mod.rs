@@ -204,14 +204,14 @@ pub fn run_cmd(cmd: &mut Command, timeout: Duration) -> CmdOutput {
     let err = child.stderr.take().unwrap();
     let t_out = thread::spawn(move || read_all(out));
     let t_err = thread::spawn(move || read_all(err));
-    let status = wait_timeout(&mut child, timeout).unwrap_or_else(|| {
+    let Some(status) = wait_timeout(&mut child, timeout) else {
         let _ = child.kill();
         let _ = child.wait();
         panic!(
             "`{line}` did not finish within {timeout:?}; killed it. stderr so far:\n{}",
             t_err.join().unwrap_or_default()
         );
-    });
+    };
     CmdOutput {
         cmdline: line,
         status,
@@ -600,10 +600,7 @@ impl Server {
         let out = self.cli(&a);
         out.ok();
         serde_json::from_str(&out.stdout).unwrap_or_else(|e| {
-            panic!(
-                "--output json is not valid JSON ({e}):\n{}",
-                out.describe()
-            )
+            panic!("--output json is not valid JSON ({e}):\n{}", out.describe())
         })
     }
 
@@ -680,7 +677,10 @@ impl Drop for Server {
 #[track_caller]
 pub fn cli_in(dir: &Path, args: &[&str]) -> CmdOutput {
     let mut cmd = Command::new(BIN);
-    cmd.arg("--data-dir").arg(dir).args(args).env("NO_COLOR", "1");
+    cmd.arg("--data-dir")
+        .arg(dir)
+        .args(args)
+        .env("NO_COLOR", "1");
     run_cmd(&mut cmd, Duration::from_secs(60))
 }
 
@@ -888,8 +888,12 @@ pub fn assert_files_equal(a: &Path, b: &Path) {
 pub fn nbd_map(uri: &str, size: u64) -> Vec<(u64, u64, u64)> {
     let out = tool("nbdinfo", ["--map", "--json", uri]);
     out.ok();
-    let v: Value = serde_json::from_str(&out.stdout)
-        .unwrap_or_else(|e| panic!("nbdinfo --map --json output is not JSON ({e}): {}", out.stdout));
+    let v: Value = serde_json::from_str(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "nbdinfo --map --json output is not JSON ({e}): {}",
+            out.stdout
+        )
+    });
     let mut res = Vec::new();
     let mut pos = 0;
     for e in v.as_array().expect("map array") {
