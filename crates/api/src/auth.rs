@@ -34,7 +34,8 @@ pub async fn require_token(
         .to_str()
         .ok()
         .and_then(|v| {
-            let (scheme, rest) = v.split_once(' ')?;
+            // HTTP strips trailing spaces, so "Bearer " arrives as "Bearer".
+            let (scheme, rest) = v.trim().split_once(' ').unwrap_or((v.trim(), ""));
             scheme.eq_ignore_ascii_case("bearer").then(|| rest.trim())
         });
     match presented {

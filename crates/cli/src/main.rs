@@ -1,1 +1,83 @@
-fn main() {}
+//! `basalt`: the one binary of Basalt. `basalt server` runs a node;
+//! `basalt volume …` and `basalt status` manage one over its REST API.
+//!
+//! Exit status: 0 on success, 1 on an error (printed as one `error: …` line
+//! on stderr), 2 on a usage error.
+
+mod client;
+mod commands;
+mod datadir;
+mod exports;
+mod output;
+mod server;
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+use tracing_subscriber::EnvFilter;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "basalt",
+    version,
+    about = "Basalt block storage: run a node, manage its volumes",
+    after_help = "Start a node:   basalt server --data-dir ./basalt-data --capacity 20G --demo-volume demo:10G\n\
+                  Then:           basalt volume list        (finds the server through ./basalt-data)"
+)]
+struct Cli {
+    /// Log filter: error, warn, info, debug, trace or a RUST_LOG-style
+    /// directive [default: $RUST_LOG, else info for the server, warn otherwise]
+    #[arg(long, global = true, value_name = "FILTER", value_parser = parse_filter)]
+    log_level: Option<String>,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run a node: control plane, store and NBD frontend in one process.
+    Server(server::ServerArgs),
+    /// Manage volumes.
+    #[command(subcommand)]
+    Volume(commands::VolumeCommand),
+    /// Show the node's capacity, provisioning and allocation.
+    Status(client::ClientArgs),
+}
+
+fn parse_filter(s: &str) -> Result<String, String> {
+    EnvFilter::try_new(s)
+        .map(|_| s.to_string())
+        .map_err(|e| format!("invalid log filter {s:?}: {e}"))
+}
+
+fn init_logging(flag: Option<&str>, default: &str) {
+    let filter = match flag {
+        Some(directive) => EnvFilter::new(directive),
+        None => EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default)),
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let default_level = match cli.command {
+        Command::Server(_) => "info",
+        _ => "warn",
+    };
+    init_logging(cli.log_level.as_deref(), default_level);
+    let result = match cli.command {
+        Command::Server(args) => server::run(args),
+        Command::Volume(command) => commands::run_volume(command),
+        Command::Status(client) => commands::run_status(client),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -107,11 +107,9 @@ fn volume_lifecycle_json_and_table_output() {
 }
 
 #[test]
-fn cli_errors_are_one_line_and_exit_1() {
+fn error_size_not_multiple_of_4096() {
     let s = Server::start("1G");
     s.create_volume("vol", "100M");
-
-    // size not a multiple of 4096
     let e = s
         .cli(&["volume", "create", "odd", "--size", "10000"])
         .cli_error(1);
@@ -120,22 +118,46 @@ fn cli_errors_are_one_line_and_exit_1() {
         .cli_error(1);
     s.cli(&["volume", "resize", "vol", "--size", "1000"])
         .cli_error(1);
+    let list = s.cli_json(&["volume", "list"]);
+    assert!(
+        find_volume(&list, "odd").is_none() && find_volume(&list, "odd2").is_none(),
+        "{list}"
+    );
+    assert_eq!(volume_size(&find_volume(&list, "vol").unwrap()), 100 * MIB);
+}
 
-    // bad size strings
+#[test]
+fn error_bad_size_string() {
+    let s = Server::start("1G");
     for bad in ["abc", "12X", "1.5.5G", "10GB", ""] {
         s.cli(&["volume", "create", "bad", "--size", bad])
             .cli_error(1);
     }
     s.cli(&["volume", "create", "bad", "--size=-4096"])
         .cli_error(1);
+    assert!(find_volume(&s.cli_json(&["volume", "list"]), "bad").is_none());
+}
 
-    // duplicate name
+#[test]
+fn error_duplicate_name() {
+    let s = Server::start("1G");
+    s.create_volume("vol", "100M");
     let e = s
         .cli(&["volume", "create", "vol", "--size", "4M"])
         .cli_error(1);
     assert!(e.contains("vol"), "error should name the volume: {e}");
+    let list = s.cli_json(&["volume", "list"]);
+    assert_eq!(volume_list(&list).len(), 1, "{list}");
+    assert_eq!(
+        volume_size(&find_volume(&list, "vol").unwrap()),
+        100 * MIB,
+        "duplicate create changed the volume"
+    );
+}
 
-    // unknown volume
+#[test]
+fn error_unknown_volume() {
+    let s = Server::start("1G");
     for args in [
         &["volume", "show", "nope"][..],
         &["volume", "delete", "nope"][..],
@@ -144,29 +166,76 @@ fn cli_errors_are_one_line_and_exit_1() {
         let e = s.cli(args).cli_error(1);
         assert!(e.contains("nope"), "error should name the volume: {e}");
     }
+}
 
-    // provisioning beyond 2x capacity (1G -> 2G)
+#[test]
+fn error_overcommit_beyond_twice_capacity() {
+    let s = Server::start("1G");
+    s.create_volume("vol", "100M");
     s.cli(&["volume", "create", "huge", "--size", "3G"])
         .cli_error(1);
-    s.create_volume("big", "1G"); // 1.1G provisioned in total
+    s.create_volume("big", "1G"); // 1.1G provisioned in total, limit 2G
     s.cli(&["volume", "create", "more", "--size", "1G"])
         .cli_error(1);
     s.cli(&["volume", "resize", "big", "--size", "2G"])
         .cli_error(1);
     let list = s.cli_json(&["volume", "list"]);
-    for gone in ["odd", "odd2", "bad", "huge", "more"] {
+    for gone in ["huge", "more"] {
         assert!(
             find_volume(&list, gone).is_none(),
-            "failed create left {gone}: {list}"
+            "refused create left {gone}: {list}"
         );
     }
     assert_eq!(volume_size(&find_volume(&list, "big").unwrap()), GIB);
-    assert_eq!(volume_size(&find_volume(&list, "vol").unwrap()), 100 * MIB);
+    // Up to exactly the limit is fine, one block more is not.
+    let st = s.cli_json(&["status"]);
+    let cap = st["capacity_bytes"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("status: {st}"));
+    let prov = st["provisioned_bytes"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("status: {st}"));
+    assert_eq!(prov, GIB + 100 * MIB, "provisioned_bytes: {st}");
+    assert!(
+        cap > 900 * MIB && cap <= GIB,
+        "capacity_bytes of a 1G store: {st}"
+    );
+    let room = (2 * cap - prov) / 4096 * 4096;
+    let over = (room + 4096).to_string();
+    s.cli(&["volume", "create", "rest", "--size", &over])
+        .cli_error(1);
+    s.create_volume("rest", &room.to_string());
+}
 
-    // usage errors: exit 2
+#[test]
+fn usage_errors_exit_2() {
+    let s = Server::start("64M");
     s.cli(&["volume", "list", "--no-such-flag"]).cli_error(2);
     s.cli(&["volume", "frobnicate"]).cli_error(2);
     s.cli(&["volume", "create", "x"]).cli_error(2); // --size missing
+    s.cli(&["volume", "list", "--output", "yaml"]).cli_error(2);
+    let mut cmd = std::process::Command::new(bin());
+    cmd.arg("--help");
+    let help = run_cmd(&mut cmd, Duration::from_secs(60));
+    assert!(help.ok().contains("volume"), "{}", help.stdout);
+}
+
+#[test]
+fn data_dir_flag_before_the_subcommand() {
+    // The documented form: `basalt --data-dir DIR volume create NAME --size 10G`.
+    let s = Server::start("64M");
+    let mut cmd = std::process::Command::new(bin());
+    cmd.arg("--data-dir")
+        .arg(s.data_dir())
+        .args(["volume", "create", "front", "--size", "8M"]);
+    run_cmd(&mut cmd, Duration::from_secs(60)).ok();
+    let mut cmd = std::process::Command::new(bin());
+    cmd.arg("--data-dir")
+        .arg(s.data_dir())
+        .args(["volume", "list", "--output", "json"]);
+    let out = run_cmd(&mut cmd, Duration::from_secs(60));
+    let v: serde_json::Value = serde_json::from_str(out.ok()).expect("json");
+    assert!(find_volume(&v, "front").is_some(), "{v}");
 }
 
 #[test]
@@ -234,4 +303,40 @@ fn delete_refused_while_nbd_client_connected() {
         std::thread::sleep(Duration::from_millis(100));
     }
     assert!(find_volume(&s.cli_json(&["volume", "list"]), "busy").is_none());
+}
+
+#[test]
+fn demo_volume_is_created_once_and_kept_across_restarts() {
+    let mut s = Server::start_with("64M", &["--demo-volume", "demo:8M"]);
+    let list = s.cli_json(&["volume", "list"]);
+    let demo = find_volume(&list, "demo").unwrap_or_else(|| panic!("no demo volume: {list}"));
+    assert_eq!(volume_size(&demo), 8 * MIB);
+    let uri = s.uri("demo");
+    nbd_script(
+        "nbdtool.py",
+        [
+            "write", &uri, "--seed", "4", "--offset", "0", "--length", "65536", "--flush",
+        ],
+    )
+    .ok();
+    // Restarting with the same --demo-volume keeps the existing volume and its data.
+    let st = s.sigterm(Duration::from_secs(30));
+    assert_eq!(st.code(), Some(0));
+    s.restart();
+    let list = s.cli_json(&["volume", "list"]);
+    assert_eq!(volume_list(&list).len(), 1, "{list}");
+    nbd_script(
+        "nbdtool.py",
+        [
+            "verify",
+            &s.uri("demo"),
+            "--seed",
+            "4",
+            "--offset",
+            "0",
+            "--length",
+            "65536",
+        ],
+    )
+    .ok();
 }

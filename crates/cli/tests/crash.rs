@@ -127,6 +127,8 @@ fn kill9_after_fua_and_flush_on_two_volumes() {
     .ok();
     s.kill9();
     s.restart();
+    // (ports are new after a restart)
+    let (fua, fl) = (s.uri("fua"), s.uri("flushed"));
     nbd_script(
         "nbdtool.py",
         [
@@ -158,6 +160,7 @@ fn kill9_after_fua_and_flush_on_two_volumes() {
     // Twice in a row, with nothing written in between.
     s.kill9();
     s.restart();
+    let (fua, fl) = (s.uri("fua"), s.uri("flushed"));
     nbd_script(
         "nbdtool.py",
         [

@@ -147,6 +147,7 @@ fn enospc_then_trim_and_delete_free_space() {
     // A restart (after kill -9, the harshest case) opens the full store cleanly.
     s.kill9();
     s.restart();
+    let a = s.uri("a");
     verify(&a, 1, 0, 2 * MIB);
     verify(&a, 1, 10 * MIB, end - 10 * MIB);
     let list = s.cli_json(&["volume", "list"]);

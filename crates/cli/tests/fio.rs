@@ -8,11 +8,7 @@ use serde_json::Value;
 /// Runs fio with JSON output to a file; checks its exit code and that no job reports an error.
 #[track_caller]
 fn fio(dir: &Scratch, tag: &str, args: &[&str]) -> Value {
-    let json = dir.path(&format!("{tag}.json"));
-    let mut a: Vec<String> = args.iter().map(|s| s.to_string()).collect();
-    a.push("--output-format=json".into());
-    a.push(format!("--output={}", json.display()));
-    let out = tool("fio", &a);
+    let (out, json) = run_fio(dir, tag, args);
     let text = std::fs::read_to_string(&json).unwrap_or_default();
     assert!(
         out.status.success(),
@@ -33,6 +29,18 @@ fn fio(dir: &Scratch, tag: &str, args: &[&str]) -> Value {
         assert_eq!(j["error"].as_u64(), Some(0), "fio {tag}: job error: {j}");
     }
     v
+}
+
+/// Runs fio in the scratch dir (fio drops verify state files in its cwd otherwise).
+fn run_fio(dir: &Scratch, tag: &str, args: &[&str]) -> (CmdOutput, std::path::PathBuf) {
+    let json = dir.path(&format!("{tag}.json"));
+    let mut cmd = std::process::Command::new(require_tool("fio"));
+    cmd.current_dir(&dir.0)
+        .args(args)
+        .arg("--verify_state_save=0")
+        .arg("--output-format=json")
+        .arg(format!("--output={}", json.display()));
+    (run_cmd(&mut cmd, CMD_TIMEOUT), json)
 }
 
 fn total(v: &Value, dir: &str) -> u64 {
@@ -113,11 +121,7 @@ fn fio_multi_conn_randrw_verified() {
         "--offset=64M",
     ];
     a.extend(common);
-    let json = dir.path("neg.json");
-    let mut args: Vec<String> = a.iter().map(|s| s.to_string()).collect();
-    args.push("--output-format=json".into());
-    args.push(format!("--output={}", json.display()));
-    let out = tool("fio", &args);
+    let (out, _) = run_fio(&dir, "negative", &a);
     assert!(
         !out.status.success(),
         "fio verify of foreign data passed:\n{}",

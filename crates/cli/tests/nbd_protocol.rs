@@ -38,14 +38,14 @@ fn nbdsh_one_liners() {
     };
     run("assert h.can_multi_conn() and h.can_fua() and h.can_flush() and h.can_trim() and h.can_zero() and h.can_cache()").ok();
     run("assert h.get_size() == 16 * 1024 * 1024, h.get_size()").ok();
-    run("h.pwrite(b'basalt' * 100, 4096, nbd.CMD_FLAG_FUA)\n\
+    run("h.pwrite(b'basalt!!' * 64, 4096, nbd.CMD_FLAG_FUA)\n\
          h.flush()\n\
-         assert h.pread(600, 4096) == b'basalt' * 100")
+         assert h.pread(512, 4096) == b'basalt!!' * 64")
     .ok();
     // data persists across connections
-    run("assert h.pread(600, 4096) == b'basalt' * 100").ok();
+    run("assert h.pread(512, 4096) == b'basalt!!' * 64").ok();
     // negative control: a failing assertion makes nbdsh exit non-zero
-    let out = run("assert h.pread(6, 4096) == b'nope!!'");
+    let out = run("assert h.pread(512, 4096) == b'nope!!!!' * 64");
     assert_ne!(
         out.code(),
         Some(0),
@@ -57,7 +57,7 @@ fn nbdsh_one_liners() {
         "h.set_strict_mode(0)\n\
          try:\n    h.pread(512, h.get_size())\n    raise SystemExit('read beyond the end succeeded')\n\
          except nbd.Error as e:\n    assert e.errno == 'EINVAL', e\n\
-         assert h.pread(6, 4096) == b'basalt'",
+         assert h.pread(8, 4096) == b'basalt!!'",
     )
     .ok();
 }

@@ -74,6 +74,7 @@ fn sigterm_exits_0_and_restart_keeps_flushed_data() {
     let st = s.sigterm(Duration::from_secs(30));
     assert_eq!(st.code(), Some(0), "second SIGTERM exit status {st:?}");
     s.restart();
+    let uri = s.uri("keep");
     nbd_script(
         "nbdtool.py",
         [

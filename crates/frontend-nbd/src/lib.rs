@@ -1,1 +1,62 @@
-//! (being written)
+//! Basalt's NBD frontend: serves volumes to NBD clients (the Linux kernel's
+//! `nbd` driver, qemu, libnbd tools, fio) over TCP.
+//!
+//! Shape: [`NbdServer::start`] binds a listener and runs one acceptor thread;
+//! every accepted connection gets its own OS thread that does the fixed
+//! newstyle handshake (module `handshake`) and then the transmission phase
+//! (module `transmission`) on the [`basalt_volume::VolumeHandle`] the client
+//! picked. There is no thread hop per I/O: the connection thread parses a
+//! batch of pipelined requests, executes their reads and writes with one
+//! `VolumeHandle::submit` call and sends all replies with one vectored write.
+//!
+//! Invariants:
+//! - Every request that was read gets exactly one complete reply (simple, or
+//!   structured chunks ending with the DONE flag), except `NBD_CMD_DISC`;
+//!   replies are sent only after the operation finished, so FUA and FLUSH
+//!   replies imply durability.
+//! - Input from the network never panics a thread and never makes it allocate
+//!   more than the protocol's limits (option payloads, 32 MiB payloads).
+//! - [`NbdServer::shutdown`] returns only after every thread it started has
+//!   ended.
+
+mod bufpool;
+mod error;
+mod handshake;
+mod server;
+mod socket;
+mod transmission;
+
+pub use error::{ConnectionError, HandshakeError};
+pub use handshake::{BASE_ALLOCATION_ID, BASE_TRANSMISSION_FLAGS, MAX_OPTIONS};
+pub use server::NbdServer;
+pub use transmission::{
+    MAX_BATCH_BYTES, MAX_BATCH_REQUESTS, MAX_DISCARDED_WRITE, RECV_BUFFER_BYTES, SPARSE_READ_MIN,
+};
+
+use basalt_volume::VolumeHandle;
+
+/// The volumes a server offers, looked up by export (volume) name.
+///
+/// Implementations must be cheap enough to call once per handshake option:
+/// `open` is called for every INFO/GO/EXPORT_NAME and meta context option.
+pub trait Exports: Send + Sync + 'static {
+    /// Names of every export, for `NBD_OPT_LIST`.
+    fn list(&self) -> Vec<String>;
+    /// Opens an export for I/O; `None` if there is no such export.
+    fn open(&self, name: &str) -> Option<VolumeHandle>;
+    /// Optional human-readable description (`NBD_INFO_DESCRIPTION`).
+    fn describe(&self, name: &str) -> Option<String> {
+        let _ = name;
+        None
+    }
+}
+
+/// Smallest request size and alignment the server advertises. Requests that
+/// are not aligned to it are still served (the store does read-modify-write)
+/// so that clients which never asked for block sizes keep working.
+pub const MIN_BLOCK_SIZE: u32 = 512;
+/// Size from which requests avoid read-modify-write in the store.
+pub const PREFERRED_BLOCK_SIZE: u32 = 4096;
+/// Largest READ/WRITE payload accepted (2^25 bytes, which the protocol says
+/// must never be treated as a denial of service).
+pub const MAX_PAYLOAD: u32 = basalt_nbd_wire::MAX_PAYLOAD;

@@ -519,7 +519,7 @@ impl VolumeService {
                 // Names are validated to [A-Za-z0-9._-]: no label escaping needed.
                 let _ = writeln!(
                     out,
-                    "{metric}{{volume=\"{}\",uuid=\"{}\"}} {}",
+                    "{metric}{{volume=\"{}\",id=\"{}\"}} {}",
                     info.name,
                     info.id,
                     value(info)

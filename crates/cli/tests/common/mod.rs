@@ -27,7 +27,11 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde_json::Value;
 
-pub const BIN: &str = env!("CARGO_BIN_EXE_basalt");
+/// The binary under test: the workspace's `basalt`, or $BASALT_TEST_BIN (to run
+/// these tests against another build of it).
+pub fn bin() -> String {
+    std::env::var("BASALT_TEST_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_basalt").to_string())
+}
 pub const KIB: u64 = 1024;
 pub const MIB: u64 = 1024 * 1024;
 pub const GIB: u64 = 1024 * MIB;
@@ -481,14 +485,14 @@ impl Server {
             self.starts,
             self.args.join(" ")
         );
-        let child = Command::new(BIN)
+        let child = Command::new(bin())
             .args(&self.args)
             .env("RUST_BACKTRACE", "1")
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
             .stderr(log)
             .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {BIN}: {e}"));
+            .unwrap_or_else(|e| panic!("cannot start {}: {e}", bin()));
         let pid = child.id();
         self.child = Some(child);
         self.info = None;
@@ -586,7 +590,7 @@ impl Server {
         }
     }
 
-    /// `basalt --data-dir DIR ARGS...`
+    /// `basalt ARGS... --data-dir DIR`
     #[track_caller]
     pub fn cli(&self, args: &[&str]) -> CmdOutput {
         cli_in(&self.path, args)
@@ -673,13 +677,15 @@ impl Drop for Server {
     }
 }
 
-/// `basalt --data-dir DIR ARGS...` for any directory (e.g. one without a server).
+/// `basalt ARGS... --data-dir DIR` for any directory (e.g. one without a server).
 #[track_caller]
 pub fn cli_in(dir: &Path, args: &[&str]) -> CmdOutput {
-    let mut cmd = Command::new(BIN);
-    cmd.arg("--data-dir")
+    // `--data-dir` goes last, where both a global flag and a per-command flag
+    // are accepted (data_dir_flag_before_the_subcommand checks the other form).
+    let mut cmd = Command::new(bin());
+    cmd.args(args)
+        .arg("--data-dir")
         .arg(dir)
-        .args(args)
         .env("NO_COLOR", "1");
     run_cmd(&mut cmd, Duration::from_secs(60))
 }

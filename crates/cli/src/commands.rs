@@ -1,0 +1,235 @@
+//! The client commands (`basalt volume …`, `basalt status`): one REST call
+//! each, printed as a table or key/value block, or as the API's JSON with
+//! `--output json`.
+
+use crate::client::{ApiClient, ClientArgs, Output};
+use crate::output::{fields, table, Align};
+use crate::server::parse_size_arg;
+use anyhow::{Context, Result};
+use basalt_api::types::{Status, Volume, VolumeList};
+use basalt_volume::format_size;
+use clap::Subcommand;
+use serde_json::{json, Value};
+
+#[derive(Subcommand, Debug)]
+pub enum VolumeCommand {
+    /// Create a thin-provisioned volume.
+    Create {
+        name: String,
+        /// Size, e.g. 10G, 512M, 1.5T or bytes (a multiple of 4096).
+        #[arg(long, value_parser = parse_size_arg)]
+        size: u64,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// List volumes.
+    List {
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Show one volume.
+    Show {
+        name: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Change a volume's size, online.
+    Resize {
+        name: String,
+        /// New size, e.g. 20G.
+        #[arg(long, value_parser = parse_size_arg)]
+        size: u64,
+        /// Allow a smaller size; the data beyond it is lost.
+        #[arg(long)]
+        allow_shrink: bool,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Delete a volume and its data (refused while clients are connected).
+    Delete {
+        name: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+}
+
+/// The URL path of a volume; the name is percent-encoded so that whatever
+/// was typed reaches the server as one path segment (which validates it).
+fn volume_path(name: &str) -> String {
+    let mut path = String::from("/api/v1/volumes/");
+    for byte in name.bytes() {
+        if byte.is_ascii_alphanumeric() || matches!(byte, b'.' | b'_' | b'-') {
+            path.push(byte as char);
+        } else {
+            path.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    path
+}
+
+fn print_json(value: &Value) -> Result<()> {
+    if !value.is_null() {
+        println!("{}", serde_json::to_string_pretty(value)?);
+    }
+    Ok(())
+}
+
+fn decode<T: serde::de::DeserializeOwned>(value: Value) -> Result<T> {
+    serde_json::from_value(value).context("the server's answer has an unexpected shape (is it a different basalt version?)")
+}
+
+fn bytes_and_human(bytes: u64) -> String {
+    format!("{} ({bytes} bytes)", format_size(bytes))
+}
+
+fn volume_fields(volume: &Volume, client: &ApiClient) -> String {
+    let mut pairs = vec![
+        ("name", volume.name.clone()),
+        ("id", volume.id.to_string()),
+        ("size", bytes_and_human(volume.size_bytes)),
+        ("allocated", format_size(volume.allocated_bytes)),
+        ("connections", volume.open_connections.to_string()),
+        ("created", volume.created_at.clone()),
+    ];
+    if let Some(server) = &client.server {
+        pairs.push(("nbd", format!("nbd://{}/{}", server.nbd, volume.name)));
+    }
+    fields(&pairs)
+}
+
+pub fn run_volume(command: VolumeCommand) -> Result<()> {
+    match command {
+        VolumeCommand::Create { name, size, client } => {
+            let api = ApiClient::discover(&client)?;
+            let value = api.post("/api/v1/volumes", json!({"name": name, "size": size}))?;
+            if client.output == Output::Json {
+                return print_json(&value);
+            }
+            let volume: Volume = decode(value)?;
+            println!("created volume {} ({})", volume.name, format_size(volume.size_bytes));
+            print!("{}", volume_fields(&volume, &api));
+        }
+        VolumeCommand::List { client } => {
+            let api = ApiClient::discover(&client)?;
+            let value = api.get("/api/v1/volumes")?;
+            if client.output == Output::Json {
+                return print_json(&value);
+            }
+            let list: VolumeList = decode(value)?;
+            let rows: Vec<Vec<String>> = list
+                .volumes
+                .iter()
+                .map(|v| {
+                    vec![
+                        v.name.clone(),
+                        format_size(v.size_bytes),
+                        format_size(v.allocated_bytes),
+                        v.open_connections.to_string(),
+                        v.created_at.clone(),
+                    ]
+                })
+                .collect();
+            print!(
+                "{}",
+                table(
+                    &[
+                        ("NAME", Align::Left),
+                        ("SIZE", Align::Right),
+                        ("ALLOCATED", Align::Right),
+                        ("CONNECTIONS", Align::Right),
+                        ("CREATED", Align::Left),
+                    ],
+                    &rows,
+                )
+            );
+        }
+        VolumeCommand::Show { name, client } => {
+            let api = ApiClient::discover(&client)?;
+            let value = api.get(&volume_path(&name))?;
+            if client.output == Output::Json {
+                return print_json(&value);
+            }
+            print!("{}", volume_fields(&decode(value)?, &api));
+        }
+        VolumeCommand::Resize {
+            name,
+            size,
+            allow_shrink,
+            client,
+        } => {
+            let api = ApiClient::discover(&client)?;
+            let value = api.post(
+                &format!("{}/resize", volume_path(&name)),
+                json!({"size": size, "allow_shrink": allow_shrink}),
+            )?;
+            if client.output == Output::Json {
+                return print_json(&value);
+            }
+            let volume: Volume = decode(value)?;
+            println!("resized volume {} to {}", volume.name, format_size(volume.size_bytes));
+        }
+        VolumeCommand::Delete { name, client } => {
+            let api = ApiClient::discover(&client)?;
+            let value = api.delete(&volume_path(&name))?;
+            if client.output == Output::Json {
+                return print_json(&value);
+            }
+            println!("deleted volume {name}");
+        }
+    }
+    Ok(())
+}
+
+fn percent(part: u64, whole: u64) -> String {
+    if whole == 0 {
+        return "-".to_string();
+    }
+    format!("{:.1}%", part as f64 * 100.0 / whole as f64)
+}
+
+pub fn run_status(client: ClientArgs) -> Result<()> {
+    let api = ApiClient::discover(&client)?;
+    let value = api.get("/api/v1/status")?;
+    if client.output == Output::Json {
+        return print_json(&value);
+    }
+    let s: Status = decode(value)?;
+    let limit = (s.capacity_bytes as f64 * s.overcommit_ratio) as u64;
+    let mut pairs = Vec::new();
+    if let Some(server) = &api.server {
+        pairs.push(("api", server.api_url.clone()));
+        pairs.push(("nbd", server.nbd.clone()));
+    }
+    pairs.extend([
+        ("capacity", format_size(s.capacity_bytes)),
+        (
+            "allocated",
+            format!("{} ({} of capacity)", format_size(s.allocated_bytes), percent(s.allocated_bytes, s.capacity_bytes)),
+        ),
+        (
+            "provisioned",
+            format!(
+                "{} ({} of capacity; limit {} at overcommit {})",
+                format_size(s.provisioned_bytes),
+                percent(s.provisioned_bytes, s.capacity_bytes),
+                format_size(limit),
+                s.overcommit_ratio
+            ),
+        ),
+        ("volumes", s.volume_count.to_string()),
+        ("extent size", format_size(s.extent_size)),
+    ]);
+    print!("{}", fields(&pairs));
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::volume_path;
+
+    #[test]
+    fn volume_names_are_one_path_segment() {
+        assert_eq!(volume_path("db-1.a_b"), "/api/v1/volumes/db-1.a_b");
+        assert_eq!(volume_path("a/b?c d"), "/api/v1/volumes/a%2Fb%3Fc%20d");
+    }
+}

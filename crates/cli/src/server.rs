@@ -1,0 +1,393 @@
+//! `basalt server`: runs an all-in-one node — control plane, store and NBD
+//! frontend in one process — on a data directory.
+//!
+//! Start-up order, each step needing the one before:
+//! 1. open the catalog (its file lock makes this the only server on the
+//!    directory),
+//! 2. open the store, or at first start create the data file (or format
+//!    `--device`) and write `node.json`,
+//! 3. load or generate the admin token,
+//! 4. reconcile the store with the catalog, create the demo volume,
+//! 5. bind the NBD and API listeners, then write `server.json`.
+//!
+//! Shutdown (SIGTERM or SIGINT): stop NBD (disconnects clients), stop the
+//! API, close the store (flush, mark clean), remove `server.json`. The store
+//! is closed whenever it was opened, even if a later step failed.
+
+use crate::datadir::{Backing, DataDir, NodeConfig, ServerInfo};
+use crate::exports::VolumeExports;
+use anyhow::{anyhow, bail, Context, Result};
+use basalt_catalog::RedbCatalog;
+use basalt_frontend_nbd::NbdServer;
+use basalt_store::{BlockDevice, FileDevice, FormatOptions, Store};
+use basalt_volume::{
+    format_size, parse_size, validate_volume_name, validate_volume_size, VolumeError,
+    VolumeService, DEFAULT_OVERCOMMIT_RATIO,
+};
+use clap::Args;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// How long in-flight API requests may take to finish at shutdown.
+const API_DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+
+#[derive(Args, Debug)]
+pub struct ServerArgs {
+    /// Data directory: data file, catalog, API token, node.json, server.json.
+    #[arg(long, env = "BASALT_DATA_DIR", default_value = "./basalt-data", value_name = "DIR")]
+    pub data_dir: PathBuf,
+
+    /// Size of the data file DIR/basalt.data, created at first start (e.g.
+    /// 20G); ignored on later starts.
+    #[arg(long, value_parser = parse_size_arg, value_name = "SIZE")]
+    pub capacity: Option<u64>,
+
+    /// Keep the store on this block device (or existing file) instead of a
+    /// data file; it is formatted at first start.
+    #[arg(long, value_name = "PATH")]
+    pub device: Option<PathBuf>,
+
+    /// Allocate the whole data file at first start instead of a sparse file.
+    #[arg(long, conflicts_with = "device")]
+    pub preallocate: bool,
+
+    /// Volume sizes may add up to store capacity x this ratio.
+    #[arg(long, default_value_t = DEFAULT_OVERCOMMIT_RATIO, value_parser = parse_ratio, value_name = "RATIO")]
+    pub overcommit: f64,
+
+    /// NBD listen address (port 0 picks a free port; ":PORT" means 127.0.0.1:PORT).
+    #[arg(long, default_value = "127.0.0.1:10809", value_parser = parse_listen, value_name = "ADDR")]
+    pub nbd_listen: SocketAddr,
+
+    /// REST API listen address (port 0 picks a free port; ":PORT" means 127.0.0.1:PORT).
+    #[arg(long, default_value = "127.0.0.1:8080", value_parser = parse_listen, value_name = "ADDR")]
+    pub api_listen: SocketAddr,
+
+    /// Create this volume if absent and print how to use it, e.g. demo:10G.
+    #[arg(long, value_parser = parse_demo, value_name = "NAME:SIZE")]
+    pub demo_volume: Option<DemoVolume>,
+}
+
+/// `--demo-volume NAME:SIZE`.
+#[derive(Clone, Debug)]
+pub struct DemoVolume {
+    pub name: String,
+    pub size: u64,
+}
+
+pub fn parse_size_arg(s: &str) -> Result<u64, String> {
+    parse_size(s).map_err(|e| e.to_string())
+}
+
+fn parse_ratio(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(r) if r.is_finite() && r > 0.0 => Ok(r),
+        _ => Err(format!("{s:?} is not a positive number (e.g. 1.0 for no overcommit, 2.0)")),
+    }
+}
+
+/// A listen address: `IP:PORT`, `localhost:PORT` or `:PORT` (loopback).
+fn parse_listen(s: &str) -> Result<SocketAddr, String> {
+    let loopback = |port: &str| {
+        port.parse::<u16>()
+            .map(|p| SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), p))
+            .map_err(|_| format!("{s:?}: {port:?} is not a port number"))
+    };
+    if let Some(port) = s.strip_prefix(':') {
+        return loopback(port);
+    }
+    if let Some(port) = s.strip_prefix("localhost:") {
+        return loopback(port);
+    }
+    s.parse()
+        .map_err(|_| format!("{s:?} is not a listen address; use IP:PORT, e.g. 127.0.0.1:8080 or [::1]:8080"))
+}
+
+fn parse_demo(s: &str) -> Result<DemoVolume, String> {
+    let (name, size) = s
+        .split_once(':')
+        .ok_or_else(|| format!("{s:?} is not NAME:SIZE (e.g. demo:10G)"))?;
+    validate_volume_name(name).map_err(|e| e.to_string())?;
+    let size = parse_size(size).map_err(|e| e.to_string())?;
+    validate_volume_size(size).map_err(|e| e.to_string())?;
+    Ok(DemoVolume {
+        name: name.to_string(),
+        size,
+    })
+}
+
+/// The address clients should use for a bound address (a wildcard bind is
+/// reachable on loopback).
+fn client_addr(addr: SocketAddr) -> SocketAddr {
+    match addr.ip() {
+        IpAddr::V4(ip) if ip.is_unspecified() => {
+            SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), addr.port())
+        }
+        IpAddr::V6(ip) if ip.is_unspecified() => {
+            SocketAddr::new(IpAddr::V6(Ipv6Addr::LOCALHOST), addr.port())
+        }
+        _ => addr,
+    }
+}
+
+/// Runs the node until SIGTERM or SIGINT.
+pub fn run(args: ServerArgs) -> Result<()> {
+    let data = DataDir::new(&args.data_dir);
+    data.create()?;
+    let node = data.read_node()?;
+    if node.is_some() && !data.catalog().exists() {
+        bail!(
+            "{} is missing, but {} shows this node was initialised; refusing to start, because \
+             reconciling with an empty catalog would delete every volume in the store. Restore the \
+             catalog, or move the data directory aside to start afresh",
+            data.catalog().display(),
+            data.node_json().display()
+        );
+    }
+    let catalog = Arc::new(RedbCatalog::open(data.catalog())?);
+    let store = open_store(&data, node, &args)?;
+
+    let result = serve(&data, catalog, store.clone(), &args);
+
+    let closed = store
+        .close()
+        .context("cannot close the store cleanly; it will recover at next start");
+    let removed = data.remove_server();
+    if result.is_ok() && closed.is_ok() {
+        tracing::info!("store closed cleanly");
+    }
+    result.and(closed).and(removed)
+}
+
+/// Opens the node's store, creating it at first start.
+fn open_store(data: &DataDir, node: Option<NodeConfig>, args: &ServerArgs) -> Result<Arc<Store>> {
+    if let Some(node) = node {
+        return open_existing_store(node, args);
+    }
+    let (device, backing): (Arc<dyn BlockDevice>, Backing) = match &args.device {
+        Some(path) => {
+            let device = FileDevice::open(path)
+                .with_context(|| format!("cannot open device {}", path.display()))?;
+            if Store::open(device.clone()).is_ok() {
+                bail!(
+                    "{} already holds a basalt store, but {} has no node.json; refusing to format it. \
+                     Start with the data directory it was set up with, or wipe its first MiB to reuse it",
+                    path.display(),
+                    data.root().display()
+                );
+            }
+            if args.capacity.is_some() {
+                tracing::info!("--capacity ignored: the store takes the whole device");
+            }
+            (device, Backing::Device { path: path.clone() })
+        }
+        None => {
+            let capacity = args.capacity.ok_or_else(|| {
+                anyhow!(
+                    "--capacity is required the first time: it sizes the data file {} (e.g. --capacity 20G)",
+                    data.data_file().display()
+                )
+            })?;
+            let path = data.data_file();
+            if path.exists() {
+                bail!(
+                    "{} exists but {} does not: an earlier first start did not finish. \
+                     Remove the data file to start afresh",
+                    path.display(),
+                    data.node_json().display()
+                );
+            }
+            let device = FileDevice::create(&path, capacity, args.preallocate)
+                .with_context(|| format!("cannot create data file {}", path.display()))?;
+            let backing = Backing::File {
+                path,
+                capacity_bytes: capacity / 4096 * 4096,
+                preallocated: args.preallocate,
+            };
+            (device, backing)
+        }
+    };
+    let store = match Store::create(device, &FormatOptions::default()) {
+        Ok(store) => store,
+        Err(e) => {
+            if let Backing::File { path, .. } = &backing {
+                let _ = std::fs::remove_file(path);
+            }
+            return Err(e).context("cannot create the store");
+        }
+    };
+    data.write_node(&NodeConfig {
+        backing: backing.clone(),
+        store_id: store.store_id().to_string(),
+    })?;
+    let usage = store.usage();
+    tracing::info!(
+        backing = %backing.path().display(),
+        capacity = %format_size(usage.capacity_bytes),
+        extent_size = %format_size(usage.extent_size),
+        "created a new store"
+    );
+    Ok(store)
+}
+
+fn open_existing_store(node: NodeConfig, args: &ServerArgs) -> Result<Arc<Store>> {
+    match (&node.backing, &args.device) {
+        (Backing::Device { path }, Some(dev)) if path != dev => bail!(
+            "this node's store is on {}; --device {} does not match",
+            path.display(),
+            dev.display()
+        ),
+        (Backing::File { path, .. }, Some(dev)) => bail!(
+            "this node's store is in the data file {}; drop --device {}",
+            path.display(),
+            dev.display()
+        ),
+        (Backing::File { capacity_bytes, .. }, None) => {
+            if let Some(requested) = args.capacity {
+                if requested / 4096 * 4096 != *capacity_bytes {
+                    tracing::info!(
+                        "--capacity {} ignored: the data file was created with {}",
+                        format_size(requested),
+                        format_size(*capacity_bytes)
+                    );
+                }
+            }
+        }
+        _ => {}
+    }
+    if args.preallocate {
+        tracing::info!("--preallocate ignored: it applies only when the data file is created");
+    }
+    let path = node.backing.path();
+    let device = FileDevice::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+    let store = Store::open(device).with_context(|| format!("cannot open the store on {}", path.display()))?;
+    if store.store_id().to_string() != node.store_id {
+        bail!(
+            "{} holds store {}, but this data directory belongs to store {}",
+            path.display(),
+            store.store_id(),
+            node.store_id
+        );
+    }
+    Ok(store)
+}
+
+/// Everything between opening the store and closing it.
+fn serve(data: &DataDir, catalog: Arc<RedbCatalog>, store: Arc<Store>, args: &ServerArgs) -> Result<()> {
+    let token = data.load_or_create_token()?;
+    let service = Arc::new(VolumeService::new(catalog, store, args.overcommit)?);
+    service.reconcile()?;
+    if let Some(demo) = &args.demo_volume {
+        ensure_demo_volume(&service, demo)?;
+    }
+
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("basalt-api")
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    runtime.block_on(async {
+        let api_listener = tokio::net::TcpListener::bind(args.api_listen)
+            .await
+            .with_context(|| format!("cannot listen for the API on {}", args.api_listen))?;
+        let api_addr = client_addr(api_listener.local_addr()?);
+        let nbd = NbdServer::start(args.nbd_listen, Arc::new(VolumeExports::new(service.clone())))
+            .with_context(|| format!("cannot listen for NBD on {}", args.nbd_listen))?;
+        let nbd_addr = client_addr(nbd.local_addr());
+
+        let (stop_api, api_stopped) = tokio::sync::oneshot::channel::<()>();
+        let mut api = tokio::spawn(basalt_api::serve(api_listener, service.clone(), token, async {
+            let _ = api_stopped.await;
+        }));
+
+        let info = ServerInfo {
+            api_url: format!("http://{api_addr}"),
+            nbd: nbd_addr.to_string(),
+            pid: std::process::id(),
+        };
+        if let Err(e) = data.write_server(&info) {
+            nbd.shutdown();
+            return Err(e);
+        }
+        tracing::info!(api = %info.api_url, nbd = %info.nbd, "basalt server ready");
+        if let Some(demo) = &args.demo_volume {
+            print_demo_usage(&demo.name, nbd_addr, data);
+        }
+
+        let outcome = tokio::select! {
+            signal = shutdown_signal() => signal.map(|name| tracing::info!("received {name}; shutting down")),
+            ended = &mut api => Err(match ended {
+                Ok(Ok(())) => anyhow!("the API server stopped unexpectedly"),
+                Ok(Err(e)) => anyhow!(e).context("the API server failed"),
+                Err(e) => anyhow!(e).context("the API server task failed"),
+            }),
+        };
+
+        tokio::task::block_in_place(|| nbd.shutdown());
+        let _ = stop_api.send(());
+        if !api.is_finished() {
+            match tokio::time::timeout(API_DRAIN_TIMEOUT, &mut api).await {
+                Ok(Ok(Err(e))) => tracing::error!(error = %e, "API server error at shutdown"),
+                Ok(_) => {}
+                Err(_) => {
+                    tracing::warn!("API requests still running after {API_DRAIN_TIMEOUT:?}; dropping them");
+                    api.abort();
+                }
+            }
+        }
+        outcome
+    })
+}
+
+fn ensure_demo_volume(service: &VolumeService, demo: &DemoVolume) -> Result<()> {
+    match service.get(&demo.name) {
+        Ok(info) if info.size_bytes != demo.size => {
+            tracing::info!(
+                volume = %demo.name,
+                "demo volume exists with size {}; --demo-volume size {} ignored",
+                format_size(info.size_bytes),
+                format_size(demo.size)
+            );
+            Ok(())
+        }
+        Ok(_) => Ok(()),
+        Err(VolumeError::NotFound(_)) => {
+            service
+                .create(&demo.name, demo.size)
+                .with_context(|| format!("cannot create demo volume {:?}", demo.name))?;
+            Ok(())
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+fn print_demo_usage(name: &str, nbd: SocketAddr, data: &DataDir) {
+    let uri = format!("nbd://{nbd}/{name}");
+    let dir = data.root().display();
+    println!(
+        "\nVolume {name:?} is exported over NBD at {uri}\n\
+         Try it:\n  \
+         qemu-img info {uri}\n  \
+         nbdinfo {uri}\n  \
+         fio --name=demo --ioengine=nbd --uri={uri} --rw=randrw --bs=4k --iodepth=16 --runtime=30 --time_based\n  \
+         sudo nbd-client -N {name} {host} {port} /dev/nbd0\n  \
+         basalt volume show {name} --data-dir {dir}\n  \
+         basalt volume list --data-dir {dir}\n",
+        host = nbd.ip(),
+        port = nbd.port(),
+    );
+}
+
+/// Waits for SIGTERM or SIGINT; returns which.
+async fn shutdown_signal() -> Result<&'static str> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).context("cannot install the SIGTERM handler")?;
+    let mut int = signal(SignalKind::interrupt()).context("cannot install the SIGINT handler")?;
+    tokio::select! {
+        _ = term.recv() => Ok("SIGTERM"),
+        _ = int.recv() => Ok("SIGINT"),
+    }
+}

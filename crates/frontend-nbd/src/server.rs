@@ -1,0 +1,251 @@
+//! The listening side: an acceptor thread and one thread per connection.
+//!
+//! Invariants:
+//! - Every live connection is registered (with a clone of its socket) before
+//!   its thread starts and unregistered when the thread ends, even by panic;
+//!   [`NbdServer::connections`] counts them.
+//! - [`NbdServer::shutdown`] (also run on drop) first stops the acceptor, so
+//!   no connection can be registered afterwards, then shuts every registered
+//!   socket down with `shutdown(2)` — which wakes a thread blocked in `recv`
+//!   or `send` — and joins every thread.
+
+use crate::handshake::{self, HandshakeOutcome};
+use crate::transmission::{self, SessionEnd};
+use crate::Exports;
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::io;
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::{self, JoinHandle};
+use std::time::Duration;
+
+/// Pause after an accept error caused by resource exhaustion, so a full
+/// file table does not turn the acceptor into a busy loop.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+
+struct Shared {
+    exports: Arc<dyn Exports>,
+    stopping: AtomicBool,
+    next_id: AtomicU64,
+    /// Socket clones of live connections, to shut them down on stop.
+    connections: Mutex<HashMap<u64, TcpStream>>,
+    /// Connection threads not yet joined.
+    workers: Mutex<Vec<JoinHandle<()>>>,
+}
+
+/// A running NBD server.
+pub struct NbdServer {
+    local_addr: SocketAddr,
+    listener: Arc<TcpListener>,
+    shared: Arc<Shared>,
+    acceptor: Option<JoinHandle<()>>,
+}
+
+impl NbdServer {
+    /// Binds `listen`, starts accepting connections in a background thread
+    /// and logs "NBD listening on ADDR".
+    pub fn start(listen: SocketAddr, exports: Arc<dyn Exports>) -> io::Result<NbdServer> {
+        let listener = Arc::new(TcpListener::bind(listen)?);
+        let local_addr = listener.local_addr()?;
+        let shared = Arc::new(Shared {
+            exports,
+            stopping: AtomicBool::new(false),
+            next_id: AtomicU64::new(0),
+            connections: Mutex::new(HashMap::new()),
+            workers: Mutex::new(Vec::new()),
+        });
+        let acceptor = thread::Builder::new().name("nbd-accept".into()).spawn({
+            let listener = Arc::clone(&listener);
+            let shared = Arc::clone(&shared);
+            move || accept_loop(&listener, &shared)
+        })?;
+        tracing::info!("NBD listening on {local_addr}");
+        Ok(NbdServer {
+            local_addr,
+            listener,
+            shared,
+            acceptor: Some(acceptor),
+        })
+    }
+
+    /// The address actually bound (useful with port 0).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// Connections currently open (in handshake or transmission).
+    pub fn connections(&self) -> usize {
+        self.shared.connections.lock().len()
+    }
+
+    /// Stops accepting, shuts down every client socket and joins every
+    /// thread. In-flight requests are not answered: clients see the
+    /// connection drop, as after a server crash, and keep every write that
+    /// was acknowledged with FUA or covered by a completed FLUSH.
+    pub fn shutdown(mut self) {
+        self.stop();
+    }
+
+    fn stop(&mut self) {
+        let Some(acceptor) = self.acceptor.take() else {
+            return;
+        };
+        self.shared.stopping.store(true, Ordering::SeqCst);
+        // SAFETY: plain syscall on the listener's fd, which stays open as
+        // long as `self.listener` lives. On Linux, shutting a listening
+        // socket down makes a blocked accept() return (with EINVAL).
+        let rc = unsafe { libc::shutdown(self.listener.as_raw_fd(), libc::SHUT_RDWR) };
+        if rc != 0 {
+            // Fall back to waking accept() with a connection of our own.
+            let _ = TcpStream::connect_timeout(&wake_address(self.local_addr), Duration::from_secs(1));
+        }
+        if acceptor.join().is_err() {
+            tracing::error!("NBD acceptor thread panicked");
+        }
+        for stream in self.shared.connections.lock().values() {
+            let _ = stream.shutdown(Shutdown::Both);
+        }
+        let workers = std::mem::take(&mut *self.shared.workers.lock());
+        for worker in workers {
+            if worker.join().is_err() {
+                tracing::error!("NBD connection thread panicked");
+            }
+        }
+        tracing::info!("NBD server on {} stopped", self.local_addr);
+    }
+}
+
+impl Drop for NbdServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Where to connect to reach a listener bound to `addr` (an unspecified
+/// address is reachable through loopback).
+fn wake_address(addr: SocketAddr) -> SocketAddr {
+    let mut addr = addr;
+    if addr.ip().is_unspecified() {
+        match addr {
+            SocketAddr::V4(_) => addr.set_ip(std::net::Ipv4Addr::LOCALHOST.into()),
+            SocketAddr::V6(_) => addr.set_ip(std::net::Ipv6Addr::LOCALHOST.into()),
+        }
+    }
+    addr
+}
+
+fn accept_loop(listener: &TcpListener, shared: &Arc<Shared>) {
+    loop {
+        let accepted = listener.accept();
+        if shared.stopping.load(Ordering::SeqCst) {
+            return;
+        }
+        match accepted {
+            Ok((stream, peer)) => spawn_connection(shared, stream, peer),
+            Err(err) => match err.raw_os_error() {
+                // The listener itself is unusable: nothing will ever succeed.
+                Some(libc::EBADF | libc::EINVAL | libc::ENOTSOCK) => {
+                    tracing::error!("NBD acceptor stopped: {err}");
+                    return;
+                }
+                Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM) => {
+                    tracing::warn!("NBD accept failed, retrying: {err}");
+                    thread::sleep(ACCEPT_BACKOFF);
+                }
+                // Errors of one incoming connection (aborted, network
+                // errors passed on by Linux): skip it.
+                _ => tracing::debug!("NBD accept failed: {err}"),
+            },
+        }
+    }
+}
+
+fn spawn_connection(shared: &Arc<Shared>, stream: TcpStream, peer: SocketAddr) {
+    let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
+    let registered = match stream.try_clone() {
+        Ok(clone) => clone,
+        Err(err) => {
+            tracing::warn!(%peer, "NBD connection refused, cannot register its socket: {err}");
+            return;
+        }
+    };
+    shared.connections.lock().insert(id, registered);
+    let spawned = thread::Builder::new()
+        .name(format!("nbd-conn-{id}"))
+        .spawn({
+            let shared = Arc::clone(shared);
+            move || {
+                let _registration = Registration { shared: &shared, id };
+                serve_connection(&shared, stream, peer);
+            }
+        });
+    match spawned {
+        Ok(worker) => {
+            let mut workers = shared.workers.lock();
+            // Finished threads need no join; dropping their handle is enough.
+            workers.retain(|w| !w.is_finished());
+            workers.push(worker);
+        }
+        Err(err) => {
+            shared.connections.lock().remove(&id);
+            tracing::warn!(%peer, "NBD connection refused, cannot start its thread: {err}");
+        }
+    }
+}
+
+/// Unregisters a connection when its thread ends, however it ends.
+struct Registration<'a> {
+    shared: &'a Shared,
+    id: u64,
+}
+
+impl Drop for Registration<'_> {
+    fn drop(&mut self) {
+        self.shared.connections.lock().remove(&self.id);
+    }
+}
+
+fn serve_connection(shared: &Shared, mut stream: TcpStream, peer: SocketAddr) {
+    // Replies are complete messages sent with one write; Nagle would only
+    // delay them (the protocol asks for TCP_NODELAY).
+    if let Err(err) = stream.set_nodelay(true) {
+        tracing::debug!(%peer, "cannot set TCP_NODELAY: {err}");
+    }
+    let stopping = || shared.stopping.load(Ordering::SeqCst);
+    let negotiated = match handshake::negotiate(&mut stream, shared.exports.as_ref()) {
+        Ok(HandshakeOutcome::Transmission(negotiated)) => negotiated,
+        Ok(HandshakeOutcome::Aborted) => {
+            tracing::debug!(%peer, "NBD client ended the handshake (NBD_OPT_ABORT)");
+            return;
+        }
+        Err(err) if stopping() => {
+            tracing::debug!(%peer, "NBD handshake ended by server shutdown: {err}");
+            return;
+        }
+        Err(err) => {
+            tracing::warn!(%peer, "NBD handshake failed: {err}");
+            return;
+        }
+    };
+    let export = negotiated.handle.name().to_owned();
+    tracing::info!(%peer, %export, structured_replies = negotiated.structured,
+        block_status = negotiated.base_allocation.is_some(), "NBD client connected");
+    match transmission::serve(stream, peer, negotiated) {
+        Ok(SessionEnd::Disconnect) => {
+            tracing::info!(%peer, %export, "NBD client disconnected")
+        }
+        Ok(SessionEnd::ClientClosed) if stopping() => {
+            tracing::info!(%peer, %export, "NBD connection closed by server shutdown")
+        }
+        Ok(SessionEnd::ClientClosed) => {
+            tracing::info!(%peer, %export, "NBD client closed the connection without NBD_CMD_DISC")
+        }
+        Err(err) if stopping() => {
+            tracing::info!(%peer, %export, "NBD connection closed by server shutdown ({err})")
+        }
+        Err(err) => tracing::warn!(%peer, %export, "NBD connection closed: {err}"),
+    }
+}
