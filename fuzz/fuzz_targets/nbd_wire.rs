@@ -123,7 +123,12 @@ fn server_reads_client(mut rest: &[u8]) {
             }
             Ok(ClientOption::Abort) => return,
             Ok(ClientOption::ExportName(_)) => {
-                encode_export_name_reply(1 << 30, TransmissionFlags::HAS_FLAGS, false, &mut replies);
+                encode_export_name_reply(
+                    1 << 30,
+                    TransmissionFlags::HAS_FLAGS,
+                    false,
+                    &mut replies,
+                );
                 break;
             }
             Ok(ClientOption::StructuredReply) => structured = true,
@@ -159,8 +164,14 @@ fn server_reads_client(mut rest: &[u8]) {
             Command::Disc => return,
             Command::Read if structured && request.length > 0 => {
                 let len = request.length.min(4096);
-                encode_offset_data_header(request.cookie, ReplyFlags::DONE, request.offset, len, &mut replies)
-                    .expect("data header");
+                encode_offset_data_header(
+                    request.cookie,
+                    ReplyFlags::DONE,
+                    request.offset,
+                    len,
+                    &mut replies,
+                )
+                .expect("data header");
             }
             Command::BlockStatus if structured && request.length > 0 => {
                 let d = BlockDescriptor {
@@ -171,8 +182,15 @@ fn server_reads_client(mut rest: &[u8]) {
                     .expect("block status");
             }
             Command::Unknown(_) => {
-                encode_error_chunk(request.cookie, ReplyFlags::DONE, NbdError::Invalid, "unknown", None, &mut replies)
-                    .expect("error chunk");
+                encode_error_chunk(
+                    request.cookie,
+                    ReplyFlags::DONE,
+                    NbdError::Invalid,
+                    "unknown",
+                    None,
+                    &mut replies,
+                )
+                .expect("error chunk");
             }
             _ => encode_simple_reply(request.cookie, None, &mut replies),
         }

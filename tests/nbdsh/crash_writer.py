@@ -14,9 +14,10 @@ usage: crash_writer.py URI STATE-FILE SEED [--verify-only] [--max-seconds N]
    never written) fails. Pending contents are kept as candidates: only
    durable data is promised.
 3. Prints READY, then writes until the connection dies (the test kills the
-   server with SIGKILL): batches of distinct-block aio writes (some FUA),
-   trims and write_zeroes with and without NO_HOLE, and a FLUSH every few
-   batches. Completed FUA writes and flushes move blocks to durable.
+   server with SIGKILL): batches of distinct-block aio writes (some FUA,
+   see --fua-rate), trims and write_zeroes with and without NO_HOLE, trims
+   of whole 1 MiB-aligned ranges (so store extents are freed and allocated
+   again), and a FLUSH every few batches. Completed FUA writes and flushes move blocks to durable.
 4. On connection loss, saves STATE-FILE and prints a JSON summary line.
 
 Exit status: 0 ok, 1 verification or unexpected I/O failure.
@@ -40,6 +41,8 @@ p.add_argument("state")
 p.add_argument("seed", type=int)
 p.add_argument("--verify-only", action="store_true")
 p.add_argument("--max-seconds", type=float, default=60.0)
+p.add_argument("--fua-rate", type=float, default=0.2,
+               help="fraction of writes/trims/zeroes sent with FUA (0: durability only through FLUSH)")
 a = p.parse_args()
 
 h = connect(a.uri)
@@ -54,11 +57,13 @@ if os.path.exists(a.state):
     assert st["size"] == size, "export size changed: %d -> %d" % (st["size"], size)
     durable = st["durable"]
     pending = [set(x) for x in st["pending"]]
+    how = st["how"]
     next_gen = st["next_gen"]
     rounds = st["rounds"]
 else:
     durable = [0] * nblocks
     pending = [set() for _ in range(nblocks)]
+    how = ["never written"] * nblocks  # the op that made the durable content (for reports)
     next_gen = 1
     rounds = 0
 
@@ -68,7 +73,7 @@ rng = random.Random(a.seed * 1000003 + rounds)
 def save():
     tmp = a.state + ".tmp"
     with open(tmp, "w") as f:
-        json.dump({"size": size, "durable": durable, "pending": [sorted(x) for x in pending],
+        json.dump({"size": size, "durable": durable, "pending": [sorted(x) for x in pending], "how": how,
                    "next_gen": next_gen, "rounds": rounds + 1}, f)
         f.flush()
         os.fsync(f.fileno())
@@ -98,9 +103,9 @@ def verify():
             if ok:
                 stats["mixed"] += 1
                 continue
-            bad.append("block %d (offset %d): read %s; durable is %s, not-yet-durable %s"
+            bad.append("block %d (offset %d): read %s; durable is %s (by %s), not-yet-durable %s"
                        % (b, b * BLOCK, describe(got), "zeros" if durable[b] == 0 else "gen %d" % durable[b],
-                          sorted(pending[b]) or "none"))
+                          how[b], sorted(pending[b]) or "none"))
     if bad:
         print("VERIFY FAILED: %d bad blocks (round %d, seed %d):\n  %s"
               % (len(bad), rounds, a.seed, "\n  ".join(bad[:25])), flush=True)
@@ -115,7 +120,7 @@ if a.verify_only:
 
 # Write phase. Blocks whose latest write completed but is not durable yet.
 dirty = {}
-ops = {"writes": 0, "fua": 0, "trims": 0, "zeroes": 0, "flushes": 0, "batches": 0}
+ops = {"writes": 0, "fua": 0, "trims": 0, "zeroes": 0, "flushes": 0, "batches": 0, "fua_rate": a.fua_rate}
 print("READY", flush=True)
 deadline = time.time() + a.max_seconds
 lost = None
@@ -125,16 +130,23 @@ def run_batch():
     """Issue one batch of aio commands on distinct blocks and wait for all of them."""
     global next_gen
     used = set()
-    cmds = []  # (cookie, blocks, content, fua, buf)
+    cmds = []  # (cookie, blocks, content, fua, buf, what)
     for _ in range(rng.randint(1, 12)):
-        n = rng.choice([1, 1, 1, 2, 4, 8])
-        start = rng.randrange(0, active - n + 1)
+        if rng.random() < 0.03:
+            # a whole 1 MiB-aligned range: frees the extent(s) behind it
+            n = (1 << 20) // BLOCK
+            start = rng.randrange(0, active // n) * n
+            kind = "bigtrim"
+        else:
+            n = rng.choice([1, 1, 1, 2, 4, 8])
+            start = rng.randrange(0, active - n + 1)
+            kind = None
         blocks = range(start, start + n)
         if used.intersection(blocks):
             continue
         used.update(blocks)
-        r = rng.random()
-        fua = rng.random() < 0.2
+        r = 0.85 if kind == "bigtrim" else rng.random()
+        fua = rng.random() < a.fua_rate
         flags = nbd.CMD_FLAG_FUA if fua else 0
         if r < 0.8:
             gen = next_gen
@@ -144,6 +156,7 @@ def run_batch():
             for b in blocks:
                 pending[b].add(content)
             cookie = h.aio_pwrite(buf, start * BLOCK, flags=flags)
+            what = "write"
             ops["writes"] += 1
             ops["fua"] += fua
         elif r < 0.9:
@@ -152,6 +165,7 @@ def run_batch():
             for b in blocks:
                 pending[b].add(0)
             cookie = h.aio_trim(n * BLOCK, start * BLOCK, flags=flags)
+            what = "trim of 1 MiB" if kind == "bigtrim" else "trim"
             ops["trims"] += 1
         else:
             buf = None
@@ -161,21 +175,25 @@ def run_batch():
             if rng.random() < 0.5:
                 flags |= nbd.CMD_FLAG_NO_HOLE
             cookie = h.aio_zero(n * BLOCK, start * BLOCK, flags=flags)
+            what = "write_zeroes" + (" NO_HOLE" if flags & nbd.CMD_FLAG_NO_HOLE else "")
             ops["zeroes"] += 1
-        cmds.append((cookie, blocks, content, fua, buf))
+        if fua:
+            what += " FUA"
+        cmds.append((cookie, blocks, content, fua, buf, "round %d: %s" % (rounds, what)))
     waiting = list(cmds)
     while waiting:
         rest = []
         for cmd in waiting:
-            cookie, blocks, content, fua, _ = cmd
+            cookie, blocks, content, fua, _, what = cmd
             if h.aio_command_completed(cookie):  # raises if the command failed
                 for b in blocks:
                     if fua:
                         durable[b] = content
+                        how[b] = what
                         pending[b].clear()
                         dirty.pop(b, None)
                     else:
-                        dirty[b] = content
+                        dirty[b] = (content, what + " + FLUSH")
             else:
                 rest.append(cmd)
         waiting = rest
@@ -194,8 +212,9 @@ try:
             snapshot = dict(dirty)
             h.flush()
             ops["flushes"] += 1
-            for b, content in snapshot.items():
+            for b, (content, what) in snapshot.items():
                 durable[b] = content
+                how[b] = what
                 pending[b].clear()
                 dirty.pop(b, None)
             since_flush = 0

@@ -30,14 +30,11 @@ pub async fn require_token(
         return ApiError::unauthorized(format!("authentication required: {HOW_TO}"))
             .into_response();
     };
-    let presented = value
-        .to_str()
-        .ok()
-        .and_then(|v| {
-            // HTTP strips trailing spaces, so "Bearer " arrives as "Bearer".
-            let (scheme, rest) = v.trim().split_once(' ').unwrap_or((v.trim(), ""));
-            scheme.eq_ignore_ascii_case("bearer").then(|| rest.trim())
-        });
+    let presented = value.to_str().ok().and_then(|v| {
+        // HTTP strips trailing spaces, so "Bearer " arrives as "Bearer".
+        let (scheme, rest) = v.trim().split_once(' ').unwrap_or((v.trim(), ""));
+        scheme.eq_ignore_ascii_case("bearer").then(|| rest.trim())
+    });
     match presented {
         None => ApiError::unauthorized(format!(
             "malformed Authorization header: expected the Bearer scheme; {HOW_TO}"

@@ -73,7 +73,13 @@ struct Routes {
 }
 
 impl Routes {
-    fn add<H, T>(mut self, method: &'static str, filter: MethodFilter, path: &'static str, handler: H) -> Self
+    fn add<H, T>(
+        mut self,
+        method: &'static str,
+        filter: MethodFilter,
+        path: &'static str,
+        handler: H,
+    ) -> Self
     where
         H: Handler<T, AppState>,
         T: 'static,
@@ -137,9 +143,12 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for JsonBody<T> {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
-        let bytes = Bytes::from_request(req, state)
-            .await
-            .map_err(|e| ApiError::new(e.status(), format!("cannot read request body: {}", e.body_text())))?;
+        let bytes = Bytes::from_request(req, state).await.map_err(|e| {
+            ApiError::new(
+                e.status(),
+                format!("cannot read request body: {}", e.body_text()),
+            )
+        })?;
         serde_json::from_slice(&bytes)
             .map(JsonBody)
             .map_err(|e| ApiError::bad_request(format!("invalid request body: {e}")))
@@ -254,13 +263,17 @@ mod tests {
         assert!(doc["openapi"].as_str().unwrap().starts_with("3."));
         let mut documented = BTreeSet::new();
         for (path, item) in doc["paths"].as_object().unwrap() {
-            let methods = ["get", "put", "post", "delete", "patch", "head", "options", "trace"];
+            let methods = [
+                "get", "put", "post", "delete", "patch", "head", "options", "trace",
+            ];
             for (method, op) in item.as_object().unwrap() {
                 if !methods.contains(&method.as_str()) {
                     continue; // path-level "parameters" etc.
                 }
-                assert!(op["responses"]["401"].is_object() || doc["security"].is_array(),
-                    "{method} {path} documents authentication");
+                assert!(
+                    op["responses"]["401"].is_object() || doc["security"].is_array(),
+                    "{method} {path} documents authentication"
+                );
                 documented.insert((method.to_uppercase(), path.clone()));
             }
         }
@@ -270,8 +283,14 @@ mod tests {
             .collect();
         let undocumented: Vec<_> = served.difference(&documented).collect();
         let unserved: Vec<_> = documented.difference(&served).collect();
-        assert!(undocumented.is_empty(), "routes missing from openapi.json: {undocumented:?}");
-        assert!(unserved.is_empty(), "openapi.json documents routes not served: {unserved:?}");
+        assert!(
+            undocumented.is_empty(),
+            "routes missing from openapi.json: {undocumented:?}"
+        );
+        assert!(
+            unserved.is_empty(),
+            "openapi.json documents routes not served: {unserved:?}"
+        );
 
         // Every $ref points at something that exists.
         fn refs<'a>(v: &'a serde_json::Value, out: &mut Vec<&'a str>) {

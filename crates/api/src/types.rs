@@ -127,10 +127,22 @@ mod tests {
     #[test]
     fn size_accepts_numbers_and_strings() {
         let r: ResizeVolume = serde_json::from_str(r#"{"size": "20G"}"#).unwrap();
-        assert_eq!(r, ResizeVolume { size: Size(20 << 30), allow_shrink: false });
+        assert_eq!(
+            r,
+            ResizeVolume {
+                size: Size(20 << 30),
+                allow_shrink: false
+            }
+        );
         let r: ResizeVolume =
             serde_json::from_str(r#"{"size": 21474836480, "allow_shrink": true}"#).unwrap();
-        assert_eq!(r, ResizeVolume { size: Size(20 << 30), allow_shrink: true });
+        assert_eq!(
+            r,
+            ResizeVolume {
+                size: Size(20 << 30),
+                allow_shrink: true
+            }
+        );
     }
 
     #[test]
@@ -139,11 +151,16 @@ mod tests {
             (r#"{"name":"a","size":"10X"}"#, "unknown unit"),
             (r#"{"name":"a","size":-1}"#, "negative"),
             (r#"{"name":"a","size":1.5}"#, "whole number"),
-            (r#"{"name":"a","size":true}"#, "a number of bytes or a string"),
+            (
+                r#"{"name":"a","size":true}"#,
+                "a number of bytes or a string",
+            ),
             (r#"{"name":"a"}"#, "missing field `size`"),
             (r#"{"name":"a","size":1,"sise":2}"#, "unknown field `sise`"),
         ] {
-            let err = serde_json::from_str::<CreateVolume>(body).unwrap_err().to_string();
+            let err = serde_json::from_str::<CreateVolume>(body)
+                .unwrap_err()
+                .to_string();
             assert!(err.contains(needle), "{body}: {err}");
         }
     }

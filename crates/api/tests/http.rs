@@ -68,7 +68,9 @@ impl Server {
             req = req.set("Authorization", auth);
         }
         let result = match body {
-            Some(body) => req.set("Content-Type", "application/json").send_string(body),
+            Some(body) => req
+                .set("Content-Type", "application/json")
+                .send_string(body),
             None => req.call(),
         };
         match result {
@@ -81,7 +83,12 @@ impl Server {
     /// An authenticated request with a JSON body; returns status and JSON.
     fn call(&self, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
         let body = body.map(|b| b.to_string());
-        let (status, resp) = self.raw(method, path, Some(&format!("Bearer {TOKEN}")), body.as_deref());
+        let (status, resp) = self.raw(
+            method,
+            path,
+            Some(&format!("Bearer {TOKEN}")),
+            body.as_deref(),
+        );
         let text = resp.into_string().unwrap();
         let json = if text.is_empty() {
             Value::Null
@@ -107,7 +114,9 @@ impl Drop for Server {
 }
 
 fn error_of(v: &Value) -> &str {
-    v["error"].as_str().unwrap_or_else(|| panic!("no error field in {v}"))
+    v["error"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no error field in {v}"))
 }
 
 #[test]
@@ -129,19 +138,33 @@ fn every_route_requires_the_token() {
             (Some("Bearer wrong"), "invalid token"),
             (Some(&*format!("Bearer {TOKEN}x")), "invalid token"),
             (Some("Bearer "), "invalid token"),
-            (Some(&*format!("Basic {TOKEN}")), "malformed Authorization header"),
+            (
+                Some(&*format!("Basic {TOKEN}")),
+                "malformed Authorization header",
+            ),
         ] {
             let (status, resp) = server.raw(method, path, auth, None);
             assert_eq!(status, 401, "{method} {path} with {auth:?}");
             assert_eq!(resp.header("WWW-Authenticate"), Some("Bearer"));
             let body: Value = serde_json::from_str(&resp.into_string().unwrap()).unwrap();
             let msg = error_of(&body);
-            assert!(msg.starts_with(expect), "{method} {path} with {auth:?}: {msg}");
-            assert!(msg.contains("Authorization: Bearer <token>") && msg.contains("api-token"), "{msg}");
+            assert!(
+                msg.starts_with(expect),
+                "{method} {path} with {auth:?}: {msg}"
+            );
+            assert!(
+                msg.contains("Authorization: Bearer <token>") && msg.contains("api-token"),
+                "{msg}"
+            );
         }
     }
     // The scheme name is case-insensitive.
-    let (status, _) = server.raw("GET", "/api/v1/status", Some(&format!("bearer {TOKEN}")), None);
+    let (status, _) = server.raw(
+        "GET",
+        "/api/v1/status",
+        Some(&format!("bearer {TOKEN}")),
+        None,
+    );
     assert_eq!(status, 200);
 }
 
@@ -172,10 +195,21 @@ fn volume_lifecycle() {
     let (_, list) = server.call("GET", "/api/v1/volumes", None);
     assert_eq!(list["volumes"], json!([created]));
 
-    let (status, grown) = server.call("POST", "/api/v1/volumes/db/resize", Some(json!({"size": 128 * MIB})));
-    assert_eq!((status, grown["size_bytes"].as_u64()), (200, Some(128 * MIB)));
+    let (status, grown) = server.call(
+        "POST",
+        "/api/v1/volumes/db/resize",
+        Some(json!({"size": 128 * MIB})),
+    );
+    assert_eq!(
+        (status, grown["size_bytes"].as_u64()),
+        (200, Some(128 * MIB))
+    );
 
-    let (status, err) = server.call("POST", "/api/v1/volumes/db/resize", Some(json!({"size": "32M"})));
+    let (status, err) = server.call(
+        "POST",
+        "/api/v1/volumes/db/resize",
+        Some(json!({"size": "32M"})),
+    );
     assert_eq!(status, 409);
     assert!(error_of(&err).contains("allow_shrink"), "{err}");
     let (status, shrunk) = server.call(
@@ -183,7 +217,10 @@ fn volume_lifecycle() {
         "/api/v1/volumes/db/resize",
         Some(json!({"size": "32M", "allow_shrink": true})),
     );
-    assert_eq!((status, shrunk["size_bytes"].as_u64()), (200, Some(32 * MIB)));
+    assert_eq!(
+        (status, shrunk["size_bytes"].as_u64()),
+        (200, Some(32 * MIB))
+    );
 
     let (status, body) = server.call("DELETE", "/api/v1/volumes/db", None);
     assert_eq!((status, body), (204, Value::Null));
@@ -198,15 +235,39 @@ fn errors_map_to_status_codes() {
     let create = |body: Value| server.call("POST", "/api/v1/volumes", Some(body));
 
     let cases: Vec<(Value, u16, &str)> = vec![
-        (json!({"name": "-bad", "size": "1G"}), 400, "invalid volume name"),
-        (json!({"name": "a b", "size": "1G"}), 400, "invalid volume name"),
-        (json!({"name": "v", "size": "ten gigs"}), 400, "invalid size"),
+        (
+            json!({"name": "-bad", "size": "1G"}),
+            400,
+            "invalid volume name",
+        ),
+        (
+            json!({"name": "a b", "size": "1G"}),
+            400,
+            "invalid volume name",
+        ),
+        (
+            json!({"name": "v", "size": "ten gigs"}),
+            400,
+            "invalid size",
+        ),
         (json!({"name": "v", "size": "10GB"}), 400, "ambiguous"),
-        (json!({"name": "v", "size": 10000}), 400, "use 8192 (8 KiB) or 12288 (12 KiB)"),
+        (
+            json!({"name": "v", "size": 10000}),
+            400,
+            "use 8192 (8 KiB) or 12288 (12 KiB)",
+        ),
         (json!({"name": "v", "size": 0}), 400, "greater than 0"),
         (json!({"name": "v"}), 400, "missing field `size`"),
-        (json!({"name": "v", "size": 4096, "colour": "red"}), 400, "unknown field `colour`"),
-        (json!({"name": "v", "size": "1T"}), 507, "not enough capacity"),
+        (
+            json!({"name": "v", "size": 4096, "colour": "red"}),
+            400,
+            "unknown field `colour`",
+        ),
+        (
+            json!({"name": "v", "size": "1T"}),
+            507,
+            "not enough capacity",
+        ),
     ];
     for (body, status, needle) in cases {
         let (got, err) = create(body.clone());
@@ -214,7 +275,12 @@ fn errors_map_to_status_codes() {
         assert!(error_of(&err).contains(needle), "{body}: {err}");
     }
 
-    let (status, resp) = server.raw("POST", "/api/v1/volumes", Some(&format!("Bearer {TOKEN}")), Some("{not json"));
+    let (status, resp) = server.raw(
+        "POST",
+        "/api/v1/volumes",
+        Some(&format!("Bearer {TOKEN}")),
+        Some("{not json"),
+    );
     assert_eq!(status, 400);
     let err: Value = resp.into_json().unwrap();
     assert!(error_of(&err).starts_with("invalid request body"), "{err}");
@@ -224,9 +290,17 @@ fn errors_map_to_status_codes() {
     assert_eq!(status, 409);
     assert!(error_of(&err).contains("already exists"), "{err}");
 
-    let (status, err) = server.call("POST", "/api/v1/volumes/v/resize", Some(json!({"size": "2T"})));
+    let (status, err) = server.call(
+        "POST",
+        "/api/v1/volumes/v/resize",
+        Some(json!({"size": "2T"})),
+    );
     assert_eq!(status, 507, "{err}");
-    let (status, _) = server.call("POST", "/api/v1/volumes/nope/resize", Some(json!({"size": "8M"})));
+    let (status, _) = server.call(
+        "POST",
+        "/api/v1/volumes/nope/resize",
+        Some(json!({"size": "8M"})),
+    );
     assert_eq!(status, 404);
     let (status, _) = server.call("DELETE", "/api/v1/volumes/nope", None);
     assert_eq!(status, 404);
@@ -235,7 +309,10 @@ fn errors_map_to_status_codes() {
     let handle = server.service.open("v").unwrap();
     let (status, err) = server.call("DELETE", "/api/v1/volumes/v", None);
     assert_eq!(status, 409);
-    assert!(error_of(&err).contains("in use by 1 open connection"), "{err}");
+    assert!(
+        error_of(&err).contains("in use by 1 open connection"),
+        "{err}"
+    );
     let (_, shown) = server.call("GET", "/api/v1/volumes/v", None);
     assert_eq!(shown["open_connections"], 1);
     drop(handle);
@@ -243,7 +320,10 @@ fn errors_map_to_status_codes() {
 
     let (status, err) = server.call("GET", "/api/v2/volumes", None);
     assert_eq!(status, 404);
-    assert!(error_of(&err).contains("no such endpoint: GET /api/v2/volumes"), "{err}");
+    assert!(
+        error_of(&err).contains("no such endpoint: GET /api/v2/volumes"),
+        "{err}"
+    );
     let (status, err) = server.call("PUT", "/api/v1/volumes", None);
     assert_eq!(status, 405);
     assert!(error_of(&err).contains("PUT is not supported"), "{err}");
@@ -252,8 +332,16 @@ fn errors_map_to_status_codes() {
 #[test]
 fn status_metrics_and_openapi() {
     let server = Server::start();
-    server.call("POST", "/api/v1/volumes", Some(json!({"name": "a", "size": "100M"})));
-    server.call("POST", "/api/v1/volumes", Some(json!({"name": "b", "size": 4096})));
+    server.call(
+        "POST",
+        "/api/v1/volumes",
+        Some(json!({"name": "a", "size": "100M"})),
+    );
+    server.call(
+        "POST",
+        "/api/v1/volumes",
+        Some(json!({"name": "b", "size": 4096})),
+    );
     let (status, s) = server.call("GET", "/api/v1/status", None);
     assert_eq!(status, 200);
     assert_eq!(s["provisioned_bytes"], 100 * MIB + 4096);
@@ -269,7 +357,10 @@ fn status_metrics_and_openapi() {
     assert!(resp.content_type().starts_with("text/plain"));
     let text = resp.into_string().unwrap();
     assert!(text.contains("basalt_volumes 2"), "{text}");
-    assert!(text.contains(&format!("basalt_store_provisioned_bytes {}", 100 * MIB + 4096)));
+    assert!(text.contains(&format!(
+        "basalt_store_provisioned_bytes {}",
+        100 * MIB + 4096
+    )));
 
     let (status, resp) = server.raw("GET", "/api/v1/openapi.json", Some(&auth), None);
     assert_eq!(status, 200);
@@ -281,7 +372,11 @@ fn status_metrics_and_openapi() {
 #[test]
 fn every_documented_route_is_served() {
     let server = Server::start();
-    server.call("POST", "/api/v1/volumes", Some(json!({"name": "v", "size": "4M"})));
+    server.call(
+        "POST",
+        "/api/v1/volumes",
+        Some(json!({"name": "v", "size": "4M"})),
+    );
     let doc: Value = serde_json::from_str(OPENAPI_JSON).unwrap();
     for (path, item) in doc["paths"].as_object().unwrap() {
         for method in ["get", "post", "delete"] {
@@ -294,7 +389,10 @@ fn every_documented_route_is_served() {
             let (status, resp) = server.raw(&method.to_uppercase(), &concrete, Some(&auth), body);
             assert_ne!(status, 405, "{method} {path}");
             let text = resp.into_string().unwrap();
-            assert!(!text.contains("no such endpoint"), "{method} {path} not routed: {text}");
+            assert!(
+                !text.contains("no such endpoint"),
+                "{method} {path} not routed: {text}"
+            );
         }
     }
 }

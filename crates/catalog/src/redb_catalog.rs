@@ -26,7 +26,9 @@ pub struct RedbCatalog {
 
 impl std::fmt::Debug for RedbCatalog {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RedbCatalog").field("path", &self.path).finish()
+        f.debug_struct("RedbCatalog")
+            .field("path", &self.path)
+            .finish()
     }
 }
 
@@ -217,7 +219,12 @@ mod tests {
         let got = cat.get("a").unwrap().unwrap();
         assert_eq!(got.record, a);
         assert_eq!(got.revision, ra);
-        let names: Vec<_> = cat.list().unwrap().into_iter().map(|v| v.record.name).collect();
+        let names: Vec<_> = cat
+            .list()
+            .unwrap()
+            .into_iter()
+            .map(|v| v.record.name)
+            .collect();
         assert_eq!(names, ["a", "b"], "list is ordered by name");
     }
 
@@ -227,8 +234,15 @@ mod tests {
         let first = record("vol", 4096);
         cat.insert(&first).unwrap();
         let err = cat.insert(&record("vol", 8192)).unwrap_err();
-        assert!(matches!(err, CatalogError::AlreadyExists(ref n) if n == "vol"), "{err}");
-        assert_eq!(cat.get("vol").unwrap().unwrap().record, first, "first record kept");
+        assert!(
+            matches!(err, CatalogError::AlreadyExists(ref n) if n == "vol"),
+            "{err}"
+        );
+        assert_eq!(
+            cat.get("vol").unwrap().unwrap().record,
+            first,
+            "first record kept"
+        );
     }
 
     #[test]
@@ -244,7 +258,9 @@ mod tests {
         rec.size_bytes = 12288;
         let err = cat.update(&rec, r1).unwrap_err();
         match err {
-            CatalogError::Conflict { expected, found, .. } => {
+            CatalogError::Conflict {
+                expected, found, ..
+            } => {
                 assert_eq!((expected, found), (r1, r2))
             }
             other => panic!("expected conflict, got {other}"),
@@ -262,10 +278,16 @@ mod tests {
         let r1 = cat.insert(&rec).unwrap();
         rec.size_bytes = 8192;
         let r2 = cat.update(&rec, r1).unwrap();
-        assert!(matches!(cat.delete("vol", r1), Err(CatalogError::Conflict { .. })));
+        assert!(matches!(
+            cat.delete("vol", r1),
+            Err(CatalogError::Conflict { .. })
+        ));
         cat.delete("vol", r2).unwrap();
         assert!(cat.get("vol").unwrap().is_none());
-        assert!(matches!(cat.delete("vol", r2), Err(CatalogError::NotFound(_))));
+        assert!(matches!(
+            cat.delete("vol", r2),
+            Err(CatalogError::NotFound(_))
+        ));
     }
 
     #[test]
@@ -276,7 +298,10 @@ mod tests {
         let r2 = cat.insert(&record("vol", 4096)).unwrap();
         assert!(r2 > r1);
         // A stale delete aimed at the old volume must not remove the new one.
-        assert!(matches!(cat.delete("vol", r1), Err(CatalogError::Conflict { .. })));
+        assert!(matches!(
+            cat.delete("vol", r1),
+            Err(CatalogError::Conflict { .. })
+        ));
     }
 
     #[test]
@@ -318,7 +343,10 @@ mod tests {
             txn.commit().unwrap();
         }
         let err = RedbCatalog::open(&path).unwrap_err();
-        assert!(matches!(err, CatalogError::UnsupportedSchema { .. }), "{err}");
+        assert!(
+            matches!(err, CatalogError::UnsupportedSchema { .. }),
+            "{err}"
+        );
     }
 
     #[test]

@@ -10,24 +10,48 @@ use serde_json::Value;
 use std::path::PathBuf;
 use std::time::Duration;
 
-/// How a client command finds and talks to the server.
+/// How client commands reach the server; accepted after `volume`/`status`
+/// or after the command itself.
 #[derive(Args, Debug, Clone)]
-pub struct ClientArgs {
-    /// API base URL, e.g. http://127.0.0.1:8080 (default: from DIR/server.json).
-    #[arg(long, env = "BASALT_URL", value_name = "URL")]
+pub struct ConnArgs {
+    /// API base URL, e.g. http://127.0.0.1:8080 [default: from DIR/server.json]
+    #[arg(long, global = true, env = "BASALT_URL", value_name = "URL")]
     pub url: Option<String>,
 
-    /// API token (default: from DIR/api-token).
-    #[arg(long, env = "BASALT_TOKEN", hide_env_values = true, value_name = "TOKEN")]
+    /// API token [default: from DIR/api-token]
+    #[arg(
+        long,
+        global = true,
+        env = "BASALT_TOKEN",
+        hide_env_values = true,
+        value_name = "TOKEN"
+    )]
     pub token: Option<String>,
 
-    /// The server's data directory, to find its URL and token.
-    #[arg(long, env = "BASALT_DATA_DIR", default_value = "./basalt-data", value_name = "DIR")]
-    pub data_dir: PathBuf,
-
     /// Output format.
-    #[arg(long, short = 'o', value_enum, default_value_t = Output::Table)]
+    #[arg(long, short = 'o', global = true, value_enum, default_value_t = Output::Table)]
     pub output: Output,
+}
+
+/// Everything a client command needs to find and talk to the server.
+#[derive(Debug, Clone)]
+pub struct ClientArgs {
+    /// The node's data directory, where `server.json` and `api-token` are.
+    pub data_dir: PathBuf,
+    pub url: Option<String>,
+    pub token: Option<String>,
+    pub output: Output,
+}
+
+impl ClientArgs {
+    pub fn new(data_dir: PathBuf, conn: ConnArgs) -> Self {
+        ClientArgs {
+            data_dir,
+            url: conn.url,
+            token: conn.token,
+            output: conn.output,
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -69,12 +93,18 @@ impl ApiClient {
                         data.root().display()
                     )
                 })?;
-                (server.api_url.clone(), Some(server), Origin::DataDir(data.clone()))
+                (
+                    server.api_url.clone(),
+                    Some(server),
+                    Origin::DataDir(data.clone()),
+                )
             }
         };
         let token = match &args.token {
             Some(token) => token.clone(),
-            None => data.read_token().context("pass --token (or BASALT_TOKEN) or --data-dir")?,
+            None => data
+                .read_token()
+                .context("pass --token (or BASALT_TOKEN) or --data-dir")?,
         };
         let agent = ureq::AgentBuilder::new()
             .timeout_connect(Duration::from_secs(5))
@@ -119,7 +149,10 @@ impl ApiClient {
                 let text = response.into_string().unwrap_or_default();
                 match serde_json::from_str::<ErrorBody>(&text) {
                     Ok(body) => bail!("{}", body.error),
-                    Err(_) => bail!("the server answered {code} to {method} {path}: {}", text.trim()),
+                    Err(_) => bail!(
+                        "the server answered {code} to {method} {path}: {}",
+                        text.trim()
+                    ),
                 }
             }
             Err(ureq::Error::Transport(t)) => return Err(self.unreachable(&t)),

@@ -4,10 +4,9 @@
 
 use crate::client::{ApiClient, ClientArgs, Output};
 use crate::output::{fields, table, Align};
-use crate::server::parse_size_arg;
 use anyhow::{Context, Result};
 use basalt_api::types::{Status, Volume, VolumeList};
-use basalt_volume::format_size;
+use basalt_volume::{format_size, parse_size};
 use clap::Subcommand;
 use serde_json::{json, Value};
 
@@ -15,42 +14,29 @@ use serde_json::{json, Value};
 pub enum VolumeCommand {
     /// Create a thin-provisioned volume.
     Create {
+        /// Volume name: 1-64 of A-Z a-z 0-9 . _ - (not starting with . or -).
         name: String,
         /// Size, e.g. 10G, 512M, 1.5T or bytes (a multiple of 4096).
-        #[arg(long, value_parser = parse_size_arg)]
-        size: u64,
-        #[command(flatten)]
-        client: ClientArgs,
+        #[arg(long, allow_hyphen_values = true)]
+        size: String,
     },
     /// List volumes.
-    List {
-        #[command(flatten)]
-        client: ClientArgs,
-    },
+    List,
     /// Show one volume.
-    Show {
-        name: String,
-        #[command(flatten)]
-        client: ClientArgs,
-    },
+    Show { name: String },
     /// Change a volume's size, online.
     Resize {
+        /// Volume name: 1-64 of A-Z a-z 0-9 . _ - (not starting with . or -).
         name: String,
         /// New size, e.g. 20G.
-        #[arg(long, value_parser = parse_size_arg)]
-        size: u64,
+        #[arg(long, allow_hyphen_values = true)]
+        size: String,
         /// Allow a smaller size; the data beyond it is lost.
         #[arg(long)]
         allow_shrink: bool,
-        #[command(flatten)]
-        client: ClientArgs,
     },
     /// Delete a volume and its data (refused while clients are connected).
-    Delete {
-        name: String,
-        #[command(flatten)]
-        client: ClientArgs,
-    },
+    Delete { name: String },
 }
 
 /// The URL path of a volume; the name is percent-encoded so that whatever
@@ -75,7 +61,8 @@ fn print_json(value: &Value) -> Result<()> {
 }
 
 fn decode<T: serde::de::DeserializeOwned>(value: Value) -> Result<T> {
-    serde_json::from_value(value).context("the server's answer has an unexpected shape (is it a different basalt version?)")
+    serde_json::from_value(value)
+        .context("the server's answer has an unexpected shape (is it a different basalt version?)")
 }
 
 fn bytes_and_human(bytes: u64) -> String {
@@ -97,20 +84,25 @@ fn volume_fields(volume: &Volume, client: &ApiClient) -> String {
     fields(&pairs)
 }
 
-pub fn run_volume(command: VolumeCommand) -> Result<()> {
+pub fn run_volume(command: VolumeCommand, client: &ClientArgs) -> Result<()> {
     match command {
-        VolumeCommand::Create { name, size, client } => {
-            let api = ApiClient::discover(&client)?;
+        VolumeCommand::Create { name, size } => {
+            let size = parse_size(&size)?;
+            let api = ApiClient::discover(client)?;
             let value = api.post("/api/v1/volumes", json!({"name": name, "size": size}))?;
             if client.output == Output::Json {
                 return print_json(&value);
             }
             let volume: Volume = decode(value)?;
-            println!("created volume {} ({})", volume.name, format_size(volume.size_bytes));
+            println!(
+                "created volume {} ({})",
+                volume.name,
+                format_size(volume.size_bytes)
+            );
             print!("{}", volume_fields(&volume, &api));
         }
-        VolumeCommand::List { client } => {
-            let api = ApiClient::discover(&client)?;
+        VolumeCommand::List => {
+            let api = ApiClient::discover(client)?;
             let value = api.get("/api/v1/volumes")?;
             if client.output == Output::Json {
                 return print_json(&value);
@@ -143,8 +135,8 @@ pub fn run_volume(command: VolumeCommand) -> Result<()> {
                 )
             );
         }
-        VolumeCommand::Show { name, client } => {
-            let api = ApiClient::discover(&client)?;
+        VolumeCommand::Show { name } => {
+            let api = ApiClient::discover(client)?;
             let value = api.get(&volume_path(&name))?;
             if client.output == Output::Json {
                 return print_json(&value);
@@ -155,9 +147,9 @@ pub fn run_volume(command: VolumeCommand) -> Result<()> {
             name,
             size,
             allow_shrink,
-            client,
         } => {
-            let api = ApiClient::discover(&client)?;
+            let size = parse_size(&size)?;
+            let api = ApiClient::discover(client)?;
             let value = api.post(
                 &format!("{}/resize", volume_path(&name)),
                 json!({"size": size, "allow_shrink": allow_shrink}),
@@ -166,10 +158,14 @@ pub fn run_volume(command: VolumeCommand) -> Result<()> {
                 return print_json(&value);
             }
             let volume: Volume = decode(value)?;
-            println!("resized volume {} to {}", volume.name, format_size(volume.size_bytes));
+            println!(
+                "resized volume {} to {}",
+                volume.name,
+                format_size(volume.size_bytes)
+            );
         }
-        VolumeCommand::Delete { name, client } => {
-            let api = ApiClient::discover(&client)?;
+        VolumeCommand::Delete { name } => {
+            let api = ApiClient::discover(client)?;
             let value = api.delete(&volume_path(&name))?;
             if client.output == Output::Json {
                 return print_json(&value);
@@ -187,8 +183,8 @@ fn percent(part: u64, whole: u64) -> String {
     format!("{:.1}%", part as f64 * 100.0 / whole as f64)
 }
 
-pub fn run_status(client: ClientArgs) -> Result<()> {
-    let api = ApiClient::discover(&client)?;
+pub fn run_status(client: &ClientArgs) -> Result<()> {
+    let api = ApiClient::discover(client)?;
     let value = api.get("/api/v1/status")?;
     if client.output == Output::Json {
         return print_json(&value);
@@ -204,7 +200,11 @@ pub fn run_status(client: ClientArgs) -> Result<()> {
         ("capacity", format_size(s.capacity_bytes)),
         (
             "allocated",
-            format!("{} ({} of capacity)", format_size(s.allocated_bytes), percent(s.allocated_bytes, s.capacity_bytes)),
+            format!(
+                "{} ({} of capacity)",
+                format_size(s.allocated_bytes),
+                percent(s.allocated_bytes, s.capacity_bytes)
+            ),
         ),
         (
             "provisioned",

@@ -120,8 +120,9 @@ impl DataDir {
 
     pub fn remove_server(&self) -> Result<()> {
         match fs::remove_file(self.server_json()) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e)
-                .with_context(|| format!("cannot remove {}", self.server_json().display())),
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                Err(e).with_context(|| format!("cannot remove {}", self.server_json().display()))
+            }
             _ => Ok(()),
         }
     }

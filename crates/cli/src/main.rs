@@ -12,6 +12,9 @@ mod output;
 mod server;
 
 use clap::{Parser, Subcommand};
+use client::ClientArgs;
+use std::io::IsTerminal;
+use std::path::PathBuf;
 use std::process::ExitCode;
 use tracing_subscriber::EnvFilter;
 
@@ -29,6 +32,17 @@ struct Cli {
     #[arg(long, global = true, value_name = "FILTER", value_parser = parse_filter)]
     log_level: Option<String>,
 
+    /// The node's data directory (the server keeps its files there; client
+    /// commands read its server.json and api-token)
+    #[arg(
+        long,
+        global = true,
+        env = "BASALT_DATA_DIR",
+        default_value = "./basalt-data",
+        value_name = "DIR"
+    )]
+    data_dir: PathBuf,
+
     #[command(subcommand)]
     command: Command,
 }
@@ -38,10 +52,17 @@ enum Command {
     /// Run a node: control plane, store and NBD frontend in one process.
     Server(server::ServerArgs),
     /// Manage volumes.
-    #[command(subcommand)]
-    Volume(commands::VolumeCommand),
+    Volume(VolumeArgs),
     /// Show the node's capacity, provisioning and allocation.
-    Status(client::ClientArgs),
+    Status(client::ConnArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct VolumeArgs {
+    #[command(flatten)]
+    conn: client::ConnArgs,
+    #[command(subcommand)]
+    command: commands::VolumeCommand,
 }
 
 fn parse_filter(s: &str) -> Result<String, String> {
@@ -58,6 +79,7 @@ fn init_logging(flag: Option<&str>, default: &str) {
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
 }
 
@@ -69,9 +91,11 @@ fn main() -> ExitCode {
     };
     init_logging(cli.log_level.as_deref(), default_level);
     let result = match cli.command {
-        Command::Server(args) => server::run(args),
-        Command::Volume(command) => commands::run_volume(command),
-        Command::Status(client) => commands::run_status(client),
+        Command::Server(args) => server::run(args, &cli.data_dir),
+        Command::Volume(VolumeArgs { conn, command }) => {
+            commands::run_volume(command, &ClientArgs::new(cli.data_dir, conn))
+        }
+        Command::Status(conn) => commands::run_status(&ClientArgs::new(cli.data_dir, conn)),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

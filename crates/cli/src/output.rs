@@ -69,12 +69,19 @@ mod tests {
 
     #[test]
     fn header_only_table() {
-        assert_eq!(table(&[("NAME", Align::Left), ("X", Align::Left)], &[]), "NAME  X\n");
+        assert_eq!(
+            table(&[("NAME", Align::Left), ("X", Align::Left)], &[]),
+            "NAME  X\n"
+        );
     }
 
     #[test]
     fn aligns_fields() {
-        let text = fields(&[("name", "a".into()), ("size", "1 B".into()), ("id", "x".into())]);
+        let text = fields(&[
+            ("name", "a".into()),
+            ("size", "1 B".into()),
+            ("id", "x".into()),
+        ]);
         assert_eq!(text, "name: a\nsize: 1 B\nid:   x\n");
     }
 }

@@ -26,7 +26,7 @@ use basalt_volume::{
 };
 use clap::Args;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -35,14 +35,10 @@ const API_DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 
 #[derive(Args, Debug)]
 pub struct ServerArgs {
-    /// Data directory: data file, catalog, API token, node.json, server.json.
-    #[arg(long, env = "BASALT_DATA_DIR", default_value = "./basalt-data", value_name = "DIR")]
-    pub data_dir: PathBuf,
-
     /// Size of the data file DIR/basalt.data, created at first start (e.g.
     /// 20G); ignored on later starts.
-    #[arg(long, value_parser = parse_size_arg, value_name = "SIZE")]
-    pub capacity: Option<u64>,
+    #[arg(long, value_name = "SIZE", allow_hyphen_values = true)]
+    pub capacity: Option<String>,
 
     /// Keep the store on this block device (or existing file) instead of a
     /// data file; it is formatted at first start.
@@ -66,8 +62,8 @@ pub struct ServerArgs {
     pub api_listen: SocketAddr,
 
     /// Create this volume if absent and print how to use it, e.g. demo:10G.
-    #[arg(long, value_parser = parse_demo, value_name = "NAME:SIZE")]
-    pub demo_volume: Option<DemoVolume>,
+    #[arg(long, value_name = "NAME:SIZE")]
+    pub demo_volume: Option<String>,
 }
 
 /// `--demo-volume NAME:SIZE`.
@@ -77,14 +73,12 @@ pub struct DemoVolume {
     pub size: u64,
 }
 
-pub fn parse_size_arg(s: &str) -> Result<u64, String> {
-    parse_size(s).map_err(|e| e.to_string())
-}
-
 fn parse_ratio(s: &str) -> Result<f64, String> {
     match s.parse::<f64>() {
         Ok(r) if r.is_finite() && r > 0.0 => Ok(r),
-        _ => Err(format!("{s:?} is not a positive number (e.g. 1.0 for no overcommit, 2.0)")),
+        _ => Err(format!(
+            "{s:?} is not a positive number (e.g. 1.0 for no overcommit, 2.0)"
+        )),
     }
 }
 
@@ -101,17 +95,18 @@ fn parse_listen(s: &str) -> Result<SocketAddr, String> {
     if let Some(port) = s.strip_prefix("localhost:") {
         return loopback(port);
     }
-    s.parse()
-        .map_err(|_| format!("{s:?} is not a listen address; use IP:PORT, e.g. 127.0.0.1:8080 or [::1]:8080"))
+    s.parse().map_err(|_| {
+        format!("{s:?} is not a listen address; use IP:PORT, e.g. 127.0.0.1:8080 or [::1]:8080")
+    })
 }
 
-fn parse_demo(s: &str) -> Result<DemoVolume, String> {
+fn parse_demo(s: &str) -> Result<DemoVolume> {
     let (name, size) = s
         .split_once(':')
-        .ok_or_else(|| format!("{s:?} is not NAME:SIZE (e.g. demo:10G)"))?;
-    validate_volume_name(name).map_err(|e| e.to_string())?;
-    let size = parse_size(size).map_err(|e| e.to_string())?;
-    validate_volume_size(size).map_err(|e| e.to_string())?;
+        .ok_or_else(|| anyhow!("--demo-volume {s:?} is not NAME:SIZE (e.g. demo:10G)"))?;
+    validate_volume_name(name)?;
+    let size = parse_size(size)?;
+    validate_volume_size(size)?;
     Ok(DemoVolume {
         name: name.to_string(),
         size,
@@ -132,9 +127,24 @@ fn client_addr(addr: SocketAddr) -> SocketAddr {
     }
 }
 
-/// Runs the node until SIGTERM or SIGINT.
-pub fn run(args: ServerArgs) -> Result<()> {
-    let data = DataDir::new(&args.data_dir);
+/// `ServerArgs` with the values clap leaves as text checked.
+struct Settings {
+    capacity: Option<u64>,
+    demo_volume: Option<DemoVolume>,
+}
+
+/// Runs the node on `data_dir` until SIGTERM or SIGINT.
+pub fn run(args: ServerArgs, data_dir: &Path) -> Result<()> {
+    let settings = Settings {
+        capacity: args
+            .capacity
+            .as_deref()
+            .map(parse_size)
+            .transpose()
+            .context("--capacity")?,
+        demo_volume: args.demo_volume.as_deref().map(parse_demo).transpose()?,
+    };
+    let data = DataDir::new(data_dir);
     data.create()?;
     let node = data.read_node()?;
     if node.is_some() && !data.catalog().exists() {
@@ -147,9 +157,9 @@ pub fn run(args: ServerArgs) -> Result<()> {
         );
     }
     let catalog = Arc::new(RedbCatalog::open(data.catalog())?);
-    let store = open_store(&data, node, &args)?;
+    let store = open_store(&data, node, &args, &settings)?;
 
-    let result = serve(&data, catalog, store.clone(), &args);
+    let result = serve(&data, catalog, store.clone(), &args, &settings);
 
     let closed = store
         .close()
@@ -162,9 +172,14 @@ pub fn run(args: ServerArgs) -> Result<()> {
 }
 
 /// Opens the node's store, creating it at first start.
-fn open_store(data: &DataDir, node: Option<NodeConfig>, args: &ServerArgs) -> Result<Arc<Store>> {
+fn open_store(
+    data: &DataDir,
+    node: Option<NodeConfig>,
+    args: &ServerArgs,
+    settings: &Settings,
+) -> Result<Arc<Store>> {
     if let Some(node) = node {
-        return open_existing_store(node, args);
+        return open_existing_store(node, args, settings);
     }
     let (device, backing): (Arc<dyn BlockDevice>, Backing) = match &args.device {
         Some(path) => {
@@ -178,13 +193,13 @@ fn open_store(data: &DataDir, node: Option<NodeConfig>, args: &ServerArgs) -> Re
                     data.root().display()
                 );
             }
-            if args.capacity.is_some() {
+            if settings.capacity.is_some() {
                 tracing::info!("--capacity ignored: the store takes the whole device");
             }
             (device, Backing::Device { path: path.clone() })
         }
         None => {
-            let capacity = args.capacity.ok_or_else(|| {
+            let capacity = settings.capacity.ok_or_else(|| {
                 anyhow!(
                     "--capacity is required the first time: it sizes the data file {} (e.g. --capacity 20G)",
                     data.data_file().display()
@@ -232,7 +247,11 @@ fn open_store(data: &DataDir, node: Option<NodeConfig>, args: &ServerArgs) -> Re
     Ok(store)
 }
 
-fn open_existing_store(node: NodeConfig, args: &ServerArgs) -> Result<Arc<Store>> {
+fn open_existing_store(
+    node: NodeConfig,
+    args: &ServerArgs,
+    settings: &Settings,
+) -> Result<Arc<Store>> {
     match (&node.backing, &args.device) {
         (Backing::Device { path }, Some(dev)) if path != dev => bail!(
             "this node's store is on {}; --device {} does not match",
@@ -245,7 +264,7 @@ fn open_existing_store(node: NodeConfig, args: &ServerArgs) -> Result<Arc<Store>
             dev.display()
         ),
         (Backing::File { capacity_bytes, .. }, None) => {
-            if let Some(requested) = args.capacity {
+            if let Some(requested) = settings.capacity {
                 if requested / 4096 * 4096 != *capacity_bytes {
                     tracing::info!(
                         "--capacity {} ignored: the data file was created with {}",
@@ -261,8 +280,10 @@ fn open_existing_store(node: NodeConfig, args: &ServerArgs) -> Result<Arc<Store>
         tracing::info!("--preallocate ignored: it applies only when the data file is created");
     }
     let path = node.backing.path();
-    let device = FileDevice::open(path).with_context(|| format!("cannot open {}", path.display()))?;
-    let store = Store::open(device).with_context(|| format!("cannot open the store on {}", path.display()))?;
+    let device =
+        FileDevice::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+    let store = Store::open(device)
+        .with_context(|| format!("cannot open the store on {}", path.display()))?;
     if store.store_id().to_string() != node.store_id {
         bail!(
             "{} holds store {}, but this data directory belongs to store {}",
@@ -275,11 +296,17 @@ fn open_existing_store(node: NodeConfig, args: &ServerArgs) -> Result<Arc<Store>
 }
 
 /// Everything between opening the store and closing it.
-fn serve(data: &DataDir, catalog: Arc<RedbCatalog>, store: Arc<Store>, args: &ServerArgs) -> Result<()> {
+fn serve(
+    data: &DataDir,
+    catalog: Arc<RedbCatalog>,
+    store: Arc<Store>,
+    args: &ServerArgs,
+    settings: &Settings,
+) -> Result<()> {
     let token = data.load_or_create_token()?;
     let service = Arc::new(VolumeService::new(catalog, store, args.overcommit)?);
     service.reconcile()?;
-    if let Some(demo) = &args.demo_volume {
+    if let Some(demo) = &settings.demo_volume {
         ensure_demo_volume(&service, demo)?;
     }
 
@@ -313,7 +340,7 @@ fn serve(data: &DataDir, catalog: Arc<RedbCatalog>, store: Arc<Store>, args: &Se
             return Err(e);
         }
         tracing::info!(api = %info.api_url, nbd = %info.nbd, "basalt server ready");
-        if let Some(demo) = &args.demo_volume {
+        if let Some(demo) = &settings.demo_volume {
             print_demo_usage(&demo.name, nbd_addr, data);
         }
 

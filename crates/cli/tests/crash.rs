@@ -25,7 +25,10 @@ fn kill9_during_writes_keeps_flushed_data() {
         cmd.arg(s.uri("crash"))
             .arg(&state)
             .arg(&py_seed)
-            .args(["--max-seconds", "60"]);
+            .args(["--max-seconds", "60"])
+            // Even rounds use FLUSH only: FUA writes would make other writes'
+            // metadata durable as a side effect and hide a FLUSH that does too little.
+            .args(["--fua-rate", if round % 2 == 0 { "0" } else { "0.3" }]);
         let mut w = Background::spawn(cmd);
         // READY comes after the writer verified everything from the previous rounds.
         w.wait_line("READY", Duration::from_secs(60));
@@ -83,6 +86,49 @@ fn kill9_during_writes_keeps_flushed_data() {
         "nbdtool.py",
         [
             "verify", &uri, "--seed", "9", "--offset", "0", "--length", "1048576",
+        ],
+    )
+    .ok();
+}
+
+#[test]
+fn kill9_right_after_flush_keeps_data() {
+    // The smallest durability case: write, FLUSH on the same connection, kill -9 at once.
+    let mut s = Server::start("64M");
+    s.create_volume("f", "8M");
+    let uri = s.uri("f");
+    nbd_script(
+        "nbdtool.py",
+        [
+            "write", &uri, "--seed", "5", "--offset", "1048576", "--length", "2097152", "--flush",
+        ],
+    )
+    .ok();
+    s.kill9();
+    s.restart();
+    let uri = s.uri("f");
+    nbd_script(
+        "nbdtool.py",
+        [
+            "verify", &uri, "--seed", "5", "--offset", "1048576", "--length", "2097152",
+        ],
+    )
+    .ok();
+    // and the same for a TRIM + FLUSH of a whole extent-sized range
+    nbd_script(
+        "nbdtool.py",
+        [
+            "trim", &uri, "--offset", "1048576", "--length", "1048576", "--flush",
+        ],
+    )
+    .ok();
+    s.kill9();
+    s.restart();
+    let uri = s.uri("f");
+    nbd_script(
+        "nbdtool.py",
+        [
+            "verify", &uri, "--zero", "--offset", "1048576", "--length", "1048576",
         ],
     )
     .ok();

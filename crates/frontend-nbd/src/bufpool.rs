@@ -4,8 +4,9 @@
 //! them to O_DIRECT I/O without a bounce copy. Buffers come in power-of-two
 //! size classes from 4 KiB to [`crate::MAX_PAYLOAD`]; a buffer returned to the
 //! pool is reused by the next request of its class, so a connection in steady
-//! state allocates nothing per I/O. The memory a pool keeps is bounded by
-//! [`RETAINED_BYTES_PER_CLASS`] per class.
+//! state allocates nothing per I/O. The memory a pool keeps between batches
+//! is bounded by [`RETAINED_BYTES`] in total (enough for a batch of 32 x 1 MiB
+//! requests); larger batches allocate the excess and free it afterwards.
 
 use basalt_store::AlignedBuf;
 
@@ -13,12 +14,13 @@ const MIN_CLASS_SHIFT: u32 = 12; // 4 KiB
 const MAX_CLASS_SHIFT: u32 = 25; // 32 MiB == MAX_PAYLOAD
 const CLASSES: usize = (MAX_CLASS_SHIFT - MIN_CLASS_SHIFT + 1) as usize;
 
-/// Free buffers kept per size class, in bytes (at least one buffer is kept
-/// even for classes larger than this).
-pub(crate) const RETAINED_BYTES_PER_CLASS: usize = 8 << 20;
+/// Bytes of free buffers a pool keeps, over all size classes.
+pub(crate) const RETAINED_BYTES: usize = 32 << 20;
 
 pub(crate) struct BufferPool {
     free: [Vec<AlignedBuf>; CLASSES],
+    /// Sum of the capacities of the buffers in `free`.
+    retained: usize,
 }
 
 fn class_of(len: usize) -> Option<usize> {
@@ -35,6 +37,7 @@ impl BufferPool {
     pub(crate) fn new() -> BufferPool {
         BufferPool {
             free: std::array::from_fn(|_| Vec::new()),
+            retained: 0,
         }
     }
 
@@ -42,10 +45,14 @@ impl BufferPool {
     /// the largest class get a dedicated buffer that the pool will not keep;
     /// the frontend never asks for those because it caps payloads first.
     pub(crate) fn take(&mut self, len: usize) -> AlignedBuf {
-        let mut buf = match class_of(len) {
-            Some(class) => self.free[class]
-                .pop()
-                .unwrap_or_else(|| AlignedBuf::zeroed(class_bytes(class))),
+        let reused =
+            class_of(len).map(|class| (class, self.free.get_mut(class).and_then(Vec::pop)));
+        let mut buf = match reused {
+            Some((_, Some(buf))) => {
+                self.retained -= buf.capacity();
+                buf
+            }
+            Some((class, None)) => AlignedBuf::zeroed(class_bytes(class)),
             None => AlignedBuf::zeroed(len),
         };
         // Within the class capacity, so this never reallocates.
@@ -63,11 +70,12 @@ impl BufferPool {
         if class_bytes(class) != capacity {
             return;
         }
-        let keep = (RETAINED_BYTES_PER_CLASS / capacity).max(1);
+        if self.retained + capacity > RETAINED_BYTES {
+            return;
+        }
         if let Some(list) = self.free.get_mut(class) {
-            if list.len() < keep {
-                list.push(buf);
-            }
+            self.retained += capacity;
+            list.push(buf);
         }
     }
 }
@@ -106,10 +114,16 @@ mod tests {
     #[test]
     fn retention_is_bounded() {
         let mut pool = BufferPool::new();
-        let bufs: Vec<_> = (0..4000).map(|_| pool.take(4096)).collect();
+        let bufs: Vec<_> = (0..9000).map(|_| pool.take(4096)).collect();
         for b in bufs {
             pool.give(b);
         }
-        assert_eq!(pool.free[0].len(), RETAINED_BYTES_PER_CLASS / 4096);
+        assert_eq!(pool.free[0].len(), RETAINED_BYTES / 4096);
+        assert_eq!(pool.retained, RETAINED_BYTES);
+        let big = pool.take(1 << 20);
+        pool.give(big); // over the total: dropped
+        assert!(pool.free[8].is_empty());
+        let _ = pool.take(4096);
+        assert_eq!(pool.retained, RETAINED_BYTES - 4096);
     }
 }

@@ -15,8 +15,8 @@
 //! - Metadata contexts count only if they were selected for the export that
 //!   is finally chosen (the protocol makes BLOCK_STATUS invalid otherwise).
 
-use crate::{HandshakeError, MAX_PAYLOAD, MIN_BLOCK_SIZE, PREFERRED_BLOCK_SIZE};
 use crate::Exports;
+use crate::{HandshakeError, MAX_PAYLOAD, MIN_BLOCK_SIZE, PREFERRED_BLOCK_SIZE};
 use basalt_nbd_wire::handshake::{CLIENT_FLAGS_LEN, OPTION_HEADER_LEN};
 use basalt_nbd_wire::{
     encode_export_name_reply, encode_option_reply, encode_server_greeting, parse_client_flags,
@@ -234,9 +234,9 @@ impl Handshake<'_> {
                 self.info(option, &request);
                 Ok(None)
             }
-            ClientOption::Go(request) => Ok(self.info(option, &request).map(|negotiated| {
-                HandshakeOutcome::Transmission(negotiated)
-            })),
+            ClientOption::Go(request) => Ok(self
+                .info(option, &request)
+                .map(HandshakeOutcome::Transmission)),
             ClientOption::ListMetaContext(request) => {
                 self.meta_context(option, &request, false);
                 Ok(None)

@@ -26,7 +26,7 @@ mod server;
 mod socket;
 mod transmission;
 
-pub use error::{ConnectionError, HandshakeError};
+pub(crate) use error::{ConnectionError, HandshakeError};
 pub use handshake::{BASE_ALLOCATION_ID, BASE_TRANSMISSION_FLAGS, MAX_OPTIONS};
 pub use server::NbdServer;
 pub use transmission::{

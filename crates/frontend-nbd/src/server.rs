@@ -100,7 +100,8 @@ impl NbdServer {
         let rc = unsafe { libc::shutdown(self.listener.as_raw_fd(), libc::SHUT_RDWR) };
         if rc != 0 {
             // Fall back to waking accept() with a connection of our own.
-            let _ = TcpStream::connect_timeout(&wake_address(self.local_addr), Duration::from_secs(1));
+            let _ =
+                TcpStream::connect_timeout(&wake_address(self.local_addr), Duration::from_secs(1));
         }
         if acceptor.join().is_err() {
             tracing::error!("NBD acceptor thread panicked");
@@ -178,7 +179,10 @@ fn spawn_connection(shared: &Arc<Shared>, stream: TcpStream, peer: SocketAddr) {
         .spawn({
             let shared = Arc::clone(shared);
             move || {
-                let _registration = Registration { shared: &shared, id };
+                let _registration = Registration {
+                    shared: &shared,
+                    id,
+                };
                 serve_connection(&shared, stream, peer);
             }
         });

@@ -160,6 +160,8 @@ impl Session {
     pub fn run(mut self) -> Result<SessionEnd, ConnectionError> {
         loop {
             let gathered = self.gather()?;
+            tracing::trace!(peer = %self.peer, requests = self.batch.len(),
+                payload_bytes = self.batch_bytes, "NBD batch");
             self.execute();
             self.send_replies()?;
             self.recycle();
@@ -270,8 +272,10 @@ impl Session {
             Err(failed) => (failed, payload),
             // Zero-length data requests succeed without touching the store
             // (the protocol leaves them unspecified and clients only use
-            // them as probes).
-            Ok(()) if request.length == 0 => (Outcome::Done, payload),
+            // them as probes). FLUSH always has length 0 and must run.
+            Ok(()) if request.length == 0 && request.command != Command::Flush => {
+                (Outcome::Done, payload)
+            }
             Ok(()) => match request.command {
                 Command::Read => (
                     Outcome::Pending,
@@ -340,9 +344,12 @@ impl Session {
             Some(end) if end <= size => Ok(()),
             // The protocol asks for ENOSPC on writes beyond the end and
             // EINVAL on everything else.
-            _ if matches!(request.command, Command::Write | Command::WriteZeroes) => Err(
-                Outcome::failed(NbdError::NoSpace, "request extends beyond the end of the export"),
-            ),
+            _ if matches!(request.command, Command::Write | Command::WriteZeroes) => {
+                Err(Outcome::failed(
+                    NbdError::NoSpace,
+                    "request extends beyond the end of the export",
+                ))
+            }
             _ => Err(Outcome::failed(
                 NbdError::Invalid,
                 "request extends beyond the end of the export",
@@ -408,10 +415,11 @@ impl Session {
         for (op, (outcome, request)) in ops.into_iter().zip(targets) {
             *outcome = match op.result {
                 Err(err) => failure(&err, &request, self.peer),
-                Ok(()) if request.command == Command::Read
-                    && structured
-                    && request.length >= SPARSE_READ_MIN
-                    && !request.flags.contains(CommandFlags::DF) =>
+                Ok(())
+                    if request.command == Command::Read
+                        && structured
+                        && request.length >= SPARSE_READ_MIN
+                        && !request.flags.contains(CommandFlags::DF) =>
                 {
                     match handle.mapping(request.offset, u64::from(request.length)) {
                         Ok(runs) if runs.iter().any(|r| !r.allocated) => Outcome::Sparse(runs),
@@ -449,10 +457,7 @@ impl Session {
             Command::Cache => Ok(()),
             Command::BlockStatus => {
                 entry.outcome = match handle.mapping(offset, len) {
-                    Ok(runs) => block_status(
-                        &runs,
-                        request.flags.contains(CommandFlags::REQ_ONE),
-                    ),
+                    Ok(runs) => block_status(&runs, request.flags.contains(CommandFlags::REQ_ONE)),
                     Err(err) => failure(&err, &request, self.peer),
                 };
                 return;

@@ -52,7 +52,10 @@ fn go_reports_export_block_sizes_name_and_description() {
         preferred: PREFERRED_BLOCK_SIZE,
         maximum: MAX_PAYLOAD,
     }));
-    assert_eq!((MIN_BLOCK_SIZE, PREFERRED_BLOCK_SIZE, MAX_PAYLOAD), (512, 4096, 32 << 20));
+    assert_eq!(
+        (MIN_BLOCK_SIZE, PREFERRED_BLOCK_SIZE, MAX_PAYLOAD),
+        (512, 4096, 32 << 20)
+    );
     // Transmission works right after the ACK.
     assert_eq!(c.read(0, 4096).expect("read"), vec![0u8; 4096]);
     c.disconnect();
@@ -65,14 +68,18 @@ fn go_without_requests_sends_export_info_and_df_only_with_structured_replies() {
     let mut c = Client::connect(server.local_addr());
     let infos = c.go("vol", &[]).expect("GO");
     assert!(matches!(infos.first(), Some(InfoReply::Export { .. })));
-    assert!(!infos.iter().any(|i| matches!(i, InfoReply::Name(_) | InfoReply::Description(_))));
+    assert!(!infos
+        .iter()
+        .any(|i| matches!(i, InfoReply::Name(_) | InfoReply::Description(_))));
     assert!(!c.flags.contains(TransmissionFlags::SEND_DF));
     assert!(c.flags.contains(required_flags()));
 
     let mut c = Client::connect(server.local_addr());
     c.structured_reply();
     c.go("vol", &[]).expect("GO");
-    assert!(c.flags.contains(required_flags() | TransmissionFlags::SEND_DF));
+    assert!(c
+        .flags
+        .contains(required_flags() | TransmissionFlags::SEND_DF));
     server.shutdown();
 }
 
@@ -139,7 +146,10 @@ fn list_exports() {
     let replies = c.read_option_replies(opt::LIST);
     assert!(matches!(
         replies.as_slice(),
-        [OptionReply::Error { error: ErrorReply::Invalid, .. }]
+        [OptionReply::Error {
+            error: ErrorReply::Invalid,
+            ..
+        }]
     ));
     c.go("a", &[]).expect("GO after errors");
     server.shutdown();
@@ -153,7 +163,8 @@ fn export_name_with_and_without_zeroes() {
     c.export_name("vol");
     assert_eq!(c.size, 16 * MIB);
     assert!(c.flags.contains(required_flags()));
-    c.write(4096, &[7u8; 512], CommandFlags::empty()).expect("write");
+    c.write(4096, &[7u8; 512], CommandFlags::empty())
+        .expect("write");
     assert_eq!(c.read(4096, 512).expect("read"), vec![7u8; 512]);
     c.disconnect();
 
@@ -185,7 +196,10 @@ fn starttls_unknown_options_and_abort() {
     let replies = c.option(&ClientOption::StartTls);
     assert!(matches!(
         replies.as_slice(),
-        [OptionReply::Error { error: ErrorReply::Policy, .. }]
+        [OptionReply::Error {
+            error: ErrorReply::Policy,
+            ..
+        }]
     ));
     for unknown in [opt::PEEK_EXPORT, opt::EXTENDED_HEADERS, 0x1234_5678] {
         let replies = c.option(&ClientOption::Unknown {
@@ -193,7 +207,13 @@ fn starttls_unknown_options_and_abort() {
             payload: vec![1, 2, 3],
         });
         assert!(
-            matches!(replies.as_slice(), [OptionReply::Error { error: ErrorReply::Unsupported, .. }]),
+            matches!(
+                replies.as_slice(),
+                [OptionReply::Error {
+                    error: ErrorReply::Unsupported,
+                    ..
+                }]
+            ),
             "{unknown}: {replies:?}"
         );
     }
@@ -202,7 +222,10 @@ fn starttls_unknown_options_and_abort() {
     let replies = c.option(&ClientOption::StructuredReply);
     assert!(matches!(
         replies.as_slice(),
-        [OptionReply::Error { error: ErrorReply::Invalid, .. }]
+        [OptionReply::Error {
+            error: ErrorReply::Invalid,
+            ..
+        }]
     ));
     // ABORT: ACK, then the server closes.
     let replies = c.option(&ClientOption::Abort);
@@ -221,14 +244,20 @@ fn malformed_option_payload_gets_err_invalid_and_the_handshake_continues() {
     let replies = c.read_option_replies(opt::GO);
     assert!(matches!(
         replies.as_slice(),
-        [OptionReply::Error { error: ErrorReply::Invalid, .. }]
+        [OptionReply::Error {
+            error: ErrorReply::Invalid,
+            ..
+        }]
     ));
     // A GO export name that is not UTF-8.
     c.send(&raw_option(opt::GO, &[0, 0, 0, 1, 0xff, 0, 0]));
     let replies = c.read_option_replies(opt::GO);
     assert!(matches!(
         replies.as_slice(),
-        [OptionReply::Error { error: ErrorReply::Invalid, .. }]
+        [OptionReply::Error {
+            error: ErrorReply::Invalid,
+            ..
+        }]
     ));
     c.go("vol", &[]).expect("GO still works");
     assert_eq!(c.read(0, 512).expect("read"), vec![0; 512]);
@@ -254,7 +283,10 @@ fn meta_contexts() {
     // Before structured replies: refused.
     assert!(matches!(
         c.option(&set("vol", &[BASE_ALLOCATION])).as_slice(),
-        [OptionReply::Error { error: ErrorReply::Invalid, .. }]
+        [OptionReply::Error {
+            error: ErrorReply::Invalid,
+            ..
+        }]
     ));
     c.structured_reply();
     let base = |id| OptionReply::MetaContext {
@@ -263,7 +295,12 @@ fn meta_contexts() {
     };
     // LIST: no query, "base:" and the full name all list base:allocation
     // with the reserved id 0; other namespaces are ignored.
-    for queries in [&[][..], &["base:"], &[BASE_ALLOCATION], &["qemu:dirty-bitmap:x", "base:"]] {
+    for queries in [
+        &[][..],
+        &["base:"],
+        &[BASE_ALLOCATION],
+        &["qemu:dirty-bitmap:x", "base:"],
+    ] {
         assert_eq!(
             c.option(&list("vol", queries)),
             vec![base(0), OptionReply::Ack],
@@ -277,11 +314,17 @@ fn meta_contexts() {
     // A query without a namespace is invalid; an unknown export is unknown.
     assert!(matches!(
         c.option(&list("vol", &["allocation"])).as_slice(),
-        [OptionReply::Error { error: ErrorReply::Invalid, .. }]
+        [OptionReply::Error {
+            error: ErrorReply::Invalid,
+            ..
+        }]
     ));
     assert!(matches!(
         c.option(&set("nope", &[BASE_ALLOCATION])).as_slice(),
-        [OptionReply::Error { error: ErrorReply::UnknownExport, .. }]
+        [OptionReply::Error {
+            error: ErrorReply::UnknownExport,
+            ..
+        }]
     ));
     // SET: "base:" selects nothing; the full name selects with a real id.
     assert_eq!(c.option(&set("vol", &["base:"])), vec![OptionReply::Ack]);
@@ -341,7 +384,9 @@ fn broken_handshakes_close_the_connection_and_the_server_carries_on() {
     // EOF in the middle of an option.
     let mut c = Client::connect(addr);
     c.send(&raw_option(opt::GO, &[0, 0, 0, 3, b'v'])[..20]);
-    c.stream.shutdown(std::net::Shutdown::Write).expect("half close");
+    c.stream
+        .shutdown(std::net::Shutdown::Write)
+        .expect("half close");
     assert!(c.server_closed());
 
     // EOF before the client flags.
@@ -351,7 +396,9 @@ fn broken_handshakes_close_the_connection_and_the_server_carries_on() {
     raw.write_all(&[0, 0]).expect("half the flags");
     drop(raw);
 
-    eventually("broken connections to be released", || server.connections() == 0);
+    eventually("broken connections to be released", || {
+        server.connections() == 0
+    });
     // A well-behaved client still gets served.
     let mut c = Client::open(addr, "vol");
     assert_eq!(c.read(0, 512).expect("read"), vec![0; 512]);
@@ -368,7 +415,9 @@ fn too_many_options_close_the_connection() {
     let mut reader = c.stream.try_clone().expect("clone");
     let drain = std::thread::spawn(move || {
         let mut sink = Vec::new();
-        reader.read_to_end(&mut sink).expect("read replies until EOF");
+        reader
+            .read_to_end(&mut sink)
+            .expect("read replies until EOF");
         sink
     });
     let code = 0x4242;

@@ -28,7 +28,8 @@ fn write_read_flush_fua_over_structured_and_simple_replies() {
         assert_eq!(c.read(base, data.len() as u32).expect("read"), data);
         // FUA on a write, a flush, and FUA on a flush (valid on any command).
         let fua = pattern(2, 4096);
-        c.write(base + 8192, &fua, CommandFlags::FUA).expect("FUA write");
+        c.write(base + 8192, &fua, CommandFlags::FUA)
+            .expect("FUA write");
         c.flush().expect("flush");
         let r = c.call(Command::Flush, CommandFlags::FUA, 0, 0, &[]);
         assert_eq!(r.error, None);
@@ -36,7 +37,8 @@ fn write_read_flush_fua_over_structured_and_simple_replies() {
         expected[8192..8192 + 4096].copy_from_slice(&fua);
         assert_eq!(c.read(base, data.len() as u32).expect("read"), expected);
         // Unaligned I/O is served (read-modify-write in the store).
-        c.write(base + 1, b"abc", CommandFlags::empty()).expect("unaligned write");
+        c.write(base + 1, b"abc", CommandFlags::empty())
+            .expect("unaligned write");
         assert_eq!(c.read(base, 5).expect("unaligned read")[1..4], *b"abc");
         c.disconnect();
     }
@@ -49,7 +51,8 @@ fn structured_reads_use_holes_for_unallocated_parts_unless_df() {
     let mut c = Client::open(server.local_addr(), "vol");
     // One written extent in the middle of a 4-extent range.
     let data = pattern(3, EXTENT as usize);
-    c.write(2 * MIB + EXTENT, &data, CommandFlags::empty()).expect("write");
+    c.write(2 * MIB + EXTENT, &data, CommandFlags::empty())
+        .expect("write");
     let len = (4 * EXTENT) as u32;
     assert!(len >= SPARSE_READ_MIN);
     let r = c.call(Command::Read, CommandFlags::empty(), 2 * MIB, len, &[]);
@@ -63,7 +66,13 @@ fn structured_reads_use_holes_for_unallocated_parts_unless_df() {
     assert_eq!(r.chunks, vec!["data"]);
     assert_eq!(r.data, expected);
     // Fully allocated and small reads are one data chunk.
-    let r = c.call(Command::Read, CommandFlags::empty(), 2 * MIB + EXTENT, 4096, &[]);
+    let r = c.call(
+        Command::Read,
+        CommandFlags::empty(),
+        2 * MIB + EXTENT,
+        4096,
+        &[],
+    );
     assert_eq!(r.chunks, vec!["data"]);
     // A read of a fresh region is all hole.
     let r = c.call(Command::Read, CommandFlags::empty(), 8 * MIB, len, &[]);
@@ -77,7 +86,9 @@ fn block_status_trim_and_write_zeroes() {
     let (server, _exports) = server_with(&[("vol", 16 * MIB)]);
     let mut c = Client::open(server.local_addr(), "vol");
     // A fresh volume is one hole.
-    let extents = c.block_status(0, (16 * MIB) as u32, CommandFlags::empty()).expect("status");
+    let extents = c
+        .block_status(0, (16 * MIB) as u32, CommandFlags::empty())
+        .expect("status");
     assert_eq!(
         extents,
         vec![BlockDescriptor {
@@ -88,19 +99,35 @@ fn block_status_trim_and_write_zeroes() {
     // Write two extents, check allocation; REQ_ONE gives one extent.
     let data = pattern(4, 2 * EXTENT as usize);
     c.write(MIB, &data, CommandFlags::empty()).expect("write");
-    let extents = c.block_status(0, (2 * MIB) as u32, CommandFlags::empty()).expect("status");
+    let extents = c
+        .block_status(0, (2 * MIB) as u32, CommandFlags::empty())
+        .expect("status");
     assert_eq!(
         extents,
         vec![
-            BlockDescriptor { length: MIB as u32, status: HOLE_ZERO },
-            BlockDescriptor { length: (2 * EXTENT) as u32, status: BlockStatusFlags::empty() },
-            BlockDescriptor { length: (MIB - 2 * EXTENT) as u32, status: HOLE_ZERO },
+            BlockDescriptor {
+                length: MIB as u32,
+                status: HOLE_ZERO
+            },
+            BlockDescriptor {
+                length: (2 * EXTENT) as u32,
+                status: BlockStatusFlags::empty()
+            },
+            BlockDescriptor {
+                length: (MIB - 2 * EXTENT) as u32,
+                status: HOLE_ZERO
+            },
         ]
     );
-    let one = c.block_status(MIB, MIB as u32, CommandFlags::REQ_ONE).expect("status");
+    let one = c
+        .block_status(MIB, MIB as u32, CommandFlags::REQ_ONE)
+        .expect("status");
     assert_eq!(
         one,
-        vec![BlockDescriptor { length: (2 * EXTENT) as u32, status: BlockStatusFlags::empty() }]
+        vec![BlockDescriptor {
+            length: (2 * EXTENT) as u32,
+            status: BlockStatusFlags::empty()
+        }]
     );
     // The reply's context id is the one SET_META_CONTEXT returned.
     let r = c.call(Command::BlockStatus, CommandFlags::empty(), 0, 4096, &[]);
@@ -108,26 +135,51 @@ fn block_status_trim_and_write_zeroes() {
 
     // TRIM then read: zeros, and the space is a hole again.
     c.trim(MIB, EXTENT as u32).expect("trim");
-    assert_eq!(c.read(MIB, EXTENT as u32).expect("read"), vec![0u8; EXTENT as usize]);
-    let extents = c.block_status(MIB, EXTENT as u32, CommandFlags::empty()).expect("status");
-    assert_eq!(extents, vec![BlockDescriptor { length: EXTENT as u32, status: HOLE_ZERO }]);
+    assert_eq!(
+        c.read(MIB, EXTENT as u32).expect("read"),
+        vec![0u8; EXTENT as usize]
+    );
+    let extents = c
+        .block_status(MIB, EXTENT as u32, CommandFlags::empty())
+        .expect("status");
+    assert_eq!(
+        extents,
+        vec![BlockDescriptor {
+            length: EXTENT as u32,
+            status: HOLE_ZERO
+        }]
+    );
 
     // WRITE_ZEROES without NO_HOLE may unmap; with NO_HOLE it stays allocated.
-    c.write_zeroes(MIB + EXTENT, EXTENT as u32, CommandFlags::FUA).expect("zero");
+    c.write_zeroes(MIB + EXTENT, EXTENT as u32, CommandFlags::FUA)
+        .expect("zero");
     assert_eq!(c.read(MIB + EXTENT, 4096).expect("read"), vec![0u8; 4096]);
-    c.write(3 * MIB, &data, CommandFlags::empty()).expect("write");
-    c.write_zeroes(3 * MIB, EXTENT as u32, CommandFlags::NO_HOLE).expect("zero no hole");
-    assert_eq!(c.read(3 * MIB, EXTENT as u32).expect("read"), vec![0u8; EXTENT as usize]);
-    let extents = c.block_status(3 * MIB, EXTENT as u32, CommandFlags::empty()).expect("status");
-    assert_eq!(extents[0].status, BlockStatusFlags::empty(), "NO_HOLE keeps the space");
+    c.write(3 * MIB, &data, CommandFlags::empty())
+        .expect("write");
+    c.write_zeroes(3 * MIB, EXTENT as u32, CommandFlags::NO_HOLE)
+        .expect("zero no hole");
+    assert_eq!(
+        c.read(3 * MIB, EXTENT as u32).expect("read"),
+        vec![0u8; EXTENT as usize]
+    );
+    let extents = c
+        .block_status(3 * MIB, EXTENT as u32, CommandFlags::empty())
+        .expect("status");
+    assert_eq!(
+        extents[0].status,
+        BlockStatusFlags::empty(),
+        "NO_HOLE keeps the space"
+    );
     // FAST_ZERO is always accepted: zeroing is fast here.
-    c.write_zeroes(5 * MIB, (2 * MIB) as u32, CommandFlags::FAST_ZERO).expect("fast zero");
+    c.write_zeroes(5 * MIB, (2 * MIB) as u32, CommandFlags::FAST_ZERO)
+        .expect("fast zero");
     // CACHE: success after the range check.
     let r = c.call(Command::Cache, CommandFlags::empty(), 0, MIB as u32, &[]);
     assert_eq!(r.error, None);
     // Zero-length TRIM/WRITE_ZEROES/CACHE succeed.
     c.trim(0, 0).expect("zero-length trim");
-    c.write_zeroes(0, 0, CommandFlags::empty()).expect("zero-length zero");
+    c.write_zeroes(0, 0, CommandFlags::empty())
+        .expect("zero-length zero");
     server.shutdown();
 }
 
@@ -137,34 +189,87 @@ fn out_of_range_and_invalid_requests_get_errors_and_the_connection_survives() {
     let mut c = Client::open(server.local_addr(), "vol");
     let size = c.size;
     let alive = |c: &mut Client| {
-        c.write(15 * MIB, &[0x5a; 4096], CommandFlags::empty()).expect("still usable");
-        assert_eq!(c.read(15 * MIB, 4096).expect("still usable"), vec![0x5a; 4096]);
+        c.write(15 * MIB, &[0x5a; 4096], CommandFlags::empty())
+            .expect("still usable");
+        assert_eq!(
+            c.read(15 * MIB, 4096).expect("still usable"),
+            vec![0x5a; 4096]
+        );
     };
     let call = |c: &mut Client, command, flags, offset, len: u32| {
-        let data = if command == Command::Write { vec![1u8; len as usize] } else { Vec::new() };
+        let data = if command == Command::Write {
+            vec![1u8; len as usize]
+        } else {
+            Vec::new()
+        };
         c.call(command, flags, offset, len, &data).error
     };
     let none = CommandFlags::empty();
     // Beyond the end: EINVAL for reads and friends, ENOSPC for writes.
-    assert_eq!(call(&mut c, Command::Read, none, size, 512), Some(NbdError::Invalid));
-    assert_eq!(call(&mut c, Command::Read, none, size - 512, 1024), Some(NbdError::Invalid));
-    assert_eq!(call(&mut c, Command::Read, none, u64::MAX - 100, 512), Some(NbdError::Invalid));
-    assert_eq!(call(&mut c, Command::Write, none, size, 512), Some(NbdError::NoSpace));
-    assert_eq!(call(&mut c, Command::Write, none, u64::MAX - 100, 512), Some(NbdError::NoSpace));
-    assert_eq!(call(&mut c, Command::WriteZeroes, none, size - 512, 4096), Some(NbdError::NoSpace));
-    assert_eq!(call(&mut c, Command::Trim, none, size, 4096), Some(NbdError::Invalid));
-    assert_eq!(call(&mut c, Command::Cache, none, size, 4096), Some(NbdError::Invalid));
-    assert_eq!(call(&mut c, Command::BlockStatus, none, size, 4096), Some(NbdError::Invalid));
-    alive(&mut c);
-    // Unknown command, unknown flags, flags on the wrong command.
-    assert_eq!(call(&mut c, Command::Unknown(42), none, 0, 0), Some(NbdError::Invalid));
     assert_eq!(
-        call(&mut c, Command::Read, CommandFlags::from_bits(0x8000), 0, 512),
+        call(&mut c, Command::Read, none, size, 512),
         Some(NbdError::Invalid)
     );
-    assert_eq!(call(&mut c, Command::Write, CommandFlags::NO_HOLE, 0, 512), Some(NbdError::Invalid));
-    assert_eq!(call(&mut c, Command::Read, CommandFlags::REQ_ONE, 0, 512), Some(NbdError::Invalid));
-    assert_eq!(call(&mut c, Command::BlockStatus, none, 0, 0), Some(NbdError::Invalid));
+    assert_eq!(
+        call(&mut c, Command::Read, none, size - 512, 1024),
+        Some(NbdError::Invalid)
+    );
+    assert_eq!(
+        call(&mut c, Command::Read, none, u64::MAX - 100, 512),
+        Some(NbdError::Invalid)
+    );
+    assert_eq!(
+        call(&mut c, Command::Write, none, size, 512),
+        Some(NbdError::NoSpace)
+    );
+    assert_eq!(
+        call(&mut c, Command::Write, none, u64::MAX - 100, 512),
+        Some(NbdError::NoSpace)
+    );
+    assert_eq!(
+        call(&mut c, Command::WriteZeroes, none, size - 512, 4096),
+        Some(NbdError::NoSpace)
+    );
+    assert_eq!(
+        call(&mut c, Command::Trim, none, size, 4096),
+        Some(NbdError::Invalid)
+    );
+    assert_eq!(
+        call(&mut c, Command::Cache, none, size, 4096),
+        Some(NbdError::Invalid)
+    );
+    assert_eq!(
+        call(&mut c, Command::BlockStatus, none, size, 4096),
+        Some(NbdError::Invalid)
+    );
+    alive(&mut c);
+    // Unknown command, unknown flags, flags on the wrong command.
+    assert_eq!(
+        call(&mut c, Command::Unknown(42), none, 0, 0),
+        Some(NbdError::Invalid)
+    );
+    assert_eq!(
+        call(
+            &mut c,
+            Command::Read,
+            CommandFlags::from_bits(0x8000),
+            0,
+            512
+        ),
+        Some(NbdError::Invalid)
+    );
+    assert_eq!(
+        call(&mut c, Command::Write, CommandFlags::NO_HOLE, 0, 512),
+        Some(NbdError::Invalid)
+    );
+    assert_eq!(
+        call(&mut c, Command::Read, CommandFlags::REQ_ONE, 0, 512),
+        Some(NbdError::Invalid)
+    );
+    assert_eq!(
+        call(&mut c, Command::BlockStatus, none, 0, 0),
+        Some(NbdError::Invalid)
+    );
     alive(&mut c);
     // Oversize READ: EOVERFLOW before any range check.
     assert_eq!(
@@ -181,7 +286,8 @@ fn out_of_range_and_invalid_requests_get_errors_and_the_connection_survives() {
     // Zero-length READ (NONE chunk) and WRITE, even at the very end.
     let r = c.call(Command::Read, none, size, 0, &[]);
     assert_eq!((r.error, r.chunks), (None, vec!["none"]));
-    c.write(size, &[], none).expect("zero-length write at the end");
+    c.write(size, &[], none)
+        .expect("zero-length write at the end");
     alive(&mut c);
     // Errors carry a message for humans in structured replies.
     let r = c.call(Command::Read, none, size, 512, &[]);
@@ -195,11 +301,22 @@ fn simple_replies_for_errors_and_df_needs_structured_replies() {
     let (server, _exports) = server_with(&[("vol", 16 * MIB)]);
     let mut c = Client::open_simple(server.local_addr(), "vol");
     let r = c.call(Command::Read, CommandFlags::empty(), c.size, 512, &[]);
-    assert_eq!((r.error, r.chunks), (Some(NbdError::Invalid), vec!["simple"]));
+    assert_eq!(
+        (r.error, r.chunks),
+        (Some(NbdError::Invalid), vec!["simple"])
+    );
     let r = c.call(Command::Read, CommandFlags::DF, 0, 512, &[]);
-    assert_eq!(r.error, Some(NbdError::Invalid), "DF without structured replies");
+    assert_eq!(
+        r.error,
+        Some(NbdError::Invalid),
+        "DF without structured replies"
+    );
     let r = c.call(Command::BlockStatus, CommandFlags::empty(), 0, 512, &[]);
-    assert_eq!(r.error, Some(NbdError::Invalid), "BLOCK_STATUS without structured replies");
+    assert_eq!(
+        r.error,
+        Some(NbdError::Invalid),
+        "BLOCK_STATUS without structured replies"
+    );
     assert_eq!(c.read(0, 512).expect("read"), vec![0; 512]);
     server.shutdown();
 }
@@ -221,8 +338,13 @@ fn bad_request_magic_closes_only_that_connection() {
     let mut bad = Client::open(server.local_addr(), "vol");
     bad.send(&[0x12, 0x56, 0x09, 0x53].repeat(7));
     assert!(bad.server_closed());
-    assert_eq!(good.read(0, 512).expect("other connection unaffected"), vec![0; 512]);
-    eventually("bad connection to be released", || server.connections() == 1);
+    assert_eq!(
+        good.read(0, 512).expect("other connection unaffected"),
+        vec![0; 512]
+    );
+    eventually("bad connection to be released", || {
+        server.connections() == 1
+    });
     good.disconnect();
     server.shutdown();
 }
@@ -244,24 +366,47 @@ fn pipelined_requests_on_one_connection() {
         let mut cookies = Vec::new();
         for i in 0..n {
             let data = pattern(100 + i, 4096);
-            cookies.push(c.queue(&mut out, Command::Write, CommandFlags::empty(), base + i * 4096, 4096, &data));
+            cookies.push(c.queue(
+                &mut out,
+                Command::Write,
+                CommandFlags::empty(),
+                base + i * 4096,
+                4096,
+                &data,
+            ));
         }
         c.send(&out);
-        let mut answered: Vec<u64> = (0..n).map(|_| {
-            let r = c.reply();
-            assert_eq!(r.error, None);
-            r.cookie
-        }).collect();
+        let mut answered: Vec<u64> = (0..n)
+            .map(|_| {
+                let r = c.reply();
+                assert_eq!(r.error, None);
+                r.cookie
+            })
+            .collect();
         answered.sort_unstable();
         assert_eq!(answered, cookies);
 
         let mut out = Vec::new();
         let mut expected = std::collections::HashMap::new();
         for i in 0..n {
-            let cookie = c.queue(&mut out, Command::Read, CommandFlags::empty(), base + i * 4096, 4096, &[]);
+            let cookie = c.queue(
+                &mut out,
+                Command::Read,
+                CommandFlags::empty(),
+                base + i * 4096,
+                4096,
+                &[],
+            );
             expected.insert(cookie, pattern(100 + i, 4096));
             if i % 50 == 0 {
-                let bad = c.queue(&mut out, Command::Read, CommandFlags::empty(), 1 << 40, 4096, &[]);
+                let bad = c.queue(
+                    &mut out,
+                    Command::Read,
+                    CommandFlags::empty(),
+                    1 << 40,
+                    4096,
+                    &[],
+                );
                 expected.insert(bad, Vec::new());
             }
         }
@@ -289,13 +434,55 @@ fn commands_in_a_batch_keep_their_order_relative_to_data_requests() {
     let data = pattern(9, EXTENT as usize);
     // WRITE, TRIM, READ, WRITE_ZEROES(NO_HOLE), WRITE, FLUSH, READ, in one send.
     let mut out = Vec::new();
-    let w1 = c.queue(&mut out, Command::Write, CommandFlags::empty(), at, EXTENT as u32, &data);
-    let t = c.queue(&mut out, Command::Trim, CommandFlags::empty(), at, EXTENT as u32, &[]);
-    let r1 = c.queue(&mut out, Command::Read, CommandFlags::empty(), at, EXTENT as u32, &[]);
-    let z = c.queue(&mut out, Command::WriteZeroes, CommandFlags::NO_HOLE, at, 4096, &[]);
-    let w2 = c.queue(&mut out, Command::Write, CommandFlags::FUA, at + 4096, 4096, &data[..4096]);
+    let w1 = c.queue(
+        &mut out,
+        Command::Write,
+        CommandFlags::empty(),
+        at,
+        EXTENT as u32,
+        &data,
+    );
+    let t = c.queue(
+        &mut out,
+        Command::Trim,
+        CommandFlags::empty(),
+        at,
+        EXTENT as u32,
+        &[],
+    );
+    let r1 = c.queue(
+        &mut out,
+        Command::Read,
+        CommandFlags::empty(),
+        at,
+        EXTENT as u32,
+        &[],
+    );
+    let z = c.queue(
+        &mut out,
+        Command::WriteZeroes,
+        CommandFlags::NO_HOLE,
+        at,
+        4096,
+        &[],
+    );
+    let w2 = c.queue(
+        &mut out,
+        Command::Write,
+        CommandFlags::FUA,
+        at + 4096,
+        4096,
+        &data[..4096],
+    );
     let f = c.queue(&mut out, Command::Flush, CommandFlags::empty(), 0, 0, &[]);
-    let r2 = c.queue(&mut out, Command::Read, CommandFlags::empty(), at, 8192, &[]);
+    let r2 = c.queue(
+        &mut out,
+        Command::Read,
+        CommandFlags::empty(),
+        at,
+        8192,
+        &[],
+    );
     c.send(&out);
     let mut replies = std::collections::HashMap::new();
     for _ in 0..7 {
@@ -306,7 +493,11 @@ fn commands_in_a_batch_keep_their_order_relative_to_data_requests() {
     for cookie in [w1, t, z, w2, f] {
         assert!(replies.contains_key(&cookie));
     }
-    assert_eq!(replies[&r1].data, vec![0u8; EXTENT as usize], "READ after TRIM sees zeros");
+    assert_eq!(
+        replies[&r1].data,
+        vec![0u8; EXTENT as usize],
+        "READ after TRIM sees zeros"
+    );
     let mut expected = vec![0u8; 8192];
     expected[4096..].copy_from_slice(&data[..4096]);
     assert_eq!(replies[&r2].data, expected);
@@ -321,7 +512,14 @@ fn disc_answers_requests_sent_before_it_then_closes() {
     assert_eq!(exports.open_handles("vol"), 1);
     let mut out = Vec::new();
     let data = pattern(5, 8192);
-    let w = c.queue(&mut out, Command::Write, CommandFlags::empty(), 0, 8192, &data);
+    let w = c.queue(
+        &mut out,
+        Command::Write,
+        CommandFlags::empty(),
+        0,
+        8192,
+        &data,
+    );
     let r = c.queue(&mut out, Command::Read, CommandFlags::empty(), 0, 8192, &[]);
     c.queue(&mut out, Command::Disc, CommandFlags::empty(), 0, 0, &[]);
     c.send(&out);
@@ -331,7 +529,11 @@ fn disc_answers_requests_sent_before_it_then_closes() {
     assert_eq!(second.data, data);
     assert!(c.server_closed());
     eventually("connection to be released", || server.connections() == 0);
-    assert_eq!(exports.open_handles("vol"), 0, "the volume handle is closed");
+    assert_eq!(
+        exports.open_handles("vol"),
+        0,
+        "the volume handle is closed"
+    );
     server.shutdown();
 }
 
@@ -366,12 +568,16 @@ fn several_connections_at_once_share_the_volume() {
             })
         })
         .collect();
-    let clients: Vec<Client> = threads.into_iter().map(|t| t.join().expect("client thread")).collect();
+    let clients: Vec<Client> = threads
+        .into_iter()
+        .map(|t| t.join().expect("client thread"))
+        .collect();
     assert_eq!(server.connections(), 6);
     // Multi-conn: a write on one connection is visible on another.
     let mut a = Client::open(addr, "vol");
     let mut b = Client::open(addr, "vol");
-    a.write(14 * MIB, &[0x99; 4096], CommandFlags::empty()).expect("write");
+    a.write(14 * MIB, &[0x99; 4096], CommandFlags::empty())
+        .expect("write");
     assert_eq!(b.read(14 * MIB, 4096).expect("read"), vec![0x99; 4096]);
     b.flush().expect("flush on the other connection");
     for c in clients {
@@ -390,11 +596,16 @@ fn shutdown_unblocks_idle_and_half_negotiated_connections() {
     let mut idle = Client::open(addr, "vol");
     let mut negotiating = Client::connect(addr); // stuck before any option
     let mut raw = std::net::TcpStream::connect(addr).expect("connect"); // never reads the greeting
-    raw.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+    raw.set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
     eventually("three connections", || server.connections() == 3);
     let started = Instant::now();
     server.shutdown();
-    assert!(started.elapsed() < Duration::from_secs(5), "shutdown took {:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "shutdown took {:?}",
+        started.elapsed()
+    );
     assert!(idle.server_closed());
     assert!(negotiating.server_closed());
     let mut sink = Vec::new();
@@ -402,7 +613,8 @@ fn shutdown_unblocks_idle_and_half_negotiated_connections() {
     assert_eq!(exports.open_handles("vol"), 0);
     // The port no longer accepts NBD sessions.
     if let Ok(mut late) = std::net::TcpStream::connect(addr) {
-        late.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
+        late.set_read_timeout(Some(Duration::from_secs(5)))
+            .expect("timeout");
         let mut greeting = [0u8; 18];
         assert!(std::io::Read::read_exact(&mut late, &mut greeting).is_err());
     }
@@ -412,7 +624,8 @@ fn shutdown_unblocks_idle_and_half_negotiated_connections() {
 fn deleted_volume_reports_eshutdown() {
     let (server, exports) = server_with(&[("vol", 16 * MIB)]);
     let mut c = Client::open(server.local_addr(), "vol");
-    c.write(0, &[1; 4096], CommandFlags::empty()).expect("write");
+    c.write(0, &[1; 4096], CommandFlags::empty())
+        .expect("write");
     exports.delete_volume("vol");
     assert_eq!(c.read(0, 4096), Err(NbdError::Shutdown));
     server.shutdown();
@@ -431,7 +644,8 @@ fn largest_payloads_and_file_device() {
     .expect("start");
     let mut c = Client::open(server.local_addr(), "big");
     let data = pattern(77, MAX_PAYLOAD as usize);
-    c.write(MIB, &data, CommandFlags::FUA).expect("32 MiB write");
+    c.write(MIB, &data, CommandFlags::FUA)
+        .expect("32 MiB write");
     let back = c.read(MIB, MAX_PAYLOAD).expect("32 MiB read");
     assert!(back == data, "32 MiB read differs");
     c.flush().expect("flush");
@@ -439,4 +653,37 @@ fn largest_payloads_and_file_device() {
     assert_eq!(c.read(MIB, 4096).expect("read"), vec![0; 4096]);
     c.disconnect();
     server.shutdown();
+}
+
+/// A FLUSH from one connection makes the writes another connection completed
+/// durable: after the simulated disk loses power, the store has them.
+#[test]
+fn flush_survives_power_loss_of_the_device() {
+    let device = basalt_store::SimDevice::new(64 * MIB, 11);
+    let exports = StoreExports::on_device(device.clone());
+    exports.add_volume("vol", 16 * MIB);
+    let server = NbdServer::start(
+        "127.0.0.1:0".parse().unwrap(),
+        exports.clone() as Arc<dyn Exports>,
+    )
+    .expect("start");
+    let mut writer = Client::open(server.local_addr(), "vol");
+    let flushed = pattern(21, 256 * 1024);
+    writer
+        .write(0, &flushed, CommandFlags::empty())
+        .expect("write");
+    // The flush comes from another connection (multi-conn consistency).
+    let mut flusher = Client::open(server.local_addr(), "vol");
+    flusher.flush().expect("flush");
+    flusher.disconnect();
+    writer.disconnect();
+    server.shutdown();
+    let id = exports.store.volumes()[0].id;
+    drop(exports);
+    device.crash();
+    let store = basalt_store::Store::open(device).expect("reopen after power loss");
+    let vol = store.volume(id).expect("volume");
+    let mut back = vec![0u8; flushed.len()];
+    vol.read(0, &mut back).expect("read");
+    assert!(back == flushed, "flushed data lost");
 }

@@ -213,7 +213,10 @@ mod tests {
         assert_eq!(format!("{flags:?}"), "CommandFlags(FUA | 0x8000)");
         let tx = TransmissionFlags::HAS_FLAGS | TransmissionFlags::SEND_FLUSH;
         assert_eq!(tx.bits(), 0b101);
-        assert_eq!(tx.difference(TransmissionFlags::SEND_FLUSH), TransmissionFlags::HAS_FLAGS);
+        assert_eq!(
+            tx.difference(TransmissionFlags::SEND_FLUSH),
+            TransmissionFlags::HAS_FLAGS
+        );
         assert!(TransmissionFlags::empty().is_empty());
         assert_eq!(ClientFlags::KNOWN.bits(), 3);
         assert_eq!(format!("{:?}", ReplyFlags::empty()), "ReplyFlags()");

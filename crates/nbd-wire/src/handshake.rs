@@ -336,7 +336,10 @@ fn decode_info_request(payload: &[u8], what: &'static str) -> Result<InfoRequest
     Ok(InfoRequest { export, requests })
 }
 
-fn decode_meta_context(payload: &[u8], what: &'static str) -> Result<MetaContextRequest, WireError> {
+fn decode_meta_context(
+    payload: &[u8],
+    what: &'static str,
+) -> Result<MetaContextRequest, WireError> {
     let mut r = Reader::new(payload, what);
     let export = r.string_u32("export name")?;
     let count = r.u32()?;
@@ -504,10 +507,7 @@ impl ErrorReply {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum InfoReply {
     /// `NBD_INFO_EXPORT`: size in bytes and transmission flags.
-    Export {
-        size: u64,
-        flags: TransmissionFlags,
-    },
+    Export { size: u64, flags: TransmissionFlags },
     /// `NBD_INFO_NAME`: canonical export name.
     Name(String),
     /// `NBD_INFO_DESCRIPTION`: human-readable text (truncated when encoded).
@@ -594,8 +594,10 @@ fn encode_option_reply_inner(
     out: &mut Vec<u8>,
 ) -> Result<(), WireError> {
     if let OptionReply::Unknown { reply_type, .. } = reply {
-        if matches!(*reply_type, rep::ACK | rep::SERVER | rep::INFO | rep::META_CONTEXT)
-            || reply_type & rep::ERROR_BIT != 0
+        if matches!(
+            *reply_type,
+            rep::ACK | rep::SERVER | rep::INFO | rep::META_CONTEXT
+        ) || reply_type & rep::ERROR_BIT != 0
         {
             return Err(WireError::Malformed {
                 what: "unknown option reply",

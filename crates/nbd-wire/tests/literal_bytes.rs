@@ -17,7 +17,10 @@ fn assert_prefixes_incomplete(bytes: &[u8], parse: impl Fn(&[u8]) -> Result<usiz
     for cut in 0..bytes.len() {
         match parse(&bytes[..cut]) {
             Err(WireError::Incomplete(needed)) => {
-                assert!(needed > cut && needed <= bytes.len(), "cut {cut}: needs {needed}")
+                assert!(
+                    needed > cut && needed <= bytes.len(),
+                    "cut {cut}: needs {needed}"
+                )
             }
             other => panic!("prefix of {cut} bytes: {other:?}"),
         }
@@ -38,7 +41,9 @@ fn server_greeting() {
     let (flags, used) = parse_server_greeting(&expected).unwrap();
     assert_eq!(used, 18);
     assert_eq!(flags.bits(), 3);
-    assert_prefixes_incomplete(&expected, |b| parse_server_greeting(b).map(|(_, used)| used));
+    assert_prefixes_incomplete(&expected, |b| {
+        parse_server_greeting(b).map(|(_, used)| used)
+    });
 
     // An oldstyle server sends cliserv_magic instead of IHAVEOPT.
     let oldstyle = hex("4e42444d41474943 0000420281861253 0000");
@@ -118,7 +123,10 @@ fn option_info_and_go() {
     // name "vol1", two requests: NAME (1) and BLOCK_SIZE (3).
     let payload = hex("00000004 766f6c31 0002 0001 0003");
     for (code, wrap) in [
-        (opt::INFO, ClientOption::Info as fn(InfoRequest) -> ClientOption),
+        (
+            opt::INFO,
+            ClientOption::Info as fn(InfoRequest) -> ClientOption,
+        ),
         (opt::GO, ClientOption::Go),
     ] {
         let mut bytes = hex("49484156454f5054");
@@ -191,9 +199,8 @@ fn option_info_malformed_payloads() {
 #[test]
 fn option_meta_context() {
     // export "v", queries "base:allocation" and "base:".
-    let payload = hex(
-        "00000001 76 00000002 0000000f 626173653a616c6c6f636174696f6e 00000005 626173653a",
-    );
+    let payload =
+        hex("00000001 76 00000002 0000000f 626173653a616c6c6f636174696f6e 00000005 626173653a");
     for (code, wrap) in [
         (
             opt::LIST_META_CONTEXT,
@@ -341,11 +348,7 @@ fn option_reply_info() {
             preferred: 4096,
             maximum: 32 << 20,
         }),
-        &reply_bytes(
-            opt::GO,
-            rep::INFO,
-            &hex("0003 00000200 00001000 02000000"),
-        ),
+        &reply_bytes(opt::GO, rep::INFO, &hex("0003 00000200 00001000 02000000")),
     );
     // A wrong length for a fixed-size info is malformed.
     let bad = reply_bytes(opt::GO, rep::INFO, &hex("0000 0000000040000000"));
@@ -398,8 +401,12 @@ fn option_reply_meta_context_and_errors() {
     // Long messages are cut to the string limit on a character boundary.
     let long = "é".repeat(3000);
     let mut out = Vec::new();
-    encode_option_reply(opt::GO, &OptionReply::error(ErrorReply::Invalid, long), &mut out)
-        .unwrap();
+    encode_option_reply(
+        opt::GO,
+        &OptionReply::error(ErrorReply::Invalid, long),
+        &mut out,
+    )
+    .unwrap();
     assert_eq!(out.len(), 20 + 4096);
     // Unknown non-error reply types are kept.
     assert_reply(
@@ -426,7 +433,10 @@ fn option_reply_rejects_bad_input() {
     let mut out = Vec::new();
     let too_long = OptionReply::Info(InfoReply::Name("x".repeat(MAX_STRING_LEN + 1)));
     assert!(encode_option_reply(opt::GO, &too_long, &mut out).is_err());
-    assert!(out.is_empty(), "a failed encode leaves the output untouched");
+    assert!(
+        out.is_empty(),
+        "a failed encode leaves the output untouched"
+    );
     let with_nul = OptionReply::MetaContext {
         context_id: 0,
         name: "base:\0".into(),
@@ -501,7 +511,9 @@ fn request_headers() {
         assert_prefixes_incomplete(&bytes, |b| parse_request(b).map(|(_, used)| used));
     }
     assert!(matches!(
-        parse_request(&hex("25609514 0000 0000 00 00 00 00 00 00 00 00  00 00 00 00 00 00 00 00 00000000")),
+        parse_request(&hex(
+            "25609514 0000 0000 00 00 00 00 00 00 00 00  00 00 00 00 00 00 00 00 00000000"
+        )),
         Err(WireError::BadMagic { .. })
     ));
     let request = parse_request(&hex(
@@ -595,7 +607,10 @@ fn structured_chunks() {
     );
     let mut header = Vec::new();
     encode_offset_data_header(2, ReplyFlags::DONE, 0x200, 3, &mut header).unwrap();
-    assert_eq!(header, hex("668e33ef 0001 0001 0000000000000002 0000000b 0000000000000200"));
+    assert_eq!(
+        header,
+        hex("668e33ef 0001 0001 0000000000000002 0000000b 0000000000000200")
+    );
 
     assert_chunk(
         ReplyChunk {
@@ -720,7 +735,14 @@ fn structured_chunks_malformed() {
     assert!(encode_offset_hole_chunk(1, ReplyFlags::DONE, 0, 0, &mut out).is_err());
     assert!(encode_block_status_chunk(1, ReplyFlags::DONE, 1, &[], &mut out).is_err());
     assert!(encode_offset_data_header(1, ReplyFlags::DONE, 0, 0, &mut out).is_err());
-    assert!(encode_error_chunk(1, ReplyFlags::DONE, NbdError::Unknown(0), "", None, &mut out)
-        .is_err());
+    assert!(encode_error_chunk(
+        1,
+        ReplyFlags::DONE,
+        NbdError::Unknown(0),
+        "",
+        None,
+        &mut out
+    )
+    .is_err());
     assert!(out.is_empty());
 }

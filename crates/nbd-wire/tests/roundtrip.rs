@@ -47,9 +47,8 @@ fn client_option() -> impl Strategy<Value = ClientOption> {
 }
 
 fn error_reply() -> impl Strategy<Value = ErrorReply> {
-    (1u32..=0x7fff_ffff).prop_map(|low| {
-        ErrorReply::from_code(low | rep::ERROR_BIT).expect("bit 31 is set")
-    })
+    (1u32..=0x7fff_ffff)
+        .prop_map(|low| ErrorReply::from_code(low | rep::ERROR_BIT).expect("bit 31 is set"))
 }
 
 fn option_reply() -> impl Strategy<Value = OptionReply> {
@@ -79,11 +78,12 @@ fn option_reply() -> impl Strategy<Value = OptionReply> {
             .prop_map(|(context_id, name)| OptionReply::MetaContext { context_id, name }),
         (error_reply(), "\\PC{0,64}")
             .prop_map(|(error, message)| OptionReply::Error { error, message }),
-        (5u32..0x8000_0000, vec(any::<u8>(), 0..32))
-            .prop_map(|(reply_type, payload)| OptionReply::Unknown {
+        (5u32..0x8000_0000, vec(any::<u8>(), 0..32)).prop_map(|(reply_type, payload)| {
+            OptionReply::Unknown {
                 reply_type,
-                payload
-            }),
+                payload,
+            }
+        }),
     ]
 }
 
@@ -92,15 +92,20 @@ fn nbd_error() -> impl Strategy<Value = NbdError> {
 }
 
 fn request() -> impl Strategy<Value = Request> {
-    (any::<u16>(), any::<u16>(), any::<u64>(), any::<u64>(), any::<u32>()).prop_map(
-        |(flags, command, cookie, offset, length)| Request {
+    (
+        any::<u16>(),
+        any::<u16>(),
+        any::<u64>(),
+        any::<u64>(),
+        any::<u32>(),
+    )
+        .prop_map(|(flags, command, cookie, offset, length)| Request {
             flags: CommandFlags::from_bits(flags),
             command: Command::from_code(command),
             cookie,
             offset,
             length,
-        },
-    )
+        })
 }
 
 /// Owned description of a chunk, turned into a borrowed [`ReplyChunk`].
@@ -194,15 +199,31 @@ fn chunk() -> impl Strategy<Value = OwnedChunk> {
     });
     prop_oneof![
         any::<u64>().prop_map(OwnedChunk::None),
-        (any::<u64>(), any::<u16>(), any::<u64>(), vec(any::<u8>(), 1..256))
+        (
+            any::<u64>(),
+            any::<u16>(),
+            any::<u64>(),
+            vec(any::<u8>(), 1..256)
+        )
             .prop_map(|(c, f, o, d)| OwnedChunk::Data(c, f, o, d)),
         (any::<u64>(), any::<u16>(), any::<u64>(), 1u32..)
             .prop_map(|(c, f, o, l)| OwnedChunk::Hole(c, f, o, l)),
-        (any::<u64>(), any::<u16>(), any::<u32>(), vec(descriptor, 1..16))
+        (
+            any::<u64>(),
+            any::<u16>(),
+            any::<u32>(),
+            vec(descriptor, 1..16)
+        )
             .prop_map(|(c, f, id, d)| OwnedChunk::Status(c, f, id, d)),
         (any::<u64>(), any::<u16>(), nbd_error(), "\\PC{0,64}")
             .prop_map(|(c, f, e, m)| OwnedChunk::Error(c, f, e, m)),
-        (any::<u64>(), any::<u16>(), nbd_error(), "\\PC{0,64}", any::<u64>())
+        (
+            any::<u64>(),
+            any::<u16>(),
+            nbd_error(),
+            "\\PC{0,64}",
+            any::<u64>()
+        )
             .prop_map(|(c, f, e, m, o)| OwnedChunk::ErrorOffset(c, f, e, m, o)),
         (
             any::<u64>(),

@@ -11,7 +11,12 @@ pub(crate) struct FreeExtents {
 
 impl FreeExtents {
     pub fn new(total: u32) -> FreeExtents {
-        FreeExtents { bits: vec![0; (total as usize).div_ceil(64)], count: 0, cursor: 0, total }
+        FreeExtents {
+            bits: vec![0; (total as usize).div_ceil(64)],
+            count: 0,
+            cursor: 0,
+            total,
+        }
     }
 
     #[cfg(test)]

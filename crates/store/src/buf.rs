@@ -22,7 +22,11 @@ unsafe impl Sync for AlignedBuf {}
 impl AlignedBuf {
     /// A zeroed buffer of `len` bytes.
     pub fn zeroed(len: usize) -> Self {
-        let mut b = AlignedBuf { ptr: NonNull::dangling(), cap: 0, len: 0 };
+        let mut b = AlignedBuf {
+            ptr: NonNull::dangling(),
+            cap: 0,
+            len: 0,
+        };
         b.set_len(len);
         b
     }
@@ -43,7 +47,10 @@ impl AlignedBuf {
                 // SAFETY: both regions are valid for self.len bytes and distinct.
                 unsafe {
                     std::ptr::copy_nonoverlapping(self.ptr.as_ptr(), ptr.as_ptr(), self.len);
-                    dealloc(self.ptr.as_ptr(), Layout::from_size_align_unchecked(self.cap, ALIGN));
+                    dealloc(
+                        self.ptr.as_ptr(),
+                        Layout::from_size_align_unchecked(self.cap, ALIGN),
+                    );
                 }
             }
             self.ptr = ptr;
@@ -61,7 +68,12 @@ impl Drop for AlignedBuf {
     fn drop(&mut self) {
         if self.cap > 0 {
             // SAFETY: allocated in set_len with exactly this layout.
-            unsafe { dealloc(self.ptr.as_ptr(), Layout::from_size_align_unchecked(self.cap, ALIGN)) }
+            unsafe {
+                dealloc(
+                    self.ptr.as_ptr(),
+                    Layout::from_size_align_unchecked(self.cap, ALIGN),
+                )
+            }
         }
     }
 }

@@ -15,7 +15,8 @@ use crate::device::{BlockDevice, IoOp};
 use crate::error::StoreError;
 use crate::format::{
     decode_journal_block, ExtentOwner, FormatError, JournalEntry, Layout, Superblock, VolumeSlot,
-    DEFAULT_EXTENT_SIZE, EXTENT_ENTRY_SIZE, FORMAT_VERSION, PAGE, SUPERBLOCK_COPIES, VOLUME_SLOT_SIZE,
+    DEFAULT_EXTENT_SIZE, EXTENT_ENTRY_SIZE, FORMAT_VERSION, PAGE, SUPERBLOCK_COPIES,
+    VOLUME_SLOT_SIZE,
 };
 use crate::journal::Journal;
 use crate::meta::MetaState;
@@ -68,7 +69,9 @@ pub(crate) struct Meta {
 impl Meta {
     pub fn push(&mut self, entry: JournalEntry) -> Result<(), StoreError> {
         let mut freed = Vec::new();
-        self.state.apply(&entry, &mut freed).map_err(StoreError::Format)?;
+        self.state
+            .apply(&entry, &mut freed)
+            .map_err(StoreError::Format)?;
         self.pending_free.extend(freed);
         self.pending.push(entry);
         self.appended += 1;
@@ -89,7 +92,10 @@ pub struct Store {
 }
 
 fn now_unix() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
 }
 
 fn read_region(device: &dyn BlockDevice, offset: u64, len: u64) -> Result<AlignedBuf, StoreError> {
@@ -109,12 +115,18 @@ fn read_region(device: &dyn BlockDevice, offset: u64, len: u64) -> Result<Aligne
 
 impl Store {
     /// Formats `device` as an empty store (destroying what it held) and opens it.
-    pub fn create(device: Arc<dyn BlockDevice>, options: &FormatOptions) -> Result<Arc<Store>, StoreError> {
+    pub fn create(
+        device: Arc<dyn BlockDevice>,
+        options: &FormatOptions,
+    ) -> Result<Arc<Store>, StoreError> {
         let size = device.size();
         let layout = Layout::plan(size, options.extent_size.unwrap_or(DEFAULT_EXTENT_SIZE))
             .map_err(StoreError::DeviceTooSmall)?;
         // Tables and journal start as zeros; so does all data space.
-        device.zero_range(layout.volume_table_offset, layout.data_offset - layout.volume_table_offset)?;
+        device.zero_range(
+            layout.volume_table_offset,
+            layout.data_offset - layout.volume_table_offset,
+        )?;
         device.discard_zeroes(layout.data_offset, layout.capacity_bytes())?;
         device.flush()?;
         let sb = Superblock {
@@ -154,11 +166,19 @@ impl Store {
             )));
         }
         // Tables as of the last checkpoint.
-        let vt = read_region(device.as_ref(), layout.volume_table_offset, layout.volume_table_pages() * PAGE)?;
+        let vt = read_region(
+            device.as_ref(),
+            layout.volume_table_offset,
+            layout.volume_table_pages() * PAGE,
+        )?;
         let slots: Vec<Option<VolumeSlot>> = (0..layout.volume_slots as usize)
             .map(|i| VolumeSlot::decode(&vt[i * VOLUME_SLOT_SIZE as usize..]))
             .collect();
-        let et = read_region(device.as_ref(), layout.extent_table_offset, layout.extent_table_pages() * PAGE)?;
+        let et = read_region(
+            device.as_ref(),
+            layout.extent_table_offset,
+            layout.extent_table_pages() * PAGE,
+        )?;
         let owners: Vec<ExtentOwner> = (0..layout.extent_count as usize)
             .map(|i| ExtentOwner::decode(&et[i * EXTENT_ENTRY_SIZE as usize..]))
             .collect();
@@ -171,9 +191,13 @@ impl Store {
         let mut ignored = Vec::new();
         while seq - sb.journal_tail_seq < layout.journal_blocks {
             device.read_at(&mut block, layout.journal_block_offset(seq))?;
-            let Some(entries) = decode_journal_block(sb.store_id, seq, &block) else { break };
+            let Some(entries) = decode_journal_block(sb.store_id, seq, &block) else {
+                break;
+            };
             for e in &entries {
-                state.apply(e, &mut ignored).map_err(|m| StoreError::Format(format!("corrupt journal: {m}")))?;
+                state
+                    .apply(e, &mut ignored)
+                    .map_err(|m| StoreError::Format(format!("corrupt journal: {m}")))?;
             }
             replayed += entries.len() as u64;
             seq += 1;
@@ -231,7 +255,9 @@ impl Store {
         // Fold the replayed journal into the tables and mark the store open.
         {
             let mut j = store.journal.lock();
-            store.checkpoint_locked(&mut j, false).map_err(|e| store.fail(e))?;
+            store
+                .checkpoint_locked(&mut j, false)
+                .map_err(|e| store.fail(e))?;
         }
         Ok(store)
     }
@@ -250,7 +276,10 @@ impl Store {
                 }
                 Err(e) => {
                     // A newer format in either copy must refuse, not fall back.
-                    if matches!(e, FormatError::UnsupportedVersion { .. } | FormatError::UnknownFeatures(_)) {
+                    if matches!(
+                        e,
+                        FormatError::UnsupportedVersion { .. } | FormatError::UnknownFeatures(_)
+                    ) {
                         return Err(StoreError::Format(e.to_string()));
                     }
                     first_err.get_or_insert(e);
@@ -261,13 +290,20 @@ impl Store {
     }
 
     /// Builds each live volume's logical→physical map from the extent table.
-    fn build_volumes(state: &mut MetaState) -> Result<HashMap<VolumeId, Arc<VolumeState>>, StoreError> {
+    fn build_volumes(
+        state: &mut MetaState,
+    ) -> Result<HashMap<VolumeId, Arc<VolumeState>>, StoreError> {
         let mut by_slot: HashMap<u32, Arc<VolumeState>> = HashMap::new();
         let mut volumes = HashMap::new();
         for (i, s) in state.slots.iter().enumerate() {
             if let Some(s) = s {
                 let extents = state.extents_for_size(s.size);
-                let v = Arc::new(VolumeState::new(s.id, i as u32 + 1, s.size, extents as usize));
+                let v = Arc::new(VolumeState::new(
+                    s.id,
+                    i as u32 + 1,
+                    s.size,
+                    extents as usize,
+                ));
                 by_slot.insert(i as u32 + 1, v.clone());
                 volumes.insert(s.id, v);
             }
@@ -277,7 +313,9 @@ impl Store {
             if o.is_free() {
                 continue;
             }
-            let mapped = by_slot.get(&o.slot).is_some_and(|v| v.set_mapping_at_open(o.logical, phys as u32));
+            let mapped = by_slot
+                .get(&o.slot)
+                .is_some_and(|v| v.set_mapping_at_open(o.logical, phys as u32));
             if !mapped {
                 stray.push(phys as u32);
             }
@@ -287,7 +325,9 @@ impl Store {
             tracing::warn!(extents = stray.len(), "freeing extents with no valid owner");
             let mut ignored = Vec::new();
             for phys in stray {
-                state.apply(&JournalEntry::Unmap { phys }, &mut ignored).map_err(StoreError::Format)?;
+                state
+                    .apply(&JournalEntry::Unmap { phys }, &mut ignored)
+                    .map_err(StoreError::Format)?;
             }
         }
         Ok(volumes)
@@ -323,11 +363,23 @@ impl Store {
         let mut j = self.journal.lock();
         let (entries, freed, upto) = {
             let mut m = self.meta.lock();
-            (std::mem::take(&mut m.pending), std::mem::take(&mut m.pending_free), m.appended)
+            (
+                std::mem::take(&mut m.pending),
+                std::mem::take(&mut m.pending_free),
+                m.appended,
+            )
         };
+        tracing::debug!(
+            entries = entries.len(),
+            freed = freed.len(),
+            head = j.head_seq,
+            "commit"
+        );
         let result = if entries.is_empty() {
             self.device.flush().map_err(StoreError::from)
-        } else if !j.fits(Journal::blocks_for(entries.len())) || j.used_blocks() * 4 > j.ring_blocks * 3 {
+        } else if !j.fits(Journal::blocks_for(entries.len()))
+            || j.used_blocks() * 4 > j.ring_blocks * 3
+        {
             // The tables on disk will include these entries.
             self.checkpoint_locked(&mut j, false)
         } else {
@@ -342,7 +394,10 @@ impl Store {
     fn write_journal(&self, j: &mut Journal, entries: &[JournalEntry]) -> Result<(), StoreError> {
         let mut buf = AlignedBuf::zeroed(0);
         let writes = j.encode(entries, self.layout.journal_offset, &mut buf);
-        let mut ops: Vec<IoOp<'_>> = writes.iter().map(|(off, r)| IoOp::write(*off, &buf[r.clone()], false)).collect();
+        let mut ops: Vec<IoOp<'_>> = writes
+            .iter()
+            .map(|(off, r)| IoOp::write(*off, &buf[r.clone()], false))
+            .collect();
         self.device.submit(&mut ops);
         for op in ops {
             op.result?;
@@ -365,7 +420,10 @@ impl Store {
             while i + n < freed.len() && freed[i + n] == freed[i] + n as u32 {
                 n += 1;
             }
-            if let Err(e) = self.device.discard_zeroes(self.layout.extent_offset(freed[i]), n as u64 * es) {
+            if let Err(e) = self
+                .device
+                .discard_zeroes(self.layout.extent_offset(freed[i]), n as u64 * es)
+            {
                 // The extents stay out of the free set; a restart re-zeroes them.
                 return Err(self.fail(e.into()));
             }
@@ -384,8 +442,12 @@ impl Store {
         let (pages, mut buf) = {
             let mut m = self.meta.lock();
             let state = &mut m.state;
-            let ext: Vec<u64> = std::mem::take(&mut state.dirty_extent_pages).into_iter().collect();
-            let vol: Vec<u64> = std::mem::take(&mut state.dirty_slot_pages).into_iter().collect();
+            let ext: Vec<u64> = std::mem::take(&mut state.dirty_extent_pages)
+                .into_iter()
+                .collect();
+            let vol: Vec<u64> = std::mem::take(&mut state.dirty_slot_pages)
+                .into_iter()
+                .collect();
             let mut buf = AlignedBuf::zeroed((ext.len() + vol.len()) * PAGE as usize);
             let mut pages = Vec::with_capacity(ext.len() + vol.len());
             for (i, p) in ext.iter().enumerate() {
@@ -420,7 +482,11 @@ impl Store {
         sb.clean = clean;
         buf.set_len(PAGE as usize);
         buf.copy_from_slice(&sb.encode());
-        self.device.write_at(&buf[..PAGE as usize], SUPERBLOCK_COPIES[(sb.generation % 2) as usize], false)?;
+        self.device.write_at(
+            &buf[..PAGE as usize],
+            SUPERBLOCK_COPIES[(sb.generation % 2) as usize],
+            false,
+        )?;
         self.device.flush()?;
         j.generation = sb.generation;
         j.tail_seq = j.head_seq;
@@ -464,7 +530,12 @@ impl Store {
             .iter()
             .zip(&m.state.allocated)
             .filter_map(|(s, a)| {
-                s.map(|s| VolumeUsage { id: s.id, size: s.size, allocated_bytes: a * es, created_unix: s.created_unix })
+                s.map(|s| VolumeUsage {
+                    id: s.id,
+                    size: s.size,
+                    allocated_bytes: a * es,
+                    created_unix: s.created_unix,
+                })
             })
             .collect();
         v.sort_by_key(|u| u.id);
@@ -473,10 +544,14 @@ impl Store {
 
     fn check_size(&self, size: u64) -> Result<(), StoreError> {
         if size == 0 || size % BLOCK_SIZE != 0 {
-            return Err(StoreError::InvalidSize(format!("{size} bytes is not a positive multiple of {BLOCK_SIZE}")));
+            return Err(StoreError::InvalidSize(format!(
+                "{size} bytes is not a positive multiple of {BLOCK_SIZE}"
+            )));
         }
         if size.div_ceil(self.layout.extent_size as u64) > u32::MAX as u64 {
-            return Err(StoreError::InvalidSize(format!("{size} bytes exceeds the largest volume this store holds")));
+            return Err(StoreError::InvalidSize(format!(
+                "{size} bytes exceeds the largest volume this store holds"
+            )));
         }
         Ok(())
     }
@@ -490,10 +565,19 @@ impl Store {
             if m.volumes.contains_key(&id) {
                 return Err(StoreError::Exists(id));
             }
-            let slot = m.state.free_slot().ok_or(StoreError::TooManyVolumes(self.layout.volume_slots))?;
-            m.push(JournalEntry::CreateVolume { slot, id, size, created_unix: now_unix() })?;
+            let slot = m
+                .state
+                .free_slot()
+                .ok_or(StoreError::TooManyVolumes(self.layout.volume_slots))?;
+            m.push(JournalEntry::CreateVolume {
+                slot,
+                id,
+                size,
+                created_unix: now_unix(),
+            })?;
             let extents = m.state.extents_for_size(size) as usize;
-            m.volumes.insert(id, Arc::new(VolumeState::new(id, slot, size, extents)));
+            m.volumes
+                .insert(id, Arc::new(VolumeState::new(id, slot, size, extents)));
         }
         self.commit()
     }
@@ -515,10 +599,15 @@ impl Store {
                 if let Some(phys) = map.get((size / es) as usize).and_then(|p| p.get()) {
                     let start = self.layout.extent_offset(phys) + size % es;
                     let end = self.layout.extent_offset(phys) + es;
-                    self.device.discard_zeroes(start, end - start).map_err(|e| self.fail(e.into()))?;
+                    self.device
+                        .discard_zeroes(start, end - start)
+                        .map_err(|e| self.fail(e.into()))?;
                 }
             }
-            m.push(JournalEntry::ResizeVolume { slot: vol.slot, size })?;
+            m.push(JournalEntry::ResizeVolume {
+                slot: vol.slot,
+                size,
+            })?;
             let extents = m.state.extents_for_size(size) as usize;
             map.resize(extents);
             vol.set_size(size);
@@ -543,7 +632,12 @@ impl Store {
     }
 
     fn volume_state(&self, id: VolumeId) -> Result<Arc<VolumeState>, StoreError> {
-        self.meta.lock().volumes.get(&id).cloned().ok_or(StoreError::NotFound(id))
+        self.meta
+            .lock()
+            .volumes
+            .get(&id)
+            .cloned()
+            .ok_or(StoreError::NotFound(id))
     }
 
     /// A data-path handle to a volume.
@@ -562,7 +656,12 @@ impl Store {
     /// Takes a zeroed free extent and maps it at `logical` of the volume in
     /// `slot`, unless another writer mapped `entry` first. Called with the
     /// volume's map lock held.
-    pub(crate) fn allocate(&self, slot: u32, logical: u32, entry: &MapEntry) -> Result<u32, StoreError> {
+    pub(crate) fn allocate(
+        &self,
+        slot: u32,
+        logical: u32,
+        entry: &MapEntry,
+    ) -> Result<u32, StoreError> {
         for attempt in 0..2 {
             {
                 let mut m = self.meta.lock();
@@ -570,7 +669,11 @@ impl Store {
                     return Ok(phys);
                 }
                 if let Some(phys) = m.free.take() {
-                    m.push(JournalEntry::Map { phys, slot, logical })?;
+                    m.push(JournalEntry::Map {
+                        phys,
+                        slot,
+                        logical,
+                    })?;
                     entry.set(Some(phys));
                     return Ok(phys);
                 }

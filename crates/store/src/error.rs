@@ -57,7 +57,11 @@ impl IoError {
     /// A copy of this error, for reporting one failure to several requests.
     pub fn duplicate(&self) -> IoError {
         match self {
-            IoError::OutOfRange { offset, len, size } => IoError::OutOfRange { offset: *offset, len: *len, size: *size },
+            IoError::OutOfRange { offset, len, size } => IoError::OutOfRange {
+                offset: *offset,
+                len: *len,
+                size: *size,
+            },
             IoError::NoSpace => IoError::NoSpace,
             IoError::Io(e) => IoError::Io(match e.raw_os_error() {
                 Some(code) => io::Error::from_raw_os_error(code),

@@ -20,7 +20,8 @@ pub const MAX_VOLUMES: u32 = 16384;
 pub const EXTENT_ENTRY_SIZE: u64 = 16;
 pub const JOURNAL_HEADER_SIZE: usize = 64;
 pub const JOURNAL_ENTRY_SIZE: usize = 48;
-pub const JOURNAL_ENTRIES_PER_BLOCK: usize = (PAGE as usize - JOURNAL_HEADER_SIZE) / JOURNAL_ENTRY_SIZE;
+pub const JOURNAL_ENTRIES_PER_BLOCK: usize =
+    (PAGE as usize - JOURNAL_HEADER_SIZE) / JOURNAL_ENTRY_SIZE;
 pub const DEFAULT_EXTENT_SIZE: u32 = 1 << 20;
 
 /// Feature bits a reader must understand to open the store. None are defined
@@ -35,7 +36,9 @@ pub enum FormatError {
     BadChecksum,
     #[error("unsupported store format version {found}; this build reads version {FORMAT_VERSION}")]
     UnsupportedVersion { found: u32 },
-    #[error("the store uses features this build does not know (incompat bits {0:#x}); upgrade Basalt")]
+    #[error(
+        "the store uses features this build does not know (incompat bits {0:#x}); upgrade Basalt"
+    )]
     UnknownFeatures(u64),
     #[error("inconsistent superblock: {0}")]
     Inconsistent(String),
@@ -61,7 +64,9 @@ impl Layout {
     pub fn plan(device_size: u64, extent_size: u32) -> Result<Layout, String> {
         let es = extent_size as u64;
         if extent_size < 64 * 1024 || !extent_size.is_power_of_two() || extent_size > 64 << 20 {
-            return Err(format!("extent size {extent_size} must be a power of two from 64 KiB to 64 MiB"));
+            return Err(format!(
+                "extent size {extent_size} must be a power of two from 64 KiB to 64 MiB"
+            ));
         }
         let volume_table_offset = 2 * PAGE;
         let volume_table_len = MAX_VOLUMES as u64 * VOLUME_SLOT_SIZE;
@@ -72,13 +77,18 @@ impl Layout {
         let journal_len = (device_size / 512).clamp(1 << 20, 64 << 20) / PAGE * PAGE;
         let data_offset = (journal_offset + journal_len).div_ceil(es) * es;
         if data_offset >= device_size {
-            return Err(format!("{device_size} bytes cannot hold the metadata and one extent"));
+            return Err(format!(
+                "{device_size} bytes cannot hold the metadata and one extent"
+            ));
         }
         let extent_count = (device_size - data_offset) / es;
         if extent_count < 4 {
-            return Err(format!("{device_size} bytes leave fewer than 4 data extents of {es} bytes"));
+            return Err(format!(
+                "{device_size} bytes leave fewer than 4 data extents of {es} bytes"
+            ));
         }
-        let extent_count = u32::try_from(extent_count).map_err(|_| "device too large for this extent size".to_string())?;
+        let extent_count = u32::try_from(extent_count)
+            .map_err(|_| "device too large for this extent size".to_string())?;
         Ok(Layout {
             extent_size,
             volume_table_offset,
@@ -206,7 +216,9 @@ impl Superblock {
         }
         let incompat_features = get_u64(b, 16);
         if incompat_features & !KNOWN_INCOMPAT_FEATURES != 0 {
-            return Err(FormatError::UnknownFeatures(incompat_features & !KNOWN_INCOMPAT_FEATURES));
+            return Err(FormatError::UnknownFeatures(
+                incompat_features & !KNOWN_INCOMPAT_FEATURES,
+            ));
         }
         let layout = Layout {
             extent_size: get_u32(b, 64),
@@ -310,7 +322,10 @@ pub struct ExtentOwner {
 }
 
 impl ExtentOwner {
-    pub const FREE: ExtentOwner = ExtentOwner { slot: 0, logical: 0 };
+    pub const FREE: ExtentOwner = ExtentOwner {
+        slot: 0,
+        logical: 0,
+    };
 
     pub fn is_free(&self) -> bool {
         self.slot == 0
@@ -326,7 +341,10 @@ impl ExtentOwner {
 
     pub fn decode(b: &[u8]) -> ExtentOwner {
         let logical = get_u64(b, 8);
-        ExtentOwner { slot: get_u32(b, 0), logical: u32::try_from(logical).unwrap_or(u32::MAX) }
+        ExtentOwner {
+            slot: get_u32(b, 0),
+            logical: u32::try_from(logical).unwrap_or(u32::MAX),
+        }
     }
 }
 
@@ -339,7 +357,12 @@ pub enum JournalEntry {
     Map { phys: u32, slot: u32, logical: u32 },
     /// Physical extent `phys` is free.
     Unmap { phys: u32 },
-    CreateVolume { slot: u32, id: VolumeId, size: u64, created_unix: u64 },
+    CreateVolume {
+        slot: u32,
+        id: VolumeId,
+        size: u64,
+        created_unix: u64,
+    },
     /// New size; extents wholly beyond it are freed.
     ResizeVolume { slot: u32, size: u64 },
     /// The volume and every extent it owns are gone.
@@ -349,7 +372,11 @@ pub enum JournalEntry {
 impl JournalEntry {
     fn encode_into(&self, b: &mut [u8]) {
         match *self {
-            JournalEntry::Map { phys, slot, logical } => {
+            JournalEntry::Map {
+                phys,
+                slot,
+                logical,
+            } => {
                 b[0] = 1;
                 put_u32(b, 4, phys);
                 put_u32(b, 8, slot);
@@ -359,7 +386,12 @@ impl JournalEntry {
                 b[0] = 2;
                 put_u32(b, 4, phys);
             }
-            JournalEntry::CreateVolume { slot, id, size, created_unix } => {
+            JournalEntry::CreateVolume {
+                slot,
+                id,
+                size,
+                created_unix,
+            } => {
                 b[0] = 3;
                 put_u32(b, 8, slot);
                 b[16..32].copy_from_slice(id.as_bytes());
@@ -385,15 +417,22 @@ impl JournalEntry {
                 slot: get_u32(b, 8),
                 logical: u32::try_from(get_u64(b, 16)).ok()?,
             },
-            2 => JournalEntry::Unmap { phys: get_u32(b, 4) },
+            2 => JournalEntry::Unmap {
+                phys: get_u32(b, 4),
+            },
             3 => JournalEntry::CreateVolume {
                 slot: get_u32(b, 8),
                 id: get_uuid(b, 16),
                 size: get_u64(b, 32),
                 created_unix: get_u64(b, 40),
             },
-            4 => JournalEntry::ResizeVolume { slot: get_u32(b, 8), size: get_u64(b, 32) },
-            5 => JournalEntry::DeleteVolume { slot: get_u32(b, 8) },
+            4 => JournalEntry::ResizeVolume {
+                slot: get_u32(b, 8),
+                size: get_u64(b, 32),
+            },
+            5 => JournalEntry::DeleteVolume {
+                slot: get_u32(b, 8),
+            },
             _ => return None,
         })
     }
@@ -401,7 +440,12 @@ impl JournalEntry {
 
 /// Encodes one journal block holding `entries` (at most
 /// `JOURNAL_ENTRIES_PER_BLOCK`).
-pub fn encode_journal_block(store_id: uuid::Uuid, seq: u64, entries: &[JournalEntry], out: &mut [u8]) {
+pub fn encode_journal_block(
+    store_id: uuid::Uuid,
+    seq: u64,
+    entries: &[JournalEntry],
+    out: &mut [u8],
+) {
     debug_assert!(entries.len() <= JOURNAL_ENTRIES_PER_BLOCK);
     let out = &mut out[..PAGE as usize];
     out.fill(0);
@@ -420,7 +464,11 @@ pub fn encode_journal_block(store_id: uuid::Uuid, seq: u64, entries: &[JournalEn
 
 /// Decodes a journal block if it is intact, belongs to this store and has
 /// the expected sequence number; anything else ends replay.
-pub fn decode_journal_block(store_id: uuid::Uuid, expected_seq: u64, b: &[u8]) -> Option<Vec<JournalEntry>> {
+pub fn decode_journal_block(
+    store_id: uuid::Uuid,
+    expected_seq: u64,
+    b: &[u8],
+) -> Option<Vec<JournalEntry>> {
     if b.len() < PAGE as usize
         || get_u32(b, 0) != JOURNAL_MAGIC
         || get_u64(b, 8) != expected_seq
@@ -471,11 +519,20 @@ mod tests {
         assert_eq!(Superblock::decode(&bad), Err(FormatError::BadChecksum));
         let mut v2 = sb.clone();
         v2.version = 2;
-        assert_eq!(Superblock::decode(&v2.encode()), Err(FormatError::UnsupportedVersion { found: 2 }));
+        assert_eq!(
+            Superblock::decode(&v2.encode()),
+            Err(FormatError::UnsupportedVersion { found: 2 })
+        );
         let mut feat = sb.clone();
         feat.incompat_features = 1 << 5;
-        assert!(matches!(Superblock::decode(&feat.encode()), Err(FormatError::UnknownFeatures(_))));
-        assert_eq!(Superblock::decode(&[0u8; 4096]), Err(FormatError::NotAStore));
+        assert!(matches!(
+            Superblock::decode(&feat.encode()),
+            Err(FormatError::UnknownFeatures(_))
+        ));
+        assert_eq!(
+            Superblock::decode(&[0u8; 4096]),
+            Err(FormatError::NotAStore)
+        );
     }
 
     #[test]
@@ -495,10 +552,22 @@ mod tests {
     fn journal_block_roundtrip_and_guards() {
         let id = uuid::Uuid::from_u128(7);
         let entries = vec![
-            JournalEntry::Map { phys: 1, slot: 2, logical: 3 },
+            JournalEntry::Map {
+                phys: 1,
+                slot: 2,
+                logical: 3,
+            },
             JournalEntry::Unmap { phys: 4 },
-            JournalEntry::CreateVolume { slot: 1, id: uuid::Uuid::from_u128(5), size: 4096, created_unix: 6 },
-            JournalEntry::ResizeVolume { slot: 1, size: 8192 },
+            JournalEntry::CreateVolume {
+                slot: 1,
+                id: uuid::Uuid::from_u128(5),
+                size: 4096,
+                created_unix: 6,
+            },
+            JournalEntry::ResizeVolume {
+                slot: 1,
+                size: 8192,
+            },
             JournalEntry::DeleteVolume { slot: 1 },
         ];
         let mut b = vec![0u8; 4096];

@@ -48,7 +48,12 @@ impl Journal {
         buf.set_len(blocks * PAGE as usize);
         for (i, chunk) in entries.chunks(JOURNAL_ENTRIES_PER_BLOCK).enumerate() {
             let at = i * PAGE as usize;
-            encode_journal_block(self.store_id, self.head_seq + i as u64, chunk, &mut buf[at..at + PAGE as usize]);
+            encode_journal_block(
+                self.store_id,
+                self.head_seq + i as u64,
+                chunk,
+                &mut buf[at..at + PAGE as usize],
+            );
         }
         let first_pos = self.head_seq % self.ring_blocks;
         let until_wrap = (self.ring_blocks - first_pos) as usize;
@@ -57,7 +62,10 @@ impl Journal {
             vec![(off(first_pos), 0..blocks * PAGE as usize)]
         } else {
             let split = until_wrap * PAGE as usize;
-            vec![(off(first_pos), 0..split), (off(0), split..blocks * PAGE as usize)]
+            vec![
+                (off(first_pos), 0..split),
+                (off(0), split..blocks * PAGE as usize),
+            ]
         }
     }
 }

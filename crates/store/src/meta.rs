@@ -6,7 +6,9 @@
 //! Invariant: `allocated[slot]` equals the number of extents whose owner is
 //! `slot`, and every owned extent's slot holds a live volume.
 
-use crate::format::{ExtentOwner, JournalEntry, Layout, VolumeSlot, EXTENT_ENTRY_SIZE, PAGE, VOLUME_SLOT_SIZE};
+use crate::format::{
+    ExtentOwner, JournalEntry, Layout, VolumeSlot, EXTENT_ENTRY_SIZE, PAGE, VOLUME_SLOT_SIZE,
+};
 use std::collections::BTreeSet;
 
 pub(crate) struct MetaState {
@@ -22,10 +24,17 @@ pub(crate) struct MetaState {
 }
 
 impl MetaState {
-    pub fn new(layout: Layout, owners: Vec<ExtentOwner>, slots: Vec<Option<VolumeSlot>>) -> MetaState {
+    pub fn new(
+        layout: Layout,
+        owners: Vec<ExtentOwner>,
+        slots: Vec<Option<VolumeSlot>>,
+    ) -> MetaState {
         let mut allocated = vec![0u64; slots.len()];
         for o in &owners {
-            if let Some(a) = (o.slot as usize).checked_sub(1).and_then(|i| allocated.get_mut(i)) {
+            if let Some(a) = (o.slot as usize)
+                .checked_sub(1)
+                .and_then(|i| allocated.get_mut(i))
+            {
                 *a += 1;
             }
         }
@@ -48,7 +57,10 @@ impl MetaState {
     }
 
     pub fn free_slot(&self) -> Option<u32> {
-        self.slots.iter().position(|s| s.is_none()).map(|i| i as u32 + 1)
+        self.slots
+            .iter()
+            .position(|s| s.is_none())
+            .map(|i| i as u32 + 1)
     }
 
     fn set_owner(&mut self, phys: u32, owner: ExtentOwner, freed: &mut Vec<u32>) {
@@ -56,23 +68,31 @@ impl MetaState {
         if old == owner {
             return;
         }
-        if let Some(a) = (old.slot as usize).checked_sub(1).and_then(|i| self.allocated.get_mut(i)) {
+        if let Some(a) = (old.slot as usize)
+            .checked_sub(1)
+            .and_then(|i| self.allocated.get_mut(i))
+        {
             *a -= 1;
         }
-        if let Some(a) = (owner.slot as usize).checked_sub(1).and_then(|i| self.allocated.get_mut(i)) {
+        if let Some(a) = (owner.slot as usize)
+            .checked_sub(1)
+            .and_then(|i| self.allocated.get_mut(i))
+        {
             *a += 1;
         }
         if owner.is_free() && !old.is_free() {
             freed.push(phys);
         }
         self.owners[phys as usize] = owner;
-        self.dirty_extent_pages.insert(phys as u64 * EXTENT_ENTRY_SIZE / PAGE);
+        self.dirty_extent_pages
+            .insert(phys as u64 * EXTENT_ENTRY_SIZE / PAGE);
     }
 
     fn set_slot(&mut self, slot: u32, value: Option<VolumeSlot>) {
         let i = slot as usize - 1;
         self.slots[i] = value;
-        self.dirty_slot_pages.insert(i as u64 * VOLUME_SLOT_SIZE / PAGE);
+        self.dirty_slot_pages
+            .insert(i as u64 * VOLUME_SLOT_SIZE / PAGE);
     }
 
     /// Frees every extent of `slot` whose logical index is `>= first_gone`.
@@ -92,9 +112,15 @@ impl MetaState {
         let n_slots = self.slots.len() as u32;
         let valid_slot = |s: u32| s >= 1 && s <= n_slots;
         match *entry {
-            JournalEntry::Map { phys, slot, logical } => {
+            JournalEntry::Map {
+                phys,
+                slot,
+                logical,
+            } => {
                 if phys >= n_ext || !valid_slot(slot) {
-                    return Err(format!("journal maps extent {phys} to slot {slot}: out of range"));
+                    return Err(format!(
+                        "journal maps extent {phys} to slot {slot}: out of range"
+                    ));
                 }
                 self.set_owner(phys, ExtentOwner { slot, logical }, freed);
             }
@@ -104,11 +130,25 @@ impl MetaState {
                 }
                 self.set_owner(phys, ExtentOwner::FREE, freed);
             }
-            JournalEntry::CreateVolume { slot, id, size, created_unix } => {
+            JournalEntry::CreateVolume {
+                slot,
+                id,
+                size,
+                created_unix,
+            } => {
                 if !valid_slot(slot) {
-                    return Err(format!("journal creates volume in slot {slot}: out of range"));
+                    return Err(format!(
+                        "journal creates volume in slot {slot}: out of range"
+                    ));
                 }
-                let vs = VolumeSlot { id, size, created_unix, parent_slot: 0, flags: 0, epoch: 0 };
+                let vs = VolumeSlot {
+                    id,
+                    size,
+                    created_unix,
+                    parent_slot: 0,
+                    flags: 0,
+                    epoch: 0,
+                };
                 self.set_slot(slot, Some(vs));
             }
             JournalEntry::ResizeVolume { slot, size } => {
@@ -149,7 +189,8 @@ impl MetaState {
         let first = page as usize * per_page;
         for (i, s) in self.slots.iter().skip(first).take(per_page).enumerate() {
             let at = i * VOLUME_SLOT_SIZE as usize;
-            out[at..at + VOLUME_SLOT_SIZE as usize].copy_from_slice(&VolumeSlot::encode(s.as_ref()));
+            out[at..at + VOLUME_SLOT_SIZE as usize]
+                .copy_from_slice(&VolumeSlot::encode(s.as_ref()));
         }
     }
 }

@@ -57,7 +57,13 @@ impl VolumeState {
     pub fn new(id: VolumeId, slot: u32, size: u64, extents: usize) -> VolumeState {
         let mut map = ExtentMap(Vec::new());
         map.resize(extents);
-        VolumeState { id, slot, size: AtomicU64::new(size), map: RwLock::new(map), deleted: AtomicBool::new(false) }
+        VolumeState {
+            id,
+            slot,
+            size: AtomicU64::new(size),
+            map: RwLock::new(map),
+            deleted: AtomicBool::new(false),
+        }
     }
     pub fn size(&self) -> u64 {
         self.size.load(Ordering::Acquire)
@@ -101,10 +107,20 @@ pub struct DataOp<'a> {
 
 impl<'a> DataOp<'a> {
     pub fn read(offset: u64, buf: &'a mut [u8]) -> Self {
-        DataOp { offset, kind: DataKind::Read(buf), fua: false, result: Ok(()) }
+        DataOp {
+            offset,
+            kind: DataKind::Read(buf),
+            fua: false,
+            result: Ok(()),
+        }
     }
     pub fn write(offset: u64, data: &'a [u8], fua: bool) -> Self {
-        DataOp { offset, kind: DataKind::Write(data), fua, result: Ok(()) }
+        DataOp {
+            offset,
+            kind: DataKind::Write(data),
+            fua,
+            result: Ok(()),
+        }
     }
     fn len(&self) -> u64 {
         match &self.kind {
@@ -203,7 +219,9 @@ impl LocalVolume {
             }
             return;
         }
-        if self.store.check_usable().is_err() && ops.iter().any(|o| matches!(o.kind, DataKind::Write(_))) {
+        if self.store.check_usable().is_err()
+            && ops.iter().any(|o| matches!(o.kind, DataKind::Write(_)))
+        {
             for op in ops.iter_mut() {
                 op.result = Err(IoError::Failed);
             }
@@ -218,7 +236,9 @@ impl LocalVolume {
             if op.result.is_err() || !op.is_aligned() || op.len() == 0 {
                 continue;
             }
-            let DataOp { offset, kind, fua, .. } = op;
+            let DataOp {
+                offset, kind, fua, ..
+            } = op;
             let mut off = *offset;
             match kind {
                 DataKind::Read(buf) => {
@@ -251,13 +271,24 @@ impl LocalVolume {
                         let phys = match map.get(logical as usize) {
                             Some(entry) => match entry.get() {
                                 Some(p) => Ok(p),
-                                None => self.store.allocate(self.vol.slot, logical, entry).map_err(IoError::from),
+                                None => self
+                                    .store
+                                    .allocate(self.vol.slot, logical, entry)
+                                    .map_err(IoError::from),
                             },
-                            None => Err(IoError::OutOfRange { offset: off, len: n as u64, size: self.vol.size() }),
+                            None => Err(IoError::OutOfRange {
+                                offset: off,
+                                len: n as u64,
+                                size: self.vol.size(),
+                            }),
                         };
                         match phys {
                             Ok(phys) => {
-                                ios.push(IoOp::write(layout.extent_offset(phys) + within, piece, false));
+                                ios.push(IoOp::write(
+                                    layout.extent_offset(phys) + within,
+                                    piece,
+                                    false,
+                                ));
                                 owner.push(i);
                                 io_fua.push(*fua);
                             }
@@ -297,7 +328,10 @@ impl LocalVolume {
         if commit_after {
             if let Err(e) = self.store.commit() {
                 let e = IoError::from(e);
-                for op in ops.iter_mut().filter(|o| o.fua && matches!(o.kind, DataKind::Write(_))) {
+                for op in ops
+                    .iter_mut()
+                    .filter(|o| o.fua && matches!(o.kind, DataKind::Write(_)))
+                {
                     if op.result.is_ok() {
                         op.result = Err(e.duplicate());
                     }
@@ -307,7 +341,8 @@ impl LocalVolume {
     }
 
     fn stripe(&self, block: u64) -> usize {
-        ((self.vol.slot as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ block) as usize % self.store.rmw_locks.len()
+        ((self.vol.slot as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ block) as usize
+            % self.store.rmw_locks.len()
     }
 
     fn read_unaligned(&self, offset: u64, buf: &mut [u8]) -> Result<(), IoError> {
@@ -348,7 +383,13 @@ impl LocalVolume {
     /// Makes [offset, offset+len) read as zeros. With `may_unmap`, whole
     /// extents are returned to the store (thin space is freed); without it
     /// (NBD's NO_HOLE), the space stays allocated.
-    pub fn write_zeroes(&self, offset: u64, len: u64, may_unmap: bool, fua: bool) -> Result<(), IoError> {
+    pub fn write_zeroes(
+        &self,
+        offset: u64,
+        len: u64,
+        may_unmap: bool,
+        fua: bool,
+    ) -> Result<(), IoError> {
         check_range(offset, len, self.vol.size())?;
         if len == 0 {
             return Ok(());
@@ -394,7 +435,9 @@ impl LocalVolume {
             let extent_end = ((logical + 1) * es).min(size);
             let piece_end = extent_end.min(end);
             let whole = off == logical * es && piece_end == extent_end;
-            let Some(entry) = map.get(logical as usize) else { break };
+            let Some(entry) = map.get(logical as usize) else {
+                break;
+            };
             match entry.get() {
                 Some(phys) if whole && may_unmap => unmap.push((entry, phys)),
                 Some(phys) => {
@@ -440,7 +483,10 @@ impl LocalVolume {
             let allocated = map.get(logical as usize).and_then(MapEntry::get).is_some();
             match runs.last_mut() {
                 Some(r) if r.allocated == allocated => r.len += piece_end - off,
-                _ => runs.push(MappingRun { len: piece_end - off, allocated }),
+                _ => runs.push(MappingRun {
+                    len: piece_end - off,
+                    allocated,
+                }),
             }
             off = piece_end;
         }

@@ -19,11 +19,31 @@ const BLOCK: u64 = 4096;
 
 #[derive(Debug, Clone)]
 enum Op {
-    Create { blocks: u64 },
-    Delete { vol: usize },
-    Resize { vol: usize, blocks: u64 },
-    Write { vol: usize, at: u64, len: u64, aligned: bool, seed: u8, fua: bool },
-    Zeroes { vol: usize, at: u64, len: u64, may_unmap: bool, fua: bool },
+    Create {
+        blocks: u64,
+    },
+    Delete {
+        vol: usize,
+    },
+    Resize {
+        vol: usize,
+        blocks: u64,
+    },
+    Write {
+        vol: usize,
+        at: u64,
+        len: u64,
+        aligned: bool,
+        seed: u8,
+        fua: bool,
+    },
+    Zeroes {
+        vol: usize,
+        at: u64,
+        len: u64,
+        may_unmap: bool,
+        fua: bool,
+    },
     Flush,
     Crash,
     CleanRestart,
@@ -88,13 +108,27 @@ struct Harness {
 impl Harness {
     fn new(seed: u64) -> Harness {
         let dev = SimDevice::new(8 << 20, seed);
-        let store = Store::create(dev.clone(), &FormatOptions { extent_size: Some(EXTENT) }).expect("format");
+        let store = Store::create(
+            dev.clone(),
+            &FormatOptions {
+                extent_size: Some(EXTENT),
+            },
+        )
+        .expect("format");
         let capacity_blocks = store.usage().capacity_bytes / BLOCK;
-        Harness { dev, store, model: Vec::new(), capacity_blocks }
+        Harness {
+            dev,
+            store,
+            model: Vec::new(),
+            capacity_blocks,
+        }
     }
 
     fn provisioned_blocks(&self) -> u64 {
-        self.model.iter().map(|v| v.current.len() as u64 / BLOCK).sum()
+        self.model
+            .iter()
+            .map(|v| v.current.len() as u64 / BLOCK)
+            .sum()
     }
 
     fn all_durable(&mut self) {
@@ -114,14 +148,21 @@ impl Harness {
         let mut buf = vec![0u8; v.current.len()];
         h.read(0, &mut buf).expect("read");
         if buf != v.current {
-            let first = buf.iter().zip(&v.current).position(|(a, b)| a != b).unwrap_or(0);
+            let first = buf
+                .iter()
+                .zip(&v.current)
+                .position(|(a, b)| a != b)
+                .unwrap_or(0);
             panic!("volume {i}: content differs from the model at byte {first}");
         }
         // Unallocated runs read as zeros.
         let mut off = 0usize;
         for run in h.mapping(0, v.current.len() as u64).expect("mapping") {
             if !run.allocated {
-                assert!(buf[off..off + run.len as usize].iter().all(|&b| b == 0), "hole with data");
+                assert!(
+                    buf[off..off + run.len as usize].iter().all(|&b| b == 0),
+                    "hole with data"
+                );
             }
             off += run.len as usize;
         }
@@ -145,7 +186,10 @@ impl Harness {
                 let got = &buf[s * SECTOR..(s + 1) * SECTOR];
                 let stable = &v.stable[s * SECTOR..(s + 1) * SECTOR];
                 let ok = got == stable || v.since.get(&s).is_some_and(|c| c.contains(&hash(got)));
-                assert!(ok, "volume {i} sector {s}: content after crash was never written there");
+                assert!(
+                    ok,
+                    "volume {i} sector {s}: content after crash was never written there"
+                );
             }
             v.current.clone_from(&buf);
             v.everything_durable();
@@ -159,14 +203,23 @@ impl Harness {
     fn run(&mut self, op: &Op) {
         match *op {
             Op::Create { blocks } => {
-                if self.provisioned_blocks() + blocks > self.capacity_blocks || self.model.len() >= 6 {
+                if self.provisioned_blocks() + blocks > self.capacity_blocks
+                    || self.model.len() >= 6
+                {
                     return;
                 }
                 let id = uuid::Uuid::new_v4();
-                self.store.create_volume(id, blocks * BLOCK).expect("create");
+                self.store
+                    .create_volume(id, blocks * BLOCK)
+                    .expect("create");
                 self.all_durable();
                 let zeros = vec![0u8; (blocks * BLOCK) as usize];
-                self.model.push(ModelVolume { id, current: zeros.clone(), stable: zeros, since: HashMap::new() });
+                self.model.push(ModelVolume {
+                    id,
+                    current: zeros.clone(),
+                    stable: zeros,
+                    since: HashMap::new(),
+                });
             }
             Op::Delete { vol } => {
                 let Some(i) = self.pick(vol) else { return };
@@ -182,7 +235,9 @@ impl Harness {
                 if self.provisioned_blocks() - old + blocks > self.capacity_blocks {
                     return;
                 }
-                self.store.resize_volume(self.model[i].id, blocks * BLOCK).expect("resize");
+                self.store
+                    .resize_volume(self.model[i].id, blocks * BLOCK)
+                    .expect("resize");
                 self.all_durable();
                 let v = &mut self.model[i];
                 let n = (blocks * BLOCK) as usize;
@@ -190,7 +245,14 @@ impl Harness {
                 v.stable.resize(n, 0);
                 self.check_current(i);
             }
-            Op::Write { vol, at, len, aligned, seed, fua } => {
+            Op::Write {
+                vol,
+                at,
+                len,
+                aligned,
+                seed,
+                fua,
+            } => {
                 let Some(i) = self.pick(vol) else { return };
                 let size = self.model[i].current.len() as u64;
                 let (mut at, mut len) = (at % size, len.min(size));
@@ -199,17 +261,28 @@ impl Harness {
                     len = len.div_ceil(BLOCK) * BLOCK;
                 }
                 let len = len.min(size - at);
-                let data: Vec<u8> = (0..len).map(|k| seed.wrapping_add((k * 7 + k / 511) as u8) | 1).collect();
+                let data: Vec<u8> = (0..len)
+                    .map(|k| seed.wrapping_add((k * 7 + k / 511) as u8) | 1)
+                    .collect();
                 let h = self.store.volume(self.model[i].id).expect("volume");
                 h.write(at, &data, fua).expect("write");
                 let v = &mut self.model[i];
                 v.current[at as usize..(at + len) as usize].copy_from_slice(&data);
                 v.touch(at as usize, len as usize, fua);
                 // Out of range is refused and changes nothing.
-                assert!(matches!(h.write(size - 1, &[1, 2], false), Err(IoError::OutOfRange { .. })));
+                assert!(matches!(
+                    h.write(size - 1, &[1, 2], false),
+                    Err(IoError::OutOfRange { .. })
+                ));
                 self.check_current(i);
             }
-            Op::Zeroes { vol, at, len, may_unmap, fua } => {
+            Op::Zeroes {
+                vol,
+                at,
+                len,
+                may_unmap,
+                fua,
+            } => {
                 let Some(i) = self.pick(vol) else { return };
                 let size = self.model[i].current.len() as u64;
                 let at = at % size;
@@ -261,7 +334,13 @@ proptest! {
 #[test]
 fn full_store_returns_no_space_and_recovers_space() {
     let dev = SimDevice::new(8 << 20, 1);
-    let store = Store::create(dev.clone(), &FormatOptions { extent_size: Some(EXTENT) }).unwrap();
+    let store = Store::create(
+        dev.clone(),
+        &FormatOptions {
+            extent_size: Some(EXTENT),
+        },
+    )
+    .unwrap();
     let cap = store.usage().capacity_bytes;
     let a = uuid::Uuid::new_v4();
     let b = uuid::Uuid::new_v4();
@@ -294,7 +373,10 @@ fn full_store_returns_no_space_and_recovers_space() {
     // TRIM frees space for a new write
     va.trim(0, EXTENT as u64, false).unwrap();
     vb.write(off, &data, false).unwrap();
-    assert!(matches!(vb.write(off + EXTENT as u64, &data, false), Err(IoError::NoSpace)));
+    assert!(matches!(
+        vb.write(off + EXTENT as u64, &data, false),
+        Err(IoError::NoSpace)
+    ));
     // deleting frees the rest
     store.delete_volume(a).unwrap();
     vb.write(off + EXTENT as u64, &data, false).unwrap();
@@ -309,7 +391,13 @@ fn full_store_returns_no_space_and_recovers_space() {
 #[test]
 fn fresh_volume_is_one_hole_and_overwrites_allocate_nothing() {
     let dev = SimDevice::new(8 << 20, 2);
-    let store = Store::create(dev.clone(), &FormatOptions { extent_size: Some(EXTENT) }).unwrap();
+    let store = Store::create(
+        dev.clone(),
+        &FormatOptions {
+            extent_size: Some(EXTENT),
+        },
+    )
+    .unwrap();
     let id = uuid::Uuid::new_v4();
     store.create_volume(id, 1 << 20).unwrap();
     let v = store.volume(id).unwrap();
@@ -322,7 +410,11 @@ fn fresh_volume_is_one_hole_and_overwrites_allocate_nothing() {
     let allocated = store.usage().allocated_bytes;
     // An overwrite plus FUA: one device write with FUA, no journal commit.
     v.write(4096, &[8u8; 4096], true).unwrap();
-    assert_eq!(dev.flush_count(), flushes, "an overwrite must not flush metadata");
+    assert_eq!(
+        dev.flush_count(),
+        flushes,
+        "an overwrite must not flush metadata"
+    );
     assert_eq!(store.usage().allocated_bytes, allocated);
     dev.crash();
     let store = Store::open(dev).unwrap();
@@ -334,7 +426,13 @@ fn fresh_volume_is_one_hole_and_overwrites_allocate_nothing() {
 #[test]
 fn unknown_format_version_is_refused_clearly() {
     let dev = SimDevice::new(8 << 20, 3);
-    let store = Store::create(dev.clone(), &FormatOptions { extent_size: Some(EXTENT) }).unwrap();
+    let store = Store::create(
+        dev.clone(),
+        &FormatOptions {
+            extent_size: Some(EXTENT),
+        },
+    )
+    .unwrap();
     store.close().unwrap();
     drop(store);
     for at in [0u64, 4096] {
@@ -344,7 +442,11 @@ fn unknown_format_version_is_refused_clearly() {
         dev.write_at(&page, at, true).unwrap();
     }
     let err = Store::open(dev.clone()).err().expect("must refuse");
-    assert!(err.to_string().contains("unsupported store format version 9"), "{err}");
+    assert!(
+        err.to_string()
+            .contains("unsupported store format version 9"),
+        "{err}"
+    );
     let blank = SimDevice::new(8 << 20, 4);
     let err = Store::open(blank).err().expect("must refuse");
     assert!(err.to_string().contains("no Basalt store"), "{err}");

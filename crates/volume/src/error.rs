@@ -46,7 +46,9 @@ pub enum VolumeError {
         requested: u64,
     },
 
-    #[error("volume {name:?} is in use by {handles} open connection(s); disconnect its clients first")]
+    #[error(
+        "volume {name:?} is in use by {handles} open connection(s); disconnect its clients first"
+    )]
     InUse { name: String, handles: usize },
 
     #[error("invalid overcommit ratio {0}: it must be a finite number greater than 0")]

@@ -45,7 +45,12 @@ impl VolumeHandle {
         self.0.local.size()
     }
 
-    fn timed<T>(&self, kind: OpKind, bytes: u64, f: impl FnOnce() -> Result<T, IoError>) -> Result<T, IoError> {
+    fn timed<T>(
+        &self,
+        kind: OpKind,
+        bytes: u64,
+        f: impl FnOnce() -> Result<T, IoError>,
+    ) -> Result<T, IoError> {
         let start = Instant::now();
         let r = f();
         self.0.stats.record(kind, bytes, start.elapsed(), r.is_ok());
@@ -58,7 +63,9 @@ impl VolumeHandle {
     }
 
     pub fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), IoError> {
-        self.timed(OpKind::Write, data.len() as u64, || self.0.local.write(offset, data, fua))
+        self.timed(OpKind::Write, data.len() as u64, || {
+            self.0.local.write(offset, data, fua)
+        })
     }
 
     /// Makes every completed write durable — on this volume and on every
@@ -72,8 +79,16 @@ impl VolumeHandle {
         self.timed(OpKind::Trim, len, || self.0.local.trim(offset, len, fua))
     }
 
-    pub fn write_zeroes(&self, offset: u64, len: u64, may_unmap: bool, fua: bool) -> Result<(), IoError> {
-        self.timed(OpKind::WriteZeroes, len, || self.0.local.write_zeroes(offset, len, may_unmap, fua))
+    pub fn write_zeroes(
+        &self,
+        offset: u64,
+        len: u64,
+        may_unmap: bool,
+        fua: bool,
+    ) -> Result<(), IoError> {
+        self.timed(OpKind::WriteZeroes, len, || {
+            self.0.local.write_zeroes(offset, len, may_unmap, fua)
+        })
     }
 
     /// Allocated and unallocated (reads-as-zero) runs covering the range.

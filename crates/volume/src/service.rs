@@ -42,6 +42,9 @@ use std::time::SystemTime;
 /// How far provisioned sizes may exceed the store's capacity by default.
 pub const DEFAULT_OVERCOMMIT_RATIO: f64 = 2.0;
 
+/// A per-volume gauge: metric name, help text, value.
+type VolumeGauge = (&'static str, &'static str, fn(&VolumeInfo) -> u64);
+
 /// A volume as the control plane reports it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct VolumeInfo {
@@ -392,7 +395,11 @@ impl VolumeService {
         let _control = self.control.lock();
         let record = self.record(name)?.record;
         let local = self.store.volume(record.id)?;
-        Ok(VolumeHandle::new(local, record.name, self.stats_for(record.id)))
+        Ok(VolumeHandle::new(
+            local,
+            record.name,
+            self.stats_for(record.id),
+        ))
     }
 
     /// Capacity, provisioning and allocation of the node's store.
@@ -405,7 +412,7 @@ impl VolumeService {
             allocated_bytes: usage.allocated_bytes,
             overcommit_ratio: self.overcommit_ratio,
             volume_count: records.len(),
-            extent_size: u64::from(usage.extent_size),
+            extent_size: usage.extent_size,
         })
     }
 
@@ -494,10 +501,13 @@ impl VolumeService {
             ("basalt_volumes", "Number of volumes.", records.len() as u64),
         ];
         for (metric, help, value) in gauges {
-            let _ = writeln!(out, "# HELP {metric} {help}\n# TYPE {metric} gauge\n{metric} {value}");
+            let _ = writeln!(
+                out,
+                "# HELP {metric} {help}\n# TYPE {metric} gauge\n{metric} {value}"
+            );
         }
 
-        let per_volume: [(&str, &str, fn(&VolumeInfo) -> u64); 2] = [
+        let per_volume: [VolumeGauge; 2] = [
             (
                 "basalt_volume_size_bytes",
                 "Provisioned size of the volume.",
@@ -529,8 +539,11 @@ impl VolumeService {
 
         VolumeStats::render_prometheus_header(&mut out);
         for Versioned { record, .. } in &records {
-            self.stats_for(record.id)
-                .render_prometheus(&mut out, &record.name, &record.id.to_string());
+            self.stats_for(record.id).render_prometheus(
+                &mut out,
+                &record.name,
+                &record.id.to_string(),
+            );
         }
         Ok(out)
     }
@@ -578,26 +591,54 @@ mod tests {
         assert_eq!((info.name.as_str(), info.size_bytes), ("db-1", 64 * MIB));
         assert_eq!((info.allocated_bytes, info.open_connections), (0, 0));
         n.service.create("a.vol_2", 4096).unwrap();
-        let names: Vec<_> = n.service.list().unwrap().into_iter().map(|v| v.name).collect();
+        let names: Vec<_> = n
+            .service
+            .list()
+            .unwrap()
+            .into_iter()
+            .map(|v| v.name)
+            .collect();
         assert_eq!(names, ["a.vol_2", "db-1"]);
         let got = n.service.get("db-1").unwrap();
         assert_eq!(got, info);
-        assert!(n.store.volumes().iter().any(|v| v.id == info.id && v.size == 64 * MIB));
-        assert!(matches!(n.service.get("nope"), Err(VolumeError::NotFound(_))));
+        assert!(n
+            .store
+            .volumes()
+            .iter()
+            .any(|v| v.id == info.id && v.size == 64 * MIB));
+        assert!(matches!(
+            n.service.get("nope"),
+            Err(VolumeError::NotFound(_))
+        ));
     }
 
     #[test]
     fn names_are_validated() {
         let n = small_node();
         let long = "x".repeat(65);
-        for bad in ["", ".hidden", "-flag", "a b", "a/b", "ü", "a:b", long.as_str()] {
+        for bad in [
+            "",
+            ".hidden",
+            "-flag",
+            "a b",
+            "a/b",
+            "ü",
+            "a:b",
+            long.as_str(),
+        ] {
             let err = n.service.create(bad, 4096).unwrap_err();
-            assert!(matches!(err, VolumeError::InvalidName { .. }), "{bad:?}: {err}");
+            assert!(
+                matches!(err, VolumeError::InvalidName { .. }),
+                "{bad:?}: {err}"
+            );
         }
         n.service.create(&"x".repeat(64), 4096).unwrap();
         n.service.create("0", 4096).unwrap();
         assert!(n.service.list().unwrap().len() == 2);
-        assert!(n.store.volumes().len() == 2, "refused names leave nothing behind");
+        assert!(
+            n.store.volumes().len() == 2,
+            "refused names leave nothing behind"
+        );
     }
 
     #[test]
@@ -638,7 +679,10 @@ mod tests {
                 ratio,
                 ..
             } => {
-                assert_eq!((*requested, *provisioned, *c, *ratio), (4096, limit, capacity, 1.5));
+                assert_eq!(
+                    (*requested, *provisioned, *c, *ratio),
+                    (4096, limit, capacity, 1.5)
+                );
             }
             other => panic!("expected overcommit, got {other}"),
         }
@@ -668,18 +712,34 @@ mod tests {
         let grown = n.service.resize("v", 16 * MIB, false).unwrap();
         assert_eq!(grown.size_bytes, 16 * MIB);
         let err = n.service.resize("v", 4 * MIB, false).unwrap_err();
-        assert!(matches!(err, VolumeError::ShrinkRefused { current, requested, .. }
-            if current == 16 * MIB && requested == 4 * MIB), "{err}");
+        assert!(
+            matches!(err, VolumeError::ShrinkRefused { current, requested, .. }
+            if current == 16 * MIB && requested == 4 * MIB),
+            "{err}"
+        );
         assert!(err.to_string().contains("--allow-shrink"), "{err}");
         assert_eq!(n.service.get("v").unwrap().size_bytes, 16 * MIB);
         let shrunk = n.service.resize("v", 4 * MIB, true).unwrap();
         assert_eq!(shrunk.size_bytes, 4 * MIB);
         let id = shrunk.id;
-        assert!(n.store.volumes().iter().any(|v| v.id == id && v.size == 4 * MIB));
+        assert!(n
+            .store
+            .volumes()
+            .iter()
+            .any(|v| v.id == id && v.size == 4 * MIB));
         // Same size is a no-op; bad sizes and names are refused.
-        assert_eq!(n.service.resize("v", 4 * MIB, false).unwrap().size_bytes, 4 * MIB);
-        assert!(matches!(n.service.resize("v", 4097, true), Err(VolumeError::InvalidSize(_))));
-        assert!(matches!(n.service.resize("nope", 4096, true), Err(VolumeError::NotFound(_))));
+        assert_eq!(
+            n.service.resize("v", 4 * MIB, false).unwrap().size_bytes,
+            4 * MIB
+        );
+        assert!(matches!(
+            n.service.resize("v", 4097, true),
+            Err(VolumeError::InvalidSize(_))
+        ));
+        assert!(matches!(
+            n.service.resize("nope", 4096, true),
+            Err(VolumeError::NotFound(_))
+        ));
     }
 
     #[test]
@@ -710,13 +770,19 @@ mod tests {
         let handle = n.service.open("v").unwrap();
         assert_eq!(n.service.get("v").unwrap().open_connections, 1);
         let err = n.service.delete("v").unwrap_err();
-        assert!(matches!(err, VolumeError::InUse { handles: 1, .. }), "{err}");
+        assert!(
+            matches!(err, VolumeError::InUse { handles: 1, .. }),
+            "{err}"
+        );
         drop(handle);
         assert_eq!(n.service.get("v").unwrap().open_connections, 0);
         n.service.delete("v").unwrap();
         assert!(n.store.volumes().is_empty());
         assert!(n.catalog.list().unwrap().is_empty());
-        assert!(matches!(n.service.delete("v"), Err(VolumeError::NotFound(_))));
+        assert!(matches!(
+            n.service.delete("v"),
+            Err(VolumeError::NotFound(_))
+        ));
         assert!(matches!(n.service.open("v"), Err(VolumeError::NotFound(_))));
     }
 
@@ -724,7 +790,11 @@ mod tests {
     fn recreated_name_is_a_new_empty_volume() {
         let n = small_node();
         let first = n.service.create("v", 4 * MIB).unwrap();
-        n.service.open("v").unwrap().write(0, &[1; 4096], true).unwrap();
+        n.service
+            .open("v")
+            .unwrap()
+            .write(0, &[1; 4096], true)
+            .unwrap();
         n.service.delete("v").unwrap();
         let second = n.service.create("v", 4 * MIB).unwrap();
         assert_ne!(first.id, second.id);
@@ -771,7 +841,12 @@ mod tests {
         assert_eq!(report.deleted_orphans, [orphan]);
         assert!(report.failed.is_empty(), "{report:?}");
 
-        let mut store: Vec<_> = n.store.volumes().into_iter().map(|v| (v.id, v.size)).collect();
+        let mut store: Vec<_> = n
+            .store
+            .volumes()
+            .into_iter()
+            .map(|v| (v.id, v.size))
+            .collect();
         store.sort();
         let mut catalog: Vec<_> = n
             .catalog
@@ -796,7 +871,11 @@ mod tests {
             let store = Store::create(device.clone(), &FormatOptions::default()).unwrap();
             let service = VolumeService::new(catalog, store.clone(), 2.0).unwrap();
             service.create("v", 4 * MIB).unwrap();
-            service.open("v").unwrap().write(8192, &[9; 4096], true).unwrap();
+            service
+                .open("v")
+                .unwrap()
+                .write(8192, &[9; 4096], true)
+                .unwrap();
             drop(service);
             store.close().unwrap();
         }
@@ -813,7 +892,11 @@ mod tests {
     fn metrics_expose_store_gauges_and_volumes() {
         let n = small_node();
         n.service.create("m1", 4 * MIB).unwrap();
-        n.service.open("m1").unwrap().write(0, &[1; 4096], false).unwrap();
+        n.service
+            .open("m1")
+            .unwrap()
+            .write(0, &[1; 4096], false)
+            .unwrap();
         let text = n.service.render_metrics().unwrap();
         for needle in [
             "# TYPE basalt_store_capacity_bytes gauge",
@@ -824,7 +907,10 @@ mod tests {
         ] {
             assert!(text.contains(needle), "missing {needle:?} in:\n{text}");
         }
-        for line in text.lines().filter(|l| !l.starts_with('#') && !l.is_empty()) {
+        for line in text
+            .lines()
+            .filter(|l| !l.starts_with('#') && !l.is_empty())
+        {
             let value = line.rsplit(' ').next().unwrap();
             assert!(value.parse::<f64>().is_ok(), "bad sample line {line:?}");
         }

@@ -28,7 +28,8 @@ impl ParseSizeError {
     }
 }
 
-const EXAMPLES: &str = "use a number of bytes or a binary unit, like 4096, 512M, 10G, 1.5T or 10GiB";
+const EXAMPLES: &str =
+    "use a number of bytes or a binary unit, like 4096, 512M, 10G, 1.5T or 10GiB";
 
 const UNITS: [(&str, &str, u32); 6] = [
     ("B", "B", 0),
@@ -86,7 +87,10 @@ pub fn parse_size(input: &str) -> Result<u64, ParseSizeError> {
         || !whole.chars().all(|c| c.is_ascii_digit())
         || !fraction.chars().all(|c| c.is_ascii_digit())
     {
-        return Err(ParseSizeError::new(input, format!("not a number; {EXAMPLES}")));
+        return Err(ParseSizeError::new(
+            input,
+            format!("not a number; {EXAMPLES}"),
+        ));
     }
     let exp = unit_exponent(input, unit.trim_start())?;
     // Exact arithmetic: value = (whole + fraction / 10^len) * 1024^exp.
@@ -175,7 +179,9 @@ mod tests {
 
     #[test]
     fn rejects_garbage_with_guidance() {
-        for bad in ["", "  ", "abc", "G", "1.2.3G", "-5G", "10X", "1e9", ".", "10 G B"] {
+        for bad in [
+            "", "  ", "abc", "G", "1.2.3G", "-5G", "10X", "1e9", ".", "10 G B",
+        ] {
             let err = parse_size(bad).unwrap_err().to_string();
             assert!(err.starts_with("invalid size"), "{bad:?}: {err}");
         }
@@ -193,7 +199,11 @@ mod tests {
     #[test]
     fn rejects_overflow() {
         assert_eq!(parse_size("18446744073709551615").unwrap(), u64::MAX);
-        for big in ["18446744073709551616", "16384P", "99999999999999999999999999999999999999999T"] {
+        for big in [
+            "18446744073709551616",
+            "16384P",
+            "99999999999999999999999999999999999999999T",
+        ] {
             let err = parse_size(big).unwrap_err().to_string();
             assert!(err.contains("too large"), "{big}: {err}");
         }

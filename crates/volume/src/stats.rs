@@ -9,7 +9,9 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 /// Upper bounds of the latency buckets, in microseconds.
-const BUCKETS_US: [u64; 14] = [10, 25, 50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 100_000, 1_000_000, 10_000_000];
+const BUCKETS_US: [u64; 14] = [
+    10, 25, 50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 100_000, 1_000_000, 10_000_000,
+];
 
 /// The kinds of request counted separately.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -22,7 +24,13 @@ pub enum OpKind {
 }
 
 impl OpKind {
-    const ALL: [OpKind; 5] = [OpKind::Read, OpKind::Write, OpKind::Flush, OpKind::Trim, OpKind::WriteZeroes];
+    const ALL: [OpKind; 5] = [
+        OpKind::Read,
+        OpKind::Write,
+        OpKind::Flush,
+        OpKind::Trim,
+        OpKind::WriteZeroes,
+    ];
 
     fn label(self) -> &'static str {
         match self {
@@ -91,11 +99,31 @@ impl VolumeStats {
     /// per exposition.
     pub fn render_prometheus_header(out: &mut String) {
         for (name, kind, help) in [
-            ("basalt_volume_ops_total", "counter", "Requests completed, by kind."),
-            ("basalt_volume_bytes_total", "counter", "Bytes read, written, trimmed or zeroed, by kind."),
-            ("basalt_volume_errors_total", "counter", "Requests that failed, by kind."),
-            ("basalt_volume_latency_seconds", "histogram", "Request latency inside the server, by kind."),
-            ("basalt_volume_open_connections", "gauge", "Frontend connections open on the volume."),
+            (
+                "basalt_volume_ops_total",
+                "counter",
+                "Requests completed, by kind.",
+            ),
+            (
+                "basalt_volume_bytes_total",
+                "counter",
+                "Bytes read, written, trimmed or zeroed, by kind.",
+            ),
+            (
+                "basalt_volume_errors_total",
+                "counter",
+                "Requests that failed, by kind.",
+            ),
+            (
+                "basalt_volume_latency_seconds",
+                "histogram",
+                "Request latency inside the server, by kind.",
+            ),
+            (
+                "basalt_volume_open_connections",
+                "gauge",
+                "Frontend connections open on the volume.",
+            ),
         ] {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
         }
@@ -103,31 +131,58 @@ impl VolumeStats {
 
     /// Appends this volume's samples in Prometheus text format.
     pub fn render_prometheus(&self, out: &mut String, name: &str, uuid: &str) {
-        let labels = format!("volume=\"{}\",id=\"{}\"", escape_label(name), escape_label(uuid));
+        let labels = format!(
+            "volume=\"{}\",id=\"{}\"",
+            escape_label(name),
+            escape_label(uuid)
+        );
         for kind in OpKind::ALL {
             let s = &self.per_op[kind as usize];
             let op = kind.label();
             let ops = s.ops.load(Ordering::Relaxed);
             let _ = writeln!(out, "basalt_volume_ops_total{{{labels},op=\"{op}\"}} {ops}");
-            let _ = writeln!(out, "basalt_volume_bytes_total{{{labels},op=\"{op}\"}} {}", s.bytes.load(Ordering::Relaxed));
-            let _ = writeln!(out, "basalt_volume_errors_total{{{labels},op=\"{op}\"}} {}", s.errors.load(Ordering::Relaxed));
+            let _ = writeln!(
+                out,
+                "basalt_volume_bytes_total{{{labels},op=\"{op}\"}} {}",
+                s.bytes.load(Ordering::Relaxed)
+            );
+            let _ = writeln!(
+                out,
+                "basalt_volume_errors_total{{{labels},op=\"{op}\"}} {}",
+                s.errors.load(Ordering::Relaxed)
+            );
             let mut cumulative = 0;
             for (le, b) in BUCKETS_US.iter().zip(&s.buckets) {
                 cumulative += b.load(Ordering::Relaxed);
                 let le = *le as f64 / 1e6;
                 let _ = writeln!(out, "basalt_volume_latency_seconds_bucket{{{labels},op=\"{op}\",le=\"{le}\"}} {cumulative}");
             }
-            let _ = writeln!(out, "basalt_volume_latency_seconds_bucket{{{labels},op=\"{op}\",le=\"+Inf\"}} {ops}");
+            let _ = writeln!(
+                out,
+                "basalt_volume_latency_seconds_bucket{{{labels},op=\"{op}\",le=\"+Inf\"}} {ops}"
+            );
             let sum = s.latency_sum_ns.load(Ordering::Relaxed) as f64 / 1e9;
-            let _ = writeln!(out, "basalt_volume_latency_seconds_sum{{{labels},op=\"{op}\"}} {sum}");
-            let _ = writeln!(out, "basalt_volume_latency_seconds_count{{{labels},op=\"{op}\"}} {ops}");
+            let _ = writeln!(
+                out,
+                "basalt_volume_latency_seconds_sum{{{labels},op=\"{op}\"}} {sum}"
+            );
+            let _ = writeln!(
+                out,
+                "basalt_volume_latency_seconds_count{{{labels},op=\"{op}\"}} {ops}"
+            );
         }
-        let _ = writeln!(out, "basalt_volume_open_connections{{{labels}}} {}", self.open_handles());
+        let _ = writeln!(
+            out,
+            "basalt_volume_open_connections{{{labels}}} {}",
+            self.open_handles()
+        );
     }
 }
 
 fn escape_label(v: &str) -> String {
-    v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
 }
 
 #[cfg(test)]

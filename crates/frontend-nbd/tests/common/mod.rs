@@ -123,7 +123,10 @@ pub fn server_with(volumes: &[(&str, u64)]) -> (NbdServer, Arc<StoreExports>) {
 pub fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while !cond() {
-        assert!(std::time::Instant::now() < deadline, "timed out waiting for {what}");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
         std::thread::sleep(Duration::from_millis(10));
     }
 }
@@ -218,7 +221,10 @@ impl Client {
     }
 
     /// Reads until `parse` succeeds on the buffered bytes.
-    fn read_message<T>(&mut self, parse: impl Fn(&[u8]) -> Result<(T, usize), WireError>) -> (T, usize) {
+    fn read_message<T>(
+        &mut self,
+        parse: impl Fn(&[u8]) -> Result<(T, usize), WireError>,
+    ) -> (T, usize) {
         loop {
             match parse(&self.rbuf) {
                 Ok(v) => return v,
@@ -292,7 +298,11 @@ impl Client {
     }
 
     /// NBD_OPT_GO: the INFO replies on success, the error otherwise.
-    pub fn go(&mut self, export: &str, requests: &[InfoType]) -> Result<Vec<InfoReply>, OptionReply> {
+    pub fn go(
+        &mut self,
+        export: &str,
+        requests: &[InfoType],
+    ) -> Result<Vec<InfoReply>, OptionReply> {
         let replies = self.option(&ClientOption::Go(InfoRequest {
             export: export.into(),
             requests: requests.to_vec(),
@@ -337,7 +347,14 @@ impl Client {
     // ------------------------------------------------------- transmission
 
     /// Sends a request (and WRITE data) without waiting; returns its cookie.
-    pub fn submit(&mut self, command: Command, flags: CommandFlags, offset: u64, length: u32, data: &[u8]) -> u64 {
+    pub fn submit(
+        &mut self,
+        command: Command,
+        flags: CommandFlags,
+        offset: u64,
+        length: u32,
+        data: &[u8],
+    ) -> u64 {
         let mut out = Vec::new();
         let cookie = self.queue(&mut out, command, flags, offset, length, data);
         self.send(&out);
@@ -424,7 +441,10 @@ impl Client {
                     .get(&chunk.cookie)
                     .unwrap_or_else(|| panic!("chunk for unknown cookie {}", chunk.cookie))
             });
-            assert_eq!(chunk.cookie, req.cookie, "chunks of two replies interleaved");
+            assert_eq!(
+                chunk.cookie, req.cookie,
+                "chunks of two replies interleaved"
+            );
             reply.cookie = chunk.cookie;
             if req.command == Command::Read && reply.data.is_empty() {
                 reply.data = vec![0xEE; req.length as usize];
@@ -435,7 +455,10 @@ impl Client {
                     reply.chunks.push("data");
                     assert_eq!(req.command, Command::Read);
                     let at = (offset - req.offset) as usize;
-                    assert!(at + data.len() <= req.length as usize, "data outside the request");
+                    assert!(
+                        at + data.len() <= req.length as usize,
+                        "data outside the request"
+                    );
                     reply.data[at..at + data.len()].copy_from_slice(data);
                     covered += data.len() as u64;
                 }
@@ -443,11 +466,17 @@ impl Client {
                     reply.chunks.push("hole");
                     assert_eq!(req.command, Command::Read);
                     let at = (offset - req.offset) as usize;
-                    assert!(at + *length as usize <= req.length as usize, "hole outside the request");
+                    assert!(
+                        at + *length as usize <= req.length as usize,
+                        "hole outside the request"
+                    );
                     reply.data[at..at + *length as usize].fill(0);
                     covered += u64::from(*length);
                 }
-                ChunkPayload::BlockStatus { context_id, descriptors } => {
+                ChunkPayload::BlockStatus {
+                    context_id,
+                    descriptors,
+                } => {
                     reply.chunks.push("block_status");
                     reply.context_id = Some(*context_id);
                     reply.extents = descriptors.clone();
@@ -473,13 +502,24 @@ impl Client {
         let req = request.expect("at least one chunk");
         self.in_flight.remove(&req.cookie);
         if req.command == Command::Read && reply.error.is_none() {
-            assert_eq!(covered, u64::from(req.length), "read reply does not cover the request");
+            assert_eq!(
+                covered,
+                u64::from(req.length),
+                "read reply does not cover the request"
+            );
         }
         reply
     }
 
     /// Sends one request and waits for its reply.
-    pub fn call(&mut self, command: Command, flags: CommandFlags, offset: u64, length: u32, data: &[u8]) -> Reply {
+    pub fn call(
+        &mut self,
+        command: Command,
+        flags: CommandFlags,
+        offset: u64,
+        length: u32,
+        data: &[u8],
+    ) -> Reply {
         let cookie = self.submit(command, flags, offset, length, data);
         let reply = self.reply();
         assert_eq!(reply.cookie, cookie);
@@ -506,12 +546,22 @@ impl Client {
         r.error.map_or(Ok(()), Err)
     }
 
-    pub fn write_zeroes(&mut self, offset: u64, length: u32, flags: CommandFlags) -> Result<(), NbdError> {
+    pub fn write_zeroes(
+        &mut self,
+        offset: u64,
+        length: u32,
+        flags: CommandFlags,
+    ) -> Result<(), NbdError> {
         let r = self.call(Command::WriteZeroes, flags, offset, length, &[]);
         r.error.map_or(Ok(()), Err)
     }
 
-    pub fn block_status(&mut self, offset: u64, length: u32, flags: CommandFlags) -> Result<Vec<BlockDescriptor>, NbdError> {
+    pub fn block_status(
+        &mut self,
+        offset: u64,
+        length: u32,
+        flags: CommandFlags,
+    ) -> Result<Vec<BlockDescriptor>, NbdError> {
         let r = self.call(Command::BlockStatus, flags, offset, length, &[]);
         r.error.map_or(Ok(r.extents), Err)
     }
@@ -521,7 +571,10 @@ impl Client {
         let mut out = Vec::new();
         self.queue(&mut out, Command::Disc, CommandFlags::empty(), 0, 0, &[]);
         self.send(&out);
-        assert!(self.server_closed(), "server kept the connection open after DISC");
+        assert!(
+            self.server_closed(),
+            "server kept the connection open after DISC"
+        );
     }
 
     pub fn hang_up(self) {

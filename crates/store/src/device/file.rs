@@ -39,7 +39,11 @@ impl FileDevice {
     /// with `preallocate` (no filesystem allocation on first write later).
     pub fn create(path: &Path, size: u64, preallocate: bool) -> io::Result<Arc<FileDevice>> {
         let size = size / 4096 * 4096;
-        let file = OpenOptions::new().read(true).write(true).create_new(true).open(path)?;
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(path)?;
         file.set_len(size)?;
         if preallocate {
             // SAFETY: plain syscall on an fd we own.
@@ -70,12 +74,22 @@ impl FileDevice {
             }
             Err(e) => return Err(e),
         };
-        let size = if block_device { block_device_size(&file)? } else { meta.len() };
+        let size = if block_device {
+            block_device_size(&file)?
+        } else {
+            meta.len()
+        };
         let size = size / 4096 * 4096;
         if !ring_available() {
             tracing::warn!("io_uring unavailable; using pread/pwrite");
         }
-        Ok(Arc::new(FileDevice { file, path: path.to_owned(), size, direct, block_device }))
+        Ok(Arc::new(FileDevice {
+            file,
+            path: path.to_owned(),
+            size,
+            direct,
+            block_device,
+        }))
     }
 
     pub fn path(&self) -> &Path {
@@ -93,7 +107,12 @@ impl FileDevice {
     fn fallocate(&self, mode: libc::c_int, offset: u64, len: u64) -> io::Result<()> {
         // SAFETY: plain syscall on an fd we own.
         let rc = unsafe {
-            libc::fallocate(self.file.as_raw_fd(), mode, offset as libc::off_t, len as libc::off_t)
+            libc::fallocate(
+                self.file.as_raw_fd(),
+                mode,
+                offset as libc::off_t,
+                len as libc::off_t,
+            )
         };
         if rc == 0 {
             Ok(())
@@ -121,9 +140,10 @@ impl FileDevice {
             op.result = match &mut op.kind {
                 IoKind::Read(buf) => self.file.read_exact_at(buf, offset),
                 IoKind::Write(data) => self.file.write_all_at(data, offset),
-                IoKind::WriteFua(data) => {
-                    self.file.write_all_at(data, offset).and_then(|()| self.file.sync_data())
-                }
+                IoKind::WriteFua(data) => self
+                    .file
+                    .write_all_at(data, offset)
+                    .and_then(|()| self.file.sync_data()),
             };
         }
     }
@@ -152,15 +172,21 @@ impl FileDevice {
                 for (i, op) in ops[chunk_start..chunk_end].iter_mut().enumerate() {
                     let entry = match &mut op.kind {
                         IoKind::Read(buf) => {
-                            opcode::Read::new(fd, buf.as_mut_ptr(), buf.len() as u32).offset(op.offset).build()
+                            opcode::Read::new(fd, buf.as_mut_ptr(), buf.len() as u32)
+                                .offset(op.offset)
+                                .build()
                         }
                         IoKind::Write(data) => {
-                            opcode::Write::new(fd, data.as_ptr(), data.len() as u32).offset(op.offset).build()
+                            opcode::Write::new(fd, data.as_ptr(), data.len() as u32)
+                                .offset(op.offset)
+                                .build()
                         }
-                        IoKind::WriteFua(data) => opcode::Write::new(fd, data.as_ptr(), data.len() as u32)
-                            .offset(op.offset)
-                            .rw_flags(libc::RWF_DSYNC)
-                            .build(),
+                        IoKind::WriteFua(data) => {
+                            opcode::Write::new(fd, data.as_ptr(), data.len() as u32)
+                                .offset(op.offset)
+                                .rw_flags(libc::RWF_DSYNC)
+                                .build()
+                        }
                     };
                     // SAFETY: the buffers live in `ops`, which outlives this
                     // function; we reap every completion before returning.
@@ -181,11 +207,15 @@ impl FileDevice {
                     // we cannot return. Wait the slow way for what was queued.
                     tracing::error!(error = %e, "io_uring_enter failed");
                 }
-                let completed: Vec<(u64, i32)> =
-                    ring.completion().map(|c| (c.user_data(), c.result())).collect();
+                let completed: Vec<(u64, i32)> = ring
+                    .completion()
+                    .map(|c| (c.user_data(), c.result()))
+                    .collect();
                 for (idx, res) in completed {
                     reaped += 1;
-                    let Some(op) = ops.get_mut(idx as usize) else { continue };
+                    let Some(op) = ops.get_mut(idx as usize) else {
+                        continue;
+                    };
                     op.result = if res < 0 {
                         let err = -res;
                         if err == libc::EAGAIN || err == libc::EINTR {
@@ -207,7 +237,8 @@ impl FileDevice {
 fn ring_available() -> bool {
     RING.with(|cell| {
         let mut slot = cell.borrow_mut();
-        slot.get_or_insert_with(|| IoUring::new(RING_ENTRIES).ok()).is_some()
+        slot.get_or_insert_with(|| IoUring::new(RING_ENTRIES).ok())
+            .is_some()
     })
 }
 
@@ -232,10 +263,12 @@ impl BlockDevice for FileDevice {
     }
 
     fn submit(&self, ops: &mut [IoOp<'_>]) {
-        if self.direct && ops.iter().any(|op| match &op.kind {
-            IoKind::Read(b) => !is_aligned(b.as_ptr(), b.len()),
-            IoKind::Write(b) | IoKind::WriteFua(b) => !is_aligned(b.as_ptr(), b.len()),
-        }) {
+        if self.direct
+            && ops.iter().any(|op| match &op.kind {
+                IoKind::Read(b) => !is_aligned(b.as_ptr(), b.len()),
+                IoKind::Write(b) | IoKind::WriteFua(b) => !is_aligned(b.as_ptr(), b.len()),
+            })
+        {
             // Rare: a caller's buffer is not aligned for O_DIRECT. Bounce each op.
             for op in ops.iter_mut() {
                 let mut bounce = AlignedBuf::zeroed(op.len());
@@ -273,9 +306,18 @@ impl BlockDevice for FileDevice {
     }
 
     fn discard_zeroes(&self, offset: u64, len: u64) -> io::Result<()> {
-        match self.fallocate(libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE, offset, len) {
+        match self.fallocate(
+            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+            offset,
+            len,
+        ) {
             Ok(()) => Ok(()),
-            Err(e) if matches!(e.raw_os_error(), Some(libc::EOPNOTSUPP) | Some(libc::ENODEV)) => {
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::EOPNOTSUPP) | Some(libc::ENODEV)
+                ) =>
+            {
                 self.zero_range(offset, len)
             }
             Err(e) => Err(e),
@@ -283,9 +325,18 @@ impl BlockDevice for FileDevice {
     }
 
     fn zero_range(&self, offset: u64, len: u64) -> io::Result<()> {
-        match self.fallocate(libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE, offset, len) {
+        match self.fallocate(
+            libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE,
+            offset,
+            len,
+        ) {
             Ok(()) => Ok(()),
-            Err(e) if matches!(e.raw_os_error(), Some(libc::EOPNOTSUPP) | Some(libc::ENODEV)) => {
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::EOPNOTSUPP) | Some(libc::ENODEV)
+                ) =>
+            {
                 self.write_zeroes_by_writing(offset, len)
             }
             Err(e) => Err(e),

@@ -36,11 +36,23 @@ pub struct IoOp<'a> {
 
 impl<'a> IoOp<'a> {
     pub fn read(offset: u64, buf: &'a mut [u8]) -> Self {
-        IoOp { offset, kind: IoKind::Read(buf), result: Ok(()) }
+        IoOp {
+            offset,
+            kind: IoKind::Read(buf),
+            result: Ok(()),
+        }
     }
     pub fn write(offset: u64, data: &'a [u8], fua: bool) -> Self {
-        let kind = if fua { IoKind::WriteFua(data) } else { IoKind::Write(data) };
-        IoOp { offset, kind, result: Ok(()) }
+        let kind = if fua {
+            IoKind::WriteFua(data)
+        } else {
+            IoKind::Write(data)
+        };
+        IoOp {
+            offset,
+            kind,
+            result: Ok(()),
+        }
     }
     pub fn len(&self) -> usize {
         match &self.kind {

@@ -15,8 +15,15 @@ use std::io;
 const SECTOR: usize = 512;
 
 enum Volatile {
-    Write { offset: u64, data: Vec<u8>, fua: bool },
-    Zero { offset: u64, len: u64 },
+    Write {
+        offset: u64,
+        data: Vec<u8>,
+        fua: bool,
+    },
+    Zero {
+        offset: u64,
+        len: u64,
+    },
 }
 
 struct SimState {
@@ -96,7 +103,10 @@ impl SimDevice {
         if offset % 512 != 0 || len % 512 != 0 || offset + len as u64 > self.size {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
-                format!("sim device: bad I/O [{offset}, +{len}) on {} bytes", self.size),
+                format!(
+                    "sim device: bad I/O [{offset}, +{len}) on {} bytes",
+                    self.size
+                ),
             ));
         }
         Ok(())
@@ -136,7 +146,11 @@ impl BlockDevice for SimDevice {
                             return Err(io::Error::from_raw_os_error(libc::EIO));
                         }
                         st.current[at..at + len].copy_from_slice(data);
-                        st.volatile.push(Volatile::Write { offset: op.offset, data: data.to_vec(), fua });
+                        st.volatile.push(Volatile::Write {
+                            offset: op.offset,
+                            data: data.to_vec(),
+                            fua,
+                        });
                         Ok(())
                     }
                 }
@@ -190,6 +204,8 @@ mod tests {
         assert!(b.iter().all(|&x| x == 2));
         d.read_at(&mut b, 8192).unwrap();
         // each sector is either old (0) or new (3)
-        assert!(b.chunks(512).all(|s| s.iter().all(|&x| x == 0) || s.iter().all(|&x| x == 3)));
+        assert!(b
+            .chunks(512)
+            .all(|s| s.iter().all(|&x| x == 0) || s.iter().all(|&x| x == 3)));
     }
 }
