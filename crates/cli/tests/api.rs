@@ -142,3 +142,51 @@ fn volumes_status_metrics_openapi() {
         o["paths"]
     );
 }
+
+/// `basalt_volume_ops_total{volume="NAME",...,op="OP"}` from /metrics.
+fn ops_total(s: &Server, volume: &str, op: &str) -> u64 {
+    let m = http(s.api_url(), "GET", "/metrics", Some(&s.token()), None);
+    assert_eq!(m.status, 200);
+    let want_vol = format!("volume=\"{volume}\"");
+    let want_op = format!("op=\"{op}\"");
+    let line = m
+        .body
+        .lines()
+        .find(|l| {
+            l.starts_with("basalt_volume_ops_total{")
+                && l.contains(&want_vol)
+                && l.contains(&want_op)
+        })
+        .unwrap_or_else(|| panic!("no basalt_volume_ops_total for {volume}/{op}:\n{}", m.body));
+    line.rsplit(' ').next().unwrap().parse::<f64>().unwrap() as u64
+}
+
+#[test]
+fn metrics_count_nbd_requests() {
+    let s = Server::start("64M");
+    s.create_volume("m", "8M");
+    let uri = s.uri("m");
+    let mut cmd = std::process::Command::new(require_tool("nbdsh"));
+    cmd.env("PATH", path_for_nbdsh()).args([
+        "-u",
+        &uri,
+        "-c",
+        "h.pwrite(b'x' * 65536, 0)\n\
+         h.pwrite(b'y' * 4096, 65536, nbd.CMD_FLAG_FUA)\n\
+         h.flush()\n\
+         h.flush()\n\
+         h.trim(4096, 0)\n\
+         h.zero(4096, 8192)\n\
+         h.pread(4096, 0)\n\
+         h.pread(4096, 4096)\n\
+         h.pread(4096, 8192)",
+    ]);
+    run_cmd(&mut cmd, CMD_TIMEOUT).ok();
+    // Each NBD request reaches the volume and is counted (a FLUSH answered
+    // without reaching the store would show up here as 0).
+    assert_eq!(ops_total(&s, "m", "write"), 2, "writes");
+    assert_eq!(ops_total(&s, "m", "flush"), 2, "flushes");
+    assert_eq!(ops_total(&s, "m", "trim"), 1, "trims");
+    assert_eq!(ops_total(&s, "m", "write_zeroes"), 1, "write_zeroes");
+    assert_eq!(ops_total(&s, "m", "read"), 3, "reads");
+}

@@ -340,3 +340,70 @@ fn demo_volume_is_created_once_and_kept_across_restarts() {
     )
     .ok();
 }
+
+#[test]
+fn resize_online_and_shrink_drops_data() {
+    let s = Server::start("64M");
+    s.create_volume("rs", "8M");
+    let uri = s.uri("rs");
+    nbd_script(
+        "nbdtool.py",
+        [
+            "write", &uri, "--seed", "8", "--offset", "0", "--length", "8388608", "--flush",
+        ],
+    )
+    .ok();
+
+    // Grow while a client is connected: new connections see the new size.
+    let mut cmd = python_cmd("nbdtool.py");
+    cmd.args(["hold", &uri]);
+    let mut holder = Background::spawn(cmd);
+    holder.wait_line("READY", Duration::from_secs(30));
+    s.cli(&["volume", "resize", "rs", "--size", "16M"]).ok();
+    let size = tool("nbdinfo", ["--size", &uri]);
+    assert_eq!(
+        size.ok().trim(),
+        (16 * MIB).to_string(),
+        "size seen by a new connection"
+    );
+    let (st, out, err) = holder.finish(Duration::from_secs(30));
+    assert!(st.success(), "holder: {out}\n{err}");
+    // the grown part reads zeros, the old data is intact
+    nbd_script(
+        "nbdtool.py",
+        [
+            "verify", &uri, "--zero", "--offset", "8388608", "--length", "8388608",
+        ],
+    )
+    .ok();
+    nbd_script(
+        "nbdtool.py",
+        [
+            "verify", &uri, "--seed", "8", "--offset", "0", "--length", "8388608",
+        ],
+    )
+    .ok();
+
+    // Shrink (allowed) then grow again: the dropped data must not come back.
+    s.cli(&["volume", "resize", "rs", "--size", "2M", "--allow-shrink"])
+        .ok();
+    assert_eq!(
+        tool("nbdinfo", ["--size", &uri]).ok().trim(),
+        (2 * MIB).to_string()
+    );
+    s.cli(&["volume", "resize", "rs", "--size", "8M"]).ok();
+    nbd_script(
+        "nbdtool.py",
+        [
+            "verify", &uri, "--seed", "8", "--offset", "0", "--length", "2097152",
+        ],
+    )
+    .ok();
+    nbd_script(
+        "nbdtool.py",
+        [
+            "verify", &uri, "--zero", "--offset", "2097152", "--length", "6291456",
+        ],
+    )
+    .ok();
+}
