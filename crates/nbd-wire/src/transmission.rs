@@ -440,7 +440,7 @@ fn decode_chunk_payload(kind: u16, payload: &[u8]) -> Result<ChunkPayload<'_>, W
         }
         chunk_type::BLOCK_STATUS => {
             let context_id = r.u32()?;
-            if r.remaining() == 0 || r.remaining() % 8 != 0 {
+            if r.remaining() == 0 || !r.remaining().is_multiple_of(8) {
                 return Err(WireError::Malformed {
                     what: "BLOCK_STATUS chunk",
                     reason: "length is not 4 plus a positive multiple of 8",

@@ -543,7 +543,7 @@ impl Store {
     }
 
     fn check_size(&self, size: u64) -> Result<(), StoreError> {
-        if size == 0 || size % BLOCK_SIZE != 0 {
+        if size == 0 || !size.is_multiple_of(BLOCK_SIZE) {
             return Err(StoreError::InvalidSize(format!(
                 "{size} bytes is not a positive multiple of {BLOCK_SIZE}"
             )));
@@ -594,7 +594,7 @@ impl Store {
             let mut map = vol.map.write();
             let mut m = self.meta.lock();
             let old = vol.size();
-            if size < old && size % es != 0 {
+            if size < old && !size.is_multiple_of(es) {
                 // The tail of the last kept extent must read zeros if grown back.
                 if let Some(phys) = map.get((size / es) as usize).and_then(|p| p.get()) {
                     let start = self.layout.extent_offset(phys) + size % es;

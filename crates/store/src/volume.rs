@@ -129,7 +129,7 @@ impl<'a> DataOp<'a> {
         }
     }
     fn is_aligned(&self) -> bool {
-        self.offset % BLOCK_SIZE == 0 && self.len() % BLOCK_SIZE == 0
+        self.offset.is_multiple_of(BLOCK_SIZE) && self.len().is_multiple_of(BLOCK_SIZE)
     }
 }
 

@@ -152,7 +152,7 @@ pub fn validate_volume_size(size: u64) -> Result<(), VolumeError> {
             "size must be greater than 0".to_string(),
         ));
     }
-    if size % BLOCK_SIZE != 0 {
+    if !size.is_multiple_of(BLOCK_SIZE) {
         let below = size - size % BLOCK_SIZE;
         let above = below.checked_add(BLOCK_SIZE);
         let suggestion = match (below, above) {

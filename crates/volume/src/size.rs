@@ -111,7 +111,7 @@ pub fn parse_size(input: &str) -> Result<u64, ParseSizeError> {
         fraction.parse().map_err(|_| too_large())?
     };
     let fraction_bytes = fraction * multiplier;
-    if fraction_bytes % scale != 0 {
+    if !fraction_bytes.is_multiple_of(scale) {
         return Err(ParseSizeError::new(
             input,
             "not a whole number of bytes; use fewer decimal places or a smaller unit",
@@ -135,7 +135,7 @@ pub fn format_size(bytes: u64) -> String {
         .copied()
         .unwrap_or(UNITS[0]);
     let unit = 1u64 << (10 * exp);
-    if bytes % unit == 0 {
+    if bytes.is_multiple_of(unit) {
         return format!("{} {long}", bytes / unit);
     }
     let value = bytes as f64 / unit as f64;

@@ -254,7 +254,7 @@ fn block_device_size(file: &File) -> io::Result<u64> {
 }
 
 fn is_aligned(ptr: *const u8, len: usize) -> bool {
-    ptr as usize % DIRECT_ALIGN == 0 && len % 512 == 0
+    (ptr as usize).is_multiple_of(DIRECT_ALIGN) && len.is_multiple_of(512)
 }
 
 impl BlockDevice for FileDevice {

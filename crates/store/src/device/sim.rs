@@ -100,7 +100,10 @@ impl SimDevice {
     }
 
     fn check(&self, offset: u64, len: usize) -> io::Result<()> {
-        if offset % 512 != 0 || len % 512 != 0 || offset + len as u64 > self.size {
+        if !offset.is_multiple_of(512)
+            || !len.is_multiple_of(512)
+            || offset + len as u64 > self.size
+        {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 format!(
