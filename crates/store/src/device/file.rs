@@ -121,6 +121,28 @@ impl FileDevice {
         }
     }
 
+    /// `fallocate(mode)`, or `fallback` where the filesystem or device does
+    /// not support that mode.
+    fn fallocate_or(
+        &self,
+        mode: libc::c_int,
+        offset: u64,
+        len: u64,
+        fallback: impl FnOnce() -> io::Result<()>,
+    ) -> io::Result<()> {
+        match self.fallocate(mode, offset, len) {
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::EOPNOTSUPP) | Some(libc::ENODEV)
+                ) =>
+            {
+                fallback()
+            }
+            r => r,
+        }
+    }
+
     fn write_zeroes_by_writing(&self, offset: u64, len: u64) -> io::Result<()> {
         const CHUNK: u64 = 1 << 20;
         let zeros = AlignedBuf::zeroed(CHUNK.min(len) as usize);
@@ -306,41 +328,15 @@ impl BlockDevice for FileDevice {
     }
 
     fn discard_zeroes(&self, offset: u64, len: u64) -> io::Result<()> {
-        match self.fallocate(
-            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
-            offset,
-            len,
-        ) {
-            Ok(()) => Ok(()),
-            Err(e)
-                if matches!(
-                    e.raw_os_error(),
-                    Some(libc::EOPNOTSUPP) | Some(libc::ENODEV)
-                ) =>
-            {
-                self.zero_range(offset, len)
-            }
-            Err(e) => Err(e),
-        }
+        let punch = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+        self.fallocate_or(punch, offset, len, || self.zero_range(offset, len))
     }
 
     fn zero_range(&self, offset: u64, len: u64) -> io::Result<()> {
-        match self.fallocate(
-            libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE,
-            offset,
-            len,
-        ) {
-            Ok(()) => Ok(()),
-            Err(e)
-                if matches!(
-                    e.raw_os_error(),
-                    Some(libc::EOPNOTSUPP) | Some(libc::ENODEV)
-                ) =>
-            {
-                self.write_zeroes_by_writing(offset, len)
-            }
-            Err(e) => Err(e),
-        }
+        let zero = libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE;
+        self.fallocate_or(zero, offset, len, || {
+            self.write_zeroes_by_writing(offset, len)
+        })
     }
 }
 
