@@ -23,7 +23,7 @@ mod meta;
 mod volume;
 
 pub use buf::AlignedBuf;
-pub use device::{BlockDevice, FileDevice, IoKind, IoOp, SimDevice};
+pub use device::{BlockDevice, FileDevice, IoKind, IoOp, MemDevice, SimDevice};
 pub use engine::{FormatOptions, Store, StoreUsage, VolumeUsage};
 pub use error::{IoError, StoreError};
 pub use volume::{DataKind, DataOp, LocalVolume, MappingRun};

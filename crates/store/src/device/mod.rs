@@ -3,8 +3,8 @@
 //! The engine reaches storage only through `BlockDevice`: batched reads and
 //! writes, a flush barrier, and "make this range read as zeros". Keeping it
 //! this small lets the same engine run on a data file or raw device
-//! (`FileDevice`, O_DIRECT through io_uring) and on `SimDevice`, the
-//! simulated disk the crash tests use.
+//! (`FileDevice`, O_DIRECT through io_uring), on `SimDevice`, the
+//! simulated disk the crash tests use, and on `MemDevice`, a RAM disk.
 //!
 //! Contract: offsets and lengths given to a device are multiples of
 //! `BLOCK_SIZE`; a write is durable once it was submitted as `WriteFua` or a
@@ -12,9 +12,11 @@
 //! for reads and become durable with the next flush.
 
 mod file;
+mod mem;
 mod sim;
 
 pub use file::FileDevice;
+pub use mem::MemDevice;
 pub use sim::SimDevice;
 
 use std::io;
