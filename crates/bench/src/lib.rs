@@ -2,4 +2,11 @@
 //! block-storage evaluations against Basalt and its peers in one run, and
 //! renders the results as tables, charts and a self-contained HTML report.
 
+pub mod fio;
+pub mod machine;
 pub mod model;
+pub mod profiles;
+pub mod render;
+pub mod runner;
+pub mod stats;
+pub mod targets;

@@ -119,6 +119,16 @@ impl ApiClient {
         })
     }
 
+    /// The API base URL (for `basalt bench`, which talks to the server itself).
+    pub fn base_url(&self) -> &str {
+        &self.base
+    }
+
+    /// The API token (for `basalt bench`).
+    pub fn token(&self) -> &str {
+        &self.token
+    }
+
     pub fn get(&self, path: &str) -> Result<Value> {
         self.send("GET", path, None)
     }

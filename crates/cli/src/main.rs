@@ -1,9 +1,11 @@
 //! `basalt`: the one binary of Basalt. `basalt server` runs a node;
-//! `basalt volume …` and `basalt status` manage one over its REST API.
+//! `basalt volume …` and `basalt status` manage one over its REST API;
+//! `basalt bench …` measures it (and its peers) with fio.
 //!
 //! Exit status: 0 on success, 1 on an error (printed as one `error: …` line
 //! on stderr), 2 on a usage error.
 
+mod bench;
 mod client;
 mod commands;
 mod datadir;
@@ -11,7 +13,8 @@ mod exports;
 mod output;
 mod server;
 
-use clap::{Parser, Subcommand};
+use clap::parser::ValueSource;
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use client::ClientArgs;
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -55,6 +58,8 @@ enum Command {
     Volume(VolumeArgs),
     /// Show the node's capacity, provisioning and allocation.
     Status(client::ConnArgs),
+    /// Benchmark Basalt and its peers with the published fio methodologies.
+    Bench(bench::BenchArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -84,7 +89,13 @@ fn init_logging(flag: Option<&str>, default: &str) {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let matches = Cli::command().get_matches();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    // `basalt bench` uses a running server only when pointed at one.
+    let data_dir_given = matches!(
+        matches.value_source("data_dir"),
+        Some(ValueSource::CommandLine | ValueSource::EnvVariable)
+    );
     let default_level = match cli.command {
         Command::Server(_) => "info",
         _ => "warn",
@@ -96,6 +107,7 @@ fn main() -> ExitCode {
             commands::run_volume(command, &ClientArgs::new(cli.data_dir, conn))
         }
         Command::Status(conn) => commands::run_status(&ClientArgs::new(cli.data_dir, conn)),
+        Command::Bench(args) => bench::run(args, &cli.data_dir, data_dir_given),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,0 +1,1021 @@
+//! Targets: what the bench measures and how fio reaches it — parsing
+//! `--target`/`--compare`, starting and stopping the servers the bench runs
+//! itself (an ephemeral Basalt server, qemu-nbd, nbdkit), creating and
+//! deleting the Basalt volume, and accounting their CPU time.
+//!
+//! Invariants:
+//! - Every peer the bench starts serves the same kind of backing: a sparse
+//!   file of the same size in the same work directory (one filesystem).
+//! - Processes are only ever signalled by the PID of a child started here;
+//!   each runs in its own process group (a Ctrl-C at the terminal reaches
+//!   the bench, which stops them in order) and dies with the bench
+//!   (PR_SET_PDEATHSIG, or nbdkit's `--exit-with-parent`).
+//! - A target is usable once `start` returns: fio has read 4 KiB from it
+//!   with the engine it will use. `stop` (also on drop) deletes the volume
+//!   the bench created and stops the servers it started.
+
+use crate::fio::process::{self, Invocation};
+use crate::fio::{jobfile, FileEngine, Fio, TargetIo};
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+use std::fs;
+use std::io::{Read, Seek, SeekFrom};
+use std::net::{TcpListener, TcpStream, ToSocketAddrs};
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::AtomicBool;
+use std::thread;
+use std::time::{Duration, Instant};
+
+/// The volume (export) name the bench creates and peers export.
+pub const EXPORT: &str = "bench";
+/// How long a server gets to start listening.
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a server gets to exit after SIGTERM before SIGKILL.
+const STOP_TIMEOUT: Duration = Duration::from_secs(30);
+/// The NBD port of a basalt server when only its API URL is known.
+const DEFAULT_NBD_PORT: u16 = 10809;
+
+/// A target as named on the command line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TargetSpec {
+    /// A Basalt volume (ephemeral server, or a running one).
+    Basalt,
+    /// qemu-nbd serving a sparse file, started by the bench.
+    QemuNbd,
+    /// nbdkit's file plugin serving a sparse file, started by the bench.
+    Nbdkit,
+    /// fio directly on a sparse file: the physical limit.
+    File,
+    /// Any NBD URI.
+    Nbd(String),
+    /// An existing file or block device.
+    Path(PathBuf),
+}
+
+const VALID_TARGETS: &str = "basalt, qemu-nbd, nbdkit, file, nbd://HOST:PORT/EXPORT, \
+                             or the path of an existing file or block device";
+
+#[derive(Debug, thiserror::Error)]
+pub enum TargetError {
+    #[error("unknown target {0:?}; targets are: {VALID_TARGETS}")]
+    Unknown(String),
+    #[error("target {0} is given twice")]
+    Duplicate(String),
+    #[error("target {0}: no such file or block device")]
+    NoSuchPath(PathBuf),
+    #[error("target {0} is neither a regular file nor a block device")]
+    NotFileOrDevice(PathBuf),
+    #[error("target {device} is mounted on {mount}; refusing to write to it")]
+    Mounted { device: PathBuf, mount: String },
+    #[error("{tool} is not installed (needed for target {tool}); install it with `sudo apt-get install {package}`")]
+    ToolMissing {
+        tool: &'static str,
+        package: &'static str,
+    },
+    #[error("cannot start {name}: {detail}")]
+    StartFailed { name: String, detail: String },
+    #[error("target {name} is unreachable: {detail}")]
+    Unreachable { name: String, detail: String },
+    #[error("the basalt server refused to {action}: {detail}")]
+    Api { action: String, detail: String },
+    #[error("work directory {0} is on tmpfs, which has no O_DIRECT; pass --work-dir on a disk filesystem")]
+    Tmpfs(PathBuf),
+    #[error("{context}: {source}")]
+    Io {
+        context: String,
+        source: std::io::Error,
+    },
+}
+
+fn io_err(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> TargetError {
+    let context = context.into();
+    move |source| TargetError::Io { context, source }
+}
+
+impl TargetSpec {
+    pub fn parse(text: &str) -> Result<TargetSpec, TargetError> {
+        let text = text.trim();
+        Ok(match text {
+            "basalt" => TargetSpec::Basalt,
+            "qemu-nbd" => TargetSpec::QemuNbd,
+            "nbdkit" => TargetSpec::Nbdkit,
+            "file" => TargetSpec::File,
+            _ if text.starts_with("nbd://")
+                || text.starts_with("nbds://")
+                || text.starts_with("nbd+unix://") =>
+            {
+                TargetSpec::Nbd(text.to_string())
+            }
+            _ if text.contains('/') || Path::new(text).exists() => {
+                TargetSpec::Path(PathBuf::from(text))
+            }
+            _ => return Err(TargetError::Unknown(text.to_string())),
+        })
+    }
+
+    /// Parses a comma-separated list (`--compare`).
+    pub fn parse_list(text: &str) -> Result<Vec<TargetSpec>, TargetError> {
+        let mut specs: Vec<TargetSpec> = Vec::new();
+        for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let spec = TargetSpec::parse(part)?;
+            if specs.contains(&spec) {
+                return Err(TargetError::Duplicate(spec.name()));
+            }
+            specs.push(spec);
+        }
+        if specs.is_empty() {
+            return Err(TargetError::Unknown(text.to_string()));
+        }
+        Ok(specs)
+    }
+
+    /// The target's name in results: the keyword, URI or path.
+    pub fn name(&self) -> String {
+        match self {
+            TargetSpec::Basalt => "basalt".into(),
+            TargetSpec::QemuNbd => "qemu-nbd".into(),
+            TargetSpec::Nbdkit => "nbdkit".into(),
+            TargetSpec::File => "file".into(),
+            TargetSpec::Nbd(uri) => uri.clone(),
+            TargetSpec::Path(p) => p.display().to_string(),
+        }
+    }
+
+    /// Whether the bench creates the target's backing itself (in the work
+    /// directory, reachable only from this machine).
+    pub fn local_only(&self, basalt: &BasaltServer) -> bool {
+        match self {
+            TargetSpec::Basalt => matches!(basalt, BasaltServer::Ephemeral { .. }),
+            TargetSpec::QemuNbd | TargetSpec::Nbdkit | TargetSpec::File => true,
+            TargetSpec::Nbd(_) | TargetSpec::Path(_) => false,
+        }
+    }
+
+    /// A directory name for the target's raw outputs.
+    pub fn slug(&self) -> String {
+        match self {
+            TargetSpec::Nbd(uri) => format!(
+                "nbd-{}",
+                sanitize(uri.split_once("://").map_or(uri.as_str(), |(_, r)| r))
+            ),
+            TargetSpec::Path(p) => format!("path-{}", sanitize(&p.display().to_string())),
+            other => other.name(),
+        }
+    }
+}
+
+fn sanitize(text: &str) -> String {
+    let s: String = text
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '.' || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    s.trim_matches(|c| c == '_' || c == '.')
+        .chars()
+        .take(80)
+        .collect()
+}
+
+/// How the `basalt` target reaches Basalt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BasaltServer {
+    /// Start `EXE server` on a temporary data directory, stop it at the end.
+    Ephemeral { exe: PathBuf },
+    /// A running server, found as the CLI finds it.
+    Running {
+        api_url: String,
+        token: String,
+        /// `HOST:PORT` of its NBD listener, when known.
+        nbd_address: Option<String>,
+    },
+}
+
+/// What starting targets needs.
+pub struct TargetContext<'a> {
+    /// Where backing files and server data go (one filesystem).
+    pub work_dir: &'a Path,
+    /// Volume / backing file size.
+    pub size_bytes: u64,
+    pub basalt: &'a BasaltServer,
+    /// Concurrent NBD connections a cell may open (qemu-nbd `--shared`).
+    pub max_connections: u32,
+    pub fio: &'a Fio,
+    /// Load hosts (fio client/server); probes run there too.
+    pub hosts: &'a [String],
+    pub interrupted: &'a AtomicBool,
+}
+
+/// A server process the bench started.
+struct ServerProcess {
+    name: String,
+    child: Child,
+    log: PathBuf,
+}
+
+impl ServerProcess {
+    /// Starts `cmd` with output to `log`, in its own process group, set to
+    /// receive SIGTERM if the bench dies. Call from the thread that stops it
+    /// (PR_SET_PDEATHSIG follows the spawning thread).
+    fn spawn(name: &str, mut cmd: Command, log: PathBuf) -> Result<ServerProcess, TargetError> {
+        let out =
+            fs::File::create(&log).map_err(io_err(format!("cannot create {}", log.display())))?;
+        let err = out
+            .try_clone()
+            .map_err(io_err(format!("cannot open {}", log.display())))?;
+        cmd.stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .process_group(0);
+        // SAFETY: prctl(2) is async-signal-safe and touches no memory of the
+        // parent; this runs in the child between fork and exec.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+                Ok(())
+            });
+        }
+        let child = cmd.spawn().map_err(|e| TargetError::StartFailed {
+            name: name.to_string(),
+            detail: format!("cannot run {}: {e}", cmd.get_program().to_string_lossy()),
+        })?;
+        Ok(ServerProcess {
+            name: name.to_string(),
+            child,
+            log,
+        })
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    fn exited(&mut self) -> Option<ExitStatus> {
+        self.child.try_wait().ok().flatten()
+    }
+
+    fn log_tail(&self) -> String {
+        let text = fs::read_to_string(&self.log).unwrap_or_default();
+        process::tail(&text, 6, 600)
+    }
+
+    fn died(&mut self, status: ExitStatus) -> TargetError {
+        TargetError::StartFailed {
+            name: self.name.clone(),
+            detail: format!("it exited ({status}): {}", self.log_tail()),
+        }
+    }
+
+    /// SIGTERM by PID, then SIGKILL after `STOP_TIMEOUT`.
+    fn terminate(&mut self) -> Result<(), String> {
+        if self.exited().is_some() {
+            return Ok(());
+        }
+        if let Ok(pid) = libc::pid_t::try_from(self.pid()) {
+            // SAFETY: kill(2) on our own child, not yet reaped.
+            unsafe { libc::kill(pid, libc::SIGTERM) };
+        }
+        let deadline = Instant::now() + STOP_TIMEOUT;
+        while Instant::now() < deadline {
+            if self.exited().is_some() {
+                return Ok(());
+            }
+            thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        Err(format!(
+            "{} (pid {}) did not stop within {STOP_TIMEOUT:?} of SIGTERM; killed it",
+            self.name,
+            self.pid()
+        ))
+    }
+}
+
+/// User + system CPU seconds from the text of /proc/PID/stat.
+pub fn parse_stat_cpu(stat: &str, ticks_per_sec: f64) -> Option<f64> {
+    // The command name (field 2) is in parentheses and may contain spaces
+    // and parentheses; the fields after the last ')' start at field 3.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let utime: u64 = fields.get(11)?.parse().ok()?;
+    let stime: u64 = fields.get(12)?.parse().ok()?;
+    Some((utime + stime) as f64 / ticks_per_sec)
+}
+
+/// A process's user + system CPU seconds so far (all its threads).
+pub fn cpu_seconds(pid: u32) -> Option<f64> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if ticks <= 0 {
+        return None;
+    }
+    parse_stat_cpu(&stat, ticks as f64)
+}
+
+/// A started, usable target.
+pub struct Target {
+    pub spec: TargetSpec,
+    pub name: String,
+    /// Directory name of its raw outputs.
+    pub slug: String,
+    pub io: TargetIo,
+    /// Size in bytes, when known.
+    pub size_bytes: Option<u64>,
+    /// How it is set up, for the summary's parameters.
+    pub details: BTreeMap<String, Value>,
+    /// (tool, version) of the peer, for the summary's versions.
+    pub version: Option<(&'static str, String)>,
+    server: Option<ServerProcess>,
+    volume: Option<(BasaltApi, String)>,
+    stopped: bool,
+}
+
+impl Target {
+    /// The PID of the server the bench started, for CPU accounting.
+    pub fn server_pid(&self) -> Option<u32> {
+        self.server.as_ref().map(ServerProcess::pid)
+    }
+
+    /// CPU seconds of the server the bench started, so far.
+    pub fn server_cpu_seconds(&self) -> Option<f64> {
+        self.server_pid().and_then(cpu_seconds)
+    }
+
+    /// Whether a server the bench started has died.
+    pub fn server_died(&mut self) -> Option<String> {
+        let server = self.server.as_mut()?;
+        let status = server.exited()?;
+        Some(format!(
+            "{} exited during the run ({status}): {}",
+            server.name,
+            server.log_tail()
+        ))
+    }
+
+    /// Deletes the volume the bench created and stops the server it
+    /// started; returns what went wrong (the run's results stand).
+    pub fn stop(&mut self) -> Vec<String> {
+        if self.stopped {
+            return vec![];
+        }
+        self.stopped = true;
+        let mut problems = Vec::new();
+        if let Some((api, name)) = self.volume.take() {
+            if let Err(e) = api.delete_volume(&name) {
+                problems.push(format!("cannot delete volume {name}: {e}"));
+            }
+        }
+        if let Some(mut server) = self.server.take() {
+            if let Err(e) = server.terminate() {
+                problems.push(e);
+            }
+        }
+        problems
+    }
+}
+
+impl Drop for Target {
+    fn drop(&mut self) {
+        for problem in self.stop() {
+            tracing::warn!("{problem}");
+        }
+    }
+}
+
+/// The REST calls the bench makes to a basalt server.
+#[derive(Clone)]
+struct BasaltApi {
+    base: String,
+    token: String,
+    agent: ureq::Agent,
+}
+
+impl BasaltApi {
+    fn new(base: &str, token: &str) -> BasaltApi {
+        BasaltApi {
+            base: base.trim_end_matches('/').to_string(),
+            token: token.to_string(),
+            agent: ureq::AgentBuilder::new()
+                .timeout_connect(Duration::from_secs(5))
+                .timeout(Duration::from_secs(120))
+                .build(),
+        }
+    }
+
+    fn send(&self, method: &str, path: &str, body: Option<Value>) -> Result<(), String> {
+        let request = self
+            .agent
+            .request(method, &format!("{}{path}", self.base))
+            .set("Authorization", &format!("Bearer {}", self.token));
+        let result = match body {
+            Some(body) => request.send_json(body),
+            None => request.call(),
+        };
+        match result {
+            Ok(_) => Ok(()),
+            Err(ureq::Error::Status(code, response)) => {
+                let text = response.into_string().unwrap_or_default();
+                let message = serde_json::from_str::<Value>(&text)
+                    .ok()
+                    .and_then(|v| v.get("error").and_then(Value::as_str).map(str::to_string))
+                    .unwrap_or_else(|| format!("HTTP {code}: {}", text.trim()));
+                Err(message)
+            }
+            Err(ureq::Error::Transport(t)) => Err(format!(
+                "cannot reach the basalt server at {}: {t}",
+                self.base
+            )),
+        }
+    }
+
+    fn create_volume(&self, name: &str, size: u64) -> Result<(), String> {
+        self.send(
+            "POST",
+            "/api/v1/volumes",
+            Some(json!({"name": name, "size": size})),
+        )
+    }
+
+    /// Deletes a volume, retrying while fio's connections are closing.
+    fn delete_volume(&self, name: &str) -> Result<(), String> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            match self.send("DELETE", &format!("/api/v1/volumes/{name}"), None) {
+                Ok(()) => return Ok(()),
+                Err(e) if Instant::now() < deadline && e.contains("in use") => {
+                    thread::sleep(Duration::from_millis(200));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+}
+
+/// A free TCP port on 127.0.0.1 (free when asked; the server binds it next).
+fn free_port() -> Result<u16, TargetError> {
+    let listener = TcpListener::bind("127.0.0.1:0").map_err(io_err("cannot find a free port"))?;
+    listener
+        .local_addr()
+        .map(|a| a.port())
+        .map_err(io_err("cannot find a free port"))
+}
+
+/// Waits until `port` on 127.0.0.1 accepts connections, or the server exits.
+fn wait_listening(server: &mut ServerProcess, port: u16) -> Result<(), TargetError> {
+    let deadline = Instant::now() + START_TIMEOUT;
+    loop {
+        if let Some(status) = server.exited() {
+            return Err(server.died(status));
+        }
+        if TcpStream::connect_timeout(&([127, 0, 0, 1], port).into(), Duration::from_millis(200))
+            .is_ok()
+        {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(TargetError::StartFailed {
+                name: server.name.clone(),
+                detail: format!("not listening on 127.0.0.1:{port} after {START_TIMEOUT:?}"),
+            });
+        }
+        thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The path of `tool` in PATH.
+fn which(tool: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|d| d.join(tool))
+        .find(|p| p.is_file())
+}
+
+fn require(tool: &'static str, package: &'static str) -> Result<PathBuf, TargetError> {
+    which(tool).ok_or(TargetError::ToolMissing { tool, package })
+}
+
+/// A sparse file of `size` bytes.
+fn sparse_file(path: &Path, size: u64) -> Result<(), TargetError> {
+    let file =
+        fs::File::create(path).map_err(io_err(format!("cannot create {}", path.display())))?;
+    file.set_len(size)
+        .map_err(io_err(format!("cannot size {}", path.display())))
+}
+
+/// Refuses a work directory on tmpfs (no O_DIRECT there).
+pub fn check_work_dir(dir: &Path) -> Result<(), TargetError> {
+    use std::os::unix::ffi::OsStrExt;
+    const TMPFS_MAGIC: i64 = 0x0102_1994;
+    let Ok(c_path) = std::ffi::CString::new(dir.as_os_str().as_bytes()) else {
+        return Ok(());
+    };
+    let mut stat: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid NUL-terminated path and a statfs buffer we own.
+    let rc = unsafe { libc::statfs(c_path.as_ptr(), &mut stat) };
+    #[allow(clippy::unnecessary_cast)]
+    if rc == 0 && stat.f_type as i64 == TMPFS_MAGIC {
+        return Err(TargetError::Tmpfs(dir.to_path_buf()));
+    }
+    Ok(())
+}
+
+/// Whether a load host (`HOST`, `HOST:PORT`, `[V6]:PORT`) is this machine's
+/// loopback; unresolvable hosts are not.
+pub fn is_loopback_host(host: &str) -> bool {
+    let name = if let Some(rest) = host.strip_prefix('[') {
+        rest.split_once(']').map_or(rest, |(a, _)| a)
+    } else {
+        match host.rsplit_once(':') {
+            Some((n, _)) if !n.contains(':') => n,
+            _ => host,
+        }
+    };
+    match (name, 0u16).to_socket_addrs() {
+        Ok(addrs) => {
+            let addrs: Vec<_> = addrs.collect();
+            !addrs.is_empty() && addrs.iter().all(|a| a.ip().is_loopback())
+        }
+        Err(_) => false,
+    }
+}
+
+/// Checks that fio reaches the target; on files, picks io_uring or, if
+/// fio cannot use it here, libaio.
+fn probe(
+    ctx: &TargetContext<'_>,
+    name: &str,
+    io: TargetIo,
+    dir: &Path,
+) -> Result<TargetIo, TargetError> {
+    let candidates: Vec<TargetIo> = match &io {
+        TargetIo::File { path, .. } => [FileEngine::IoUring, FileEngine::Libaio]
+            .into_iter()
+            .map(|engine| TargetIo::File {
+                path: path.clone(),
+                engine,
+            })
+            .collect(),
+        TargetIo::Nbd { .. } => vec![io.clone()],
+    };
+    let mut last_error = String::new();
+    for candidate in candidates {
+        let text = jobfile::probe(&candidate).map_err(|e| TargetError::Unreachable {
+            name: name.to_string(),
+            detail: e.to_string(),
+        })?;
+        let job = dir.join(format!("probe-{}.fio", sanitize(name)));
+        fs::write(&job, text).map_err(io_err(format!("cannot write {}", job.display())))?;
+        let finished = process::run(
+            ctx.fio,
+            &Invocation {
+                job_file: &job,
+                hosts: ctx.hosts,
+                cwd: dir,
+                timeout: Duration::from_secs(60),
+            },
+            ctx.interrupted,
+            &mut |_| {},
+        )
+        .map_err(|e| TargetError::Unreachable {
+            name: name.to_string(),
+            detail: e.to_string(),
+        })?;
+        let _ = fs::remove_file(&job);
+        let ok = finished.success()
+            && crate::fio::parse::parse_report(&finished.stdout)
+                .ok()
+                .is_some_and(|r| crate::fio::parse::metrics(&r).is_ok());
+        if ok {
+            return Ok(candidate);
+        }
+        // What fio said besides its JSON document.
+        let said = format!(
+            "{}\n{}",
+            crate::fio::parse::split_output(&finished.stdout).preamble,
+            finished.stderr
+        );
+        last_error = process::tail(&said, 3, 400);
+        if last_error.contains("engine nbd not loadable") {
+            last_error.push_str(" (this fio has no nbd engine; install Debian's fio package)");
+        }
+        if last_error.is_empty() {
+            last_error = format!("fio exited with {:?}", finished.status);
+        }
+    }
+    Err(TargetError::Unreachable {
+        name: name.to_string(),
+        detail: last_error,
+    })
+}
+
+/// Size of a regular file or block device.
+fn path_size(path: &Path) -> Result<u64, TargetError> {
+    let meta = fs::metadata(path).map_err(|_| TargetError::NoSuchPath(path.to_path_buf()))?;
+    if meta.is_file() {
+        return Ok(meta.len());
+    }
+    if meta.file_type().is_block_device() {
+        let mut f =
+            fs::File::open(path).map_err(io_err(format!("cannot open {}", path.display())))?;
+        return f
+            .seek(SeekFrom::End(0))
+            .map_err(io_err(format!("cannot size {}", path.display())));
+    }
+    Err(TargetError::NotFileOrDevice(path.to_path_buf()))
+}
+
+/// Refuses a block device that is mounted (by device number).
+fn check_not_mounted(path: &Path) -> Result<(), TargetError> {
+    let Ok(meta) = fs::metadata(path) else {
+        return Ok(());
+    };
+    if !meta.file_type().is_block_device() {
+        return Ok(());
+    }
+    let mut mounts = String::new();
+    if fs::File::open("/proc/self/mounts")
+        .and_then(|mut f| f.read_to_string(&mut mounts))
+        .is_err()
+    {
+        return Ok(());
+    }
+    for line in mounts.lines() {
+        let mut parts = line.split_whitespace();
+        let (Some(source), Some(mount)) = (parts.next(), parts.next()) else {
+            continue;
+        };
+        if !source.starts_with('/') {
+            continue;
+        }
+        if let Ok(m) = fs::metadata(source) {
+            if m.file_type().is_block_device() && m.rdev() == meta.rdev() {
+                return Err(TargetError::Mounted {
+                    device: path.to_path_buf(),
+                    mount: mount.to_string(),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Capacity of the ephemeral server's data file for a volume of `size`:
+/// room for the volume, its metadata and journal.
+fn basalt_capacity(size: u64) -> u64 {
+    let capacity = size + size / 4 + (256 << 20);
+    capacity.div_ceil(1 << 20) << 20
+}
+
+#[derive(serde::Deserialize)]
+struct ServerJson {
+    api_url: String,
+    nbd: String,
+    pid: u32,
+}
+
+/// Starts (or, for targets that exist, checks) one target.
+pub fn start(spec: &TargetSpec, ctx: &TargetContext<'_>) -> Result<Target, TargetError> {
+    let name = spec.name();
+    let mut target = Target {
+        spec: spec.clone(),
+        name: name.clone(),
+        slug: spec.slug(),
+        io: TargetIo::Nbd { uri: String::new() },
+        size_bytes: Some(ctx.size_bytes),
+        details: BTreeMap::new(),
+        version: None,
+        server: None,
+        volume: None,
+        stopped: false,
+    };
+    let work = ctx.work_dir;
+    let io = match spec {
+        TargetSpec::Basalt => match ctx.basalt {
+            BasaltServer::Ephemeral { exe } => {
+                let dir = work.join("basalt");
+                let capacity = basalt_capacity(ctx.size_bytes);
+                let mut cmd = Command::new(exe);
+                cmd.arg("server")
+                    .arg("--data-dir")
+                    .arg(&dir)
+                    .arg("--capacity")
+                    .arg(capacity.to_string())
+                    .args(["--nbd-listen", "127.0.0.1:0", "--api-listen", "127.0.0.1:0"]);
+                let mut server =
+                    ServerProcess::spawn("basalt server", cmd, work.join("basalt.log"))?;
+                let info = wait_server_json(&mut server, &dir)?;
+                let token = fs::read_to_string(dir.join("api-token"))
+                    .map_err(io_err("cannot read the ephemeral server's api-token"))?;
+                let api = BasaltApi::new(&info.api_url, token.trim());
+                target.server = Some(server);
+                api.create_volume(EXPORT, ctx.size_bytes)
+                    .map_err(|detail| TargetError::Api {
+                        action: format!("create volume {EXPORT}"),
+                        detail,
+                    })?;
+                target.volume = Some((api, EXPORT.to_string()));
+                let uri = format!("nbd://{}/{EXPORT}", info.nbd);
+                target.details.insert(
+                    "server".into(),
+                    json!("ephemeral all-in-one basalt server (sparse data file)"),
+                );
+                target
+                    .details
+                    .insert("data_file_capacity_bytes".into(), json!(capacity));
+                TargetIo::Nbd { uri }
+            }
+            BasaltServer::Running {
+                api_url,
+                token,
+                nbd_address,
+            } => {
+                let api = BasaltApi::new(api_url, token);
+                let volume = format!(
+                    "bench-{}-{}",
+                    std::process::id(),
+                    std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map(|d| d.as_secs())
+                        .unwrap_or(0)
+                );
+                api.create_volume(&volume, ctx.size_bytes)
+                    .map_err(|detail| {
+                        if detail.starts_with("cannot reach") {
+                            TargetError::Unreachable {
+                                name: name.clone(),
+                                detail,
+                            }
+                        } else {
+                            TargetError::Api {
+                                action: format!("create volume {volume}"),
+                                detail,
+                            }
+                        }
+                    })?;
+                target.volume = Some((api, volume.clone()));
+                let nbd = match nbd_address {
+                    Some(a) => a.clone(),
+                    None => {
+                        let host = api_url
+                            .split_once("://")
+                            .map_or(api_url.as_str(), |(_, r)| r)
+                            .split(['/', '?'])
+                            .next()
+                            .unwrap_or("");
+                        let host = match host.rsplit_once(':') {
+                            Some((h, p)) if p.chars().all(|c| c.is_ascii_digit()) => h,
+                            _ => host,
+                        };
+                        format!("{host}:{DEFAULT_NBD_PORT}")
+                    }
+                };
+                target.details.insert(
+                    "server".into(),
+                    json!(format!("running basalt server at {api_url}")),
+                );
+                TargetIo::Nbd {
+                    uri: format!("nbd://{nbd}/{volume}"),
+                }
+            }
+        },
+        TargetSpec::QemuNbd => {
+            let qemu = require("qemu-nbd", "qemu-utils")?;
+            let image = work.join("qemu-nbd.img");
+            sparse_file(&image, ctx.size_bytes)?;
+            let mut started = None;
+            let mut last_error = None;
+            for aio in ["io_uring", "native"] {
+                let port = free_port()?;
+                let mut cmd = Command::new(&qemu);
+                cmd.args(["-f", "raw", "--cache=none"])
+                    .arg(format!("--aio={aio}"))
+                    .args(["-x", EXPORT, "-b", "127.0.0.1"])
+                    .arg("-p")
+                    .arg(port.to_string())
+                    .arg("-t")
+                    .arg(format!("--shared={}", ctx.max_connections))
+                    .arg(&image);
+                let mut server = ServerProcess::spawn(
+                    "qemu-nbd",
+                    cmd,
+                    work.join(format!("qemu-nbd-{aio}.log")),
+                )?;
+                match wait_listening(&mut server, port) {
+                    Ok(()) => {
+                        started = Some((server, port, aio));
+                        break;
+                    }
+                    Err(e) => {
+                        let _ = server.terminate();
+                        last_error = Some(e);
+                    }
+                }
+            }
+            let Some((server, port, aio)) = started else {
+                return Err(last_error.unwrap_or(TargetError::StartFailed {
+                    name,
+                    detail: "no AIO mode worked".into(),
+                }));
+            };
+            target.server = Some(server);
+            target.version = crate::machine::tool_version(&qemu).map(|v| ("qemu-nbd", v));
+            target.details.insert(
+                "server".into(),
+                json!(format!(
+                    "qemu-nbd -f raw --cache=none --aio={aio} -t --shared={} (sparse file)",
+                    ctx.max_connections
+                )),
+            );
+            target.details.insert("aio".into(), json!(aio));
+            TargetIo::Nbd {
+                uri: format!("nbd://127.0.0.1:{port}/{EXPORT}"),
+            }
+        }
+        TargetSpec::Nbdkit => {
+            let nbdkit = require("nbdkit", "nbdkit")?;
+            let image = work.join("nbdkit.img");
+            sparse_file(&image, ctx.size_bytes)?;
+            let port = free_port()?;
+            let mut cmd = Command::new(&nbdkit);
+            cmd.args(["--exit-with-parent", "-f", "-i", "127.0.0.1", "-p"])
+                .arg(port.to_string())
+                .args(["-e", EXPORT, "file"])
+                .arg(format!("file={}", image.display()))
+                .arg("cache=none");
+            let mut server = ServerProcess::spawn("nbdkit", cmd, work.join("nbdkit.log"))?;
+            wait_listening(&mut server, port)?;
+            target.server = Some(server);
+            target.version = crate::machine::tool_version(&nbdkit).map(|v| ("nbdkit", v));
+            target.details.insert(
+                "server".into(),
+                json!("nbdkit file plugin, cache=none (sparse file)"),
+            );
+            TargetIo::Nbd {
+                uri: format!("nbd://127.0.0.1:{port}/{EXPORT}"),
+            }
+        }
+        TargetSpec::File => {
+            let image = work.join("file.img");
+            sparse_file(&image, ctx.size_bytes)?;
+            target.details.insert(
+                "server".into(),
+                json!("none: fio directly on a sparse file (O_DIRECT)"),
+            );
+            TargetIo::File {
+                path: image,
+                engine: FileEngine::IoUring,
+            }
+        }
+        TargetSpec::Nbd(uri) => {
+            target.size_bytes = None;
+            TargetIo::Nbd { uri: uri.clone() }
+        }
+        TargetSpec::Path(path) => {
+            if ctx.hosts.is_empty() || ctx.hosts.iter().all(|h| is_loopback_host(h)) {
+                target.size_bytes = Some(path_size(path)?);
+                check_not_mounted(path)?;
+            } else {
+                target.size_bytes = None;
+            }
+            TargetIo::File {
+                path: path.clone(),
+                engine: FileEngine::IoUring,
+            }
+        }
+    };
+    target.io = probe(ctx, &name, io, work)?;
+    target.details.insert(
+        "engine".into(),
+        json!(target.io.engine(crate::profiles::EngineKind::Async)),
+    );
+    match &target.io {
+        TargetIo::Nbd { uri } => target.details.insert("uri".into(), json!(uri)),
+        TargetIo::File { path, .. } => target.details.insert("path".into(), json!(path)),
+    };
+    if let Some(size) = target.size_bytes {
+        target.details.insert("size_bytes".into(), json!(size));
+    }
+    Ok(target)
+}
+
+/// Waits for the ephemeral server's `server.json` (naming our child).
+fn wait_server_json(server: &mut ServerProcess, dir: &Path) -> Result<ServerJson, TargetError> {
+    let path = dir.join("server.json");
+    let deadline = Instant::now() + START_TIMEOUT;
+    loop {
+        if let Some(status) = server.exited() {
+            return Err(server.died(status));
+        }
+        if let Ok(text) = fs::read_to_string(&path) {
+            if let Ok(info) = serde_json::from_str::<ServerJson>(&text) {
+                if info.pid == server.pid() {
+                    return Ok(info);
+                }
+            }
+        }
+        if Instant::now() > deadline {
+            return Err(TargetError::StartFailed {
+                name: server.name.clone(),
+                detail: format!(
+                    "no {} after {START_TIMEOUT:?}: {}",
+                    path.display(),
+                    server.log_tail()
+                ),
+            });
+        }
+        thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_targets() {
+        assert_eq!(TargetSpec::parse("basalt").unwrap(), TargetSpec::Basalt);
+        assert_eq!(TargetSpec::parse("qemu-nbd").unwrap(), TargetSpec::QemuNbd);
+        assert_eq!(TargetSpec::parse("nbdkit").unwrap(), TargetSpec::Nbdkit);
+        assert_eq!(TargetSpec::parse("file").unwrap(), TargetSpec::File);
+        assert_eq!(
+            TargetSpec::parse("nbd://10.0.0.1:10809/db").unwrap(),
+            TargetSpec::Nbd("nbd://10.0.0.1:10809/db".into())
+        );
+        assert_eq!(
+            TargetSpec::parse("/dev/nvme0n1").unwrap(),
+            TargetSpec::Path("/dev/nvme0n1".into())
+        );
+        let err = TargetSpec::parse("qemu").unwrap_err().to_string();
+        assert!(
+            err.contains("basalt, qemu-nbd, nbdkit, file, nbd://"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn parses_compare_lists() {
+        let list = TargetSpec::parse_list("basalt,qemu-nbd, nbdkit,file").unwrap();
+        assert_eq!(
+            list,
+            [
+                TargetSpec::Basalt,
+                TargetSpec::QemuNbd,
+                TargetSpec::Nbdkit,
+                TargetSpec::File
+            ]
+        );
+        assert!(matches!(
+            TargetSpec::parse_list("file,file"),
+            Err(TargetError::Duplicate(_))
+        ));
+        assert!(TargetSpec::parse_list(",").is_err());
+    }
+
+    #[test]
+    fn slugs_are_file_names() {
+        assert_eq!(TargetSpec::Basalt.slug(), "basalt");
+        assert_eq!(
+            TargetSpec::Nbd("nbd://127.0.0.1:10809/db".into()).slug(),
+            "nbd-127.0.0.1_10809_db"
+        );
+        assert_eq!(TargetSpec::Path("/dev/sdb".into()).slug(), "path-dev_sdb");
+    }
+
+    #[test]
+    fn cpu_from_proc_stat() {
+        // Field 14 utime = 150, field 15 stime = 50; the name has a space
+        // and a parenthesis.
+        let stat =
+            "1234 (basalt (x) y) S 1 1234 1234 0 -1 4194560 100 0 0 0 150 50 0 0 20 0 9 0 100 0 0";
+        assert_eq!(parse_stat_cpu(stat, 100.0), Some(2.0));
+        assert_eq!(parse_stat_cpu("garbage", 100.0), None);
+        let me = cpu_seconds(std::process::id());
+        assert!(me.is_some_and(|s| s >= 0.0));
+    }
+
+    #[test]
+    fn loopback_hosts() {
+        assert!(is_loopback_host("127.0.0.1"));
+        assert!(is_loopback_host("127.0.0.1:8765"));
+        assert!(is_loopback_host("localhost"));
+        assert!(is_loopback_host("[::1]:8765"));
+        assert!(!is_loopback_host("192.0.2.1"));
+        assert!(!is_loopback_host("no-such-host.invalid"));
+    }
+
+    #[test]
+    fn capacity_has_room() {
+        let gib = 1u64 << 30;
+        assert!(basalt_capacity(gib) >= gib + gib / 4);
+        assert_eq!(basalt_capacity(gib) % (1 << 20), 0);
+    }
+}

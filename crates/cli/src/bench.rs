@@ -1,0 +1,310 @@
+//! `basalt bench …`: the command line of the benchmark suite (crate
+//! `basalt-bench`): `list`, `run PROFILE`, `report DIR…`. This module only
+//! turns flags into a `RunConfig` and results into output and exit status.
+
+use crate::client::{ApiClient, ClientArgs, ConnArgs, Output};
+use crate::output::{table, Align};
+use anyhow::{anyhow, bail, Context, Result};
+use basalt_bench::profiles::{ProfileOptions, PROFILES};
+use basalt_bench::runner::{self, RunConfig};
+use basalt_bench::targets::BasaltServer;
+use basalt_volume::parse_size;
+use clap::{Args, Subcommand};
+use serde_json::json;
+use std::path::{Path, PathBuf};
+
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    #[command(flatten)]
+    conn: ConnArgs,
+    #[command(subcommand)]
+    command: BenchCommand,
+}
+
+#[derive(Subcommand, Debug)]
+enum BenchCommand {
+    /// List the profiles, one line each.
+    List,
+    /// Run a profile against Basalt and its peers (one fio job group per
+    /// cell; results, charts and an HTML report in the output directory).
+    Run(Box<RunArgs>),
+    /// Re-render an earlier run, or merge several (e.g. before and after a
+    /// change) into one report.
+    Report(ReportArgs),
+}
+
+#[derive(Args, Debug)]
+#[command(
+    after_help = "Targets: basalt (default: an ephemeral server on a sparse file; with --url or \
+--data-dir, a volume on that running server), qemu-nbd, nbdkit, file (peers the bench starts on \
+equal sparse files), nbd://HOST:PORT/EXPORT, or the path of a file or block device (written to!).\n\
+Example: basalt bench run matrix --quick --precondition --compare basalt,qemu-nbd,nbdkit,file"
+)]
+struct RunArgs {
+    /// The profile: matrix, sweep, db-latency, fio-samples, parallel or
+    /// precondition (see `basalt bench list`).
+    profile: String,
+
+    /// What to measure [default: basalt].
+    #[arg(long, value_name = "TARGET", conflicts_with = "compare")]
+    target: Option<String>,
+
+    /// Measure several targets in turn, interleaved by cell, with every
+    /// pairwise ratio, e.g. basalt,qemu-nbd,nbdkit,file.
+    #[arg(long, value_name = "T1,T2,...")]
+    compare: Option<String>,
+
+    /// Short runs: 5 s per cell after a 1 s ramp, 1 GiB targets
+    /// (fio-samples: 10 samples of 64 MiB).
+    #[arg(long)]
+    quick: bool,
+
+    /// Seconds per cell of the time-based profiles [default: 120; sweep 20;
+    /// with --quick 5].
+    #[arg(long, value_name = "S")]
+    runtime: Option<u64>,
+
+    /// Queue depth(s): matrix [default: 1; e.g. 1,16,32], sweep [default:
+    /// 32]; for parallel, only these of 4,20,40.
+    #[arg(long, value_delimiter = ',', value_name = "N[,N...]")]
+    iodepth: Vec<u32>,
+
+    /// Only these access patterns (matrix: randread,randwrite,randrw;
+    /// sweep: randread,randwrite).
+    #[arg(long, value_delimiter = ',', value_name = "RW[,RW...]")]
+    rw: Vec<String>,
+
+    /// Only these block sizes (matrix: 4k,8k,32k; sweep: 512 to 512k).
+    #[arg(long, value_delimiter = ',', value_name = "BS[,BS...]")]
+    bs: Vec<String>,
+
+    /// Only these numbers of jobs (matrix: 1,4,8,12; parallel: 1,10,20).
+    #[arg(long, value_delimiter = ',', value_name = "N[,N...]")]
+    numjobs: Vec<u32>,
+
+    /// fio-samples: how many samples [default: 40; with --quick 10].
+    #[arg(long, value_name = "N")]
+    samples: Option<u32>,
+
+    /// Size of the volume and of the peers' backing files [default: 4G;
+    /// with --quick 1G].
+    #[arg(long, value_name = "SIZE")]
+    size: Option<String>,
+
+    /// Fill each target once, sequentially, before measuring.
+    #[arg(long)]
+    precondition: bool,
+
+    /// Output directory [default: ./bench-results/<timestamp>-<profile>/].
+    #[arg(long, value_name = "DIR")]
+    out: Option<PathBuf>,
+
+    /// Run fio on these load hosts, in fio's client/server mode (each runs
+    /// `fio --server`): HOST or HOST:PORT, comma-separated.
+    #[arg(long, value_delimiter = ',', value_name = "H1,H2")]
+    hosts: Vec<String>,
+
+    /// Where the temporary backing files and server data go (a disk
+    /// filesystem, not tmpfs) [default: /var/tmp].
+    #[arg(long, value_name = "DIR")]
+    work_dir: Option<PathBuf>,
+
+    /// NBD address of the server given with --url, when this machine has
+    /// no server.json for it [default: the URL's host, port 10809].
+    #[arg(long, value_name = "HOST:PORT")]
+    nbd_address: Option<String>,
+
+    /// The fio binary.
+    #[arg(long, default_value = "fio", value_name = "PATH")]
+    fio: PathBuf,
+}
+
+#[derive(Args, Debug)]
+struct ReportArgs {
+    /// Run directories (each holding a summary.json), oldest first.
+    #[arg(required = true, value_name = "DIR")]
+    dirs: Vec<PathBuf>,
+
+    /// Output directory [default: the run's own directory for one run,
+    /// ./bench-results/<timestamp>-report/ for several].
+    #[arg(long, value_name = "DIR")]
+    out: Option<PathBuf>,
+}
+
+/// Runs `basalt bench …`. `data_dir_given`: whether --data-dir (or
+/// BASALT_DATA_DIR) was given, which, like --url and --token, points the
+/// `basalt` target at a running server instead of an ephemeral one.
+pub fn run(args: BenchArgs, data_dir: &Path, data_dir_given: bool) -> Result<()> {
+    let client = ClientArgs::new(data_dir.to_path_buf(), args.conn);
+    match args.command {
+        BenchCommand::List => list(client.output),
+        BenchCommand::Run(run_args) => run_profile(*run_args, &client, data_dir_given),
+        BenchCommand::Report(report) => {
+            let (out, files) = runner::report(&report.dirs, report.out)?;
+            println!("report: {}", out.display());
+            print_files(&out, &files);
+            Ok(())
+        }
+    }
+}
+
+fn list(output: Output) -> Result<()> {
+    if output == Output::Json {
+        let list: Vec<_> = PROFILES
+            .iter()
+            .map(|p| {
+                json!({
+                    "name": p.name,
+                    "summary": p.summary,
+                    "options": p.params.iter().map(|o| o.flag()).collect::<Vec<_>>(),
+                })
+            })
+            .collect();
+        println!("{}", serde_json::to_string_pretty(&list)?);
+        return Ok(());
+    }
+    let rows: Vec<Vec<String>> = PROFILES
+        .iter()
+        .map(|p| vec![p.name.to_string(), p.summary.to_string()])
+        .collect();
+    print!(
+        "{}",
+        table(
+            &[("PROFILE", Align::Left), ("WHAT IT MEASURES", Align::Left)],
+            &rows
+        )
+    );
+    println!(
+        "\nRun one: basalt bench run PROFILE [--compare basalt,qemu-nbd,nbdkit,file] [--quick]"
+    );
+    println!("Origins and options of each: docs/benchmarks.md");
+    Ok(())
+}
+
+/// The `basalt` target: a running server when one was pointed at, else an
+/// ephemeral one started from this very executable.
+fn basalt_server(
+    args: &RunArgs,
+    client: &ClientArgs,
+    data_dir_given: bool,
+) -> Result<BasaltServer> {
+    if client.url.is_none() && client.token.is_none() && !data_dir_given {
+        let exe = std::env::current_exe()
+            .context("cannot find the basalt executable to start an ephemeral server")?;
+        return Ok(BasaltServer::Ephemeral { exe });
+    }
+    let api = ApiClient::discover(client)?;
+    let nbd_address = args
+        .nbd_address
+        .clone()
+        .or_else(|| api.server.as_ref().map(|s| s.nbd.clone()));
+    Ok(BasaltServer::Running {
+        api_url: api.base_url().to_string(),
+        token: api.token().to_string(),
+        nbd_address,
+    })
+}
+
+fn run_profile(args: RunArgs, client: &ClientArgs, data_dir_given: bool) -> Result<()> {
+    let targets: Vec<String> = args
+        .compare
+        .iter()
+        .chain(args.target.iter())
+        .cloned()
+        .collect();
+    let uses_basalt = targets.is_empty()
+        || targets
+            .iter()
+            .any(|t| t.split(',').any(|part| part.trim() == "basalt"));
+    let basalt = if uses_basalt {
+        basalt_server(&args, client, data_dir_given)?
+    } else {
+        BasaltServer::Ephemeral {
+            exe: PathBuf::from("basalt"),
+        }
+    };
+    let size_bytes = args
+        .size
+        .as_deref()
+        .map(parse_size)
+        .transpose()
+        .context("--size")?;
+    let config = RunConfig {
+        profile: args.profile,
+        options: ProfileOptions {
+            quick: args.quick,
+            runtime_secs: args.runtime,
+            rw: args.rw,
+            bs: args.bs,
+            numjobs: args.numjobs,
+            iodepth: args.iodepth,
+            samples: args.samples,
+            precondition: args.precondition,
+        },
+        targets,
+        size_bytes,
+        out_dir: args.out,
+        work_dir: args.work_dir,
+        hosts: args
+            .hosts
+            .into_iter()
+            .map(|h| h.trim().to_string())
+            .filter(|h| !h.is_empty())
+            .collect(),
+        basalt,
+        basalt_version: env!("CARGO_PKG_VERSION").to_string(),
+        fio: args.fio,
+        progress: true,
+    };
+    let outcome = runner::run(config)?;
+    for warning in &outcome.warnings {
+        eprintln!("warning: {warning}");
+    }
+    let out = &outcome.out_dir;
+    println!("results: {}", out.display());
+    let mut files = vec![out.join(basalt_bench::render::SUMMARY_FILE)];
+    files.extend(outcome.rendered.iter().cloned());
+    print_files(out, &files);
+    let total = outcome.summary.cells.len();
+    if let Some(e) = &outcome.render_error {
+        bail!(
+            "cannot render the report: {e}; summary.json and the raw fio outputs are in {}",
+            out.display()
+        );
+    }
+    if outcome.interrupted {
+        bail!(
+            "interrupted: {} of {total} cells not measured; partial results in {}",
+            outcome.failed_cells,
+            out.display()
+        );
+    }
+    if outcome.failed_cells > 0 {
+        return Err(anyhow!(
+            "{} of {total} cells failed (shown as FAILED in {})",
+            outcome.failed_cells,
+            out.join(basalt_bench::render::RESULTS_FILE).display()
+        ));
+    }
+    Ok(())
+}
+
+/// Prints the files written, relative to the output directory; charts as
+/// a count.
+fn print_files(out: &Path, files: &[PathBuf]) {
+    let mut charts = 0;
+    for file in files {
+        let rel = file.strip_prefix(out).unwrap_or(file);
+        if rel.starts_with(basalt_bench::render::CHARTS_DIR) {
+            charts += 1;
+        } else {
+            println!("  {}", rel.display());
+        }
+    }
+    if charts > 0 {
+        println!(
+            "  {}/ ({charts} SVG charts)",
+            basalt_bench::render::CHARTS_DIR
+        );
+    }
+}
