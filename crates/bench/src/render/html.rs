@@ -56,7 +56,8 @@ pub(crate) fn render(report: &Report<'_>) -> String {
     let _ = writeln!(html, "<header>\n<h1>Basalt bench results</h1>");
     html.push_str(
         "<p class=\"note\">Figures are fio's, aggregated over all jobs of a cell; latency is \
-         total latency (submission to completion, fio's lat). Only ratios measured in the same run mean much: absolute numbers \
+         total latency (submission to completion, fio's lat). \
+         Only ratios measured in the same run mean much: absolute numbers \
          move with the host.</p>\n",
     );
     let failed: usize = report

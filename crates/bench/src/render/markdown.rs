@@ -24,7 +24,8 @@ pub(crate) fn render(report: &Report<'_>) -> String {
     }
     md.push_str(
         "Figures are fio's, aggregated over all jobs of a cell; latency is total latency \
-         (submission to completion, fio's lat).          Only ratios measured in the same run mean much: absolute numbers move with the host.\n\n",
+         (submission to completion, fio's lat). \
+         Only ratios measured in the same run mean much: absolute numbers move with the host.\n\n",
     );
     for run in &report.runs {
         write_run(&mut md, run, several);
