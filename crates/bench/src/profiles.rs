@@ -134,7 +134,7 @@ pub const PROFILES: &[ProfileInfo] = &[
     ProfileInfo {
         profile: Profile::Parallel,
         name: "parallel",
-        summary: "many concurrent streams: randrw 50/50, numjobs 1, 10, 20 at QD 4, then QD 20, 40 at numjobs 20; a region per job",
+        summary: "many concurrent streams: randrw 50/50, numjobs 1, 10, 20 × QD 4, 20, 40; a region per job",
         params: &[
             Param::Numjobs,
             Param::Iodepth,
@@ -650,46 +650,37 @@ pub fn expand(profile: Profile, o: &ProfileOptions) -> Result<Plan, ProfileError
             parameters.insert("bootstrap_seed".into(), json!(BOOTSTRAP_SEED));
         }
         Profile::Parallel => {
-            // The seed's two series: numjobs 1, 10, 20 at QD 4; then QD 20
-            // and 40 at numjobs 20.
-            let grid: [(u32, u32); 5] = [(1, 4), (10, 4), (20, 4), (20, 20), (20, 40)];
+            // The full grid; it contains the seed's two series (numjobs
+            // 1, 10, 20 at QD 4, then QD 20 and 40 at numjobs 20).
             let jobs = filter(profile, "--numjobs", &[1, 10, 20], &o.numjobs, |n| {
                 n.to_string()
             })?;
             let depths = filter(profile, "--iodepth", &[4, 20, 40], &o.iodepth, |n| {
                 n.to_string()
             })?;
+            let grid: Vec<(u32, u32)> = jobs
+                .iter()
+                .flat_map(|&nj| depths.iter().map(move |&qd| (nj, qd)))
+                .collect();
             let duration = time_based(o, RUNTIME_SECS, RAMP_SECS);
-            let mut pairs = Vec::new();
-            for (nj, qd) in grid {
-                if jobs.contains(&nj) && depths.contains(&qd) {
-                    pairs.push((nj, qd));
-                    let mut options = random_opts();
-                    options.insert(0, ("direct", "1".into()));
-                    push(
-                        JobSpec {
-                            workload: workload("randrw", 4 * KIB, nj, qd, Some(50), None),
-                            duration,
-                            engine: EngineKind::Async,
-                            region_per_job: true,
-                            options,
-                        },
-                        None,
-                    );
-                }
-            }
-            if pairs.is_empty() {
-                return Err(ProfileError::InvalidValue {
-                    profile,
-                    flag: "--numjobs/--iodepth",
-                    value: format!("{jobs:?} x {depths:?}"),
-                    valid: "numjobs 1, 10, 20 at iodepth 4; iodepth 20, 40 at numjobs 20".into(),
-                });
+            for &(nj, qd) in &grid {
+                let mut options = random_opts();
+                options.insert(0, ("direct", "1".into()));
+                push(
+                    JobSpec {
+                        workload: workload("randrw", 4 * KIB, nj, qd, Some(50), None),
+                        duration,
+                        engine: EngineKind::Async,
+                        region_per_job: true,
+                        options,
+                    },
+                    None,
+                );
             }
             parameters.insert("rw".into(), json!(["randrw"]));
             parameters.insert("rwmixread".into(), json!(50));
             parameters.insert("bs_bytes".into(), json!([4 * KIB]));
-            parameters.insert("numjobs_iodepth".into(), json!(pairs));
+            parameters.insert("numjobs_iodepth".into(), json!(grid));
             parameters.insert("region_per_job".into(), json!(true));
             insert_duration(&mut parameters, duration);
         }
@@ -873,14 +864,27 @@ mod tests {
     }
 
     #[test]
-    fn parallel_follows_the_two_series() {
+    fn parallel_is_the_full_grid() {
         let plan = expand_ok("parallel", &ProfileOptions::default());
         let pairs: Vec<(u32, u32)> = plan
             .cells
             .iter()
             .map(|c| (c.job.workload.numjobs, c.job.workload.iodepth))
             .collect();
-        assert_eq!(pairs, [(1, 4), (10, 4), (20, 4), (20, 20), (20, 40)]);
+        assert_eq!(
+            pairs,
+            [
+                (1, 4),
+                (1, 20),
+                (1, 40),
+                (10, 4),
+                (10, 20),
+                (10, 40),
+                (20, 4),
+                (20, 20),
+                (20, 40)
+            ]
+        );
         assert!(plan.cells.iter().all(|c| c.job.region_per_job));
         assert!(plan
             .cells
@@ -894,19 +898,24 @@ mod tests {
             },
         );
         assert_eq!(only20.cells.len(), 3);
-        let err = expand(
-            Profile::Parallel,
+        let one = expand_ok(
+            "parallel",
             &ProfileOptions {
                 numjobs: vec![1],
                 iodepth: vec![40],
                 ..Default::default()
             },
+        );
+        assert_eq!(one.cells.len(), 1);
+        let err = expand(
+            Profile::Parallel,
+            &ProfileOptions {
+                iodepth: vec![8],
+                ..Default::default()
+            },
         )
         .unwrap_err();
-        assert!(
-            err.to_string().contains("numjobs 1, 10, 20 at iodepth 4"),
-            "{err}"
-        );
+        assert!(err.to_string().contains("4, 20, 40"), "{err}");
     }
 
     #[test]
