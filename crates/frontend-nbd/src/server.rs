@@ -8,6 +8,10 @@
 //!   no connection can be registered afterwards, then shuts every registered
 //!   socket down with `shutdown(2)` — which wakes a thread blocked in `recv`
 //!   or `send` — and joins every thread.
+//! - Resources per client are bounded: at most `max_connections` live
+//!   connections (more are closed at once, with a log line), and a client
+//!   that does not finish the handshake within `handshake_timeout` is
+//!   disconnected, so idle or half-open sockets cannot pin threads forever.
 
 use crate::handshake::{self, HandshakeOutcome};
 use crate::transmission::{self, SessionEnd};
@@ -26,8 +30,27 @@ use std::time::Duration;
 /// file table does not turn the acceptor into a busy loop.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
+/// Per-server bounds on what clients can hold.
+#[derive(Debug, Clone, Copy)]
+pub struct ServerLimits {
+    /// Live connections at most; further ones are closed on accept.
+    pub max_connections: usize,
+    /// Time a client has to complete the handshake (each read of it).
+    pub handshake_timeout: Duration,
+}
+
+impl Default for ServerLimits {
+    fn default() -> Self {
+        ServerLimits {
+            max_connections: 1024,
+            handshake_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
 struct Shared {
     exports: Arc<dyn Exports>,
+    limits: ServerLimits,
     stopping: AtomicBool,
     next_id: AtomicU64,
     /// Socket clones of live connections, to shut them down on stop.
@@ -48,10 +71,20 @@ impl NbdServer {
     /// Binds `listen`, starts accepting connections in a background thread
     /// and logs "NBD listening on ADDR".
     pub fn start(listen: SocketAddr, exports: Arc<dyn Exports>) -> io::Result<NbdServer> {
+        Self::start_with_limits(listen, exports, ServerLimits::default())
+    }
+
+    /// [`NbdServer::start`] with explicit client limits.
+    pub fn start_with_limits(
+        listen: SocketAddr,
+        exports: Arc<dyn Exports>,
+        limits: ServerLimits,
+    ) -> io::Result<NbdServer> {
         let listener = Arc::new(TcpListener::bind(listen)?);
         let local_addr = listener.local_addr()?;
         let shared = Arc::new(Shared {
             exports,
+            limits,
             stopping: AtomicBool::new(false),
             next_id: AtomicU64::new(0),
             connections: Mutex::new(HashMap::new()),
@@ -165,6 +198,12 @@ fn accept_loop(listener: &TcpListener, shared: &Arc<Shared>) {
 }
 
 fn spawn_connection(shared: &Arc<Shared>, stream: TcpStream, peer: SocketAddr) {
+    let live = shared.connections.lock().len();
+    if live >= shared.limits.max_connections {
+        // Dropping the stream closes it before any greeting.
+        tracing::warn!(%peer, live, "NBD connection refused: connection limit reached");
+        return;
+    }
     let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
     let registered = match stream.try_clone() {
         Ok(clone) => clone,
@@ -219,6 +258,10 @@ fn serve_connection(shared: &Shared, mut stream: TcpStream, peer: SocketAddr) {
         tracing::debug!(%peer, "cannot set TCP_NODELAY: {err}");
     }
     let stopping = || shared.stopping.load(Ordering::SeqCst);
+    if let Err(err) = stream.set_read_timeout(Some(shared.limits.handshake_timeout)) {
+        tracing::warn!(%peer, "NBD connection refused, cannot set the handshake timeout: {err}");
+        return;
+    }
     let negotiated = match handshake::negotiate(&mut stream, shared.exports.as_ref()) {
         Ok(HandshakeOutcome::Transmission(negotiated)) => negotiated,
         Ok(HandshakeOutcome::Aborted) => {
@@ -234,6 +277,11 @@ fn serve_connection(shared: &Shared, mut stream: TcpStream, peer: SocketAddr) {
             return;
         }
     };
+    // Transmission waits for requests as long as the client likes.
+    if let Err(err) = stream.set_read_timeout(None) {
+        tracing::warn!(%peer, "NBD connection closed, cannot clear the handshake timeout: {err}");
+        return;
+    }
     let export = negotiated.handle.name().to_owned();
     tracing::info!(%peer, %export, structured_replies = negotiated.structured,
         block_status = negotiated.base_allocation.is_some(), "NBD client connected");

@@ -436,3 +436,78 @@ fn too_many_options_close_the_connection() {
     eventually("connection to be released", || server.connections() == 0);
     server.shutdown();
 }
+
+fn limited_server(limits: basalt_frontend_nbd::ServerLimits) -> basalt_frontend_nbd::NbdServer {
+    init_logging();
+    let exports = StoreExports::sim(64 * MIB);
+    exports.add_volume("vol", MIB);
+    basalt_frontend_nbd::NbdServer::start_with_limits(
+        "127.0.0.1:0".parse().expect("address"),
+        exports as std::sync::Arc<dyn basalt_frontend_nbd::Exports>,
+        limits,
+    )
+    .expect("start server")
+}
+
+/// Reads until EOF (true) or the test's own timeout (false).
+fn closed_by_server(stream: &mut std::net::TcpStream) -> bool {
+    stream
+        .set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .expect("timeout");
+    let mut sink = [0u8; 256];
+    loop {
+        match stream.read(&mut sink) {
+            Ok(0) => return true,
+            Ok(_) => continue,
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return true,
+            Err(_) => return false,
+        }
+    }
+}
+
+#[test]
+fn a_client_stalling_in_the_handshake_is_disconnected() {
+    let server = limited_server(basalt_frontend_nbd::ServerLimits {
+        handshake_timeout: std::time::Duration::from_millis(200),
+        ..Default::default()
+    });
+    // Reads the greeting, then never answers.
+    let mut stalled = std::net::TcpStream::connect(server.local_addr()).expect("connect");
+    assert!(
+        closed_by_server(&mut stalled),
+        "a stalled handshake must be cut off"
+    );
+    eventually("the stalled connection is gone", || {
+        server.connections() == 0
+    });
+    // A client that completes the handshake is not affected, even when idle
+    // longer than the handshake timeout.
+    let mut c = Client::open(server.local_addr(), "vol");
+    std::thread::sleep(std::time::Duration::from_millis(400));
+    c.write(0, &[1u8; 4096], CommandFlags::empty())
+        .expect("write after idling");
+    c.disconnect();
+    server.shutdown();
+}
+
+#[test]
+fn connections_beyond_the_limit_are_closed_at_once() {
+    let server = limited_server(basalt_frontend_nbd::ServerLimits {
+        max_connections: 2,
+        ..Default::default()
+    });
+    let a = Client::open(server.local_addr(), "vol");
+    let b = Client::open(server.local_addr(), "vol");
+    eventually("two connections", || server.connections() == 2);
+    let mut third = std::net::TcpStream::connect(server.local_addr()).expect("connect");
+    assert!(
+        closed_by_server(&mut third),
+        "the third connection must be refused"
+    );
+    a.disconnect();
+    eventually("one connection left", || server.connections() == 1);
+    let c = Client::open(server.local_addr(), "vol");
+    c.disconnect();
+    b.disconnect();
+    server.shutdown();
+}
