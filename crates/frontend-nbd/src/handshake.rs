@@ -268,6 +268,22 @@ impl Handshake<'_> {
         self.exports.open(name)
     }
 
+    /// Opens `name` for `option`, or answers the option with
+    /// NBD_REP_ERR_UNKNOWN.
+    fn open_or_refuse(&mut self, option: u32, name: &str) -> Option<VolumeHandle> {
+        let handle = self.open(name);
+        if handle.is_none() {
+            self.reply(
+                option,
+                &OptionReply::error(
+                    ErrorReply::UnknownExport,
+                    format!("no export named {name:?}"),
+                ),
+            );
+        }
+        handle
+    }
+
     fn transmission_flags(&self) -> TransmissionFlags {
         if self.structured {
             // DF only means something with structured replies.
@@ -295,16 +311,7 @@ impl Handshake<'_> {
     /// NBD_OPT_INFO / NBD_OPT_GO: INFO replies then ACK, or an error. Returns
     /// the opened export for GO.
     fn info(&mut self, option: u32, request: &InfoRequest) -> Option<Negotiated> {
-        let Some(handle) = self.open(&request.export) else {
-            self.reply(
-                option,
-                &OptionReply::error(
-                    ErrorReply::UnknownExport,
-                    format!("no export named {:?}", request.export),
-                ),
-            );
-            return None;
-        };
+        let handle = self.open_or_refuse(option, &request.export)?;
         let negotiated = self.negotiated(handle);
         let name = negotiated.handle.name().to_owned();
         self.reply(
@@ -354,14 +361,7 @@ impl Handshake<'_> {
             );
             return;
         }
-        let Some(handle) = self.open(&request.export) else {
-            self.reply(
-                option,
-                &OptionReply::error(
-                    ErrorReply::UnknownExport,
-                    format!("no export named {:?}", request.export),
-                ),
-            );
+        let Some(handle) = self.open_or_refuse(option, &request.export) else {
             return;
         };
         let export = handle.name().to_owned();

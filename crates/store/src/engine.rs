@@ -24,7 +24,7 @@ use crate::volume::{LocalVolume, MapEntry, VolumeState};
 use crate::{VolumeId, BLOCK_SIZE};
 use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -61,8 +61,9 @@ pub(crate) struct Meta {
     pub pending: Vec<JournalEntry>,
     /// Unmapped extents waiting for their unmap to be durable.
     pub pending_free: Vec<u32>,
-    /// Entries ever queued (for "is everything up to here durable?").
-    pub appended: u64,
+    /// Entries ever queued; shared with `Store::queued_entries` so the data
+    /// path can ask "is everything durable?" without taking this lock.
+    pub appended: Arc<AtomicU64>,
     pub volumes: HashMap<VolumeId, Arc<VolumeState>>,
 }
 
@@ -74,7 +75,7 @@ impl Meta {
             .map_err(StoreError::Format)?;
         self.pending_free.extend(freed);
         self.pending.push(entry);
-        self.appended += 1;
+        self.appended.fetch_add(1, Ordering::AcqRel);
         Ok(())
     }
 }
@@ -85,6 +86,10 @@ pub struct Store {
     pub(crate) journal: Mutex<Journal>,
     pub(crate) meta: Mutex<Meta>,
     pub(crate) failed: AtomicBool,
+    /// Journal entries ever queued, and how many of them are durable. Both
+    /// only grow; `durable_entries` is advanced under the journal lock.
+    queued_entries: Arc<AtomicU64>,
+    durable_entries: AtomicU64,
     /// Serialises read-modify-write of partial blocks, striped by block.
     pub(crate) rmw_locks: Vec<Mutex<()>>,
     closed: AtomicBool,
@@ -228,6 +233,7 @@ impl Store {
             volumes = volumes.len(),
             "opened store"
         );
+        let queued_entries = Arc::new(AtomicU64::new(0));
         let store = Arc::new(Store {
             device,
             layout,
@@ -237,17 +243,18 @@ impl Store {
                 head_seq,
                 tail_seq: sb.journal_tail_seq,
                 generation: sb.generation,
-                durable_entries: 0,
             }),
             meta: Mutex::new(Meta {
                 state,
                 free,
                 pending: Vec::new(),
                 pending_free: Vec::new(),
-                appended: 0,
+                appended: queued_entries.clone(),
                 volumes,
             }),
             failed: AtomicBool::new(false),
+            queued_entries,
+            durable_entries: AtomicU64::new(0),
             rmw_locks: (0..64).map(|_| Mutex::new(())).collect(),
             closed: AtomicBool::new(false),
             superblock: Mutex::new(sb),
@@ -352,10 +359,10 @@ impl Store {
         self.commit()
     }
 
-    /// Whether a metadata change is queued or being written.
+    /// Whether a metadata change is queued or being written. Lock-free: it
+    /// sits on the path of every FUA write.
     pub(crate) fn metadata_pending(&self) -> bool {
-        let appended = self.meta.lock().appended;
-        self.journal.lock().durable_entries < appended
+        self.durable_entries.load(Ordering::Acquire) < self.queued_entries.load(Ordering::Acquire)
     }
 
     pub(crate) fn commit(&self) -> Result<(), StoreError> {
@@ -366,7 +373,7 @@ impl Store {
             (
                 std::mem::take(&mut m.pending),
                 std::mem::take(&mut m.pending_free),
-                m.appended,
+                m.appended.load(Ordering::Acquire),
             )
         };
         tracing::debug!(
@@ -386,7 +393,7 @@ impl Store {
             self.write_journal(&mut j, &entries)
         };
         result.map_err(|e| self.fail(e))?;
-        j.durable_entries = j.durable_entries.max(upto);
+        self.durable_entries.fetch_max(upto, Ordering::AcqRel);
         drop(j);
         self.release_extents(freed)
     }

@@ -16,8 +16,6 @@ pub(crate) struct Journal {
     pub tail_seq: u64,
     /// Generation of the last superblock written.
     pub generation: u64,
-    /// Entries appended (ever) that are known durable.
-    pub durable_entries: u64,
 }
 
 impl Journal {

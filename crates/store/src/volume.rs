@@ -228,8 +228,8 @@ impl LocalVolume {
             return;
         }
         let mut ios: Vec<IoOp<'_>> = Vec::with_capacity(ops.len());
-        let mut owner: Vec<usize> = Vec::with_capacity(ops.len());
-        let mut io_fua: Vec<bool> = Vec::with_capacity(ops.len());
+        // For each device I/O: the index of its op, and whether it is FUA.
+        let mut owner: Vec<(usize, bool)> = Vec::with_capacity(ops.len());
         let mut failed: Vec<(usize, IoError)> = Vec::new();
         let mut fua_wanted = false;
         for (i, op) in ops.iter_mut().enumerate() {
@@ -251,8 +251,7 @@ impl LocalVolume {
                         match map.get((off / es) as usize).and_then(MapEntry::get) {
                             Some(phys) => {
                                 ios.push(IoOp::read(layout.extent_offset(phys) + within, piece));
-                                owner.push(i);
-                                io_fua.push(false);
+                                owner.push((i, false));
                             }
                             None => piece.fill(0),
                         }
@@ -289,8 +288,7 @@ impl LocalVolume {
                                     piece,
                                     false,
                                 ));
-                                owner.push(i);
-                                io_fua.push(*fua);
+                                owner.push((i, *fua));
                             }
                             Err(e) => {
                                 failed.push((i, e));
@@ -306,7 +304,7 @@ impl LocalVolume {
         // write normally and commit; otherwise let the device do FUA.
         let commit_after = fua_wanted && self.store.metadata_pending();
         if fua_wanted && !commit_after {
-            for (io, _) in ios.iter_mut().zip(&io_fua).filter(|(_, f)| **f) {
+            for (io, _) in ios.iter_mut().zip(&owner).filter(|(_, (_, fua))| *fua) {
                 if let IoKind::Write(data) = &io.kind {
                     let data: &[u8] = data;
                     io.kind = IoKind::WriteFua(data);
@@ -314,7 +312,7 @@ impl LocalVolume {
             }
         }
         self.store.device.submit(&mut ios);
-        for (io, &i) in ios.into_iter().zip(&owner) {
+        for (io, &(i, _)) in ios.into_iter().zip(&owner) {
             if let Err(e) = io.result {
                 failed.push((i, IoError::Io(e)));
             }
@@ -491,11 +489,5 @@ impl LocalVolume {
             off = piece_end;
         }
         Ok(runs)
-    }
-
-    /// Bytes of the volume backed by allocated extents.
-    pub fn allocated_bytes(&self) -> u64 {
-        let map = self.vol.map.read();
-        map.0.iter().filter(|e| e.get().is_some()).count() as u64 * self.store.extent_size()
     }
 }

@@ -451,3 +451,49 @@ fn unknown_format_version_is_refused_clearly() {
     let err = Store::open(blank).err().expect("must refuse");
     assert!(err.to_string().contains("no Basalt store"), "{err}");
 }
+
+#[test]
+fn a_failing_disk_stops_writes_and_loses_nothing_flushed() {
+    let dev = SimDevice::new(8 << 20, 5);
+    let store = Store::create(
+        dev.clone(),
+        &FormatOptions {
+            extent_size: Some(EXTENT),
+        },
+    )
+    .unwrap();
+    let id = uuid::Uuid::new_v4();
+    store.create_volume(id, 1 << 20).unwrap();
+    let v = store.volume(id).unwrap();
+    v.write(0, &[1u8; 4096], false).unwrap();
+    store.flush().unwrap();
+
+    dev.set_fail_writes(true);
+    assert!(matches!(
+        v.write(EXTENT as u64, &[2u8; 4096], false),
+        Err(IoError::Io(_))
+    ));
+    assert!(
+        store.flush().is_err(),
+        "a journal write to a failing disk must fail the flush"
+    );
+    // The store stopped: no write is accepted any more, reads still work.
+    assert!(matches!(
+        v.write(0, &[3u8; 4096], false),
+        Err(IoError::Failed)
+    ));
+    let mut b = [0u8; 4096];
+    v.read(0, &mut b).unwrap();
+    assert_eq!(b, [1u8; 4096]);
+
+    // The disk comes back; after a restart the flushed data is there and
+    // the never-durable write is not.
+    dev.set_fail_writes(false);
+    dev.crash();
+    let store = Store::open(dev).unwrap();
+    let v = store.volume(id).unwrap();
+    v.read(0, &mut b).unwrap();
+    assert_eq!(b, [1u8; 4096]);
+    v.read(EXTENT as u64, &mut b).unwrap();
+    assert_eq!(b, [0u8; 4096]);
+}

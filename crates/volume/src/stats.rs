@@ -74,14 +74,6 @@ impl VolumeStats {
         }
     }
 
-    pub fn ops(&self, kind: OpKind) -> u64 {
-        self.per_op[kind as usize].ops.load(Ordering::Relaxed)
-    }
-
-    pub fn bytes(&self, kind: OpKind) -> u64 {
-        self.per_op[kind as usize].bytes.load(Ordering::Relaxed)
-    }
-
     /// Handles (frontend connections) open on the volume now.
     pub fn open_handles(&self) -> usize {
         self.open_handles.load(Ordering::Acquire)

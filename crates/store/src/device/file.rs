@@ -15,7 +15,7 @@ use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::fs::{FileExt, FileTypeExt, OpenOptionsExt};
 use std::os::unix::io::AsRawFd;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 const RING_ENTRIES: u32 = 256;
@@ -28,10 +28,8 @@ thread_local! {
 
 pub struct FileDevice {
     file: File,
-    path: PathBuf,
     size: u64,
     direct: bool,
-    block_device: bool,
 }
 
 impl FileDevice {
@@ -83,25 +81,7 @@ impl FileDevice {
         if !ring_available() {
             tracing::warn!("io_uring unavailable; using pread/pwrite");
         }
-        Ok(Arc::new(FileDevice {
-            file,
-            path: path.to_owned(),
-            size,
-            direct,
-            block_device,
-        }))
-    }
-
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
-    pub fn is_direct(&self) -> bool {
-        self.direct
-    }
-
-    pub fn is_block_device(&self) -> bool {
-        self.block_device
+        Ok(Arc::new(FileDevice { file, size, direct }))
     }
 
     fn fallocate(&self, mode: libc::c_int, offset: u64, len: u64) -> io::Result<()> {
