@@ -10,6 +10,9 @@
 #   libnbd-bin          nbdinfo, nbdcopy
 #   python3-libnbd      nbdsh and the python3 `nbd` module (tests/nbdsh/*.py)
 #   nbdkit              reference NBD server, for comparing behaviour by hand
+#   etcd-server         etcd 3.4, started by the etcd catalog's tests
+#   protobuf-compiler   protoc and the well-known .proto files (with
+#   libprotobuf-dev)    libprotobuf-dev), to build the etcd-client crate
 # then runs, in order, and reports each:
 #   cargo fmt --all -- --check
 #   cargo clippy --workspace --all-targets -- -D warnings   (skip: --no-clippy)
@@ -33,7 +36,7 @@ while [ $# -gt 0 ]; do
         --no-fuzz) run_fuzz=0 ;;
         --no-install) do_install=0 ;;
         --) shift; test_args=("$@"); break ;;
-        -h|--help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,/^$/p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "test.sh: unknown option $1 (try --help)" >&2; exit 2 ;;
     esac
     shift
@@ -61,6 +64,9 @@ missing_packages() {
     { command -v nbdinfo && command -v nbdcopy; } >/dev/null 2>&1 || missing+=(libnbd-bin)
     { command -v nbdsh >/dev/null 2>&1 && python_has_nbd; } || missing+=(python3-libnbd)
     command -v nbdkit >/dev/null 2>&1 || missing+=(nbdkit)
+    command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)
+    command -v protoc >/dev/null 2>&1 || missing+=(protobuf-compiler)
+    [ -f /usr/include/google/protobuf/descriptor.proto ] || missing+=(libprotobuf-dev)
     echo "${missing[@]}"
 }
 
@@ -82,7 +88,7 @@ if [ -n "$missing" ]; then
     echo "(the end-to-end tests fail, rather than skip, without them)" >&2
     exit 1
 fi
-echo "fio: $(fio --version)  qemu-img: $(qemu-img --version | head -1)  $(nbdinfo --version | head -1)"
+echo "fio: $(fio --version)  qemu-img: $(qemu-img --version | head -1)  $(nbdinfo --version | head -1)  $(etcd --version | head -1)"
 
 # ---------------------------------------------------------------------------
 # Rust toolchain.

@@ -3,6 +3,7 @@
 
 use crate::Revision;
 use std::path::PathBuf;
+use std::time::Duration;
 
 /// Why a catalog call failed.
 #[derive(Debug, thiserror::Error)]
@@ -32,6 +33,31 @@ pub enum CatalogError {
 
     #[error("catalog {} is in use by another process (is another basalt server running on this data directory?)", .0.display())]
     Locked(PathBuf),
+
+    /// A request to a remote backend failed (no endpoint reachable, no
+    /// leader, refused, ...). A failed mutation may still have been applied:
+    /// re-read before retrying.
+    #[error("catalog request for {key:?} to {endpoints} failed: {source}")]
+    Request {
+        endpoints: String,
+        key: String,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+
+    /// A remote backend did not answer within the configured time. As with
+    /// [`CatalogError::Request`], a mutation may still have been applied.
+    #[error(
+        "catalog request for {key:?} to {endpoints} got no answer within {timeout:?} (is etcd running, reachable and with a leader?)"
+    )]
+    Timeout {
+        endpoints: String,
+        key: String,
+        timeout: Duration,
+    },
+
+    #[error("invalid catalog configuration: {0}")]
+    Config(String),
 
     #[error("catalog backend failed: {0}")]
     Backend(#[source] Box<dyn std::error::Error + Send + Sync>),

@@ -2,8 +2,9 @@
 //! state a node converges its local store on.
 //!
 //! The [`Catalog`] trait is the only thing the rest of the control plane sees.
-//! It is shaped so that a replicated backend (etcd, in the cluster work) can
-//! implement it with the same semantics as the embedded [`RedbCatalog`]:
+//! Two backends implement it with the same semantics: the embedded
+//! [`RedbCatalog`] (one node) and [`EtcdCatalog`] (a cluster's shared
+//! catalog in etcd):
 //!
 //! - Records are keyed by volume name; names are unique.
 //! - Every stored record carries a [`Revision`]. Revisions are assigned by the
@@ -13,13 +14,17 @@
 //! - Creation is put-if-absent; update and delete are compare-and-swap on the
 //!   revision the caller read. A caller that lost a race gets
 //!   [`CatalogError::Conflict`] and re-reads; nothing is overwritten blindly.
-//! - Every successful call is durable when it returns.
+//! - Every successful call is durable when it returns. A mutation that fails
+//!   with [`CatalogError::Timeout`] or [`CatalogError::Request`] (remote
+//!   backends) may or may not have been applied; re-read to find out.
 
 mod error;
+mod etcd_catalog;
 mod record;
 mod redb_catalog;
 
 pub use error::CatalogError;
+pub use etcd_catalog::{EtcdCatalog, EtcdConfig, DEFAULT_ETCD_PREFIX};
 pub use record::{VolumeRecord, MAX_VOLUME_NAME_LEN};
 pub use redb_catalog::RedbCatalog;
 
