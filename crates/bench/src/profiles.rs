@@ -78,6 +78,7 @@ pub enum Profile {
     DbLatency,
     FioSamples,
     Parallel,
+    DataPath,
     Precondition,
 }
 
@@ -141,6 +142,12 @@ pub const PROFILES: &[ProfileInfo] = &[
             Param::Runtime,
             Param::Precondition,
         ],
+    },
+    ProfileInfo {
+        profile: Profile::DataPath,
+        name: "datapath",
+        summary: "the data-path targets: 4k randread and randwrite at QD 1 and at numjobs 2 × QD 16, 8k randwrite QD 1 with fsync after each, 1 MiB sequential read and write at QD 8",
+        params: &[Param::Runtime, Param::Precondition],
     },
     ProfileInfo {
         profile: Profile::Precondition,
@@ -684,6 +691,48 @@ pub fn expand(profile: Profile, o: &ProfileOptions) -> Result<Plan, ProfileError
             parameters.insert("region_per_job".into(), json!(true));
             insert_duration(&mut parameters, duration);
         }
+        Profile::DataPath => {
+            let duration = time_based(o, RUNTIME_SECS, RAMP_SECS);
+            // (rw, block size, numjobs, iodepth, fsync)
+            let grid: [(&str, u64, u32, u32, Option<u32>); 7] = [
+                ("randread", 4 * KIB, 1, 1, None),
+                ("randwrite", 4 * KIB, 1, 1, None),
+                ("randread", 4 * KIB, 2, 16, None),
+                ("randwrite", 4 * KIB, 2, 16, None),
+                ("randwrite", 8 * KIB, 1, 1, Some(1)),
+                ("read", MIB, 1, 8, None),
+                ("write", MIB, 1, 8, None),
+            ];
+            for (rw, bs, nj, qd, fsync) in grid {
+                let options = if rw.starts_with("rand") {
+                    let mut options = random_opts();
+                    options.insert(0, ("direct", "1".into()));
+                    options
+                } else {
+                    opts(&[("direct", "1")])
+                };
+                push(
+                    JobSpec {
+                        workload: workload(rw, bs, nj, qd, None, fsync),
+                        duration,
+                        engine: EngineKind::Async,
+                        region_per_job: false,
+                        options,
+                    },
+                    None,
+                );
+            }
+            parameters.insert(
+                "cells".into(),
+                json!(grid
+                    .iter()
+                    .map(|(rw, bs, nj, qd, fsync)| json!({
+                        "rw": rw, "bs_bytes": bs, "numjobs": nj, "iodepth": qd, "fsync": fsync
+                    }))
+                    .collect::<Vec<_>>()),
+            );
+            insert_duration(&mut parameters, duration);
+        }
         Profile::Precondition => {
             push(Plan::precondition_job(), None);
         }
@@ -919,6 +968,35 @@ mod tests {
     }
 
     #[test]
+    fn datapath_has_the_seven_target_cells() {
+        let plan = expand_ok("datapath", &ProfileOptions::default());
+        let ids: Vec<&str> = plan.cells.iter().map(|c| c.id.as_str()).collect();
+        assert_eq!(
+            ids,
+            [
+                "randread-4k-j1-qd1",
+                "randwrite-4k-j1-qd1",
+                "randread-4k-j2-qd16",
+                "randwrite-4k-j2-qd16",
+                "randwrite-8k-j1-qd1-fsync1",
+                "read-1m-j1-qd8",
+                "write-1m-j1-qd8",
+            ]
+        );
+        assert_distinct(&plan);
+        let err = expand(
+            Profile::DataPath,
+            &ProfileOptions {
+                numjobs: vec![4],
+                ..Default::default()
+            },
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("takes --runtime, --precondition"), "{err}");
+    }
+
+    #[test]
     fn precondition_is_one_fill() {
         let plan = expand_ok("precondition", &ProfileOptions::default());
         assert_eq!(plan.cells.len(), 1);
@@ -930,7 +1008,9 @@ mod tests {
     fn errors_list_the_valid_choices() {
         let err = Profile::parse("matrx").unwrap_err().to_string();
         assert!(
-            err.contains("matrix, sweep, db-latency, fio-samples, parallel, precondition"),
+            err.contains(
+                "matrix, sweep, db-latency, fio-samples, parallel, datapath, precondition"
+            ),
             "{err}"
         );
 

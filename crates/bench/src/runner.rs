@@ -690,9 +690,11 @@ pub fn run(config: RunConfig) -> Result<RunOutcome, RunError> {
         std::path::absolute(p).map_err(io_err(format!("cannot resolve {}", p.display())))
     };
     let (out_dir, work_parent) = (absolute(&out_dir)?, absolute(&work_parent)?);
-    if specs.iter().any(|s| s.local_only(&config.basalt)) {
-        targets::check_work_dir(&work_parent)?;
-    }
+    let work_fs = if specs.iter().any(|s| s.local_only(&config.basalt)) {
+        Some(targets::check_work_dir(&work_parent)?)
+    } else {
+        None
+    };
     check_out_dir(&out_dir)?;
     let work = tempfile::Builder::new()
         .prefix("basalt-bench.")
@@ -758,6 +760,10 @@ pub fn run(config: RunConfig) -> Result<RunOutcome, RunError> {
     };
     let mut parameters = plan.parameters.clone();
     parameters.insert("size_bytes".into(), json!(size));
+    if let Some(fs) = work_fs {
+        // tmpfs: the backing files live in RAM and the CPU is the limit.
+        parameters.insert("work_dir_filesystem".into(), json!(fs));
+    }
     parameters.insert(
         "cell_order".into(),
         json!("interleaved: each cell on every target in turn"),

@@ -81,8 +81,8 @@ pub enum TargetError {
     Unreachable { name: String, detail: String },
     #[error("the basalt server refused to {action}: {detail}")]
     Api { action: String, detail: String },
-    #[error("work directory {0} is on tmpfs, which has no O_DIRECT; pass --work-dir on a disk filesystem")]
-    Tmpfs(PathBuf),
+    #[error("work directory {0} does not support O_DIRECT (tmpfs before Linux 6.6?); pass --work-dir on another filesystem")]
+    NoDirectIo(PathBuf),
     #[error("{context}: {source}")]
     Io {
         context: String,
@@ -511,21 +511,58 @@ fn sparse_file(path: &Path, size: u64) -> Result<(), TargetError> {
         .map_err(io_err(format!("cannot size {}", path.display())))
 }
 
-/// Refuses a work directory on tmpfs (no O_DIRECT there).
-pub fn check_work_dir(dir: &Path) -> Result<(), TargetError> {
+/// Refuses a work directory where files cannot be opened with O_DIRECT
+/// (tmpfs before Linux 6.6, some FUSE filesystems): the targets' backing
+/// files would be cached and the comparison meaningless. Returns the name of
+/// the directory's filesystem type for the summary (`tmpfs` means the data
+/// lives in RAM, so the CPU rather than a disk is the limit).
+pub fn check_work_dir(dir: &Path) -> Result<&'static str, TargetError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let probe = dir.join(format!(".basalt-bench-direct-probe.{}", std::process::id()));
+    let opened = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(&probe);
+    let _ = fs::remove_file(&probe);
+    match opened {
+        Ok(_) => Ok(filesystem_kind(dir)),
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+            Err(TargetError::NoDirectIo(dir.to_path_buf()))
+        }
+        Err(e) => Err(TargetError::Io {
+            context: format!(
+                "cannot create a file in the work directory {}",
+                dir.display()
+            ),
+            source: e,
+        }),
+    }
+}
+
+/// The filesystem type of `dir`, by its statfs magic, for common ones.
+fn filesystem_kind(dir: &Path) -> &'static str {
     use std::os::unix::ffi::OsStrExt;
-    const TMPFS_MAGIC: i64 = 0x0102_1994;
     let Ok(c_path) = std::ffi::CString::new(dir.as_os_str().as_bytes()) else {
-        return Ok(());
+        return "unknown";
     };
+    // SAFETY: statfs is plain old data; all-zero is a valid value.
     let mut stat: libc::statfs = unsafe { std::mem::zeroed() };
     // SAFETY: a valid NUL-terminated path and a statfs buffer we own.
     let rc = unsafe { libc::statfs(c_path.as_ptr(), &mut stat) };
-    #[allow(clippy::unnecessary_cast)]
-    if rc == 0 && stat.f_type as i64 == TMPFS_MAGIC {
-        return Err(TargetError::Tmpfs(dir.to_path_buf()));
+    if rc != 0 {
+        return "unknown";
     }
-    Ok(())
+    #[allow(clippy::unnecessary_cast)]
+    match stat.f_type as i64 {
+        0x0102_1994 => "tmpfs",
+        0xEF53 => "ext4",
+        0x5846_5342 => "xfs",
+        0x9123_683E => "btrfs",
+        0x794C_7630 => "overlayfs",
+        _ => "other",
+    }
 }
 
 /// Whether a load host (`HOST`, `HOST:PORT`, `[V6]:PORT`) is this machine's

@@ -104,8 +104,9 @@ struct RunArgs {
     #[arg(long, value_delimiter = ',', value_name = "H1,H2")]
     hosts: Vec<String>,
 
-    /// Where the temporary backing files and server data go (a disk
-    /// filesystem, not tmpfs) [default: /var/tmp].
+    /// Where the temporary backing files and server data go: a disk
+    /// filesystem, or /dev/shm to measure software cost with the data in RAM
+    /// (needs O_DIRECT: tmpfs from Linux 6.6) [default: /var/tmp].
     #[arg(long, value_name = "DIR")]
     work_dir: Option<PathBuf>,
 

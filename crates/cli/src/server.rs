@@ -18,7 +18,7 @@ use crate::datadir::{Backing, DataDir, NodeConfig, ServerInfo};
 use crate::exports::VolumeExports;
 use anyhow::{anyhow, bail, Context, Result};
 use basalt_catalog::RedbCatalog;
-use basalt_frontend_nbd::NbdServer;
+use basalt_frontend_nbd::{NbdServer, ServerLimits};
 use basalt_store::{BlockDevice, FileDevice, FormatOptions, Store};
 use basalt_volume::{
     format_size, parse_size, validate_volume_name, validate_volume_size, VolumeError,
@@ -56,6 +56,12 @@ pub struct ServerArgs {
     /// NBD listen address (port 0 picks a free port; ":PORT" means 127.0.0.1:PORT).
     #[arg(long, default_value = "127.0.0.1:10809", value_parser = parse_listen, value_name = "ADDR")]
     pub nbd_listen: SocketAddr,
+
+    /// Threads per NBD connection: with 2 or more, one gathers a pipelining
+    /// client's next requests while another waits for the disk.
+    #[arg(long, default_value_t = basalt_frontend_nbd::DEFAULT_LANES_PER_CONNECTION as u32,
+        value_parser = clap::value_parser!(u32).range(1..=16), value_name = "N")]
+    pub nbd_lanes: u32,
 
     /// REST API listen address (port 0 picks a free port; ":PORT" means 127.0.0.1:PORT).
     #[arg(long, default_value = "127.0.0.1:8080", value_parser = parse_listen, value_name = "ADDR")]
@@ -321,7 +327,15 @@ fn serve(
             .await
             .with_context(|| format!("cannot listen for the API on {}", args.api_listen))?;
         let api_addr = client_addr(api_listener.local_addr()?);
-        let nbd = NbdServer::start(args.nbd_listen, Arc::new(VolumeExports::new(service.clone())))
+        let limits = ServerLimits {
+            lanes_per_connection: args.nbd_lanes as usize,
+            ..ServerLimits::default()
+        };
+        let nbd = NbdServer::start_with_limits(
+            args.nbd_listen,
+            Arc::new(VolumeExports::new(service.clone())),
+            limits,
+        )
             .with_context(|| format!("cannot listen for NBD on {}", args.nbd_listen))?;
         let nbd_addr = client_addr(nbd.local_addr());
 

@@ -535,7 +535,7 @@ fn usage_errors_are_one_line_with_the_valid_choices() {
 
     let line = bench(&dir.0, &["run", "nosuch"]).cli_error(1);
     assert!(
-        line.contains("matrix, sweep, db-latency, fio-samples, parallel, precondition"),
+        line.contains("matrix, sweep, db-latency, fio-samples, parallel, datapath, precondition"),
         "{line}"
     );
     let line = bench(&dir.0, &["run", "db-latency", "--bs", "4k"]).cli_error(1);

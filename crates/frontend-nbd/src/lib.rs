@@ -5,9 +5,11 @@
 //! every accepted connection gets its own OS thread that does the fixed
 //! newstyle handshake (module `handshake`) and then the transmission phase
 //! (module `transmission`) on the [`basalt_volume::VolumeHandle`] the client
-//! picked. There is no thread hop per I/O: the connection thread parses a
-//! batch of pipelined requests, executes their reads and writes with one
-//! `VolumeHandle::submit` call and sends all replies with one vectored write.
+//! picked, with [`ServerLimits::lanes_per_connection`] threads ("lanes")
+//! taking turns at the socket. There is no thread hop per I/O: a lane parses
+//! a batch of pipelined requests, executes their reads and writes with one
+//! `VolumeHandle::submit` call and sends all replies with one vectored write,
+//! while the next lane gathers the following batch.
 //!
 //! Invariants:
 //! - Every request that was read gets exactly one complete reply (simple, or
@@ -28,7 +30,7 @@ mod transmission;
 
 pub(crate) use error::{ConnectionError, HandshakeError};
 pub use handshake::{BASE_ALLOCATION_ID, BASE_TRANSMISSION_FLAGS, MAX_OPTIONS};
-pub use server::{NbdServer, ServerLimits};
+pub use server::{NbdServer, ServerLimits, DEFAULT_LANES_PER_CONNECTION};
 pub use transmission::{
     MAX_BATCH_BYTES, MAX_BATCH_REQUESTS, MAX_DISCARDED_WRITE, RECV_BUFFER_BYTES, SPARSE_READ_MIN,
 };

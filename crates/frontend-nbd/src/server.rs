@@ -30,6 +30,11 @@ use std::time::Duration;
 /// file table does not turn the acceptor into a busy loop.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
+/// Lanes per connection unless configured: two keep a pipelining client's
+/// requests flowing while a batch waits for the disk (measured against one
+/// and three in BENCHMARKS.md).
+pub const DEFAULT_LANES_PER_CONNECTION: usize = 2;
+
 /// Per-server bounds on what clients can hold.
 #[derive(Debug, Clone, Copy)]
 pub struct ServerLimits {
@@ -37,6 +42,10 @@ pub struct ServerLimits {
     pub max_connections: usize,
     /// Time a client has to complete the handshake (each read of it).
     pub handshake_timeout: Duration,
+    /// Threads serving one connection in transmission. With more than one,
+    /// a lane gathers the next batch of requests while another waits for
+    /// the disk, so a pipelining client keeps the disk's queue full.
+    pub lanes_per_connection: usize,
 }
 
 impl Default for ServerLimits {
@@ -44,6 +53,7 @@ impl Default for ServerLimits {
         ServerLimits {
             max_connections: 1024,
             handshake_timeout: Duration::from_secs(30),
+            lanes_per_connection: DEFAULT_LANES_PER_CONNECTION,
         }
     }
 }
@@ -285,7 +295,7 @@ fn serve_connection(shared: &Shared, mut stream: TcpStream, peer: SocketAddr) {
     let export = negotiated.handle.name().to_owned();
     tracing::info!(%peer, %export, structured_replies = negotiated.structured,
         block_status = negotiated.base_allocation.is_some(), "NBD client connected");
-    match transmission::serve(stream, peer, negotiated) {
+    match transmission::serve(stream, peer, negotiated, shared.limits.lanes_per_connection) {
         Ok(SessionEnd::Disconnect) => {
             tracing::info!(%peer, %export, "NBD client disconnected")
         }

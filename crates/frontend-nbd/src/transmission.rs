@@ -2,18 +2,30 @@
 //!
 //! Job: turn the byte stream of requests into volume operations and their
 //! outcomes back into replies, with as few syscalls and store submissions as
-//! the client's pipelining allows. One cycle:
+//! the client's pipelining allows. A connection is served by one or more
+//! *lanes* (threads); each lane runs the whole cycle for its own batch, so
+//! no request ever changes thread:
 //!
-//! 1. *Gather*: parse every complete request already received (blocking only
-//!    when nothing is pending), receiving WRITE payloads into pooled aligned
+//! 1. *Gather* (holding the connection's intake, i.e. its receiving side):
+//!    parse every complete request already received (blocking only when
+//!    nothing is pending), receiving WRITE payloads into pooled aligned
 //!    buffers, then top the receive buffer up without blocking and parse
-//!    again, until the kernel has nothing more or the batch is full.
+//!    again, until the kernel has nothing more or the batch is full. Then
+//!    hand the intake to the next lane, which gathers the following batch
+//!    while this one waits for the disk. A lane whose batch is a single
+//!    request with nothing else in flight (a queue-depth-1 client) keeps the
+//!    intake instead: waking another thread per request costs more latency
+//!    than overlap could win.
 //! 2. *Execute*: consecutive READs and WRITEs go to the store in one
 //!    `VolumeHandle::submit` call; FLUSH, TRIM, WRITE_ZEROES, BLOCK_STATUS
-//!    and CACHE run in arrival order between those groups, so a command
-//!    never overtakes data operations the client sent before it.
+//!    and CACHE run in arrival order between those groups of their batch.
+//!    Across lanes, batches run concurrently, which NBD allows: requests in
+//!    flight together have no order, and a FLUSH covers the writes that
+//!    were *replied to* before it was sent — those finished before it.
 //! 3. *Reply*: encode every reply of the batch into one buffer and send it,
-//!    with the read data straight from the read buffers, in one `writev`.
+//!    with the read data straight from the read buffers, in one `writev`
+//!    under the connection's send lock (replies of different batches never
+//!    interleave).
 //!
 //! Invariants:
 //! - Each request gets exactly one complete reply (except DISC), sent only
@@ -25,8 +37,12 @@
 //!   stays usable. Only a bad request magic, a truncated request or an absurd
 //!   WRITE length ends it, because the stream cannot be followed after those.
 //! - Memory per connection is bounded: at most [`MAX_BATCH_REQUESTS`]
-//!   requests and about [`MAX_BATCH_BYTES`] of payload per batch, buffers
-//!   recycled through the pool.
+//!   requests and about [`MAX_BATCH_BYTES`] of payload per batch and lane,
+//!   buffers recycled through each lane's pool.
+//! - The connection ends once every lane has finished its batch: after DISC
+//!   or EOF no lane gathers again, and every request already read is
+//!   answered first. A broken stream shuts the socket down so that no lane
+//!   stays blocked.
 
 use crate::bufpool::BufferPool;
 use crate::handshake::Negotiated;
@@ -40,10 +56,12 @@ use basalt_nbd_wire::{
 };
 use basalt_store::AlignedBuf;
 use basalt_volume::{DataOp, IoError, MappingRun};
+use parking_lot::{Mutex, MutexGuard};
 use std::borrow::Cow;
 use std::io::{self, Read};
-use std::net::{SocketAddr, TcpStream};
+use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::ops::Range;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Size of the buffer requests are received into. Large enough that one
 /// `recv` picks up dozens of pipelined small writes.
@@ -120,12 +138,34 @@ enum Gathered {
     Eof,
 }
 
-/// One connection in the transmission phase.
-pub struct Session {
+/// The receiving side of a connection, held by one lane at a time.
+struct Intake {
     stream: TcpStream,
+    recv: RecvBuffer,
+    /// Set by the lane that saw the request stream end (DISC, EOF or a
+    /// broken stream); every other lane stops when it next takes the intake.
+    ended: bool,
+}
+
+/// One connection in the transmission phase, shared by its lanes.
+struct Connection {
     peer: SocketAddr,
     negotiated: Negotiated,
-    recv: RecvBuffer,
+    intake: Mutex<Intake>,
+    /// The sending side: a lane sends a whole batch's replies under it.
+    replies: Mutex<TcpStream>,
+    /// A handle to shut the socket down without waiting for either side.
+    control: TcpStream,
+    /// Lanes between gathering a batch and finishing its replies.
+    executing: AtomicUsize,
+    /// How the connection ended, as seen by the first lane that saw it.
+    end: Mutex<Option<Result<SessionEnd, ConnectionError>>>,
+}
+
+/// One lane of a connection: gathers a batch (holding the intake), executes
+/// it and sends its replies, then competes for the intake again.
+struct Lane<'c> {
+    conn: &'c Connection,
     pool: BufferPool,
     batch: Vec<Entry>,
     batch_bytes: u64,
@@ -133,22 +173,66 @@ pub struct Session {
     segments: Vec<Segment>,
 }
 
-/// Serves requests until the client disconnects or the stream breaks.
+/// Serves requests until the client disconnects or the stream breaks, with
+/// `lanes` threads (the calling one included) sharing the connection.
 pub fn serve(
     stream: TcpStream,
     peer: SocketAddr,
     negotiated: Negotiated,
+    lanes: usize,
 ) -> Result<SessionEnd, ConnectionError> {
-    Session::new(stream, peer, negotiated).run()
+    let replies = stream.try_clone()?;
+    let control = stream.try_clone()?;
+    let conn = Connection {
+        peer,
+        negotiated,
+        intake: Mutex::new(Intake {
+            stream,
+            recv: RecvBuffer::new(RECV_BUFFER_BYTES),
+            ended: false,
+        }),
+        replies: Mutex::new(replies),
+        control,
+        executing: AtomicUsize::new(0),
+        end: Mutex::new(None),
+    };
+    std::thread::scope(|scope| {
+        for n in 1..lanes.max(1) {
+            let spawned = std::thread::Builder::new()
+                .name(format!("nbd-lane-{n}"))
+                .spawn_scoped(scope, || Lane::new(&conn).run());
+            if let Err(err) = spawned {
+                // Fewer lanes only cost overlap, never correctness.
+                tracing::warn!(%peer, "cannot start an NBD lane thread: {err}");
+                break;
+            }
+        }
+        Lane::new(&conn).run();
+    });
+    conn.end
+        .into_inner()
+        .unwrap_or(Ok(SessionEnd::ClientClosed))
 }
 
-impl Session {
-    pub fn new(stream: TcpStream, peer: SocketAddr, negotiated: Negotiated) -> Session {
-        Session {
-            stream,
-            peer,
-            negotiated,
-            recv: RecvBuffer::new(RECV_BUFFER_BYTES),
+impl Connection {
+    /// Records how the connection ended (the first report wins) and, for an
+    /// error, shuts the socket down so lanes blocked in `recv` or `send`
+    /// return at once.
+    fn finish(&self, outcome: Result<SessionEnd, ConnectionError>) {
+        if outcome.is_err() {
+            let _ = self.control.shutdown(Shutdown::Both);
+        }
+        let mut end = self.end.lock();
+        if end.is_none() {
+            *end = Some(outcome);
+        }
+    }
+}
+
+impl<'c> Lane<'c> {
+    fn new(conn: &'c Connection) -> Lane<'c> {
+        Lane {
+            conn,
             pool: BufferPool::new(),
             batch: Vec::with_capacity(MAX_BATCH_REQUESTS),
             batch_bytes: 0,
@@ -157,20 +241,64 @@ impl Session {
         }
     }
 
-    pub fn run(mut self) -> Result<SessionEnd, ConnectionError> {
+    fn run(mut self) {
+        let conn = self.conn;
+        // The intake, when this lane kept it from its previous batch.
+        let mut kept: Option<MutexGuard<'_, Intake>> = None;
         loop {
-            let gathered = self.gather()?;
-            tracing::trace!(peer = %self.peer, requests = self.batch.len(),
-                payload_bytes = self.batch_bytes, "NBD batch");
-            self.execute();
-            self.send_replies()?;
-            self.recycle();
-            match gathered {
-                Gathered::Batch => {}
-                Gathered::Disconnect => return Ok(SessionEnd::Disconnect),
-                Gathered::Eof if self.recv.is_empty() => return Ok(SessionEnd::ClientClosed),
-                Gathered::Eof => return Err(ConnectionError::Truncated),
+            let mut intake = kept.take().unwrap_or_else(|| conn.intake.lock());
+            if intake.ended {
+                return;
             }
+            let gathered = match self.gather(&mut intake) {
+                Ok(gathered) => gathered,
+                Err(err) => {
+                    intake.ended = true;
+                    drop(intake);
+                    conn.finish(Err(err));
+                    return;
+                }
+            };
+            let last = match gathered {
+                Gathered::Batch => None,
+                Gathered::Disconnect => Some(Ok(SessionEnd::Disconnect)),
+                Gathered::Eof if intake.recv.is_empty() => Some(Ok(SessionEnd::ClientClosed)),
+                Gathered::Eof => Some(Err(ConnectionError::Truncated)),
+            };
+            intake.ended = last.is_some();
+            tracing::trace!(peer = %conn.peer, requests = self.batch.len(),
+                payload_bytes = self.batch_bytes, "NBD batch");
+            // Hand the intake to another lane so it gathers the next batch
+            // while this one waits for the disk — unless nothing else is in
+            // flight and this batch is a single request (a client at queue
+            // depth 1): then this lane keeps the intake for its next batch
+            // too, because waking another thread per request would only add
+            // latency.
+            let busy = conn.executing.fetch_add(1, Ordering::AcqRel);
+            let keep = busy == 0 && self.batch.len() == 1 && last.is_none();
+            let held = if keep {
+                Some(intake)
+            } else {
+                drop(intake);
+                None
+            };
+            self.execute();
+            let sent = self.send_replies();
+            conn.executing.fetch_sub(1, Ordering::AcqRel);
+            self.recycle();
+            if let Err(err) = sent {
+                drop(held);
+                // Shut the socket down first: another lane may be blocked
+                // in recv while holding the intake.
+                conn.finish(Err(err));
+                conn.intake.lock().ended = true;
+                return;
+            }
+            if let Some(outcome) = last {
+                conn.finish(outcome);
+                return;
+            }
+            kept = held;
         }
     }
 
@@ -180,12 +308,12 @@ impl Session {
 
     // ------------------------------------------------------------- gather
 
-    fn gather(&mut self) -> Result<Gathered, ConnectionError> {
+    fn gather(&mut self, intake: &mut Intake) -> Result<Gathered, ConnectionError> {
         loop {
             while !self.batch_full() {
-                let request = match parse_request(self.recv.data()) {
+                let request = match parse_request(intake.recv.data()) {
                     Ok((request, used)) => {
-                        self.recv.consume(used);
+                        intake.recv.consume(used);
                         request
                     }
                     Err(WireError::Incomplete(_)) => break,
@@ -195,7 +323,7 @@ impl Session {
                     // Anything the client sent after DISC is ignored: it
                     // must not send any.
                     Command::Disc => return Ok(Gathered::Disconnect),
-                    Command::Write => self.receive_write(request)?,
+                    Command::Write => self.receive_write(intake, request)?,
                     _ => self.push(request, None),
                 }
             }
@@ -204,13 +332,13 @@ impl Session {
             }
             if self.batch.is_empty() {
                 // Nothing to do until the client sends more: block.
-                if self.recv.fill(&mut self.stream)? == 0 {
+                if intake.recv.fill(&mut intake.stream)? == 0 {
                     return Ok(Gathered::Eof);
                 }
             } else {
                 // Pick up requests that arrived meanwhile, but never wait:
                 // the pending ones must not be delayed.
-                match self.recv.fill_nonblocking(&self.stream)? {
+                match intake.recv.fill_nonblocking(&intake.stream)? {
                     Some(0) => return Ok(Gathered::Eof),
                     Some(_) => {}
                     None => return Ok(Gathered::Batch),
@@ -221,12 +349,16 @@ impl Session {
 
     /// Receives a WRITE's payload: what is already buffered is copied into an
     /// aligned buffer, the rest is read from the socket straight into it.
-    fn receive_write(&mut self, request: Request) -> Result<(), ConnectionError> {
+    fn receive_write(
+        &mut self,
+        intake: &mut Intake,
+        request: Request,
+    ) -> Result<(), ConnectionError> {
         if request.length > MAX_PAYLOAD {
             if request.length > MAX_DISCARDED_WRITE {
                 return Err(ConnectionError::OversizeWrite(request.length));
             }
-            self.discard(request.length as usize)?;
+            self.discard(intake, request.length as usize)?;
             self.batch.push(Entry {
                 request,
                 payload: None,
@@ -239,27 +371,27 @@ impl Session {
         }
         let len = request.length as usize;
         let mut buf = self.pool.take(len);
-        let buffered = self.recv.data();
+        let buffered = intake.recv.data();
         let have = len.min(buffered.len());
         let (head, tail) = buf.split_at_mut(have);
         head.copy_from_slice(buffered.get(..have).unwrap_or(&[]));
-        self.recv.consume(have);
+        intake.recv.consume(have);
         if !tail.is_empty() {
-            read_payload(&mut self.stream, tail)?;
+            read_payload(&mut intake.stream, tail)?;
         }
         self.push(request, Some(buf));
         Ok(())
     }
 
     /// Reads and drops `len` bytes of an oversize WRITE's payload.
-    fn discard(&mut self, mut len: usize) -> Result<(), ConnectionError> {
-        let have = len.min(self.recv.data().len());
-        self.recv.consume(have);
+    fn discard(&mut self, intake: &mut Intake, mut len: usize) -> Result<(), ConnectionError> {
+        let have = len.min(intake.recv.data().len());
+        intake.recv.consume(have);
         len -= have;
         let mut sink = self.pool.take(len.min(1 << 20));
         while len > 0 {
             let n = len.min(sink.len());
-            read_payload(&mut self.stream, sink.get_mut(..n).unwrap_or(&mut []))?;
+            read_payload(&mut intake.stream, sink.get_mut(..n).unwrap_or(&mut []))?;
             len -= n;
         }
         self.pool.give(sink);
@@ -295,7 +427,7 @@ impl Session {
     }
 
     fn validate(&self, request: &Request) -> Result<(), Outcome> {
-        let structured = self.negotiated.structured;
+        let structured = self.conn.negotiated.structured;
         let allowed = match request.command {
             Command::Read if structured => CommandFlags::FUA | CommandFlags::DF,
             Command::Read | Command::Write | Command::Flush | Command::Trim | Command::Cache => {
@@ -325,7 +457,7 @@ impl Session {
                     "READ longer than the maximum payload of 32 MiB",
                 ))
             }
-            Command::BlockStatus if self.negotiated.base_allocation.is_none() => {
+            Command::BlockStatus if self.conn.negotiated.base_allocation.is_none() => {
                 return Err(Outcome::failed(
                     NbdError::Invalid,
                     "BLOCK_STATUS without a negotiated metadata context",
@@ -339,7 +471,7 @@ impl Session {
             }
             _ => {}
         }
-        let size = self.negotiated.handle.size();
+        let size = self.conn.negotiated.handle.size();
         match request.end() {
             Some(end) if end <= size => Ok(()),
             // The protocol asks for ENOSPC on writes beyond the end and
@@ -377,8 +509,8 @@ impl Session {
 
     /// Submits every pending READ/WRITE of `range` in one store call.
     fn submit_data(&mut self, range: Range<usize>) {
-        let handle = &self.negotiated.handle;
-        let structured = self.negotiated.structured;
+        let handle = &self.conn.negotiated.handle;
+        let structured = self.conn.negotiated.structured;
         let Some(entries) = self.batch.get_mut(range) else {
             return;
         };
@@ -414,7 +546,7 @@ impl Session {
         handle.submit(&mut ops);
         for (op, (outcome, request)) in ops.into_iter().zip(targets) {
             *outcome = match op.result {
-                Err(err) => failure(&err, &request, self.peer),
+                Err(err) => failure(&err, &request, self.conn.peer),
                 Ok(())
                     if request.command == Command::Read
                         && structured
@@ -434,7 +566,7 @@ impl Session {
     }
 
     fn execute_command(&mut self, index: usize) {
-        let handle = &self.negotiated.handle;
+        let handle = &self.conn.negotiated.handle;
         let Some(entry) = self.batch.get_mut(index) else {
             return;
         };
@@ -458,7 +590,7 @@ impl Session {
             Command::BlockStatus => {
                 entry.outcome = match handle.mapping(offset, len) {
                     Ok(runs) => block_status(&runs, request.flags.contains(CommandFlags::REQ_ONE)),
-                    Err(err) => failure(&err, &request, self.peer),
+                    Err(err) => failure(&err, &request, self.conn.peer),
                 };
                 return;
             }
@@ -466,7 +598,7 @@ impl Session {
         };
         entry.outcome = match result {
             Ok(()) => Outcome::Done,
-            Err(err) => failure(&err, &request, self.peer),
+            Err(err) => failure(&err, &request, self.conn.peer),
         };
     }
 
@@ -479,14 +611,14 @@ impl Session {
         self.encoded.clear();
         self.segments.clear();
         let mut marked = 0; // start of encoded bytes not yet in a segment
-        let context_id = self.negotiated.base_allocation.unwrap_or(0);
+        let context_id = self.conn.negotiated.base_allocation.unwrap_or(0);
         let mut data = Vec::new();
         for (index, entry) in self.batch.iter().enumerate() {
             let before = self.encoded.len();
             if encode_reply(
                 entry,
                 index,
-                self.negotiated.structured,
+                self.conn.negotiated.structured,
                 context_id,
                 &mut self.encoded,
                 &mut data,
@@ -499,7 +631,7 @@ impl Session {
                 data.clear();
                 encode_failure(
                     entry.request.cookie,
-                    self.negotiated.structured,
+                    self.conn.negotiated.structured,
                     NbdError::Io,
                     "internal error encoding the reply",
                     &mut self.encoded,
@@ -527,7 +659,7 @@ impl Session {
                 parts.push(part);
             }
         }
-        write_all_vectored(&mut self.stream, &parts)?;
+        write_all_vectored(&mut self.conn.replies.lock(), &parts)?;
         Ok(())
     }
 

@@ -7,7 +7,21 @@ use basalt_store::{FileDevice, FormatOptions, Store};
 #[test]
 fn flushed_data_survives_an_unclean_stop_on_a_file() {
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("basalt.data");
+    unclean_stop_then_reopen(&dir.path().join("basalt.data"));
+}
+
+/// The same on tmpfs, where the device does its I/O with pread/pwrite on
+/// the calling thread instead of io_uring.
+#[test]
+fn flushed_data_survives_an_unclean_stop_on_tmpfs() {
+    let shm = std::path::Path::new("/dev/shm");
+    assert!(shm.is_dir(), "/dev/shm (tmpfs) is needed for this test");
+    let dir = tempfile::tempdir_in(shm).unwrap();
+    unclean_stop_then_reopen(&dir.path().join("basalt.data"));
+}
+
+fn unclean_stop_then_reopen(path: &std::path::Path) {
+    let path = path.to_path_buf();
     let dev = FileDevice::create(&path, 64 << 20, false).unwrap();
     let store = Store::create(dev, &FormatOptions::default()).unwrap();
     let (a, b) = (uuid::Uuid::new_v4(), uuid::Uuid::new_v4());

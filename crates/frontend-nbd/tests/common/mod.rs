@@ -106,14 +106,26 @@ impl Exports for StoreExports {
 /// A server on 127.0.0.1:0 over a fresh simulated store with the given
 /// volumes.
 pub fn server_with(volumes: &[(&str, u64)]) -> (NbdServer, Arc<StoreExports>) {
+    server_with_lanes(
+        volumes,
+        basalt_frontend_nbd::ServerLimits::default().lanes_per_connection,
+    )
+}
+
+/// [`server_with`], with `lanes` threads per connection.
+pub fn server_with_lanes(volumes: &[(&str, u64)], lanes: usize) -> (NbdServer, Arc<StoreExports>) {
     init_logging();
     let exports = StoreExports::sim(64 * MIB);
     for (name, size) in volumes {
         exports.add_volume(name, *size);
     }
-    let server = NbdServer::start(
+    let server = NbdServer::start_with_limits(
         "127.0.0.1:0".parse().expect("address"),
         Arc::clone(&exports) as Arc<dyn Exports>,
+        basalt_frontend_nbd::ServerLimits {
+            lanes_per_connection: lanes,
+            ..Default::default()
+        },
     )
     .expect("start server");
     (server, exports)
