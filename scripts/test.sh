@@ -16,7 +16,7 @@
 # then runs, in order, and reports each:
 #   cargo fmt --all -- --check
 #   cargo clippy --workspace --all-targets -- -D warnings   (skip: --no-clippy)
-#   cargo test --workspace --release [CARGO-TEST-ARGS]
+#   cargo test --workspace --release --no-fail-fast [CARGO-TEST-ARGS]
 #   fuzz/run.sh 30                                          (skip: --no-fuzz)
 # Every step runs even if an earlier one failed; the exit status is non-zero
 # if any failed. Safe to run repeatedly.
@@ -138,7 +138,8 @@ step() {
 
 cargo_test() {
     # Keep the output (for the totals below) and show it live.
-    cargo test --workspace --release "$@" 2>&1 | tee "$LOGDIR/cargo-test.log"
+    # --no-fail-fast: one failing test binary must not hide the others.
+    cargo test --workspace --release --no-fail-fast "$@" 2>&1 | tee "$LOGDIR/cargo-test.log"
     return "${PIPESTATUS[0]}"
 }
 

@@ -526,12 +526,13 @@ fn usage_errors_are_one_line_with_the_valid_choices() {
         "db-latency",
         "fio-samples",
         "parallel",
+        "datapath",
         "precondition",
     ] {
         assert!(list.ok().contains(profile), "{}", list.describe());
     }
     let json: Value = serde_json::from_str(bench(&dir.0, &["list", "-o", "json"]).ok()).unwrap();
-    assert_eq!(json.as_array().unwrap().len(), 6);
+    assert_eq!(json.as_array().unwrap().len(), 7);
 
     let line = bench(&dir.0, &["run", "nosuch"]).cli_error(1);
     assert!(
