@@ -45,6 +45,7 @@ mod error;
 mod queue;
 mod server;
 
+pub use basalt_nvme_wire::NQN_MAX_LEN;
 pub use error::ConnectionError;
 pub use server::{NvmeServer, ServerLimits, TargetConfig};
 
