@@ -646,6 +646,8 @@ impl<'a> Queue<'a> {
                             if batch_bytes >= MAX_BATCH_BYTES {
                                 self.run_batch(&mut batch);
                                 batch_bytes = 0;
+                                // Errors surface at the round's last flush.
+                                let _ = self.flush_out();
                             }
                         }
                         Err(status) => self.respond(cid, status, 0),
@@ -839,6 +841,15 @@ impl<'a> Queue<'a> {
         if c.sqsize == 0 || c.queue_entries() > u32::from(limits.max_queue_entries) {
             return invalid(false, connect_sqe_offset::SQSIZE);
         }
+        // The queue's socket, registered with the controller so that
+        // tearing the controller down ends this connection too.
+        let socket = match self.reader.try_clone() {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(peer = %self.peer, "cannot register an NVMe queue: {e}");
+                return fail(Status::INTERNAL_ERROR);
+            }
+        };
         let ctrl = if c.qid == 0 {
             if cd.cntlid != CNTLID_DYNAMIC && cd.cntlid != CNTLID_STATIC_ANY {
                 return invalid(true, connect_data_offset::CNTLID);
@@ -879,7 +890,11 @@ impl<'a> Queue<'a> {
             let Some(ctrl) = made else {
                 return fail(Status::CONNECT_CONTROLLER_BUSY);
             };
-            ctrl.state.lock().admin_writer = Some(Arc::clone(&self.writer));
+            {
+                let mut st = ctrl.state.lock();
+                st.admin_writer = Some(Arc::clone(&self.writer));
+                st.queues.insert(0, socket);
+            }
             tracing::info!(peer = %self.peer, cntlid = ctrl.cntlid, subnqn = %cd.subnqn,
                 hostnqn = %cd.hostnqn, kato_ms = c.kato, "NVMe controller created");
             ctrl
@@ -899,7 +914,7 @@ impl<'a> Queue<'a> {
             if ctrl.is_discovery() {
                 return invalid(false, connect_sqe_offset::QID);
             }
-            let st = ctrl.state.lock();
+            let mut st = ctrl.state.lock();
             if !st.csts.rdy || st.dead {
                 return fail(Status::COMMAND_SEQUENCE_ERROR);
             }
@@ -907,23 +922,12 @@ impl<'a> Queue<'a> {
             if c.qid > max || st.queues.contains_key(&c.qid) {
                 return invalid(false, connect_sqe_offset::QID);
             }
+            // Registered under the same lock that checked the controller
+            // is alive, so a teardown cannot miss this queue.
+            st.queues.insert(c.qid, socket);
             drop(st);
             ctrl
         };
-        // Register the queue's socket so tearing the controller down ends
-        // this connection too.
-        match self.reader.try_clone() {
-            Ok(s) => {
-                ctrl.state.lock().queues.insert(c.qid, s);
-            }
-            Err(e) => {
-                tracing::warn!(peer = %self.peer, "cannot register an NVMe queue: {e}");
-                if c.qid == 0 {
-                    self.shared.controllers.remove(&ctrl);
-                }
-                return fail(Status::INTERNAL_ERROR);
-            }
-        }
         if let Err(e) = self.reader.set_read_timeout(None) {
             tracing::warn!(peer = %self.peer, "cannot clear the connect timeout: {e}");
         }

@@ -675,3 +675,93 @@ fn shutdown_closes_connections_and_ends_threads() {
     io.wait_closed();
     assert_eq!(subs.open_handles("v"), 0);
 }
+
+#[test]
+fn idle_connections_and_connection_count_are_bounded() {
+    let limits = basalt_frontend_nvme::ServerLimits {
+        max_connections: 2,
+        connect_timeout: Duration::from_millis(300),
+        ..test_limits()
+    };
+    let (server, _subs) = target_with_limits(&[("v", 16 * MIB)], limits);
+    let addr = server.local_addr();
+    use std::io::Read;
+    // No ICReq: closed after the connect timeout.
+    let mut idle = std::net::TcpStream::connect(addr).unwrap();
+    idle.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let start = std::time::Instant::now();
+    let mut sink = Vec::new();
+    let _ = idle.read_to_end(&mut sink);
+    assert!(start.elapsed() < Duration::from_secs(5));
+    assert!(sink.is_empty());
+    // ICReq but no Connect: closed too.
+    let mut half = Host::connect(addr, Digests::NONE);
+    assert!(half.wait_closed().is_empty());
+    // A connected queue is not subject to the timeout.
+    let mut admin = Host::admin(addr, Digests::NONE, "v", 0);
+    std::thread::sleep(Duration::from_millis(600));
+    admin.keep_alive().ok();
+    // Connection limit: a second connection is fine, a third is closed.
+    let _second = std::net::TcpStream::connect(addr).unwrap();
+    eventually("two connections", || server.connections() == 2);
+    let mut third = std::net::TcpStream::connect(addr).unwrap();
+    third
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut sink = Vec::new();
+    let _ = third.read_to_end(&mut sink);
+    assert!(sink.is_empty());
+    admin.keep_alive().ok();
+    server.shutdown();
+}
+
+#[test]
+fn write_data_held_per_queue_is_bounded() {
+    // 256 KiB of write data in flight per queue: 16 writes of 64 KiB are
+    // asked for in turns, and all complete.
+    let limits = basalt_frontend_nvme::ServerLimits {
+        max_inflight_per_queue: 256 * 1024,
+        ..test_limits()
+    };
+    let (server, _subs) = target_with_limits(&[("v", 16 * MIB)], limits);
+    let addr = server.local_addr();
+    let admin = Host::admin(addr, Digests::NONE, "v", 0);
+    let mut io = Host::io_queue(addr, Digests::NONE, &admin, "v", 1);
+    let mut cmds = Vec::new();
+    for i in 0..16u64 {
+        cmds.push(io.write_cmd(i * 16, pattern(64 * 1024, i as u8), false, false));
+    }
+    // Send the capsules, then count the R2Ts that arrive before any data
+    // is sent: at most 4 (256 KiB / 64 KiB).
+    let mut out = Vec::new();
+    for c in &cmds {
+        let mut sqe = c.sqe;
+        sqe.set_sgl(&basalt_nvme_wire::SglDescriptor::transport(64 * 1024));
+        basalt_nvme_wire::CapsuleCmd { sqe, data: &[] }
+            .encode(&io.negotiated, &mut out)
+            .unwrap();
+    }
+    io.send_raw(&out);
+    io.stream
+        .set_read_timeout(Some(Duration::from_millis(500)))
+        .unwrap();
+    let mut r2ts = Vec::new();
+    while let Some(HostPdu::R2T(r)) = io.try_recv() {
+        r2ts.push(r);
+    }
+    assert_eq!(r2ts.len(), 4, "R2Ts beyond the in-flight budget");
+    drop(io);
+    // A fresh queue runs the same 16 writes to completion.
+    let mut io = Host::io_queue(addr, Digests::NONE, &admin, "v", 2);
+    let cmds: Vec<_> = (0..16u64)
+        .map(|i| io.write_cmd(i * 16, pattern(64 * 1024, i as u8), false, false))
+        .collect();
+    for d in io.run(cmds) {
+        d.ok();
+    }
+    for i in 0..16u64 {
+        assert_eq!(io.read(i * 16, 16).ok().data, pattern(64 * 1024, i as u8));
+    }
+    server.shutdown();
+}

@@ -117,6 +117,14 @@ pub fn test_limits() -> ServerLimits {
 /// A target on 127.0.0.1:0 over a fresh simulated store with the given
 /// volumes, allowing [`HOST_NQN`].
 pub fn target_with(volumes: &[(&str, u64)]) -> (NvmeServer, Arc<StoreSubsystems>) {
+    target_with_limits(volumes, test_limits())
+}
+
+/// [`target_with`] with explicit limits.
+pub fn target_with_limits(
+    volumes: &[(&str, u64)],
+    limits: ServerLimits,
+) -> (NvmeServer, Arc<StoreSubsystems>) {
     init_logging();
     let subsystems = StoreSubsystems::sim(256 * MIB, &[HOST_NQN]);
     for (name, size) in volumes {
@@ -127,7 +135,7 @@ pub fn target_with(volumes: &[(&str, u64)]) -> (NvmeServer, Arc<StoreSubsystems>
         Arc::clone(&subsystems) as Arc<dyn Subsystems>,
         TargetConfig {
             advertise: Some("192.0.2.7:4420".parse().expect("address")),
-            limits: test_limits(),
+            limits,
         },
     )
     .expect("start target");
