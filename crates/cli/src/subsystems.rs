@@ -1,8 +1,9 @@
 //! The NVMe/TCP target's view of the node's volumes: every volume in the
-//! catalog is an NVM subsystem (`nqn.2026-11.io.basalt:volume:<name>`), and
-//! the hosts named with `--nvme-allow-host` may see and open all of them;
-//! any other host sees none and is refused at Connect (secure by default:
-//! without the flag no host may connect).
+//! catalog is an NVM subsystem (`nqn.2026-11.io.basalt:volume:<name>`). The
+//! hosts named with `--nvme-allow-host` may see and open all of them; a host
+//! attached to a volume (`basalt volume attach VOL --host-nqn NQN`, stored
+//! in the volume's catalog record) may see and open that volume; any other
+//! host sees nothing and is refused at Connect (secure by default).
 
 use basalt_frontend_nvme::{OpenError, Subsystems};
 use basalt_volume::{VolumeError, VolumeHandle, VolumeService};
@@ -24,6 +25,7 @@ impl VolumeSubsystems {
         }
     }
 
+    /// Allowed for every volume.
     fn allowed(&self, host_nqn: &str) -> bool {
         self.allowed_hosts.contains(host_nqn)
     }
@@ -31,11 +33,13 @@ impl VolumeSubsystems {
 
 impl Subsystems for VolumeSubsystems {
     fn visible(&self, host_nqn: &str) -> Vec<String> {
-        if !self.allowed(host_nqn) {
-            return Vec::new();
-        }
+        let all = self.allowed(host_nqn);
         match self.service.list() {
-            Ok(volumes) => volumes.into_iter().map(|v| v.name).collect(),
+            Ok(volumes) => volumes
+                .into_iter()
+                .filter(|v| all || v.nvme_hosts.iter().any(|h| h == host_nqn))
+                .map(|v| v.name)
+                .collect(),
             Err(e) => {
                 tracing::error!(error = %e, "cannot list volumes for an NVMe host");
                 Vec::new()
@@ -44,10 +48,14 @@ impl Subsystems for VolumeSubsystems {
     }
 
     fn open(&self, host_nqn: &str, volume: &str) -> Result<VolumeHandle, OpenError> {
-        // Unknown volumes and refused hosts are told apart only for allowed
-        // hosts, so a refused host cannot probe volume names.
+        // Unknown volumes and refused hosts are told apart only for hosts
+        // allowed everywhere, so other hosts cannot probe volume names.
         if !self.allowed(host_nqn) {
-            return Err(OpenError::HostNotAllowed);
+            match self.service.get(volume) {
+                Ok(info) if info.nvme_hosts.iter().any(|h| h == host_nqn) => {}
+                Ok(_) | Err(VolumeError::NotFound(_)) => return Err(OpenError::HostNotAllowed),
+                Err(e) => return Err(OpenError::Failed(e.to_string())),
+            }
         }
         match self.service.open(volume) {
             Ok(handle) => Ok(handle),

@@ -94,3 +94,49 @@ fn nvme_tcp_write_read_verify_through_basalt_server() {
     let mut q1 = Host::io_queue(addr, Digests::NONE, &admin, "disk", 1);
     assert_eq!(q1.read(64, 64).ok().data, big);
 }
+
+#[test]
+fn nvme_hosts_attached_per_volume() {
+    // No --nvme-allow-host: nobody may connect until attached.
+    let s = Server::start("64M");
+    s.create_volume("a", "16M");
+    s.create_volume("b", "16M");
+    let addr = nvme_addr(&s);
+    let mut h = Host::connect(addr, Digests::NONE);
+    let r = h.connect_queue(0, 31, 0, CNTLID_DYNAMIC, &subsystem_nqn("a"), HOST_NQN);
+    assert_eq!(r.status().sc, Status::CONNECT_INVALID_HOST.sc);
+    let mut d = Host::discovery(addr, HOST_NQN);
+    let page = d.get_log(log_id::DISCOVERY, 0, 1024, 0).ok().data.clone();
+    assert_eq!(DiscoveryLog::parse(&page).unwrap().entries.len(), 0);
+
+    let out = s.cli(&["volume", "attach", "a", "--host-nqn", HOST_NQN]);
+    assert!(out.ok().contains(&subsystem_nqn("a")), "{}", out.describe());
+    let shown = s.cli_json(&["volume", "show", "a"]);
+    assert_eq!(shown["nvme_hosts"][0], HOST_NQN, "{shown}");
+
+    // Discovery lists only "a"; connecting to "a" works, to "b" does not.
+    let page = d.get_log(log_id::DISCOVERY, 0, 3072, 0).ok().data.clone();
+    let log = DiscoveryLog::parse(&page).unwrap();
+    let nqns: Vec<_> = log.entries.iter().map(|e| e.subnqn.clone()).collect();
+    assert_eq!(nqns, vec![subsystem_nqn("a")]);
+    let admin = Host::admin(addr, Digests::NONE, "a", 0);
+    let mut io = Host::io_queue(addr, Digests::NONE, &admin, "a", 1);
+    io.write(0, &pattern(4096, 2), false).ok();
+    assert_eq!(io.read(0, 1).ok().data, pattern(4096, 2));
+    let mut h = Host::connect(addr, Digests::NONE);
+    let r = h.connect_queue(0, 31, 0, CNTLID_DYNAMIC, &subsystem_nqn("b"), HOST_NQN);
+    assert_eq!(r.status().sc, Status::CONNECT_INVALID_HOST.sc);
+
+    // Detach: new connections are refused again.
+    s.cli(&["volume", "detach", "a", "--host-nqn", HOST_NQN])
+        .ok();
+    assert!(s.cli_json(&["volume", "show", "a"])["nvme_hosts"]
+        .as_array()
+        .is_none_or(|a| a.is_empty()));
+    let mut h = Host::connect(addr, Digests::NONE);
+    let r = h.connect_queue(0, 31, 0, CNTLID_DYNAMIC, &subsystem_nqn("a"), HOST_NQN);
+    assert_eq!(r.status().sc, Status::CONNECT_INVALID_HOST.sc);
+    // Invalid NQNs are refused by the API.
+    let out = s.cli(&["volume", "attach", "a", "--host-nqn", "has space"]);
+    assert_ne!(out.code(), Some(0), "{}", out.describe());
+}
