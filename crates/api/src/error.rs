@@ -42,7 +42,9 @@ impl ApiError {
 /// volume's state, 507 the store has no room for it, 500 the node failed.
 pub fn status_for(err: &VolumeError) -> StatusCode {
     match err {
-        VolumeError::InvalidName { .. } | VolumeError::InvalidSize(_) => StatusCode::BAD_REQUEST,
+        VolumeError::InvalidName { .. }
+        | VolumeError::InvalidSize(_)
+        | VolumeError::InvalidHostNqn { .. } => StatusCode::BAD_REQUEST,
         VolumeError::NotFound(_) => StatusCode::NOT_FOUND,
         VolumeError::AlreadyExists(_)
         | VolumeError::InUse { .. }

@@ -29,7 +29,7 @@ use basalt_volume::{VolumeError, VolumeService};
 use serde::de::DeserializeOwned;
 use std::future::Future;
 use std::sync::Arc;
-use types::{CreateVolume, ResizeVolume, Status, Volume, VolumeList};
+use types::{AttachHost, CreateVolume, ResizeVolume, Status, Volume, VolumeList};
 
 /// The OpenAPI 3 document describing every route.
 pub const OPENAPI_JSON: &str = include_str!("../openapi.json");
@@ -112,6 +112,8 @@ fn build(service: Arc<VolumeService>, token: String) -> (Router, Vec<RouteSpec>)
     .get("/api/v1/volumes/{name}", get_volume)
     .delete("/api/v1/volumes/{name}", delete_volume)
     .post("/api/v1/volumes/{name}/resize", resize_volume)
+    .post("/api/v1/volumes/{name}/nvme-hosts", attach_host)
+    .delete("/api/v1/volumes/{name}/nvme-hosts/{host_nqn}", detach_host)
     .get("/api/v1/status", status)
     .get("/api/v1/openapi.json", openapi)
     .get("/metrics", metrics);
@@ -199,6 +201,23 @@ async fn resize_volume(
     JsonBody(req): JsonBody<ResizeVolume>,
 ) -> Result<Json<Volume>, ApiError> {
     let info = blocking(move || app.service.resize(&name, req.size.0, req.allow_shrink)).await?;
+    Ok(Json(info.into()))
+}
+
+async fn attach_host(
+    State(app): State<AppState>,
+    Path(name): Path<String>,
+    JsonBody(req): JsonBody<AttachHost>,
+) -> Result<Json<Volume>, ApiError> {
+    let info = blocking(move || app.service.attach_host(&name, &req.host_nqn)).await?;
+    Ok(Json(info.into()))
+}
+
+async fn detach_host(
+    State(app): State<AppState>,
+    Path((name, host_nqn)): Path<(String, String)>,
+) -> Result<Json<Volume>, ApiError> {
+    let info = blocking(move || app.service.detach_host(&name, &host_nqn)).await?;
     Ok(Json(info.into()))
 }
 

@@ -16,6 +16,9 @@ pub struct Volume {
     pub allocated_bytes: u64,
     pub created_at: String,
     pub open_connections: usize,
+    /// Host NQNs attached to the volume for NVMe/TCP.
+    #[serde(default)]
+    pub nvme_hosts: Vec<String>,
 }
 
 impl From<VolumeInfo> for Volume {
@@ -27,6 +30,7 @@ impl From<VolumeInfo> for Volume {
             allocated_bytes: v.allocated_bytes,
             created_at: v.created_at,
             open_connections: v.open_connections,
+            nvme_hosts: v.nvme_hosts,
         }
     }
 }
@@ -111,6 +115,13 @@ pub struct ResizeVolume {
     pub size: Size,
     #[serde(default)]
     pub allow_shrink: bool,
+}
+
+/// `POST /api/v1/volumes/{name}/nvme-hosts`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AttachHost {
+    pub host_nqn: String,
 }
 
 /// The body of every error response.

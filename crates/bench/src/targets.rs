@@ -746,7 +746,14 @@ pub fn start(spec: &TargetSpec, ctx: &TargetContext<'_>) -> Result<Target, Targe
                     .arg(&dir)
                     .arg("--capacity")
                     .arg(capacity.to_string())
-                    .args(["--nbd-listen", "127.0.0.1:0", "--api-listen", "127.0.0.1:0"]);
+                    .args([
+                        "--nbd-listen",
+                        "127.0.0.1:0",
+                        "--nvme-listen",
+                        "127.0.0.1:0",
+                        "--api-listen",
+                        "127.0.0.1:0",
+                    ]);
                 let mut server =
                     ServerProcess::spawn("basalt server", cmd, work.join("basalt.log"))?;
                 let info = wait_server_json(&mut server, &dir)?;

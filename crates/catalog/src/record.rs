@@ -28,6 +28,10 @@ pub struct VolumeRecord {
     pub size_bytes: u64,
     /// Creation time, RFC 3339 in UTC with second precision.
     pub created_at: String,
+    /// Host NQNs that may access the volume over NVMe/TCP (besides the
+    /// hosts the server allows for every volume); absent when empty.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nvme_hosts: Vec<String>,
     /// Fields written by a newer basalt that this version does not know.
     #[serde(flatten)]
     pub unknown: serde_json::Map<String, serde_json::Value>,
@@ -41,6 +45,7 @@ impl VolumeRecord {
             name: name.into(),
             size_bytes,
             created_at: humantime::format_rfc3339_seconds(now).to_string(),
+            nvme_hosts: Vec::new(),
             unknown: serde_json::Map::new(),
         }
     }

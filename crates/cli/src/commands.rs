@@ -37,20 +37,39 @@ pub enum VolumeCommand {
     },
     /// Delete a volume and its data (refused while clients are connected).
     Delete { name: String },
+    /// Let an NVMe/TCP host (by host NQN) discover and connect to a volume.
+    Attach {
+        name: String,
+        /// The host's NQN, e.g. the content of /etc/nvme/hostnqn.
+        #[arg(long = "host-nqn", value_name = "NQN")]
+        host_nqn: String,
+    },
+    /// Revoke an NVMe/TCP host's access to a volume (a connected host keeps
+    /// its connection until it disconnects).
+    Detach {
+        name: String,
+        #[arg(long = "host-nqn", value_name = "NQN")]
+        host_nqn: String,
+    },
 }
 
 /// The URL path of a volume; the name is percent-encoded so that whatever
 /// was typed reaches the server as one path segment (which validates it).
 fn volume_path(name: &str) -> String {
-    let mut path = String::from("/api/v1/volumes/");
-    for byte in name.bytes() {
+    format!("/api/v1/volumes/{}", path_segment(name))
+}
+
+/// `text` percent-encoded as one URL path segment.
+fn path_segment(text: &str) -> String {
+    let mut out = String::new();
+    for byte in text.bytes() {
         if byte.is_ascii_alphanumeric() || matches!(byte, b'.' | b'_' | b'-') {
-            path.push(byte as char);
+            out.push(byte as char);
         } else {
-            path.push_str(&format!("%{byte:02X}"));
+            out.push_str(&format!("%{byte:02X}"));
         }
     }
-    path
+    out
 }
 
 fn print_json(value: &Value) -> Result<()> {
@@ -80,6 +99,12 @@ fn volume_fields(volume: &Volume, client: &ApiClient) -> String {
     ];
     if let Some(server) = &client.server {
         pairs.push(("nbd", format!("nbd://{}/{}", server.nbd, volume.name)));
+        if let Some(nvme) = &server.nvme {
+            pairs.push(("nvme", format!("{nvme} {}", nvme_nqn(&volume.name))));
+        }
+    }
+    if !volume.nvme_hosts.is_empty() {
+        pairs.push(("nvme hosts", volume.nvme_hosts.join(", ")));
     }
     fields(&pairs)
 }
@@ -172,8 +197,41 @@ pub fn run_volume(command: VolumeCommand, client: &ClientArgs) -> Result<()> {
             }
             println!("deleted volume {name}");
         }
+        VolumeCommand::Attach { name, host_nqn } => {
+            let api = ApiClient::discover(client)?;
+            let value = api.post(
+                &format!("{}/nvme-hosts", volume_path(&name)),
+                json!({ "host_nqn": host_nqn }),
+            )?;
+            if client.output == Output::Json {
+                return print_json(&value);
+            }
+            let volume: Volume = decode(value)?;
+            println!(
+                "host {host_nqn} may connect to {} ({})",
+                nvme_nqn(&volume.name),
+                volume.name
+            );
+        }
+        VolumeCommand::Detach { name, host_nqn } => {
+            let api = ApiClient::discover(client)?;
+            let value = api.delete(&format!(
+                "{}/nvme-hosts/{}",
+                volume_path(&name),
+                path_segment(&host_nqn)
+            ))?;
+            if client.output == Output::Json {
+                return print_json(&value);
+            }
+            println!("host {host_nqn} detached from volume {name}");
+        }
     }
     Ok(())
+}
+
+/// The NVMe subsystem NQN of a volume.
+fn nvme_nqn(volume: &str) -> String {
+    basalt_frontend_nvme::subsystem_nqn(volume)
 }
 
 fn percent(part: u64, whole: u64) -> String {
@@ -195,6 +253,9 @@ pub fn run_status(client: &ClientArgs) -> Result<()> {
     if let Some(server) = &api.server {
         pairs.push(("api", server.api_url.clone()));
         pairs.push(("nbd", server.nbd.clone()));
+        if let Some(nvme) = &server.nvme {
+            pairs.push(("nvme", nvme.clone()));
+        }
     }
     pairs.extend([
         ("capacity", format_size(s.capacity_bytes)),

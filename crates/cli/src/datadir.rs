@@ -56,6 +56,9 @@ pub struct NodeConfig {
 pub struct ServerInfo {
     pub api_url: String,
     pub nbd: String,
+    /// NVMe/TCP listen address (absent in files of older servers).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nvme: Option<String>,
     pub pid: u32,
 }
 
@@ -244,6 +247,7 @@ mod tests {
         let info = ServerInfo {
             api_url: "http://127.0.0.1:1".into(),
             nbd: "127.0.0.1:2".into(),
+            nvme: Some("127.0.0.1:4".into()),
             pid: 3,
         };
         data.write_server(&info).unwrap();

@@ -12,6 +12,7 @@ mod datadir;
 mod exports;
 mod output;
 mod server;
+mod subsystems;
 
 use clap::parser::ValueSource;
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};

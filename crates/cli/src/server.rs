@@ -1,5 +1,5 @@
-//! `basalt server`: runs an all-in-one node — control plane, store and NBD
-//! frontend in one process — on a data directory.
+//! `basalt server`: runs an all-in-one node — control plane, store, NBD and
+//! NVMe/TCP frontends in one process — on a data directory.
 //!
 //! Start-up order, each step needing the one before:
 //! 1. open the catalog (its file lock makes this the only server on the
@@ -8,17 +8,20 @@
 //!    `--device`) and write `node.json`,
 //! 3. load or generate the admin token,
 //! 4. reconcile the store with the catalog, create the demo volume,
-//! 5. bind the NBD and API listeners, then write `server.json`.
+//! 5. bind the NBD, NVMe/TCP and API listeners, then write `server.json`.
 //!
-//! Shutdown (SIGTERM or SIGINT): stop NBD (disconnects clients), stop the
+//! Shutdown (SIGTERM or SIGINT): stop NBD and NVMe/TCP (disconnects
+//! clients), stop the
 //! API, close the store (flush, mark clean), remove `server.json`. The store
 //! is closed whenever it was opened, even if a later step failed.
 
 use crate::datadir::{Backing, DataDir, NodeConfig, ServerInfo};
 use crate::exports::VolumeExports;
+use crate::subsystems::VolumeSubsystems;
 use anyhow::{anyhow, bail, Context, Result};
 use basalt_catalog::RedbCatalog;
 use basalt_frontend_nbd::{NbdServer, ServerLimits};
+use basalt_frontend_nvme::{NvmeServer, TargetConfig};
 use basalt_store::{BlockDevice, FileDevice, FormatOptions, Store};
 use basalt_volume::{
     format_size, parse_size, validate_volume_name, validate_volume_size, VolumeError,
@@ -63,6 +66,20 @@ pub struct ServerArgs {
         value_parser = clap::value_parser!(u32).range(1..=16), value_name = "N")]
     pub nbd_lanes: u32,
 
+    /// NVMe/TCP listen address (port 0 picks a free port; ":PORT" means 127.0.0.1:PORT).
+    #[arg(long, default_value = "127.0.0.1:4420", value_parser = parse_listen, value_name = "ADDR")]
+    pub nvme_listen: SocketAddr,
+
+    /// Address NVMe discovery log pages report for this node (default: the
+    /// NVMe listen address).
+    #[arg(long, value_parser = parse_listen, value_name = "ADDR")]
+    pub nvme_advertise: Option<SocketAddr>,
+
+    /// Host NQN allowed to discover and connect to every volume over
+    /// NVMe/TCP (repeatable). Without it no NVMe host may connect.
+    #[arg(long = "nvme-allow-host", value_name = "NQN", value_parser = parse_host_nqn)]
+    pub nvme_allow_hosts: Vec<String>,
+
     /// REST API listen address (port 0 picks a free port; ":PORT" means 127.0.0.1:PORT).
     #[arg(long, default_value = "127.0.0.1:8080", value_parser = parse_listen, value_name = "ADDR")]
     pub api_listen: SocketAddr,
@@ -104,6 +121,19 @@ fn parse_listen(s: &str) -> Result<SocketAddr, String> {
     s.parse().map_err(|_| {
         format!("{s:?} is not a listen address; use IP:PORT, e.g. 127.0.0.1:8080 or [::1]:8080")
     })
+}
+
+/// A host NQN for `--nvme-allow-host`.
+fn parse_host_nqn(s: &str) -> Result<String, String> {
+    if s.is_empty()
+        || s.len() > basalt_frontend_nvme::NQN_MAX_LEN
+        || !s.chars().all(|c| c.is_ascii_graphic())
+    {
+        return Err(format!(
+            "{s:?} is not a host NQN (1 to 223 printable ASCII characters, e.g. the content of /etc/nvme/hostnqn)"
+        ));
+    }
+    Ok(s.to_string())
 }
 
 fn parse_demo(s: &str) -> Result<DemoVolume> {
@@ -338,6 +368,24 @@ fn serve(
         )
             .with_context(|| format!("cannot listen for NBD on {}", args.nbd_listen))?;
         let nbd_addr = client_addr(nbd.local_addr());
+        if args.nvme_allow_hosts.is_empty() {
+            tracing::info!("no --nvme-allow-host given: no NVMe/TCP host may connect");
+        }
+        let nvme = match NvmeServer::start_with(
+            args.nvme_listen,
+            Arc::new(VolumeSubsystems::new(service.clone(), &args.nvme_allow_hosts)),
+            TargetConfig {
+                advertise: args.nvme_advertise,
+                ..TargetConfig::default()
+            },
+        ) {
+            Ok(nvme) => nvme,
+            Err(e) => {
+                tokio::task::block_in_place(|| nbd.shutdown());
+                return Err(anyhow!(e).context(format!("cannot listen for NVMe/TCP on {}", args.nvme_listen)));
+            }
+        };
+        let nvme_addr = client_addr(nvme.local_addr());
 
         let (stop_api, api_stopped) = tokio::sync::oneshot::channel::<()>();
         let mut api = tokio::spawn(basalt_api::serve(api_listener, service.clone(), token, async {
@@ -347,13 +395,17 @@ fn serve(
         let info = ServerInfo {
             api_url: format!("http://{api_addr}"),
             nbd: nbd_addr.to_string(),
+            nvme: Some(nvme_addr.to_string()),
             pid: std::process::id(),
         };
         if let Err(e) = data.write_server(&info) {
-            nbd.shutdown();
+            tokio::task::block_in_place(|| {
+                nbd.shutdown();
+                nvme.shutdown();
+            });
             return Err(e);
         }
-        tracing::info!(api = %info.api_url, nbd = %info.nbd, "basalt server ready");
+        tracing::info!(api = %info.api_url, nbd = %info.nbd, nvme = %nvme_addr, "basalt server ready");
         if let Some(demo) = &settings.demo_volume {
             print_demo_usage(&demo.name, nbd_addr, data);
         }
@@ -367,7 +419,10 @@ fn serve(
             }),
         };
 
-        tokio::task::block_in_place(|| nbd.shutdown());
+        tokio::task::block_in_place(|| {
+            nbd.shutdown();
+            nvme.shutdown();
+        });
         let _ = stop_api.send(());
         if !api.is_finished() {
             match tokio::time::timeout(API_DRAIN_TIMEOUT, &mut api).await {

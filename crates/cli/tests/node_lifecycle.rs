@@ -26,7 +26,14 @@ impl ServerProcess {
         let child = Command::new(BIN)
             .args(["server", "--data-dir"])
             .arg(dir)
-            .args(["--nbd-listen", "127.0.0.1:0", "--api-listen", ":0"])
+            .args([
+                "--nbd-listen",
+                "127.0.0.1:0",
+                "--nvme-listen",
+                "127.0.0.1:0",
+                "--api-listen",
+                ":0",
+            ])
             .args(extra)
             .env_remove("RUST_LOG")
             .stdin(Stdio::null())

@@ -21,6 +21,9 @@ pub enum VolumeError {
     #[error("invalid volume size: {0}")]
     InvalidSize(String),
 
+    #[error("invalid host NQN {nqn:?}: {reason}")]
+    InvalidHostNqn { nqn: String, reason: String },
+
     #[error(
         "not enough capacity: {} requested with {} already provisioned exceeds the limit of {} ({} store capacity x overcommit ratio {ratio})",
         format_size(*requested), format_size(*provisioned), format_size(*limit), format_size(*capacity)

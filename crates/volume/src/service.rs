@@ -58,6 +58,8 @@ pub struct VolumeInfo {
     pub created_at: String,
     /// Open handles, i.e. frontend connections to the volume.
     pub open_connections: usize,
+    /// Host NQNs attached to the volume (NVMe/TCP access).
+    pub nvme_hosts: Vec<String>,
 }
 
 /// The node's store as the control plane reports it.
@@ -146,6 +148,23 @@ pub fn validate_volume_name(name: &str) -> Result<(), VolumeError> {
 }
 
 /// Checks a volume size: more than zero and a multiple of 4 KiB.
+/// Checks a host NQN: 1 to 223 printable ASCII characters without spaces.
+pub fn validate_host_nqn(nqn: &str) -> Result<(), VolumeError> {
+    let reason = if nqn.is_empty() {
+        "empty"
+    } else if nqn.len() > 223 {
+        "longer than 223 bytes"
+    } else if !nqn.chars().all(|c| c.is_ascii_graphic()) {
+        "only printable ASCII characters without spaces are allowed"
+    } else {
+        return Ok(());
+    };
+    Err(VolumeError::InvalidHostNqn {
+        nqn: nqn.to_string(),
+        reason: reason.to_string(),
+    })
+}
+
 pub fn validate_volume_size(size: u64) -> Result<(), VolumeError> {
     if size == 0 {
         return Err(VolumeError::InvalidSize(
@@ -260,6 +279,7 @@ impl VolumeService {
             allocated_bytes: allocated.get(&record.id).copied().unwrap_or(0),
             created_at: record.created_at.clone(),
             open_connections: self.open_handles(record.id),
+            nvme_hosts: record.nvme_hosts.clone(),
         }
     }
 
@@ -358,6 +378,44 @@ impl VolumeService {
             tracing::info!(volume = name, from = %format_size(old_size), to = %format_size(size), "resized volume");
         }
         drop(_control);
+        self.get(name)
+    }
+
+    /// Lets host `nqn` access `name` over NVMe/TCP (idempotent).
+    pub fn attach_host(&self, name: &str, nqn: &str) -> Result<VolumeInfo, VolumeError> {
+        validate_host_nqn(nqn)?;
+        self.update_hosts(name, |hosts| {
+            if !hosts.iter().any(|h| h == nqn) {
+                hosts.push(nqn.to_string());
+            }
+        })
+    }
+
+    /// Revokes host `nqn`'s access to `name` (idempotent). Connected hosts
+    /// keep their controller until they disconnect.
+    pub fn detach_host(&self, name: &str, nqn: &str) -> Result<VolumeInfo, VolumeError> {
+        self.update_hosts(name, |hosts| hosts.retain(|h| h != nqn))
+    }
+
+    fn update_hosts(
+        &self,
+        name: &str,
+        change: impl FnOnce(&mut Vec<String>),
+    ) -> Result<VolumeInfo, VolumeError> {
+        let control = self.control.lock();
+        let records = self.catalog.list().map_err(catalog_error)?;
+        let Some(current) = records.iter().find(|v| v.record.name == name) else {
+            return Err(VolumeError::NotFound(name.to_string()));
+        };
+        let mut record = current.record.clone();
+        change(&mut record.nvme_hosts);
+        if record.nvme_hosts != current.record.nvme_hosts {
+            self.catalog
+                .update(&record, current.revision)
+                .map_err(catalog_error)?;
+            tracing::info!(volume = name, hosts = ?record.nvme_hosts, "NVMe hosts changed");
+        }
+        drop(control);
         self.get(name)
     }
 
@@ -703,6 +761,35 @@ mod tests {
             let err = VolumeService::new(n.catalog.clone(), n.store.clone(), ratio).unwrap_err();
             assert!(matches!(err, VolumeError::InvalidOvercommit(_)), "{err}");
         }
+    }
+
+    #[test]
+    fn nvme_hosts_attach_and_detach() {
+        let n = small_node();
+        n.service.create("v", 8 * MIB).unwrap();
+        assert!(n.service.get("v").unwrap().nvme_hosts.is_empty());
+        let h1 = "nqn.2014-08.org.nvmexpress:uuid:one";
+        let h2 = "nqn.2014-08.org.nvmexpress:uuid:two";
+        n.service.attach_host("v", h1).unwrap();
+        n.service.attach_host("v", h1).unwrap();
+        let info = n.service.attach_host("v", h2).unwrap();
+        assert_eq!(info.nvme_hosts, vec![h1.to_string(), h2.to_string()]);
+        let info = n.service.detach_host("v", h1).unwrap();
+        assert_eq!(info.nvme_hosts, vec![h2.to_string()]);
+        n.service.detach_host("v", h1).unwrap();
+        assert_eq!(n.service.get("v").unwrap().nvme_hosts, vec![h2.to_string()]);
+        assert!(matches!(
+            n.service.attach_host("v", "has space"),
+            Err(VolumeError::InvalidHostNqn { .. })
+        ));
+        assert!(matches!(
+            n.service.attach_host("v", &"n".repeat(224)),
+            Err(VolumeError::InvalidHostNqn { .. })
+        ));
+        assert!(matches!(
+            n.service.attach_host("nope", h1),
+            Err(VolumeError::NotFound(_))
+        ));
     }
 
     #[test]

@@ -455,6 +455,8 @@ impl Server {
             capacity.into(),
             "--nbd-listen".into(),
             "127.0.0.1:0".into(),
+            "--nvme-listen".into(),
+            "127.0.0.1:0".into(),
             "--api-listen".into(),
             "127.0.0.1:0".into(),
         ];

@@ -1,0 +1,66 @@
+//! The NVMe/TCP target's view of the node's volumes: every volume in the
+//! catalog is an NVM subsystem (`nqn.2026-11.io.basalt:volume:<name>`). The
+//! hosts named with `--nvme-allow-host` may see and open all of them; a host
+//! attached to a volume (`basalt volume attach VOL --host-nqn NQN`, stored
+//! in the volume's catalog record) may see and open that volume; any other
+//! host sees nothing and is refused at Connect (secure by default).
+
+use basalt_frontend_nvme::{OpenError, Subsystems};
+use basalt_volume::{VolumeError, VolumeHandle, VolumeService};
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+/// [`Subsystems`] over a [`VolumeService`] with a server-wide host allow
+/// list.
+pub struct VolumeSubsystems {
+    service: Arc<VolumeService>,
+    allowed_hosts: BTreeSet<String>,
+}
+
+impl VolumeSubsystems {
+    pub fn new(service: Arc<VolumeService>, allowed_hosts: &[String]) -> Self {
+        VolumeSubsystems {
+            service,
+            allowed_hosts: allowed_hosts.iter().cloned().collect(),
+        }
+    }
+
+    /// Allowed for every volume.
+    fn allowed(&self, host_nqn: &str) -> bool {
+        self.allowed_hosts.contains(host_nqn)
+    }
+}
+
+impl Subsystems for VolumeSubsystems {
+    fn visible(&self, host_nqn: &str) -> Vec<String> {
+        let all = self.allowed(host_nqn);
+        match self.service.list() {
+            Ok(volumes) => volumes
+                .into_iter()
+                .filter(|v| all || v.nvme_hosts.iter().any(|h| h == host_nqn))
+                .map(|v| v.name)
+                .collect(),
+            Err(e) => {
+                tracing::error!(error = %e, "cannot list volumes for an NVMe host");
+                Vec::new()
+            }
+        }
+    }
+
+    fn open(&self, host_nqn: &str, volume: &str) -> Result<VolumeHandle, OpenError> {
+        // Unknown volumes and refused hosts are told apart only for hosts
+        // allowed everywhere, so other hosts cannot probe volume names.
+        if !self.allowed(host_nqn) {
+            match self.service.get(volume) {
+                Ok(info) if info.nvme_hosts.iter().any(|h| h == host_nqn) => {}
+                Ok(_) | Err(VolumeError::NotFound(_)) => return Err(OpenError::HostNotAllowed),
+                Err(e) => return Err(OpenError::Failed(e.to_string())),
+            }
+        }
+        match self.service.open(volume) {
+            Ok(handle) => Ok(handle),
+            Err(VolumeError::NotFound(_)) => Err(OpenError::NotFound),
+            Err(e) => Err(OpenError::Failed(e.to_string())),
+        }
+    }
+}

@@ -1,0 +1,401 @@
+//! The listening side: an acceptor thread, one thread per connection
+//! (queue), and a watchdog thread for keep-alive timeouts and resize
+//! notices.
+//!
+//! Invariants:
+//! - Every live connection is registered (with a clone of its socket)
+//!   before its thread starts and unregistered when the thread ends, even by
+//!   panic; [`NvmeServer::connections`] counts them.
+//! - [`NvmeServer::shutdown`] (also run on drop) first stops the acceptor
+//!   and the watchdog, then shuts every registered socket down with
+//!   `shutdown(2)` — which wakes a thread blocked in `recv` or `send` — and
+//!   joins every thread.
+//! - Resources per client are bounded by [`ServerLimits`]: at most
+//!   `max_connections` live connections (more are closed at once, with a
+//!   log line), and a connection that has not completed ICReq and Connect
+//!   within `connect_timeout` is closed.
+//! - The watchdog tears down a controller whose host sent no Keep Alive
+//!   within its KATO (checked every [`WATCHDOG_TICK`]).
+
+use crate::controller::Registry;
+use crate::queue;
+use crate::Subsystems;
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::io;
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::{self, JoinHandle};
+use std::time::Duration;
+
+/// Pause after an accept error caused by resource exhaustion.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+/// How often the watchdog checks keep-alive deadlines and volume sizes.
+pub const WATCHDOG_TICK: Duration = Duration::from_millis(100);
+
+/// Per-server bounds on what clients can hold.
+#[derive(Debug, Clone, Copy)]
+pub struct ServerLimits {
+    /// Live connections (queues) at most; further ones are closed on accept.
+    pub max_connections: usize,
+    /// Time a connection has to send ICReq and then a successful Connect
+    /// (each read of them).
+    pub connect_timeout: Duration,
+    /// Time one send to a host may block before the connection is dropped.
+    pub send_timeout: Duration,
+    /// Largest queue (SQSIZE + 1) a Connect may ask for; CAP.MQES.
+    pub max_queue_entries: u16,
+    /// Most I/O queues per controller.
+    pub max_io_queues: u16,
+    /// In-capsule data accepted per command (IOCCSZ), a multiple of 16.
+    pub in_capsule_data: u32,
+    /// MAXH2CDATA: most bytes per H2CData PDU; also the size of the
+    /// C2HData PDUs the target sends. A multiple of 4, at least 4096.
+    pub max_h2c_data: u32,
+    /// Largest data transfer of one command (MDTS), a power of two times
+    /// 4096.
+    pub max_transfer: u32,
+    /// Write data a queue may hold while waiting for H2CData; commands
+    /// beyond it wait for their R2T.
+    pub max_inflight_per_queue: usize,
+}
+
+impl Default for ServerLimits {
+    fn default() -> Self {
+        ServerLimits {
+            max_connections: 1024,
+            connect_timeout: Duration::from_secs(30),
+            send_timeout: Duration::from_secs(60),
+            max_queue_entries: 128,
+            max_io_queues: 64,
+            in_capsule_data: 8192,
+            max_h2c_data: 128 * 1024,
+            max_transfer: 1024 * 1024,
+            max_inflight_per_queue: 8 * 1024 * 1024,
+        }
+    }
+}
+
+/// How the target presents itself.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct TargetConfig {
+    /// The address discovery log pages report; default: the bound address
+    /// (a wildcard bind reports loopback).
+    pub advertise: Option<SocketAddr>,
+    pub limits: ServerLimits,
+}
+
+pub(crate) struct Shared {
+    pub subsystems: Arc<dyn Subsystems>,
+    pub limits: ServerLimits,
+    pub advertise: SocketAddr,
+    pub controllers: Registry,
+    stopping: AtomicBool,
+    next_id: AtomicU64,
+    connections: Mutex<HashMap<u64, TcpStream>>,
+    workers: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl Shared {
+    pub fn stopping(&self) -> bool {
+        self.stopping.load(Ordering::SeqCst)
+    }
+}
+
+/// A running NVMe/TCP target.
+pub struct NvmeServer {
+    local_addr: SocketAddr,
+    listener: Arc<TcpListener>,
+    shared: Arc<Shared>,
+    acceptor: Option<JoinHandle<()>>,
+    watchdog: Option<JoinHandle<()>>,
+}
+
+impl NvmeServer {
+    /// Binds `listen`, starts accepting connections in a background thread
+    /// and logs "NVMe/TCP listening on ADDR".
+    pub fn start(listen: SocketAddr, subsystems: Arc<dyn Subsystems>) -> io::Result<NvmeServer> {
+        Self::start_with(listen, subsystems, TargetConfig::default())
+    }
+
+    /// [`NvmeServer::start`] with explicit limits.
+    pub fn start_with_limits(
+        listen: SocketAddr,
+        subsystems: Arc<dyn Subsystems>,
+        limits: ServerLimits,
+    ) -> io::Result<NvmeServer> {
+        Self::start_with(
+            listen,
+            subsystems,
+            TargetConfig {
+                advertise: None,
+                limits,
+            },
+        )
+    }
+
+    /// [`NvmeServer::start`] with an advertised address and limits.
+    pub fn start_with(
+        listen: SocketAddr,
+        subsystems: Arc<dyn Subsystems>,
+        config: TargetConfig,
+    ) -> io::Result<NvmeServer> {
+        let mut limits = config.limits;
+        limits.max_h2c_data = (limits.max_h2c_data.max(4096) / 4) * 4;
+        limits.in_capsule_data = (limits.in_capsule_data / 16) * 16;
+        limits.max_queue_entries = limits.max_queue_entries.max(2);
+        limits.max_transfer = limits.max_transfer.max(4096).next_power_of_two();
+        let listener = Arc::new(TcpListener::bind(listen)?);
+        let local_addr = listener.local_addr()?;
+        let advertise = config.advertise.unwrap_or(wake_address(local_addr));
+        let shared = Arc::new(Shared {
+            subsystems,
+            limits,
+            advertise,
+            controllers: Registry::default(),
+            stopping: AtomicBool::new(false),
+            next_id: AtomicU64::new(0),
+            connections: Mutex::new(HashMap::new()),
+            workers: Mutex::new(Vec::new()),
+        });
+        let acceptor = thread::Builder::new().name("nvme-accept".into()).spawn({
+            let listener = Arc::clone(&listener);
+            let shared = Arc::clone(&shared);
+            move || accept_loop(&listener, &shared)
+        })?;
+        let watchdog = thread::Builder::new().name("nvme-watchdog".into()).spawn({
+            let shared = Arc::clone(&shared);
+            move || watchdog(&shared)
+        });
+        let watchdog = match watchdog {
+            Ok(w) => w,
+            Err(err) => {
+                let mut server = NvmeServer {
+                    local_addr,
+                    listener,
+                    shared,
+                    acceptor: Some(acceptor),
+                    watchdog: None,
+                };
+                server.stop();
+                return Err(err);
+            }
+        };
+        tracing::info!("NVMe/TCP listening on {local_addr} (advertised as {advertise})");
+        Ok(NvmeServer {
+            local_addr,
+            listener,
+            shared,
+            acceptor: Some(acceptor),
+            watchdog: Some(watchdog),
+        })
+    }
+
+    /// The address actually bound (useful with port 0).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// The address discovery log pages report.
+    pub fn advertised_addr(&self) -> SocketAddr {
+        self.shared.advertise
+    }
+
+    /// Connections (queues) currently open.
+    pub fn connections(&self) -> usize {
+        self.shared.connections.lock().len()
+    }
+
+    /// Controllers currently live.
+    pub fn controllers(&self) -> usize {
+        self.shared.controllers.len()
+    }
+
+    /// Stops accepting, shuts down every connection and joins every
+    /// thread. In-flight commands are not completed: hosts see the
+    /// connection drop and keep every write completed with FUA or covered
+    /// by a completed Flush.
+    pub fn shutdown(mut self) {
+        self.stop();
+    }
+
+    fn stop(&mut self) {
+        let Some(acceptor) = self.acceptor.take() else {
+            return;
+        };
+        self.shared.stopping.store(true, Ordering::SeqCst);
+        // Fall back to waking accept() with a connection of our own.
+        if shutdown_listener(&self.listener).is_err() {
+            let _ =
+                TcpStream::connect_timeout(&wake_address(self.local_addr), Duration::from_secs(1));
+        }
+        if acceptor.join().is_err() {
+            tracing::error!("NVMe/TCP acceptor thread panicked");
+        }
+        if let Some(w) = self.watchdog.take() {
+            if w.join().is_err() {
+                tracing::error!("NVMe/TCP watchdog thread panicked");
+            }
+        }
+        for stream in self.shared.connections.lock().values() {
+            let _ = stream.shutdown(Shutdown::Both);
+        }
+        let workers = std::mem::take(&mut *self.shared.workers.lock());
+        for worker in workers {
+            if worker.join().is_err() {
+                tracing::error!("NVMe/TCP connection thread panicked");
+            }
+        }
+        for ctrl in self.shared.controllers.all() {
+            self.shared.controllers.remove(&ctrl);
+        }
+        tracing::info!("NVMe/TCP target on {} stopped", self.local_addr);
+    }
+}
+
+impl Drop for NvmeServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// `shutdown(2)` on the listening socket, which makes a blocked
+/// `accept()` return on Linux.
+#[allow(unsafe_code)]
+fn shutdown_listener(listener: &TcpListener) -> io::Result<()> {
+    // SAFETY: plain syscall on the listener's fd, which stays open as long
+    // as `listener` is borrowed.
+    let rc = unsafe { libc::shutdown(listener.as_raw_fd(), libc::SHUT_RDWR) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Where to connect to reach a listener bound to `addr`.
+fn wake_address(addr: SocketAddr) -> SocketAddr {
+    let mut addr = addr;
+    if addr.ip().is_unspecified() {
+        match addr {
+            SocketAddr::V4(_) => addr.set_ip(std::net::Ipv4Addr::LOCALHOST.into()),
+            SocketAddr::V6(_) => addr.set_ip(std::net::Ipv6Addr::LOCALHOST.into()),
+        }
+    }
+    addr
+}
+
+fn accept_loop(listener: &TcpListener, shared: &Arc<Shared>) {
+    loop {
+        let accepted = listener.accept();
+        if shared.stopping() {
+            return;
+        }
+        match accepted {
+            Ok((stream, peer)) => spawn_connection(shared, stream, peer),
+            Err(err) => match err.raw_os_error() {
+                Some(libc::EBADF | libc::EINVAL | libc::ENOTSOCK) => {
+                    tracing::error!("NVMe/TCP acceptor stopped: {err}");
+                    return;
+                }
+                Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM) => {
+                    tracing::warn!("NVMe/TCP accept failed, retrying: {err}");
+                    thread::sleep(ACCEPT_BACKOFF);
+                }
+                _ => tracing::debug!("NVMe/TCP accept failed: {err}"),
+            },
+        }
+    }
+}
+
+fn spawn_connection(shared: &Arc<Shared>, stream: TcpStream, peer: SocketAddr) {
+    let live = shared.connections.lock().len();
+    if live >= shared.limits.max_connections {
+        tracing::warn!(%peer, live, "NVMe/TCP connection refused: connection limit reached");
+        return;
+    }
+    let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
+    let registered = match stream.try_clone() {
+        Ok(clone) => clone,
+        Err(err) => {
+            tracing::warn!(%peer, "NVMe/TCP connection refused, cannot register its socket: {err}");
+            return;
+        }
+    };
+    shared.connections.lock().insert(id, registered);
+    let spawned = thread::Builder::new()
+        .name(format!("nvme-conn-{id}"))
+        .spawn({
+            let shared = Arc::clone(shared);
+            move || {
+                let _registration = Registration {
+                    shared: &shared,
+                    id,
+                };
+                queue::serve(&shared, stream, peer);
+            }
+        });
+    match spawned {
+        Ok(worker) => {
+            let mut workers = shared.workers.lock();
+            workers.retain(|w| !w.is_finished());
+            workers.push(worker);
+        }
+        Err(err) => {
+            shared.connections.lock().remove(&id);
+            tracing::warn!(%peer, "NVMe/TCP connection refused, cannot start its thread: {err}");
+        }
+    }
+}
+
+/// Unregisters a connection when its thread ends, however it ends.
+struct Registration<'a> {
+    shared: &'a Shared,
+    id: u64,
+}
+
+impl Drop for Registration<'_> {
+    fn drop(&mut self) {
+        self.shared.connections.lock().remove(&self.id);
+    }
+}
+
+/// Keep-alive deadlines and resize notices, until the server stops.
+fn watchdog(shared: &Shared) {
+    while !shared.stopping() {
+        thread::sleep(WATCHDOG_TICK);
+        for ctrl in shared.controllers.all() {
+            let expired = {
+                let st = ctrl.state.lock();
+                st.kato_ms > 0
+                    && st.last_keep_alive.elapsed() > Duration::from_millis(u64::from(st.kato_ms))
+            };
+            if expired {
+                tracing::warn!(
+                    cntlid = ctrl.cntlid,
+                    subnqn = %ctrl.subnqn,
+                    hostnqn = %ctrl.hostnqn,
+                    "NVMe keep alive timeout: tearing the controller down"
+                );
+                shared.controllers.remove(&ctrl);
+                continue;
+            }
+            if let Some(volume) = ctrl.volume() {
+                let size = volume.size();
+                let changed = {
+                    let mut st = ctrl.state.lock();
+                    let changed = st.size_seen != size;
+                    st.size_seen = size;
+                    changed
+                };
+                if changed {
+                    tracing::info!(cntlid = ctrl.cntlid, subnqn = %ctrl.subnqn, size,
+                        "NVMe namespace resized: notifying the host");
+                    ctrl.namespace_changed();
+                }
+            }
+        }
+    }
+}
