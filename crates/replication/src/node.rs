@@ -101,6 +101,15 @@ impl Node {
         }
     }
 
+    /// The role's state in one line, for simulator traces.
+    #[doc(hidden)]
+    pub fn describe(&self) -> String {
+        match &self.role {
+            Role::Primary(p) => p.describe(),
+            _ => format!("{:?}", self.role()),
+        }
+    }
+
     fn become_role(&mut self, role: Role, out: &mut Out) {
         if let Role::Primary(p) = &mut self.role {
             p.abandon(out);
@@ -120,7 +129,7 @@ impl Node {
         self.become_role(Role::Secondary(Secondary::new(self.vol, epoch, None)), out);
     }
 
-    fn on_record(&mut self, now: u64, record: Membership, cas_answer: bool, out: &mut Out) {
+    fn on_record(&mut self, now: u64, record: Membership, out: &mut Out) {
         if record.volume != self.vol {
             return;
         }
@@ -149,7 +158,7 @@ impl Node {
             return;
         }
         match &mut self.role {
-            Role::Primary(p) => p.on_record(&rec, cas_answer, out),
+            Role::Primary(p) => p.on_record(&rec, out),
             Role::Secondary(s) => s.adopt(rec.epoch),
             Role::Idle => {
                 let s = Secondary::new(self.vol, rec.epoch, None);
@@ -245,7 +254,7 @@ impl Node {
                     }
                 }
             }
-            Msg::MetaReply { record, cas_ok } => self.on_record(now, record, cas_ok.is_some(), out),
+            Msg::MetaReply { record, .. } => self.on_record(now, record, out),
             Msg::Repl {
                 vol,
                 epoch,
@@ -303,5 +312,115 @@ impl Node {
             },
             _ => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::msg::{ClientReq, DiskResult, ReplOp};
+
+    fn sends(acts: &[Action]) -> Vec<(Endpoint, Msg)> {
+        acts.iter()
+            .filter_map(|a| match a {
+                Action::Send { to, msg } => Some((*to, msg.clone())),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn write_is_acked_only_after_lease_local_disk_and_secondary() {
+        let cfg = Config {
+            block_len: 1,
+            volume_blocks: 16,
+            region_blocks: 4,
+            ..Config::default()
+        };
+        let (p, s) = (NodeId(0), NodeId(1));
+        let rec = Membership::new(VolumeId(1), &[p, s], p, 2);
+        let mut node = Node::new(p, 0, VolumeId(1), cfg, Some(rec), 0);
+        let write = ClientReq::Write {
+            lba: 1,
+            data: vec![7],
+            fua: true,
+        };
+        let acts = node.handle(
+            0,
+            Input::Msg {
+                from: Endpoint::Client,
+                msg: Msg::ClientReq { id: 9, req: write },
+            },
+        );
+        let disk_id = acts
+            .iter()
+            .find_map(|a| match a {
+                Action::Disk { id, .. } => Some(*id),
+                _ => None,
+            })
+            .unwrap();
+        let repl = sends(&acts)
+            .into_iter()
+            .find(|(to, _)| *to == Endpoint::Node(s))
+            .unwrap();
+        assert!(matches!(
+            repl.1,
+            Msg::Repl {
+                lseq: 1,
+                op: ReplOp::Write { fua: true, .. },
+                ..
+            }
+        ));
+        let acked = |acts: &[Action]| sends(acts).iter().any(|(to, _)| *to == Endpoint::Client);
+        let a = node.handle(
+            1,
+            Input::Disk {
+                id: disk_id,
+                result: DiskResult::Done { data: None },
+            },
+        );
+        assert!(!acked(&a), "secondary has not acknowledged");
+        let a = node.handle(
+            2,
+            Input::Msg {
+                from: Endpoint::Node(s),
+                msg: Msg::ReplAck {
+                    vol: VolumeId(1),
+                    epoch: Epoch(1),
+                    session: 0,
+                    lseq: 1,
+                },
+            },
+        );
+        assert!(!acked(&a), "no lease yet");
+        let a = node.handle(
+            3,
+            Input::Msg {
+                from: Endpoint::Control,
+                msg: Msg::HeartbeatAck {
+                    sent_at: 3,
+                    vol: VolumeId(1),
+                    epoch: Epoch(1),
+                    primary: p,
+                },
+            },
+        );
+        assert!(acked(&a));
+        // A newer epoch in a replication message demotes the primary.
+        node.handle(
+            4,
+            Input::Msg {
+                from: Endpoint::Node(s),
+                msg: Msg::Repl {
+                    vol: VolumeId(1),
+                    epoch: Epoch(2),
+                    session: 0,
+                    lseq: 0,
+                    vseq: 0,
+                    op: ReplOp::Start,
+                },
+            },
+        );
+        assert_eq!(node.role(), RoleKind::Secondary(Epoch(2)));
     }
 }

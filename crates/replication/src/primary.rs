@@ -119,8 +119,10 @@ pub(crate) struct Primary {
     links: BTreeMap<NodeId, Link>,
     ops: BTreeMap<u64, Op>,
     next_vseq: u64,
-    /// When the CAS in flight was sent.
-    cas: Option<u64>,
+    /// The CAS in flight: (when sent or last chased, expected version). It
+    /// stays unresolved until a record newer than `expected` is seen: only
+    /// then can it no longer apply, whatever the network did with it.
+    cas: Option<(u64, u64)>,
     region_gen: Vec<u64>,
     region_inflight: Vec<u32>,
 }
@@ -174,6 +176,18 @@ impl Primary {
             region_inflight: vec![0; regions],
             cfg,
         }
+    }
+
+    /// One line per link, for traces.
+    pub(crate) fn describe(&self) -> String {
+        let mut s = format!("primary e{} cas={:?}", self.epoch.0, self.cas);
+        for (n, l) in &self.links {
+            s += &format!(
+                " | n{} {:?} s{} next{} inflight{:?} dirty{:?} copying{:?} chunks{:?}",
+                n.0, l.mode, l.session, l.next_lseq, l.inflight, l.dirty, l.copying, l.chunks
+            );
+        }
+        s
     }
 
     fn regions_of(&self, lba: u64, blocks: u64) -> Vec<usize> {
@@ -411,8 +425,8 @@ impl Primary {
         };
     }
 
-    pub(crate) fn on_record(&mut self, rec: &Membership, cas_answer: bool, out: &mut Out) {
-        if cas_answer {
+    pub(crate) fn on_record(&mut self, rec: &Membership, out: &mut Out) {
+        if self.cas.is_some_and(|(_, expected)| rec.version > expected) {
             self.cas = None;
         }
         if rec.epoch != self.epoch || rec.primary != self.me {
@@ -475,8 +489,22 @@ impl Primary {
 
     /// Timeouts, resync progress, CAS requests and acknowledgements.
     pub(crate) fn tick(&mut self, now: u64, lease_until: u64, out: &mut Out) {
-        if self.cas.is_some_and(|t| now > t + self.cfg.cas_timeout_ms) {
-            self.cas = None;
+        if let Some((t, expected)) = self.cas {
+            if now > t + self.cfg.cas_timeout_ms {
+                // Unanswered: send it again (same expected version, so at most
+                // one copy can apply) and ask for the record.
+                self.cas = Some((now, expected));
+                let desired = self.desired();
+                out.sends.push((
+                    Endpoint::Control,
+                    Msg::MetaCas {
+                        expected,
+                        record: desired,
+                    },
+                ));
+                out.sends
+                    .push((Endpoint::Control, Msg::MetaGet { vol: self.vol }));
+            }
         }
         let peers: Vec<NodeId> = self.links.keys().copied().collect();
         for n in &peers {
@@ -566,6 +594,37 @@ impl Primary {
         if self.cas.is_some() {
             return;
         }
+        // A link leaving that the record already shows out of sync (it
+        // failed while Joining, before its InSync CAS) needs no CAS; with no
+        // CAS of ours unresolved, nothing can make it InSync behind our back.
+        for (n, l) in self.links.iter_mut() {
+            if l.mode == Mode::Leaving {
+                match self.rec.state(*n) {
+                    Some(ReplicaState::OutOfSync) => l.mode = Mode::OutOfSync,
+                    Some(ReplicaState::Faulty) => l.mode = Mode::Faulty,
+                    _ => {}
+                }
+            }
+        }
+        if self.cas.is_some() {
+            return;
+        }
+        let desired = self.desired();
+        if desired.replicas != self.rec.replicas {
+            self.cas = Some((now, self.rec.version));
+            out.sends.push((
+                Endpoint::Control,
+                Msg::MetaCas {
+                    expected: self.rec.version,
+                    record: desired,
+                },
+            ));
+        }
+    }
+
+    /// The record this primary wants: its links' pending state changes
+    /// applied to the last record it saw.
+    fn desired(&self) -> Membership {
         let mut desired = self.rec.clone();
         for (n, l) in &self.links {
             if let Some(info) = desired.replicas.get_mut(n) {
@@ -587,16 +646,7 @@ impl Primary {
                 }
             }
         }
-        if desired.replicas != self.rec.replicas {
-            self.cas = Some(now);
-            out.sends.push((
-                Endpoint::Control,
-                Msg::MetaCas {
-                    expected: self.rec.version,
-                    record: desired,
-                },
-            ));
-        }
+        desired
     }
 
     fn try_acks(&mut self, now: u64, lease_until: u64, out: &mut Out) {

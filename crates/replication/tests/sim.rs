@@ -630,20 +630,26 @@ impl Sim {
     /// After every step: every InSync replica durably holds each block's
     /// durable write or a later one.
     fn check_step(&self) -> Result<(), String> {
-        let rec = self.rec();
+        let Some(rec) = self.meta.get(VOL) else {
+            return Err(self.fail("volume record vanished".into()));
+        };
         for (n, info) in &rec.replicas {
             if info.state != ReplicaState::InSync {
                 continue;
             }
             let disk = &self.procs[n.0 as usize].disk;
             for b in 0..BLOCKS as usize {
-                if let Some(d) = self.m.durable[b] {
-                    self.check_value(
-                        b,
-                        disk.durable[b],
-                        Some(d),
-                        &format!("InSync replica {}", n.0),
-                    )?;
+                let Some(d) = self.m.durable[b] else { continue };
+                let t = disk.durable[b] as usize;
+                let fine = t != 0
+                    && self
+                        .m
+                        .token
+                        .get(t)
+                        .is_some_and(|(tb, i)| *tb == b && *i >= d);
+                if !fine {
+                    let what = format!("InSync replica {}", n.0);
+                    self.check_value(b, disk.durable[b], Some(d), &what)?;
                 }
             }
         }
@@ -770,6 +776,11 @@ impl Sim {
                 }
             }
             Ev::NodeTick { node, inc } => {
+                if self.trace && self.now % 50 == 1 {
+                    if let Some(n) = &self.procs[node].node {
+                        self.trace(format!("n{node}: {}", n.describe()));
+                    }
+                }
                 if self.procs[node].inc == inc && self.procs[node].node.is_some() {
                     self.input(node, Input::Tick);
                     self.at(5, Ev::NodeTick { node, inc });
@@ -889,7 +900,7 @@ fn seeds() {
     let n: u64 = std::env::var("BASALT_SIM_SEEDS")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(300);
+        .unwrap_or(2000);
     let base: u64 = std::env::var("BASALT_SIM_BASE")
         .ok()
         .and_then(|s| s.parse().ok())
