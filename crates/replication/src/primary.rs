@@ -267,11 +267,10 @@ impl Primary {
         if let Some(rop) = repl {
             let peers: Vec<NodeId> = self.links.keys().copied().collect();
             for n in peers {
-                let mode = self.links[&n].mode;
-                if mode.streams() {
-                    let Some(l) = self.links.get_mut(&n) else {
-                        continue;
-                    };
+                let Some(l) = self.links.get_mut(&n) else {
+                    continue;
+                };
+                if l.mode.streams() {
                     let (session, lseq) = {
                         let lseq = l.next_lseq;
                         l.next_lseq += 1;
@@ -284,7 +283,7 @@ impl Primary {
                     let msg = self.repl(session, lseq, vseq, rop.clone());
                     out.sends.push((Endpoint::Node(n), msg));
                     sent.insert(n);
-                } else if let Some(l) = self.links.get_mut(&n) {
+                } else {
                     l.dirty.extend(regions.iter().copied());
                 }
             }
@@ -444,9 +443,8 @@ impl Primary {
             let Some(info) = rec.replicas.get(&n).copied() else {
                 continue;
             };
-            let (mode, boot) = {
-                let l = &self.links[&n];
-                (l.mode, l.boot)
+            let Some((mode, boot)) = self.links.get(&n).map(|l| (l.mode, l.boot)) else {
+                continue;
             };
             if info.boot != boot {
                 if let Some(l) = self.links.get_mut(&n) {
@@ -456,7 +454,9 @@ impl Primary {
                     self.link_failed(n);
                 }
             }
-            let mode = self.links[&n].mode;
+            let Some(mode) = self.links.get(&n).map(|l| l.mode) else {
+                continue;
+            };
             let new_mode = match (info.state, mode) {
                 (ReplicaState::InSync, Mode::Joining) => Mode::InSync,
                 (ReplicaState::InSync, Mode::InSync | Mode::Leaving) => mode,
@@ -508,10 +508,11 @@ impl Primary {
         }
         let peers: Vec<NodeId> = self.links.keys().copied().collect();
         for n in &peers {
-            let expired = self.links[n]
-                .inflight
-                .values()
-                .any(|(t, _)| now > t + self.cfg.ack_timeout_ms);
+            let expired = self.links.get(n).is_some_and(|l| {
+                l.inflight
+                    .values()
+                    .any(|(t, _)| now > t + self.cfg.ack_timeout_ms)
+            });
             if expired {
                 self.link_failed(*n);
             }

@@ -810,8 +810,6 @@ impl Sim {
                 }
             }
         }
-        // The client only talks to a node that is primary of the epoch it
-        // addressed: a request arriving elsewhere finds its connection reset.
         self.check_step()
     }
 
@@ -826,6 +824,9 @@ impl Sim {
             let Some(ev) = self.events.remove(&s) else {
                 continue;
             };
+            // The client only talks to a node that is primary of the epoch it
+            // addressed: a request arriving elsewhere finds its connection
+            // reset (answered NotPrimary, outcome unknown).
             if let Ev::Deliver {
                 to: Endpoint::Node(n),
                 msg: Msg::ClientReq { id, .. },
