@@ -1,0 +1,144 @@
+//! A node's local disk queue.
+//!
+//! Job: issue a node's disk operations in submission order while letting
+//! independent ones run concurrently, and retry transient I/O errors.
+//!
+//! Invariants:
+//! - two operations on overlapping blocks, one of them a write, never run at
+//!   the same time, and the earlier-submitted one is issued first (so every
+//!   replica applies overlapping writes in stream order);
+//! - a flush is issued only once every earlier write has completed, so it
+//!   makes all of them durable;
+//! - an operation that fails is issued again, unchanged, under the same id.
+
+use crate::msg::{Action, DiskOp, DiskResult, IoId};
+use std::collections::{BTreeMap, VecDeque};
+
+pub(crate) struct DiskQueue<T> {
+    block_len: u64,
+    next_id: IoId,
+    pending: VecDeque<(IoId, DiskOp, T)>,
+    inflight: BTreeMap<IoId, (DiskOp, T)>,
+}
+
+fn range(op: &DiskOp, block_len: u64) -> Option<(u64, u64)> {
+    match op {
+        DiskOp::Write { lba, data, .. } => Some((*lba, data.len() as u64 / block_len.max(1))),
+        DiskOp::Read { lba, blocks } => Some((*lba, *blocks)),
+        DiskOp::Flush => None,
+    }
+}
+
+fn overlaps(a: (u64, u64), b: (u64, u64)) -> bool {
+    a.0 < b.0 + b.1 && b.0 < a.0 + a.1
+}
+
+impl<T> DiskQueue<T> {
+    pub(crate) fn new(block_len: u64) -> Self {
+        DiskQueue {
+            block_len,
+            next_id: 1,
+            pending: VecDeque::new(),
+            inflight: BTreeMap::new(),
+        }
+    }
+
+    pub(crate) fn submit(&mut self, op: DiskOp, tag: T, out: &mut Vec<Action>) {
+        let id = self.next_id;
+        self.next_id += 1;
+        self.pending.push_back((id, op, tag));
+        self.pump(out);
+    }
+
+    fn issuable(&self, op: &DiskOp) -> bool {
+        let is_write = matches!(op, DiskOp::Write { .. });
+        match range(op, self.block_len) {
+            None => !self
+                .inflight
+                .values()
+                .any(|(o, _)| matches!(o, DiskOp::Write { .. })),
+            Some(r) => !self.inflight.values().any(|(o, _)| {
+                let other_write = matches!(o, DiskOp::Write { .. });
+                (is_write || other_write)
+                    && range(o, self.block_len).is_some_and(|q| overlaps(q, r))
+            }),
+        }
+    }
+
+    fn pump(&mut self, out: &mut Vec<Action>) {
+        while let Some((_, op, _)) = self.pending.front() {
+            if !self.issuable(op) {
+                break;
+            }
+            let Some((id, op, tag)) = self.pending.pop_front() else {
+                break;
+            };
+            out.push(Action::Disk { id, op: op.clone() });
+            self.inflight.insert(id, (op, tag));
+        }
+    }
+
+    /// Handles a completion; returns the tag and read data of a finished
+    /// operation (None for unknown ids and retried errors).
+    pub(crate) fn complete(
+        &mut self,
+        id: IoId,
+        result: DiskResult,
+        out: &mut Vec<Action>,
+    ) -> Option<(T, Option<Vec<u8>>)> {
+        match result {
+            DiskResult::Error => {
+                if let Some((op, _)) = self.inflight.get(&id) {
+                    out.push(Action::Disk { id, op: op.clone() });
+                }
+                None
+            }
+            DiskResult::Done { data } => {
+                let (_, tag) = self.inflight.remove(&id)?;
+                self.pump(out);
+                Some((tag, data))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn overlapping_writes_are_serialized_and_flush_waits() {
+        let mut q = DiskQueue::new(1);
+        let mut out = Vec::new();
+        let w = |lba| DiskOp::Write {
+            lba,
+            data: vec![0; 2],
+            fua: false,
+        };
+        q.submit(w(0), 1, &mut out);
+        q.submit(w(4), 2, &mut out);
+        q.submit(w(1), 3, &mut out); // overlaps the first
+        q.submit(DiskOp::Flush, 4, &mut out);
+        assert_eq!(out.len(), 2);
+        out.clear();
+        assert_eq!(q.complete(1, DiskResult::Error, &mut out), None);
+        assert_eq!(out.len(), 1, "error retried");
+        out.clear();
+        assert_eq!(
+            q.complete(1, DiskResult::Done { data: None }, &mut out),
+            Some((1, None))
+        );
+        assert_eq!(out.len(), 1, "third write issued, flush still waits");
+        out.clear();
+        q.complete(2, DiskResult::Done { data: None }, &mut out);
+        assert!(out.is_empty());
+        q.complete(3, DiskResult::Done { data: None }, &mut out);
+        assert_eq!(
+            out,
+            vec![Action::Disk {
+                id: 4,
+                op: DiskOp::Flush
+            }]
+        );
+    }
+}

@@ -1,0 +1,79 @@
+//! Basalt's replication protocol as sans-I/O state machines.
+//!
+//! Job: decide, for one replicated volume, what every node does: the
+//! [`Node`] (primary or secondary role) and the [`Coordinator`] take
+//! messages, disk completions and clock ticks in and return actions (sends,
+//! disk operations, replies); they never do I/O. Production drives them with
+//! sockets, disks and etcd; `tests/sim.rs` with a seeded simulation.
+//!
+//! Invariants the protocol keeps (checked by the simulator, see
+//! `docs/simulation.md`):
+//! - no acknowledged durable write is lost or changed;
+//! - at most one primary's writes are accepted per epoch, and a replica never
+//!   applies a write of an epoch older than its own (fencing);
+//! - replicas converge once faults heal;
+//! - no read returns data that was never written.
+
+mod coordinator;
+mod disk;
+pub mod msg;
+mod node;
+mod primary;
+mod secondary;
+pub mod types;
+
+pub use coordinator::Coordinator;
+pub use msg::{
+    Action, ClientReply, ClientReq, DiskOp, DiskResult, Endpoint, Input, IoId, Msg, ReplOp,
+};
+pub use node::{Node, RoleKind};
+pub use types::{
+    CasError, Epoch, Lba, Membership, MetaStore, NodeId, ReplicaInfo, ReplicaState, VolumeId,
+    BLOCK_SIZE,
+};
+
+/// Timing and geometry of a node's replication logic (times in ms).
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Bytes per block in the data the node carries (4096 in production).
+    pub block_len: u64,
+    pub volume_blocks: u64,
+    /// Blocks per dirty-tracking region.
+    pub region_blocks: u64,
+    pub heartbeat_ms: u64,
+    /// A primary acknowledges nothing after `heartbeat sent_at + lease_ms`.
+    pub lease_ms: u64,
+    /// A secondary that has not acknowledged a message for this long is
+    /// marked OutOfSync.
+    pub ack_timeout_ms: u64,
+    pub cas_timeout_ms: u64,
+    pub poll_ms: u64,
+    pub resync_retry_ms: u64,
+    /// Test-only: acknowledge after the local disk alone (a deliberately
+    /// broken protocol, to prove the simulator's checks can fail).
+    #[doc(hidden)]
+    pub ack_before_secondaries: bool,
+}
+
+impl Config {
+    pub fn regions(&self) -> usize {
+        self.volume_blocks.div_ceil(self.region_blocks.max(1)) as usize
+    }
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            block_len: BLOCK_SIZE,
+            volume_blocks: 1 << 18,
+            region_blocks: 1024,
+            heartbeat_ms: 20,
+            lease_ms: 100,
+            ack_timeout_ms: 60,
+            cas_timeout_ms: 50,
+            poll_ms: 50,
+            resync_retry_ms: 40,
+            ack_before_secondaries: false,
+        }
+    }
+}

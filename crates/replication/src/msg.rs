@@ -1,0 +1,154 @@
+//! The inputs and outputs of the state machines.
+//!
+//! Job: define every message on the wire, every disk operation and every
+//! client request/reply, so that the state machines never do I/O: a driver
+//! (production sockets/disks/etcd, or the simulator) feeds [`Input`]s and
+//! carries out [`Action`]s.
+//!
+//! Invariant: every replication message carries the sender's epoch; a
+//! receiver compares it before looking at anything else.
+
+use crate::types::{Epoch, Lba, Membership, NodeId, VolumeId};
+
+/// Where a message goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Endpoint {
+    Node(NodeId),
+    /// The metadata service together with the elected coordinator.
+    Control,
+    /// The client (initiator) of the volume.
+    Client,
+}
+
+/// One operation in a replication stream.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ReplOp {
+    /// Opens a stream (session): the secondary resets its expected sequence.
+    Start,
+    /// Write `data` (whole blocks) at `lba`.
+    Write { lba: Lba, data: Vec<u8>, fua: bool },
+    /// Make every earlier write of the stream durable.
+    Flush,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ClientReq {
+    Write { lba: Lba, data: Vec<u8>, fua: bool },
+    Flush,
+    Read { lba: Lba, blocks: u64 },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ClientReply {
+    /// Done by the primary `by` in `epoch`.
+    Ok {
+        by: NodeId,
+        epoch: Epoch,
+        data: Option<Vec<u8>>,
+    },
+    /// Not done (this node is not, or no longer, the primary); the outcome of
+    /// a write answered this way is unknown.
+    NotPrimary,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Msg {
+    /// Primary → secondary: entry `lseq` of stream `session` in `epoch`.
+    /// `vseq` is the primary's volume-wide operation number (diagnostics).
+    Repl {
+        vol: VolumeId,
+        epoch: Epoch,
+        session: u64,
+        lseq: u64,
+        vseq: u64,
+        op: ReplOp,
+    },
+    /// Secondary → primary: entry `lseq` is applied (for writes: completed on
+    /// disk, durable if FUA; for flushes and Start: done).
+    ReplAck {
+        vol: VolumeId,
+        epoch: Epoch,
+        session: u64,
+        lseq: u64,
+    },
+    /// Secondary → sender: your epoch is older than mine; refused.
+    Fenced {
+        vol: VolumeId,
+        epoch: Epoch,
+    },
+    /// Node → coordinator, every heartbeat interval.
+    Heartbeat {
+        boot: u64,
+        sent_at: u64,
+    },
+    /// Coordinator → node: the record's epoch and primary at answer time; a
+    /// primary extends its lease to `sent_at + lease` only if it is still the
+    /// primary of its epoch.
+    HeartbeatAck {
+        sent_at: u64,
+        vol: VolumeId,
+        epoch: Epoch,
+        primary: NodeId,
+    },
+    /// Node → metadata service.
+    MetaGet {
+        vol: VolumeId,
+    },
+    MetaCas {
+        expected: u64,
+        record: Membership,
+    },
+    /// Metadata service → node: the record now; `cas_ok` answers a MetaCas.
+    MetaReply {
+        record: Membership,
+        cas_ok: Option<bool>,
+    },
+    ClientReq {
+        id: u64,
+        req: ClientReq,
+    },
+    ClientReply {
+        id: u64,
+        reply: ClientReply,
+    },
+}
+
+/// A local disk operation.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DiskOp {
+    Write { lba: Lba, data: Vec<u8>, fua: bool },
+    Read { lba: Lba, blocks: u64 },
+    Flush,
+}
+
+/// Identifies one disk operation of a node.
+pub type IoId = u64;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DiskResult {
+    Done {
+        data: Option<Vec<u8>>,
+    },
+    /// A transient I/O error: the node retries the operation.
+    Error,
+}
+
+#[derive(Clone, Debug)]
+pub enum Input {
+    Msg {
+        from: Endpoint,
+        msg: Msg,
+    },
+    Disk {
+        id: IoId,
+        result: DiskResult,
+    },
+    /// The clock advanced; time is passed with every input.
+    Tick,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Action {
+    Send { to: Endpoint, msg: Msg },
+    Disk { id: IoId, op: DiskOp },
+}

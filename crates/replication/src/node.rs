@@ -1,0 +1,426 @@
+//! One storage node's part in one replicated volume.
+//!
+//! Job: hold the node's role (Idle, Secondary or Primary) for the volume,
+//! switch roles as the membership record dictates, keep the heartbeat and
+//! lease, and route inputs to the role and its disk completions back.
+//!
+//! Invariants:
+//! - the node acts on a record only if the record carries its current boot
+//!   id; a restarted node stays Idle until the coordinator has handled its
+//!   restart;
+//! - the node is Primary only for an epoch whose record names it primary and
+//!   in which it is InSync; it steps down on any sign of a newer epoch;
+//! - the lease is extended only by a heartbeat answer naming this node the
+//!   primary of its epoch, and only to `sent_at + lease`;
+//! - a disk completion reaches the role that issued it, never a later role.
+
+use crate::disk::DiskQueue;
+use crate::msg::{Action, ClientReply, DiskOp, Endpoint, Input, Msg};
+use crate::primary::{Out, PrimTag, Primary};
+use crate::secondary::{SecTag, Secondary};
+use crate::types::{Epoch, Membership, NodeId, ReplicaState, VolumeId};
+use crate::Config;
+
+#[derive(Clone, Copy, Debug)]
+enum Tag {
+    P(PrimTag),
+    S(SecTag),
+}
+
+enum Role {
+    Idle,
+    Secondary(Secondary),
+    Primary(Box<Primary>),
+}
+
+/// A node's role, for drivers and checkers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RoleKind {
+    Idle,
+    Secondary(Epoch),
+    Primary(Epoch),
+}
+
+pub struct Node {
+    me: NodeId,
+    boot: u64,
+    vol: VolumeId,
+    cfg: Config,
+    disk: DiskQueue<(u64, Tag)>,
+    role: Role,
+    rec: Option<Membership>,
+    lease_until: u64,
+    last_hb: Option<u64>,
+    last_poll: Option<u64>,
+    gen: u64,
+}
+
+impl Node {
+    /// `initial`: the record of a freshly created volume (every replica
+    /// empty, session 0 open); None for a node that (re)starts and must learn
+    /// its role from the metadata service.
+    pub fn new(
+        me: NodeId,
+        boot: u64,
+        vol: VolumeId,
+        cfg: Config,
+        initial: Option<Membership>,
+        now: u64,
+    ) -> Self {
+        let role = match &initial {
+            Some(rec) if rec.primary == me => Role::Primary(Box::new(Primary::new(
+                me,
+                rec.clone(),
+                cfg.clone(),
+                true,
+                now,
+            ))),
+            Some(rec) => Role::Secondary(Secondary::new(vol, rec.epoch, Some((rec.primary, 0)))),
+            None => Role::Idle,
+        };
+        Node {
+            me,
+            boot,
+            vol,
+            disk: DiskQueue::new(cfg.block_len),
+            cfg,
+            role,
+            rec: initial,
+            lease_until: 0,
+            last_hb: None,
+            last_poll: None,
+            gen: 0,
+        }
+    }
+
+    pub fn role(&self) -> RoleKind {
+        match &self.role {
+            Role::Idle => RoleKind::Idle,
+            Role::Secondary(s) => RoleKind::Secondary(s.epoch),
+            Role::Primary(p) => RoleKind::Primary(p.epoch),
+        }
+    }
+
+    /// The role's state in one line, for simulator traces.
+    #[doc(hidden)]
+    pub fn describe(&self) -> String {
+        match &self.role {
+            Role::Primary(p) => p.describe(),
+            _ => format!("{:?}", self.role()),
+        }
+    }
+
+    fn become_role(&mut self, role: Role, out: &mut Out) {
+        if let Role::Primary(p) = &mut self.role {
+            p.abandon(out);
+        }
+        self.role = role;
+        self.gen += 1;
+        self.lease_until = 0;
+        self.last_hb = None;
+    }
+
+    fn step_down(&mut self, out: &mut Out) {
+        let epoch = match &self.role {
+            Role::Primary(p) => p.epoch,
+            _ => return,
+        };
+        let epoch = self.rec.as_ref().map_or(epoch, |r| r.epoch.max(epoch));
+        self.become_role(Role::Secondary(Secondary::new(self.vol, epoch, None)), out);
+    }
+
+    fn on_record(&mut self, now: u64, record: Membership, out: &mut Out) {
+        if record.volume != self.vol {
+            return;
+        }
+        if self.rec.as_ref().is_none_or(|r| record.version > r.version) {
+            self.rec = Some(record);
+        }
+        let Some(rec) = self.rec.clone() else {
+            return;
+        };
+        let acknowledged = rec
+            .replicas
+            .get(&self.me)
+            .is_some_and(|i| i.boot == self.boot);
+        if !acknowledged {
+            if matches!(self.role, Role::Primary(_)) {
+                self.become_role(Role::Idle, out);
+            }
+            return;
+        }
+        let same_epoch_primary = matches!(&self.role, Role::Primary(p) if p.epoch == rec.epoch);
+        if rec.primary == self.me && !same_epoch_primary {
+            if rec.state(self.me) == Some(ReplicaState::InSync) {
+                let p = Primary::new(self.me, rec, self.cfg.clone(), false, now);
+                self.become_role(Role::Primary(Box::new(p)), out);
+            }
+            return;
+        }
+        match &mut self.role {
+            Role::Primary(p) => p.on_record(&rec, out),
+            Role::Secondary(s) => s.adopt(rec.epoch),
+            Role::Idle => {
+                let s = Secondary::new(self.vol, rec.epoch, None);
+                self.become_role(Role::Secondary(s), out);
+            }
+        }
+    }
+
+    /// Feeds one input at time `now`; returns what to do.
+    pub fn handle(&mut self, now: u64, input: Input) -> Vec<Action> {
+        let mut acts = Vec::new();
+        let mut out = Out::default();
+        let mut sdisk: Vec<(DiskOp, SecTag)> = Vec::new();
+        match input {
+            Input::Tick => {
+                if self
+                    .last_hb
+                    .is_none_or(|t| now >= t + self.cfg.heartbeat_ms)
+                {
+                    self.last_hb = Some(now);
+                    out.sends.push((
+                        Endpoint::Control,
+                        Msg::Heartbeat {
+                            boot: self.boot,
+                            sent_at: now,
+                        },
+                    ));
+                }
+                if self.last_poll.is_none_or(|t| now >= t + self.cfg.poll_ms) {
+                    self.last_poll = Some(now);
+                    out.sends
+                        .push((Endpoint::Control, Msg::MetaGet { vol: self.vol }));
+                }
+                if let Role::Primary(p) = &mut self.role {
+                    p.tick(now, self.lease_until, &mut out);
+                }
+            }
+            Input::Msg { from, msg } => self.on_msg(now, from, msg, &mut out, &mut sdisk),
+            Input::Disk { id, result } => {
+                if let Some(((gen, tag), data)) = self.disk.complete(id, result, &mut acts) {
+                    if gen == self.gen {
+                        match (&mut self.role, tag) {
+                            (Role::Primary(p), Tag::P(t)) => p.on_disk_done(now, t, data, &mut out),
+                            (Role::Secondary(s), Tag::S(t)) => s.on_disk_done(t, &mut out.sends),
+                            _ => {}
+                        }
+                    }
+                }
+            }
+        }
+        if out.step_down {
+            out.step_down = false;
+            self.step_down(&mut out);
+        }
+        if let Role::Primary(p) = &mut self.role {
+            p.progress(now, self.lease_until, &mut out);
+        }
+        for (op, t) in sdisk {
+            self.disk.submit(op, (self.gen, Tag::S(t)), &mut acts);
+        }
+        for (op, t) in out.disk {
+            self.disk.submit(op, (self.gen, Tag::P(t)), &mut acts);
+        }
+        acts.extend(
+            out.sends
+                .into_iter()
+                .map(|(to, msg)| Action::Send { to, msg }),
+        );
+        acts
+    }
+
+    fn on_msg(
+        &mut self,
+        now: u64,
+        from: Endpoint,
+        msg: Msg,
+        out: &mut Out,
+        sdisk: &mut Vec<(DiskOp, SecTag)>,
+    ) {
+        match msg {
+            Msg::HeartbeatAck {
+                sent_at,
+                vol,
+                epoch,
+                primary,
+            } if vol == self.vol => {
+                if let Role::Primary(p) = &self.role {
+                    if epoch == p.epoch && primary == self.me {
+                        self.lease_until = self.lease_until.max(sent_at + self.cfg.lease_ms);
+                    } else if epoch > p.epoch {
+                        out.sends
+                            .push((Endpoint::Control, Msg::MetaGet { vol: self.vol }));
+                    }
+                }
+            }
+            Msg::MetaReply { record, .. } => self.on_record(now, record, out),
+            Msg::Repl {
+                vol,
+                epoch,
+                session,
+                lseq,
+                op,
+                ..
+            } if vol == self.vol => {
+                let Endpoint::Node(f) = from else {
+                    return;
+                };
+                if let Role::Primary(p) = &self.role {
+                    if epoch > p.epoch {
+                        self.step_down(out);
+                    } else {
+                        out.sends.push((
+                            from,
+                            Msg::Fenced {
+                                vol,
+                                epoch: p.epoch,
+                            },
+                        ));
+                        return;
+                    }
+                }
+                if let Role::Secondary(s) = &mut self.role {
+                    s.on_repl(f, epoch, session, lseq, op, &mut out.sends, sdisk);
+                }
+            }
+            Msg::ReplAck {
+                vol,
+                epoch,
+                session,
+                lseq,
+            } if vol == self.vol => {
+                if let (Role::Primary(p), Endpoint::Node(f)) = (&mut self.role, from) {
+                    p.on_ack(f, epoch, session, lseq);
+                }
+            }
+            Msg::Fenced { vol, epoch } if vol == self.vol => {
+                if let Role::Primary(p) = &mut self.role {
+                    p.on_fenced(epoch, out);
+                    out.sends.push((Endpoint::Control, Msg::MetaGet { vol }));
+                }
+            }
+            Msg::ClientReq { id, req } => match &mut self.role {
+                Role::Primary(p) => p.on_client(now, id, req, out),
+                _ => out.sends.push((
+                    Endpoint::Client,
+                    Msg::ClientReply {
+                        id,
+                        reply: ClientReply::NotPrimary,
+                    },
+                )),
+            },
+            _ => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::msg::{ClientReq, DiskResult, ReplOp};
+
+    fn sends(acts: &[Action]) -> Vec<(Endpoint, Msg)> {
+        acts.iter()
+            .filter_map(|a| match a {
+                Action::Send { to, msg } => Some((*to, msg.clone())),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn write_is_acked_only_after_lease_local_disk_and_secondary() {
+        let cfg = Config {
+            block_len: 1,
+            volume_blocks: 16,
+            region_blocks: 4,
+            ..Config::default()
+        };
+        let (p, s) = (NodeId(0), NodeId(1));
+        let rec = Membership::new(VolumeId(1), &[p, s], p, 2);
+        let mut node = Node::new(p, 0, VolumeId(1), cfg, Some(rec), 0);
+        let write = ClientReq::Write {
+            lba: 1,
+            data: vec![7],
+            fua: true,
+        };
+        let acts = node.handle(
+            0,
+            Input::Msg {
+                from: Endpoint::Client,
+                msg: Msg::ClientReq { id: 9, req: write },
+            },
+        );
+        let disk_id = acts
+            .iter()
+            .find_map(|a| match a {
+                Action::Disk { id, .. } => Some(*id),
+                _ => None,
+            })
+            .unwrap();
+        let repl = sends(&acts)
+            .into_iter()
+            .find(|(to, _)| *to == Endpoint::Node(s))
+            .unwrap();
+        assert!(matches!(
+            repl.1,
+            Msg::Repl {
+                lseq: 1,
+                op: ReplOp::Write { fua: true, .. },
+                ..
+            }
+        ));
+        let acked = |acts: &[Action]| sends(acts).iter().any(|(to, _)| *to == Endpoint::Client);
+        let a = node.handle(
+            1,
+            Input::Disk {
+                id: disk_id,
+                result: DiskResult::Done { data: None },
+            },
+        );
+        assert!(!acked(&a), "secondary has not acknowledged");
+        let a = node.handle(
+            2,
+            Input::Msg {
+                from: Endpoint::Node(s),
+                msg: Msg::ReplAck {
+                    vol: VolumeId(1),
+                    epoch: Epoch(1),
+                    session: 0,
+                    lseq: 1,
+                },
+            },
+        );
+        assert!(!acked(&a), "no lease yet");
+        let a = node.handle(
+            3,
+            Input::Msg {
+                from: Endpoint::Control,
+                msg: Msg::HeartbeatAck {
+                    sent_at: 3,
+                    vol: VolumeId(1),
+                    epoch: Epoch(1),
+                    primary: p,
+                },
+            },
+        );
+        assert!(acked(&a));
+        // A newer epoch in a replication message demotes the primary.
+        node.handle(
+            4,
+            Input::Msg {
+                from: Endpoint::Node(s),
+                msg: Msg::Repl {
+                    vol: VolumeId(1),
+                    epoch: Epoch(2),
+                    session: 0,
+                    lseq: 0,
+                    vseq: 0,
+                    op: ReplOp::Start,
+                },
+            },
+        );
+        assert_eq!(node.role(), RoleKind::Secondary(Epoch(2)));
+    }
+}

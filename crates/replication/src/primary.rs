@@ -1,0 +1,703 @@
+//! The primary of one volume in one epoch.
+//!
+//! Job: serve client writes, flushes and reads; replicate writes and flushes
+//! to the secondaries; acknowledge; mark unresponsive secondaries OutOfSync
+//! through the metadata service; track their dirty regions and resync them.
+//!
+//! Invariants:
+//! - the ack rule: a write or flush is acknowledged only when the local disk
+//!   completed it and every replica that is InSync in the record (or about to
+//!   be) acknowledged it, while at least `min_in_sync` replicas are InSync and
+//!   the primary's lease is valid; FUA writes and flushes are acknowledged
+//!   only once durable on all of them;
+//! - a write is acknowledged without a secondary's ack only after the CAS
+//!   marking that secondary OutOfSync succeeded;
+//! - every region written while a secondary does not receive the stream, or
+//!   written in the stream but not yet covered by a flush the secondary
+//!   acknowledged, is in that secondary's dirty set until a resync copy of
+//!   it, read with no overlapping write in flight, has been acknowledged;
+//! - a secondary is proposed InSync only after its dirty set is empty, a
+//!   flush after the last copy was acknowledged, and every operation already
+//!   acknowledged to the client that was streamed to it was acknowledged by it;
+//! - on a newer epoch or another primary in the record, the primary steps
+//!   down and answers nothing more.
+
+use crate::msg::{ClientReply, ClientReq, DiskOp, Endpoint, Msg, ReplOp};
+use crate::types::{Epoch, Membership, NodeId, ReplicaState, VolumeId};
+use crate::Config;
+use std::collections::{BTreeMap, BTreeSet};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum PrimTag {
+    Op(u64),
+    ResyncRead {
+        peer: NodeId,
+        session: u64,
+        region: usize,
+        gen: u64,
+    },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    InSync,
+    /// CAS to OutOfSync in flight; still counts as InSync.
+    Leaving,
+    OutOfSync,
+    Faulty,
+    Starting,
+    Resyncing,
+    Finishing,
+    /// CAS to InSync in flight; already counts as InSync.
+    Joining,
+}
+
+impl Mode {
+    fn streams(self) -> bool {
+        matches!(
+            self,
+            Mode::InSync | Mode::Starting | Mode::Resyncing | Mode::Finishing | Mode::Joining
+        )
+    }
+    fn counts(self) -> bool {
+        matches!(self, Mode::InSync | Mode::Leaving | Mode::Joining)
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Pend {
+    Op(u64),
+    Chunk(usize),
+    Start,
+    FinalFlush,
+}
+
+struct Link {
+    mode: Mode,
+    boot: u64,
+    session: u64,
+    next_lseq: u64,
+    inflight: BTreeMap<u64, (u64, Pend)>,
+    unflushed: BTreeMap<u64, Vec<usize>>,
+    dirty: BTreeSet<usize>,
+    copying: Option<usize>,
+    chunks: BTreeSet<usize>,
+    last_attempt: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Write,
+    Flush,
+    Read,
+}
+
+struct Op {
+    client_id: u64,
+    kind: Kind,
+    local_done: bool,
+    sent: BTreeSet<NodeId>,
+    acked: BTreeSet<NodeId>,
+    data: Option<Vec<u8>>,
+    regions: Vec<usize>,
+}
+
+/// What the primary wants done.
+#[derive(Default)]
+pub(crate) struct Out {
+    pub sends: Vec<(Endpoint, Msg)>,
+    pub disk: Vec<(DiskOp, PrimTag)>,
+    pub step_down: bool,
+}
+
+pub(crate) struct Primary {
+    me: NodeId,
+    vol: VolumeId,
+    pub(crate) epoch: Epoch,
+    rec: Membership,
+    cfg: Config,
+    links: BTreeMap<NodeId, Link>,
+    ops: BTreeMap<u64, Op>,
+    next_vseq: u64,
+    /// The CAS in flight: (when sent or last chased, expected version). It
+    /// stays unresolved until a record newer than `expected` is seen: only
+    /// then can it no longer apply, whatever the network did with it.
+    cas: Option<(u64, u64)>,
+    region_gen: Vec<u64>,
+    region_inflight: Vec<u32>,
+}
+
+impl Primary {
+    /// `fresh`: the volume was just created, every InSync replica already has
+    /// session 0 open and identical (empty) contents.
+    pub(crate) fn new(me: NodeId, rec: Membership, cfg: Config, fresh: bool, now: u64) -> Self {
+        let regions = cfg.regions();
+        let all: BTreeSet<usize> = (0..regions).collect();
+        let links = rec
+            .replicas
+            .iter()
+            .filter(|(n, _)| **n != me)
+            .map(|(n, info)| {
+                let mode = match info.state {
+                    ReplicaState::InSync if fresh => Mode::InSync,
+                    ReplicaState::InSync => Mode::Leaving,
+                    ReplicaState::OutOfSync => Mode::OutOfSync,
+                    ReplicaState::Faulty => Mode::Faulty,
+                };
+                let link = Link {
+                    mode,
+                    boot: info.boot,
+                    session: 0,
+                    next_lseq: 1,
+                    inflight: BTreeMap::new(),
+                    unflushed: BTreeMap::new(),
+                    dirty: if mode == Mode::InSync {
+                        BTreeSet::new()
+                    } else {
+                        all.clone()
+                    },
+                    copying: None,
+                    chunks: BTreeSet::new(),
+                    last_attempt: now,
+                };
+                (*n, link)
+            })
+            .collect();
+        Primary {
+            me,
+            vol: rec.volume,
+            epoch: rec.epoch,
+            rec,
+            links,
+            ops: BTreeMap::new(),
+            next_vseq: 1,
+            cas: None,
+            region_gen: vec![0; regions],
+            region_inflight: vec![0; regions],
+            cfg,
+        }
+    }
+
+    /// One line per link, for traces.
+    pub(crate) fn describe(&self) -> String {
+        let mut s = format!("primary e{} cas={:?}", self.epoch.0, self.cas);
+        for (n, l) in &self.links {
+            s += &format!(
+                " | n{} {:?} s{} next{} inflight{:?} dirty{:?} copying{:?} chunks{:?}",
+                n.0, l.mode, l.session, l.next_lseq, l.inflight, l.dirty, l.copying, l.chunks
+            );
+        }
+        s
+    }
+
+    fn regions_of(&self, lba: u64, blocks: u64) -> Vec<usize> {
+        let rb = self.cfg.region_blocks;
+        if blocks == 0 {
+            return Vec::new();
+        }
+        let first = (lba / rb) as usize;
+        let last = ((lba + blocks - 1) / rb) as usize;
+        (first..=last.min(self.region_gen.len().saturating_sub(1))).collect()
+    }
+
+    fn repl(&self, session: u64, lseq: u64, vseq: u64, op: ReplOp) -> Msg {
+        Msg::Repl {
+            vol: self.vol,
+            epoch: self.epoch,
+            session,
+            lseq,
+            vseq,
+            op,
+        }
+    }
+
+    /// Replies NotPrimary to every pending client operation.
+    pub(crate) fn abandon(&mut self, out: &mut Out) {
+        for (_, op) in std::mem::take(&mut self.ops) {
+            out.sends.push((
+                Endpoint::Client,
+                Msg::ClientReply {
+                    id: op.client_id,
+                    reply: ClientReply::NotPrimary,
+                },
+            ));
+        }
+    }
+
+    pub(crate) fn on_client(&mut self, now: u64, id: u64, req: ClientReq, out: &mut Out) {
+        let vseq = self.next_vseq;
+        self.next_vseq += 1;
+        let (kind, regions, repl, disk) = match req {
+            ClientReq::Write { lba, data, fua } => {
+                let blocks = data.len() as u64 / self.cfg.block_len.max(1);
+                if lba + blocks > self.cfg.volume_blocks || blocks == 0 {
+                    out.sends.push((
+                        Endpoint::Client,
+                        Msg::ClientReply {
+                            id,
+                            reply: ClientReply::NotPrimary,
+                        },
+                    ));
+                    return;
+                }
+                let regions = self.regions_of(lba, blocks);
+                for r in &regions {
+                    self.region_gen[*r] += 1;
+                    self.region_inflight[*r] += 1;
+                }
+                let repl = ReplOp::Write {
+                    lba,
+                    data: data.clone(),
+                    fua,
+                };
+                (
+                    Kind::Write,
+                    regions,
+                    Some(repl),
+                    DiskOp::Write { lba, data, fua },
+                )
+            }
+            ClientReq::Flush => (Kind::Flush, Vec::new(), Some(ReplOp::Flush), DiskOp::Flush),
+            ClientReq::Read { lba, blocks } => {
+                let blocks = blocks.min(self.cfg.volume_blocks.saturating_sub(lba));
+                (Kind::Read, Vec::new(), None, DiskOp::Read { lba, blocks })
+            }
+        };
+        let mut sent = BTreeSet::new();
+        if let Some(rop) = repl {
+            let peers: Vec<NodeId> = self.links.keys().copied().collect();
+            for n in peers {
+                let Some(l) = self.links.get_mut(&n) else {
+                    continue;
+                };
+                if l.mode.streams() {
+                    let (session, lseq) = {
+                        let lseq = l.next_lseq;
+                        l.next_lseq += 1;
+                        l.inflight.insert(lseq, (now, Pend::Op(vseq)));
+                        if !regions.is_empty() {
+                            l.unflushed.insert(lseq, regions.clone());
+                        }
+                        (l.session, lseq)
+                    };
+                    let msg = self.repl(session, lseq, vseq, rop.clone());
+                    out.sends.push((Endpoint::Node(n), msg));
+                    sent.insert(n);
+                } else {
+                    l.dirty.extend(regions.iter().copied());
+                }
+            }
+        }
+        self.ops.insert(
+            vseq,
+            Op {
+                client_id: id,
+                kind,
+                local_done: false,
+                sent,
+                acked: BTreeSet::new(),
+                data: None,
+                regions,
+            },
+        );
+        out.disk.push((disk, PrimTag::Op(vseq)));
+    }
+
+    pub(crate) fn on_disk_done(
+        &mut self,
+        now: u64,
+        tag: PrimTag,
+        data: Option<Vec<u8>>,
+        out: &mut Out,
+    ) {
+        match tag {
+            PrimTag::Op(v) => {
+                if let Some(op) = self.ops.get_mut(&v) {
+                    op.local_done = true;
+                    op.data = data;
+                    if op.kind == Kind::Write {
+                        for r in &op.regions {
+                            self.region_inflight[*r] = self.region_inflight[*r].saturating_sub(1);
+                        }
+                    }
+                } else {
+                    // The op was abandoned; its regions are still in flight.
+                }
+            }
+            PrimTag::ResyncRead {
+                peer,
+                session,
+                region,
+                gen,
+            } => {
+                let fresh = self.region_gen.get(region) == Some(&gen);
+                let vseq = self.next_vseq;
+                let Some(l) = self.links.get_mut(&peer) else {
+                    return;
+                };
+                if l.session != session || l.mode != Mode::Resyncing || l.copying != Some(region) {
+                    return;
+                }
+                l.copying = None;
+                let Some(data) = data.filter(|_| fresh) else {
+                    return;
+                };
+                self.next_vseq += 1;
+                let lseq = l.next_lseq;
+                l.next_lseq += 1;
+                l.inflight.insert(lseq, (now, Pend::Chunk(region)));
+                l.unflushed.insert(lseq, vec![region]);
+                l.chunks.insert(region);
+                let lba = region as u64 * self.cfg.region_blocks;
+                let msg = self.repl(
+                    session,
+                    lseq,
+                    vseq,
+                    ReplOp::Write {
+                        lba,
+                        data,
+                        fua: false,
+                    },
+                );
+                out.sends.push((Endpoint::Node(peer), msg));
+            }
+        }
+    }
+
+    pub(crate) fn on_ack(&mut self, from: NodeId, epoch: Epoch, session: u64, lseq: u64) {
+        if epoch != self.epoch {
+            return;
+        }
+        let Some(l) = self.links.get_mut(&from) else {
+            return;
+        };
+        if l.session != session {
+            return;
+        }
+        let Some((_, pend)) = l.inflight.remove(&lseq) else {
+            return;
+        };
+        match pend {
+            Pend::Start => {
+                if l.mode == Mode::Starting {
+                    l.mode = Mode::Resyncing;
+                }
+            }
+            Pend::Chunk(r) => {
+                l.chunks.remove(&r);
+                l.dirty.remove(&r);
+            }
+            Pend::FinalFlush => {
+                l.unflushed.retain(|k, _| *k > lseq);
+                if l.mode == Mode::Finishing {
+                    l.mode = Mode::Joining;
+                }
+            }
+            Pend::Op(v) => {
+                if let Some(op) = self.ops.get_mut(&v) {
+                    op.acked.insert(from);
+                    if op.kind == Kind::Flush {
+                        l.unflushed.retain(|k, _| *k > lseq);
+                    }
+                } else {
+                    // Flush acks also clear unflushed even if the op is gone.
+                }
+            }
+        }
+    }
+
+    fn link_failed(&mut self, n: NodeId) {
+        let Some(l) = self.links.get_mut(&n) else {
+            return;
+        };
+        let unflushed = std::mem::take(&mut l.unflushed);
+        l.dirty.extend(unflushed.into_values().flatten());
+        l.dirty.extend(std::mem::take(&mut l.chunks));
+        if let Some(r) = l.copying.take() {
+            l.dirty.insert(r);
+        }
+        l.inflight.clear();
+        l.mode = match l.mode {
+            Mode::InSync | Mode::Joining | Mode::Leaving => Mode::Leaving,
+            Mode::Faulty => Mode::Faulty,
+            _ => Mode::OutOfSync,
+        };
+    }
+
+    pub(crate) fn on_record(&mut self, rec: &Membership, out: &mut Out) {
+        if self.cas.is_some_and(|(_, expected)| rec.version > expected) {
+            self.cas = None;
+        }
+        if rec.epoch != self.epoch || rec.primary != self.me {
+            if rec.epoch >= self.epoch {
+                out.step_down = true;
+            }
+            return;
+        }
+        if rec.version <= self.rec.version {
+            return;
+        }
+        self.rec = rec.clone();
+        let peers: Vec<NodeId> = self.links.keys().copied().collect();
+        for n in peers {
+            let Some(info) = rec.replicas.get(&n).copied() else {
+                continue;
+            };
+            let Some((mode, boot)) = self.links.get(&n).map(|l| (l.mode, l.boot)) else {
+                continue;
+            };
+            if info.boot != boot {
+                if let Some(l) = self.links.get_mut(&n) {
+                    l.boot = info.boot;
+                }
+                if mode.streams() || mode == Mode::Leaving {
+                    self.link_failed(n);
+                }
+            }
+            let Some(mode) = self.links.get(&n).map(|l| l.mode) else {
+                continue;
+            };
+            let new_mode = match (info.state, mode) {
+                (ReplicaState::InSync, Mode::Joining) => Mode::InSync,
+                (ReplicaState::InSync, Mode::InSync | Mode::Leaving) => mode,
+                (ReplicaState::InSync, _) => {
+                    self.link_failed(n);
+                    Mode::Leaving
+                }
+                (ReplicaState::OutOfSync, Mode::InSync | Mode::Joining) => {
+                    self.link_failed(n);
+                    Mode::OutOfSync
+                }
+                (ReplicaState::OutOfSync, Mode::Leaving | Mode::Faulty) => Mode::OutOfSync,
+                (ReplicaState::OutOfSync, m) => m,
+                (ReplicaState::Faulty, _) => {
+                    self.link_failed(n);
+                    Mode::Faulty
+                }
+            };
+            if let Some(l) = self.links.get_mut(&n) {
+                l.mode = new_mode;
+            }
+        }
+    }
+
+    pub(crate) fn on_fenced(&mut self, epoch: Epoch, out: &mut Out) {
+        if epoch > self.epoch {
+            out.step_down = true;
+        }
+    }
+
+    /// Timeouts, resync progress, CAS requests and acknowledgements.
+    pub(crate) fn tick(&mut self, now: u64, lease_until: u64, out: &mut Out) {
+        if let Some((t, expected)) = self.cas {
+            if now > t + self.cfg.cas_timeout_ms {
+                // Unanswered: send it again (same expected version, so at most
+                // one copy can apply) and ask for the record.
+                self.cas = Some((now, expected));
+                let desired = self.desired();
+                out.sends.push((
+                    Endpoint::Control,
+                    Msg::MetaCas {
+                        expected,
+                        record: desired,
+                    },
+                ));
+                out.sends
+                    .push((Endpoint::Control, Msg::MetaGet { vol: self.vol }));
+            }
+        }
+        let peers: Vec<NodeId> = self.links.keys().copied().collect();
+        for n in &peers {
+            let expired = self.links.get(n).is_some_and(|l| {
+                l.inflight
+                    .values()
+                    .any(|(t, _)| now > t + self.cfg.ack_timeout_ms)
+            });
+            if expired {
+                self.link_failed(*n);
+            }
+        }
+        for (n, l) in self.links.iter_mut() {
+            if l.mode == Mode::OutOfSync && now >= l.last_attempt + self.cfg.resync_retry_ms {
+                l.last_attempt = now;
+                l.session += 1;
+                l.next_lseq = 1;
+                l.inflight.insert(0, (now, Pend::Start));
+                l.mode = Mode::Starting;
+                let msg = Msg::Repl {
+                    vol: self.vol,
+                    epoch: self.epoch,
+                    session: l.session,
+                    lseq: 0,
+                    vseq: 0,
+                    op: ReplOp::Start,
+                };
+                out.sends.push((Endpoint::Node(*n), msg));
+            }
+        }
+        self.progress(now, lease_until, out);
+    }
+
+    pub(crate) fn progress(&mut self, now: u64, lease_until: u64, out: &mut Out) {
+        self.resync_step(now, out);
+        self.want_cas(now, out);
+        self.try_acks(now, lease_until, out);
+    }
+
+    fn resync_step(&mut self, now: u64, out: &mut Out) {
+        let rb = self.cfg.region_blocks;
+        let vb = self.cfg.volume_blocks;
+        for (n, l) in self.links.iter_mut() {
+            if l.mode != Mode::Resyncing || l.copying.is_some() {
+                continue;
+            }
+            let next = l
+                .dirty
+                .iter()
+                .copied()
+                .find(|r| !l.chunks.contains(r) && self.region_inflight[*r] == 0);
+            if let Some(r) = next {
+                l.copying = Some(r);
+                let lba = r as u64 * rb;
+                out.disk.push((
+                    DiskOp::Read {
+                        lba,
+                        blocks: rb.min(vb - lba),
+                    },
+                    PrimTag::ResyncRead {
+                        peer: *n,
+                        session: l.session,
+                        region: r,
+                        gen: self.region_gen[r],
+                    },
+                ));
+            } else if l.dirty.is_empty() {
+                let lseq = l.next_lseq;
+                l.next_lseq += 1;
+                l.inflight.insert(lseq, (now, Pend::FinalFlush));
+                l.mode = Mode::Finishing;
+                out.sends.push((
+                    Endpoint::Node(*n),
+                    Msg::Repl {
+                        vol: self.vol,
+                        epoch: self.epoch,
+                        session: l.session,
+                        lseq,
+                        vseq: 0,
+                        op: ReplOp::Flush,
+                    },
+                ));
+            }
+        }
+    }
+
+    fn want_cas(&mut self, now: u64, out: &mut Out) {
+        if self.cas.is_some() {
+            return;
+        }
+        // A link leaving that the record already shows out of sync (it
+        // failed while Joining, before its InSync CAS) needs no CAS; with no
+        // CAS of ours unresolved, nothing can make it InSync behind our back.
+        for (n, l) in self.links.iter_mut() {
+            if l.mode == Mode::Leaving {
+                match self.rec.state(*n) {
+                    Some(ReplicaState::OutOfSync) => l.mode = Mode::OutOfSync,
+                    Some(ReplicaState::Faulty) => l.mode = Mode::Faulty,
+                    _ => {}
+                }
+            }
+        }
+        if self.cas.is_some() {
+            return;
+        }
+        let desired = self.desired();
+        if desired.replicas != self.rec.replicas {
+            self.cas = Some((now, self.rec.version));
+            out.sends.push((
+                Endpoint::Control,
+                Msg::MetaCas {
+                    expected: self.rec.version,
+                    record: desired,
+                },
+            ));
+        }
+    }
+
+    /// The record this primary wants: its links' pending state changes
+    /// applied to the last record it saw.
+    fn desired(&self) -> Membership {
+        let mut desired = self.rec.clone();
+        for (n, l) in &self.links {
+            if let Some(info) = desired.replicas.get_mut(n) {
+                match l.mode {
+                    Mode::Leaving => info.state = ReplicaState::OutOfSync,
+                    // Proposed only once every stream entry the link still
+                    // owes is for an operation not yet acknowledged to the
+                    // client (those now wait for it): an operation that was
+                    // acknowledged while the link did not count yet must be
+                    // on it before it counts as InSync.
+                    Mode::Joining
+                        if l.inflight
+                            .values()
+                            .all(|(_, p)| matches!(p, Pend::Op(v) if self.ops.contains_key(v))) =>
+                    {
+                        info.state = ReplicaState::InSync
+                    }
+                    _ => {}
+                }
+            }
+        }
+        desired
+    }
+
+    fn try_acks(&mut self, now: u64, lease_until: u64, out: &mut Out) {
+        if now >= lease_until {
+            return;
+        }
+        let in_sync = 1 + self
+            .links
+            .values()
+            .filter(|l| l.mode == Mode::InSync)
+            .count();
+        let enough = in_sync >= self.rec.min_in_sync;
+        let mut done = Vec::new();
+        for (v, op) in &self.ops {
+            if !op.local_done {
+                continue;
+            }
+            let ok = match op.kind {
+                Kind::Read => true,
+                _ if self.cfg.ack_before_secondaries => true,
+                _ => {
+                    enough
+                        && self.links.iter().all(|(n, l)| {
+                            !l.mode.counts()
+                                || if op.sent.contains(n) {
+                                    op.acked.contains(n)
+                                } else {
+                                    l.mode != Mode::Leaving
+                                }
+                        })
+                }
+            };
+            if ok {
+                done.push(*v);
+            }
+        }
+        for v in done {
+            if let Some(op) = self.ops.remove(&v) {
+                out.sends.push((
+                    Endpoint::Client,
+                    Msg::ClientReply {
+                        id: op.client_id,
+                        reply: ClientReply::Ok {
+                            by: self.me,
+                            epoch: self.epoch,
+                            data: op.data,
+                        },
+                    },
+                ));
+            }
+        }
+    }
+}
