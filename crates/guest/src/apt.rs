@@ -116,21 +116,49 @@ pub fn resolve(names: &[&str]) -> Result<Vec<Package>> {
         .collect())
 }
 
-/// The kernel image package the metapackage currently depends on, e.g.
-/// `linux-image-6.1.0-56-amd64`.
-pub fn kernel_package_name() -> Result<String> {
-    let meta = resolve(&[KERNEL_METAPACKAGE])?;
-    let depends = meta.first().map(|p| p.depends.as_str()).unwrap_or("");
-    depends
-        .split(',')
-        .map(|d| d.split_whitespace().next().unwrap_or(""))
-        .find(|d| d.starts_with("linux-image-") && *d != KERNEL_METAPACKAGE)
-        .map(str::to_string)
-        .ok_or_else(|| {
-            Error::Apt(format!(
-                "{KERNEL_METAPACKAGE} depends on no linux-image package: {depends:?}"
-            ))
-        })
+/// The kernel image package a metapackage's `Depends:` names, e.g.
+/// `linux-image-6.1.0-56-amd64 (= 6.1.192-2)`: name and, if pinned, version.
+fn kernel_dependency(depends: &str) -> Option<(String, Option<String>)> {
+    depends.split(',').find_map(|d| {
+        let d = d.split('|').next().unwrap_or("").trim();
+        let name = d.split_whitespace().next()?;
+        if !name.starts_with("linux-image-") || name == KERNEL_METAPACKAGE {
+            return None;
+        }
+        let version = d
+            .split_once("(=")
+            .and_then(|(_, v)| v.split_once(')'))
+            .map(|(v, _)| v.trim().to_string());
+        Some((name.to_string(), version))
+    })
+}
+
+/// The current kernel image package (what [`KERNEL_METAPACKAGE`] depends
+/// on) followed by `names`, all at their candidate versions: one
+/// `apt-cache` call when the metapackage pins the kernel's version, as
+/// Debian's does.
+pub fn resolve_with_kernel(names: &[&str]) -> Result<Vec<Package>> {
+    let mut all: Vec<&str> = vec![KERNEL_METAPACKAGE];
+    all.extend_from_slice(names);
+    let mut found = resolve(&all)?;
+    let meta = found.remove(0);
+    let (kernel, version) = kernel_dependency(&meta.depends).ok_or_else(|| {
+        Error::Apt(format!(
+            "{KERNEL_METAPACKAGE} depends on no linux-image package: {:?}",
+            meta.depends
+        ))
+    })?;
+    let kernel = match version {
+        Some(version) => Package {
+            name: kernel,
+            version,
+            arch: meta.arch.clone(),
+            depends: String::new(),
+        },
+        None => resolve(&[kernel.as_str()])?.remove(0),
+    };
+    found.insert(0, kernel);
+    Ok(found)
 }
 
 /// Makes sure every package's `.deb` is in `debs_dir`; returns their paths
@@ -259,6 +287,22 @@ Package: busybox-static\nVersion: 1:1.30.1-6\nArchitecture: amd64\n\n";
             m["linux-image-amd64"].depends,
             "linux-image-6.1.0-56-amd64 (= 6.1.192-2)"
         );
+    }
+
+    #[test]
+    fn kernel_dependency_takes_name_and_pinned_version() {
+        assert_eq!(
+            kernel_dependency("linux-image-6.1.0-56-amd64 (= 6.1.192-2)"),
+            Some((
+                "linux-image-6.1.0-56-amd64".into(),
+                Some("6.1.192-2".into())
+            ))
+        );
+        assert_eq!(
+            kernel_dependency("initramfs-tools, linux-image-6.1.0-9-amd64"),
+            Some(("linux-image-6.1.0-9-amd64".into(), None))
+        );
+        assert_eq!(kernel_dependency("libc6 (>= 2.36)"), None);
     }
 
     #[test]

@@ -4,7 +4,7 @@
 //! `vmlinux`) and one initramfs holding busybox, the block initiators' user
 //! space (nbd-client, nvme-cli), fio and e2fsprogs, the shared libraries
 //! those need (found in the listed packages by their `DT_NEEDED`, or
-//! replaced by placeholders, see [`crate::stubs`]), the kernel modules of
+//! replaced by placeholders built by the `stubs` module), the kernel modules of
 //! [`MODULES`] with their dependencies, and the init program
 //! ([`init_script`]).
 //!
@@ -22,6 +22,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::fmt::Write as _;
 use std::fs;
 use std::path::{Component, Path, PathBuf};
+use std::sync::Mutex;
 use std::time::{Duration, SystemTime};
 
 use crate::apt::{self, Package};
@@ -270,13 +271,23 @@ fn image_key(packages: &[Package]) -> String {
     format!("{:016x}", fnv1a(desc.as_bytes()))
 }
 
+/// The guest's packages at their candidate versions, kernel first; asked
+/// of apt once per process (each `apt-cache` call costs more than a second).
+fn resolved_packages() -> Result<Vec<Package>> {
+    static RESOLVED: Mutex<Option<Vec<Package>>> = Mutex::new(None);
+    let mut slot = RESOLVED.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(p) = slot.as_ref() {
+        return Ok(p.clone());
+    }
+    let packages = apt::resolve_with_kernel(PACKAGES)?;
+    *slot = Some(packages.clone());
+    Ok(packages)
+}
+
 /// Returns the image for the current Debian packages, building it first if
 /// the cache does not have it.
 pub fn ensure(cache: &Cache) -> Result<Image> {
-    let kernel_name = apt::kernel_package_name()?;
-    let mut names: Vec<&str> = vec![kernel_name.as_str()];
-    names.extend_from_slice(PACKAGES);
-    let packages = apt::resolve(&names)?;
+    let packages = resolved_packages()?;
     let key = image_key(&packages);
     let kernel = &packages[0];
     let dir = cache.images_dir().join(format!("{}-{key}", kernel.version));

@@ -48,18 +48,18 @@
 //! Set `BASALT_GUEST_ECHO=1` to see the console live, `BASALT_GUEST_CACHE`
 //! to move the cache.
 
-pub mod apt;
+mod apt;
 pub mod cache;
-pub mod console;
-pub mod cpio;
-pub mod elf;
+mod console;
+mod cpio;
+mod elf;
 mod error;
 pub mod forward;
 pub mod image;
-pub mod kernel;
-pub mod modules;
-pub mod qemu;
-pub mod stubs;
+mod kernel;
+mod modules;
+mod qemu;
+mod stubs;
 
 use std::fs;
 use std::io::{Read, Write};

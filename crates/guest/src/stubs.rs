@@ -25,7 +25,7 @@ use std::fs;
 use std::path::Path;
 use std::process::Command;
 
-use crate::elf::{DynSymbol, SymKind, SymVersion};
+use crate::elf::{DynSymbol, Elf, SymKind, SymVersion};
 use crate::error::{Error, Result};
 
 /// What the planner needs to know about one object of the image.
@@ -85,6 +85,7 @@ pub fn plan(objects: &[Object], stubbed: &BTreeSet<String>) -> BTreeMap<String, 
             .iter()
             .find(|n| !versioned_files.contains(n.as_str()))
             .unwrap_or(&stubbed_needed[0]);
+        let mut stubbed_imports = 0usize;
         for s in o.symbols.iter().filter(|s| !s.defined && !s.weak) {
             let (soname, version) = match &s.version {
                 Some(SymVersion {
@@ -110,7 +111,9 @@ pub fn plan(objects: &[Object], stubbed: &BTreeSet<String>) -> BTreeMap<String, 
                 .entry(version)
                 .or_default()
                 .insert((s.name.clone(), s.kind, s.size));
+            stubbed_imports += 1;
         }
+        tracing::debug!(object = %o.name, stubbed_imports, "imports satisfied by stubs");
     }
     stubs
 }
@@ -231,13 +234,31 @@ pub fn build(soname: &str, lib: &StubLib, workdir: &Path) -> Result<Vec<u8>> {
             ),
         });
     }
-    fs::read(&out).map_err(|e| Error::io(format!("read {}", out.display()), e))
+    let so = fs::read(&out).map_err(|e| Error::io(format!("read {}", out.display()), e))?;
+    // What the loader will see: the right soname, and nothing needed.
+    let elf = Elf::parse(&so).map_err(|e| Error::Stub {
+        soname: soname.to_string(),
+        msg: format!("the compiler's output is not readable ELF: {e}"),
+    })?;
+    let (got, needed) = elf
+        .soname()
+        .and_then(|s| elf.needed().map(|n| (s, n)))
+        .map_err(|e| Error::Stub {
+            soname: soname.to_string(),
+            msg: e.to_string(),
+        })?;
+    if got.as_deref() != Some(soname) || !needed.is_empty() {
+        return Err(Error::Stub {
+            soname: soname.to_string(),
+            msg: format!("built with soname {got:?} and DT_NEEDED {needed:?}"),
+        });
+    }
+    Ok(so)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::elf::Elf;
 
     fn sym(name: &str, defined: bool, version: Option<(&str, Option<&str>)>) -> DynSymbol {
         DynSymbol {

@@ -101,7 +101,7 @@ exit 7
 fn a_guest_that_does_not_finish_is_killed_with_the_console_tail() {
     init_tracing();
     let config = GuestConfig {
-        timeout: Duration::from_secs(20),
+        timeout: Duration::from_secs(30),
         ..GuestConfig::default()
     };
     let started = std::time::Instant::now();
@@ -113,5 +113,34 @@ fn a_guest_that_does_not_finish_is_killed_with_the_console_tail() {
             assert!(tail.contains("about-to-hang"), "{tail}");
         }
         other => panic!("expected a timeout, got {other}"),
+    }
+}
+
+/// A guest that dies without reporting (here: a kernel panic) is a boot
+/// error carrying the console tail, not a hang until the timeout.
+#[test]
+fn a_guest_that_crashes_is_a_boot_error_with_the_console_tail() {
+    init_tracing();
+    let config = GuestConfig {
+        timeout: Duration::from_secs(120),
+        ..GuestConfig::default()
+    };
+    let started = std::time::Instant::now();
+    let err = Guest::boot(
+        config,
+        "echo crashing-now\necho c > /proc/sysrq-trigger\nsleep 60\n",
+    )
+    .unwrap_err();
+    assert!(
+        started.elapsed() < Duration::from_secs(60),
+        "took {:?}",
+        started.elapsed()
+    );
+    match err {
+        Error::Boot { tail, .. } => {
+            assert!(tail.contains("crashing-now"), "{tail}");
+            assert!(tail.contains("Kernel panic"), "{tail}");
+        }
+        other => panic!("expected a boot error, got {other}"),
     }
 }
