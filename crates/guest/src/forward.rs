@@ -11,6 +11,10 @@
 //! chardev is one connection, opened when QEMU starts and shared by every
 //! guest connection, so a second connection (multi-connection NBD, NVMe/TCP
 //! admin and I/O queues) or a server that is not yet listening breaks it.
+//! Why our own relay and not socat: slirp hands the command one end of a
+//! loopback TCP pair whose other end has Nagle on, so without TCP_QUICKACK
+//! on the relay's end (and TCP_NODELAY towards the server) every
+//! multi-segment write stalls ~40 ms on a delayed ACK (`relay/main.rs`).
 //!
 //! A target that advertises its own address to initiators (NVMe/TCP
 //! discovery) must advertise the guest-side address ([`Forward::guest`]),

@@ -340,24 +340,33 @@ fn touch(path: &Path) {
     }
 }
 
-/// Removes other images not used for a week (their manifest's mtime).
+/// Removes other images (another harness version's, or superseded
+/// packages'): all but the two most recently used, and any unused for a
+/// week (last use: their manifest's mtime).
 fn prune_images(images: &Path, keep: &Path) {
     const UNUSED: Duration = Duration::from_secs(7 * 24 * 3600);
+    const KEEP_OTHERS: usize = 2;
     let Ok(entries) = fs::read_dir(images) else {
         return;
     };
-    for e in entries.flatten() {
-        let p = e.path();
-        if p == keep || e.file_name().to_string_lossy().starts_with('.') {
-            continue;
-        }
-        let used = fs::metadata(p.join("manifest.txt"))
-            .and_then(|m| m.modified())
-            .ok();
-        let stale = used.is_none_or(|t| t.elapsed().map(|a| a > UNUSED).unwrap_or(false));
-        if stale {
+    let mut others: Vec<(Option<SystemTime>, PathBuf)> = entries
+        .flatten()
+        .filter(|e| !e.file_name().to_string_lossy().starts_with('.'))
+        .map(|e| e.path())
+        .filter(|p| p != keep)
+        .map(|p| {
+            let used = fs::metadata(p.join("manifest.txt"))
+                .and_then(|m| m.modified())
+                .ok();
+            (used, p)
+        })
+        .collect();
+    others.sort_by_key(|o| std::cmp::Reverse(o.0));
+    for (i, (used, p)) in others.iter().enumerate() {
+        let old = used.is_none_or(|t| t.elapsed().map(|a| a > UNUSED).unwrap_or(false));
+        if i >= KEEP_OTHERS || old {
             tracing::info!(dir = %p.display(), "removing unused guest image");
-            let _ = fs::remove_dir_all(&p);
+            let _ = fs::remove_dir_all(p);
         }
     }
 }
@@ -730,6 +739,32 @@ mod tests {
         assert!(s.contains(&format!("{MARK_READY} $basalt_nonce")));
         assert!(s.contains(&format!("/bin/sh /{SCRIPT_PATH}")));
         assert!(s.starts_with("#!/bin/busybox sh\n"));
+    }
+
+    #[test]
+    fn prune_keeps_the_current_and_two_recent_images() {
+        let d = tempfile::tempdir().unwrap();
+        let now = SystemTime::now();
+        let mk = |name: &str, age_s: u64| {
+            let p = d.path().join(name);
+            fs::create_dir_all(&p).unwrap();
+            let f = fs::File::create(p.join("manifest.txt")).unwrap();
+            f.set_modified(now - Duration::from_secs(age_s)).unwrap();
+            p
+        };
+        let current = mk("cur", 10 * 24 * 3600);
+        mk("a", 60);
+        mk("b", 120);
+        mk("c", 180);
+        mk("old", 8 * 24 * 3600);
+        fs::create_dir_all(d.path().join(".build-x")).unwrap();
+        prune_images(d.path(), &current);
+        let mut left: Vec<String> = fs::read_dir(d.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        assert_eq!(left, [".build-x", "a", "b", "cur"]);
     }
 
     #[test]
