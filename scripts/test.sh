@@ -13,6 +13,11 @@
 #   etcd-server         etcd 3.4, started by the etcd catalog's tests
 #   protobuf-compiler   protoc and the well-known .proto files (with
 #   libprotobuf-dev)    libprotobuf-dev), to build the etcd-client crate
+#   qemu-system-x86     boots the Linux guest of the kernel-initiator tests
+#                       (crates/guest; with gcc for its placeholder libraries)
+# and makes sure apt's package lists are there: the guest harness downloads
+# the guest's kernel and tools with `apt-get download` (cached in
+# ~/.cache/basalt-guest, about 170 MB).
 # then runs, in order, and reports each:
 #   cargo fmt --all -- --check
 #   cargo clippy --workspace --all-targets -- -D warnings   (skip: --no-clippy)
@@ -67,7 +72,15 @@ missing_packages() {
     command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)
     command -v protoc >/dev/null 2>&1 || missing+=(protobuf-compiler)
     [ -f /usr/include/google/protobuf/descriptor.proto ] || missing+=(libprotobuf-dev)
+    command -v qemu-system-x86_64 >/dev/null 2>&1 || missing+=(qemu-system-x86)
+    command -v cc >/dev/null 2>&1 || missing+=(gcc)
     echo "${missing[@]}"
+}
+
+# The guest harness resolves its packages from apt's lists (no lists, e.g.
+# on a fresh container, means no candidate for the kernel).
+apt_lists_ready() {
+    apt-cache show --no-all-versions linux-image-amd64 busybox-static >/dev/null 2>&1
 }
 
 say "checking test tools"
@@ -82,6 +95,15 @@ if [ -n "$missing" ]; then
         missing=$(missing_packages)
     fi
 fi
+if ! apt_lists_ready && [ "$do_install" = 1 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "refreshing apt's package lists (the guest harness downloads from them)"
+    apt-get update -q || echo "warning: apt-get update failed" >&2
+fi
+if ! apt_lists_ready; then
+    echo "error: apt cannot resolve linux-image-amd64 and busybox-static, which the guest" >&2
+    echo "harness downloads; run: sudo apt-get update" >&2
+    exit 1
+fi
 if [ -n "$missing" ]; then
     echo "error: missing test tools; install them with:" >&2
     echo "    sudo apt-get install $missing" >&2
@@ -89,6 +111,7 @@ if [ -n "$missing" ]; then
     exit 1
 fi
 echo "fio: $(fio --version)  qemu-img: $(qemu-img --version | head -1)  $(nbdinfo --version | head -1)  $(etcd --version | head -1)"
+echo "$(qemu-system-x86_64 --version | head -1)"
 
 # ---------------------------------------------------------------------------
 # Rust toolchain.

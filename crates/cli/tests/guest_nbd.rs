@@ -1,0 +1,209 @@
+//! The Linux kernel's NBD client against Basalt, inside a QEMU guest (see
+//! the basalt-guest crate): ext4 on /dev/nbd0 across a reconnect, then fio
+//! with verification on the raw device, then the host reads back what the
+//! guest wrote.
+//!
+//! This test lives with the other end-to-end tests of the `basalt` binary
+//! because it starts the real server through their `common` helpers; the
+//! guest harness is a dev-dependency. It needs qemu-system-x86 and apt's
+//! package lists (scripts/test.sh installs the former and refreshes the
+//! latter when it installs anything); the guest's packages are downloaded
+//! into the harness's cache on first use.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::os::unix::fs::FileExt;
+use std::time::{Duration, Instant};
+
+use basalt_guest::{Forward, Guest, GuestConfig};
+use common::*;
+
+const VOLUME: &str = "knbd";
+const VOLUME_SIZE: u64 = 256 * MIB;
+/// Port the guest connects to (forwarded to the server's real NBD port).
+const GUEST_NBD_PORT: u16 = 10809;
+/// fio: two jobs, each on its own 12 MiB region (so one job's writes never
+/// break the other's verification); about 20 s of random 4 KiB I/O under TCG.
+const FIO_REGION: u64 = 12 * MIB;
+const FIO_STRIDE: u64 = 32 * MIB;
+/// Where the guest writes a random blob for the host to read back.
+const BLOB_OFFSET: u64 = 200 * MIB;
+const BLOB_LEN: u64 = 4 * MIB;
+
+fn guest_script() -> String {
+    let connect = format!(
+        "nbd-client {ip} {GUEST_NBD_PORT} /dev/nbd0 -N {VOLUME} -b 4096 -C 2",
+        ip = basalt_guest::FORWARD_IP
+    );
+    format!(
+        r#"set -eux -o pipefail
+# Progress with the guest's uptime, for reading a slow run's console.
+step() {{ echo "STEP $(cut -d' ' -f1 /proc/uptime)s: $*"; }}
+# Waits until the kernel has released /dev/nbd0 after `nbd-client -d`.
+wait_disconnected() {{
+    i=0
+    while [ "$(cat /sys/block/nbd0/size)" != 0 ]; do
+        i=$((i + 1)); [ $i -le 100 ] || return 1
+        usleep 100000
+    done
+}}
+
+# --- connect (two connections: netlink, multi-conn) and format
+step connect and mkfs
+{connect}
+test "$(cat /sys/block/nbd0/size)" -eq {sectors}
+mkfs.ext4 -q -F -b 4096 /dev/nbd0
+mkdir -p /mnt/v
+mount -t ext4 /dev/nbd0 /mnt/v
+
+# --- files with known content
+step write files
+dd if=/dev/urandom of=/mnt/v/big bs=1M count=16
+dd if=/dev/urandom of=/mnt/v/odd bs=1000 count=77
+mkdir /mnt/v/dir
+for i in 1 2 3 4 5 6 7 8 9 10 11 12; do
+    dd if=/dev/urandom of=/mnt/v/dir/f$i bs=4096 count=$i 2>/dev/null
+done
+(cd /mnt/v && find . -type f | sort | xargs sha256sum) > /root/sums
+cat /root/sums
+sync
+umount /mnt/v
+
+# --- disconnect, reconnect: what is read now comes from the server
+step reconnect and verify files
+nbd-client -d /dev/nbd0
+wait_disconnected
+echo 3 > /proc/sys/vm/drop_caches
+{connect}
+fsck.ext4 -fn /dev/nbd0
+mount -t ext4 /dev/nbd0 /mnt/v
+(cd /mnt/v && sha256sum -c /root/sums)
+test "$(cd /mnt/v && find . -type f | wc -l)" -eq 14
+umount /mnt/v
+fsck.ext4 -fn /dev/nbd0
+
+# --- fio on the raw device: two jobs, queue depth 4, O_DIRECT, verified
+step fio random 4k, verified
+cd /tmp
+fio --name=kernel-nbd --filename=/dev/nbd0 --ioengine=libaio --direct=1 \
+    --rw=randwrite --bs=4k --iodepth=4 --numjobs=2 \
+    --size={fio_region} --offset_increment={fio_stride} \
+    --verify=crc32c --do_verify=1 --verify_fatal=1 --verify_state_save=0 \
+    --group_reporting
+step fio sequential 256k, verified
+fio --name=kernel-nbd-seq --filename=/dev/nbd0 --ioengine=libaio --direct=1 \
+    --rw=write --bs=256k --iodepth=4 --numjobs=2 \
+    --size={fio_region} --offset_increment={fio_stride} \
+    --verify=crc32c --do_verify=1 --verify_fatal=1 --verify_state_save=0 \
+    --group_reporting
+
+# --- a blob for the host to read back
+step blob for the host
+dd if=/dev/urandom of=/tmp/blob bs=1M count={blob_mib}
+echo "BLOB-SHA256 $(sha256sum /tmp/blob | cut -d' ' -f1)"
+dd if=/tmp/blob of=/dev/nbd0 bs=1M seek={blob_seek} conv=fsync
+nbd-client -d /dev/nbd0
+wait_disconnected
+step done
+echo guest-nbd-done
+"#,
+        sectors = VOLUME_SIZE / 512,
+        fio_region = FIO_REGION,
+        fio_stride = FIO_STRIDE,
+        blob_mib = BLOB_LEN / MIB,
+        blob_seek = BLOB_OFFSET / MIB,
+    )
+}
+
+fn sha256_of(data: &[u8], dir: &Scratch) -> String {
+    let path = dir.path("blob.bin");
+    std::fs::write(&path, data).unwrap();
+    let out = tool("sha256sum", [path.to_str().unwrap()]);
+    out.ok().split_whitespace().next().unwrap().to_string()
+}
+
+#[test]
+fn kernel_nbd_client_ext4_and_fio_verify() {
+    require_tool("qemu-system-x86_64");
+    let s = Server::start("1G");
+    s.create_volume(VOLUME, "256M");
+    let nbd: SocketAddr = s.nbd_addr().parse().expect("server's NBD address");
+
+    let started = Instant::now();
+    let config = GuestConfig {
+        forwards: vec![Forward::new(GUEST_NBD_PORT, nbd)],
+        memory_mib: 512,
+        timeout: Duration::from_secs(600),
+        ..GuestConfig::default()
+    };
+    let run = Guest::boot(config, &guest_script()).unwrap_or_else(|e| panic!("guest: {e}"));
+    eprintln!(
+        "guest: boot to script {:?}, run {:?}, with image preparation {:?}",
+        run.boot_time,
+        run.duration,
+        started.elapsed()
+    );
+    assert_eq!(
+        run.exit_code,
+        0,
+        "the guest script failed (exit {}); console tail:\n{}",
+        run.exit_code,
+        run.console_tail(120)
+    );
+    assert!(
+        run.console_log.contains("guest-nbd-done"),
+        "{}",
+        run.console_tail(40)
+    );
+
+    // --- the host's view of what the kernel client wrote
+    let vol = s.cli_json(&["volume", "show", VOLUME]);
+    let vol = if vol.get("volume").is_some() {
+        &vol["volume"]
+    } else {
+        &vol
+    };
+    let allocated = vol["allocated_bytes"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no allocated_bytes in {vol}"));
+    let fio_bytes = 2 * FIO_REGION;
+    assert!(
+        allocated >= fio_bytes + BLOB_LEN && allocated <= VOLUME_SIZE,
+        "allocated_bytes {allocated} after the guest wrote at least {} bytes: {vol}",
+        fio_bytes + BLOB_LEN
+    );
+    let uri = s.uri(VOLUME);
+    let map = nbd_map(&uri, VOLUME_SIZE);
+    let is_data = |t: u64| t & 1 == 0;
+    for (off, len) in [
+        (0, FIO_REGION),
+        (FIO_STRIDE, FIO_REGION),
+        (BLOB_OFFSET, BLOB_LEN),
+    ] {
+        assert_eq!(
+            map_bytes(&map, off, len, is_data),
+            len,
+            "[{off}, +{len}) written by the guest is not all data: {map:?}"
+        );
+    }
+
+    let want = run
+        .console_log
+        .lines()
+        .find_map(|l| l.trim_end_matches('\r').strip_prefix("BLOB-SHA256 "))
+        .unwrap_or_else(|| panic!("no BLOB-SHA256 line:\n{}", run.console_tail(40)))
+        .trim()
+        .to_string();
+    let dir = Scratch::new();
+    let copy = dir.path("volume.raw");
+    tool("nbdcopy", [uri.as_str(), copy.to_str().unwrap()]).ok();
+    let f = std::fs::File::open(&copy).unwrap();
+    let mut blob = vec![0u8; BLOB_LEN as usize];
+    f.read_exact_at(&mut blob, BLOB_OFFSET).unwrap();
+    assert_eq!(
+        sha256_of(&blob, &dir),
+        want,
+        "the blob the guest wrote through /dev/nbd0 reads back differently on the host"
+    );
+}
