@@ -14,28 +14,34 @@
 //! `version`, never `epoch`. The epoch fences primaries; a secondary's state
 //! change does not change who may write, so it needs no fencing.
 
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
 /// Size of a block address unit.
 pub const BLOCK_SIZE: u64 = 4096;
 
 /// A storage node.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
 pub struct NodeId(pub u32);
 
 /// A volume's generation: incremented each time a primary is appointed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize,
+)]
+#[serde(transparent)]
 pub struct Epoch(pub u64);
 
-/// A volume (u64 for now; the catalog's UUID later).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct VolumeId(pub u64);
+/// A volume: the catalog's UUID as a number.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct VolumeId(pub u128);
 
 /// A block address, in units of [`BLOCK_SIZE`].
 pub type Lba = u64;
 
 /// A replica's standing in the membership record.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ReplicaState {
     /// Holds every acknowledged write; may be promoted.
     InSync,
@@ -47,7 +53,7 @@ pub enum ReplicaState {
 }
 
 /// One replica's entry.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ReplicaInfo {
     pub state: ReplicaState,
     /// The node's boot id the coordinator last acknowledged. A node acts on a
@@ -57,7 +63,7 @@ pub struct ReplicaInfo {
 }
 
 /// The membership record of one volume, as stored in the metadata service.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Membership {
     pub volume: VolumeId,
     /// CAS token: bumped by every accepted change.
@@ -97,6 +103,25 @@ impl Membership {
 
     pub fn state(&self, n: NodeId) -> Option<ReplicaState> {
         self.replicas.get(&n).map(|r| r.state)
+    }
+
+    /// Whether `new` may replace this record (the rules of the module
+    /// docs, apart from the version, which the CAS itself checks). Every
+    /// metadata backend applies exactly this check.
+    pub fn check_change(&self, new: &Membership) -> Result<(), CasError> {
+        if new.volume != self.volume {
+            return Err(CasError::Invalid("record of another volume"));
+        }
+        if new.epoch < self.epoch {
+            return Err(CasError::Invalid("epoch went backwards"));
+        }
+        if new.epoch == self.epoch && new.primary != self.primary {
+            return Err(CasError::Invalid("primary changed without a new epoch"));
+        }
+        if !new.replicas.contains_key(&new.primary) {
+            return Err(CasError::Invalid("primary is not a member"));
+        }
+        Ok(())
     }
 
     pub fn in_sync_count(&self) -> usize {
@@ -151,15 +176,7 @@ impl MetaStore {
                 current: Box::new(cur.clone()),
             });
         }
-        if new.epoch < cur.epoch {
-            return Err(CasError::Invalid("epoch went backwards"));
-        }
-        if new.epoch == cur.epoch && new.primary != cur.primary {
-            return Err(CasError::Invalid("primary changed without a new epoch"));
-        }
-        if !new.replicas.contains_key(&new.primary) {
-            return Err(CasError::Invalid("primary is not a member"));
-        }
+        cur.check_change(&new)?;
         new.version = expected + 1;
         self.records.insert(new.volume, new.clone());
         Ok(new)
