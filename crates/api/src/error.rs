@@ -44,7 +44,10 @@ pub fn status_for(err: &VolumeError) -> StatusCode {
     match err {
         VolumeError::InvalidName { .. }
         | VolumeError::InvalidSize(_)
-        | VolumeError::InvalidHostNqn { .. } => StatusCode::BAD_REQUEST,
+        | VolumeError::InvalidHostNqn { .. }
+        | VolumeError::InvalidReplicas(_)
+        | VolumeError::NotSupported(_) => StatusCode::BAD_REQUEST,
+        VolumeError::Cluster(_) => StatusCode::SERVICE_UNAVAILABLE,
         VolumeError::NotFound(_) => StatusCode::NOT_FOUND,
         VolumeError::AlreadyExists(_)
         | VolumeError::InUse { .. }

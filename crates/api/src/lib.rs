@@ -112,6 +112,7 @@ fn build(service: Arc<VolumeService>, token: String) -> (Router, Vec<RouteSpec>)
     .get("/api/v1/volumes/{name}", get_volume)
     .delete("/api/v1/volumes/{name}", delete_volume)
     .post("/api/v1/volumes/{name}/resize", resize_volume)
+    .get("/api/v1/volumes/{name}/local-digest", local_digest)
     .post("/api/v1/volumes/{name}/nvme-hosts", attach_host)
     .delete("/api/v1/volumes/{name}/nvme-hosts/{host_nqn}", detach_host)
     .get("/api/v1/status", status)
@@ -168,7 +169,11 @@ async fn create_volume(
     State(app): State<AppState>,
     JsonBody(req): JsonBody<CreateVolume>,
 ) -> Result<Response, ApiError> {
-    let info = blocking(move || app.service.create(&req.name, req.size.0)).await?;
+    let info = blocking(move || {
+        app.service
+            .create_replicated(&req.name, req.size.0, req.replicas)
+    })
+    .await?;
     // Validated names are URL- and header-safe.
     let location = format!("/api/v1/volumes/{}", info.name);
     Ok((
@@ -219,6 +224,14 @@ async fn detach_host(
 ) -> Result<Json<Volume>, ApiError> {
     let info = blocking(move || app.service.detach_host(&name, &host_nqn)).await?;
     Ok(Json(info.into()))
+}
+
+async fn local_digest(
+    State(app): State<AppState>,
+    Path(name): Path<String>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let (crc, size) = blocking(move || app.service.local_digest(&name)).await?;
+    Ok(Json(serde_json::json!({"crc32c": crc, "size_bytes": size})))
 }
 
 async fn status(State(app): State<AppState>) -> Result<Json<Status>, ApiError> {

@@ -2,7 +2,7 @@
 //! (the `basalt` CLI). Field names are the wire format: add fields, never
 //! rename them; clients ignore fields they do not know.
 
-use basalt_volume::{parse_size, StoreStatus, VolumeInfo};
+use basalt_volume::{parse_size, ReplicaStatus, StoreStatus, VolumeInfo};
 use serde::{de, Deserialize, Deserializer, Serialize};
 use std::fmt;
 use uuid::Uuid;
@@ -19,6 +19,33 @@ pub struct Volume {
     /// Host NQNs attached to the volume for NVMe/TCP.
     #[serde(default)]
     pub nvme_hosts: Vec<String>,
+    /// Desired number of replicas (clustered volumes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replicas_wanted: Option<u32>,
+    /// The volume's replicas and their state (clustered volumes).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub replicas: Vec<Replica>,
+}
+
+/// One replica of a clustered volume.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Replica {
+    pub node: String,
+    pub primary: bool,
+    /// `in-sync`, `out-of-sync` or `faulty`.
+    pub state: String,
+    pub epoch: u64,
+}
+
+impl From<ReplicaStatus> for Replica {
+    fn from(r: ReplicaStatus) -> Self {
+        Replica {
+            node: r.node,
+            primary: r.primary,
+            state: r.state,
+            epoch: r.epoch,
+        }
+    }
 }
 
 impl From<VolumeInfo> for Volume {
@@ -31,6 +58,8 @@ impl From<VolumeInfo> for Volume {
             created_at: v.created_at,
             open_connections: v.open_connections,
             nvme_hosts: v.nvme_hosts,
+            replicas_wanted: v.replicas_wanted,
+            replicas: v.replicas.into_iter().map(Replica::from).collect(),
         }
     }
 }
@@ -106,6 +135,9 @@ impl<'de> Deserialize<'de> for Size {
 pub struct CreateVolume {
     pub name: String,
     pub size: Size,
+    /// Replicas in a cluster (default: 3, or the node count if smaller).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replicas: Option<u32>,
 }
 
 /// `POST /api/v1/volumes/{name}/resize`.

@@ -32,6 +32,10 @@ pub struct VolumeRecord {
     /// hosts the server allows for every volume); absent when empty.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub nvme_hosts: Vec<String>,
+    /// Desired number of replicas in a cluster (absent: single-node volume,
+    /// or the cluster's default chosen at creation).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replicas: Option<u32>,
     /// Fields written by a newer basalt that this version does not know.
     #[serde(flatten)]
     pub unknown: serde_json::Map<String, serde_json::Value>,
@@ -46,6 +50,7 @@ impl VolumeRecord {
             size_bytes,
             created_at: humantime::format_rfc3339_seconds(now).to_string(),
             nvme_hosts: Vec::new(),
+            replicas: None,
             unknown: serde_json::Map::new(),
         }
     }

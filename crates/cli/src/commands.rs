@@ -19,6 +19,10 @@ pub enum VolumeCommand {
         /// Size, e.g. 10G, 512M, 1.5T or bytes (a multiple of 4096).
         #[arg(long, allow_hyphen_values = true)]
         size: String,
+        /// Copies kept on distinct nodes of a cluster, 1-5 (default: 3, or
+        /// the node count if smaller).
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..=5))]
+        replicas: Option<u32>,
     },
     /// List volumes.
     List,
@@ -44,6 +48,10 @@ pub enum VolumeCommand {
         #[arg(long = "host-nqn", value_name = "NQN")]
         host_nqn: String,
     },
+    /// CRC32C of this node's local copy of a volume (its replica in a
+    /// cluster): equal on every in-sync replica once I/O has stopped.
+    #[command(name = "local-digest")]
+    LocalDigest { name: String },
     /// Revoke an NVMe/TCP host's access to a volume (a connected host keeps
     /// its connection until it disconnects).
     Detach {
@@ -106,15 +114,41 @@ fn volume_fields(volume: &Volume, client: &ApiClient) -> String {
     if !volume.nvme_hosts.is_empty() {
         pairs.push(("nvme hosts", volume.nvme_hosts.join(", ")));
     }
+    if let Some(n) = volume.replicas_wanted {
+        let placed = volume.replicas.len();
+        let summary = if placed == 0 {
+            format!("{n} (not placed yet)")
+        } else if (placed as u32) < n {
+            format!("{n} ({placed} placed: degraded)")
+        } else {
+            n.to_string()
+        };
+        pairs.push(("replicas", summary));
+    }
+    for r in &volume.replicas {
+        let role = if r.primary { "primary" } else { "secondary" };
+        pairs.push((
+            "replica",
+            format!("{} {role} {} (epoch {})", r.node, r.state, r.epoch),
+        ));
+    }
     fields(&pairs)
 }
 
 pub fn run_volume(command: VolumeCommand, client: &ClientArgs) -> Result<()> {
     match command {
-        VolumeCommand::Create { name, size } => {
+        VolumeCommand::Create {
+            name,
+            size,
+            replicas,
+        } => {
             let size = parse_size(&size)?;
             let api = ApiClient::discover(client)?;
-            let value = api.post("/api/v1/volumes", json!({"name": name, "size": size}))?;
+            let mut body = json!({"name": name, "size": size});
+            if let Some(n) = replicas {
+                body["replicas"] = json!(n);
+            }
+            let value = api.post("/api/v1/volumes", body)?;
             if client.output == Output::Json {
                 return print_json(&value);
             }
@@ -196,6 +230,18 @@ pub fn run_volume(command: VolumeCommand, client: &ClientArgs) -> Result<()> {
                 return print_json(&value);
             }
             println!("deleted volume {name}");
+        }
+        VolumeCommand::LocalDigest { name } => {
+            let api = ApiClient::discover(client)?;
+            let value = api.get(&format!("{}/local-digest", volume_path(&name)))?;
+            if client.output == Output::Json {
+                return print_json(&value);
+            }
+            println!(
+                "crc32c {:08x} over {} bytes",
+                value["crc32c"].as_u64().unwrap_or(0),
+                value["size_bytes"].as_u64().unwrap_or(0)
+            );
         }
         VolumeCommand::Attach { name, host_nqn } => {
             let api = ApiClient::discover(client)?;

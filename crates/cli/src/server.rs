@@ -19,7 +19,8 @@ use crate::datadir::{Backing, DataDir, NodeConfig, ServerInfo};
 use crate::exports::VolumeExports;
 use crate::subsystems::VolumeSubsystems;
 use anyhow::{anyhow, bail, Context, Result};
-use basalt_catalog::RedbCatalog;
+use basalt_catalog::{Catalog, EtcdCatalog, EtcdConfig, RedbCatalog};
+use basalt_cluster::{ClusterMember, MemberConfig};
 use basalt_frontend_nbd::{NbdServer, ServerLimits};
 use basalt_frontend_nvme::{NvmeServer, TargetConfig};
 use basalt_store::{BlockDevice, FileDevice, FormatOptions, Store};
@@ -87,6 +88,39 @@ pub struct ServerArgs {
     /// Create this volume if absent and print how to use it, e.g. demo:10G.
     #[arg(long, value_name = "NAME:SIZE")]
     pub demo_volume: Option<String>,
+
+    /// Join a cluster whose metadata lives in etcd at these client URLs
+    /// (comma-separated, e.g. http://10.0.0.1:2379,http://10.0.0.2:2379).
+    /// Without it the node is a single-node server with embedded metadata.
+    #[arg(long, value_name = "URL[,URL...]", value_delimiter = ',', requires_all = ["node_name", "peer_listen"])]
+    pub etcd: Vec<String>,
+
+    /// Key prefix of this cluster in etcd (several clusters may share one etcd).
+    #[arg(long, default_value = basalt_catalog::DEFAULT_ETCD_PREFIX, value_name = "PREFIX")]
+    pub etcd_prefix: String,
+
+    /// This node's name in the cluster (stable across restarts).
+    #[arg(long, value_name = "NAME")]
+    pub node_name: Option<String>,
+
+    /// Address the node-to-node replication protocol listens on (a fixed
+    /// port: peers find it in etcd; ":PORT" means 127.0.0.1:PORT).
+    #[arg(long, value_parser = parse_listen, value_name = "ADDR")]
+    pub peer_listen: Option<SocketAddr>,
+
+    /// Address peers should dial for this node (default: --peer-listen).
+    #[arg(long, value_parser = parse_listen, value_name = "ADDR")]
+    pub peer_advertise: Option<SocketAddr>,
+
+    /// Failure domain of this node (rack, room …): replicas of a volume go to
+    /// distinct zones where possible.
+    #[arg(long, value_name = "ZONE")]
+    pub zone: Option<String>,
+
+    /// Replication timing: primary lease in milliseconds (failover takes
+    /// lease + grace after a primary is lost).
+    #[arg(long, default_value_t = 1500, value_name = "MS", hide = true)]
+    pub lease_ms: u64,
 }
 
 /// `--demo-volume NAME:SIZE`.
@@ -183,6 +217,14 @@ pub fn run(args: ServerArgs, data_dir: &Path) -> Result<()> {
     let data = DataDir::new(data_dir);
     data.create()?;
     let node = data.read_node()?;
+    if !args.etcd.is_empty() {
+        let config = EtcdConfig::new(args.etcd.clone()).with_prefix(args.etcd_prefix.clone());
+        let catalog: Arc<dyn Catalog> =
+            Arc::new(EtcdCatalog::connect(config).context("cannot reach the cluster's etcd")?);
+        let store = open_store(&data, node, &args, &settings)?;
+        let result = serve(&data, catalog, store.clone(), &args, &settings);
+        return close(&data, &store, result);
+    }
     if node.is_some() && !data.catalog().exists() {
         bail!(
             "{} is missing, but {} shows this node was initialised; refusing to start, because \
@@ -196,7 +238,11 @@ pub fn run(args: ServerArgs, data_dir: &Path) -> Result<()> {
     let store = open_store(&data, node, &args, &settings)?;
 
     let result = serve(&data, catalog, store.clone(), &args, &settings);
+    close(&data, &store, result)
+}
 
+/// Closes the store and removes `server.json`, whatever `result` is.
+fn close(data: &DataDir, store: &Store, result: Result<()>) -> Result<()> {
     let closed = store
         .close()
         .context("cannot close the store cleanly; it will recover at next start");
@@ -334,16 +380,65 @@ fn open_existing_store(
 /// Everything between opening the store and closing it.
 fn serve(
     data: &DataDir,
-    catalog: Arc<RedbCatalog>,
+    catalog: Arc<dyn Catalog>,
     store: Arc<Store>,
     args: &ServerArgs,
     settings: &Settings,
 ) -> Result<()> {
     let token = data.load_or_create_token()?;
-    let service = Arc::new(VolumeService::new(catalog, store, args.overcommit)?);
+    let member = if args.etcd.is_empty() {
+        None
+    } else {
+        Some(Arc::new(join_cluster(
+            args,
+            store.clone(),
+            catalog.clone(),
+        )?))
+    };
+    let mut service = VolumeService::new(catalog, store, args.overcommit)?;
+    if let Some(m) = &member {
+        service = service.with_cluster(m.clone());
+    }
+    let service = Arc::new(service);
+    let result = serve_frontends(data, &service, token, args, settings);
+    if let Some(m) = member {
+        m.shutdown();
+    }
+    result
+}
+
+/// Starts this node's cluster membership (`--etcd`).
+fn join_cluster(
+    args: &ServerArgs,
+    store: Arc<Store>,
+    catalog: Arc<dyn Catalog>,
+) -> Result<ClusterMember> {
+    let (Some(name), Some(peer)) = (&args.node_name, args.peer_listen) else {
+        bail!("--etcd needs --node-name and --peer-listen");
+    };
+    validate_volume_name(name)
+        .map_err(|_| anyhow!("--node-name {name:?}: use 1-64 characters of A-Z a-z 0-9 . _ -"))?;
+    let etcd = EtcdConfig::new(args.etcd.clone()).with_prefix(args.etcd_prefix.clone());
+    let mut cfg = MemberConfig::new(name.clone(), peer, etcd);
+    cfg.zone = args.zone.clone();
+    cfg.peer_advertise = args.peer_advertise;
+    cfg.nbd_addr = Some(client_addr(args.nbd_listen));
+    cfg.nvme_addr = Some(args.nvme_advertise.unwrap_or(client_addr(args.nvme_listen)));
+    cfg.api_addr = Some(client_addr(args.api_listen));
+    cfg.timing.lease_ms = args.lease_ms.max(100);
+    ClusterMember::start(cfg, store, catalog).context("cannot join the cluster")
+}
+
+fn serve_frontends(
+    data: &DataDir,
+    service: &Arc<VolumeService>,
+    token: String,
+    args: &ServerArgs,
+    settings: &Settings,
+) -> Result<()> {
     service.reconcile()?;
     if let Some(demo) = &settings.demo_volume {
-        ensure_demo_volume(&service, demo)?;
+        ensure_demo_volume(service, demo)?;
     }
 
     let runtime = tokio::runtime::Builder::new_multi_thread()

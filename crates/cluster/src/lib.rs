@@ -3,14 +3,44 @@
 //!
 //! Modules by job:
 //! - [`placement`]: which nodes hold a volume's replicas (pure).
-//! - `meta`: the cluster's metadata in etcd — node registry with leases,
+//! - [`meta`]: the cluster's metadata in etcd — node registry with leases,
 //!   membership records with compare-and-swap, coordinator election.
-//! - `peer`: the node-to-node transport (TCP, frames of `basalt-peer-wire`).
+//! - [`peer`]: the node-to-node transport (TCP, frames of `basalt-peer-wire`).
 //! - `replica`: the driver that runs one volume's replication state machine
 //!   on the local store, the peer transport and etcd.
+//! - `coordinator`: the elected coordinator's task (leases, failover,
+//!   placement of new volumes).
+//! - [`member`]: this process as a cluster member, tying the above together
+//!   and serving replicated volumes to the frontends.
 //!
 //! Invariant shared by all of them: the membership record in etcd is the
 //! only authority on who is primary in which epoch; a node acts only on what
 //! it read from there (or was told by a peer of a newer epoch).
 
+mod coordinator;
+pub mod member;
+pub mod meta;
+pub mod peer;
 pub mod placement;
+mod replica;
+
+pub use member::{ClusterMember, MemberConfig, Timing};
+
+/// Why the cluster layer could not do something.
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    #[error("cluster metadata: {0}")]
+    Meta(#[from] meta::MetaError),
+    #[error("peer transport: {0}")]
+    Peer(#[from] peer::PeerError),
+    #[error("catalog: {0}")]
+    Catalog(#[from] basalt_catalog::CatalogError),
+    #[error("store: {0}")]
+    Store(#[from] basalt_store::StoreError),
+    #[error("could not start a thread: {0}")]
+    Thread(String),
+    #[error("volume {0} is not in the catalog")]
+    UnknownVolume(uuid::Uuid),
+    #[error("the cluster member is stopping")]
+    Stopped,
+}

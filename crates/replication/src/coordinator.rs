@@ -95,7 +95,9 @@ impl Coordinator {
         for (n, info) in m.replicas.iter_mut() {
             let alive = self.alive(now, *n);
             let boot = self.nodes.get(n).map(|l| l.boot);
-            if let Some(b) = boot.filter(|b| *b != info.boot) {
+            // Boot ids only grow, so a higher one is a restart; a coordinator
+            // that has not heard a node yet knows boot 0 and changes nothing.
+            if let Some(b) = boot.filter(|b| *b > info.boot) {
                 info.boot = b;
                 restarted.push(*n);
                 if *n == rec.primary {

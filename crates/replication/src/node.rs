@@ -319,6 +319,7 @@ impl Node {
 mod tests {
     use super::*;
     use crate::msg::{ClientReq, DiskResult, ReplOp};
+    use crate::types::{ReplicaInfo, ReplicaState};
 
     fn sends(acts: &[Action]) -> Vec<(Endpoint, Msg)> {
         acts.iter()
@@ -422,5 +423,99 @@ mod tests {
             },
         );
         assert_eq!(node.role(), RoleKind::Secondary(Epoch(2)));
+    }
+
+    #[test]
+    fn replicas_added_are_resynced_and_removed_ones_are_not_waited_for() {
+        let cfg = Config {
+            block_len: 1,
+            volume_blocks: 16,
+            region_blocks: 4,
+            ..Config::default()
+        };
+        let (p, s1, s2) = (NodeId(0), NodeId(1), NodeId(2));
+        let vol = VolumeId(1);
+        let rec = Membership::new(vol, &[p, s1], p, 1);
+        let mut node = Node::new(p, 0, vol, cfg, Some(rec.clone()), 0);
+        let lease = |node: &mut Node, t: u64| {
+            node.handle(
+                t,
+                Input::Msg {
+                    from: Endpoint::Control,
+                    msg: Msg::HeartbeatAck {
+                        sent_at: t,
+                        vol,
+                        epoch: Epoch(1),
+                        primary: p,
+                    },
+                },
+            )
+        };
+        lease(&mut node, 0);
+        let acts = node.handle(
+            1,
+            Input::Msg {
+                from: Endpoint::Client,
+                msg: Msg::ClientReq {
+                    id: 5,
+                    req: ClientReq::Write {
+                        lba: 0,
+                        data: vec![1],
+                        fua: false,
+                    },
+                },
+            },
+        );
+        let disk_id = acts
+            .iter()
+            .find_map(|a| match a {
+                Action::Disk { id, .. } => Some(*id),
+                _ => None,
+            })
+            .unwrap();
+        let a = node.handle(
+            2,
+            Input::Disk {
+                id: disk_id,
+                result: DiskResult::Done { data: None },
+            },
+        );
+        assert!(
+            !sends(&a).iter().any(|(to, _)| *to == Endpoint::Client),
+            "waits for s1"
+        );
+        // The coordinator replaces s1 by s2 (joining empty).
+        let mut next = rec.clone();
+        next.version = 2;
+        next.replicas.remove(&s1);
+        next.replicas.insert(
+            s2,
+            ReplicaInfo {
+                state: ReplicaState::OutOfSync,
+                boot: 0,
+            },
+        );
+        let a = node.handle(
+            3,
+            Input::Msg {
+                from: Endpoint::Control,
+                msg: Msg::MetaReply {
+                    record: next,
+                    cas_ok: None,
+                },
+            },
+        );
+        assert!(
+            sends(&a).iter().any(|(to, m)| *to == Endpoint::Client
+                && matches!(m, Msg::ClientReply { id: 5, reply: ClientReply::Ok { .. } })),
+            "the write no longer waits for the removed replica: {a:?}"
+        );
+        lease(&mut node, 99);
+        let a = node.handle(100, Input::Tick);
+        assert!(
+            sends(&a).iter().any(|(to, m)| *to == Endpoint::Node(s2)
+                && matches!(m, Msg::Repl { op: ReplOp::Start, .. })),
+            "the added replica is resynced: {a:?}"
+        );
     }
 }

@@ -438,6 +438,36 @@ impl Primary {
             return;
         }
         self.rec = rec.clone();
+        // Replicas removed from the record (replaced, moved away): nothing
+        // waits for them any more.
+        self.links.retain(|n, _| rec.replicas.contains_key(n));
+        // Replicas added (a rebuild, a degraded volume completed): they hold
+        // nothing yet, so every region is dirty; the resync starts at once.
+        let regions = self.region_gen.len();
+        for (n, info) in &rec.replicas {
+            if *n == self.me || self.links.contains_key(n) {
+                continue;
+            }
+            self.links.insert(
+                *n,
+                Link {
+                    mode: if info.state == ReplicaState::Faulty {
+                        Mode::Faulty
+                    } else {
+                        Mode::OutOfSync
+                    },
+                    boot: info.boot,
+                    session: 0,
+                    next_lseq: 1,
+                    inflight: BTreeMap::new(),
+                    unflushed: BTreeMap::new(),
+                    dirty: (0..regions).collect(),
+                    copying: None,
+                    chunks: BTreeSet::new(),
+                    last_attempt: 0,
+                },
+            );
+        }
         let peers: Vec<NodeId> = self.links.keys().copied().collect();
         for n in peers {
             let Some(info) = rec.replicas.get(&n).copied() else {

@@ -8,7 +8,9 @@
 //! - `version` grows by exactly one per accepted change (it is the CAS token);
 //! - `epoch` never decreases, and the primary changes only together with an
 //!   epoch increase (so at most one node is primary per epoch);
-//! - the primary is always a member.
+//! - the primary is always a member;
+//! - a replica added to the record is never InSync (it joins empty and is
+//!   resynced), and `1 <= min_in_sync <= replicas`.
 //!
 //! Decision: marking a secondary OutOfSync / InSync / Faulty bumps only
 //! `version`, never `epoch`. The epoch fences primaries; a secondary's state
@@ -120,6 +122,16 @@ impl Membership {
         }
         if !new.replicas.contains_key(&new.primary) {
             return Err(CasError::Invalid("primary is not a member"));
+        }
+        // A replica joins empty: it becomes InSync only through a resync by
+        // the primary, never by being added.
+        if new.replicas.iter().any(|(n, info)| {
+            !self.replicas.contains_key(n) && info.state == ReplicaState::InSync
+        }) {
+            return Err(CasError::Invalid("a replica was added as InSync"));
+        }
+        if new.min_in_sync == 0 || new.min_in_sync > new.replicas.len() {
+            return Err(CasError::Invalid("min_in_sync out of range"));
         }
         Ok(())
     }

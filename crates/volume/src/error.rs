@@ -57,6 +57,15 @@ pub enum VolumeError {
     #[error("invalid overcommit ratio {0}: it must be a finite number greater than 0")]
     InvalidOvercommit(f64),
 
+    #[error("{0}")]
+    NotSupported(String),
+
+    #[error("invalid replica count {0}: a volume has 1 to 5 replicas")]
+    InvalidReplicas(u32),
+
+    #[error("cluster: {0}")]
+    Cluster(String),
+
     #[error("store: {0}")]
     Store(#[from] StoreError),
 

@@ -1,17 +1,42 @@
 //! `VolumeHandle`: what a frontend connection holds to serve I/O on one
-//! volume. It forwards to the local store's data path (the replication
-//! pipeline will sit here) and records per-volume statistics.
+//! volume. It forwards either to the local store's data path (a single-node
+//! volume) or to a [`BlockIo`] (a replicated volume, served by its primary
+//! wherever it runs), and records per-volume statistics.
 //!
 //! Invariant: while any clone of a handle is alive the volume counts one
 //! open handle, so the control plane can refuse to delete a volume in use.
 
 use crate::stats::{OpKind, VolumeStats};
-use basalt_store::{DataOp, IoError, LocalVolume, MappingRun, VolumeId};
+use basalt_store::{DataKind, DataOp, IoError, LocalVolume, MappingRun, VolumeId};
 use std::sync::Arc;
 use std::time::Instant;
 
+/// The data path of a volume that is not (only) on this node's store: the
+/// cluster layer implements it. Requests are byte ranges within `size()`;
+/// the implementation handles alignment and durability (FUA, flush) with the
+/// same meaning as the local store.
+pub trait BlockIo: Send + Sync {
+    fn size(&self) -> u64;
+    /// Executes a batch of reads and writes; each op's outcome is stored in it.
+    fn submit(&self, ops: &mut [DataOp<'_>]);
+    /// Makes every completed write durable.
+    fn flush(&self) -> Result<(), IoError>;
+    /// The range reads as zeros afterwards.
+    fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> Result<(), IoError>;
+}
+
+fn one(io: &dyn BlockIo, mut op: DataOp<'_>) -> Result<(), IoError> {
+    io.submit(std::slice::from_mut(&mut op));
+    op.result
+}
+
+enum Backend {
+    Local(LocalVolume),
+    Cluster { io: Arc<dyn BlockIo>, id: VolumeId },
+}
+
 struct Open {
-    local: LocalVolume,
+    backend: Backend,
     name: String,
     stats: Arc<VolumeStats>,
 }
@@ -28,8 +53,26 @@ pub struct VolumeHandle(Arc<Open>);
 
 impl VolumeHandle {
     pub fn new(local: LocalVolume, name: String, stats: Arc<VolumeStats>) -> VolumeHandle {
+        Self::with_backend(Backend::Local(local), name, stats)
+    }
+
+    /// A handle on a replicated volume's data path.
+    pub fn clustered(
+        io: Arc<dyn BlockIo>,
+        id: VolumeId,
+        name: String,
+        stats: Arc<VolumeStats>,
+    ) -> VolumeHandle {
+        Self::with_backend(Backend::Cluster { io, id }, name, stats)
+    }
+
+    fn with_backend(backend: Backend, name: String, stats: Arc<VolumeStats>) -> VolumeHandle {
         stats.handle_opened();
-        VolumeHandle(Arc::new(Open { local, name, stats }))
+        VolumeHandle(Arc::new(Open {
+            backend,
+            name,
+            stats,
+        }))
     }
 
     pub fn name(&self) -> &str {
@@ -37,12 +80,18 @@ impl VolumeHandle {
     }
 
     pub fn id(&self) -> VolumeId {
-        self.0.local.id()
+        match &self.0.backend {
+            Backend::Local(l) => l.id(),
+            Backend::Cluster { id, .. } => *id,
+        }
     }
 
     /// Current size in bytes (a multiple of 4096); grows online on resize.
     pub fn size(&self) -> u64 {
-        self.0.local.size()
+        match &self.0.backend {
+            Backend::Local(l) => l.size(),
+            Backend::Cluster { io, .. } => io.size(),
+        }
     }
 
     fn timed<T>(
@@ -59,24 +108,36 @@ impl VolumeHandle {
 
     pub fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), IoError> {
         let n = buf.len() as u64;
-        self.timed(OpKind::Read, n, || self.0.local.read(offset, buf))
+        self.timed(OpKind::Read, n, || match &self.0.backend {
+            Backend::Local(l) => l.read(offset, buf),
+            Backend::Cluster { io, .. } => one(io.as_ref(), DataOp::read(offset, buf)),
+        })
     }
 
     pub fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), IoError> {
-        self.timed(OpKind::Write, data.len() as u64, || {
-            self.0.local.write(offset, data, fua)
+        self.timed(OpKind::Write, data.len() as u64, || match &self.0.backend {
+            Backend::Local(l) => l.write(offset, data, fua),
+            Backend::Cluster { io, .. } => one(io.as_ref(), DataOp::write(offset, data, fua)),
         })
     }
 
     /// Makes every completed write durable — on this volume and on every
     /// other handle and volume of the store (multi-connection consistency).
     pub fn flush(&self) -> Result<(), IoError> {
-        self.timed(OpKind::Flush, 0, || self.0.local.flush())
+        self.timed(OpKind::Flush, 0, || match &self.0.backend {
+            Backend::Local(l) => l.flush(),
+            Backend::Cluster { io, .. } => io.flush(),
+        })
     }
 
     /// The range reads as zeros afterwards; whole extents are freed.
     pub fn trim(&self, offset: u64, len: u64, fua: bool) -> Result<(), IoError> {
-        self.timed(OpKind::Trim, len, || self.0.local.trim(offset, len, fua))
+        self.timed(OpKind::Trim, len, || match &self.0.backend {
+            Backend::Local(l) => l.trim(offset, len, fua),
+            // Zeroing is a valid trim (the range's contents become
+            // unspecified or zero); replicas then stay identical.
+            Backend::Cluster { io, .. } => io.write_zeroes(offset, len, fua),
+        })
     }
 
     pub fn write_zeroes(
@@ -86,26 +147,44 @@ impl VolumeHandle {
         may_unmap: bool,
         fua: bool,
     ) -> Result<(), IoError> {
-        self.timed(OpKind::WriteZeroes, len, || {
-            self.0.local.write_zeroes(offset, len, may_unmap, fua)
+        self.timed(OpKind::WriteZeroes, len, || match &self.0.backend {
+            Backend::Local(l) => l.write_zeroes(offset, len, may_unmap, fua),
+            Backend::Cluster { io, .. } => io.write_zeroes(offset, len, fua),
         })
     }
 
     /// Allocated and unallocated (reads-as-zero) runs covering the range.
     pub fn mapping(&self, offset: u64, len: u64) -> Result<Vec<MappingRun>, IoError> {
-        self.0.local.mapping(offset, len)
+        match &self.0.backend {
+            Backend::Local(l) => l.mapping(offset, len),
+            // The primary may be elsewhere: report the range allocated,
+            // which is always a correct (if conservative) answer.
+            Backend::Cluster { io, .. } => {
+                let size = io.size();
+                if offset.checked_add(len).is_none_or(|end| end > size) {
+                    return Err(IoError::OutOfRange { offset, len, size });
+                }
+                Ok(vec![MappingRun {
+                    len,
+                    allocated: true,
+                }])
+            }
+        }
     }
 
     /// Executes a batch of reads and writes with one device submission;
     /// each op's outcome is stored in it.
     pub fn submit(&self, ops: &mut [DataOp<'_>]) {
         let start = Instant::now();
-        self.0.local.submit(ops);
+        match &self.0.backend {
+            Backend::Local(l) => l.submit(ops),
+            Backend::Cluster { io, .. } => io.submit(ops),
+        }
         let elapsed = start.elapsed();
         for op in ops.iter() {
             let (kind, bytes) = match &op.kind {
-                basalt_store::DataKind::Read(b) => (OpKind::Read, b.len() as u64),
-                basalt_store::DataKind::Write(b) => (OpKind::Write, b.len() as u64),
+                DataKind::Read(b) => (OpKind::Read, b.len() as u64),
+                DataKind::Write(b) => (OpKind::Write, b.len() as u64),
             };
             self.0.stats.record(kind, bytes, elapsed, op.result.is_ok());
         }

@@ -30,7 +30,7 @@
 
 use crate::error::VolumeError;
 use crate::size::format_size;
-use crate::{VolumeHandle, VolumeStats};
+use crate::{BlockIo, VolumeHandle, VolumeStats};
 use basalt_catalog::{Catalog, CatalogError, Versioned, VolumeRecord, MAX_VOLUME_NAME_LEN};
 use basalt_store::{Store, StoreError, VolumeId, BLOCK_SIZE};
 use parking_lot::Mutex;
@@ -60,6 +60,10 @@ pub struct VolumeInfo {
     pub open_connections: usize,
     /// Host NQNs attached to the volume (NVMe/TCP access).
     pub nvme_hosts: Vec<String>,
+    /// Desired replica count (clustered volumes only).
+    pub replicas_wanted: Option<u32>,
+    /// Where the replicas are and their state (clustered volumes only).
+    pub replicas: Vec<ReplicaStatus>,
 }
 
 /// The node's store as the control plane reports it.
@@ -98,9 +102,35 @@ impl ReconcileReport {
     }
 }
 
-/// The single-node volume control plane; see the module docs.
+/// What the cluster layer provides to the volume service of a clustered
+/// node: the replicated data path and replica placement. In a cluster the
+/// service only keeps the catalog; the cluster layer places replicas and
+/// converges each node's store on the placement.
+pub trait ClusterVolumes: Send + Sync {
+    /// The replicated data path of `record`'s volume (served by its primary,
+    /// wherever it runs).
+    fn open(&self, record: &VolumeRecord) -> Result<Arc<dyn BlockIo>, VolumeError>;
+    /// Replicas of a volume created without an explicit count.
+    fn default_replicas(&self) -> u32;
+    /// The replicas of `record`'s volume as placed now (empty while not yet
+    /// placed).
+    fn replicas(&self, record: &VolumeRecord) -> Vec<ReplicaStatus>;
+}
+
+/// One replica of a clustered volume, as reported by `volume show`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReplicaStatus {
+    pub node: String,
+    pub primary: bool,
+    /// "in-sync", "out-of-sync" or "faulty".
+    pub state: String,
+    pub epoch: u64,
+}
+
+/// The volume control plane of a node; see the module docs.
 pub struct VolumeService {
     catalog: Arc<dyn Catalog>,
+    cluster: Option<Arc<dyn ClusterVolumes>>,
     store: Arc<Store>,
     overcommit_ratio: f64,
     /// Per-volume counters, by id so a recreated name starts from zero.
@@ -212,11 +242,33 @@ impl VolumeService {
         }
         Ok(VolumeService {
             catalog,
+            cluster: None,
             store,
             overcommit_ratio,
             stats: Mutex::new(HashMap::new()),
             control: Mutex::new(()),
         })
+    }
+
+    /// The same service as a member of a cluster: volumes are replicated by
+    /// `cluster`, which also places them and manages the local replicas.
+    pub fn with_cluster(mut self, cluster: Arc<dyn ClusterVolumes>) -> Self {
+        self.cluster = Some(cluster);
+        self
+    }
+
+    /// Whether volumes are replicated across a cluster.
+    pub fn is_clustered(&self) -> bool {
+        self.cluster.is_some()
+    }
+
+    /// The replicas of `name` (empty for a single-node volume).
+    pub fn replicas(&self, name: &str) -> Result<Vec<ReplicaStatus>, VolumeError> {
+        let Some(cluster) = &self.cluster else {
+            return Ok(Vec::new());
+        };
+        let record = self.record(name)?.record;
+        Ok(cluster.replicas(&record))
     }
 
     /// The store this service manages.
@@ -280,6 +332,12 @@ impl VolumeService {
             created_at: record.created_at.clone(),
             open_connections: self.open_handles(record.id),
             nvme_hosts: record.nvme_hosts.clone(),
+            replicas_wanted: record.replicas,
+            replicas: self
+                .cluster
+                .as_ref()
+                .map(|c| c.replicas(record))
+                .unwrap_or_default(),
         }
     }
 
@@ -294,16 +352,45 @@ impl VolumeService {
     /// Creates volume `name` of `size` bytes (thin: nothing is allocated
     /// until written).
     pub fn create(&self, name: &str, size: u64) -> Result<VolumeInfo, VolumeError> {
+        self.create_replicated(name, size, None)
+    }
+
+    /// Creates volume `name` with `replicas` copies (a cluster's default when
+    /// `None`). Single-node: only 1 is possible. In a cluster the record is
+    /// all this does; the cluster layer places the replicas.
+    pub fn create_replicated(
+        &self,
+        name: &str,
+        size: u64,
+        replicas: Option<u32>,
+    ) -> Result<VolumeInfo, VolumeError> {
         validate_volume_name(name)?;
         validate_volume_size(size)?;
+        if let Some(n) = replicas {
+            if !(1..=5).contains(&n) {
+                return Err(VolumeError::InvalidReplicas(n));
+            }
+        }
         let _control = self.control.lock();
         let records = self.catalog.list().map_err(catalog_error)?;
         if records.iter().any(|v| v.record.name == name) {
             return Err(VolumeError::AlreadyExists(name.to_string()));
         }
+        let mut record = VolumeRecord::new(VolumeId::new_v4(), name, size, SystemTime::now());
+        if let Some(cluster) = &self.cluster {
+            let n = replicas.unwrap_or_else(|| cluster.default_replicas());
+            record.replicas = Some(n);
+            self.catalog.insert(&record).map_err(catalog_error)?;
+            tracing::info!(volume = name, id = %record.id, size = %format_size(size), replicas = n, "created replicated volume");
+            return Ok(self.info(&record, &HashMap::new()));
+        }
+        if replicas.is_some_and(|n| n != 1) {
+            return Err(VolumeError::NotSupported(
+                "more than one replica needs a cluster (basalt server --etcd ...)".into(),
+            ));
+        }
         self.check_capacity(Self::provisioned(&records), size)?;
 
-        let record = VolumeRecord::new(VolumeId::new_v4(), name, size, SystemTime::now());
         let revision = self.catalog.insert(&record).map_err(catalog_error)?;
         if let Err(e) = self.store.create_volume(record.id, size) {
             if let Err(undo) = self.catalog.delete(name, revision) {
@@ -344,6 +431,11 @@ impl VolumeService {
         allow_shrink: bool,
     ) -> Result<VolumeInfo, VolumeError> {
         validate_volume_size(size)?;
+        if self.cluster.is_some() {
+            return Err(VolumeError::NotSupported(
+                "resizing a replicated volume is not supported yet".into(),
+            ));
+        }
         let _control = self.control.lock();
         let records = self.catalog.list().map_err(catalog_error)?;
         let Some(current) = records.iter().find(|v| v.record.name == name) else {
@@ -452,12 +544,47 @@ impl VolumeService {
     pub fn open(&self, name: &str) -> Result<VolumeHandle, VolumeError> {
         let _control = self.control.lock();
         let record = self.record(name)?.record;
+        if let Some(cluster) = &self.cluster {
+            let io = cluster.open(&record)?;
+            return Ok(VolumeHandle::clustered(
+                io,
+                record.id,
+                record.name,
+                self.stats_for(record.id),
+            ));
+        }
         let local = self.store.volume(record.id)?;
         Ok(VolumeHandle::new(
             local,
             record.name,
             self.stats_for(record.id),
         ))
+    }
+
+    /// CRC32C of this node's local copy of `name` (its replica in a
+    /// cluster), reading the whole copy; unallocated ranges count as zeros.
+    /// For checking that replicas are identical once they are in sync.
+    pub fn local_digest(&self, name: &str) -> Result<(u32, u64), VolumeError> {
+        let record = self.record(name)?.record;
+        let local = self.store.volume(record.id).map_err(|e| match e {
+            StoreError::NotFound(_) => {
+                VolumeError::NotFound(format!("{name} (no replica on this node)"))
+            }
+            e => e.into(),
+        })?;
+        let size = local.size();
+        let mut crc = 0u32;
+        let mut buf = vec![0u8; 1 << 20];
+        let mut at = 0;
+        while at < size {
+            let n = (size - at).min(buf.len() as u64) as usize;
+            local
+                .read(at, &mut buf[..n])
+                .map_err(|e| VolumeError::Cluster(format!("reading the local copy: {e}")))?;
+            crc = crc32c::crc32c_append(crc, &buf[..n]);
+            at += n as u64;
+        }
+        Ok((crc, size))
     }
 
     /// Capacity, provisioning and allocation of the node's store.
@@ -488,7 +615,14 @@ impl VolumeService {
             .collect();
         let mut report = ReconcileReport::default();
 
-        for Versioned { record, .. } in &records {
+        // In a cluster the cluster layer creates the replicas this node
+        // holds; only orphans (no record at all) are removed here.
+        let converge = if self.cluster.is_some() {
+            &[][..]
+        } else {
+            &records[..]
+        };
+        for Versioned { record, .. } in converge {
             let name = &record.name;
             let outcome = match in_store.get(&record.id) {
                 None => self

@@ -1,0 +1,212 @@
+//! The coordinator task: runs on the node that won the etcd election, and
+//! only while it holds it.
+//!
+//! Job: answer heartbeats (the primaries' leases), apply
+//! [`basalt_replication::Coordinator`]'s decisions (faulty secondaries,
+//! failover with a new epoch) to the membership records in etcd, place new
+//! volumes, and drop the records of deleted volumes.
+//!
+//! Invariants:
+//! - every record change is a compare-and-swap on the version this task
+//!   read, so a second coordinator (during an election change) can never
+//!   overwrite a newer decision;
+//! - a task that starts considers every registered node heard at its start,
+//!   so it replaces no primary before `lease + grace` has passed under its
+//!   own watch (the previous coordinator may have extended that lease);
+//! - a record is created only for a volume that is in the catalog, with the
+//!   boot ids the nodes registered with, so only the current incarnation of
+//!   each node takes part.
+
+use crate::member::Inner;
+use crate::meta::{CasOutcome, NodeState};
+use crate::placement::{self, Candidate};
+use crate::ClusterError;
+use basalt_replication::{Coordinator, Membership, NodeId, VolumeId};
+use std::collections::HashSet;
+use std::sync::mpsc::{self, RecvTimeoutError, Sender};
+use std::sync::Weak;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+enum CoordEvent {
+    Heartbeat {
+        from: NodeId,
+        vol: VolumeId,
+        boot: u64,
+        sent_at: u64,
+    },
+    Stop,
+}
+
+pub(crate) struct CoordinatorTask {
+    tx: Sender<CoordEvent>,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// Writes need this many in-sync replicas (primary included) by default: a
+/// majority from three replicas on, so one failure never stops writes.
+pub(crate) fn default_min_in_sync(replicas: usize) -> usize {
+    if replicas <= 2 {
+        1
+    } else {
+        replicas / 2 + 1
+    }
+}
+
+impl CoordinatorTask {
+    pub(crate) fn start(inner: Weak<Inner>) -> Result<CoordinatorTask, ClusterError> {
+        let (tx, rx) = mpsc::channel();
+        let thread = std::thread::Builder::new()
+            .name("coordinator".into())
+            .spawn(move || run(inner, rx))
+            .map_err(|e| ClusterError::Thread(e.to_string()))?;
+        Ok(CoordinatorTask {
+            tx,
+            thread: Some(thread),
+        })
+    }
+
+    pub(crate) fn heartbeat(&self, from: NodeId, vol: VolumeId, boot: u64, sent_at: u64) {
+        let _ = self.tx.send(CoordEvent::Heartbeat {
+            from,
+            vol,
+            boot,
+            sent_at,
+        });
+    }
+
+    pub(crate) fn stop(mut self) {
+        let _ = self.tx.send(CoordEvent::Stop);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn run(weak: Weak<Inner>, rx: mpsc::Receiver<CoordEvent>) {
+    let Some(inner) = weak.upgrade() else { return };
+    let t = inner.timing().clone();
+    // Every registered node counts as heard now (see the module docs).
+    let known: Vec<NodeId> = match inner.meta.nodes() {
+        Ok(nodes) => nodes.iter().map(|n| n.id).collect(),
+        Err(_) => inner.nodes.read().iter().map(|n| n.id).collect(),
+    };
+    let mut coord = Coordinator::new(t.lease_ms, t.grace_ms, &known, inner.now_ms());
+    drop(inner);
+    let tick = Duration::from_millis((t.heartbeat_ms / 2).clamp(10, 500));
+    let mut next_tick = Instant::now();
+    let mut next_placement = Instant::now();
+    loop {
+        let wait = next_tick.saturating_duration_since(Instant::now());
+        let ev = rx.recv_timeout(wait);
+        let Some(inner) = weak.upgrade() else { return };
+        match ev {
+            Ok(CoordEvent::Stop) | Err(RecvTimeoutError::Disconnected) => return,
+            Ok(CoordEvent::Heartbeat {
+                from,
+                vol,
+                boot,
+                sent_at,
+            }) => {
+                let rec = inner.records.read().get(&vol).cloned();
+                if let Some(rec) = rec {
+                    let (_, reply) = coord.on_heartbeat(inner.now_ms(), from, boot, sent_at, &rec);
+                    inner.send_heartbeat_ack(from, vol, reply);
+                }
+            }
+            Err(RecvTimeoutError::Timeout) => {}
+        }
+        if Instant::now() >= next_tick {
+            next_tick = Instant::now() + tick;
+            let records: Vec<Membership> = inner.records.read().values().cloned().collect();
+            for rec in records {
+                if let Some(new) = coord.tick(inner.now_ms(), &rec) {
+                    apply(&inner, &rec, new);
+                }
+            }
+        }
+        if Instant::now() >= next_placement {
+            next_placement = Instant::now() + Duration::from_secs(1);
+            if let Err(e) = place_new_volumes(&inner) {
+                tracing::warn!(error = %e, "placement round failed; retrying");
+            }
+        }
+    }
+}
+
+fn apply(inner: &Inner, old: &Membership, new: Membership) {
+    match inner.meta.cas_membership(old.version, new.clone()) {
+        Ok(CasOutcome::Applied(rec)) => {
+            if rec.epoch != old.epoch {
+                tracing::warn!(volume = %uuid::Uuid::from_u128(rec.volume.0), epoch = rec.epoch.0,
+                    primary = rec.primary.0, "failover: new primary");
+            } else {
+                tracing::info!(volume = %uuid::Uuid::from_u128(rec.volume.0), replicas = ?rec.replicas,
+                    "replica states changed");
+            }
+        }
+        Ok(CasOutcome::Conflict(_)) | Ok(CasOutcome::Missing) => {}
+        Ok(CasOutcome::Invalid(reason)) => {
+            tracing::error!(%reason, "coordinator produced an invalid membership change")
+        }
+        Err(e) => tracing::warn!(error = %e, "could not update a membership record"),
+    }
+}
+
+/// Creates records for catalog volumes that have none, and deletes records
+/// whose volume left the catalog.
+fn place_new_volumes(inner: &Inner) -> Result<(), ClusterError> {
+    let catalog = inner.catalog.list()?;
+    let records = inner.meta.memberships()?;
+    let placed: HashSet<VolumeId> = records.iter().map(|r| r.volume).collect();
+    let in_catalog: HashSet<VolumeId> = catalog
+        .iter()
+        .map(|v| VolumeId(v.record.id.as_u128()))
+        .collect();
+    for rec in records.iter().filter(|r| !in_catalog.contains(&r.volume)) {
+        tracing::info!(volume = %uuid::Uuid::from_u128(rec.volume.0), "volume deleted: dropping its membership record");
+        inner.meta.delete_membership(rec.volume)?;
+    }
+    let nodes = inner.meta.nodes()?;
+    let mut primaries = std::collections::HashMap::<NodeId, usize>::new();
+    for r in &records {
+        *primaries.entry(r.primary).or_default() += 1;
+    }
+    for v in catalog {
+        let vol = VolumeId(v.record.id.as_u128());
+        if placed.contains(&vol) {
+            continue;
+        }
+        let candidates: Vec<Candidate> = nodes
+            .iter()
+            .filter(|n| n.alive && n.state == NodeState::Active)
+            .filter(|n| n.info.free_bytes >= v.record.size_bytes.min(n.info.capacity_bytes))
+            .map(|n| Candidate {
+                id: n.id,
+                zone: n.info.zone.clone(),
+                free_bytes: n.info.free_bytes,
+                primaries: primaries.get(&n.id).copied().unwrap_or(0),
+            })
+            .collect();
+        let want = v.record.replicas.unwrap_or(1).max(1) as usize;
+        let Some(p) = placement::place(&candidates, want) else {
+            tracing::warn!(volume = %v.record.name, "no node can take a replica yet");
+            continue;
+        };
+        let min = default_min_in_sync(want).min(p.nodes.len());
+        let mut rec = Membership::new(vol, &p.nodes, p.primary, min);
+        for (id, info) in rec.replicas.iter_mut() {
+            info.boot = nodes.iter().find(|n| n.id == *id).map_or(0, |n| n.boot);
+        }
+        if inner.meta.create_membership(&rec)? {
+            *primaries.entry(p.primary).or_default() += 1;
+            if p.missing > 0 {
+                tracing::warn!(volume = %v.record.name, placed = p.nodes.len(), missing = p.missing,
+                    "volume placed degraded: too few nodes");
+            } else {
+                tracing::info!(volume = %v.record.name, nodes = ?p.nodes, primary = p.primary.0, "volume placed");
+            }
+        }
+    }
+    Ok(())
+}

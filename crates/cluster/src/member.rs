@@ -1,0 +1,1075 @@
+//! This process as a member of a cluster: joins it in etcd, keeps the peer
+//! transport's address book current, runs a replica driver for every volume
+//! that has a replica here, routes client I/O to each volume's primary, and
+//! runs the coordinator while elected.
+//!
+//! Invariants:
+//! - a replica driver runs for exactly the volumes whose membership record
+//!   (as last seen from etcd) names this node; its local store volume exists
+//!   before the driver starts;
+//! - client requests go to the primary named by the newest record seen; a
+//!   request answered NotPrimary, or not answered in time, is sent again to
+//!   the then-current primary until the request deadline (block writes are
+//!   idempotent, so a repeat is harmless); the client sees an error only
+//!   after the deadline;
+//! - the coordinator (at most one, by etcd election) changes records only by
+//!   compare-and-swap, with the rules of `basalt_replication`.
+
+use crate::coordinator::CoordinatorTask;
+use crate::meta::{CasOutcome, ClusterMeta, EtcdConfig, NodeInfo, NodeStatus, Registration};
+use crate::peer::{PeerConfig, PeerHandler, PeerNet};
+use crate::replica::{Event, Origin, ReplicaDriver, ReplicaEnv};
+use crate::ClusterError;
+use basalt_catalog::{Catalog, VolumeRecord};
+use basalt_replication::{
+    ClientReply, ClientReq, Config, Membership, Msg, NodeId, ReplicaState, RoleKind, VolumeId,
+};
+use basalt_store::{DataKind, DataOp, IoError, Store, BLOCK_SIZE};
+use basalt_volume::{BlockIo, ClusterVolumes, ReplicaStatus, VolumeError};
+use parking_lot::{Mutex, RwLock};
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::mpsc::{self, Sender};
+use std::sync::{Arc, Weak};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// Timing of the replication protocol in a cluster (milliseconds).
+#[derive(Clone, Debug)]
+pub struct Timing {
+    pub heartbeat_ms: u64,
+    /// A primary acknowledges nothing later than this after the heartbeat
+    /// that extended its lease was sent.
+    pub lease_ms: u64,
+    /// The coordinator waits `lease + grace` of silence before it replaces a
+    /// primary (covers clock rate differences and delivery delays).
+    pub grace_ms: u64,
+    pub ack_timeout_ms: u64,
+    pub cas_timeout_ms: u64,
+    pub poll_ms: u64,
+    pub resync_retry_ms: u64,
+    /// Blocks per dirty-tracking region.
+    pub region_blocks: u64,
+}
+
+impl Default for Timing {
+    fn default() -> Self {
+        Timing {
+            heartbeat_ms: 100,
+            lease_ms: 1500,
+            grace_ms: 1000,
+            ack_timeout_ms: 1000,
+            cas_timeout_ms: 3000,
+            poll_ms: 1000,
+            resync_retry_ms: 500,
+            region_blocks: 256,
+        }
+    }
+}
+
+/// How this node joins the cluster.
+#[derive(Clone, Debug)]
+pub struct MemberConfig {
+    pub name: String,
+    pub zone: Option<String>,
+    /// Where the peer transport listens (a fixed port: peers find it in etcd).
+    pub peer_listen: SocketAddr,
+    /// The address peers dial (default: `peer_listen`).
+    pub peer_advertise: Option<SocketAddr>,
+    pub nbd_addr: Option<SocketAddr>,
+    pub nvme_addr: Option<SocketAddr>,
+    pub api_addr: Option<SocketAddr>,
+    pub etcd: EtcdConfig,
+    /// Node liveness key TTL in etcd (for `node list`; replication uses
+    /// its own heartbeats).
+    pub node_ttl: Duration,
+    pub timing: Timing,
+    /// How long a client request is retried across failovers before the
+    /// client gets an I/O error.
+    pub request_deadline: Duration,
+}
+
+impl MemberConfig {
+    pub fn new(name: impl Into<String>, peer_listen: SocketAddr, etcd: EtcdConfig) -> Self {
+        MemberConfig {
+            name: name.into(),
+            zone: None,
+            peer_listen,
+            peer_advertise: None,
+            nbd_addr: None,
+            nvme_addr: None,
+            api_addr: None,
+            etcd,
+            node_ttl: Duration::from_secs(3),
+            timing: Timing::default(),
+            request_deadline: Duration::from_secs(60),
+        }
+    }
+}
+
+struct ReplicaHandle {
+    tx: Sender<Event>,
+    role: Arc<Mutex<RoleKind>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// Client requests waiting for their reply, by this node's request id.
+#[derive(Default)]
+struct Pending {
+    next: u64,
+    waiting: HashMap<u64, mpsc::SyncSender<ClientReply>>,
+}
+
+pub(crate) struct Inner {
+    cfg: MemberConfig,
+    pub(crate) me: NodeId,
+    boot: u64,
+    clock: Instant,
+    pub(crate) meta: Arc<ClusterMeta>,
+    registration: Mutex<Option<Registration>>,
+    peers: PeerNet,
+    store: Arc<Store>,
+    pub(crate) catalog: Arc<dyn Catalog>,
+    pub(crate) records: RwLock<HashMap<VolumeId, Membership>>,
+    pub(crate) nodes: RwLock<Vec<NodeStatus>>,
+    replicas: Mutex<HashMap<VolumeId, ReplicaHandle>>,
+    pending: Mutex<Pending>,
+    /// The coordinator's node id as last looked up.
+    coordinator_id: RwLock<Option<NodeId>>,
+    coordinator: Mutex<Option<CoordinatorTask>>,
+    /// Keeps the watches and the campaign alive.
+    guards: Mutex<Vec<Box<dyn std::any::Any + Send>>>,
+    stopping: std::sync::atomic::AtomicBool,
+}
+
+/// A running cluster member; see the module docs.
+pub struct ClusterMember {
+    inner: Arc<Inner>,
+    housekeeping: Mutex<Option<JoinHandle<()>>>,
+}
+
+fn vol_of(id: uuid::Uuid) -> VolumeId {
+    VolumeId(id.as_u128())
+}
+
+fn uuid_of(vol: VolumeId) -> uuid::Uuid {
+    uuid::Uuid::from_u128(vol.0)
+}
+
+/// Routes peer messages into the member; holds it weakly so that the
+/// transport's threads never keep a stopped member alive. Messages that
+/// arrive before the member is wired up are dropped (the protocol retries).
+struct Router(std::sync::OnceLock<Weak<Inner>>);
+
+impl PeerHandler for Router {
+    fn on_message(&self, from: NodeId, vol: VolumeId, msg: Msg) {
+        if let Some(inner) = self.0.get().and_then(Weak::upgrade) {
+            inner.on_peer(from, vol, msg);
+        }
+    }
+}
+
+impl ClusterMember {
+    /// Joins the cluster and starts serving. `store` is this node's local
+    /// store; `catalog` the cluster's catalog (in etcd).
+    pub fn start(
+        cfg: MemberConfig,
+        store: Arc<Store>,
+        catalog: Arc<dyn Catalog>,
+    ) -> Result<ClusterMember, ClusterError> {
+        let meta = Arc::new(ClusterMeta::connect(cfg.etcd.clone())?);
+        let cluster = meta.cluster_id()?;
+        let usage = store.usage();
+        let info = NodeInfo {
+            name: cfg.name.clone(),
+            peer_addr: cfg.peer_advertise.unwrap_or(cfg.peer_listen),
+            nbd_addr: cfg.nbd_addr,
+            nvme_addr: cfg.nvme_addr,
+            api_addr: cfg.api_addr,
+            zone: cfg.zone.clone(),
+            capacity_bytes: usage.capacity_bytes,
+            free_bytes: usage.capacity_bytes.saturating_sub(usage.allocated_bytes),
+        };
+        let registration = meta.register_node(info, cfg.node_ttl)?;
+        let me = registration.id();
+        let boot = registration.boot();
+        tracing::info!(node = %cfg.name, id = me.0, boot, "joined the cluster");
+        let router = Arc::new(Router(std::sync::OnceLock::new()));
+        let peers = PeerNet::start(
+            PeerConfig {
+                cluster,
+                me,
+                boot,
+                listen: cfg.peer_listen,
+                connect_timeout: Duration::from_secs(1),
+                max_queue_bytes: 256 << 20,
+            },
+            router.clone(),
+        )?;
+        let inner = Arc::new(Inner {
+            cfg,
+            me,
+            boot,
+            clock: Instant::now(),
+            meta,
+            registration: Mutex::new(Some(registration)),
+            peers,
+            store,
+            catalog,
+            records: RwLock::new(HashMap::new()),
+            nodes: RwLock::new(Vec::new()),
+            replicas: Mutex::new(HashMap::new()),
+            pending: Mutex::new(Pending::default()),
+            coordinator_id: RwLock::new(None),
+            coordinator: Mutex::new(None),
+            guards: Mutex::new(Vec::new()),
+            stopping: std::sync::atomic::AtomicBool::new(false),
+        });
+        let _ = router.0.set(Arc::downgrade(&inner));
+        let member = ClusterMember {
+            inner,
+            housekeeping: Mutex::new(None),
+        };
+        member.wire()?;
+        Ok(member)
+    }
+
+    fn wire(&self) -> Result<(), ClusterError> {
+        let inner = &self.inner;
+        let weak = Arc::downgrade(inner);
+        let w = weak.clone();
+        let nodes_guard = inner.meta.watch_nodes(Box::new(move |nodes| {
+            if let Some(inner) = w.upgrade() {
+                inner.on_nodes(nodes);
+            }
+        }))?;
+        let w = weak.clone();
+        let records_guard = inner.meta.watch_memberships(Box::new(move |rec| {
+            if let Some(inner) = w.upgrade() {
+                inner.on_record(rec);
+            }
+        }))?;
+        let w = weak.clone();
+        let election = {
+            let reg = inner.registration.lock();
+            let Some(reg) = reg.as_ref() else {
+                return Err(ClusterError::Stopped);
+            };
+            inner.meta.campaign(
+                reg,
+                Box::new(move |elected| {
+                    if let Some(inner) = w.upgrade() {
+                        inner.on_election(elected);
+                    }
+                }),
+            )?
+        };
+        {
+            let mut guards = inner.guards.lock();
+            guards.push(Box::new(nodes_guard));
+            guards.push(Box::new(records_guard));
+            guards.push(Box::new(election));
+        }
+        let w = weak;
+        let thread = std::thread::Builder::new()
+            .name("cluster-housekeeping".into())
+            .spawn(move || housekeeping(w))
+            .map_err(|e| ClusterError::Thread(e.to_string()))?;
+        *self.housekeeping.lock() = Some(thread);
+        Ok(())
+    }
+
+    /// This node's id in the cluster.
+    pub fn id(&self) -> NodeId {
+        self.inner.me
+    }
+
+    /// Every node known to the cluster.
+    pub fn nodes(&self) -> Result<Vec<NodeStatus>, ClusterError> {
+        Ok(self.inner.meta.nodes()?)
+    }
+
+    /// The cluster's metadata service (node states for drain/remove).
+    pub fn meta(&self) -> &Arc<ClusterMeta> {
+        &self.inner.meta
+    }
+
+    /// The name of the node that coordinates the cluster now.
+    pub fn coordinator(&self) -> Result<Option<String>, ClusterError> {
+        Ok(self.inner.meta.coordinator()?)
+    }
+
+    /// Leaves the cluster: stops the coordinator, every replica driver and
+    /// the transport, and revokes the node's liveness key.
+    pub fn shutdown(&self) {
+        let inner = &self.inner;
+        inner
+            .stopping
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        inner.guards.lock().clear();
+        if let Some(c) = inner.coordinator.lock().take() {
+            c.stop();
+        }
+        let replicas: Vec<ReplicaHandle> = inner.replicas.lock().drain().map(|(_, h)| h).collect();
+        for mut r in replicas {
+            let _ = r.tx.send(Event::Stop);
+            if let Some(t) = r.thread.take() {
+                let _ = t.join();
+            }
+        }
+        if let Some(t) = self.housekeeping.lock().take() {
+            let _ = t.join();
+        }
+        inner.peers.shutdown();
+        inner.registration.lock().take();
+    }
+}
+
+impl Drop for ClusterMember {
+    fn drop(&mut self) {
+        if !self
+            .inner
+            .stopping
+            .load(std::sync::atomic::Ordering::SeqCst)
+        {
+            self.shutdown();
+        }
+    }
+}
+
+/// Periodic work: the coordinator's address, free capacity in the node
+/// record, local replicas of deleted volumes.
+fn housekeeping(weak: Weak<Inner>) {
+    let mut last_info = Instant::now();
+    loop {
+        for _ in 0..5 {
+            std::thread::sleep(Duration::from_millis(100));
+            match weak.upgrade() {
+                Some(inner) if !inner.stopping.load(std::sync::atomic::Ordering::SeqCst) => {}
+                _ => return,
+            }
+        }
+        let Some(inner) = weak.upgrade() else { return };
+        inner.refresh_coordinator();
+        inner.remove_orphans();
+        if last_info.elapsed() >= Duration::from_secs(10) {
+            last_info = Instant::now();
+            inner.publish_usage();
+        }
+    }
+}
+
+impl Inner {
+    pub(crate) fn now_ms(&self) -> u64 {
+        self.clock.elapsed().as_millis() as u64
+    }
+
+    pub(crate) fn timing(&self) -> &Timing {
+        &self.cfg.timing
+    }
+
+    fn refresh_coordinator(&self) {
+        let id = match self.meta.coordinator() {
+            Ok(Some(name)) => self
+                .nodes
+                .read()
+                .iter()
+                .find(|n| n.info.name == name)
+                .map(|n| n.id),
+            Ok(None) => None,
+            Err(e) => {
+                tracing::debug!(error = %e, "could not look up the coordinator");
+                return;
+            }
+        };
+        *self.coordinator_id.write() = id;
+    }
+
+    fn publish_usage(&self) {
+        let usage = self.store.usage();
+        let info = NodeInfo {
+            name: self.cfg.name.clone(),
+            peer_addr: self.cfg.peer_advertise.unwrap_or(self.cfg.peer_listen),
+            nbd_addr: self.cfg.nbd_addr,
+            nvme_addr: self.cfg.nvme_addr,
+            api_addr: self.cfg.api_addr,
+            zone: self.cfg.zone.clone(),
+            capacity_bytes: usage.capacity_bytes,
+            free_bytes: usage.capacity_bytes.saturating_sub(usage.allocated_bytes),
+        };
+        if let Some(reg) = self.registration.lock().as_ref() {
+            if let Err(e) = self.meta.update_node_info(reg, info) {
+                tracing::debug!(error = %e, "could not publish the node's free capacity");
+            }
+        }
+    }
+
+    /// Deletes local store volumes that no record places here any more and
+    /// whose volume is gone from the catalog.
+    fn remove_orphans(&self) {
+        let local: Vec<uuid::Uuid> = self.store.volumes().into_iter().map(|v| v.id).collect();
+        if local.is_empty() {
+            return;
+        }
+        let records = self.records.read();
+        let candidates: Vec<uuid::Uuid> = local
+            .into_iter()
+            .filter(|id| {
+                records
+                    .get(&vol_of(*id))
+                    .is_none_or(|r| !r.replicas.contains_key(&self.me))
+            })
+            .collect();
+        drop(records);
+        if candidates.is_empty() {
+            return;
+        }
+        let Ok(catalog) = self.catalog.list() else {
+            return;
+        };
+        for id in candidates {
+            if catalog.iter().any(|v| v.record.id == id) {
+                continue;
+            }
+            if self.replicas.lock().contains_key(&vol_of(id)) {
+                continue;
+            }
+            match self.store.delete_volume(id) {
+                Ok(()) => {
+                    tracing::info!(volume = %id, "deleted the local replica of a deleted volume")
+                }
+                Err(e) => {
+                    tracing::warn!(volume = %id, error = %e, "could not delete a local replica")
+                }
+            }
+        }
+    }
+
+    fn on_nodes(&self, nodes: Vec<NodeStatus>) {
+        for n in &nodes {
+            if n.id != self.me {
+                self.peers.set_peer_addr(n.id, n.info.peer_addr);
+            }
+        }
+        *self.nodes.write() = nodes;
+    }
+
+    fn on_election(self: &Arc<Self>, elected: bool) {
+        let mut slot = self.coordinator.lock();
+        if elected {
+            if slot.is_none() {
+                tracing::info!(node = %self.cfg.name, "became the cluster coordinator");
+                *slot = CoordinatorTask::start(Arc::downgrade(self)).ok();
+            }
+        } else if let Some(task) = slot.take() {
+            tracing::warn!(node = %self.cfg.name, "no longer the cluster coordinator");
+            task.stop();
+        }
+        drop(slot);
+        self.refresh_coordinator();
+    }
+
+    fn on_record(self: &Arc<Self>, rec: Membership) {
+        let vol = rec.volume;
+        {
+            let mut records = self.records.write();
+            if records.get(&vol).is_some_and(|r| r.version >= rec.version) {
+                return;
+            }
+            records.insert(vol, rec.clone());
+        }
+        let mine = rec.replicas.contains_key(&self.me);
+        let mut replicas = self.replicas.lock();
+        let running = replicas.contains_key(&vol);
+        if mine && running {
+            if let Some(h) = replicas.get(&vol) {
+                let _ = h.tx.send(Event::Control(Msg::MetaReply {
+                    record: rec,
+                    cas_ok: None,
+                }));
+            }
+        } else if mine {
+            match self.start_replica(&rec) {
+                Ok(h) => {
+                    replicas.insert(vol, h);
+                }
+                Err(e) => {
+                    tracing::error!(volume = %uuid_of(vol), error = %e, "could not start the local replica")
+                }
+            }
+        } else if let Some(mut h) = replicas.remove(&vol) {
+            drop(replicas);
+            tracing::info!(volume = %uuid_of(vol), "this node no longer holds a replica");
+            let _ = h.tx.send(Event::Stop);
+            if let Some(t) = h.thread.take() {
+                let _ = t.join();
+            }
+        }
+    }
+
+    fn volume_record(&self, vol: VolumeId) -> Result<Option<VolumeRecord>, ClusterError> {
+        let id = uuid_of(vol);
+        Ok(self
+            .catalog
+            .list()?
+            .into_iter()
+            .map(|v| v.record)
+            .find(|r| r.id == id))
+    }
+
+    fn start_replica(self: &Arc<Self>, rec: &Membership) -> Result<ReplicaHandle, ClusterError> {
+        let vol = rec.volume;
+        let id = uuid_of(vol);
+        let size = match self.store.volumes().into_iter().find(|v| v.id == id) {
+            Some(v) => v.size,
+            None => {
+                let Some(record) = self.volume_record(vol)? else {
+                    return Err(ClusterError::UnknownVolume(id));
+                };
+                self.store.create_volume(id, record.size_bytes)?;
+                tracing::info!(volume = %record.name, %id, "created the local replica");
+                record.size_bytes
+            }
+        };
+        let local = self.store.volume(id)?;
+        let t = &self.cfg.timing;
+        let cfg = Config {
+            block_len: BLOCK_SIZE,
+            volume_blocks: size / BLOCK_SIZE,
+            region_blocks: t.region_blocks,
+            heartbeat_ms: t.heartbeat_ms,
+            lease_ms: t.lease_ms,
+            ack_timeout_ms: t.ack_timeout_ms,
+            cas_timeout_ms: t.cas_timeout_ms,
+            poll_ms: t.poll_ms,
+            resync_retry_ms: t.resync_retry_ms,
+            ack_before_secondaries: false,
+        };
+        // A record that still is the volume's first one and carries this
+        // boot describes a volume created while this process runs: every
+        // replica is empty and session 0 is open. Anything else: learn the
+        // role from the record (Idle until the coordinator has seen us).
+        let fresh = rec.version == 1
+            && rec
+                .replicas
+                .get(&self.me)
+                .is_some_and(|r| r.boot == self.boot);
+        let (tx, rx) = mpsc::channel();
+        let driver = ReplicaDriver::new(
+            vol,
+            self.me,
+            self.boot,
+            cfg,
+            fresh.then(|| rec.clone()),
+            local,
+            Arc::new(Env(Arc::downgrade(self))),
+            rx,
+            Duration::from_millis(t.heartbeat_ms.clamp(5, 1000) / 2),
+        );
+        let role = driver.role_out.clone();
+        if !fresh {
+            let _ = tx.send(Event::Control(Msg::MetaReply {
+                record: rec.clone(),
+                cas_ok: None,
+            }));
+        }
+        let thread = std::thread::Builder::new()
+            .name(format!("replica-{}", &id.simple().to_string()[..8]))
+            .spawn(move || driver.run())
+            .map_err(|e| ClusterError::Thread(e.to_string()))?;
+        Ok(ReplicaHandle {
+            tx,
+            role,
+            thread: Some(thread),
+        })
+    }
+
+    fn on_peer(&self, from: NodeId, vol: VolumeId, msg: Msg) {
+        match msg {
+            Msg::Heartbeat { boot, sent_at } => {
+                if let Some(c) = self.coordinator.lock().as_ref() {
+                    c.heartbeat(from, vol, boot, sent_at);
+                }
+            }
+            Msg::ClientReply { id, reply } => self.complete(id, reply),
+            Msg::ClientReq { id, req } => {
+                let sent = self.replicas.lock().get(&vol).is_some_and(|h| {
+                    h.tx.send(Event::Client {
+                        id,
+                        req: req.clone(),
+                        origin: Origin::Node(from),
+                    })
+                    .is_ok()
+                });
+                if !sent {
+                    self.peers.send(
+                        from,
+                        vol,
+                        Msg::ClientReply {
+                            id,
+                            reply: ClientReply::NotPrimary,
+                        },
+                    );
+                }
+            }
+            Msg::HeartbeatAck { .. } => self.to_replica(vol, Event::Control(msg)),
+            other => self.to_replica(vol, Event::Peer { from, msg: other }),
+        }
+    }
+
+    fn to_replica(&self, vol: VolumeId, ev: Event) {
+        if let Some(h) = self.replicas.lock().get(&vol) {
+            let _ = h.tx.send(ev);
+        }
+    }
+
+    /// Delivers a coordinator's heartbeat answer to node `to`.
+    pub(crate) fn send_heartbeat_ack(&self, to: NodeId, vol: VolumeId, msg: Msg) {
+        if to == self.me {
+            self.to_replica(vol, Event::Control(msg));
+        } else {
+            self.peers.send(to, vol, msg);
+        }
+    }
+
+    fn complete(&self, id: u64, reply: ClientReply) {
+        if let Some(tx) = self.pending.lock().waiting.remove(&id) {
+            let _ = tx.try_send(reply);
+        }
+    }
+
+    /// Sends one client request to the volume's primary; the reply arrives
+    /// on the returned channel.
+    fn submit(&self, vol: VolumeId, req: ClientReq) -> (u64, mpsc::Receiver<ClientReply>) {
+        let (tx, rx) = mpsc::sync_channel(1);
+        let id = {
+            let mut p = self.pending.lock();
+            p.next += 1;
+            let id = p.next;
+            p.waiting.insert(id, tx);
+            id
+        };
+        let primary = self.records.read().get(&vol).map(|r| r.primary);
+        match primary {
+            Some(p) if p == self.me => {
+                let ev = Event::Client {
+                    id,
+                    req,
+                    origin: Origin::Local,
+                };
+                let sent = self
+                    .replicas
+                    .lock()
+                    .get(&vol)
+                    .is_some_and(|h| h.tx.send(ev).is_ok());
+                if !sent {
+                    self.complete(id, ClientReply::NotPrimary);
+                }
+            }
+            Some(p) => self.peers.send(p, vol, Msg::ClientReq { id, req }),
+            // Not placed yet: answer NotPrimary so the caller waits and
+            // retries until the coordinator has placed the volume.
+            None => self.complete(id, ClientReply::NotPrimary),
+        }
+        (id, rx)
+    }
+
+    fn forget(&self, id: u64) {
+        self.pending.lock().waiting.remove(&id);
+    }
+
+    /// Runs `reqs` against the volume's primary, retrying across failovers
+    /// until the request deadline; returns each request's read data.
+    fn execute(
+        &self,
+        vol: VolumeId,
+        reqs: Vec<ClientReq>,
+    ) -> Vec<Result<Option<Vec<u8>>, IoError>> {
+        let deadline = Instant::now() + self.cfg.request_deadline;
+        // A reply normally takes far less; past this the request (or its
+        // reply) is assumed lost with a connection and is sent again.
+        let attempt = Duration::from_secs(5);
+        let mut results: Vec<Option<Result<Option<Vec<u8>>, IoError>>> =
+            (0..reqs.len()).map(|_| None).collect();
+        let mut backoff = Duration::from_millis(20);
+        loop {
+            let todo: Vec<usize> = (0..reqs.len()).filter(|i| results[*i].is_none()).collect();
+            if todo.is_empty() {
+                break;
+            }
+            let inflight: Vec<(usize, u64, mpsc::Receiver<ClientReply>)> = todo
+                .iter()
+                .map(|&i| {
+                    let (id, rx) = self.submit(vol, reqs[i].clone());
+                    (i, id, rx)
+                })
+                .collect();
+            let mut retry = false;
+            for (i, id, rx) in inflight {
+                let wait = attempt.min(deadline.saturating_duration_since(Instant::now()));
+                match rx.recv_timeout(wait) {
+                    Ok(ClientReply::Ok { data, .. }) => results[i] = Some(Ok(data)),
+                    Ok(ClientReply::NotPrimary) | Err(_) => {
+                        self.forget(id);
+                        retry = true;
+                    }
+                }
+            }
+            if retry {
+                if Instant::now() >= deadline {
+                    for r in results.iter_mut().filter(|r| r.is_none()) {
+                        *r = Some(Err(IoError::Io(std::io::Error::new(
+                            std::io::ErrorKind::TimedOut,
+                            "no primary answered before the request deadline",
+                        ))));
+                    }
+                    break;
+                }
+                std::thread::sleep(backoff);
+                backoff = (backoff * 2).min(Duration::from_millis(500));
+            }
+        }
+        results
+            .into_iter()
+            .map(|r| r.unwrap_or(Err(IoError::Failed)))
+            .collect()
+    }
+}
+
+/// The replica drivers' view of the member.
+struct Env(Weak<Inner>);
+
+impl ReplicaEnv for Env {
+    fn send_peer(&self, to: NodeId, vol: VolumeId, msg: Msg) {
+        if let Some(inner) = self.0.upgrade() {
+            inner.peers.send(to, vol, msg);
+        }
+    }
+
+    fn send_control(&self, vol: VolumeId, msg: Msg) {
+        let Some(inner) = self.0.upgrade() else {
+            return;
+        };
+        match msg {
+            Msg::Heartbeat { boot, sent_at } => {
+                if let Some(c) = inner.coordinator.lock().as_ref() {
+                    c.heartbeat(inner.me, vol, boot, sent_at);
+                    return;
+                }
+                let coordinator = *inner.coordinator_id.read();
+                if let Some(c) = coordinator.filter(|c| *c != inner.me) {
+                    inner.peers.send(c, vol, Msg::Heartbeat { boot, sent_at });
+                }
+            }
+            // Answered from the watched copy: the watch delivers every new
+            // version anyway; this closes the gap of a missed one.
+            Msg::MetaGet { vol } => {
+                let rec = inner.records.read().get(&vol).cloned();
+                if let Some(record) = rec {
+                    inner.to_replica(
+                        vol,
+                        Event::Control(Msg::MetaReply {
+                            record,
+                            cas_ok: None,
+                        }),
+                    );
+                }
+            }
+            Msg::MetaCas { expected, record } => {
+                // etcd round trips must not stall the driver: run the CAS on
+                // a short-lived thread; its answer comes back as a message.
+                let weak = self.0.clone();
+                let spawned = std::thread::Builder::new()
+                    .name("membership-cas".into())
+                    .spawn(move || {
+                        let Some(inner) = weak.upgrade() else { return };
+                        let reply = match inner.meta.cas_membership(expected, record) {
+                            Ok(CasOutcome::Applied(r)) => Some((r, true)),
+                            Ok(CasOutcome::Conflict(r)) => Some((r, false)),
+                            Ok(CasOutcome::Invalid(reason)) => {
+                                tracing::warn!(%reason, "membership change refused");
+                                inner.records.read().get(&vol).cloned().map(|r| (r, false))
+                            }
+                            Ok(CasOutcome::Missing) => None,
+                            Err(e) => {
+                                tracing::warn!(error = %e, "membership change failed; the replica retries");
+                                None
+                            }
+                        };
+                        if let Some((record, ok)) = reply {
+                            inner.on_record_arc(record.clone());
+                            inner.to_replica(
+                                vol,
+                                Event::Control(Msg::MetaReply {
+                                    record,
+                                    cas_ok: Some(ok),
+                                }),
+                            );
+                        }
+                    });
+                if let Err(e) = spawned {
+                    tracing::warn!(error = %e, "could not start a membership change");
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn client_reply(&self, vol: VolumeId, origin: Origin, id: u64, reply: ClientReply) {
+        let Some(inner) = self.0.upgrade() else {
+            return;
+        };
+        match origin {
+            Origin::Local => inner.complete(id, reply),
+            Origin::Node(n) => inner.peers.send(n, vol, Msg::ClientReply { id, reply }),
+        }
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.0.upgrade().map_or(0, |i| i.now_ms())
+    }
+}
+
+impl Inner {
+    /// Records a newer record learned outside the watch (a CAS answer).
+    fn on_record_arc(&self, rec: Membership) {
+        let mut records = self.records.write();
+        if records
+            .get(&rec.volume)
+            .is_none_or(|r| r.version < rec.version)
+        {
+            records.insert(rec.volume, rec);
+        }
+    }
+}
+
+/// A replicated volume's data path as frontends see it.
+struct ClusterVolume {
+    inner: Weak<Inner>,
+    vol: VolumeId,
+    size: u64,
+    /// Serialises read-modify-write of partial blocks.
+    partial: Mutex<()>,
+}
+
+fn gone() -> IoError {
+    IoError::Gone
+}
+
+impl ClusterVolume {
+    fn check(&self, offset: u64, len: u64) -> Result<(), IoError> {
+        if offset.checked_add(len).is_none_or(|end| end > self.size) {
+            return Err(IoError::OutOfRange {
+                offset,
+                len,
+                size: self.size,
+            });
+        }
+        Ok(())
+    }
+
+    /// Writes `data` at a byte offset that need not be block aligned.
+    fn write_unaligned(
+        &self,
+        inner: &Inner,
+        offset: u64,
+        data: &[u8],
+        fua: bool,
+    ) -> Result<(), IoError> {
+        let _guard = self.partial.lock();
+        let first = offset / BLOCK_SIZE;
+        let end = (offset + data.len() as u64).div_ceil(BLOCK_SIZE);
+        let read = inner.execute(
+            self.vol,
+            vec![ClientReq::Read {
+                lba: first,
+                blocks: end - first,
+            }],
+        );
+        let mut buf = match read.into_iter().next() {
+            Some(Ok(Some(d))) => d,
+            Some(Err(e)) => return Err(e),
+            _ => return Err(IoError::Failed),
+        };
+        let at = (offset - first * BLOCK_SIZE) as usize;
+        buf[at..at + data.len()].copy_from_slice(data);
+        let w = inner.execute(
+            self.vol,
+            vec![ClientReq::Write {
+                lba: first,
+                data: buf,
+                fua,
+            }],
+        );
+        w.into_iter()
+            .next()
+            .unwrap_or(Err(IoError::Failed))
+            .map(|_| ())
+    }
+}
+
+impl BlockIo for ClusterVolume {
+    fn size(&self) -> u64 {
+        self.size
+    }
+
+    fn submit(&self, ops: &mut [DataOp<'_>]) {
+        let Some(inner) = self.inner.upgrade() else {
+            for op in ops.iter_mut() {
+                op.result = Err(gone());
+            }
+            return;
+        };
+        // Aligned requests go out together; partial blocks one at a time.
+        let mut aligned = Vec::new();
+        let mut reqs = Vec::new();
+        for (i, op) in ops.iter_mut().enumerate() {
+            let len = match &op.kind {
+                DataKind::Read(b) => b.len() as u64,
+                DataKind::Write(b) => b.len() as u64,
+            };
+            if let Err(e) = self.check(op.offset, len) {
+                op.result = Err(e);
+                continue;
+            }
+            let is_aligned = op.offset % BLOCK_SIZE == 0 && len % BLOCK_SIZE == 0;
+            match &op.kind {
+                DataKind::Read(_) => {
+                    let first = op.offset / BLOCK_SIZE;
+                    let end = (op.offset + len).div_ceil(BLOCK_SIZE);
+                    aligned.push(i);
+                    reqs.push(ClientReq::Read {
+                        lba: first,
+                        blocks: end - first,
+                    });
+                }
+                DataKind::Write(d) if is_aligned => {
+                    aligned.push(i);
+                    reqs.push(ClientReq::Write {
+                        lba: op.offset / BLOCK_SIZE,
+                        data: d.to_vec(),
+                        fua: op.fua,
+                    });
+                }
+                DataKind::Write(_) => {}
+            }
+        }
+        let results = if reqs.is_empty() {
+            Vec::new()
+        } else {
+            inner.execute(self.vol, reqs)
+        };
+        for (i, r) in aligned.into_iter().zip(results) {
+            let op = &mut ops[i];
+            let offset = op.offset;
+            op.result = match (&mut op.kind, r) {
+                (DataKind::Read(buf), Ok(Some(data))) => {
+                    let at = (offset % BLOCK_SIZE) as usize;
+                    match data.get(at..at + buf.len()) {
+                        Some(src) => {
+                            buf.copy_from_slice(src);
+                            Ok(())
+                        }
+                        None => Err(IoError::Failed),
+                    }
+                }
+                (DataKind::Read(_), Ok(None)) => Err(IoError::Failed),
+                (DataKind::Write(_), Ok(_)) => Ok(()),
+                (_, Err(e)) => Err(e),
+            };
+        }
+        for op in ops.iter_mut() {
+            if let DataKind::Write(d) = &op.kind {
+                let len = d.len() as u64;
+                let partial = op.offset % BLOCK_SIZE != 0 || len % BLOCK_SIZE != 0;
+                if partial && self.check(op.offset, len).is_ok() {
+                    op.result = self.write_unaligned(&inner, op.offset, d, op.fua);
+                }
+            }
+        }
+    }
+
+    fn flush(&self) -> Result<(), IoError> {
+        let inner = self.inner.upgrade().ok_or_else(gone)?;
+        inner
+            .execute(self.vol, vec![ClientReq::Flush])
+            .into_iter()
+            .next()
+            .unwrap_or(Err(IoError::Failed))
+            .map(|_| ())
+    }
+
+    fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> Result<(), IoError> {
+        self.check(offset, len)?;
+        const CHUNK: u64 = 1 << 20;
+        let zeros = vec![0u8; CHUNK as usize];
+        let mut at = offset;
+        let end = offset + len;
+        while at < end {
+            // Up to the next chunk boundary, so middle chunks are aligned.
+            let n = (CHUNK - at % CHUNK).min(end - at);
+            let mut op = [DataOp::write(at, &zeros[..n as usize], fua)];
+            self.submit(&mut op);
+            let [op] = op;
+            op.result?;
+            at += n;
+        }
+        Ok(())
+    }
+}
+
+fn state_name(s: ReplicaState) -> &'static str {
+    match s {
+        ReplicaState::InSync => "in-sync",
+        ReplicaState::OutOfSync => "out-of-sync",
+        ReplicaState::Faulty => "faulty",
+    }
+}
+
+impl ClusterVolumes for ClusterMember {
+    fn open(&self, record: &VolumeRecord) -> Result<Arc<dyn BlockIo>, VolumeError> {
+        Ok(Arc::new(ClusterVolume {
+            inner: Arc::downgrade(&self.inner),
+            vol: vol_of(record.id),
+            size: record.size_bytes,
+            partial: Mutex::new(()),
+        }))
+    }
+
+    fn default_replicas(&self) -> u32 {
+        let alive = self
+            .inner
+            .nodes
+            .read()
+            .iter()
+            .filter(|n| n.alive && n.state == crate::meta::NodeState::Active)
+            .count() as u32;
+        if alive < 3 {
+            tracing::warn!(
+                nodes = alive,
+                "fewer than 3 nodes: new volumes get one replica per node"
+            );
+        }
+        alive.clamp(1, 3)
+    }
+
+    fn replicas(&self, record: &VolumeRecord) -> Vec<ReplicaStatus> {
+        let rec = self.inner.records.read().get(&vol_of(record.id)).cloned();
+        let Some(rec) = rec else {
+            return Vec::new();
+        };
+        let nodes = self.inner.nodes.read();
+        rec.replicas
+            .iter()
+            .map(|(id, info)| ReplicaStatus {
+                node: nodes
+                    .iter()
+                    .find(|n| n.id == *id)
+                    .map_or_else(|| format!("node-{}", id.0), |n| n.info.name.clone()),
+                primary: *id == rec.primary,
+                state: state_name(info.state).to_string(),
+                epoch: rec.epoch.0,
+            })
+            .collect()
+    }
+}
