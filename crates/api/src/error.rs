@@ -46,9 +46,10 @@ pub fn status_for(err: &VolumeError) -> StatusCode {
         | VolumeError::InvalidSize(_)
         | VolumeError::InvalidHostNqn { .. }
         | VolumeError::InvalidReplicas(_)
+        | VolumeError::InvalidNodeState(_)
         | VolumeError::NotSupported(_) => StatusCode::BAD_REQUEST,
         VolumeError::Cluster(_) => StatusCode::SERVICE_UNAVAILABLE,
-        VolumeError::NotFound(_) => StatusCode::NOT_FOUND,
+        VolumeError::NotFound(_) | VolumeError::NoSuchNode(_) => StatusCode::NOT_FOUND,
         VolumeError::AlreadyExists(_)
         | VolumeError::InUse { .. }
         | VolumeError::ShrinkRefused { .. }

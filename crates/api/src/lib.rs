@@ -29,7 +29,10 @@ use basalt_volume::{VolumeError, VolumeService};
 use serde::de::DeserializeOwned;
 use std::future::Future;
 use std::sync::Arc;
-use types::{AttachHost, CreateVolume, ResizeVolume, Status, Volume, VolumeList};
+use types::{
+    AttachHost, CreateVolume, Node, NodeList, ResizeVolume, SetNodeState, Status, Volume,
+    VolumeList,
+};
 
 /// The OpenAPI 3 document describing every route.
 pub const OPENAPI_JSON: &str = include_str!("../openapi.json");
@@ -115,6 +118,8 @@ fn build(service: Arc<VolumeService>, token: String) -> (Router, Vec<RouteSpec>)
     .get("/api/v1/volumes/{name}/local-digest", local_digest)
     .post("/api/v1/volumes/{name}/nvme-hosts", attach_host)
     .delete("/api/v1/volumes/{name}/nvme-hosts/{host_nqn}", detach_host)
+    .get("/api/v1/nodes", list_nodes)
+    .post("/api/v1/nodes/{name}/state", set_node_state)
     .get("/api/v1/status", status)
     .get("/api/v1/openapi.json", openapi)
     .get("/metrics", metrics);
@@ -232,6 +237,22 @@ async fn local_digest(
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let (crc, size) = blocking(move || app.service.local_digest(&name)).await?;
     Ok(Json(serde_json::json!({"crc32c": crc, "size_bytes": size})))
+}
+
+async fn list_nodes(State(app): State<AppState>) -> Result<Json<NodeList>, ApiError> {
+    let nodes = blocking(move || app.service.nodes()).await?;
+    Ok(Json(NodeList {
+        nodes: nodes.into_iter().map(Node::from).collect(),
+    }))
+}
+
+async fn set_node_state(
+    State(app): State<AppState>,
+    Path(name): Path<String>,
+    JsonBody(req): JsonBody<SetNodeState>,
+) -> Result<Json<Node>, ApiError> {
+    let node = blocking(move || app.service.set_node_state(&name, &req.state)).await?;
+    Ok(Json(node.into()))
 }
 
 async fn status(State(app): State<AppState>) -> Result<Json<Status>, ApiError> {

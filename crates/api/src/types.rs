@@ -2,7 +2,7 @@
 //! (the `basalt` CLI). Field names are the wire format: add fields, never
 //! rename them; clients ignore fields they do not know.
 
-use basalt_volume::{parse_size, ReplicaStatus, StoreStatus, VolumeInfo};
+use basalt_volume::{parse_size, NodeView, ReplicaStatus, StoreStatus, VolumeInfo};
 use serde::{de, Deserialize, Deserializer, Serialize};
 use std::fmt;
 use uuid::Uuid;
@@ -207,4 +207,63 @@ mod tests {
             assert!(err.contains(needle), "{body}: {err}");
         }
     }
+}
+
+/// A cluster node, as returned by the node endpoints.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Node {
+    pub name: String,
+    pub id: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zone: Option<String>,
+    pub alive: bool,
+    /// `active`, `draining` or `removed`.
+    pub state: String,
+    pub coordinator: bool,
+    pub capacity_bytes: u64,
+    pub free_bytes: u64,
+    pub replicas: usize,
+    pub primaries: usize,
+    pub peer_addr: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nbd_addr: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nvme_addr: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_addr: Option<String>,
+}
+
+impl From<NodeView> for Node {
+    fn from(n: NodeView) -> Self {
+        Node {
+            name: n.name,
+            id: n.id,
+            zone: n.zone,
+            alive: n.alive,
+            state: n.state,
+            coordinator: n.coordinator,
+            capacity_bytes: n.capacity_bytes,
+            free_bytes: n.free_bytes,
+            replicas: n.replicas,
+            primaries: n.primaries,
+            peer_addr: n.peer_addr,
+            nbd_addr: n.nbd_addr,
+            nvme_addr: n.nvme_addr,
+            api_addr: n.api_addr,
+        }
+    }
+}
+
+/// `GET /api/v1/nodes`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeList {
+    pub nodes: Vec<Node>,
+}
+
+/// `POST /api/v1/nodes/{name}/state`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SetNodeState {
+    /// `active`, `draining` or `removed`.
+    pub state: String,
 }

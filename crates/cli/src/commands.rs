@@ -5,7 +5,7 @@
 use crate::client::{ApiClient, ClientArgs, Output};
 use crate::output::{fields, table, Align};
 use anyhow::{Context, Result};
-use basalt_api::types::{Status, Volume, VolumeList};
+use basalt_api::types::{Node, NodeList, Status, Volume, VolumeList};
 use basalt_volume::{format_size, parse_size};
 use clap::Subcommand;
 use serde_json::{json, Value};
@@ -59,6 +59,19 @@ pub enum VolumeCommand {
         #[arg(long = "host-nqn", value_name = "NQN")]
         host_nqn: String,
     },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum NodeCommand {
+    /// List the cluster's nodes.
+    List,
+    /// Move every replica off a node, online (its volumes stay served).
+    Drain { name: String },
+    /// Take a node out of the cluster for good: its replicas are rebuilt on
+    /// other nodes and it may not rejoin under that name.
+    Remove { name: String },
+    /// Make a drained node take replicas again.
+    Activate { name: String },
 }
 
 /// The URL path of a volume; the name is percent-encoded so that whatever
@@ -339,4 +352,69 @@ mod tests {
         assert_eq!(volume_path("db-1.a_b"), "/api/v1/volumes/db-1.a_b");
         assert_eq!(volume_path("a/b?c d"), "/api/v1/volumes/a%2Fb%3Fc%20d");
     }
+}
+
+pub fn run_node(command: NodeCommand, client: &ClientArgs) -> Result<()> {
+    let api = ApiClient::discover(client)?;
+    let (name, state) = match command {
+        NodeCommand::List => {
+            let value = api.get("/api/v1/nodes")?;
+            if client.output == Output::Json {
+                return print_json(&value);
+            }
+            let list: NodeList = decode(value)?;
+            let rows: Vec<Vec<String>> = list
+                .nodes
+                .iter()
+                .map(|n| {
+                    let mut state = n.state.clone();
+                    if n.coordinator {
+                        state.push_str(", coordinator");
+                    }
+                    vec![
+                        n.name.clone(),
+                        if n.alive { "up" } else { "down" }.to_string(),
+                        state,
+                        n.zone.clone().unwrap_or_else(|| "-".into()),
+                        n.replicas.to_string(),
+                        n.primaries.to_string(),
+                        format_size(n.free_bytes),
+                        format_size(n.capacity_bytes),
+                        n.peer_addr.clone(),
+                    ]
+                })
+                .collect();
+            print!(
+                "{}",
+                table(
+                    &[
+                        ("NAME", Align::Left),
+                        ("LIVE", Align::Left),
+                        ("STATE", Align::Left),
+                        ("ZONE", Align::Left),
+                        ("REPLICAS", Align::Right),
+                        ("PRIMARIES", Align::Right),
+                        ("FREE", Align::Right),
+                        ("CAPACITY", Align::Right),
+                        ("PEER", Align::Left),
+                    ],
+                    &rows,
+                )
+            );
+            return Ok(());
+        }
+        NodeCommand::Drain { name } => (name, "draining"),
+        NodeCommand::Remove { name } => (name, "removed"),
+        NodeCommand::Activate { name } => (name, "active"),
+    };
+    let value = api.post(
+        &format!("/api/v1/nodes/{}/state", path_segment(&name)),
+        json!({ "state": state }),
+    )?;
+    if client.output == Output::Json {
+        return print_json(&value);
+    }
+    let node: Node = decode(value)?;
+    println!("node {} is now {}", node.name, node.state);
+    Ok(())
 }

@@ -59,6 +59,8 @@ enum Command {
     Volume(VolumeArgs),
     /// Show the node's capacity, provisioning and allocation.
     Status(client::ConnArgs),
+    /// Manage the nodes of a cluster.
+    Node(NodeArgs),
     /// Benchmark Basalt and its peers with the published fio methodologies.
     Bench(bench::BenchArgs),
 }
@@ -69,6 +71,14 @@ struct VolumeArgs {
     conn: client::ConnArgs,
     #[command(subcommand)]
     command: commands::VolumeCommand,
+}
+
+#[derive(clap::Args, Debug)]
+struct NodeArgs {
+    #[command(flatten)]
+    conn: client::ConnArgs,
+    #[command(subcommand)]
+    command: commands::NodeCommand,
 }
 
 fn parse_filter(s: &str) -> Result<String, String> {
@@ -108,6 +118,9 @@ fn main() -> ExitCode {
             commands::run_volume(command, &ClientArgs::new(cli.data_dir, conn))
         }
         Command::Status(conn) => commands::run_status(&ClientArgs::new(cli.data_dir, conn)),
+        Command::Node(NodeArgs { conn, command }) => {
+            commands::run_node(command, &ClientArgs::new(cli.data_dir, conn))
+        }
         Command::Bench(args) => bench::run(args, &cli.data_dir, data_dir_given),
     };
     match result {

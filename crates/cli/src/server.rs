@@ -121,6 +121,11 @@ pub struct ServerArgs {
     /// lease + grace after a primary is lost).
     #[arg(long, default_value_t = 1500, value_name = "MS", hide = true)]
     pub lease_ms: u64,
+
+    /// A replica whose node stays unreachable this long (seconds) is rebuilt
+    /// on another node; a shorter outage only resyncs what changed.
+    #[arg(long, default_value_t = 600, value_name = "SECS")]
+    pub replace_after: u64,
 }
 
 /// `--demo-volume NAME:SIZE`.
@@ -426,6 +431,7 @@ fn join_cluster(
     cfg.nvme_addr = Some(args.nvme_advertise.unwrap_or(client_addr(args.nvme_listen)));
     cfg.api_addr = Some(client_addr(args.api_listen));
     cfg.timing.lease_ms = args.lease_ms.max(100);
+    cfg.timing.replace_after = Duration::from_secs(args.replace_after);
     ClusterMember::start(cfg, store, catalog).context("cannot join the cluster")
 }
 

@@ -21,8 +21,8 @@ use crate::member::Inner;
 use crate::meta::{CasOutcome, NodeState};
 use crate::placement::{self, Candidate};
 use crate::ClusterError;
-use basalt_replication::{Coordinator, Membership, NodeId, VolumeId};
-use std::collections::HashSet;
+use basalt_replication::{Coordinator, Membership, NodeId, ReplicaInfo, ReplicaState, VolumeId};
+use std::collections::{HashMap, HashSet};
 use std::sync::mpsc::{self, RecvTimeoutError, Sender};
 use std::sync::Weak;
 use std::thread::JoinHandle;
@@ -96,6 +96,7 @@ fn run(weak: Weak<Inner>, rx: mpsc::Receiver<CoordEvent>) {
     let tick = Duration::from_millis((t.heartbeat_ms / 2).clamp(10, 500));
     let mut next_tick = Instant::now();
     let mut next_placement = Instant::now();
+    let mut faulty_since: HashMap<(VolumeId, NodeId), Instant> = HashMap::new();
     loop {
         let wait = next_tick.saturating_duration_since(Instant::now());
         let ev = rx.recv_timeout(wait);
@@ -118,6 +119,10 @@ fn run(weak: Weak<Inner>, rx: mpsc::Receiver<CoordEvent>) {
         }
         if Instant::now() >= next_tick {
             next_tick = Instant::now() + tick;
+            let now = inner.now_ms();
+            for n in inner.nodes.read().iter() {
+                coord.know(n.id, now);
+            }
             let records: Vec<Membership> = inner.records.read().values().cloned().collect();
             for rec in records {
                 if let Some(new) = coord.tick(inner.now_ms(), &rec) {
@@ -129,6 +134,9 @@ fn run(weak: Weak<Inner>, rx: mpsc::Receiver<CoordEvent>) {
             next_placement = Instant::now() + Duration::from_secs(1);
             if let Err(e) = place_new_volumes(&inner) {
                 tracing::warn!(error = %e, "placement round failed; retrying");
+            }
+            if let Err(e) = reconfigure(&inner, &mut faulty_since) {
+                tracing::warn!(error = %e, "replica reconfiguration round failed; retrying");
             }
         }
     }
@@ -206,6 +214,118 @@ fn place_new_volumes(inner: &Inner) -> Result<(), ClusterError> {
             } else {
                 tracing::info!(volume = %v.record.name, nodes = ?p.nodes, primary = p.primary.0, "volume placed");
             }
+        }
+    }
+    Ok(())
+}
+
+/// Keeps every volume at its wanted replica count on usable nodes:
+/// - a replica Faulty for longer than `replace_after`, or on a node that was
+///   removed, leaves the record (never the primary: failover handles that);
+/// - while fewer replicas than wanted sit on active nodes, new ones are
+///   added (OutOfSync: the primary resyncs them from its allocated data);
+/// - a replica on a draining node leaves once enough replicas on active
+///   nodes are InSync.
+///
+/// `min_in_sync` follows the replica count: lowered at once when replicas
+/// leave, raised only once that many are InSync.
+fn reconfigure(
+    inner: &Inner,
+    faulty_since: &mut HashMap<(VolumeId, NodeId), Instant>,
+) -> Result<(), ClusterError> {
+    let replace_after = inner.timing().replace_after;
+    let catalog = inner.catalog.list()?;
+    let nodes = inner.meta.nodes()?;
+    let records: Vec<Membership> = inner.records.read().values().cloned().collect();
+    let mut primaries = HashMap::<NodeId, usize>::new();
+    for r in &records {
+        *primaries.entry(r.primary).or_default() += 1;
+    }
+    let state_of = |n: NodeId| nodes.iter().find(|s| s.id == n).map(|s| s.state);
+    let candidate = |id: NodeId| {
+        nodes.iter().find(|s| s.id == id).map(|s| Candidate {
+            id,
+            zone: s.info.zone.clone(),
+            free_bytes: s.info.free_bytes,
+            primaries: primaries.get(&id).copied().unwrap_or(0),
+        })
+    };
+    let now = Instant::now();
+    faulty_since.retain(|(v, n), _| {
+        records
+            .iter()
+            .any(|r| r.volume == *v && r.state(*n) == Some(ReplicaState::Faulty))
+    });
+    for rec in records {
+        let Some(v) = catalog
+            .iter()
+            .find(|v| v.record.id.as_u128() == rec.volume.0)
+        else {
+            continue;
+        };
+        let wanted = v.record.replicas.unwrap_or(1).max(1) as usize;
+        let mut new = rec.clone();
+        for (n, info) in &rec.replicas {
+            if *n == rec.primary {
+                continue;
+            }
+            let removed = matches!(state_of(*n), None | Some(NodeState::Removed));
+            let faulty_long = info.state == ReplicaState::Faulty
+                && now.duration_since(*faulty_since.entry((rec.volume, *n)).or_insert(now))
+                    >= replace_after;
+            if removed || faulty_long {
+                tracing::warn!(volume = %v.record.name, node = n.0, removed, "replica given up: it will be rebuilt elsewhere");
+                new.replicas.remove(n);
+            }
+        }
+        let draining = |n: &NodeId| state_of(*n) == Some(NodeState::Draining);
+        let active = new.replicas.keys().filter(|n| !draining(n)).count();
+        if active < wanted {
+            let pool: Vec<Candidate> = nodes
+                .iter()
+                .filter(|s| s.alive && s.state == NodeState::Active)
+                .filter(|s| !new.replicas.contains_key(&s.id))
+                .filter(|s| s.info.free_bytes >= v.record.size_bytes.min(s.info.capacity_bytes))
+                .filter_map(|s| candidate(s.id))
+                .collect();
+            let existing: Vec<Candidate> =
+                new.replicas.keys().filter_map(|n| candidate(*n)).collect();
+            for id in placement::choose(&pool, &existing, wanted - active) {
+                let boot = nodes.iter().find(|s| s.id == id).map_or(0, |s| s.boot);
+                tracing::info!(volume = %v.record.name, node = id.0, "adding a replica");
+                new.replicas.insert(
+                    id,
+                    ReplicaInfo {
+                        state: ReplicaState::OutOfSync,
+                        boot,
+                    },
+                );
+            }
+        }
+        let settled = new
+            .replicas
+            .iter()
+            .filter(|(n, i)| !draining(n) && i.state == ReplicaState::InSync)
+            .count();
+        if settled >= wanted {
+            let leaving: Vec<NodeId> = new
+                .replicas
+                .keys()
+                .copied()
+                .filter(|n| draining(n) && *n != rec.primary)
+                .collect();
+            for n in leaving {
+                tracing::info!(volume = %v.record.name, node = n.0, "replica moved off a draining node");
+                new.replicas.remove(&n);
+            }
+        }
+        let target = default_min_in_sync(wanted).min(new.replicas.len()).max(1);
+        if target < new.min_in_sync || new.in_sync_count() >= target {
+            new.min_in_sync = target;
+        }
+        new.min_in_sync = new.min_in_sync.clamp(1, new.replicas.len().max(1));
+        if new != rec {
+            apply(inner, &rec, new);
         }
     }
     Ok(())

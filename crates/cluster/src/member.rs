@@ -16,7 +16,9 @@
 //!   compare-and-swap, with the rules of `basalt_replication`.
 
 use crate::coordinator::CoordinatorTask;
-use crate::meta::{CasOutcome, ClusterMeta, EtcdConfig, NodeInfo, NodeStatus, Registration};
+use crate::meta::{
+    CasOutcome, ClusterMeta, EtcdConfig, NodeInfo, NodeState, NodeStatus, Registration,
+};
 use crate::peer::{PeerConfig, PeerHandler, PeerNet};
 use crate::replica::{Event, Origin, ReplicaDriver, ReplicaEnv};
 use crate::ClusterError;
@@ -25,7 +27,7 @@ use basalt_replication::{
     ClientReply, ClientReq, Config, Membership, Msg, NodeId, ReplicaState, RoleKind, VolumeId,
 };
 use basalt_store::{DataKind, DataOp, IoError, Store, BLOCK_SIZE};
-use basalt_volume::{BlockIo, ClusterVolumes, ReplicaStatus, VolumeError};
+use basalt_volume::{BlockIo, ClusterVolumes, NodeView, ReplicaStatus, VolumeError};
 use parking_lot::{Mutex, RwLock};
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -50,6 +52,8 @@ pub struct Timing {
     pub resync_retry_ms: u64,
     /// Blocks per dirty-tracking region.
     pub region_blocks: u64,
+    /// A replica Faulty this long is rebuilt on another node.
+    pub replace_after: Duration,
 }
 
 impl Default for Timing {
@@ -63,6 +67,7 @@ impl Default for Timing {
             poll_ms: 1000,
             resync_retry_ms: 500,
             region_blocks: 256,
+            replace_after: Duration::from_secs(600),
         }
     }
 }
@@ -427,8 +432,12 @@ impl Inner {
         let Ok(catalog) = self.catalog.list() else {
             return;
         };
+        let records = self.records.read().clone();
         for id in candidates {
-            if catalog.iter().any(|v| v.record.id == id) {
+            // Keep a copy whose volume exists but has no record yet: it may
+            // be about to be placed here.
+            let moved_away = records.contains_key(&vol_of(id));
+            if !moved_away && catalog.iter().any(|v| v.record.id == id) {
                 continue;
             }
             if self.replicas.lock().contains_key(&vol_of(id)) {
@@ -1042,7 +1051,7 @@ impl ClusterVolumes for ClusterMember {
             .nodes
             .read()
             .iter()
-            .filter(|n| n.alive && n.state == crate::meta::NodeState::Active)
+            .filter(|n| n.alive && n.state == NodeState::Active)
             .count() as u32;
         if alive < 3 {
             tracing::warn!(
@@ -1051,6 +1060,68 @@ impl ClusterVolumes for ClusterMember {
             );
         }
         alive.clamp(1, 3)
+    }
+
+    fn nodes(&self) -> Result<Vec<NodeView>, VolumeError> {
+        let nodes = self
+            .inner
+            .meta
+            .nodes()
+            .map_err(|e| VolumeError::Cluster(e.to_string()))?;
+        let coordinator = self.inner.meta.coordinator().ok().flatten();
+        let records = self.inner.records.read();
+        Ok(nodes
+            .into_iter()
+            .map(|n| NodeView {
+                coordinator: coordinator.as_deref() == Some(n.info.name.as_str()),
+                replicas: records
+                    .values()
+                    .filter(|r| r.replicas.contains_key(&n.id))
+                    .count(),
+                primaries: records.values().filter(|r| r.primary == n.id).count(),
+                name: n.info.name,
+                id: n.id.0,
+                zone: n.info.zone,
+                alive: n.alive,
+                state: match n.state {
+                    NodeState::Active => "active",
+                    NodeState::Draining => "draining",
+                    NodeState::Removed => "removed",
+                }
+                .to_string(),
+                capacity_bytes: n.info.capacity_bytes,
+                free_bytes: n.info.free_bytes,
+                peer_addr: n.info.peer_addr.to_string(),
+                nbd_addr: n.info.nbd_addr.map(|a| a.to_string()),
+                nvme_addr: n.info.nvme_addr.map(|a| a.to_string()),
+                api_addr: n.info.api_addr.map(|a| a.to_string()),
+            })
+            .collect())
+    }
+
+    fn set_node_state(&self, name: &str, state: &str) -> Result<(), VolumeError> {
+        let state = match state {
+            "active" => NodeState::Active,
+            "draining" => NodeState::Draining,
+            "removed" => NodeState::Removed,
+            other => return Err(VolumeError::InvalidNodeState(other.to_string())),
+        };
+        let known = self
+            .inner
+            .meta
+            .nodes()
+            .map_err(|e| VolumeError::Cluster(e.to_string()))?
+            .iter()
+            .any(|n| n.info.name == name);
+        if !known {
+            return Err(VolumeError::NoSuchNode(name.to_string()));
+        }
+        self.inner
+            .meta
+            .set_node_state(name, state)
+            .map_err(|e| VolumeError::Cluster(e.to_string()))?;
+        tracing::info!(node = name, ?state, "node state changed");
+        Ok(())
     }
 
     fn replicas(&self, record: &VolumeRecord) -> Vec<ReplicaStatus> {

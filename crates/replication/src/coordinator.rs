@@ -54,6 +54,17 @@ impl Coordinator {
         }
     }
 
+    /// Makes `node` known as heard at `now` if it is not known yet: for a
+    /// node that joined the cluster after the coordinator started and has
+    /// sent no heartbeat yet (it holds no replica), so that placing a
+    /// replica on it does not count it as lost before it could speak.
+    pub fn know(&mut self, node: NodeId, now: u64) {
+        self.nodes.entry(node).or_insert(Liveness {
+            last_heard: now,
+            boot: 0,
+        });
+    }
+
     /// A heartbeat arrived; returns the answer.
     pub fn on_heartbeat(
         &mut self,

@@ -60,6 +60,12 @@ pub enum VolumeError {
     #[error("{0}")]
     NotSupported(String),
 
+    #[error("no node named {0:?} in the cluster")]
+    NoSuchNode(String),
+
+    #[error("invalid node state {0:?}: use active, draining or removed")]
+    InvalidNodeState(String),
+
     #[error("invalid replica count {0}: a volume has 1 to 5 replicas")]
     InvalidReplicas(u32),
 

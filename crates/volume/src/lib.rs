@@ -11,8 +11,9 @@ pub use basalt_store::{DataKind, DataOp, IoError, MappingRun};
 pub use error::VolumeError;
 pub use handle::{BlockIo, VolumeHandle};
 pub use service::{
-    validate_host_nqn, validate_volume_name, validate_volume_size, ClusterVolumes, ReconcileReport,
-    ReplicaStatus, StoreStatus, VolumeInfo, VolumeService, DEFAULT_OVERCOMMIT_RATIO,
+    validate_host_nqn, validate_volume_name, validate_volume_size, ClusterVolumes, NodeView,
+    ReconcileReport, ReplicaStatus, StoreStatus, VolumeInfo, VolumeService,
+    DEFAULT_OVERCOMMIT_RATIO,
 };
 pub use size::{format_size, parse_size, ParseSizeError};
 pub use stats::{OpKind, VolumeStats};

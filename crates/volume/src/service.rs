@@ -115,6 +115,32 @@ pub trait ClusterVolumes: Send + Sync {
     /// The replicas of `record`'s volume as placed now (empty while not yet
     /// placed).
     fn replicas(&self, record: &VolumeRecord) -> Vec<ReplicaStatus>;
+    /// Every node of the cluster.
+    fn nodes(&self) -> Result<Vec<NodeView>, VolumeError>;
+    /// Changes a node's administrative state: `active`, `draining` (its
+    /// replicas move away online) or `removed` (its replicas are rebuilt
+    /// elsewhere; the node may not rejoin).
+    fn set_node_state(&self, name: &str, state: &str) -> Result<(), VolumeError>;
+}
+
+/// A cluster node as `node list` reports it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeView {
+    pub name: String,
+    pub id: u32,
+    pub zone: Option<String>,
+    pub alive: bool,
+    /// `active`, `draining` or `removed`.
+    pub state: String,
+    pub coordinator: bool,
+    pub capacity_bytes: u64,
+    pub free_bytes: u64,
+    pub replicas: usize,
+    pub primaries: usize,
+    pub peer_addr: String,
+    pub nbd_addr: Option<String>,
+    pub nvme_addr: Option<String>,
+    pub api_addr: Option<String>,
 }
 
 /// One replica of a clustered volume, as reported by `volume show`.
@@ -260,6 +286,31 @@ impl VolumeService {
     /// Whether volumes are replicated across a cluster.
     pub fn is_clustered(&self) -> bool {
         self.cluster.is_some()
+    }
+
+    fn cluster(&self) -> Result<&Arc<dyn ClusterVolumes>, VolumeError> {
+        self.cluster.as_ref().ok_or_else(|| {
+            VolumeError::NotSupported(
+                "this server is a single node; nodes exist in a cluster (basalt server --etcd ...)"
+                    .into(),
+            )
+        })
+    }
+
+    /// Every node of the cluster.
+    pub fn nodes(&self) -> Result<Vec<NodeView>, VolumeError> {
+        self.cluster()?.nodes()
+    }
+
+    /// Sets node `name`'s administrative state (see [`ClusterVolumes`]).
+    pub fn set_node_state(&self, name: &str, state: &str) -> Result<NodeView, VolumeError> {
+        let cluster = self.cluster()?;
+        cluster.set_node_state(name, state)?;
+        cluster
+            .nodes()?
+            .into_iter()
+            .find(|n| n.name == name)
+            .ok_or_else(|| VolumeError::NoSuchNode(name.to_string()))
     }
 
     /// The replicas of `name` (empty for a single-node volume).
