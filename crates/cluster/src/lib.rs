@@ -13,4 +13,5 @@
 //! only authority on who is primary in which epoch; a node acts only on what
 //! it read from there (or was told by a peer of a newer epoch).
 
+pub mod peer;
 pub mod placement;
