@@ -536,11 +536,14 @@ fn accept_hello(
     stream.set_read_timeout(timeout)?;
     stream.set_write_timeout(timeout)?;
     let (cluster, node, boot) = match reader.next(stream)? {
-        Some((Frame::Hello {
-            cluster,
-            node,
-            boot,
-        }, _)) => (cluster, node, boot),
+        Some((
+            Frame::Hello {
+                cluster,
+                node,
+                boot,
+            },
+            _,
+        )) => (cluster, node, boot),
         Some(_) => return Err(HandshakeError::NoHello),
         None => return Err(HandshakeError::Closed),
     };
@@ -735,7 +738,13 @@ fn writer_loop(inner: &Inner, dest: &Dest) {
                     } else {
                         tracing::debug!(peer = dest.node.0, %addr, error = %err, failures, "cannot connect to peer");
                     }
-                    if matches!(err, HandshakeError::Decode(_) | HandshakeError::WrongCluster(_) | HandshakeError::WrongNode { .. } | HandshakeError::NoHello) {
+                    if matches!(
+                        err,
+                        HandshakeError::Decode(_)
+                            | HandshakeError::WrongCluster(_)
+                            | HandshakeError::WrongNode { .. }
+                            | HandshakeError::NoHello
+                    ) {
                         bump(&inner.c.protocol_errors, 1);
                     }
                     disconnected(dest);
@@ -746,7 +755,8 @@ fn writer_loop(inner: &Inner, dest: &Dest) {
                     while !st.stop
                         && st.generation == generation
                         && !dest.wake.wait_until(&mut st, deadline).timed_out()
-                    {}
+                    {
+                    }
                     backoff = (backoff * 2).min(BACKOFF_MAX);
                 }
             }
@@ -826,11 +836,14 @@ fn dial(
     stream.write_all(&out)?;
     let mut reader = FrameReader::new();
     let (cluster, node, boot) = match reader.next(&mut stream)? {
-        Some((Frame::Hello {
-            cluster,
-            node,
-            boot,
-        }, _)) => (cluster, node, boot),
+        Some((
+            Frame::Hello {
+                cluster,
+                node,
+                boot,
+            },
+            _,
+        )) => (cluster, node, boot),
         Some(_) => return Err(HandshakeError::NoHello),
         None => return Err(HandshakeError::Closed),
     };

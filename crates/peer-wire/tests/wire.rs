@@ -122,13 +122,14 @@ fn typed_errors_name_the_problem() {
         h.extend_from_slice(payload);
         h
     };
-    assert_eq!(
-        decode(&rebuild(9, &[])),
-        Err(DecodeError::UnknownKind(9))
-    );
+    assert_eq!(decode(&rebuild(9, &[])), Err(DecodeError::UnknownKind(9)));
     assert!(matches!(
         decode(&rebuild(kind::HEARTBEAT, &good[20..good.len() - 1])),
-        Err(DecodeError::Truncated { kind: "Heartbeat", field: "sent_at", .. })
+        Err(DecodeError::Truncated {
+            kind: "Heartbeat",
+            field: "sent_at",
+            ..
+        })
     ));
     let mut long = good[20..].to_vec();
     long.push(0);
@@ -264,11 +265,10 @@ fn frame() -> impl Strategy<Value = Frame> {
                 boot,
             }
         }),
-        any::<u128>()
-            .prop_flat_map(|v| msg(VolumeId(v)).prop_map(move |msg| Frame::Msg {
-                vol: VolumeId(v),
-                msg
-            })),
+        any::<u128>().prop_flat_map(|v| msg(VolumeId(v)).prop_map(move |msg| Frame::Msg {
+            vol: VolumeId(v),
+            msg
+        })),
     ]
 }
 
