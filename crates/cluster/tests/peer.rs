@@ -282,6 +282,8 @@ fn restarted_peer_is_reached_again() {
         })
         .collect();
     assert!(got.windows(2).all(|w| w[0] < w[1]), "{got:?}");
+    // Once the new connection stands, nothing is lost.
+    assert_eq!(got[got.len() - 100..], (n - 100..n).collect::<Vec<_>>()[..]);
     assert!(a.stats().connects >= 2);
     b.shutdown();
 }
