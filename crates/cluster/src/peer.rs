@@ -1,0 +1,906 @@
+//! The node-to-node transport: carries replication [`Msg`]s between node
+//! processes over TCP, in frames of `basalt-peer-wire`.
+//!
+//! Job: `send(to, vol, msg)` from any thread returns at once; the message
+//! reaches `to`'s [`PeerHandler`] unless the connection breaks, the
+//! destination's queue is full or the destination is unknown.
+//!
+//! Shape: every node dials the peers it sends to, so A→B and B→A are two
+//! TCP connections, each used in one direction after the `Hello` exchange
+//! (the dialer sends its Hello; the acceptor checks the cluster id and
+//! answers with its own; the dialer checks cluster and node id). Threads:
+//! one acceptor, one reader per inbound connection (which calls the
+//! handler), one writer per destination (which dials lazily on the first
+//! send, reconnects with backoff 50 ms → 1 s while frames are queued, and
+//! writes everything queued with one `writev` per wake-up, write data
+//! straight from the messages). Idle threads block in `accept`, `read` or on
+//! a condition variable: no polling.
+//!
+//! Invariants:
+//! - Frames to one peer leave in `send` order over one connection at a time;
+//!   when a connection breaks, frames already handed to it may be lost (the
+//!   replication protocol retransmits on its own timeouts), but a later frame
+//!   never overtakes an earlier one.
+//! - The bytes queued per destination never exceed `max_queue_bytes`; what
+//!   does not fit is dropped and counted, never blocked on.
+//! - A connection whose peer sends anything undecodable, or a Hello from
+//!   another cluster, is closed with a warning; other connections are not
+//!   affected.
+//! - After [`PeerNet::shutdown`] returns, every thread it started has ended.
+
+use basalt_peer_wire::{self as wire, DecodeError, Frame};
+use basalt_replication::{Msg, NodeId, VolumeId};
+use parking_lot::{Condvar, Mutex};
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::io::{self, IoSlice, Read, Write};
+use std::net::{Ipv4Addr, Ipv6Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::ops::Range;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+const BACKOFF_MIN: Duration = Duration::from_millis(50);
+const BACKOFF_MAX: Duration = Duration::from_secs(1);
+/// Smallest read a connection's reader asks the kernel for.
+const READ_CHUNK: usize = 256 << 10;
+/// A reader buffer grown beyond this for one big frame is shrunk afterwards.
+const READ_BUF_KEEP: usize = 4 << 20;
+
+/// How a node takes part in the peer network.
+#[derive(Clone, Debug)]
+pub struct PeerConfig {
+    /// Cluster id; connections from another cluster are refused.
+    pub cluster: [u8; 16],
+    pub me: NodeId,
+    /// This process's boot id, sent in every Hello.
+    pub boot: u64,
+    /// Port 0 picks a free port (see [`PeerNet::local_addr`]).
+    pub listen: SocketAddr,
+    /// Bounds a dial and the Hello exchange of either side.
+    pub connect_timeout: Duration,
+    /// Per destination; beyond it new frames are dropped (and counted).
+    pub max_queue_bytes: usize,
+}
+
+/// Receives the frames of every inbound connection.
+pub trait PeerHandler: Send + Sync + 'static {
+    /// A frame from node `from` (as it said in its Hello). Called on the
+    /// connection's reader thread; must not block long.
+    fn on_message(&self, from: NodeId, vol: VolumeId, msg: Msg);
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PeerError {
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        addr: SocketAddr,
+        #[source]
+        source: io::Error,
+    },
+    #[error("cannot start the acceptor thread: {0}")]
+    Spawn(#[source] io::Error),
+}
+
+/// Counters since start, and the state of every known destination.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PeerStats {
+    pub frames_sent: u64,
+    pub bytes_sent: u64,
+    pub frames_received: u64,
+    pub bytes_received: u64,
+    /// Frames given to `send` and never written: to self, unknown peer,
+    /// unencodable, full queue, lost with a broken connection, or still
+    /// queued at shutdown.
+    pub frames_dropped: u64,
+    /// Of `frames_dropped`: refused because the destination's queue was full.
+    pub dropped_queue_full: u64,
+    /// Outbound connections established (Hello exchange completed).
+    pub connects: u64,
+    /// Inbound connections accepted (Hello exchange completed).
+    pub accepts: u64,
+    /// Connections closed for a bad frame or a refused Hello (either side).
+    pub protocol_errors: u64,
+    pub peers: BTreeMap<NodeId, PeerLink>,
+}
+
+/// One destination as seen by its writer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PeerLink {
+    pub addr: SocketAddr,
+    pub connected: bool,
+    pub queued_frames: usize,
+    pub queued_bytes: usize,
+    /// Frames to this peer dropped (full queue, broken connection, shutdown).
+    pub dropped: u64,
+}
+
+/// The transport of one node. Send + Sync; share it through an `Arc`.
+/// Dropping it shuts it down.
+pub struct PeerNet {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    cfg: PeerConfig,
+    local: SocketAddr,
+    handler: Arc<dyn PeerHandler>,
+    /// Set once by `shutdown`, under the `peers` lock (so that no
+    /// destination is added, and no writer started, after shutdown looked).
+    closing: AtomicBool,
+    peers: Mutex<HashMap<NodeId, Arc<Dest>>>,
+    inbound: Mutex<Inbound>,
+    acceptor: Mutex<Option<JoinHandle<()>>>,
+    c: Counters,
+}
+
+#[derive(Default)]
+struct Counters {
+    frames_sent: AtomicU64,
+    bytes_sent: AtomicU64,
+    frames_received: AtomicU64,
+    bytes_received: AtomicU64,
+    frames_dropped: AtomicU64,
+    dropped_queue_full: AtomicU64,
+    connects: AtomicU64,
+    accepts: AtomicU64,
+    protocol_errors: AtomicU64,
+}
+
+fn bump(counter: &AtomicU64, n: u64) {
+    counter.fetch_add(n, Ordering::Relaxed);
+}
+
+/// Inbound connections: sockets (to break their reads at shutdown) and
+/// reader threads.
+#[derive(Default)]
+struct Inbound {
+    next_id: u64,
+    streams: HashMap<u64, TcpStream>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+/// One destination: its queue and its writer.
+struct Dest {
+    node: NodeId,
+    state: Mutex<DestState>,
+    /// Signals the writer: frames queued, address changed, or stop.
+    wake: Condvar,
+    writer: Mutex<Option<JoinHandle<()>>>,
+}
+
+struct DestState {
+    addr: SocketAddr,
+    /// Bumped by an address change; the writer drops a connection made
+    /// under an older generation.
+    generation: u64,
+    queue: VecDeque<Queued>,
+    queued_bytes: usize,
+    /// A clone of the writer's socket, so that an address change or
+    /// shutdown can break a blocked dial handshake or write.
+    conn: Option<TcpStream>,
+    connected: bool,
+    stop: bool,
+    writer_started: bool,
+    dropped: u64,
+}
+
+struct Queued {
+    frame: Frame,
+    len: usize,
+}
+
+impl PeerNet {
+    /// Binds the listener and starts the acceptor thread.
+    pub fn start(cfg: PeerConfig, handler: Arc<dyn PeerHandler>) -> Result<PeerNet, PeerError> {
+        let listener = TcpListener::bind(cfg.listen).map_err(|source| PeerError::Listen {
+            addr: cfg.listen,
+            source,
+        })?;
+        let local = listener.local_addr().map_err(|source| PeerError::Listen {
+            addr: cfg.listen,
+            source,
+        })?;
+        let inner = Arc::new(Inner {
+            cfg,
+            local,
+            handler,
+            closing: AtomicBool::new(false),
+            peers: Mutex::new(HashMap::new()),
+            inbound: Mutex::new(Inbound::default()),
+            acceptor: Mutex::new(None),
+            c: Counters::default(),
+        });
+        let acceptor = {
+            let inner = inner.clone();
+            thread::Builder::new()
+                .name(format!("peer-accept-{}", inner.cfg.me.0))
+                .spawn(move || accept_loop(&inner, listener))
+                .map_err(PeerError::Spawn)?
+        };
+        *inner.acceptor.lock() = Some(acceptor);
+        tracing::info!(node = inner.cfg.me.0, %local, "peer transport listening");
+        Ok(PeerNet { inner })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.inner.local
+    }
+
+    /// Where node `node` listens; a changed address drops the old connection.
+    pub fn set_peer_addr(&self, node: NodeId, addr: SocketAddr) {
+        let mut peers = self.inner.peers.lock();
+        if self.inner.closing.load(Ordering::SeqCst) {
+            return;
+        }
+        match peers.get(&node) {
+            Some(dest) => {
+                let mut st = dest.state.lock();
+                if st.addr != addr {
+                    tracing::info!(peer = node.0, old = %st.addr, new = %addr, "peer address changed");
+                    st.addr = addr;
+                    st.generation += 1;
+                    if let Some(conn) = st.conn.take() {
+                        let _ = conn.shutdown(Shutdown::Both);
+                    }
+                    dest.wake.notify_all();
+                }
+            }
+            None => {
+                peers.insert(
+                    node,
+                    Arc::new(Dest {
+                        node,
+                        state: Mutex::new(DestState {
+                            addr,
+                            generation: 0,
+                            queue: VecDeque::new(),
+                            queued_bytes: 0,
+                            conn: None,
+                            connected: false,
+                            stop: false,
+                            writer_started: false,
+                            dropped: 0,
+                        }),
+                        wake: Condvar::new(),
+                        writer: Mutex::new(None),
+                    }),
+                );
+            }
+        }
+    }
+
+    /// Queues `msg` for `to` and returns at once (never blocks on the
+    /// network). Unknown peer, full queue, or `to == me`: dropped, counted,
+    /// logged at debug.
+    pub fn send(&self, to: NodeId, vol: VolumeId, msg: Msg) {
+        let inner = &self.inner;
+        if to == inner.cfg.me {
+            inner.dropped(to, "addressed to this node");
+            return;
+        }
+        let frame = Frame::Msg { vol, msg };
+        let len = match wire::encoded_len(&frame) {
+            Ok(len) => len,
+            Err(err) => {
+                tracing::debug!(peer = to.0, error = %err, "dropping unencodable frame");
+                bump(&inner.c.frames_dropped, 1);
+                return;
+            }
+        };
+        let Some(dest) = inner.peers.lock().get(&to).cloned() else {
+            inner.dropped(to, "unknown peer");
+            return;
+        };
+        let mut st = dest.state.lock();
+        if st.stop {
+            inner.dropped(to, "transport shut down");
+            return;
+        }
+        if st.queued_bytes.saturating_add(len) > inner.cfg.max_queue_bytes {
+            st.dropped += 1;
+            bump(&inner.c.dropped_queue_full, 1);
+            inner.dropped(to, "queue full");
+            return;
+        }
+        st.queue.push_back(Queued { frame, len });
+        st.queued_bytes += len;
+        if !st.writer_started {
+            let (inner2, dest2) = (inner.clone(), dest.clone());
+            match thread::Builder::new()
+                .name(format!("peer-tx-{}", to.0))
+                .spawn(move || writer_loop(&inner2, &dest2))
+            {
+                Ok(handle) => {
+                    st.writer_started = true;
+                    *dest.writer.lock() = Some(handle);
+                }
+                // The frame stays queued; the next send tries again.
+                Err(err) => tracing::error!(peer = to.0, error = %err, "cannot start writer"),
+            }
+        }
+        dest.wake.notify_one();
+    }
+
+    pub fn stats(&self) -> PeerStats {
+        let c = &self.inner.c;
+        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let peers = self
+            .inner
+            .peers
+            .lock()
+            .values()
+            .map(|dest| {
+                let st = dest.state.lock();
+                (
+                    dest.node,
+                    PeerLink {
+                        addr: st.addr,
+                        connected: st.connected,
+                        queued_frames: st.queue.len(),
+                        queued_bytes: st.queued_bytes,
+                        dropped: st.dropped,
+                    },
+                )
+            })
+            .collect();
+        PeerStats {
+            frames_sent: load(&c.frames_sent),
+            bytes_sent: load(&c.bytes_sent),
+            frames_received: load(&c.frames_received),
+            bytes_received: load(&c.bytes_received),
+            frames_dropped: load(&c.frames_dropped),
+            dropped_queue_full: load(&c.dropped_queue_full),
+            connects: load(&c.connects),
+            accepts: load(&c.accepts),
+            protocol_errors: load(&c.protocol_errors),
+            peers,
+        }
+    }
+
+    /// Closes the listener and every connection and joins every thread.
+    /// Idempotent. (Called from a handler, it cannot join the calling
+    /// reader thread itself; that thread ends when the handler returns.)
+    pub fn shutdown(&self) {
+        let inner = &self.inner;
+        let dests: Vec<Arc<Dest>> = {
+            let peers = inner.peers.lock();
+            inner.closing.store(true, Ordering::SeqCst);
+            peers.values().cloned().collect()
+        };
+        // Wake the acceptor, blocked in accept(), with a connection of our own.
+        let mut wake = inner.local;
+        if wake.ip().is_unspecified() {
+            wake.set_ip(match wake {
+                SocketAddr::V4(_) => Ipv4Addr::LOCALHOST.into(),
+                SocketAddr::V6(_) => Ipv6Addr::LOCALHOST.into(),
+            });
+        }
+        let acceptor = inner.acceptor.lock().take();
+        if acceptor.is_some() {
+            if let Err(err) = TcpStream::connect_timeout(&wake, Duration::from_secs(5)) {
+                tracing::warn!(error = %err, "cannot wake the peer acceptor");
+            }
+        }
+        for dest in &dests {
+            let mut st = dest.state.lock();
+            st.stop = true;
+            if let Some(conn) = st.conn.take() {
+                let _ = conn.shutdown(Shutdown::Both);
+            }
+            dest.wake.notify_all();
+        }
+        let readers = {
+            let mut inbound = inner.inbound.lock();
+            for stream in inbound.streams.values() {
+                let _ = stream.shutdown(Shutdown::Both);
+            }
+            std::mem::take(&mut inbound.threads)
+        };
+        let me = thread::current().id();
+        let handles = acceptor
+            .into_iter()
+            .chain(dests.iter().filter_map(|d| d.writer.lock().take()))
+            .chain(readers);
+        for handle in handles {
+            if handle.thread().id() != me && handle.join().is_err() {
+                tracing::error!("a peer transport thread panicked");
+            }
+        }
+    }
+}
+
+impl Drop for PeerNet {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+impl Inner {
+    fn dropped(&self, to: NodeId, why: &'static str) {
+        bump(&self.c.frames_dropped, 1);
+        tracing::debug!(peer = to.0, why, "dropping frame");
+    }
+
+    fn closing(&self) -> bool {
+        self.closing.load(Ordering::SeqCst)
+    }
+}
+
+// ------------------------------------------------------------------ inbound
+
+fn accept_loop(inner: &Arc<Inner>, listener: TcpListener) {
+    for conn in listener.incoming() {
+        if inner.closing() {
+            break;
+        }
+        let stream = match conn {
+            Ok(stream) => stream,
+            Err(err) => {
+                // E.g. out of file descriptors: pause instead of spinning.
+                tracing::warn!(error = %err, "accepting a peer connection failed");
+                thread::sleep(BACKOFF_MIN);
+                continue;
+            }
+        };
+        let mut inbound = inner.inbound.lock();
+        // Checked under the lock shutdown sweeps with, so no reader escapes.
+        if inner.closing() {
+            break;
+        }
+        inbound.threads.retain(|t| !t.is_finished());
+        let id = inbound.next_id;
+        inbound.next_id += 1;
+        match stream.try_clone() {
+            Ok(clone) => {
+                inbound.streams.insert(id, clone);
+            }
+            Err(err) => {
+                tracing::warn!(error = %err, "cannot clone a peer socket; closing it");
+                continue;
+            }
+        }
+        let inner2 = inner.clone();
+        match thread::Builder::new()
+            .name(format!("peer-rx-{}", inner.cfg.me.0))
+            .spawn(move || {
+                serve_inbound(&inner2, stream);
+                inner2.inbound.lock().streams.remove(&id);
+            }) {
+            Ok(handle) => inbound.threads.push(handle),
+            Err(err) => {
+                inbound.streams.remove(&id);
+                tracing::warn!(error = %err, "cannot start a peer reader; closing the connection");
+            }
+        }
+    }
+}
+
+/// One inbound connection: Hello exchange, then frames to the handler until
+/// the connection ends or misbehaves.
+fn serve_inbound(inner: &Inner, mut stream: TcpStream) {
+    let addr = stream
+        .peer_addr()
+        .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
+    let mut reader = FrameReader::new();
+    let from = match accept_hello(inner, &mut stream, &mut reader) {
+        Ok(from) => from,
+        Err(err) => {
+            if !inner.closing() {
+                bump(&inner.c.protocol_errors, 1);
+                tracing::warn!(%addr, error = %err, "refusing peer connection");
+            }
+            return;
+        }
+    };
+    bump(&inner.c.accepts, 1);
+    tracing::debug!(peer = from.0, %addr, "peer connected");
+    loop {
+        match reader.next(&mut stream) {
+            Ok(Some((Frame::Msg { vol, msg }, len))) => {
+                bump(&inner.c.frames_received, 1);
+                bump(&inner.c.bytes_received, len as u64);
+                inner.handler.on_message(from, vol, msg);
+            }
+            Ok(Some((Frame::Hello { .. }, _))) => {
+                bump(&inner.c.protocol_errors, 1);
+                tracing::warn!(peer = from.0, %addr, "closing peer connection: second Hello");
+                return;
+            }
+            Ok(None) => {
+                tracing::debug!(peer = from.0, %addr, "peer closed its connection");
+                return;
+            }
+            Err(ReadError::Decode(err)) => {
+                bump(&inner.c.protocol_errors, 1);
+                tracing::warn!(peer = from.0, %addr, error = %err, "closing peer connection: bad frame");
+                return;
+            }
+            Err(err) => {
+                if !inner.closing() {
+                    tracing::debug!(peer = from.0, %addr, error = %err, "peer connection lost");
+                }
+                return;
+            }
+        }
+    }
+}
+
+fn accept_hello(
+    inner: &Inner,
+    stream: &mut TcpStream,
+    reader: &mut FrameReader,
+) -> Result<NodeId, HandshakeError> {
+    stream.set_nodelay(true)?;
+    let timeout = Some(inner.cfg.connect_timeout.max(Duration::from_millis(1)));
+    stream.set_read_timeout(timeout)?;
+    stream.set_write_timeout(timeout)?;
+    let (cluster, node, boot) = match reader.next(stream)? {
+        Some((
+            Frame::Hello {
+                cluster,
+                node,
+                boot,
+            },
+            _,
+        )) => (cluster, node, boot),
+        Some(_) => return Err(HandshakeError::NoHello),
+        None => return Err(HandshakeError::Closed),
+    };
+    if cluster != inner.cfg.cluster {
+        return Err(HandshakeError::WrongCluster(hex(&cluster)));
+    }
+    if node == inner.cfg.me {
+        return Err(HandshakeError::SameNode(node.0));
+    }
+    let mut out = Vec::new();
+    let hello = inner.hello();
+    // A Hello always encodes.
+    wire::encode(&hello, &mut out).map_err(|_| HandshakeError::NoHello)?;
+    stream.write_all(&out)?;
+    stream.set_read_timeout(None)?;
+    stream.set_write_timeout(None)?;
+    tracing::trace!(peer = node.0, boot, "Hello accepted");
+    Ok(node)
+}
+
+impl Inner {
+    fn hello(&self) -> Frame {
+        Frame::Hello {
+            cluster: self.cfg.cluster,
+            node: self.cfg.me,
+            boot: self.cfg.boot,
+        }
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[derive(Debug, thiserror::Error)]
+enum HandshakeError {
+    #[error("I/O: {0}")]
+    Io(#[from] io::Error),
+    #[error("bad frame: {0}")]
+    Decode(DecodeError),
+    #[error("connection closed during the Hello exchange")]
+    Closed,
+    #[error("first frame is not a Hello")]
+    NoHello,
+    #[error("Hello from another cluster ({0})")]
+    WrongCluster(String),
+    #[error("Hello from node {0}, which is this node")]
+    SameNode(u32),
+    #[error("Hello from node {got}, expected node {expected}")]
+    WrongNode { expected: u32, got: u32 },
+}
+
+impl From<ReadError> for HandshakeError {
+    fn from(err: ReadError) -> Self {
+        match err {
+            ReadError::Io(e) => HandshakeError::Io(e),
+            ReadError::Decode(e) => HandshakeError::Decode(e),
+            ReadError::Truncated => HandshakeError::Closed,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+enum ReadError {
+    #[error("I/O: {0}")]
+    Io(#[from] io::Error),
+    #[error("{0}")]
+    Decode(DecodeError),
+    #[error("connection closed in the middle of a frame")]
+    Truncated,
+}
+
+/// Buffers one connection's bytes and cuts them into frames.
+struct FrameReader {
+    buf: Vec<u8>,
+    /// `buf[pos..end]` is received and not yet decoded.
+    pos: usize,
+    end: usize,
+}
+
+impl FrameReader {
+    fn new() -> Self {
+        FrameReader {
+            buf: Vec::new(),
+            pos: 0,
+            end: 0,
+        }
+    }
+
+    /// The next frame and its length on the wire; `None` at a clean end of
+    /// the stream (between frames).
+    fn next(&mut self, stream: &mut impl Read) -> Result<Option<(Frame, usize)>, ReadError> {
+        loop {
+            let pending = &self.buf[self.pos..self.end];
+            if let Some((frame, used)) = wire::decode(pending).map_err(ReadError::Decode)? {
+                self.pos += used;
+                return Ok(Some((frame, used)));
+            }
+            // Move the partial frame to the front, and make room for all of
+            // it (the header is checked, so its length is bounded).
+            let need = match wire::decode_header(pending) {
+                Ok(Some(h)) => h.frame_len(),
+                _ => 0,
+            };
+            self.buf.copy_within(self.pos..self.end, 0);
+            self.end -= self.pos;
+            self.pos = 0;
+            let want = need.max(self.end + READ_CHUNK);
+            if self.buf.len() > READ_BUF_KEEP && want < READ_BUF_KEEP {
+                self.buf.truncate(want);
+                self.buf.shrink_to_fit();
+            }
+            if self.buf.len() < want {
+                self.buf.resize(want, 0);
+            }
+            let n = loop {
+                match stream.read(&mut self.buf[self.end..]) {
+                    Ok(n) => break n,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) => return Err(e.into()),
+                }
+            };
+            if n == 0 {
+                return if self.end == 0 {
+                    Ok(None)
+                } else {
+                    Err(ReadError::Truncated)
+                };
+            }
+            self.end += n;
+        }
+    }
+}
+
+// ----------------------------------------------------------------- outbound
+
+/// The writer of one destination: waits for frames, dials, writes batches.
+fn writer_loop(inner: &Inner, dest: &Dest) {
+    let mut conn: Option<(TcpStream, u64)> = None;
+    let mut backoff = BACKOFF_MIN;
+    let mut failures = 0u32;
+    let mut heads = Vec::new();
+    loop {
+        let (addr, generation) = {
+            let mut st = dest.state.lock();
+            loop {
+                if st.stop {
+                    let lost = st.queue.len() as u64;
+                    st.dropped += lost;
+                    bump(&inner.c.frames_dropped, lost);
+                    st.queue.clear();
+                    st.queued_bytes = 0;
+                    st.conn = None;
+                    st.connected = false;
+                    return;
+                }
+                if !st.queue.is_empty() {
+                    break;
+                }
+                dest.wake.wait(&mut st);
+            }
+            if matches!(&conn, Some((_, g)) if *g != st.generation) {
+                conn = None;
+                st.conn = None;
+                st.connected = false;
+                backoff = BACKOFF_MIN;
+            }
+            (st.addr, st.generation)
+        };
+
+        // The acceptor never sends after its Hello: a readable socket means
+        // the peer closed it (e.g. restarted). Noticing that before writing
+        // saves the batch the first write into a dead socket would lose.
+        if matches!(&conn, Some((s, _)) if peer_closed(s)) {
+            tracing::debug!(peer = dest.node.0, %addr, "peer closed the connection");
+            conn = None;
+            disconnected(dest);
+        }
+
+        let Some((stream, _)) = conn.as_mut() else {
+            match dial(inner, dest, addr, generation) {
+                Ok(stream) => {
+                    bump(&inner.c.connects, 1);
+                    failures = 0;
+                    backoff = BACKOFF_MIN;
+                    conn = Some((stream, generation));
+                }
+                Err(err) => {
+                    failures += 1;
+                    if failures == 1 {
+                        tracing::warn!(peer = dest.node.0, %addr, error = %err, "cannot connect to peer; retrying");
+                    } else {
+                        tracing::debug!(peer = dest.node.0, %addr, error = %err, failures, "cannot connect to peer");
+                    }
+                    if matches!(
+                        err,
+                        HandshakeError::Decode(_)
+                            | HandshakeError::WrongCluster(_)
+                            | HandshakeError::WrongNode { .. }
+                            | HandshakeError::NoHello
+                    ) {
+                        bump(&inner.c.protocol_errors, 1);
+                    }
+                    disconnected(dest);
+                    // Sleep out the backoff: new frames do not shorten it,
+                    // only an address change or shutdown.
+                    let deadline = Instant::now() + backoff;
+                    let mut st = dest.state.lock();
+                    while !st.stop
+                        && st.generation == generation
+                        && !dest.wake.wait_until(&mut st, deadline).timed_out()
+                    {
+                    }
+                    backoff = (backoff * 2).min(BACKOFF_MAX);
+                }
+            }
+            continue;
+        };
+
+        let batch: Vec<Queued> = {
+            let mut st = dest.state.lock();
+            if st.stop || st.generation != generation {
+                continue;
+            }
+            st.queued_bytes = 0;
+            st.queue.drain(..).collect()
+        };
+        let bytes: usize = batch.iter().map(|q| q.len).sum();
+        match write_batch(stream, &batch, &mut heads) {
+            Ok(()) => {
+                bump(&inner.c.frames_sent, batch.len() as u64);
+                bump(&inner.c.bytes_sent, bytes as u64);
+            }
+            Err(err) => {
+                let lost = batch.len() as u64;
+                bump(&inner.c.frames_dropped, lost);
+                dest.state.lock().dropped += lost;
+                if !inner.closing() {
+                    tracing::warn!(peer = dest.node.0, %addr, error = %err, lost, "peer connection broke; frames lost");
+                }
+                conn = None;
+                disconnected(dest);
+            }
+        }
+    }
+}
+
+fn disconnected(dest: &Dest) {
+    let mut st = dest.state.lock();
+    st.conn = None;
+    st.connected = false;
+}
+
+/// Whether the peer closed (or broke) an outbound connection, without
+/// blocking.
+fn peer_closed(stream: &TcpStream) -> bool {
+    if stream.set_nonblocking(true).is_err() {
+        return true;
+    }
+    let closed = match stream.peek(&mut [0u8; 1]) {
+        // End of stream, or bytes the acceptor must not send.
+        Ok(_) => true,
+        Err(e) => e.kind() != io::ErrorKind::WouldBlock,
+    };
+    stream.set_nonblocking(false).is_err() || closed
+}
+
+/// Connects to `addr` and exchanges Hellos; the socket is registered in the
+/// destination's state so that shutdown or an address change can break it.
+fn dial(
+    inner: &Inner,
+    dest: &Dest,
+    addr: SocketAddr,
+    generation: u64,
+) -> Result<TcpStream, HandshakeError> {
+    let timeout = inner.cfg.connect_timeout.max(Duration::from_millis(1));
+    let mut stream = TcpStream::connect_timeout(&addr, timeout)?;
+    stream.set_nodelay(true)?;
+    stream.set_read_timeout(Some(timeout))?;
+    stream.set_write_timeout(Some(timeout))?;
+    {
+        let mut st = dest.state.lock();
+        if st.stop || st.generation != generation {
+            return Err(HandshakeError::Closed);
+        }
+        st.conn = Some(stream.try_clone()?);
+    }
+    let mut out = Vec::new();
+    wire::encode(&inner.hello(), &mut out).map_err(|_| HandshakeError::NoHello)?;
+    stream.write_all(&out)?;
+    let mut reader = FrameReader::new();
+    let (cluster, node, boot) = match reader.next(&mut stream)? {
+        Some((
+            Frame::Hello {
+                cluster,
+                node,
+                boot,
+            },
+            _,
+        )) => (cluster, node, boot),
+        Some(_) => return Err(HandshakeError::NoHello),
+        None => return Err(HandshakeError::Closed),
+    };
+    if cluster != inner.cfg.cluster {
+        return Err(HandshakeError::WrongCluster(hex(&cluster)));
+    }
+    if node != dest.node {
+        return Err(HandshakeError::WrongNode {
+            expected: dest.node.0,
+            got: node.0,
+        });
+    }
+    stream.set_read_timeout(None)?;
+    stream.set_write_timeout(None)?;
+    dest.state.lock().connected = true;
+    tracing::info!(peer = node.0, %addr, boot, "connected to peer");
+    Ok(stream)
+}
+
+/// Writes `batch` with as few `writev`s as the kernel allows: headers and
+/// small fields encoded into `heads`, write data straight from the frames.
+fn write_batch(stream: &mut TcpStream, batch: &[Queued], heads: &mut Vec<u8>) -> io::Result<()> {
+    enum Part<'a> {
+        Head(Range<usize>),
+        Data(&'a [u8]),
+    }
+    heads.clear();
+    let mut parts: Vec<Part<'_>> = Vec::with_capacity(batch.len() * 2);
+    for q in batch {
+        let start = heads.len();
+        // `send` admitted only frames that encode.
+        let Ok(data) = wire::encode_split(&q.frame, heads) else {
+            continue;
+        };
+        match parts.last_mut() {
+            Some(Part::Head(r)) if r.end == start => r.end = heads.len(),
+            _ => parts.push(Part::Head(start..heads.len())),
+        }
+        if !data.is_empty() {
+            parts.push(Part::Data(data));
+        }
+    }
+    let mut slices: Vec<IoSlice<'_>> = parts
+        .iter()
+        .map(|p| match p {
+            Part::Head(r) => IoSlice::new(&heads[r.clone()]),
+            Part::Data(d) => IoSlice::new(d),
+        })
+        .collect();
+    let mut bufs = &mut slices[..];
+    while !bufs.is_empty() {
+        match stream.write_vectored(bufs) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => IoSlice::advance_slices(&mut bufs, n),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}

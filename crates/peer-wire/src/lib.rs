@@ -1,0 +1,694 @@
+//! The wire format of Basalt's node-to-node replication transport.
+//!
+//! Job: turn [`Frame`]s (a connection's `Hello`, or one replication [`Msg`]
+//! for a volume) into bytes and back. Pure: no sockets, no clocks; the
+//! transport (`basalt-cluster`'s `peer` module) does the I/O. The layout is
+//! documented in `docs/peer-protocol.md`.
+//!
+//! Invariants:
+//! - Integers are little-endian. Every frame is a fixed 20-byte header
+//!   (magic, version, kind, flags, payload length, payload CRC32C, header
+//!   CRC32C) followed by the payload.
+//! - [`decode`] never panics and never reads past its input. It checks the
+//!   header (magic, version, header CRC, kind, flags, length ≤
+//!   [`MAX_PAYLOAD`]) as soon as the header is complete, before waiting for
+//!   (or allocating) the payload, so a corrupt length cannot make a reader
+//!   buffer 4 GiB. It returns `Ok(None)` only when a longer input could
+//!   still be a valid frame.
+//! - The encoding is canonical: a frame has exactly one byte form (flags
+//!   and booleans are checked, no padding), so `encode(decode(b)) == b` for
+//!   every `b` that decodes.
+//! - A `Msg` carrying a volume (`Repl`, `ReplAck`, `Fenced`, `HeartbeatAck`)
+//!   must name the frame's volume: the volume is written once, in the
+//!   frame, and decoded into both places, so a receiver can never see the
+//!   two disagree.
+//! - Bulk data (the bytes of writes and read replies) is the tail of its
+//!   payload, so [`encode_split`] lets a writer send it straight from the
+//!   message (`writev`) without copying it.
+//! - `MetaGet`, `MetaCas` and `MetaReply` are not peer messages (they go to
+//!   etcd) and do not encode.
+
+#![forbid(unsafe_code)]
+
+use basalt_replication::{ClientReply, ClientReq, Epoch, Msg, NodeId, ReplOp, VolumeId};
+
+/// The first four bytes of every frame.
+pub const MAGIC: [u8; 4] = *b"BSPW";
+/// The format version this crate writes and reads.
+pub const VERSION: u8 = 1;
+/// Bytes in a frame header.
+pub const HEADER_LEN: usize = 20;
+/// The largest payload a decoder accepts (and an encoder produces).
+pub const MAX_PAYLOAD: usize = 64 << 20;
+
+/// Frame kinds (header byte 5).
+pub mod kind {
+    pub const HELLO: u8 = 1;
+    pub const REPL: u8 = 2;
+    pub const REPL_ACK: u8 = 3;
+    pub const FENCED: u8 = 4;
+    pub const HEARTBEAT: u8 = 5;
+    pub const HEARTBEAT_ACK: u8 = 6;
+    pub const CLIENT_REQ: u8 = 7;
+    pub const CLIENT_REPLY: u8 = 8;
+}
+
+/// One unit on a peer connection.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Frame {
+    /// Opens a connection; both sides send one first.
+    Hello {
+        /// Cluster id: a node refuses peers of another cluster.
+        cluster: [u8; 16],
+        node: NodeId,
+        /// The sender's boot id (changes at every process start).
+        boot: u64,
+    },
+    /// A replication message about volume `vol` (in the frame because
+    /// `Msg::Heartbeat` carries none).
+    Msg { vol: VolumeId, msg: Msg },
+}
+
+/// Why a frame cannot be encoded.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum EncodeError {
+    #[error("{0} is not a peer message (it goes to the metadata service)")]
+    NotPeerMessage(&'static str),
+    #[error("message names volume {msg:#x} but the frame volume {frame:#x}")]
+    VolumeMismatch { frame: u128, msg: u128 },
+    #[error("payload of {len} bytes exceeds the maximum of {max}")]
+    TooLarge { len: usize, max: usize },
+}
+
+/// Why bytes are not a frame. Every one is fatal for the connection: after
+/// it, frame boundaries cannot be trusted.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum DecodeError {
+    #[error("bad magic {found:02x?}")]
+    BadMagic { found: Vec<u8> },
+    #[error("unsupported format version {0}")]
+    UnsupportedVersion(u8),
+    #[error("header CRC mismatch: header says {expected:#010x}, computed {actual:#010x}")]
+    HeaderCrc { expected: u32, actual: u32 },
+    #[error("payload CRC mismatch: header says {expected:#010x}, computed {actual:#010x}")]
+    PayloadCrc { expected: u32, actual: u32 },
+    #[error("payload length {len} exceeds the maximum of {max}")]
+    TooLarge { len: u32, max: usize },
+    #[error("unknown frame kind {0}")]
+    UnknownKind(u8),
+    #[error("unknown flags {0:#06x}")]
+    UnknownFlags(u16),
+    #[error("{kind} payload truncated: {field} needs {need} bytes, {have} left")]
+    Truncated {
+        kind: &'static str,
+        field: &'static str,
+        need: usize,
+        have: usize,
+    },
+    #[error("{kind} payload has {extra} trailing bytes")]
+    TrailingBytes { kind: &'static str, extra: usize },
+    #[error("{kind}: invalid value {value} for {field}")]
+    InvalidValue {
+        kind: &'static str,
+        field: &'static str,
+        value: u8,
+    },
+}
+
+// ---------------------------------------------------------------- encoding
+
+/// Appends `frame` to `out`. On error `out` is left as it was.
+pub fn encode(frame: &Frame, out: &mut Vec<u8>) -> Result<(), EncodeError> {
+    let data = encode_split(frame, out)?;
+    out.extend_from_slice(data);
+    Ok(())
+}
+
+/// Appends the header and the payload of `frame` up to its bulk data to
+/// `out`, and returns the bulk data (possibly empty): the frame on the wire
+/// is what was appended followed by the returned bytes. Lets a writer send
+/// write data from the message itself. On error `out` is left as it was.
+pub fn encode_split<'f>(frame: &'f Frame, out: &mut Vec<u8>) -> Result<&'f [u8], EncodeError> {
+    let (kind, data) = check(frame)?;
+    let start = out.len();
+    out.extend_from_slice(&[0; HEADER_LEN]);
+    write_fields(frame, data, out);
+    let fields = &out[start + HEADER_LEN..];
+    let payload_len = fields.len() + data.len();
+    let payload_crc = crc32c::crc32c_append(crc32c::crc32c(fields), data);
+    let header = header_bytes(kind, payload_len as u32, payload_crc);
+    out[start..start + HEADER_LEN].copy_from_slice(&header);
+    Ok(data)
+}
+
+/// The number of bytes `encode` would append for `frame`.
+pub fn encoded_len(frame: &Frame) -> Result<usize, EncodeError> {
+    let (_, data) = check(frame)?;
+    Ok(HEADER_LEN + fields_len(frame) + data.len())
+}
+
+fn header_bytes(kind: u8, payload_len: u32, payload_crc: u32) -> [u8; HEADER_LEN] {
+    let mut h = [0u8; HEADER_LEN];
+    h[0..4].copy_from_slice(&MAGIC);
+    h[4] = VERSION;
+    h[5] = kind;
+    // h[6..8]: flags, none defined.
+    h[8..12].copy_from_slice(&payload_len.to_le_bytes());
+    h[12..16].copy_from_slice(&payload_crc.to_le_bytes());
+    let crc = crc32c::crc32c(&h[0..16]);
+    h[16..20].copy_from_slice(&crc.to_le_bytes());
+    h
+}
+
+/// Validates `frame` and returns its kind and bulk data.
+fn check(frame: &Frame) -> Result<(u8, &[u8]), EncodeError> {
+    let (vol, msg) = match frame {
+        Frame::Hello { .. } => return Ok((kind::HELLO, &[])),
+        Frame::Msg { vol, msg } => (*vol, msg),
+    };
+    let same = |inner: &VolumeId| {
+        if *inner == vol {
+            Ok(())
+        } else {
+            Err(EncodeError::VolumeMismatch {
+                frame: vol.0,
+                msg: inner.0,
+            })
+        }
+    };
+    let (kind, data): (u8, &[u8]) = match msg {
+        Msg::Repl { vol: v, op, .. } => {
+            same(v)?;
+            let data = match op {
+                ReplOp::Write { data, .. } => data.as_slice(),
+                ReplOp::Start | ReplOp::Flush => &[],
+            };
+            (kind::REPL, data)
+        }
+        Msg::ReplAck { vol: v, .. } => {
+            same(v)?;
+            (kind::REPL_ACK, &[])
+        }
+        Msg::Fenced { vol: v, .. } => {
+            same(v)?;
+            (kind::FENCED, &[])
+        }
+        Msg::Heartbeat { .. } => (kind::HEARTBEAT, &[]),
+        Msg::HeartbeatAck { vol: v, .. } => {
+            same(v)?;
+            (kind::HEARTBEAT_ACK, &[])
+        }
+        Msg::ClientReq { req, .. } => match req {
+            ClientReq::Write { data, .. } => (kind::CLIENT_REQ, data.as_slice()),
+            ClientReq::Flush | ClientReq::Read { .. } => (kind::CLIENT_REQ, &[]),
+        },
+        Msg::ClientReply { reply, .. } => match reply {
+            ClientReply::Ok {
+                data: Some(data), ..
+            } => (kind::CLIENT_REPLY, data.as_slice()),
+            _ => (kind::CLIENT_REPLY, &[]),
+        },
+        Msg::MetaGet { .. } => return Err(EncodeError::NotPeerMessage("MetaGet")),
+        Msg::MetaCas { .. } => return Err(EncodeError::NotPeerMessage("MetaCas")),
+        Msg::MetaReply { .. } => return Err(EncodeError::NotPeerMessage("MetaReply")),
+    };
+    let len = fields_len(frame) + data.len();
+    if len > MAX_PAYLOAD {
+        return Err(EncodeError::TooLarge {
+            len,
+            max: MAX_PAYLOAD,
+        });
+    }
+    Ok((kind, data))
+}
+
+/// Payload bytes before the bulk data (for a frame `check` accepted).
+fn fields_len(frame: &Frame) -> usize {
+    const VOL: usize = 16;
+    let msg = match frame {
+        Frame::Hello { .. } => return 16 + 4 + 8,
+        Frame::Msg { msg, .. } => msg,
+    };
+    VOL + match msg {
+        Msg::Repl { op, .. } => {
+            32 + 1
+                + match op {
+                    ReplOp::Write { .. } => 8 + 1 + 4,
+                    ReplOp::Start | ReplOp::Flush => 0,
+                }
+        }
+        Msg::ReplAck { .. } => 24,
+        Msg::Fenced { .. } => 8,
+        Msg::Heartbeat { .. } => 16,
+        Msg::HeartbeatAck { .. } => 20,
+        Msg::ClientReq { req, .. } => {
+            8 + 1
+                + match req {
+                    ClientReq::Write { .. } => 8 + 1 + 4,
+                    ClientReq::Flush => 0,
+                    ClientReq::Read { .. } => 16,
+                }
+        }
+        Msg::ClientReply { reply, .. } => {
+            8 + 1
+                + match reply {
+                    ClientReply::Ok { data: Some(_), .. } => 4 + 8 + 1 + 4,
+                    ClientReply::Ok { data: None, .. } => 4 + 8 + 1,
+                    ClientReply::NotPrimary => 0,
+                }
+        }
+        Msg::MetaGet { .. } | Msg::MetaCas { .. } | Msg::MetaReply { .. } => 0,
+    }
+}
+
+/// Appends the payload fields (everything but the bulk data `data`).
+fn write_fields(frame: &Frame, data: &[u8], out: &mut Vec<u8>) {
+    let u64le = |out: &mut Vec<u8>, v: u64| out.extend_from_slice(&v.to_le_bytes());
+    let u32le = |out: &mut Vec<u8>, v: u32| out.extend_from_slice(&v.to_le_bytes());
+    // `check` bounded the payload by MAX_PAYLOAD, so the data length fits.
+    let data_len = data.len() as u32;
+    let (vol, msg) = match frame {
+        Frame::Hello {
+            cluster,
+            node,
+            boot,
+        } => {
+            out.extend_from_slice(cluster);
+            u32le(out, node.0);
+            u64le(out, *boot);
+            return;
+        }
+        Frame::Msg { vol, msg } => (vol, msg),
+    };
+    out.extend_from_slice(&vol.0.to_le_bytes());
+    match msg {
+        Msg::Repl {
+            epoch,
+            session,
+            lseq,
+            vseq,
+            op,
+            ..
+        } => {
+            u64le(out, epoch.0);
+            u64le(out, *session);
+            u64le(out, *lseq);
+            u64le(out, *vseq);
+            match op {
+                ReplOp::Start => out.push(0),
+                ReplOp::Write { lba, fua, .. } => {
+                    out.push(1);
+                    u64le(out, *lba);
+                    out.push(u8::from(*fua));
+                    u32le(out, data_len);
+                }
+                ReplOp::Flush => out.push(2),
+            }
+        }
+        Msg::ReplAck {
+            epoch,
+            session,
+            lseq,
+            ..
+        } => {
+            u64le(out, epoch.0);
+            u64le(out, *session);
+            u64le(out, *lseq);
+        }
+        Msg::Fenced { epoch, .. } => u64le(out, epoch.0),
+        Msg::Heartbeat { boot, sent_at } => {
+            u64le(out, *boot);
+            u64le(out, *sent_at);
+        }
+        Msg::HeartbeatAck {
+            sent_at,
+            epoch,
+            primary,
+            ..
+        } => {
+            u64le(out, *sent_at);
+            u64le(out, epoch.0);
+            u32le(out, primary.0);
+        }
+        Msg::ClientReq { id, req } => {
+            u64le(out, *id);
+            match req {
+                ClientReq::Write { lba, fua, .. } => {
+                    out.push(0);
+                    u64le(out, *lba);
+                    out.push(u8::from(*fua));
+                    u32le(out, data_len);
+                }
+                ClientReq::Flush => out.push(1),
+                ClientReq::Read { lba, blocks } => {
+                    out.push(2);
+                    u64le(out, *lba);
+                    u64le(out, *blocks);
+                }
+            }
+        }
+        Msg::ClientReply { id, reply } => {
+            u64le(out, *id);
+            match reply {
+                ClientReply::Ok { by, epoch, data } => {
+                    out.push(0);
+                    u32le(out, by.0);
+                    u64le(out, epoch.0);
+                    match data {
+                        Some(_) => {
+                            out.push(1);
+                            u32le(out, data_len);
+                        }
+                        None => out.push(0),
+                    }
+                }
+                ClientReply::NotPrimary => out.push(1),
+            }
+        }
+        // Refused by `check`.
+        Msg::MetaGet { .. } | Msg::MetaCas { .. } | Msg::MetaReply { .. } => {}
+    }
+}
+
+// ---------------------------------------------------------------- decoding
+
+/// A checked frame header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Header {
+    pub kind: u8,
+    pub payload_len: u32,
+    pub payload_crc: u32,
+}
+
+impl Header {
+    /// Bytes of the whole frame (header and payload).
+    pub fn frame_len(&self) -> usize {
+        HEADER_LEN + self.payload_len as usize
+    }
+}
+
+/// Checks the header at the start of `buf`: `Ok(None)` if fewer than
+/// [`HEADER_LEN`] bytes are there (and what is there could start a frame).
+/// Lets a reader size its buffer for the whole frame.
+pub fn decode_header(buf: &[u8]) -> Result<Option<Header>, DecodeError> {
+    let prefix = buf.len().min(MAGIC.len());
+    if buf[..prefix] != MAGIC[..prefix] {
+        return Err(DecodeError::BadMagic {
+            found: buf[..prefix].to_vec(),
+        });
+    }
+    let Some(h) = buf.get(..HEADER_LEN) else {
+        return Ok(None);
+    };
+    // Version first: a future version may lay the header out differently.
+    if h[4] != VERSION {
+        return Err(DecodeError::UnsupportedVersion(h[4]));
+    }
+    let expected = le_u32(&h[16..20]);
+    let actual = crc32c::crc32c(&h[0..16]);
+    if expected != actual {
+        return Err(DecodeError::HeaderCrc { expected, actual });
+    }
+    let kind = h[5];
+    if !(kind::HELLO..=kind::CLIENT_REPLY).contains(&kind) {
+        return Err(DecodeError::UnknownKind(kind));
+    }
+    let flags = u16::from_le_bytes([h[6], h[7]]);
+    if flags != 0 {
+        return Err(DecodeError::UnknownFlags(flags));
+    }
+    let payload_len = le_u32(&h[8..12]);
+    if payload_len as usize > MAX_PAYLOAD {
+        return Err(DecodeError::TooLarge {
+            len: payload_len,
+            max: MAX_PAYLOAD,
+        });
+    }
+    Ok(Some(Header {
+        kind,
+        payload_len,
+        payload_crc: le_u32(&h[12..16]),
+    }))
+}
+
+/// Decodes the frame at the start of `buf`: `Ok(None)` if more bytes are
+/// needed, else the frame and the bytes it used (never more than `buf`).
+pub fn decode(buf: &[u8]) -> Result<Option<(Frame, usize)>, DecodeError> {
+    let Some(header) = decode_header(buf)? else {
+        return Ok(None);
+    };
+    let Some(payload) = buf.get(HEADER_LEN..header.frame_len()) else {
+        return Ok(None);
+    };
+    let actual = crc32c::crc32c(payload);
+    if actual != header.payload_crc {
+        return Err(DecodeError::PayloadCrc {
+            expected: header.payload_crc,
+            actual,
+        });
+    }
+    let frame = decode_payload(header.kind, payload)?;
+    Ok(Some((frame, header.frame_len())))
+}
+
+fn le_u32(b: &[u8]) -> u32 {
+    let mut a = [0u8; 4];
+    a.copy_from_slice(&b[..4]);
+    u32::from_le_bytes(a)
+}
+
+/// A cursor over one payload whose errors name the frame kind and field.
+struct Reader<'a> {
+    kind: &'static str,
+    rest: &'a [u8],
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, field: &'static str, n: usize) -> Result<&'a [u8], DecodeError> {
+        if self.rest.len() < n {
+            return Err(DecodeError::Truncated {
+                kind: self.kind,
+                field,
+                need: n,
+                have: self.rest.len(),
+            });
+        }
+        let (head, tail) = self.rest.split_at(n);
+        self.rest = tail;
+        Ok(head)
+    }
+
+    fn array<const N: usize>(&mut self, field: &'static str) -> Result<[u8; N], DecodeError> {
+        let mut a = [0u8; N];
+        a.copy_from_slice(self.take(field, N)?);
+        Ok(a)
+    }
+
+    fn u8(&mut self, field: &'static str) -> Result<u8, DecodeError> {
+        Ok(self.array::<1>(field)?[0])
+    }
+
+    fn u32(&mut self, field: &'static str) -> Result<u32, DecodeError> {
+        Ok(u32::from_le_bytes(self.array(field)?))
+    }
+
+    fn u64(&mut self, field: &'static str) -> Result<u64, DecodeError> {
+        Ok(u64::from_le_bytes(self.array(field)?))
+    }
+
+    fn bool(&mut self, field: &'static str) -> Result<bool, DecodeError> {
+        match self.u8(field)? {
+            0 => Ok(false),
+            1 => Ok(true),
+            value => Err(self.invalid(field, value)),
+        }
+    }
+
+    /// A `u32` length, then that many bytes.
+    fn data(&mut self, field: &'static str) -> Result<Vec<u8>, DecodeError> {
+        let len = self.u32(field)? as usize;
+        Ok(self.take(field, len)?.to_vec())
+    }
+
+    fn invalid(&self, field: &'static str, value: u8) -> DecodeError {
+        DecodeError::InvalidValue {
+            kind: self.kind,
+            field,
+            value,
+        }
+    }
+
+    fn finish(self) -> Result<(), DecodeError> {
+        if self.rest.is_empty() {
+            Ok(())
+        } else {
+            Err(DecodeError::TrailingBytes {
+                kind: self.kind,
+                extra: self.rest.len(),
+            })
+        }
+    }
+}
+
+fn kind_name(kind: u8) -> &'static str {
+    match kind {
+        kind::HELLO => "Hello",
+        kind::REPL => "Repl",
+        kind::REPL_ACK => "ReplAck",
+        kind::FENCED => "Fenced",
+        kind::HEARTBEAT => "Heartbeat",
+        kind::HEARTBEAT_ACK => "HeartbeatAck",
+        kind::CLIENT_REQ => "ClientReq",
+        kind::CLIENT_REPLY => "ClientReply",
+        _ => "unknown",
+    }
+}
+
+fn decode_payload(kind: u8, payload: &[u8]) -> Result<Frame, DecodeError> {
+    let mut r = Reader {
+        kind: kind_name(kind),
+        rest: payload,
+    };
+    if kind == kind::HELLO {
+        let frame = Frame::Hello {
+            cluster: r.array("cluster")?,
+            node: NodeId(r.u32("node")?),
+            boot: r.u64("boot")?,
+        };
+        r.finish()?;
+        return Ok(frame);
+    }
+    let vol = VolumeId(u128::from_le_bytes(r.array("vol")?));
+    let msg = match kind {
+        kind::REPL => {
+            let epoch = Epoch(r.u64("epoch")?);
+            let session = r.u64("session")?;
+            let lseq = r.u64("lseq")?;
+            let vseq = r.u64("vseq")?;
+            let op = match r.u8("op")? {
+                0 => ReplOp::Start,
+                1 => ReplOp::Write {
+                    lba: r.u64("lba")?,
+                    fua: r.bool("fua")?,
+                    data: r.data("data")?,
+                },
+                2 => ReplOp::Flush,
+                other => return Err(r.invalid("op", other)),
+            };
+            Msg::Repl {
+                vol,
+                epoch,
+                session,
+                lseq,
+                vseq,
+                op,
+            }
+        }
+        kind::REPL_ACK => Msg::ReplAck {
+            vol,
+            epoch: Epoch(r.u64("epoch")?),
+            session: r.u64("session")?,
+            lseq: r.u64("lseq")?,
+        },
+        kind::FENCED => Msg::Fenced {
+            vol,
+            epoch: Epoch(r.u64("epoch")?),
+        },
+        kind::HEARTBEAT => Msg::Heartbeat {
+            boot: r.u64("boot")?,
+            sent_at: r.u64("sent_at")?,
+        },
+        kind::HEARTBEAT_ACK => Msg::HeartbeatAck {
+            sent_at: r.u64("sent_at")?,
+            epoch: Epoch(r.u64("epoch")?),
+            primary: NodeId(r.u32("primary")?),
+            vol,
+        },
+        kind::CLIENT_REQ => {
+            let id = r.u64("id")?;
+            let req = match r.u8("req")? {
+                0 => ClientReq::Write {
+                    lba: r.u64("lba")?,
+                    fua: r.bool("fua")?,
+                    data: r.data("data")?,
+                },
+                1 => ClientReq::Flush,
+                2 => ClientReq::Read {
+                    lba: r.u64("lba")?,
+                    blocks: r.u64("blocks")?,
+                },
+                other => return Err(r.invalid("req", other)),
+            };
+            Msg::ClientReq { id, req }
+        }
+        kind::CLIENT_REPLY => {
+            let id = r.u64("id")?;
+            let reply = match r.u8("reply")? {
+                0 => {
+                    let by = NodeId(r.u32("by")?);
+                    let epoch = Epoch(r.u64("epoch")?);
+                    let data = if r.bool("has_data")? {
+                        Some(r.data("data")?)
+                    } else {
+                        None
+                    };
+                    ClientReply::Ok { by, epoch, data }
+                }
+                1 => ClientReply::NotPrimary,
+                other => return Err(r.invalid("reply", other)),
+            };
+            Msg::ClientReply { id, reply }
+        }
+        // decode_header admits only known kinds.
+        other => return Err(DecodeError::UnknownKind(other)),
+    };
+    r.finish()?;
+    Ok(Frame::Msg { vol, msg })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn meta_messages_do_not_encode() {
+        let frame = Frame::Msg {
+            vol: VolumeId(1),
+            msg: Msg::MetaGet { vol: VolumeId(1) },
+        };
+        let mut out = vec![7];
+        assert_eq!(
+            encode(&frame, &mut out),
+            Err(EncodeError::NotPeerMessage("MetaGet"))
+        );
+        assert_eq!(out, [7]);
+    }
+
+    #[test]
+    fn volume_mismatch_is_refused() {
+        let frame = Frame::Msg {
+            vol: VolumeId(1),
+            msg: Msg::Fenced {
+                vol: VolumeId(2),
+                epoch: Epoch(3),
+            },
+        };
+        assert_eq!(
+            encoded_len(&frame),
+            Err(EncodeError::VolumeMismatch { frame: 1, msg: 2 })
+        );
+    }
+
+    #[test]
+    fn oversized_length_is_refused_from_the_header_alone() {
+        let mut h = header_bytes(kind::REPL, (MAX_PAYLOAD + 1) as u32, 0);
+        assert!(matches!(
+            decode(&h),
+            Err(DecodeError::TooLarge { len, .. }) if len as usize == MAX_PAYLOAD + 1
+        ));
+        h[6] = 1;
+        let crc = crc32c::crc32c(&h[0..16]);
+        h[16..20].copy_from_slice(&crc.to_le_bytes());
+        assert_eq!(decode(&h), Err(DecodeError::UnknownFlags(1)));
+    }
+}
