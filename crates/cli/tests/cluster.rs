@@ -59,7 +59,13 @@ impl Cluster {
 
     /// Waits until `volume show` through node `via` satisfies `ok`.
     #[track_caller]
-    fn wait_volume(&self, via: usize, volume: &str, what: &str, ok: impl Fn(&Value) -> bool) -> Value {
+    fn wait_volume(
+        &self,
+        via: usize,
+        volume: &str,
+        what: &str,
+        ok: impl Fn(&Value) -> bool,
+    ) -> Value {
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             let v = self.show(via, volume);
@@ -67,7 +73,10 @@ impl Cluster {
                 return v;
             }
             if Instant::now() >= deadline {
-                panic!("volume {volume} never became {what}: {v:#}\n{}", self.logs());
+                panic!(
+                    "volume {volume} never became {what}: {v:#}\n{}",
+                    self.logs()
+                );
             }
             std::thread::sleep(Duration::from_millis(200));
         }
@@ -118,7 +127,15 @@ fn node_index(name: &str) -> usize {
 /// Runs crash_writer.py against `uri` for one round: verify everything
 /// durable so far, write until the connection dies (the test kills the node
 /// it is connected to after `run_ms`).
-fn writer_round(c: &mut Cluster, via: usize, volume: &str, state: &std::path::Path, seed: u64, run_ms: u64, also_kill: Option<usize>) {
+fn writer_round(
+    c: &mut Cluster,
+    via: usize,
+    volume: &str,
+    state: &std::path::Path,
+    seed: u64,
+    run_ms: u64,
+    also_kill: Option<usize>,
+) {
     let mut cmd = python_cmd("crash_writer.py");
     cmd.arg(c.nodes[via].uri(volume))
         .arg(state)
@@ -137,7 +154,11 @@ fn writer_round(c: &mut Cluster, via: usize, volume: &str, state: &std::path::Pa
     for l in out.lines().filter(|l| l.trim() != "READY") {
         eprintln!("    writer: {l}");
     }
-    assert!(st.success(), "crash writer failed via node{via}:\n{out}\n{err}\n{}", c.logs());
+    assert!(
+        st.success(),
+        "crash writer failed via node{via}:\n{out}\n{err}\n{}",
+        c.logs()
+    );
 }
 
 #[test]
@@ -174,7 +195,9 @@ fn replicated_volume_survives_killed_nodes_and_resyncs() {
         eprintln!("round {round}: primary node{p}, writer via node{via}, also killing {also:?}");
         writer_round(&mut c, via, "r3", &state, py_seed, run_ms, also);
         // Verify through a surviving node, then bring the dead back.
-        let survivor = (0..3).find(|i| *i != via && Some(*i) != also).expect("a survivor");
+        let survivor = (0..3)
+            .find(|i| *i != via && Some(*i) != also)
+            .expect("a survivor");
         if also.is_some() {
             // One node of three left: writes wait for a second in-sync
             // replica; restart one before verifying.
@@ -200,11 +223,224 @@ fn replicated_volume_survives_killed_nodes_and_resyncs() {
         }
     }
     // Everyone back: replicas converge and hold identical data.
-    let v = c.wait_volume(2, "r3", "in sync after the last restart", |v| all_in_sync(v, 3));
-    assert!(epoch(&v) >= 4, "every round replaced the primary at least once: {v:#}");
+    let v = c.wait_volume(2, "r3", "in sync after the last restart", |v| {
+        all_in_sync(v, 3)
+    });
+    assert!(
+        epoch(&v) >= 4,
+        "every round replaced the primary at least once: {v:#}"
+    );
     let digests: Vec<u64> = (0..3)
-        .map(|i| c.nodes[i].cli_json(&["volume", "local-digest", "r3"])["crc32c"].as_u64().expect("crc"))
+        .map(|i| {
+            c.nodes[i].cli_json(&["volume", "local-digest", "r3"])["crc32c"]
+                .as_u64()
+                .expect("crc")
+        })
         .collect();
-    assert!(digests.iter().all(|d| *d == digests[0]), "replicas differ: {digests:?}\n{}", c.logs());
+    assert!(
+        digests.iter().all(|d| *d == digests[0]),
+        "replicas differ: {digests:?}\n{}",
+        c.logs()
+    );
     drop(c.etcd);
+}
+
+fn nbdtool(args: &[&str]) -> CmdOutput {
+    let mut cmd = python_cmd("nbdtool.py");
+    cmd.args(args);
+    run_cmd(&mut cmd, Duration::from_secs(180))
+}
+
+fn write_pattern(uri: &str, seed: u64, gen: u64, offset: u64, length: u64) {
+    let out = nbdtool(&[
+        "write",
+        uri,
+        "--seed",
+        &seed.to_string(),
+        "--gen",
+        &gen.to_string(),
+        "--offset",
+        &offset.to_string(),
+        "--length",
+        &length.to_string(),
+        "--flush",
+    ]);
+    assert_eq!(
+        out.code(),
+        Some(0),
+        "pattern write failed: {}",
+        out.describe()
+    );
+}
+
+#[track_caller]
+fn verify_pattern(uri: &str, seed: u64, gen: u64, offset: u64, length: u64) {
+    let out = nbdtool(&[
+        "verify",
+        uri,
+        "--seed",
+        &seed.to_string(),
+        "--gen",
+        &gen.to_string(),
+        "--offset",
+        &offset.to_string(),
+        "--length",
+        &length.to_string(),
+    ]);
+    assert_eq!(
+        out.code(),
+        Some(0),
+        "pattern verify failed: {}",
+        out.describe()
+    );
+}
+
+fn digests(c: &Cluster, nodes: &[usize], volume: &str) -> Vec<u64> {
+    nodes
+        .iter()
+        .map(|i| {
+            c.nodes[*i].cli_json(&["volume", "local-digest", volume])["crc32c"]
+                .as_u64()
+                .expect("crc")
+        })
+        .collect()
+}
+
+fn node_names(v: &Value) -> Vec<String> {
+    let mut n: Vec<String> = replicas(v)
+        .iter()
+        .filter_map(|r| r["node"].as_str().map(str::to_string))
+        .collect();
+    n.sort();
+    n
+}
+
+/// A volume created while a node is down is placed degraded and completed
+/// when the node returns; a removed node's replica is rebuilt on a new node.
+#[test]
+fn degraded_creation_completes_and_removed_replica_is_rebuilt() {
+    let mut c = Cluster::start(3, &[]);
+    c.nodes[2].kill9();
+    // Wait until the coordinator sees node2 gone (its etcd lease lapses).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let nodes = c.nodes[0].cli_json(&["node", "list"]);
+        let down = nodes["nodes"].as_array().is_some_and(|n| {
+            n.iter()
+                .any(|n| n["name"] == "node2" && n["alive"] == false)
+        });
+        if down {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "node2 never reported down: {nodes:#}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    c.nodes[0]
+        .cli(&[
+            "volume",
+            "create",
+            "deg",
+            "--size",
+            "16M",
+            "--replicas",
+            "3",
+        ])
+        .ok();
+    let v = c.wait_volume(1, "deg", "placed on the two live nodes", |v| {
+        all_in_sync(v, 2)
+    });
+    assert_eq!(node_names(&v), ["node0", "node1"], "{v:#}");
+    let human = c.nodes[0].cli(&["volume", "show", "deg"]);
+    assert!(human.ok().contains("degraded"), "{}", human.describe());
+    write_pattern(&c.nodes[1].uri("deg"), 7, 1, 0, 8 << 20);
+
+    c.nodes[2].restart();
+    let v = c.wait_volume(0, "deg", "completed on node2", |v| all_in_sync(v, 3));
+    assert_eq!(node_names(&v), ["node0", "node1", "node2"]);
+    verify_pattern(&c.nodes[2].uri("deg"), 7, 1, 0, 8 << 20);
+
+    // Remove a secondary's node for good; a fourth node takes its replica.
+    let p = primary(&v).expect("primary");
+    let gone = ["node0", "node1", "node2"]
+        .into_iter()
+        .find(|n| *n != p)
+        .expect("a secondary");
+    let gi = node_index(gone);
+    c.nodes[gi].kill9();
+    c.nodes[0].cli(&["node", "remove", gone]).ok();
+    let endpoint = c.etcd.endpoint();
+    let peer = format!("127.0.0.1:{}", free_port());
+    c.nodes.push(Server::start_with(
+        "512M",
+        &[
+            "--etcd",
+            &endpoint,
+            "--node-name",
+            "node3",
+            "--peer-listen",
+            &peer,
+            "--lease-ms",
+            "1000",
+        ],
+    ));
+    let v = c.wait_volume(3, "deg", "rebuilt on node3", |v| {
+        all_in_sync(v, 3) && node_names(v).contains(&"node3".to_string())
+    });
+    assert!(!node_names(&v).contains(&gone.to_string()), "{v:#}");
+    verify_pattern(&c.nodes[3].uri("deg"), 7, 1, 0, 8 << 20);
+    let live: Vec<usize> = (0..4).filter(|i| *i != gi).collect();
+    let d = digests(&c, &live, "deg");
+    assert!(
+        d.iter().all(|x| *x == d[0]),
+        "replicas differ: {d:?}\n{}",
+        c.logs()
+    );
+}
+
+/// A primary that is frozen (SIGSTOP: it can neither send nor renew its
+/// lease, like a partitioned node) is replaced; when it wakes up it is
+/// fenced: it steps down, and the data written through the new primary
+/// meanwhile is what every node returns.
+#[test]
+fn frozen_primary_is_replaced_and_fenced() {
+    let mut c = Cluster::start(3, &[]);
+    c.nodes[0]
+        .cli(&[
+            "volume",
+            "create",
+            "fence",
+            "--size",
+            "16M",
+            "--replicas",
+            "3",
+        ])
+        .ok();
+    let v = c.wait_volume(0, "fence", "in sync", |v| all_in_sync(v, 3));
+    let old = node_index(&primary(&v).expect("primary"));
+    let other = (old + 1) % 3;
+    write_pattern(&c.nodes[other].uri("fence"), 11, 1, 0, 4 << 20);
+
+    c.nodes[old].signal(libc::SIGSTOP);
+    let v = c.wait_volume(other, "fence", "failed over", |v| {
+        epoch(v) >= 2 && primary(v).is_some_and(|p| node_index(&p) != old)
+    });
+    // Generation 2 written through the new primary while the old one sleeps.
+    write_pattern(&c.nodes[other].uri("fence"), 11, 2, 0, 4 << 20);
+    c.nodes[old].signal(libc::SIGCONT);
+    // The woken node serves (forwards) correctly and never overwrites the
+    // newer data with its stale view.
+    std::thread::sleep(Duration::from_secs(2));
+    verify_pattern(&c.nodes[old].uri("fence"), 11, 2, 0, 4 << 20);
+    let v = c.wait_volume(old, "fence", "in sync again", |v| all_in_sync(v, 3));
+    assert_ne!(primary(&v).map(|p| node_index(&p)), Some(old), "{v:#}");
+    assert!(epoch(&v) >= 2);
+    let d = digests(&c, &[0, 1, 2], "fence");
+    assert!(
+        d.iter().all(|x| *x == d[0]),
+        "replicas differ: {d:?}\n{}",
+        c.logs()
+    );
 }

@@ -24,7 +24,7 @@ use crate::replica::{Event, Origin, ReplicaDriver, ReplicaEnv};
 use crate::ClusterError;
 use basalt_catalog::{Catalog, VolumeRecord};
 use basalt_replication::{
-    ClientReply, ClientReq, Config, Membership, Msg, NodeId, ReplicaState, RoleKind, VolumeId,
+    ClientReply, ClientReq, Config, Membership, Msg, NodeId, ReplicaState, VolumeId,
 };
 use basalt_store::{DataKind, DataOp, IoError, Store, BLOCK_SIZE};
 use basalt_volume::{BlockIo, ClusterVolumes, NodeView, ReplicaStatus, VolumeError};
@@ -114,7 +114,6 @@ impl MemberConfig {
 
 struct ReplicaHandle {
     tx: Sender<Event>,
-    role: Arc<Mutex<RoleKind>>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -575,7 +574,6 @@ impl Inner {
             rx,
             Duration::from_millis(t.heartbeat_ms.clamp(5, 1000) / 2),
         );
-        let role = driver.role_out.clone();
         if !fresh {
             let _ = tx.send(Event::Control(Msg::MetaReply {
                 record: rec.clone(),
@@ -588,7 +586,6 @@ impl Inner {
             .map_err(|e| ClusterError::Thread(e.to_string()))?;
         Ok(ReplicaHandle {
             tx,
-            role,
             thread: Some(thread),
         })
     }

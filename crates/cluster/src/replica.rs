@@ -26,8 +26,8 @@ use basalt_replication::{
 };
 use basalt_store::{DataOp, LocalVolume};
 use std::collections::HashMap;
-use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
-use std::time::{Duration, Instant};
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::time::Duration;
 
 /// Where a client request came from, to route its reply.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

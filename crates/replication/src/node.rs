@@ -507,14 +507,26 @@ mod tests {
         );
         assert!(
             sends(&a).iter().any(|(to, m)| *to == Endpoint::Client
-                && matches!(m, Msg::ClientReply { id: 5, reply: ClientReply::Ok { .. } })),
+                && matches!(
+                    m,
+                    Msg::ClientReply {
+                        id: 5,
+                        reply: ClientReply::Ok { .. }
+                    }
+                )),
             "the write no longer waits for the removed replica: {a:?}"
         );
         lease(&mut node, 99);
         let a = node.handle(100, Input::Tick);
         assert!(
             sends(&a).iter().any(|(to, m)| *to == Endpoint::Node(s2)
-                && matches!(m, Msg::Repl { op: ReplOp::Start, .. })),
+                && matches!(
+                    m,
+                    Msg::Repl {
+                        op: ReplOp::Start,
+                        ..
+                    }
+                )),
             "the added replica is resynced: {a:?}"
         );
     }

@@ -629,6 +629,15 @@ impl Server {
         self.info = None;
     }
 
+    /// Sends `sig` (SIGSTOP, SIGCONT …) to the running server, by the PID of
+    /// the child we started.
+    pub fn signal(&mut self, sig: libc::c_int) {
+        let child = self.child.as_ref().expect("server is not running");
+        // SAFETY: plain kill(2) on the PID of our own child, which has not been reaped yet.
+        let rc = unsafe { libc::kill(child.id() as libc::pid_t, sig) };
+        assert_eq!(rc, 0, "kill({sig}) failed");
+    }
+
     /// SIGTERM the server and wait for it to exit; returns its exit status.
     pub fn sigterm(&mut self, timeout: Duration) -> ExitStatus {
         let mut child = self.child.take().expect("server is not running");

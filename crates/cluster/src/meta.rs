@@ -1,0 +1,888 @@
+//! The cluster's metadata in etcd: node registry with liveness leases,
+//! membership records with compare-and-swap, and the coordinator election.
+//!
+//! Key layout under the configured prefix `P` (default `/basalt/`, shared
+//! with the catalog's `P/volumes/<name>`):
+//! - `P/cluster/id` — the cluster id (16 bytes as 32 hex digits), put-if-absent;
+//! - `P/cluster/next-node-id` — the last node id handed out;
+//! - `P/nodes/<name>` — a node's record (JSON: id, boot, state, info);
+//! - `P/alive/<name>` — present while the node's lease is kept alive;
+//! - `P/membership/<volume uuid>` — a volume's membership record (JSON);
+//! - `P/coordinator` — the elected coordinator's name, bound to its lease.
+//!
+//! Invariants:
+//! - a node name keeps its id for ever; its boot grows by one at every
+//!   registration (both changed only in transactions on the record's
+//!   `mod_revision`);
+//! - a membership record changes only through [`ClusterMeta::cas_membership`]:
+//!   one transaction comparing the key's `mod_revision` with the one whose
+//!   `version` was checked, applying `Membership::check_change`;
+//! - at most one `P/coordinator` key exists (created only if absent), and it
+//!   disappears when its holder's lease ends;
+//! - no call waits longer than the request timeout.
+//!
+//! Watches poll (node list every 500 ms, membership records every 100 ms)
+//! rather than use etcd's watch stream: polling survives etcd restarts and
+//! compactions with no resume logic, at a cost that is small for the
+//! record counts of one cluster.
+//!
+//! Threading: a small tokio runtime (one worker) keeps etcd-client's
+//! connections; calls from any thread run on it and are waited for on a std
+//! channel, as in `basalt_catalog::EtcdCatalog`.
+
+use basalt_replication::{Membership, NodeId, VolumeId};
+use etcd_client::{
+    Client, Compare, CompareOp, ConnectOptions, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse,
+};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+pub use basalt_catalog::EtcdConfig;
+
+/// Why a metadata call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum MetaError {
+    #[error("etcd at {endpoints} did not answer for {key:?} within {timeout:?}")]
+    Timeout {
+        endpoints: String,
+        key: String,
+        timeout: Duration,
+    },
+    #[error("etcd request for {key:?} to {endpoints} failed: {source}")]
+    Request {
+        endpoints: String,
+        key: String,
+        #[source]
+        source: etcd_client::Error,
+    },
+    #[error("invalid cluster metadata configuration: {0}")]
+    Config(String),
+    #[error("cluster metadata {key:?} in etcd is unreadable: {reason}")]
+    Corrupt { key: String, reason: String },
+    #[error("node {0:?} was removed from the cluster and may not rejoin under that name")]
+    NodeRemoved(String),
+    #[error("no node named {0:?} in the cluster")]
+    UnknownNode(String),
+    #[error("{0:?} changed concurrently too often; giving up")]
+    Contention(String),
+    #[error("cluster metadata client failed: {0}")]
+    Internal(String),
+}
+
+/// What a node tells the cluster about itself.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeInfo {
+    pub name: String,
+    pub peer_addr: SocketAddr,
+    pub nbd_addr: Option<SocketAddr>,
+    pub nvme_addr: Option<SocketAddr>,
+    pub api_addr: Option<SocketAddr>,
+    pub zone: Option<String>,
+    pub capacity_bytes: u64,
+    pub free_bytes: u64,
+}
+
+/// A node's administrative state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NodeState {
+    Active,
+    Draining,
+    Removed,
+}
+
+/// A node as the registry knows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeStatus {
+    pub id: NodeId,
+    pub info: NodeInfo,
+    pub state: NodeState,
+    pub alive: bool,
+    pub boot: u64,
+}
+
+/// The outcome of [`ClusterMeta::cas_membership`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CasOutcome {
+    Applied(Membership),
+    Conflict(Membership),
+    Invalid(String),
+    Missing,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct NodeRecord {
+    id: NodeId,
+    boot: u64,
+    state: NodeState,
+    info: NodeInfo,
+}
+
+struct Core {
+    client: Client,
+    prefix: String,
+    endpoints: String,
+    timeout: Duration,
+    handle: tokio::runtime::Handle,
+    runtime: parking_lot::Mutex<Option<tokio::runtime::Runtime>>,
+}
+
+impl Drop for Core {
+    fn drop(&mut self) {
+        if let Some(rt) = self.runtime.lock().take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+impl Core {
+    fn key(&self, rest: &str) -> String {
+        format!("{}{rest}", self.prefix)
+    }
+
+    /// Runs `f` on the runtime and waits for it, bounded by the timeout.
+    fn call<T, F, Fut>(&self, key: &str, f: F) -> Result<T, MetaError>
+    where
+        T: Send + 'static,
+        F: FnOnce(Client) -> Fut,
+        Fut: Future<Output = Result<T, MetaError>> + Send + 'static,
+    {
+        let fut = f(self.client.clone());
+        let (tx, rx) = mpsc::sync_channel(1);
+        let timeout = self.timeout;
+        self.handle.spawn(async move {
+            let r = match tokio::time::timeout(timeout, fut).await {
+                Ok(r) => Some(r),
+                Err(_) => None,
+            };
+            let _ = tx.send(r);
+        });
+        let timed_out = || MetaError::Timeout {
+            endpoints: self.endpoints.clone(),
+            key: key.to_string(),
+            timeout,
+        };
+        match rx.recv_timeout(timeout + Duration::from_secs(1)) {
+            Ok(Some(r)) => r,
+            Ok(None) | Err(_) => Err(timed_out()),
+        }
+    }
+
+    fn request_error(
+        &self,
+        key: &str,
+    ) -> impl Fn(etcd_client::Error) -> MetaError + Send + 'static {
+        let endpoints = self.endpoints.clone();
+        let key = key.to_string();
+        move |source| MetaError::Request {
+            endpoints: endpoints.clone(),
+            key: key.clone(),
+            source,
+        }
+    }
+
+    /// Every key/value under `prefix`, with each key's mod_revision.
+    fn list(&self, prefix: &str) -> Result<Vec<(String, Vec<u8>, i64)>, MetaError> {
+        let key = self.key(prefix);
+        let err = self.request_error(&key);
+        let k = key.clone();
+        self.call(&key, move |mut c| async move {
+            let resp = c
+                .get(k, Some(GetOptions::new().with_prefix()))
+                .await
+                .map_err(&err)?;
+            Ok(resp
+                .kvs()
+                .iter()
+                .map(|kv| {
+                    (
+                        String::from_utf8_lossy(kv.key()).into_owned(),
+                        kv.value().to_vec(),
+                        kv.mod_revision(),
+                    )
+                })
+                .collect())
+        })
+    }
+
+    /// The value and mod_revision of one key.
+    fn get(&self, rest: &str) -> Result<Option<(Vec<u8>, i64)>, MetaError> {
+        let key = self.key(rest);
+        let err = self.request_error(&key);
+        let k = key.clone();
+        self.call(&key, move |mut c| async move {
+            let resp = c.get(k, None).await.map_err(&err)?;
+            Ok(resp
+                .kvs()
+                .first()
+                .map(|kv| (kv.value().to_vec(), kv.mod_revision())))
+        })
+    }
+
+    /// Puts `value` at `rest` if the key's mod_revision is `expected` (0:
+    /// absent). Returns whether it was applied.
+    fn put_if(&self, rest: &str, expected: i64, value: Vec<u8>) -> Result<bool, MetaError> {
+        self.txn_put(vec![(rest.to_string(), expected, value)])
+    }
+
+    /// Puts every `(key, expected mod_revision, value)` atomically if every
+    /// key is at its expected revision (0: absent).
+    fn txn_put(&self, puts: Vec<(String, i64, Vec<u8>)>) -> Result<bool, MetaError> {
+        let first = puts.first().map(|p| self.key(&p.0)).unwrap_or_default();
+        let err = self.request_error(&first);
+        let puts: Vec<(String, i64, Vec<u8>)> = puts
+            .into_iter()
+            .map(|(k, r, v)| (self.key(&k), r, v))
+            .collect();
+        self.call(&first, move |mut c| async move {
+            let when: Vec<Compare> = puts
+                .iter()
+                .map(|(k, r, _)| {
+                    if *r == 0 {
+                        Compare::create_revision(k.clone(), CompareOp::Equal, 0)
+                    } else {
+                        Compare::mod_revision(k.clone(), CompareOp::Equal, *r)
+                    }
+                })
+                .collect();
+            let then: Vec<TxnOp> = puts
+                .iter()
+                .map(|(k, _, v)| TxnOp::put(k.clone(), v.clone(), None))
+                .collect();
+            let resp = c
+                .txn(Txn::new().when(when).and_then(then))
+                .await
+                .map_err(&err)?;
+            Ok(resp.succeeded())
+        })
+    }
+
+    fn delete(&self, rest: &str) -> Result<(), MetaError> {
+        let key = self.key(rest);
+        let err = self.request_error(&key);
+        let k = key.clone();
+        self.call(&key, move |mut c| async move {
+            c.delete(k, None).await.map_err(&err)?;
+            Ok(())
+        })
+    }
+
+    fn grant(&self, ttl: Duration) -> Result<i64, MetaError> {
+        let err = self.request_error("lease");
+        let secs = ttl.as_secs().max(1) as i64;
+        self.call("lease", move |mut c| async move {
+            Ok(c.lease_grant(secs, None).await.map_err(&err)?.id())
+        })
+    }
+
+    /// One keep-alive of `lease`; false if it no longer exists.
+    fn keep_alive(&self, lease: i64) -> Result<bool, MetaError> {
+        let err = self.request_error("lease keep-alive");
+        self.call("lease keep-alive", move |mut c| async move {
+            let (mut keeper, mut stream) = c.lease_keep_alive(lease).await.map_err(&err)?;
+            keeper.keep_alive().await.map_err(&err)?;
+            match stream.message().await.map_err(&err)? {
+                Some(resp) => Ok(resp.ttl() > 0),
+                None => Ok(false),
+            }
+        })
+    }
+
+    fn revoke(&self, lease: i64) {
+        let err = self.request_error("lease revoke");
+        let _ = self.call("lease revoke", move |mut c| async move {
+            c.lease_revoke(lease).await.map_err(&err)?;
+            Ok(())
+        });
+    }
+
+    fn put_with_lease(&self, rest: &str, value: Vec<u8>, lease: i64) -> Result<(), MetaError> {
+        let key = self.key(rest);
+        let err = self.request_error(&key);
+        let k = key.clone();
+        self.call(&key, move |mut c| async move {
+            c.put(k, value, Some(PutOptions::new().with_lease(lease)))
+                .await
+                .map_err(&err)?;
+            Ok(())
+        })
+    }
+
+    /// Creates `rest` bound to `lease` if absent; whether it was created.
+    fn create_with_lease(&self, rest: &str, value: Vec<u8>, lease: i64) -> Result<bool, MetaError> {
+        let key = self.key(rest);
+        let err = self.request_error(&key);
+        let k = key.clone();
+        self.call(&key, move |mut c| async move {
+            let txn = Txn::new()
+                .when([Compare::create_revision(k.clone(), CompareOp::Equal, 0)])
+                .and_then([TxnOp::put(
+                    k,
+                    value,
+                    Some(PutOptions::new().with_lease(lease)),
+                )]);
+            let resp = c.txn(txn).await.map_err(&err)?;
+            let _ = resp
+                .op_responses()
+                .iter()
+                .any(|r| matches!(r, TxnOpResponse::Put(_)));
+            Ok(resp.succeeded())
+        })
+    }
+}
+
+fn corrupt(key: &str, e: impl std::fmt::Display) -> MetaError {
+    MetaError::Corrupt {
+        key: key.to_string(),
+        reason: e.to_string(),
+    }
+}
+
+fn vol_key(vol: VolumeId) -> String {
+    format!("membership/{}", uuid::Uuid::from_u128(vol.0))
+}
+
+/// The cluster's metadata service; see the module docs.
+#[derive(Clone)]
+pub struct ClusterMeta {
+    core: Arc<Core>,
+}
+
+/// This node's registration; see [`ClusterMeta::register_node`].
+pub struct Registration {
+    name: String,
+    id: NodeId,
+    boot: u64,
+    lease: i64,
+    lost: Arc<AtomicBool>,
+    stop: Arc<AtomicBool>,
+    keeper: Option<JoinHandle<()>>,
+    core: Arc<Core>,
+}
+
+impl Registration {
+    pub fn id(&self) -> NodeId {
+        self.id
+    }
+    pub fn boot(&self) -> u64 {
+        self.boot
+    }
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+    /// Whether keeping the liveness lease alive failed (the node shows as
+    /// down until it succeeds again).
+    pub fn lost(&self) -> bool {
+        self.lost.load(Ordering::SeqCst)
+    }
+    /// Stops the keep-alive without revoking the lease, as if the process
+    /// had been killed (tests).
+    pub fn abandon(mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.keeper.take() {
+            let _ = t.join();
+        }
+        self.lease = 0;
+    }
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.keeper.take() {
+            let _ = t.join();
+        }
+        if self.lease != 0 {
+            self.core.revoke(self.lease);
+        }
+    }
+}
+
+/// Stops a polling watch or a campaign when dropped.
+pub struct WatchGuard {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Drop for WatchGuard {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            if t.thread().id() != std::thread::current().id() {
+                let _ = t.join();
+            }
+        }
+    }
+}
+
+/// The coordinator campaign; dropping it resigns.
+pub type ElectionGuard = WatchGuard;
+
+/// Sleeps `total` in small steps; false if `stop` was set meanwhile.
+fn nap(stop: &AtomicBool, total: Duration) -> bool {
+    let step = Duration::from_millis(50);
+    let mut left = total;
+    while !left.is_zero() {
+        if stop.load(Ordering::SeqCst) {
+            return false;
+        }
+        let d = left.min(step);
+        std::thread::sleep(d);
+        left -= d;
+    }
+    !stop.load(Ordering::SeqCst)
+}
+
+fn spawn_loop(
+    name: &str,
+    f: impl FnMut(&AtomicBool) + Send + 'static,
+) -> Result<WatchGuard, MetaError> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let s = stop.clone();
+    let mut f = f;
+    let thread = std::thread::Builder::new()
+        .name(name.to_string())
+        .spawn(move || f(&s))
+        .map_err(|e| MetaError::Internal(format!("cannot start a thread: {e}")))?;
+    Ok(WatchGuard {
+        stop,
+        thread: Some(thread),
+    })
+}
+
+impl ClusterMeta {
+    pub fn connect(cfg: EtcdConfig) -> Result<ClusterMeta, MetaError> {
+        if cfg.endpoints.is_empty() {
+            return Err(MetaError::Config("no etcd endpoint given".into()));
+        }
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("cluster-meta")
+            .enable_all()
+            .build()
+            .map_err(|e| MetaError::Internal(format!("cannot start a runtime: {e}")))?;
+        let endpoints = cfg.endpoints.join(",");
+        let options = ConnectOptions::new()
+            .with_connect_timeout(cfg.connect_timeout)
+            .with_timeout(cfg.request_timeout);
+        let eps = cfg.endpoints.clone();
+        let client = runtime
+            .block_on(async move {
+                tokio::time::timeout(cfg.request_timeout, Client::connect(eps, Some(options))).await
+            })
+            .map_err(|_| MetaError::Timeout {
+                endpoints: endpoints.clone(),
+                key: "connect".into(),
+                timeout: cfg.request_timeout,
+            })?
+            .map_err(|source| MetaError::Request {
+                endpoints: endpoints.clone(),
+                key: "connect".into(),
+                source,
+            })?;
+        let handle = runtime.handle().clone();
+        Ok(ClusterMeta {
+            core: Arc::new(Core {
+                client,
+                prefix: cfg.prefix,
+                endpoints,
+                timeout: cfg.request_timeout,
+                handle,
+                runtime: parking_lot::Mutex::new(Some(runtime)),
+            }),
+        })
+    }
+
+    /// The cluster's id, created by whichever node asks first.
+    pub fn cluster_id(&self) -> Result<[u8; 16], MetaError> {
+        let key = "cluster/id";
+        for _ in 0..2 {
+            if let Some((v, _)) = self.core.get(key)? {
+                let text = String::from_utf8_lossy(&v).into_owned();
+                return uuid::Uuid::parse_str(&text)
+                    .map(|u| *u.as_bytes())
+                    .map_err(|e| corrupt(key, e));
+            }
+            let id = uuid::Uuid::new_v4();
+            self.core
+                .put_if(key, 0, id.simple().to_string().into_bytes())?;
+        }
+        Err(MetaError::Contention(key.into()))
+    }
+
+    fn node_record(&self, name: &str) -> Result<Option<(NodeRecord, i64)>, MetaError> {
+        let key = format!("nodes/{name}");
+        match self.core.get(&key)? {
+            None => Ok(None),
+            Some((v, rev)) => serde_json::from_slice(&v)
+                .map(|r| Some((r, rev)))
+                .map_err(|e| corrupt(&key, e)),
+        }
+    }
+
+    /// Joins (or rejoins) the cluster as `info.name`; see the module docs.
+    pub fn register_node(&self, info: NodeInfo, ttl: Duration) -> Result<Registration, MetaError> {
+        if ttl.is_zero() {
+            return Err(MetaError::Config("node ttl must be positive".into()));
+        }
+        let name = info.name.clone();
+        let key = format!("nodes/{name}");
+        let mut record = None;
+        for _ in 0..20 {
+            match self.node_record(&name)? {
+                Some((r, _)) if r.state == NodeState::Removed => {
+                    return Err(MetaError::NodeRemoved(name))
+                }
+                Some((mut r, rev)) => {
+                    r.boot += 1;
+                    r.info = info.clone();
+                    let json = serde_json::to_vec(&r).map_err(|e| corrupt(&key, e))?;
+                    if self.core.put_if(&key, rev, json)? {
+                        record = Some(r);
+                        break;
+                    }
+                }
+                None => {
+                    let counter = "cluster/next-node-id";
+                    let (last, crev) = match self.core.get(counter)? {
+                        Some((v, rev)) => (
+                            String::from_utf8_lossy(&v)
+                                .parse::<u32>()
+                                .map_err(|e| corrupt(counter, e))?,
+                            rev,
+                        ),
+                        None => (0, 0),
+                    };
+                    let r = NodeRecord {
+                        id: NodeId(last + 1),
+                        boot: 1,
+                        state: NodeState::Active,
+                        info: info.clone(),
+                    };
+                    let json = serde_json::to_vec(&r).map_err(|e| corrupt(&key, e))?;
+                    let applied = self.core.txn_put(vec![
+                        (
+                            counter.to_string(),
+                            crev,
+                            (last + 1).to_string().into_bytes(),
+                        ),
+                        (key.clone(), 0, json),
+                    ])?;
+                    if applied {
+                        record = Some(r);
+                        break;
+                    }
+                }
+            }
+        }
+        let record = record.ok_or_else(|| MetaError::Contention(key.clone()))?;
+        let lease = self.core.grant(ttl)?;
+        let alive = format!("alive/{name}");
+        self.core
+            .put_with_lease(&alive, record.boot.to_string().into_bytes(), lease)?;
+        let lost = Arc::new(AtomicBool::new(false));
+        let stop = Arc::new(AtomicBool::new(false));
+        let core = self.core.clone();
+        let (l, s, n) = (lost.clone(), stop.clone(), name.clone());
+        let boot = record.boot;
+        let keeper = std::thread::Builder::new()
+            .name("node-lease".into())
+            .spawn(move || {
+                let mut lease = lease;
+                while nap(&s, ttl / 3) {
+                    match core.keep_alive(lease) {
+                        Ok(true) => l.store(false, Ordering::SeqCst),
+                        // The lease expired (etcd was away longer than
+                        // the ttl): take a new one, so a live node shows
+                        // as alive again.
+                        Ok(false) => {
+                            l.store(true, Ordering::SeqCst);
+                            if let Ok(new) = core.grant(ttl) {
+                                if core
+                                    .put_with_lease(&alive, boot.to_string().into_bytes(), new)
+                                    .is_ok()
+                                {
+                                    lease = new;
+                                    l.store(false, Ordering::SeqCst);
+                                    tracing::warn!(node = %n, "liveness lease renewed after it expired");
+                                }
+                            }
+                        }
+                        Err(e) => {
+                            l.store(true, Ordering::SeqCst);
+                            tracing::warn!(node = %n, error = %e, "could not keep the liveness lease");
+                        }
+                    }
+                }
+            })
+            .map_err(|e| MetaError::Internal(format!("cannot start a thread: {e}")))?;
+        Ok(Registration {
+            name,
+            id: record.id,
+            boot: record.boot,
+            lease,
+            lost,
+            stop,
+            keeper: Some(keeper),
+            core: self.core.clone(),
+        })
+    }
+
+    /// Updates what the registry says about this node (free capacity …).
+    pub fn update_node_info(&self, reg: &Registration, info: NodeInfo) -> Result<(), MetaError> {
+        let key = format!("nodes/{}", reg.name);
+        for _ in 0..10 {
+            let Some((mut r, rev)) = self.node_record(&reg.name)? else {
+                return Err(MetaError::UnknownNode(reg.name.clone()));
+            };
+            r.info = info.clone();
+            let json = serde_json::to_vec(&r).map_err(|e| corrupt(&key, e))?;
+            if self.core.put_if(&key, rev, json)? {
+                return Ok(());
+            }
+        }
+        Err(MetaError::Contention(key))
+    }
+
+    /// Every node ever registered, alive or not, by id.
+    pub fn nodes(&self) -> Result<Vec<NodeStatus>, MetaError> {
+        let records = self.core.list("nodes/")?;
+        let alive = self.core.list("alive/")?;
+        let alive_prefix = self.core.key("alive/");
+        let alive: std::collections::HashSet<String> = alive
+            .into_iter()
+            .filter_map(|(k, _, _)| k.strip_prefix(&alive_prefix).map(str::to_string))
+            .collect();
+        let mut out = Vec::with_capacity(records.len());
+        for (k, v, _) in records {
+            let r: NodeRecord = serde_json::from_slice(&v).map_err(|e| corrupt(&k, e))?;
+            out.push(NodeStatus {
+                id: r.id,
+                alive: alive.contains(&r.info.name),
+                info: r.info,
+                state: r.state,
+                boot: r.boot,
+            });
+        }
+        out.sort_by_key(|n| n.id);
+        Ok(out)
+    }
+
+    pub fn set_node_state(&self, name: &str, state: NodeState) -> Result<(), MetaError> {
+        let key = format!("nodes/{name}");
+        for _ in 0..10 {
+            let Some((mut r, rev)) = self.node_record(name)? else {
+                return Err(MetaError::UnknownNode(name.to_string()));
+            };
+            if r.state == NodeState::Removed && state != NodeState::Removed {
+                return Err(MetaError::NodeRemoved(name.to_string()));
+            }
+            r.state = state;
+            let json = serde_json::to_vec(&r).map_err(|e| corrupt(&key, e))?;
+            if self.core.put_if(&key, rev, json)? {
+                return Ok(());
+            }
+        }
+        Err(MetaError::Contention(key))
+    }
+
+    /// Calls `f` with the node list now and after every change (polled
+    /// every 500 ms).
+    pub fn watch_nodes(
+        &self,
+        f: Box<dyn Fn(Vec<NodeStatus>) + Send + Sync>,
+    ) -> Result<WatchGuard, MetaError> {
+        let meta = self.clone();
+        let first = self.nodes()?;
+        f(first.clone());
+        let mut last = first;
+        spawn_loop("watch-nodes", move |stop| {
+            while nap(stop, Duration::from_millis(500)) {
+                match meta.nodes() {
+                    Ok(nodes) if nodes != last => {
+                        last = nodes.clone();
+                        f(nodes);
+                    }
+                    Ok(_) => {}
+                    Err(e) => tracing::debug!(error = %e, "node list poll failed"),
+                }
+            }
+        })
+    }
+
+    pub fn membership(&self, vol: VolumeId) -> Result<Option<Membership>, MetaError> {
+        let key = vol_key(vol);
+        match self.core.get(&key)? {
+            None => Ok(None),
+            Some((v, _)) => serde_json::from_slice(&v)
+                .map(Some)
+                .map_err(|e| corrupt(&key, e)),
+        }
+    }
+
+    pub fn memberships(&self) -> Result<Vec<Membership>, MetaError> {
+        self.core
+            .list("membership/")?
+            .into_iter()
+            .map(|(k, v, _)| serde_json::from_slice(&v).map_err(|e| corrupt(&k, e)))
+            .collect()
+    }
+
+    /// Put-if-absent; false if the volume has a record already.
+    pub fn create_membership(&self, rec: &Membership) -> Result<bool, MetaError> {
+        let key = vol_key(rec.volume);
+        let json = serde_json::to_vec(rec).map_err(|e| corrupt(&key, e))?;
+        self.core.put_if(&key, 0, json)
+    }
+
+    /// Replaces the record if its version is still `expected` and the change
+    /// is allowed (`Membership::check_change`); the stored record gets
+    /// version `expected + 1`.
+    pub fn cas_membership(
+        &self,
+        expected: u64,
+        mut rec: Membership,
+    ) -> Result<CasOutcome, MetaError> {
+        let key = vol_key(rec.volume);
+        for _ in 0..10 {
+            let Some((v, rev)) = self.core.get(&key)? else {
+                return Ok(CasOutcome::Missing);
+            };
+            let cur: Membership = serde_json::from_slice(&v).map_err(|e| corrupt(&key, e))?;
+            if cur.version != expected {
+                return Ok(CasOutcome::Conflict(cur));
+            }
+            if let Err(e) = cur.check_change(&rec) {
+                return Ok(CasOutcome::Invalid(e.to_string()));
+            }
+            rec.version = expected + 1;
+            let json = serde_json::to_vec(&rec).map_err(|e| corrupt(&key, e))?;
+            if self.core.put_if(&key, rev, json)? {
+                return Ok(CasOutcome::Applied(rec));
+            }
+            // The key changed between the read and the transaction: read
+            // again (it is a conflict unless only its bytes were rewritten).
+        }
+        Err(MetaError::Contention(key))
+    }
+
+    pub fn delete_membership(&self, vol: VolumeId) -> Result<(), MetaError> {
+        self.core.delete(&vol_key(vol))
+    }
+
+    /// Calls `f` with every record now, then with every newer version seen
+    /// (polled every 100 ms). Deletions are not reported.
+    pub fn watch_memberships(
+        &self,
+        f: Box<dyn Fn(Membership) + Send + Sync>,
+    ) -> Result<WatchGuard, MetaError> {
+        let meta = self.clone();
+        let mut seen: BTreeMap<VolumeId, u64> = BTreeMap::new();
+        for rec in self.memberships()? {
+            seen.insert(rec.volume, rec.version);
+            f(rec);
+        }
+        spawn_loop("watch-membership", move |stop| {
+            while nap(stop, Duration::from_millis(100)) {
+                match meta.memberships() {
+                    Ok(records) => {
+                        let present: std::collections::HashSet<VolumeId> =
+                            records.iter().map(|r| r.volume).collect();
+                        seen.retain(|v, _| present.contains(v));
+                        for rec in records {
+                            if seen.get(&rec.volume).is_none_or(|v| rec.version > *v) {
+                                seen.insert(rec.volume, rec.version);
+                                f(rec);
+                            }
+                        }
+                    }
+                    Err(e) => tracing::debug!(error = %e, "membership poll failed"),
+                }
+            }
+        })
+    }
+
+    /// Campaigns for the coordinator role in the background; `f(true)` when
+    /// this node becomes coordinator, `f(false)` when it loses the role.
+    pub fn campaign(
+        &self,
+        reg: &Registration,
+        f: Box<dyn Fn(bool) + Send + Sync>,
+    ) -> Result<ElectionGuard, MetaError> {
+        let core = self.core.clone();
+        let name = reg.name.clone();
+        // The coordinator key lives on a lease of its own, so that losing
+        // the role and the node's liveness are independent.
+        let ttl = Duration::from_secs(3);
+        spawn_loop("coordinator-election", move |stop| {
+            let mut held: Option<i64> = None;
+            let mut last_ok = std::time::Instant::now();
+            loop {
+                match held {
+                    None => {
+                        if let Ok(lease) = core.grant(ttl) {
+                            match core.create_with_lease(
+                                "coordinator",
+                                name.clone().into_bytes(),
+                                lease,
+                            ) {
+                                Ok(true) => {
+                                    held = Some(lease);
+                                    last_ok = std::time::Instant::now();
+                                    f(true);
+                                }
+                                _ => core.revoke(lease),
+                            }
+                        }
+                        if !nap(stop, Duration::from_millis(500)) {
+                            break;
+                        }
+                    }
+                    Some(lease) => {
+                        if !nap(stop, ttl / 3) {
+                            break;
+                        }
+                        // An unanswered keep-alive is not a lost role: the
+                        // lease lasts `ttl` after the last one that worked
+                        // (etcd cannot elect anyone else before that).
+                        let lost = match core.keep_alive(lease) {
+                            Ok(true) => match core.get("coordinator") {
+                                Ok(Some((v, _))) => v != name.as_bytes(),
+                                Ok(None) => true,
+                                Err(_) => false,
+                            },
+                            Ok(false) => true,
+                            Err(_) => false,
+                        };
+                        if !lost && core.get("coordinator").is_ok() {
+                            last_ok = std::time::Instant::now();
+                        }
+                        if lost || last_ok.elapsed() >= ttl * 2 / 3 {
+                            tracing::warn!(node = %name, "lost the coordinator role");
+                            held = None;
+                            f(false);
+                        }
+                    }
+                }
+            }
+            if let Some(lease) = held {
+                core.revoke(lease);
+                f(false);
+            }
+        })
+    }
+
+    /// The current coordinator's node name, if any.
+    pub fn coordinator(&self) -> Result<Option<String>, MetaError> {
+        Ok(self
+            .core
+            .get("coordinator")?
+            .map(|(v, _)| String::from_utf8_lossy(&v).into_owned()))
+    }
+}
