@@ -55,6 +55,7 @@ mod cpio;
 mod elf;
 mod error;
 pub mod forward;
+pub mod host_calls;
 pub mod image;
 mod kernel;
 mod modules;
@@ -69,6 +70,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 pub use error::{Error, Result};
 pub use forward::{Forward, FORWARD_IP, GUEST_IP};
+pub use host_calls::HostCalls;
 pub use image::Image;
 
 /// Lines of console kept in error messages.
