@@ -154,6 +154,9 @@ fio --name=kernel-nvme-seq --filename=/dev/$NS --ioengine=libaio --direct=1 \
     --verify=crc32c --do_verify=1 --verify_fatal=1 --verify_state_save=0 \
     --group_reporting
 
+# Identify Namespace's NUSE counts allocated blocks (thin provisioning).
+echo "NUSE $(nvme id-ns /dev/$NS | awk '$1 == "nuse" {{print $3}}')"
+
 # --- a blob for the host to read back (over NBD)
 step blob for the host
 dd if=/dev/urandom of=/tmp/blob bs=1M count={blob_mib}
@@ -265,6 +268,15 @@ fn kernel_nvme_tcp_initiator_ext4_fio_resize() {
     assert_eq!(
         console_value(&run, "RESIZED-SECTORS "),
         (RESIZED / 512).to_string()
+    );
+    let nuse = console_value(&run, "NUSE ");
+    let nuse = u64::from_str_radix(nuse.trim_start_matches("0x"), 16)
+        .unwrap_or_else(|e| panic!("NUSE {nuse:?}: {e}"));
+    assert!(
+        nuse >= 2 * FIO_REGION / 4096 && nuse < VOLUME_SIZE / 4096,
+        "NUSE {nuse} blocks after fio wrote {} blocks of {}",
+        2 * FIO_REGION / 4096,
+        VOLUME_SIZE / 4096
     );
     let vol = s.cli_json(&["volume", "show", VOLUME]);
     assert_eq!(volume_size(&vol), RESIZED, "{vol}");

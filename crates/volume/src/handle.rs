@@ -91,6 +91,11 @@ impl VolumeHandle {
         })
     }
 
+    /// Bytes held by allocated extents (thin provisioning: at most the size).
+    pub fn allocated_bytes(&self) -> u64 {
+        self.0.local.allocated_bytes()
+    }
+
     /// Allocated and unallocated (reads-as-zero) runs covering the range.
     pub fn mapping(&self, offset: u64, len: u64) -> Result<Vec<MappingRun>, IoError> {
         self.0.local.mapping(offset, len)
