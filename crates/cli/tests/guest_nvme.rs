@@ -59,11 +59,12 @@ fn nvme_functions() -> String {
         r#"SUB={sub}
 T="-t tcp -a {ip} -s {port}"
 nvme_ns() {{
+    local d name
     NS=
     for d in /sys/block/nvme*; do
-        n=${{d##*/}}
-        case "$n" in nvme\*|*c*) continue ;; esac
-        NS=$n
+        name=${{d##*/}}
+        case "$name" in nvme\*|*c*) continue ;; esac
+        NS=$name
     done
     [ -n "$NS" ]
 }}

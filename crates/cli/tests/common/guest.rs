@@ -20,10 +20,11 @@ use super::{tool, Scratch};
 pub const SH_PRELUDE: &str = r#"set -eux -o pipefail
 step() { echo "STEP $(cut -d' ' -f1 /proc/uptime)s: $*"; }
 wait_until() {
-    n=$1; shift
-    i=0
+    local tries=$1 tried=0
+    shift
     until "$@"; do
-        i=$((i + 1)); [ $i -le "$n" ] || { echo "timed out waiting for: $*"; return 1; }
+        tried=$((tried + 1))
+        [ $tried -le "$tries" ] || { echo "timed out waiting for: $*"; return 1; }
         usleep 100000
     done
 }
