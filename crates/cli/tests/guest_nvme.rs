@@ -274,7 +274,7 @@ fn kernel_nvme_tcp_initiator_ext4_fio_resize() {
     let nuse = u64::from_str_radix(nuse.trim_start_matches("0x"), 16)
         .unwrap_or_else(|e| panic!("NUSE {nuse:?}: {e}"));
     assert!(
-        nuse >= 2 * FIO_REGION / 4096 && nuse < VOLUME_SIZE / 4096,
+        (2 * FIO_REGION / 4096..VOLUME_SIZE / 4096).contains(&nuse),
         "NUSE {nuse} blocks after fio wrote {} blocks of {}",
         2 * FIO_REGION / 4096,
         VOLUME_SIZE / 4096
