@@ -11,6 +11,11 @@
 //!   shuts down the socket of every queue it owns, so no I/O queue outlives
 //!   its controller.
 //! - Controller IDs are 1..=0xFFEF and unique among live controllers.
+//! - Clearing CC.EN of an enabled controller resets it: its I/O queues are
+//!   shut down and unregistered, held Asynchronous Event Requests dropped,
+//!   host-set features back to defaults; the admin queue (and so the
+//!   controller ID) stays. CSTS.RDY follows CC.EN, CSTS.SHST reads
+//!   "complete" while CC.SHN is set.
 //! - Everything here is pure computation under short locks; the only socket
 //!   write is an Asynchronous Event completion, done under the admin
 //!   queue's writer lock like the queue's own writes.

@@ -1,7 +1,9 @@
 //! Test-only harness: boots a small Linux guest under QEMU (TCG) so that
 //! Basalt can be tested against the Linux kernel's own block initiators —
-//! the kernel NBD client today, the nvme-tcp initiator with nvme-cli next —
-//! rather than only against user-space clients.
+//! the kernel NBD client and the nvme-tcp initiator with nvme-cli — rather
+//! than only against user-space clients. A script that needs the host to
+//! act mid-run (resize a volume it has attached) asks through
+//! [`HostCalls`].
 //!
 //! [`Guest::boot`] runs a shell script inside a fresh guest and returns its
 //! exit status and the serial console log:
