@@ -164,6 +164,19 @@ dd if=/dev/urandom of=/tmp/blob bs=1M count={blob_mib}
 echo "BLOB-SHA256 $(sha256sum /tmp/blob | cut -d' ' -f1)"
 dd if=/tmp/blob of=/dev/$NS bs=1M seek={blob_seek} oflag=direct conv=fsync
 
+# --- a controller reset (the kernel clears CC.EN, then connects anew):
+# the namespace stays and reads what was written before
+step controller reset
+for c in /sys/class/nvme/nvme*; do
+    [ "$(cat $c/subsysnqn)" = "$SUB" ] && CTRL=${{c##*/}}
+done
+nvme reset /dev/$CTRL
+live() {{ [ "$(cat /sys/class/nvme/$CTRL/state)" = live ]; }}
+wait_until 100 live
+dd if=/dev/$NS of=/tmp/blob.back bs=1M skip={blob_seek} count={blob_mib} iflag=direct
+cmp /tmp/blob /tmp/blob.back
+echo RESET-OK
+
 # --- resize while connected: the kernel rescans on the target's event
 step resize
 host_call resize {resized_mib}M
@@ -254,6 +267,17 @@ fn kernel_nvme_tcp_initiator_ext4_fio_resize() {
     };
     let run = boot_ok(config, &guest_script(), "guest-nvme-done");
 
+    // No I/O errors, timeouts or oopses in the guest kernel's log.
+    for bad in ["I/O error", "timeout", "Call Trace"] {
+        assert!(
+            !run.console_log
+                .lines()
+                .any(|l| l.starts_with('[') && l.contains(bad)),
+            "guest kernel reported {bad:?}:\n{}",
+            run.console_log
+        );
+    }
+    assert!(run.console_log.contains("RESET-OK"));
     // The refusal came from the target, for the right reason.
     assert!(run.console_log.contains("REFUSED-OK"));
     let log = s.log();
@@ -281,10 +305,30 @@ fn kernel_nvme_tcp_initiator_ext4_fio_resize() {
     );
     let vol = s.cli_json(&["volume", "show", VOLUME]);
     assert_eq!(volume_size(&vol), RESIZED, "{vol}");
+    // Nothing else went wrong on the target's side.
+    let warnings: Vec<&str> = log
+        .lines()
+        .filter(|l| {
+            (l.contains(" WARN ") || l.contains(" ERROR ")) && !l.contains("host not allowed")
+        })
+        .collect();
+    assert!(
+        warnings.is_empty(),
+        "server warnings:\n{}",
+        warnings.join("\n")
+    );
+    // `nvme reset` reached the target as a CC.EN 1 -> 0 write.
+    assert!(
+        log.contains("NVMe controller reset (CC.EN cleared)"),
+        "no controller reset in the server log:\n{log}"
+    );
     // Every controller the guest made is gone after its disconnects.
     let removed = log.matches("NVMe controller removed").count();
     let created = log.matches("NVMe controller created").count();
-    assert!(created >= 4, "discovery x2 and 3 connects, got {created}");
+    assert!(
+        created >= 5,
+        "discovery x2, 3 connects and a reset, got {created}"
+    );
     assert_eq!(created, removed, "controllers left behind:\n{log}");
 
     // --- the host's view (over NBD) of what the guest wrote over NVMe/TCP
