@@ -3,9 +3,12 @@
 //! crate), in one boot: discovery lists the volume for the allowed host
 //! and nothing for another host, whose Connect is refused; ext4 on the
 //! namespace across a disconnect and reconnect; fio with verification on
-//! the raw namespace; a resize while connected that the guest notices (the
-//! target's Namespace Attribute Changed event makes the kernel rescan); and
-//! the host reads back over NBD what the guest wrote over NVMe/TCP.
+//! the raw namespace; NUSE counts allocated blocks; `nvme reset` (CC.EN
+//! 1 -> 0, then a new controller) keeps the data; a resize while connected
+//! that the guest notices (the target's Namespace Attribute Changed event
+//! makes the kernel rescan), asked of the test through `host_call`; and the
+//! host reads back over NBD what the guest wrote over NVMe/TCP. The guest
+//! kernel must log no I/O error and the server no warning.
 //!
 //! `nvme_vs_nbd_fio_in_one_guest` (ignored: a measurement, not a check)
 //! runs the same small fio jobs over the kernel's NVMe/TCP initiator and
