@@ -14,9 +14,10 @@ mod common;
 
 use std::net::SocketAddr;
 use std::os::unix::fs::FileExt;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use basalt_guest::{Forward, Guest, GuestConfig};
+use basalt_guest::{Forward, GuestConfig};
+use common::guest::*;
 use common::*;
 
 const VOLUME: &str = "knbd";
@@ -37,17 +38,10 @@ fn guest_script() -> String {
         ip = basalt_guest::FORWARD_IP
     );
     format!(
-        r#"set -eux -o pipefail
-# Progress with the guest's uptime, for reading a slow run's console.
-step() {{ echo "STEP $(cut -d' ' -f1 /proc/uptime)s: $*"; }}
+        r#"{SH_PRELUDE}
 # Waits until the kernel has released /dev/nbd0 after `nbd-client -d`.
-wait_disconnected() {{
-    i=0
-    while [ "$(cat /sys/block/nbd0/size)" != 0 ]; do
-        i=$((i + 1)); [ $i -le 100 ] || return 1
-        usleep 100000
-    done
-}}
+nbd0_released() {{ [ "$(cat /sys/block/nbd0/size)" = 0 ]; }}
+wait_disconnected() {{ wait_until 100 nbd0_released; }}
 
 # --- connect (two connections: netlink, multi-conn) and format
 step connect and mkfs
@@ -116,13 +110,6 @@ echo guest-nbd-done
     )
 }
 
-fn sha256_of(data: &[u8], dir: &Scratch) -> String {
-    let path = dir.path("blob.bin");
-    std::fs::write(&path, data).unwrap();
-    let out = tool("sha256sum", [path.to_str().unwrap()]);
-    out.ok().split_whitespace().next().unwrap().to_string()
-}
-
 #[test]
 fn kernel_nbd_client_ext4_and_fio_verify() {
     require_tool("qemu-system-x86_64");
@@ -130,32 +117,13 @@ fn kernel_nbd_client_ext4_and_fio_verify() {
     s.create_volume(VOLUME, "256M");
     let nbd: SocketAddr = s.nbd_addr().parse().expect("server's NBD address");
 
-    let started = Instant::now();
     let config = GuestConfig {
         forwards: vec![Forward::new(GUEST_NBD_PORT, nbd)],
         memory_mib: 512,
         timeout: Duration::from_secs(600),
         ..GuestConfig::default()
     };
-    let run = Guest::boot(config, &guest_script()).unwrap_or_else(|e| panic!("guest: {e}"));
-    eprintln!(
-        "guest: boot to script {:?}, run {:?}, with image preparation {:?}",
-        run.boot_time,
-        run.duration,
-        started.elapsed()
-    );
-    assert_eq!(
-        run.exit_code,
-        0,
-        "the guest script failed (exit {}); console tail:\n{}",
-        run.exit_code,
-        run.console_tail(120)
-    );
-    assert!(
-        run.console_log.contains("guest-nbd-done"),
-        "{}",
-        run.console_tail(40)
-    );
+    let run = boot_ok(config, &guest_script(), "guest-nbd-done");
 
     // --- the host's view of what the kernel client wrote
     let vol = s.cli_json(&["volume", "show", VOLUME]);
@@ -188,13 +156,7 @@ fn kernel_nbd_client_ext4_and_fio_verify() {
         );
     }
 
-    let want = run
-        .console_log
-        .lines()
-        .find_map(|l| l.trim_end_matches('\r').strip_prefix("BLOB-SHA256 "))
-        .unwrap_or_else(|| panic!("no BLOB-SHA256 line:\n{}", run.console_tail(40)))
-        .trim()
-        .to_string();
+    let want = console_value(&run, "BLOB-SHA256 ");
     let dir = Scratch::new();
     let copy = dir.path("volume.raw");
     tool("nbdcopy", [uri.as_str(), copy.to_str().unwrap()]).ok();
@@ -202,7 +164,7 @@ fn kernel_nbd_client_ext4_and_fio_verify() {
     let mut blob = vec![0u8; BLOB_LEN as usize];
     f.read_exact_at(&mut blob, BLOB_OFFSET).unwrap();
     assert_eq!(
-        sha256_of(&blob, &dir),
+        sha256_hex(&blob, &dir),
         want,
         "the blob the guest wrote through /dev/nbd0 reads back differently on the host"
     );

@@ -13,18 +13,7 @@ use basalt_nvme_wire::log_page::DiscoveryLog;
 use basalt_nvme_wire::{Digests, Status};
 use common::*;
 use host::{pattern, Host, HOST_NQN, OTHER_HOST_NQN};
-use std::net::SocketAddr;
 use std::time::Duration;
-
-fn nvme_addr(s: &Server) -> SocketAddr {
-    let text = std::fs::read_to_string(s.data_dir().join("server.json")).unwrap();
-    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
-    v["nvme"]
-        .as_str()
-        .unwrap_or_else(|| panic!("server.json without nvme: {text}"))
-        .parse()
-        .unwrap()
-}
 
 #[test]
 fn nvme_tcp_write_read_verify_through_basalt_server() {
@@ -39,7 +28,7 @@ fn nvme_tcp_write_read_verify_through_basalt_server() {
     );
     s.create_volume("disk", "32M");
     assert!(s.log().contains("NVMe/TCP listening on"), "{}", s.log());
-    let addr = nvme_addr(&s);
+    let addr = s.nvme_addr();
 
     // Discovery lists the volume at the advertised address.
     let mut d = Host::discovery(addr, HOST_NQN);
@@ -85,7 +74,7 @@ fn nvme_tcp_write_read_verify_through_basalt_server() {
 
     // After a restart: same subsystem, same NGUID, the data is there.
     s.restart();
-    let addr = nvme_addr(&s);
+    let addr = s.nvme_addr();
     let mut admin = Host::admin(addr, Digests::NONE, "disk", 5000);
     assert_eq!(
         admin.identify(cns::NAMESPACE, 1).ok().data[104..120],
@@ -101,7 +90,7 @@ fn nvme_hosts_attached_per_volume() {
     let s = Server::start("64M");
     s.create_volume("a", "16M");
     s.create_volume("b", "16M");
-    let addr = nvme_addr(&s);
+    let addr = s.nvme_addr();
     let mut h = Host::connect(addr, Digests::NONE);
     let r = h.connect_queue(0, 31, 0, CNTLID_DYNAMIC, &subsystem_nqn("a"), HOST_NQN);
     assert_eq!(r.status().sc, Status::CONNECT_INVALID_HOST.sc);

@@ -11,6 +11,11 @@
 //!   shuts down the socket of every queue it owns, so no I/O queue outlives
 //!   its controller.
 //! - Controller IDs are 1..=0xFFEF and unique among live controllers.
+//! - Clearing CC.EN of an enabled controller resets it: its I/O queues are
+//!   shut down and unregistered, held Asynchronous Event Requests dropped,
+//!   host-set features back to defaults; the admin queue (and so the
+//!   controller ID) stays. CSTS.RDY follows CC.EN, CSTS.SHST reads
+//!   "complete" while CC.SHN is set.
 //! - Everything here is pure computation under short locks; the only socket
 //!   write is an Asynchronous Event completion, done under the admin
 //!   queue's writer lock like the queue's own writes.
@@ -88,6 +93,28 @@ pub(crate) struct State {
     pub dead: bool,
 }
 
+impl State {
+    /// Controller Level Reset: the I/O queues are deleted (their sockets
+    /// shut down, so their threads end and in-flight commands are
+    /// abandoned, as a reset aborts them), held Asynchronous Event Requests
+    /// are dropped without completion, and the features a host sets
+    /// return to their defaults. The admin queue stays connected; the
+    /// caller clears CSTS.RDY. The host re-enables the controller and
+    /// connects new I/O queues.
+    fn reset(&mut self) {
+        self.queues.retain(|&qid, stream| {
+            if qid != 0 {
+                let _ = stream.shutdown(Shutdown::Both);
+            }
+            qid == 0
+        });
+        self.aers.clear();
+        self.pending_event = false;
+        self.async_event_config = 0;
+        self.io_queues = None;
+    }
+}
+
 pub(crate) struct Controller {
     pub cntlid: u16,
     pub subnqn: String,
@@ -145,13 +172,18 @@ impl Controller {
         }
     }
 
-    /// Applies a write of CC: enabling makes the controller ready,
-    /// disabling makes it not ready, a shutdown notification completes at
+    /// Applies a write of CC: enabling makes the controller ready;
+    /// clearing CC.EN of an enabled controller resets it
+    /// ([`State::reset`]); a shutdown notification (CC.SHN) completes at
     /// once (there is nothing to write back: completed writes are in the
-    /// store).
+    /// store), so CSTS.SHST reads "complete" right after it.
     pub fn set_cc(&self, value: u32) {
         let cc = Cc::from_u32(value);
         let mut st = self.state.lock();
+        if st.cc.en && !cc.en {
+            tracing::info!(cntlid = self.cntlid, subnqn = %self.subnqn, "NVMe controller reset (CC.EN cleared)");
+            st.reset();
+        }
         st.csts.rdy = cc.en;
         st.csts.shst = if cc.shn != 0 {
             shst::COMPLETE
@@ -322,13 +354,14 @@ pub(crate) fn identify_controller(ctrl: &Controller, s: &IdentifySettings) -> Op
     id.to_bytes().ok().map(|b| b.to_vec())
 }
 
-/// Identify Namespace for the volume.
+/// Identify Namespace for the volume: NSZE and NCAP are the volume's
+/// blocks, NUSE the blocks its allocated extents hold (thin provisioning).
 pub(crate) fn identify_namespace(volume: &VolumeHandle) -> Option<Vec<u8>> {
     let blocks = volume.size() / BLOCK_SIZE;
     let mut ns = IdentifyNamespace::new(blocks, BLOCK_SIZE.trailing_zeros() as u8, ANA_GROUP);
     ns.nguid = *volume.id().as_bytes();
-    // Thin provisioned: utilisation is not tracked per namespace here.
     ns.nsfeat = basalt_nvme_wire::identify::nsfeat::THIN_PROVISIONING;
+    ns.nuse = volume.allocated_bytes().div_ceil(BLOCK_SIZE).min(blocks);
     ns.to_bytes().ok().map(|b| b.to_vec())
 }
 

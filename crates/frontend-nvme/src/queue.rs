@@ -83,7 +83,16 @@ pub(crate) fn serve(shared: &Shared, stream: TcpStream, peer: SocketAddr) {
             shared.controllers.remove(&ctrl);
             tracing::info!(%peer, cntlid = ctrl.cntlid, subnqn = %ctrl.subnqn, "NVMe controller removed");
         } else {
-            ctrl.state.lock().queues.remove(&qid);
+            // Only this connection's registration: after a controller reset
+            // a new connection may already hold the same QID.
+            let mut st = ctrl.state.lock();
+            if st
+                .queues
+                .get(&qid)
+                .is_some_and(|s| s.peer_addr().ok() == Some(peer))
+            {
+                st.queues.remove(&qid);
+            }
         }
     }
     match outcome {

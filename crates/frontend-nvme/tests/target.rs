@@ -765,3 +765,124 @@ fn write_data_held_per_queue_is_bounded() {
     }
     server.shutdown();
 }
+
+/// Enabled CC as Linux writes it, with `en` and `shn` as given.
+fn cc_value(en: bool, shn: u8) -> u64 {
+    let cc = basalt_nvme_wire::properties::Cc {
+        en,
+        css: 0,
+        mps: 0,
+        iosqes: 6,
+        iocqes: 4,
+        shn,
+        ..basalt_nvme_wire::properties::Cc::default()
+    };
+    u64::from(cc.to_u32())
+}
+
+fn csts(h: &mut Host) -> Csts {
+    Csts::from_u32(h.prop_get(offset::CSTS, PropertySize::Four) as u32)
+}
+
+#[test]
+fn clearing_cc_en_resets_the_controller() {
+    let (server, subs) = target_with(&[("v", 16 * MIB)]);
+    let addr = server.local_addr();
+    let mut admin = Host::admin(addr, Digests::NONE, "v", 0);
+    let mut io = Host::io_queue(addr, Digests::NONE, &admin, "v", 1);
+    io.write(0, &pattern(4096, 5), true).ok();
+    // A held Asynchronous Event Request, which the reset must drop.
+    admin
+        .set_features(feature_id::ASYNC_EVENT_CONFIG, 1 << 8)
+        .ok();
+    let cid = admin.cid();
+    let aer = Sqe::new(
+        basalt_nvme_wire::command::admin_opcode::ASYNC_EVENT_REQUEST,
+        cid,
+    );
+    let mut out = Vec::new();
+    basalt_nvme_wire::CapsuleCmd {
+        sqe: aer,
+        data: &[],
+    }
+    .encode(&admin.negotiated, &mut out)
+    .unwrap();
+    admin.send_raw(&out);
+    admin.keep_alive().ok();
+
+    // CC.EN 1 -> 0: not ready, I/O queues deleted, admin queue kept.
+    admin.prop_set(offset::CC, cc_value(false, 0));
+    assert!(!csts(&mut admin).rdy);
+    io.wait_closed();
+    let mut h = Host::connect(addr, Digests::NONE);
+    let r = h.connect_queue(1, 127, 0, admin.cntlid, &subsystem_nqn("v"), HOST_NQN);
+    assert_eq!(r.status().sc, Status::COMMAND_SEQUENCE_ERROR.sc);
+    // The dropped request is never completed: a resize now sends nothing
+    // ahead of the next command's completion.
+    subs.resize("v", 32 * MIB);
+    std::thread::sleep(Duration::from_millis(300));
+
+    // Enable again: a new I/O queue with the same QID works and stays
+    // registered (the old queue's thread ending does not unregister it).
+    admin.enable();
+    admin.keep_alive().ok();
+    let mut io = Host::io_queue(addr, Digests::NONE, &admin, "v", 1);
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(io.read(0, 1).ok().data, pattern(4096, 5));
+    let mut h = Host::connect(addr, Digests::NONE);
+    let r = h.connect_queue(1, 127, 0, admin.cntlid, &subsystem_nqn("v"), HOST_NQN);
+    assert_eq!(
+        r.status().sc,
+        Status::CONNECT_INVALID_PARAMETERS.sc,
+        "QID 1 is taken"
+    );
+    // Features are back to their defaults.
+    let cid = admin.cid();
+    let mut sqe = Sqe::new(basalt_nvme_wire::command::admin_opcode::GET_FEATURES, cid);
+    sqe.cdw10 = u32::from(feature_id::ASYNC_EVENT_CONFIG);
+    let aec = admin.simple(sqe).ok().cqe.result();
+    assert_eq!(aec, 0);
+    server.shutdown();
+}
+
+#[test]
+fn shutdown_notification_completes_at_once() {
+    let (server, _subs) = target_with(&[("v", 16 * MIB)]);
+    let addr = server.local_addr();
+    let mut admin = Host::admin(addr, Digests::NONE, "v", 0);
+    assert_eq!(
+        csts(&mut admin).shst,
+        basalt_nvme_wire::properties::shst::NORMAL
+    );
+    admin.prop_set(offset::CC, cc_value(true, 1));
+    assert_eq!(
+        csts(&mut admin).shst,
+        basalt_nvme_wire::properties::shst::COMPLETE
+    );
+    // Then disabled, as Linux does on disconnect: not ready.
+    admin.prop_set(offset::CC, cc_value(false, 0));
+    let st = csts(&mut admin);
+    assert!(!st.rdy);
+    assert_eq!(st.shst, basalt_nvme_wire::properties::shst::NORMAL);
+    server.shutdown();
+}
+
+#[test]
+fn identify_namespace_nuse_counts_allocated_blocks() {
+    let (server, _subs) = target_with(&[("v", 16 * MIB)]);
+    let addr = server.local_addr();
+    let mut admin = Host::admin(addr, Digests::NONE, "v", 0);
+    let nuse = |admin: &mut Host| {
+        let ns = admin.identify(cns::NAMESPACE, 1).ok().data.clone();
+        assert_eq!(le64(&ns, 0), 16 * MIB / 4096, "NSZE");
+        assert_eq!(le64(&ns, 8), 16 * MIB / 4096, "NCAP");
+        le64(&ns, 16)
+    };
+    assert_eq!(nuse(&mut admin), 0, "a new thin volume uses nothing");
+    let mut io = Host::io_queue(addr, Digests::NONE, &admin, "v", 1);
+    // One block in each of two extents (64 KiB in the test store).
+    io.write(0, &pattern(4096, 1), false).ok();
+    io.write(40, &pattern(4096, 2), false).ok();
+    assert_eq!(nuse(&mut admin), 2 * 64 * KIB / 4096);
+    server.shutdown();
+}

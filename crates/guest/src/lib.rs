@@ -1,7 +1,9 @@
 //! Test-only harness: boots a small Linux guest under QEMU (TCG) so that
 //! Basalt can be tested against the Linux kernel's own block initiators —
-//! the kernel NBD client today, the nvme-tcp initiator with nvme-cli next —
-//! rather than only against user-space clients.
+//! the kernel NBD client and the nvme-tcp initiator with nvme-cli — rather
+//! than only against user-space clients. A script that needs the host to
+//! act mid-run (resize a volume it has attached) asks through
+//! [`HostCalls`].
 //!
 //! [`Guest::boot`] runs a shell script inside a fresh guest and returns its
 //! exit status and the serial console log:
@@ -55,6 +57,7 @@ mod cpio;
 mod elf;
 mod error;
 pub mod forward;
+pub mod host_calls;
 pub mod image;
 mod kernel;
 mod modules;
@@ -69,6 +72,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 pub use error::{Error, Result};
 pub use forward::{Forward, FORWARD_IP, GUEST_IP};
+pub use host_calls::HostCalls;
 pub use image::Image;
 
 /// Lines of console kept in error messages.

@@ -656,6 +656,17 @@ impl Store {
         self.layout.extent_size as u64
     }
 
+    /// Extents allocated to the volume in `slot` (slots count from 1; 0
+    /// for an unused slot).
+    pub(crate) fn allocated_extents(&self, slot: u32) -> u64 {
+        let m = self.meta.lock();
+        (slot as usize)
+            .checked_sub(1)
+            .and_then(|i| m.state.allocated.get(i))
+            .copied()
+            .unwrap_or(0)
+    }
+
     pub fn store_id(&self) -> uuid::Uuid {
         self.superblock.lock().store_id
     }

@@ -168,6 +168,15 @@ impl LocalVolume {
         self.vol.size()
     }
 
+    /// Bytes of the volume held by allocated extents (at most its size;
+    /// includes allocations not yet committed to the journal).
+    pub fn allocated_bytes(&self) -> u64 {
+        let extents = self.store.allocated_extents(self.vol.slot);
+        extents
+            .saturating_mul(self.store.extent_size())
+            .min(self.vol.size())
+    }
+
     pub fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), IoError> {
         let mut ops = [DataOp::read(offset, buf)];
         self.submit(&mut ops);

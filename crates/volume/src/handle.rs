@@ -153,6 +153,11 @@ impl VolumeHandle {
         })
     }
 
+    /// Bytes held by allocated extents (thin provisioning: at most the size).
+    pub fn allocated_bytes(&self) -> u64 {
+        self.0.local.allocated_bytes()
+    }
+
     /// Allocated and unallocated (reads-as-zero) runs covering the range.
     pub fn mapping(&self, offset: u64, len: u64) -> Result<Vec<MappingRun>, IoError> {
         match &self.0.backend {

@@ -11,6 +11,8 @@
 //! started.
 #![allow(dead_code)]
 
+pub mod guest;
+
 use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::fs;
@@ -572,6 +574,18 @@ impl Server {
 
     pub fn api_url(&self) -> &str {
         &self.info().api_url
+    }
+
+    /// The NVMe/TCP listen address from `server.json` (the host's view;
+    /// discovery advertises `--nvme-advertise` if given).
+    pub fn nvme_addr(&self) -> std::net::SocketAddr {
+        let text = fs::read_to_string(self.path.join("server.json")).expect("server.json");
+        let v: Value = serde_json::from_str(&text).expect("server.json is JSON");
+        v["nvme"]
+            .as_str()
+            .unwrap_or_else(|| panic!("server.json without nvme: {text}"))
+            .parse()
+            .unwrap_or_else(|e| panic!("server.json's nvme address: {e}: {text}"))
     }
 
     pub fn uri(&self, volume: &str) -> String {
