@@ -155,7 +155,12 @@ impl VolumeHandle {
 
     /// Bytes held by allocated extents (thin provisioning: at most the size).
     pub fn allocated_bytes(&self) -> u64 {
-        self.0.local.allocated_bytes()
+        match &self.0.backend {
+            Backend::Local(l) => l.allocated_bytes(),
+            // Allocation lives on the replicas, maybe elsewhere; report the
+            // volume as fully used (a conservative NUSE).
+            Backend::Cluster { io, .. } => io.size(),
+        }
     }
 
     /// Allocated and unallocated (reads-as-zero) runs covering the range.
