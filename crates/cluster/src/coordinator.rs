@@ -142,14 +142,31 @@ fn run(weak: Weak<Inner>, rx: mpsc::Receiver<CoordEvent>) {
     }
 }
 
+/// Whether the election key still names this node: checked before every
+/// change, so that a coordinator that lost its role without noticing yet
+/// (a frozen process waking up) changes nothing.
+fn still_coordinator(inner: &Inner) -> bool {
+    let mine = inner
+        .nodes
+        .read()
+        .iter()
+        .find(|n| n.id == inner.me)
+        .map(|n| n.info.name.clone());
+    matches!((inner.meta.coordinator(), mine), (Ok(Some(c)), Some(m)) if c == m)
+}
+
 fn apply(inner: &Inner, old: &Membership, new: Membership) {
+    if !still_coordinator(inner) {
+        return;
+    }
     match inner.meta.cas_membership(old.version, new.clone()) {
         Ok(CasOutcome::Applied(rec)) => {
             if rec.epoch != old.epoch {
                 tracing::warn!(volume = %uuid::Uuid::from_u128(rec.volume.0), epoch = rec.epoch.0,
                     primary = rec.primary.0, "failover: new primary");
             } else {
-                tracing::info!(volume = %uuid::Uuid::from_u128(rec.volume.0), replicas = ?rec.replicas,
+                tracing::info!(volume = %uuid::Uuid::from_u128(rec.volume.0), version = rec.version,
+                    before = ?old.replicas, after = ?rec.replicas, min_in_sync = rec.min_in_sync,
                     "replica states changed");
             }
         }
@@ -164,6 +181,9 @@ fn apply(inner: &Inner, old: &Membership, new: Membership) {
 /// Creates records for catalog volumes that have none, and deletes records
 /// whose volume left the catalog.
 fn place_new_volumes(inner: &Inner) -> Result<(), ClusterError> {
+    if !still_coordinator(inner) {
+        return Ok(());
+    }
     let catalog = inner.catalog.list()?;
     let records = inner.meta.memberships()?;
     let placed: HashSet<VolumeId> = records.iter().map(|r| r.volume).collect();

@@ -789,6 +789,7 @@ impl ReplicaEnv for Env {
                     .name("membership-cas".into())
                     .spawn(move || {
                         let Some(inner) = weak.upgrade() else { return };
+                        tracing::debug!(volume = %uuid_of(vol), expected, replicas = ?record.replicas, "replica asks for a membership change");
                         let reply = match inner.meta.cas_membership(expected, record) {
                             Ok(CasOutcome::Applied(r)) => Some((r, true)),
                             Ok(CasOutcome::Conflict(r)) => Some((r, false)),

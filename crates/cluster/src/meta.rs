@@ -595,9 +595,22 @@ impl ClusterMeta {
             .name("node-lease".into())
             .spawn(move || {
                 let mut lease = lease;
+                let mut last_ok = std::time::Instant::now();
                 while nap(&s, ttl / 3) {
-                    match core.keep_alive(lease) {
-                        Ok(true) => l.store(false, Ordering::SeqCst),
+                    // etcd reports an expired lease as an error or a zero
+                    // ttl; either way, once `ttl` passed without a
+                    // successful keep-alive the lease is gone.
+                    let kept = match core.keep_alive(lease) {
+                        Ok(true) => Ok(true),
+                        Ok(false) => Ok(false),
+                        Err(_) if last_ok.elapsed() >= ttl => Ok(false),
+                        Err(e) => Err(e),
+                    };
+                    match kept {
+                        Ok(true) => {
+                            last_ok = std::time::Instant::now();
+                            l.store(false, Ordering::SeqCst)
+                        }
                         // The lease expired (etcd was away longer than
                         // the ttl): take a new one, so a live node shows
                         // as alive again.
@@ -609,6 +622,7 @@ impl ClusterMeta {
                                     .is_ok()
                                 {
                                     lease = new;
+                                    last_ok = std::time::Instant::now();
                                     l.store(false, Ordering::SeqCst);
                                     tracing::warn!(node = %n, "liveness lease renewed after it expired");
                                 }
@@ -851,16 +865,16 @@ impl ClusterMeta {
                         // An unanswered keep-alive is not a lost role: the
                         // lease lasts `ttl` after the last one that worked
                         // (etcd cannot elect anyone else before that).
-                        let lost = match core.keep_alive(lease) {
+                        let (lost, confirmed) = match core.keep_alive(lease) {
                             Ok(true) => match core.get("coordinator") {
-                                Ok(Some((v, _))) => v != name.as_bytes(),
-                                Ok(None) => true,
-                                Err(_) => false,
+                                Ok(Some((v, _))) => (v != name.as_bytes(), v == name.as_bytes()),
+                                Ok(None) => (true, false),
+                                Err(_) => (false, false),
                             },
-                            Ok(false) => true,
-                            Err(_) => false,
+                            Ok(false) => (true, false),
+                            Err(_) => (false, false),
                         };
-                        if !lost && core.get("coordinator").is_ok() {
+                        if confirmed {
                             last_ok = std::time::Instant::now();
                         }
                         if lost || last_ok.elapsed() >= ttl * 2 / 3 {
