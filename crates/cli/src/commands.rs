@@ -343,17 +343,6 @@ pub fn run_status(client: &ClientArgs) -> Result<()> {
     Ok(())
 }
 
-#[cfg(test)]
-mod tests {
-    use super::volume_path;
-
-    #[test]
-    fn volume_names_are_one_path_segment() {
-        assert_eq!(volume_path("db-1.a_b"), "/api/v1/volumes/db-1.a_b");
-        assert_eq!(volume_path("a/b?c d"), "/api/v1/volumes/a%2Fb%3Fc%20d");
-    }
-}
-
 pub fn run_node(command: NodeCommand, client: &ClientArgs) -> Result<()> {
     let api = ApiClient::discover(client)?;
     let (name, state) = match command {
@@ -417,4 +406,15 @@ pub fn run_node(command: NodeCommand, client: &ClientArgs) -> Result<()> {
     let node: Node = decode(value)?;
     println!("node {} is now {}", node.name, node.state);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::volume_path;
+
+    #[test]
+    fn volume_names_are_one_path_segment() {
+        assert_eq!(volume_path("db-1.a_b"), "/api/v1/volumes/db-1.a_b");
+        assert_eq!(volume_path("a/b?c d"), "/api/v1/volumes/a%2Fb%3Fc%20d");
+    }
 }

@@ -54,7 +54,7 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Run a node: control plane, store and NBD frontend in one process.
-    Server(server::ServerArgs),
+    Server(Box<server::ServerArgs>),
     /// Manage volumes.
     Volume(VolumeArgs),
     /// Show the node's capacity, provisioning and allocation.
@@ -113,7 +113,7 @@ fn main() -> ExitCode {
     };
     init_logging(cli.log_level.as_deref(), default_level);
     let result = match cli.command {
-        Command::Server(args) => server::run(args, &cli.data_dir),
+        Command::Server(args) => server::run(*args, &cli.data_dir),
         Command::Volume(VolumeArgs { conn, command }) => {
             commands::run_volume(command, &ClientArgs::new(cli.data_dir, conn))
         }

@@ -424,7 +424,7 @@ fn frozen_primary_is_replaced_and_fenced() {
     write_pattern(&c.nodes[other].uri("fence"), 11, 1, 0, 4 << 20);
 
     c.nodes[old].signal(libc::SIGSTOP);
-    let v = c.wait_volume(other, "fence", "failed over", |v| {
+    c.wait_volume(other, "fence", "failed over", |v| {
         epoch(v) >= 2 && primary(v).is_some_and(|p| node_index(&p) != old)
     });
     // Generation 2 written through the new primary while the old one sleeps.

@@ -20,7 +20,7 @@ use crate::meta::{
     CasOutcome, ClusterMeta, EtcdConfig, NodeInfo, NodeState, NodeStatus, Registration,
 };
 use crate::peer::{PeerConfig, PeerHandler, PeerNet};
-use crate::replica::{Event, Origin, ReplicaDriver, ReplicaEnv};
+use crate::replica::{Event, Origin, ReplicaDriver, ReplicaEnv, ReplicaSpec};
 use crate::ClusterError;
 use basalt_catalog::{Catalog, VolumeRecord};
 use basalt_replication::{
@@ -564,11 +564,13 @@ impl Inner {
                 .is_some_and(|r| r.boot == self.boot);
         let (tx, rx) = mpsc::channel();
         let driver = ReplicaDriver::new(
-            vol,
-            self.me,
-            self.boot,
-            cfg,
-            fresh.then(|| rec.clone()),
+            ReplicaSpec {
+                vol,
+                me: self.me,
+                boot: self.boot,
+                cfg,
+                initial: fresh.then(|| rec.clone()),
+            },
             local,
             Arc::new(Env(Arc::downgrade(self))),
             rx,
@@ -939,7 +941,7 @@ impl BlockIo for ClusterVolume {
                 op.result = Err(e);
                 continue;
             }
-            let is_aligned = op.offset % BLOCK_SIZE == 0 && len % BLOCK_SIZE == 0;
+            let is_aligned = op.offset.is_multiple_of(BLOCK_SIZE) && len.is_multiple_of(BLOCK_SIZE);
             match &op.kind {
                 DataKind::Read(_) => {
                     let first = op.offset / BLOCK_SIZE;
@@ -988,7 +990,8 @@ impl BlockIo for ClusterVolume {
         for op in ops.iter_mut() {
             if let DataKind::Write(d) = &op.kind {
                 let len = d.len() as u64;
-                let partial = op.offset % BLOCK_SIZE != 0 || len % BLOCK_SIZE != 0;
+                let partial =
+                    !op.offset.is_multiple_of(BLOCK_SIZE) || !len.is_multiple_of(BLOCK_SIZE);
                 if partial && self.check(op.offset, len).is_ok() {
                     op.result = self.write_unaligned(&inner, op.offset, d, op.fua);
                 }

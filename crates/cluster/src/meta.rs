@@ -157,10 +157,7 @@ impl Core {
         let (tx, rx) = mpsc::sync_channel(1);
         let timeout = self.timeout;
         self.handle.spawn(async move {
-            let r = match tokio::time::timeout(timeout, fut).await {
-                Ok(r) => Some(r),
-                Err(_) => None,
-            };
+            let r = tokio::time::timeout(timeout, fut).await.ok();
             let _ = tx.send(r);
         });
         let timed_out = || MetaError::Timeout {

@@ -63,6 +63,16 @@ pub(crate) trait ReplicaEnv: Send + Sync + 'static {
     fn now_ms(&self) -> u64;
 }
 
+/// Which replica a driver runs: the state machine's identity and config,
+/// and the volume's first record when it was created during this boot.
+pub(crate) struct ReplicaSpec {
+    pub vol: VolumeId,
+    pub me: NodeId,
+    pub boot: u64,
+    pub cfg: Config,
+    pub initial: Option<Membership>,
+}
+
 /// Consecutive failed disk batches after which the replica stops.
 const MAX_DISK_FAILURES: u32 = 50;
 /// Events taken from the inbox per state machine round.
@@ -85,17 +95,20 @@ pub(crate) struct ReplicaDriver<E: ReplicaEnv> {
 
 impl<E: ReplicaEnv> ReplicaDriver<E> {
     pub(crate) fn new(
-        vol: VolumeId,
-        me: NodeId,
-        boot: u64,
-        cfg: Config,
-        initial: Option<Membership>,
+        spec: ReplicaSpec,
         local: LocalVolume,
         env: std::sync::Arc<E>,
         inbox: Receiver<Event>,
         tick: Duration,
     ) -> Self {
         let now = env.now_ms();
+        let ReplicaSpec {
+            vol,
+            me,
+            boot,
+            cfg,
+            initial,
+        } = spec;
         let block_len = cfg.block_len;
         let node = Node::new(me, boot, vol, cfg, initial, now);
         let role = node.role();
