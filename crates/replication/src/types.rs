@@ -125,9 +125,11 @@ impl Membership {
         }
         // A replica joins empty: it becomes InSync only through a resync by
         // the primary, never by being added.
-        if new.replicas.iter().any(|(n, info)| {
-            !self.replicas.contains_key(n) && info.state == ReplicaState::InSync
-        }) {
+        if new
+            .replicas
+            .iter()
+            .any(|(n, info)| !self.replicas.contains_key(n) && info.state == ReplicaState::InSync)
+        {
             return Err(CasError::Invalid("a replica was added as InSync"));
         }
         if new.min_in_sync == 0 || new.min_in_sync > new.replicas.len() {

@@ -414,8 +414,13 @@ impl Sim {
 
     fn input(&mut self, i: usize, input: Input) {
         let now = self.now;
-        if let (Some(_), Input::Msg { msg: Msg::MetaReply { record, .. }, .. }) =
-            (&self.procs[i].node, &input)
+        if let (
+            Some(_),
+            Input::Msg {
+                msg: Msg::MetaReply { record, .. },
+                ..
+            },
+        ) = (&self.procs[i].node, &input)
         {
             self.seen[i] = self.seen[i].max(record.version);
         }
