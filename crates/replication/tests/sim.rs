@@ -14,7 +14,12 @@
 //! - no read returns data never written to that block;
 //! - at most one node acknowledges client requests and sends replication
 //!   writes per epoch;
-//! - after faults heal, every replica is InSync and all disks are identical.
+//! - a primary streams nothing to a replica removed by a record it applied;
+//! - after faults heal, every replica in the record is InSync and its disk
+//!   equals the primary's.
+//!
+//! Membership changes (replace, grow, shrink, `min_in_sync`) are injected
+//! with the faults, using 1–2 spare nodes outside the initial record.
 
 use basalt_replication::{
     Action, ClientReply, ClientReq, Config, Coordinator, DiskOp, DiskResult, Endpoint, Input, IoId,
