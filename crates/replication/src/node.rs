@@ -530,4 +530,67 @@ mod tests {
             "the added replica is resynced: {a:?}"
         );
     }
+
+    #[test]
+    fn replica_removed_and_re_added_gets_a_new_session() {
+        let cfg = Config {
+            block_len: 1,
+            volume_blocks: 16,
+            region_blocks: 4,
+            ..Config::default()
+        };
+        let (p, s1) = (NodeId(0), NodeId(1));
+        let vol = VolumeId(1);
+        let mut rec = Membership::new(vol, &[p, s1], p, 1);
+        let mut node = Node::new(p, 0, vol, cfg, Some(rec.clone()), 0);
+        let deliver = |node: &mut Node, t: u64, rec: &Membership| {
+            node.handle(
+                t,
+                Input::Msg {
+                    from: Endpoint::Control,
+                    msg: Msg::MetaReply {
+                        record: rec.clone(),
+                        cas_ok: None,
+                    },
+                },
+            )
+        };
+        let starts = |acts: &[Action]| -> Vec<u64> {
+            sends(acts)
+                .into_iter()
+                .filter_map(|(to, m)| match m {
+                    Msg::Repl {
+                        session,
+                        op: ReplOp::Start,
+                        ..
+                    } if to == Endpoint::Node(s1) => Some(session),
+                    _ => None,
+                })
+                .collect()
+        };
+        // s1 falls out of sync and is resynced in session 1.
+        rec.version = 2;
+        rec.replicas.get_mut(&s1).unwrap().state = ReplicaState::OutOfSync;
+        deliver(&mut node, 1, &rec);
+        assert_eq!(starts(&node.handle(50, Input::Tick)), vec![1]);
+        // Removed, then added again (empty): its secondary may still hold
+        // session 1 of this epoch, so the new stream must not reuse it.
+        rec.version = 3;
+        rec.replicas.remove(&s1);
+        deliver(&mut node, 51, &rec);
+        rec.version = 4;
+        rec.replicas.insert(
+            s1,
+            ReplicaInfo {
+                state: ReplicaState::OutOfSync,
+                boot: 0,
+            },
+        );
+        deliver(&mut node, 52, &rec);
+        let again = starts(&node.handle(100, Input::Tick));
+        assert!(
+            again.len() == 1 && again[0] > 1,
+            "session reused: {again:?}"
+        );
+    }
 }

@@ -21,6 +21,8 @@
 //!   acknowledged to the client that was streamed to it was acknowledged by it;
 //! - on a newer epoch or another primary in the record, the primary steps
 //!   down and answers nothing more.
+//! - a stream session number is never used twice in an epoch, even for a
+//!   replica removed from the record and added again.
 
 use crate::msg::{ClientReply, ClientReq, DiskOp, Endpoint, Msg, ReplOp};
 use crate::types::{Epoch, Membership, NodeId, ReplicaState, VolumeId};
@@ -125,6 +127,12 @@ pub(crate) struct Primary {
     cas: Option<(u64, u64)>,
     region_gen: Vec<u64>,
     region_inflight: Vec<u32>,
+    /// The next stream session, shared by all links: a replica removed and
+    /// re-added in this epoch gets a new link, and its secondary still holds
+    /// the old link's session; a reused number would let it keep its old
+    /// position in the stream (or ignore the Start) and acknowledge old
+    /// entries as new ones. Session 0 is the fresh volume's.
+    next_session: u64,
 }
 
 impl Primary {
@@ -174,6 +182,7 @@ impl Primary {
             cas: None,
             region_gen: vec![0; regions],
             region_inflight: vec![0; regions],
+            next_session: 1,
             cfg,
         }
     }
@@ -550,7 +559,8 @@ impl Primary {
         for (n, l) in self.links.iter_mut() {
             if l.mode == Mode::OutOfSync && now >= l.last_attempt + self.cfg.resync_retry_ms {
                 l.last_attempt = now;
-                l.session += 1;
+                l.session = self.next_session;
+                self.next_session += 1;
                 l.next_lseq = 1;
                 l.inflight.insert(0, (now, Pend::Start));
                 l.mode = Mode::Starting;

@@ -14,11 +14,17 @@
 //! - no read returns data never written to that block;
 //! - at most one node acknowledges client requests and sends replication
 //!   writes per epoch;
-//! - after faults heal, every replica is InSync and all disks are identical.
+//! - a primary streams nothing to a replica removed by a record it applied;
+//! - after faults heal, every replica in the record is InSync and its disk
+//!   equals the primary's.
+//!
+//! Membership changes (replace, grow, shrink, `min_in_sync`) are injected
+//! with the faults, using 1–2 spare nodes outside the initial record.
 
 use basalt_replication::{
     Action, ClientReply, ClientReq, Config, Coordinator, DiskOp, DiskResult, Endpoint, Input, IoId,
-    Membership, MetaStore, Msg, Node, NodeId, ReplOp, ReplicaState, RoleKind, VolumeId,
+    Membership, MetaStore, Msg, Node, NodeId, ReplOp, ReplicaInfo, ReplicaState, RoleKind,
+    VolumeId,
 };
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap};
@@ -200,7 +206,11 @@ struct Model {
 }
 
 pub struct Params {
+    /// Replicas in the volume's initial record (nodes `0..nodes`).
     pub nodes: usize,
+    /// Nodes outside the initial record (`nodes..nodes + spares`): candidates
+    /// for grow and replace.
+    pub spares: usize,
     pub min_in_sync: usize,
     pub fault_ms: u64,
     pub heal_ms: u64,
@@ -212,8 +222,11 @@ impl Params {
         let mut r = Rng(seed ^ 0xA5A5_5A5A_1234_5678);
         let nodes = 1 + r.below(5) as usize;
         let min_in_sync = 1 + r.below(nodes.min(2) as u64) as usize;
+        // Drawn after the others so that a seed keeps its topology.
+        let spares = 1 + r.below(2) as usize;
         Params {
             nodes,
+            spares,
             min_in_sync,
             fault_ms: 2_000,
             heal_ms: 3_000,
@@ -238,6 +251,15 @@ pub struct Sim {
     p: Params,
     m: Model,
     repl_senders: BTreeMap<u64, BTreeSet<NodeId>>,
+    /// Every record the metadata service accepted, by version (index 0 is
+    /// a placeholder: versions start at 1).
+    history: Vec<Membership>,
+    /// Per node, the newest record version delivered to its current
+    /// incarnation (the one it acts on; 0: none yet).
+    seen: Vec<u64>,
+    /// A violation found while sending (reported by the next `check_step`).
+    violation: Option<String>,
+    membership_changes: u64,
     steps: u64,
     trace: bool,
 }
@@ -260,18 +282,25 @@ impl Sim {
             ..Config::default()
         };
         let ids: Vec<NodeId> = (0..p.nodes as u32).map(NodeId).collect();
+        let all: Vec<NodeId> = (0..(p.nodes + p.spares) as u32).map(NodeId).collect();
         let rec = Membership::new(VOL, &ids, NodeId(0), p.min_in_sync);
         let mut meta = MetaStore::default();
         meta.create(rec.clone());
-        let procs = ids
+        // Spares start like a node that holds no replica of the volume: no
+        // initial record, Idle until a record names them with their boot.
+        let procs = all
             .iter()
-            .map(|id| Proc {
-                node: Some(Node::new(*id, 0, VOL, cfg.clone(), Some(rec.clone()), 0)),
-                inc: 0,
-                boot: 0,
-                disk: Disk::new(),
+            .map(|id| {
+                let initial = ids.contains(id).then(|| rec.clone());
+                Proc {
+                    node: Some(Node::new(*id, 0, VOL, cfg.clone(), initial, 0)),
+                    inc: 0,
+                    boot: 0,
+                    disk: Disk::new(),
+                }
             })
             .collect();
+        let seen = all.iter().map(|id| u64::from(ids.contains(id))).collect();
         let m = Model {
             writes: vec![Vec::new(); BLOCKS as usize],
             token: vec![(usize::MAX, 0)],
@@ -287,7 +316,7 @@ impl Sim {
             queue: BinaryHeap::new(),
             events: HashMap::new(),
             procs,
-            coord: Coordinator::new(cfg.lease_ms, 20, &ids, 0),
+            coord: Coordinator::new(cfg.lease_ms, 20, &all, 0),
             cfg,
             meta,
             cuts: BTreeSet::new(),
@@ -295,6 +324,10 @@ impl Sim {
             p,
             m,
             repl_senders: BTreeMap::new(),
+            history: vec![rec.clone(), rec],
+            seen,
+            violation: None,
+            membership_changes: 0,
             steps: 0,
             trace: std::env::var_os("BASALT_SIM_TRACE").is_some(),
         };
@@ -328,6 +361,23 @@ impl Sim {
         ) = (from, &msg)
         {
             self.repl_senders.entry(epoch.0).or_default().insert(n);
+        }
+        // A primary that has applied a record of its epoch without `to`
+        // (the replica was removed) must no longer stream to it: the removed
+        // node's disk is no longer the volume's, and it may be re-added later
+        // (then only a full resync may write it).
+        if let (Endpoint::Node(n), Endpoint::Node(t), Msg::Repl { epoch, .. }) = (from, to, &msg) {
+            let seen = self.seen[n.0 as usize] as usize;
+            if let Some(r) = self.history.get(seen).filter(|_| seen > 0) {
+                if r.epoch == *epoch && r.primary == n && !r.replicas.contains_key(&t) {
+                    self.violation.get_or_insert_with(|| {
+                        format!(
+                            "n{} sent {msg:?} to n{}, removed by record v{} it applied",
+                            n.0, t.0, r.version
+                        )
+                    });
+                }
+            }
         }
         let client = from == Endpoint::Client || to == Endpoint::Client;
         if self.cuts.contains(&pair(from, to)) {
@@ -369,6 +419,16 @@ impl Sim {
 
     fn input(&mut self, i: usize, input: Input) {
         let now = self.now;
+        if let (
+            Some(_),
+            Input::Msg {
+                msg: Msg::MetaReply { record, .. },
+                ..
+            },
+        ) = (&self.procs[i].node, &input)
+        {
+            self.seen[i] = self.seen[i].max(record.version);
+        }
         let acts = match self.procs[i].node.as_mut() {
             Some(n) => n.handle(now, input),
             None => return,
@@ -404,6 +464,7 @@ impl Sim {
             ),
             Msg::MetaCas { expected, record } => match self.meta.cas(expected, record) {
                 Ok(new) => {
+                    self.history.push(new.clone());
                     self.send(
                         Endpoint::Control,
                         from,
@@ -653,6 +714,9 @@ impl Sim {
                 }
             }
         }
+        if let Some(v) = &self.violation {
+            return Err(self.fail(v.clone()));
+        }
         for (e, s) in &self.repl_senders {
             if s.len() > 1 {
                 return Err(self.fail(format!("epoch {e}: replication writes from {s:?}")));
@@ -662,6 +726,10 @@ impl Sim {
     }
 
     fn fault(&mut self) {
+        if self.rng.chance(120) {
+            self.membership();
+            return;
+        }
         let n = self.procs.len();
         let roll = self.rng.below(100);
         let i = self.rng.below(n as u64) as usize;
@@ -706,8 +774,101 @@ impl Sim {
         }
     }
 
+    /// A membership change as the coordinator makes it (rebuild, degraded
+    /// volume completed, drain, or an operator's `min_in_sync`): CAS on the
+    /// current record through the metadata service, then pushed to every
+    /// node. Never removes the primary (failover handles it).
+    fn membership(&mut self) {
+        let rec = self.rec();
+        let mut m = rec.clone();
+        let alive = |s: &Self, n: NodeId| s.procs[n.0 as usize].node.is_some();
+        let others: Vec<NodeId> = rec
+            .replicas
+            .keys()
+            .copied()
+            .filter(|n| *n != rec.primary)
+            .collect();
+        // A spare is picked alive when one is (the coordinator places on a
+        // live node), else any: it may have crashed since it was last heard.
+        let spares: Vec<NodeId> = (0..self.procs.len() as u32)
+            .map(NodeId)
+            .filter(|n| !rec.replicas.contains_key(n))
+            .collect();
+        let live: Vec<NodeId> = spares.iter().copied().filter(|n| alive(self, *n)).collect();
+        let pool = if live.is_empty() || self.rng.chance(100) {
+            &spares
+        } else {
+            &live
+        };
+        let spare = (!pool.is_empty()).then(|| pool[self.rng.below(pool.len() as u64) as usize]);
+        let add = |m: &mut Membership, s: &Self, n: NodeId| {
+            m.replicas.insert(
+                n,
+                ReplicaInfo {
+                    state: ReplicaState::OutOfSync,
+                    boot: s.procs[n.0 as usize].boot,
+                },
+            );
+        };
+        let roll = self.rng.below(100);
+        let what = if roll < 40 {
+            // Replace (rebuild or drain): prefer a Faulty or crashed replica;
+            // an InSync one only while enough others stay InSync.
+            let Some(sp) = spare else { return };
+            let bad: Vec<NodeId> = others
+                .iter()
+                .copied()
+                .filter(|n| rec.state(*n) == Some(ReplicaState::Faulty) || !alive(self, *n))
+                .collect();
+            let ok: Vec<NodeId> = others
+                .iter()
+                .copied()
+                .filter(|n| {
+                    rec.state(*n) != Some(ReplicaState::InSync)
+                        || rec.in_sync_count() > rec.min_in_sync
+                })
+                .collect();
+            let from = if !bad.is_empty() && self.rng.chance(700) {
+                bad
+            } else {
+                ok
+            };
+            if from.is_empty() {
+                return;
+            }
+            let old = from[self.rng.below(from.len() as u64) as usize];
+            m.replicas.remove(&old);
+            add(&mut m, self, sp);
+            format!("replace n{} by n{}", old.0, sp.0)
+        } else if roll < 65 {
+            let Some(sp) = spare else { return };
+            add(&mut m, self, sp);
+            format!("grow by n{}", sp.0)
+        } else if roll < 85 {
+            if others.is_empty() || rec.replicas.len() <= rec.min_in_sync {
+                return;
+            }
+            let old = others[self.rng.below(others.len() as u64) as usize];
+            m.replicas.remove(&old);
+            format!("shrink: remove n{}", old.0)
+        } else {
+            m.min_in_sync = 1 + self.rng.below(rec.replicas.len() as u64) as usize;
+            format!("min_in_sync {}", m.min_in_sync)
+        };
+        match self.meta.cas(rec.version, m) {
+            Ok(new) => {
+                self.trace(format!("membership: {what}: {new:?}"));
+                self.membership_changes += 1;
+                self.history.push(new.clone());
+                self.broadcast(&new);
+            }
+            Err(e) => self.trace(format!("membership: {what} refused: {e}")),
+        }
+    }
+
     fn restart(&mut self, i: usize) {
         self.trace(format!("restart n{i}"));
+        self.seen[i] = 0;
         let p = &mut self.procs[i];
         p.boot += 1;
         p.inc += 1;
@@ -790,6 +951,7 @@ impl Sim {
                 let rec = self.rec();
                 if let Some(want) = self.coord.tick(self.now, &rec) {
                     if let Ok(new) = self.meta.cas(rec.version, want) {
+                        self.history.push(new.clone());
                         self.trace(format!("coordinator: {new:?}"));
                         self.broadcast(&new);
                     }
@@ -848,6 +1010,7 @@ impl Sim {
             acks: self.m.acks,
             durable_acks: self.m.durable_acks,
             epoch: self.rec().epoch.0,
+            membership_changes: self.membership_changes,
         })
     }
 
@@ -865,7 +1028,10 @@ impl Sim {
             )));
         }
         let p = &self.procs[rec.primary.0 as usize].disk;
-        for (i, q) in self.procs.iter().enumerate() {
+        // Nodes outside the record (spares, removed replicas) hold whatever
+        // they held; only members must equal the primary.
+        for n in rec.replicas.keys() {
+            let (i, q) = (n.0 as usize, &self.procs[n.0 as usize]);
             if q.disk.current != p.current {
                 let b = (0..BLOCKS as usize)
                     .find(|b| q.disk.current[*b] != p.current[*b])
@@ -888,6 +1054,7 @@ pub struct Summary {
     pub acks: u64,
     pub durable_acks: u64,
     pub epoch: u64,
+    pub membership_changes: u64,
 }
 
 fn run_seed(seed: u64, broken: bool) -> Result<Summary, String> {
@@ -907,7 +1074,7 @@ fn seeds() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(0);
     let start = std::time::Instant::now();
-    let (mut steps, mut acks, mut durable, mut failovers) = (0, 0, 0, 0);
+    let (mut steps, mut acks, mut durable, mut failovers, mut changes) = (0, 0, 0, 0, 0);
     for seed in base..base + n {
         match run_seed(seed, false) {
             Ok(s) => {
@@ -915,17 +1082,18 @@ fn seeds() {
                 acks += s.acks;
                 durable += s.durable_acks;
                 failovers += s.epoch - 1;
+                changes += s.membership_changes;
             }
             Err(e) => panic!("{e}"),
         }
     }
     eprintln!(
-        "{n} seeds from {base}: {steps} steps, {acks} acks ({durable} durable), {failovers} failovers, {:?}",
+        "{n} seeds from {base}: {steps} steps, {acks} acks ({durable} durable), {failovers} failovers, {changes} membership changes, {:?}",
         start.elapsed()
     );
     assert!(
-        durable > 0 && failovers > 0,
-        "the workload must exercise durability and failover"
+        durable > 0 && failovers > 0 && changes > 0,
+        "the workload must exercise durability, failover and membership changes"
     );
 }
 
