@@ -1,0 +1,171 @@
+//! `cluster::meta` against a real etcd: registration (stable ids, growing
+//! boots, liveness), node states, membership compare-and-swap with the
+//! protocol's change rules, and the coordinator election's failover.
+
+use basalt_cluster::meta::{CasOutcome, ClusterMeta, EtcdConfig, MetaError, NodeInfo, NodeState};
+use basalt_etcd_fixture::EtcdServer;
+use basalt_replication::{Epoch, Membership, NodeId, VolumeId};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+fn info(name: &str) -> NodeInfo {
+    NodeInfo {
+        name: name.into(),
+        peer_addr: "127.0.0.1:7000".parse().unwrap(),
+        nbd_addr: None,
+        nvme_addr: None,
+        api_addr: None,
+        zone: Some("z1".into()),
+        capacity_bytes: 1 << 30,
+        free_bytes: 1 << 30,
+    }
+}
+
+fn connect(etcd: &EtcdServer, prefix: &str) -> ClusterMeta {
+    ClusterMeta::connect(EtcdConfig::new([etcd.endpoint()]).with_prefix(prefix)).unwrap()
+}
+
+fn wait_until(what: &str, mut ok: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !ok() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn registration_ids_boots_liveness_and_states() {
+    let etcd = EtcdServer::start().unwrap();
+    let meta = connect(&etcd, "/t1/");
+    let a = meta.cluster_id().unwrap();
+    assert_eq!(
+        connect(&etcd, "/t1/").cluster_id().unwrap(),
+        a,
+        "cluster id is stable"
+    );
+
+    let ttl = Duration::from_secs(1);
+    let r1 = meta.register_node(info("n1"), ttl).unwrap();
+    let r2 = meta.register_node(info("n2"), ttl).unwrap();
+    assert_ne!(r1.id(), r2.id());
+    let (id1, boot1) = (r1.id(), r1.boot());
+    drop(r1); // revokes the lease: down at once
+    let nodes = meta.nodes().unwrap();
+    assert!(!nodes.iter().find(|n| n.info.name == "n1").unwrap().alive);
+    let r1 = meta.register_node(info("n1"), ttl).unwrap();
+    assert_eq!(r1.id(), id1, "a name keeps its id");
+    assert!(r1.boot() > boot1, "boot grows at every registration");
+
+    // A killed process (lease not revoked) is reported down after its ttl.
+    r2.abandon();
+    wait_until("n2 down", || {
+        meta.nodes()
+            .unwrap()
+            .iter()
+            .any(|n| n.info.name == "n2" && !n.alive)
+    });
+    meta.set_node_state("n2", NodeState::Removed).unwrap();
+    assert!(matches!(
+        meta.register_node(info("n2"), ttl),
+        Err(MetaError::NodeRemoved(_))
+    ));
+    assert!(matches!(
+        meta.set_node_state("nobody", NodeState::Draining),
+        Err(MetaError::UnknownNode(_))
+    ));
+    drop(r1);
+}
+
+#[test]
+fn membership_cas_follows_the_protocol_rules() {
+    let etcd = EtcdServer::start().unwrap();
+    let meta = connect(&etcd, "/t2/");
+    let vol = VolumeId(0xfeed_u128 << 64);
+    let (a, b, c) = (NodeId(1), NodeId(2), NodeId(3));
+    let rec = Membership::new(vol, &[a, b, c], a, 2);
+    assert!(meta.create_membership(&rec).unwrap());
+    assert!(!meta.create_membership(&rec).unwrap(), "put-if-absent");
+    assert_eq!(meta.membership(vol).unwrap(), Some(rec.clone()));
+
+    // A new epoch with a new primary: applied, version + 1.
+    let mut next = rec.clone();
+    next.epoch = Epoch(2);
+    next.primary = b;
+    let applied = match meta.cas_membership(1, next.clone()).unwrap() {
+        CasOutcome::Applied(r) => r,
+        other => panic!("expected Applied, got {other:?}"),
+    };
+    assert_eq!(applied.version, 2);
+    // The same change again at the old version: a conflict naming the
+    // current record.
+    match meta.cas_membership(1, next.clone()).unwrap() {
+        CasOutcome::Conflict(cur) => assert_eq!(cur, applied),
+        other => panic!("expected Conflict, got {other:?}"),
+    }
+    // Primary change without a new epoch, and an epoch going back: refused.
+    let mut bad = applied.clone();
+    bad.primary = c;
+    assert!(matches!(
+        meta.cas_membership(2, bad).unwrap(),
+        CasOutcome::Invalid(_)
+    ));
+    let mut bad = applied.clone();
+    bad.epoch = Epoch(1);
+    assert!(matches!(
+        meta.cas_membership(2, bad).unwrap(),
+        CasOutcome::Invalid(_)
+    ));
+    assert_eq!(meta.memberships().unwrap(), vec![applied.clone()]);
+
+    // The watch sees the current record, then every newer version.
+    let seen = Arc::new(parking_lot::Mutex::new(Vec::new()));
+    let s = seen.clone();
+    let _guard = meta
+        .watch_memberships(Box::new(move |r| s.lock().push(r.version)))
+        .unwrap();
+    let mut next = applied.clone();
+    next.min_in_sync = 1;
+    assert!(matches!(
+        meta.cas_membership(2, next).unwrap(),
+        CasOutcome::Applied(_)
+    ));
+    wait_until("the watch to report version 3", || seen.lock().contains(&3));
+    assert_eq!(seen.lock().first(), Some(&2));
+
+    meta.delete_membership(vol).unwrap();
+    assert_eq!(meta.membership(vol).unwrap(), None);
+    assert!(matches!(
+        meta.cas_membership(3, applied).unwrap(),
+        CasOutcome::Missing
+    ));
+}
+
+#[test]
+fn exactly_one_coordinator_and_failover_when_it_dies() {
+    let etcd = EtcdServer::start().unwrap();
+    let m1 = connect(&etcd, "/t3/");
+    let m2 = connect(&etcd, "/t3/");
+    let ttl = Duration::from_secs(2);
+    let r1 = m1.register_node(info("c1"), ttl).unwrap();
+    let r2 = m2.register_node(info("c2"), ttl).unwrap();
+    let e1 = Arc::new(AtomicBool::new(false));
+    let e2 = Arc::new(AtomicBool::new(false));
+    let (f1, f2) = (e1.clone(), e2.clone());
+    let g1 = m1
+        .campaign(&r1, Box::new(move |won| f1.store(won, Ordering::SeqCst)))
+        .unwrap();
+    wait_until("c1 elected", || e1.load(Ordering::SeqCst));
+    let _g2 = m2
+        .campaign(&r2, Box::new(move |won| f2.store(won, Ordering::SeqCst)))
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(!e2.load(Ordering::SeqCst), "two coordinators at once");
+    assert_eq!(m2.coordinator().unwrap().as_deref(), Some("c1"));
+    drop(g1); // resigns
+    wait_until("c2 elected", || e2.load(Ordering::SeqCst));
+    assert_eq!(m1.coordinator().unwrap().as_deref(), Some("c2"));
+    assert!(!e1.load(Ordering::SeqCst));
+    drop(r1);
+    drop(r2);
+}
