@@ -1,0 +1,38 @@
+#!/bin/bash
+# RF1 vs RF3 on one machine (issue 5): 3 node processes with a real etcd on
+# loopback, fio's nbd engine against each volume's primary node. Prints IOPS,
+# mean and p99 latency per workload. Needs etcd, fio and a release build.
+set -e
+B=${BASALT:-$(dirname "$0")/../target/release/basalt}
+W=$(mktemp -d /var/tmp/rfbench.XXXX)
+etcd --data-dir $W/etcd --listen-client-urls http://127.0.0.1:23790 --advertise-client-urls http://127.0.0.1:23790 --listen-peer-urls http://127.0.0.1:23800 >$W/etcd.log 2>&1 &
+EP=$!
+sleep 2
+PIDS=""
+for i in 0 1 2; do
+  $B server --data-dir $W/n$i --capacity 4G --etcd http://127.0.0.1:23790 --node-name n$i --peer-listen 127.0.0.1:$((7100+i)) \
+    --nbd-listen 127.0.0.1:$((10900+i)) --nvme-listen 127.0.0.1:0 --api-listen 127.0.0.1:$((8100+i)) >$W/n$i.log 2>&1 &
+  PIDS="$PIDS $!"
+done
+sleep 3
+$B volume create rf1 --size 2G --replicas 1 --data-dir $W/n0 >/dev/null
+$B volume create rf3 --size 2G --replicas 3 --data-dir $W/n0 >/dev/null
+sleep 3
+prim() { $B volume show $1 --data-dir $W/n0 --output json | python3 -c 'import json,sys; v=json.load(sys.stdin); print([r["node"] for r in v["replicas"] if r["primary"]][0])'; }
+for vol in rf1 rf3; do
+  p=$(prim $vol); port=$((10900+${p#n}))
+  uri=nbd://127.0.0.1:$port/$vol
+  fio --name=pre --ioengine=nbd --uri=$uri --rw=write --bs=1M --iodepth=8 --size=1G >/dev/null 2>&1
+  for spec in "qd1-write --rw=randwrite --iodepth=1" "qd32-randwrite --rw=randwrite --iodepth=32" "qd32-randread --rw=randread --iodepth=32" "qd1-read --rw=randread --iodepth=1"; do
+    set -- $spec
+    name=$1; shift
+    r=$(fio --name=$name --ioengine=nbd --uri=$uri "$@" --bs=4k --size=1G --time_based --runtime=10 --output-format=json 2>/dev/null | sed -n '/^{/,$p' | python3 -c '
+import json,sys
+j=json.load(sys.stdin)["jobs"][0]
+d=j["write"] if j["write"]["io_bytes"]>0 else j["read"]
+print("%.0f IOPS, mean %.1f us, p99 %.1f us" % (d["iops"], d["clat_ns"]["mean"]/1000, d["clat_ns"]["percentile"]["99.000000"]/1000))')
+    echo "$vol (primary $p) $name: $r"
+  done
+done
+kill $PIDS; sleep 2; kill $EP; wait 2>/dev/null
+rm -rf $W
