@@ -398,6 +398,37 @@ fn degraded_creation_completes_and_removed_replica_is_rebuilt() {
         "replicas differ: {d:?}\n{}",
         c.logs()
     );
+
+    // Drain: a fifth node joins and node3 is drained; its replica moves
+    // there online, and the data follows.
+    let peer = format!("127.0.0.1:{}", free_port());
+    c.nodes.push(Server::start_with(
+        "512M",
+        &[
+            "--etcd",
+            &endpoint,
+            "--node-name",
+            "node4",
+            "--peer-listen",
+            &peer,
+            "--lease-ms",
+            "1000",
+        ],
+    ));
+    c.nodes[0].cli(&["node", "drain", "node3"]).ok();
+    let v = c.wait_volume(4, "deg", "moved off the drained node3", |v| {
+        let n = node_names(v);
+        all_in_sync(v, 3) && n.contains(&"node4".to_string()) && !n.contains(&"node3".to_string())
+    });
+    assert_ne!(primary(&v).as_deref(), Some("node3"));
+    verify_pattern(&c.nodes[4].uri("deg"), 7, 1, 0, 8 << 20);
+    let nodes = c.nodes[4].cli_json(&["node", "list"]);
+    let node3 = nodes["nodes"]
+        .as_array()
+        .and_then(|n| n.iter().find(|n| n["name"] == "node3").cloned())
+        .expect("node3 listed");
+    assert_eq!(node3["state"], "draining", "{nodes:#}");
+    assert_eq!(node3["replicas"], 0, "{nodes:#}");
 }
 
 /// A primary that is frozen (SIGSTOP: it can neither send nor renew its
