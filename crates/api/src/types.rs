@@ -35,6 +35,10 @@ pub struct Replica {
     /// `in-sync`, `out-of-sync` or `faulty`.
     pub state: String,
     pub epoch: u64,
+    /// Copied so far while the replica is resynced (reported by the
+    /// primary's node).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resync_percent: Option<u8>,
 }
 
 impl From<ReplicaStatus> for Replica {
@@ -44,6 +48,7 @@ impl From<ReplicaStatus> for Replica {
             primary: r.primary,
             state: r.state,
             epoch: r.epoch,
+            resync_percent: r.resync_percent,
         }
     }
 }

@@ -140,9 +140,16 @@ fn volume_fields(volume: &Volume, client: &ApiClient) -> String {
     }
     for r in &volume.replicas {
         let role = if r.primary { "primary" } else { "secondary" };
+        let progress = r
+            .resync_percent
+            .map(|p| format!(", resyncing {p}%"))
+            .unwrap_or_default();
         pairs.push((
             "replica",
-            format!("{} {role} {} (epoch {})", r.node, r.state, r.epoch),
+            format!(
+                "{} {role} {}{progress} (epoch {})",
+                r.node, r.state, r.epoch
+            ),
         ));
     }
     fields(&pairs)

@@ -114,6 +114,7 @@ impl MemberConfig {
 
 struct ReplicaHandle {
     tx: Sender<Event>,
+    progress: Arc<Mutex<std::collections::BTreeMap<NodeId, (usize, usize)>>>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -582,12 +583,14 @@ impl Inner {
                 cas_ok: None,
             }));
         }
+        let progress = driver.progress_out.clone();
         let thread = std::thread::Builder::new()
             .name(format!("replica-{}", &id.simple().to_string()[..8]))
             .spawn(move || driver.run())
             .map_err(|e| ClusterError::Thread(e.to_string()))?;
         Ok(ReplicaHandle {
             tx,
+            progress,
             thread: Some(thread),
         })
     }
@@ -1130,10 +1133,23 @@ impl ClusterVolumes for ClusterMember {
         let Some(rec) = rec else {
             return Vec::new();
         };
+        let progress = self
+            .inner
+            .replicas
+            .lock()
+            .get(&rec.volume)
+            .map(|h| h.progress.lock().clone())
+            .unwrap_or_default();
         let nodes = self.inner.nodes.read();
         rec.replicas
             .iter()
             .map(|(id, info)| ReplicaStatus {
+                resync_percent: progress
+                    .get(id)
+                    .filter(|_| rec.primary == self.inner.me)
+                    .map(|(left, total)| {
+                        (100 * total.saturating_sub(*left) / (*total).max(1)).min(99) as u8
+                    }),
                 node: nodes
                     .iter()
                     .find(|n| n.id == *id)

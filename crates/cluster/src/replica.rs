@@ -25,7 +25,7 @@ use basalt_replication::{
     Node, NodeId, RoleKind, VolumeId,
 };
 use basalt_store::{DataOp, LocalVolume};
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::Duration;
 
@@ -91,6 +91,9 @@ pub(crate) struct ReplicaDriver<E: ReplicaEnv> {
     pub next_client: u64,
     /// Role as last published, for status reports.
     pub role_out: std::sync::Arc<parking_lot::Mutex<RoleKind>>,
+    /// Resync progress as last published (primary only): per replica,
+    /// regions still to copy and regions in the volume.
+    pub progress_out: std::sync::Arc<parking_lot::Mutex<BTreeMap<NodeId, (usize, usize)>>>,
 }
 
 impl<E: ReplicaEnv> ReplicaDriver<E> {
@@ -123,6 +126,7 @@ impl<E: ReplicaEnv> ReplicaDriver<E> {
             clients: HashMap::new(),
             next_client: 1,
             role_out: std::sync::Arc::new(parking_lot::Mutex::new(role)),
+            progress_out: Default::default(),
         }
     }
 
@@ -206,6 +210,7 @@ impl<E: ReplicaEnv> ReplicaDriver<E> {
                     actions.extend(self.node.handle(now, Input::Disk { id, result }));
                 }
             }
+            *self.progress_out.lock() = self.node.resync_progress();
             let role = self.node.role();
             let mut published = self.role_out.lock();
             if *published != role {

@@ -101,6 +101,15 @@ impl Node {
         }
     }
 
+    /// On a primary, per replica being resynced (or waiting to be): regions
+    /// still to copy and regions in the volume. Empty on other roles.
+    pub fn resync_progress(&self) -> std::collections::BTreeMap<NodeId, (usize, usize)> {
+        match &self.role {
+            Role::Primary(p) => p.resync_progress(),
+            _ => Default::default(),
+        }
+    }
+
     /// The role's state in one line, for simulator traces.
     #[doc(hidden)]
     pub fn describe(&self) -> String {
@@ -515,6 +524,11 @@ mod tests {
                     }
                 )),
             "the write no longer waits for the removed replica: {a:?}"
+        );
+        assert_eq!(
+            node.resync_progress().get(&s2),
+            Some(&(4, 4)),
+            "the added replica has every region to copy"
         );
         lease(&mut node, 99);
         let a = node.handle(100, Input::Tick);

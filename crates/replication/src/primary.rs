@@ -187,6 +187,17 @@ impl Primary {
         }
     }
 
+    /// Per replica that is not in sync: (regions still to copy, regions in
+    /// the volume).
+    pub(crate) fn resync_progress(&self) -> BTreeMap<NodeId, (usize, usize)> {
+        let total = self.region_gen.len();
+        self.links
+            .iter()
+            .filter(|(_, l)| !l.mode.counts())
+            .map(|(n, l)| (*n, (l.dirty.len(), total)))
+            .collect()
+    }
+
     /// One line per link, for traces.
     pub(crate) fn describe(&self) -> String {
         let mut s = format!("primary e{} cas={:?}", self.epoch.0, self.cas);

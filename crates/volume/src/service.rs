@@ -151,6 +151,9 @@ pub struct ReplicaStatus {
     /// "in-sync", "out-of-sync" or "faulty".
     pub state: String,
     pub epoch: u64,
+    /// While the replica is resynced: how much is copied (known on the
+    /// primary's node only).
+    pub resync_percent: Option<u8>,
 }
 
 /// The volume control plane of a node; see the module docs.
