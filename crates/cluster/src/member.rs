@@ -904,7 +904,9 @@ impl ClusterVolume {
             _ => return Err(IoError::Failed),
         };
         let at = (offset - first * BLOCK_SIZE) as usize;
-        buf[at..at + data.len()].copy_from_slice(data);
+        buf.get_mut(at..at + data.len())
+            .ok_or(IoError::Failed)?
+            .copy_from_slice(data);
         let w = inner.execute(
             self.vol,
             vec![ClientReq::Write {
