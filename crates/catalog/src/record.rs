@@ -85,11 +85,11 @@ mod tests {
     #[test]
     fn unknown_fields_survive_a_rewrite() {
         let json = r#"{"id":"67e55044-10b1-426f-9247-bb680e5fe0c8","name":"a","size_bytes":4096,
-            "created_at":"2024-01-01T00:00:00Z","replicas":3,"tenant":{"id":"t1"}}"#;
+            "created_at":"2024-01-01T00:00:00Z","qos_policy":3,"tenant":{"id":"t1"}}"#;
         let rec = VolumeRecord::from_json("a", json).unwrap();
         assert_eq!(rec.unknown.len(), 2);
         let rewritten: serde_json::Value = serde_json::from_str(&rec.to_json()).unwrap();
-        assert_eq!(rewritten["replicas"], 3);
+        assert_eq!(rewritten["qos_policy"], 3);
         assert_eq!(rewritten["tenant"]["id"], "t1");
         assert_eq!(rewritten["size_bytes"], 4096);
     }
