@@ -27,6 +27,13 @@
 //!
 //! If the store step fails without a crash, create and resize undo their
 //! catalog change before returning the error.
+//!
+//! In a cluster ([`VolumeService::with_cluster`]) the service keeps only the
+//! catalog: create writes the record (with the replica count), delete
+//! removes it, and the cluster layer places replicas, creates and deletes
+//! the local store volumes of the replicas this node holds, and serves the
+//! data path; reconcile then only removes store volumes that have no
+//! catalog record at all. Resizing a replicated volume is refused for now.
 
 use crate::error::VolumeError;
 use crate::size::format_size;
