@@ -209,7 +209,8 @@ fn revisions_grow_and_are_never_reused(cat: &impl Catalog) {
 
 fn unknown_fields_are_kept(cat: &impl Catalog) {
     let mut rec = record("vol", 4096);
-    rec.unknown.insert("qos_policy".into(), serde_json::json!(3));
+    rec.unknown
+        .insert("qos_policy".into(), serde_json::json!(3));
     let r1 = cat.insert(&rec).unwrap();
     assert_eq!(cat.get("vol").unwrap().unwrap().record, rec);
     rec.size_bytes = 8192;

@@ -474,6 +474,24 @@ fn frozen_primary_is_replaced_and_fenced() {
         "replicas differ: {d:?}\n{}",
         c.logs()
     );
+
+    // Deleting the volume frees its replica on every node.
+    c.nodes[other].cli(&["volume", "delete", "fence"]).ok();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for i in 0..3 {
+        loop {
+            let st = c.nodes[i].cli_json(&["status"]);
+            if st["allocated_bytes"] == 0 && st["volume_count"] == 0 {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "node{i} still holds the deleted volume: {st:#}\n{}",
+                c.logs()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
 }
 
 /// fio with `verify=crc32c` through a secondary's node while etcd restarts

@@ -249,11 +249,19 @@ impl ClusterMember {
             }
         }))?;
         let w = weak.clone();
-        let records_guard = inner.meta.watch_memberships(Box::new(move |rec| {
-            if let Some(inner) = w.upgrade() {
-                inner.on_record(rec);
-            }
-        }))?;
+        let w2 = weak.clone();
+        let records_guard = inner.meta.watch_memberships(
+            Box::new(move |rec| {
+                if let Some(inner) = w.upgrade() {
+                    inner.on_record(rec);
+                }
+            }),
+            Box::new(move |vol| {
+                if let Some(inner) = w2.upgrade() {
+                    inner.on_record_deleted(vol);
+                }
+            }),
+        )?;
         let w = weak.clone();
         let election = {
             let reg = inner.registration.lock();
@@ -509,6 +517,20 @@ impl Inner {
         } else if let Some(mut h) = replicas.remove(&vol) {
             drop(replicas);
             tracing::info!(volume = %uuid_of(vol), "this node no longer holds a replica");
+            let _ = h.tx.send(Event::Stop);
+            if let Some(t) = h.thread.take() {
+                let _ = t.join();
+            }
+        }
+    }
+
+    /// The volume was deleted: stop its replica; housekeeping frees the
+    /// local copy once the catalog no longer has the volume.
+    fn on_record_deleted(&self, vol: VolumeId) {
+        self.records.write().remove(&vol);
+        let handle = self.replicas.lock().remove(&vol);
+        if let Some(mut h) = handle {
+            tracing::info!(volume = %uuid_of(vol), "volume deleted: stopping its replica");
             let _ = h.tx.send(Event::Stop);
             if let Some(t) = h.thread.take() {
                 let _ = t.join();

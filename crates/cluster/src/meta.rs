@@ -787,11 +787,13 @@ impl ClusterMeta {
         self.core.delete(&vol_key(vol))
     }
 
-    /// Calls `f` with every record now, then with every newer version seen
-    /// (polled every 100 ms). Deletions are not reported.
+    /// Calls `f` with every record now, then with every newer version seen,
+    /// and `gone` with every volume whose record was deleted (polled every
+    /// 100 ms).
     pub fn watch_memberships(
         &self,
         f: Box<dyn Fn(Membership) + Send + Sync>,
+        gone: Box<dyn Fn(VolumeId) + Send + Sync>,
     ) -> Result<WatchGuard, MetaError> {
         let meta = self.clone();
         let mut seen: BTreeMap<VolumeId, u64> = BTreeMap::new();
@@ -805,7 +807,15 @@ impl ClusterMeta {
                     Ok(records) => {
                         let present: std::collections::HashSet<VolumeId> =
                             records.iter().map(|r| r.volume).collect();
-                        seen.retain(|v, _| present.contains(v));
+                        let deleted: Vec<VolumeId> = seen
+                            .keys()
+                            .filter(|v| !present.contains(v))
+                            .copied()
+                            .collect();
+                        for v in deleted {
+                            seen.remove(&v);
+                            gone(v);
+                        }
                         for rec in records {
                             if seen.get(&rec.volume).is_none_or(|v| rec.version > *v) {
                                 seen.insert(rec.volume, rec.version);

@@ -120,9 +120,13 @@ fn membership_cas_follows_the_protocol_rules() {
 
     // The watch sees the current record, then every newer version.
     let seen = Arc::new(parking_lot::Mutex::new(Vec::new()));
-    let s = seen.clone();
+    let deleted = Arc::new(parking_lot::Mutex::new(Vec::new()));
+    let (s, d) = (seen.clone(), deleted.clone());
     let _guard = meta
-        .watch_memberships(Box::new(move |r| s.lock().push(r.version)))
+        .watch_memberships(
+            Box::new(move |r| s.lock().push(r.version)),
+            Box::new(move |v| d.lock().push(v)),
+        )
         .unwrap();
     let mut next = applied.clone();
     next.min_in_sync = 1;
@@ -135,6 +139,9 @@ fn membership_cas_follows_the_protocol_rules() {
 
     meta.delete_membership(vol).unwrap();
     assert_eq!(meta.membership(vol).unwrap(), None);
+    wait_until("the watch to report the deletion", || {
+        deleted.lock().contains(&vol)
+    });
     assert!(matches!(
         meta.cas_membership(3, applied).unwrap(),
         CasOutcome::Missing

@@ -588,6 +588,11 @@ impl VolumeService {
             .delete(name, current.revision)
             .map_err(catalog_error)?;
         self.stats.lock().remove(&id);
+        if self.cluster.is_some() {
+            // Each node's cluster layer stops its replica and frees it.
+            tracing::info!(volume = name, %id, "deleted replicated volume");
+            return Ok(());
+        }
         match self.store.delete_volume(id) {
             Ok(()) | Err(StoreError::NotFound(_)) => {}
             Err(e) => {
