@@ -391,6 +391,16 @@ fn degraded_creation_completes_and_removed_replica_is_rebuilt() {
     });
     assert!(!node_names(&v).contains(&gone.to_string()), "{v:#}");
     verify_pattern(&c.nodes[3].uri("deg"), 7, 1, 0, 8 << 20);
+    // The rebuilt replica stays thin: only the 8 MiB written are allocated
+    // (the never-written half of the volume is copied as zeros, which the
+    // replica does not allocate).
+    let allocated = c.nodes[3].cli_json(&["status"])["allocated_bytes"]
+        .as_u64()
+        .expect("allocated_bytes");
+    assert!(
+        allocated <= 8 << 20,
+        "rebuilt replica allocated {allocated} bytes for 8 MiB of data"
+    );
     let live: Vec<usize> = (0..4).filter(|i| *i != gi).collect();
     let d = digests(&c, &live, "deg");
     assert!(

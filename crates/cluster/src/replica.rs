@@ -252,17 +252,24 @@ impl<E: ReplicaEnv> ReplicaDriver<E> {
     }
 
     /// Executes one batch of disk operations on the local volume: reads and
-    /// writes in one submission, then flushes.
+    /// writes in one submission, then all-zero writes, then flushes.
     fn execute(&self, ops: Vec<(u64, DiskOp)>) -> Vec<(u64, DiskResult)> {
         let bl = self.block_len;
         let mut read_bufs: Vec<(u64, Vec<u8>)> = Vec::new();
         let mut writes: Vec<(u64, u64, Vec<u8>, bool)> = Vec::new();
         let mut flushes = Vec::new();
+        let mut zeroes = Vec::new();
         for (id, op) in ops {
             match op {
                 DiskOp::Read { lba, blocks } => {
                     read_bufs.push((id, vec![0u8; (blocks * bl) as usize]));
                     writes.push((id, lba * bl, Vec::new(), false));
+                }
+                // All-zero writes (resync copies of never-written regions,
+                // TRIM and WRITE_ZEROES of clients) free or skip extents
+                // instead of allocating them: replicas stay thin.
+                DiskOp::Write { lba, data, fua } if data.iter().all(|b| *b == 0) => {
+                    zeroes.push((id, lba * bl, data.len() as u64, fua))
                 }
                 DiskOp::Write { lba, data, fua } => writes.push((id, lba * bl, data, fua)),
                 DiskOp::Flush => flushes.push(id),
@@ -304,6 +311,16 @@ impl<E: ReplicaEnv> ReplicaDriver<E> {
                     DiskResult::Error
                 },
             ));
+        }
+        for (id, offset, len, fua) in zeroes {
+            let r = match self.local.write_zeroes(offset, len, true, fua) {
+                Ok(()) => DiskResult::Done { data: None },
+                Err(e) => {
+                    tracing::warn!(volume = %uuid::Uuid::from_u128(self.vol.0), error = %e, "replica zeroing failed");
+                    DiskResult::Error
+                }
+            };
+            out.push((id, r));
         }
         for id in flushes {
             let r = match self.local.flush() {
