@@ -68,7 +68,9 @@ done
 echo "namespace: $NS"
 test "$(ls /sys/class/nvme-subsystem/*/ | grep -c '^nvme[0-9]*$')" -eq 3
 wait_until 100 one_optimized
-paths | sed 's/^/BEFORE-/'
+# Through a file: a pipe would interleave with the shell's trace.
+paths > /tmp/before
+sed 's/^/BEFORE-/' /tmp/before
 
 step fio while the primary dies
 ( sleep {kill_after}; host_call kill-primary ) &
@@ -84,7 +86,8 @@ echo FIO-OK
 
 step the new primary is optimized
 wait_until 300 one_optimized
-paths | sed 's/^/AFTER-/'
+paths > /tmp/after
+sed 's/^/AFTER-/' /tmp/after
 nvme disconnect -n $SUB
 step done
 echo guest-mpath-done
