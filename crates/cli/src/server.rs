@@ -22,7 +22,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use basalt_catalog::{Catalog, EtcdCatalog, EtcdConfig, RedbCatalog};
 use basalt_cluster::{ClusterMember, MemberConfig};
 use basalt_frontend_nbd::{NbdServer, ServerLimits};
-use basalt_frontend_nvme::{NvmeServer, TargetConfig};
+use basalt_frontend_nvme::{cluster_cntlid_range, NvmeServer, TargetConfig};
 use basalt_store::{BlockDevice, FileDevice, FormatOptions, Store};
 use basalt_volume::{
     format_size, parse_size, validate_volume_name, validate_volume_size, VolumeError,
@@ -405,7 +405,8 @@ fn serve(
         service = service.with_cluster(m.clone());
     }
     let service = Arc::new(service);
-    let result = serve_frontends(data, &service, token, args, settings);
+    let node_id = member.as_ref().map(|m| m.id().0);
+    let result = serve_frontends(data, &service, node_id, token, args, settings);
     if let Some(m) = member {
         m.shutdown();
     }
@@ -438,6 +439,7 @@ fn join_cluster(
 fn serve_frontends(
     data: &DataDir,
     service: &Arc<VolumeService>,
+    node_id: Option<u32>,
     token: String,
     args: &ServerArgs,
     settings: &Settings,
@@ -477,6 +479,7 @@ fn serve_frontends(
             Arc::new(VolumeSubsystems::new(service.clone(), &args.nvme_allow_hosts)),
             TargetConfig {
                 advertise: args.nvme_advertise,
+                cntlid_range: node_id.map(cluster_cntlid_range),
                 ..TargetConfig::default()
             },
         ) {

@@ -4,8 +4,12 @@
 //! attached to a volume (`basalt volume attach VOL --host-nqn NQN`, stored
 //! in the volume's catalog record) may see and open that volume; any other
 //! host sees nothing and is refused at Connect (secure by default).
+//!
+//! Path state (ANA): a clustered volume's path through this node is
+//! optimized when this node is its primary and non-optimized otherwise
+//! (requests are forwarded); on a single node every path is optimized.
 
-use basalt_frontend_nvme::{OpenError, Subsystems};
+use basalt_frontend_nvme::{OpenError, PathState, Subsystems};
 use basalt_volume::{VolumeError, VolumeHandle, VolumeService};
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -61,6 +65,14 @@ impl Subsystems for VolumeSubsystems {
             Ok(handle) => Ok(handle),
             Err(VolumeError::NotFound(_)) => Err(OpenError::NotFound),
             Err(e) => Err(OpenError::Failed(e.to_string())),
+        }
+    }
+
+    fn path_state(&self, volume: &VolumeHandle) -> PathState {
+        if self.service.is_local_primary(volume.id()) {
+            PathState::Optimized
+        } else {
+            PathState::NonOptimized
         }
     }
 }

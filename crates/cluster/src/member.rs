@@ -1184,4 +1184,13 @@ impl ClusterVolumes for ClusterMember {
             })
             .collect()
     }
+
+    fn is_local_primary(&self, id: uuid::Uuid) -> Option<bool> {
+        let records = self.inner.records.read();
+        let rec = records.get(&vol_of(id))?;
+        if rec.replicas.is_empty() {
+            return None;
+        }
+        Some(rec.primary == self.inner.me)
+    }
 }

@@ -10,17 +10,23 @@
 //!   (admin queue gone, keep-alive expired, server stopping) removes it and
 //!   shuts down the socket of every queue it owns, so no I/O queue outlives
 //!   its controller.
-//! - Controller IDs are 1..=0xFFEF and unique among live controllers.
+//! - Controller IDs are within the registry's range (a subrange of
+//!   1..=0xFFEF) and unique among live controllers.
 //! - Clearing CC.EN of an enabled controller resets it: its I/O queues are
 //!   shut down and unregistered, held Asynchronous Event Requests dropped,
 //!   host-set features back to defaults; the admin queue (and so the
 //!   controller ID) stays. CSTS.RDY follows CC.EN, CSTS.SHST reads
 //!   "complete" while CC.SHN is set.
+//! - A controller's ANA group (ID [`ANA_GROUP`], NSID 1) is in the state
+//!   last given to [`Controller::set_path_state`] (initially the state at
+//!   Connect); every change bumps the ANA log's change count and, when the
+//!   host enabled ANA change notices, queues one ANA Change asynchronous
+//!   event. At most one event of each kind is pending.
 //! - Everything here is pure computation under short locks; the only socket
 //!   write is an Asynchronous Event completion, done under the admin
 //!   queue's writer lock like the queue's own writes.
 
-use crate::{subsystem_nqn, BLOCK_SIZE, FIRMWARE_REVISION, MODEL, NSID};
+use crate::{subsystem_nqn, PathState, BLOCK_SIZE, FIRMWARE_REVISION, MODEL, NSID};
 use basalt_nvme_wire::command::{async_event, async_event_result, log_id};
 use basalt_nvme_wire::fabrics::DISCOVERY_NQN;
 use basalt_nvme_wire::identify::{
@@ -43,9 +49,11 @@ use std::sync::Arc;
 use std::time::Instant;
 
 /// Largest controller ID of the dynamic model.
-const MAX_CNTLID: u16 = 0xffef;
+pub(crate) const MAX_CNTLID: u16 = 0xffef;
 /// Asynchronous Event Configuration bit: namespace attribute notices.
 const AEN_NAMESPACE_ATTRIBUTE: u32 = 1 << 8;
+/// Asynchronous Event Configuration bit: ANA change notices.
+const AEN_ANA_CHANGE: u32 = 1 << 11;
 /// ANA group of every namespace.
 pub(crate) const ANA_GROUP: u32 = 1;
 
@@ -68,6 +76,32 @@ pub(crate) enum Kind {
     },
 }
 
+/// An asynchronous event waiting for a held request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Event {
+    /// The namespace changed (resize): read the Changed Namespace List.
+    NamespaceAttribute,
+    /// The ANA state changed: read the ANA log.
+    AnaChange,
+}
+
+impl Event {
+    fn result(self) -> u32 {
+        match self {
+            Event::NamespaceAttribute => async_event_result(
+                async_event::TYPE_NOTICE,
+                async_event::NOTICE_NAMESPACE_ATTRIBUTE_CHANGED,
+                log_id::CHANGED_NAMESPACES,
+            ),
+            Event::AnaChange => async_event_result(
+                async_event::TYPE_NOTICE,
+                async_event::NOTICE_ANA_CHANGE,
+                log_id::ASYMMETRIC_NAMESPACE_ACCESS,
+            ),
+        }
+    }
+}
+
 /// Mutable controller state.
 pub(crate) struct State {
     pub cc: Cc,
@@ -82,14 +116,18 @@ pub(crate) struct State {
     pub queues: HashMap<u16, TcpStream>,
     /// Held Asynchronous Event Requests (CIDs).
     pub aers: Vec<u16>,
-    /// An event occurred while no request was held.
-    pub pending_event: bool,
+    /// Events that occurred while no request was held (each kind once).
+    pub pending: Vec<Event>,
     /// The admin queue's writer, to complete held requests.
     pub admin_writer: Option<Arc<Mutex<Writer>>>,
     /// The namespace changed since the Changed Namespace List was read.
     pub changed_ns: bool,
     /// Volume size last seen, to notice resizes.
     pub size_seen: u64,
+    /// The ANA state of the group as this controller reports it.
+    pub ana_state: PathState,
+    /// ANA log change count: starts at 1, bumped on every state change.
+    pub ana_change_count: u64,
     pub dead: bool,
 }
 
@@ -109,7 +147,7 @@ impl State {
             qid == 0
         });
         self.aers.clear();
-        self.pending_event = false;
+        self.pending.clear();
         self.async_event_config = 0;
         self.io_queues = None;
     }
@@ -132,6 +170,7 @@ impl Controller {
         hostid: [u8; 16],
         kind: Kind,
         kato_ms: u32,
+        ana_state: PathState,
     ) -> Controller {
         let size_seen = match &kind {
             Kind::Io { volume } => volume.size(),
@@ -152,10 +191,12 @@ impl Controller {
                 io_queues: None,
                 queues: HashMap::new(),
                 aers: Vec::new(),
-                pending_event: false,
+                pending: Vec::new(),
                 admin_writer: None,
                 changed_ns: false,
                 size_seen,
+                ana_state,
+                ana_change_count: 1,
                 dead: false,
             }),
         }
@@ -212,8 +253,23 @@ impl Controller {
         if st.async_event_config & AEN_NAMESPACE_ATTRIBUTE == 0 {
             return;
         }
-        st.pending_event = true;
-        complete_pending_event(&mut st);
+        queue_event(&mut st, Event::NamespaceAttribute);
+    }
+
+    /// Sets the ANA state this controller reports; on a change bumps the
+    /// ANA change count and notifies the host if it enabled ANA change
+    /// notices. Returns whether the state changed.
+    pub fn set_path_state(&self, state: PathState) -> bool {
+        let mut st = self.state.lock();
+        if st.ana_state == state {
+            return false;
+        }
+        st.ana_state = state;
+        st.ana_change_count = st.ana_change_count.wrapping_add(1).max(1);
+        if st.async_event_config & AEN_ANA_CHANGE != 0 {
+            queue_event(&mut st, Event::AnaChange);
+        }
+        true
     }
 
     /// Holds an Asynchronous Event Request; returns false when the limit
@@ -229,21 +285,28 @@ impl Controller {
     }
 }
 
-/// Completes one held request for a pending namespace attribute event.
-fn complete_pending_event(st: &mut State) {
-    if !st.pending_event || st.aers.is_empty() {
-        return;
+/// Records `event` as pending (once) and completes held requests.
+fn queue_event(st: &mut State, event: Event) {
+    if !st.pending.contains(&event) {
+        st.pending.push(event);
     }
-    let Some(writer) = st.admin_writer.clone() else {
-        return;
-    };
-    let cid = st.aers.remove(0);
-    st.pending_event = false;
-    let result = async_event_result(
-        async_event::TYPE_NOTICE,
-        async_event::NOTICE_NAMESPACE_ATTRIBUTE_CHANGED,
-        log_id::CHANGED_NAMESPACES,
-    );
+    complete_pending_event(st);
+}
+
+/// Completes held requests with pending events, oldest first.
+fn complete_pending_event(st: &mut State) {
+    while !st.pending.is_empty() && !st.aers.is_empty() {
+        let Some(writer) = st.admin_writer.clone() else {
+            return;
+        };
+        let cid = st.aers.remove(0);
+        let event = st.pending.remove(0);
+        send_event(&writer, cid, event.result());
+    }
+}
+
+/// Sends the completion of Asynchronous Event Request `cid`.
+fn send_event(writer: &Mutex<Writer>, cid: u16, result: u32) {
     let mut w = writer.lock();
     let w = &mut *w;
     let cqe = Cqe::new(cid, 0, w.sqhd, Status::SUCCESS).with_result(u64::from(result));
@@ -255,9 +318,17 @@ fn complete_pending_event(st: &mut State) {
 }
 
 /// The live controllers.
-#[derive(Default)]
 pub(crate) struct Registry {
     inner: Mutex<RegistryInner>,
+    /// Controller IDs handed out: `first..=last`, within 1..=0xFFEF.
+    first: u16,
+    last: u16,
+}
+
+impl Default for Registry {
+    fn default() -> Self {
+        Registry::with_range(1, MAX_CNTLID)
+    }
 }
 
 #[derive(Default)]
@@ -267,13 +338,25 @@ struct RegistryInner {
 }
 
 impl Registry {
+    /// A registry handing out IDs `first..=last`, clamped to 1..=0xFFEF
+    /// (an empty range becomes the single ID `first`).
+    pub fn with_range(first: u16, last: u16) -> Registry {
+        let first = first.clamp(1, MAX_CNTLID);
+        let last = last.clamp(first, MAX_CNTLID);
+        Registry {
+            inner: Mutex::new(RegistryInner::default()),
+            first,
+            last,
+        }
+    }
+
     /// Registers a controller built by `make` with a fresh ID; `None` when
     /// every ID is in use.
     pub fn create(&self, make: impl FnOnce(u16) -> Controller) -> Option<Arc<Controller>> {
         let mut inner = self.inner.lock();
-        for _ in 0..MAX_CNTLID {
-            inner.next = if inner.next >= MAX_CNTLID {
-                1
+        for _ in self.first..=self.last {
+            inner.next = if inner.next < self.first || inner.next >= self.last {
+                self.first
             } else {
                 inner.next + 1
             };
@@ -402,14 +485,21 @@ pub(crate) fn smart_log() -> Vec<u8> {
     .to_vec()
 }
 
-/// ANA log: one group, optimized, holding NSID 1.
-pub(crate) fn ana_log(groups_only: bool) -> Option<Vec<u8>> {
+/// ANA log: one group holding NSID 1, in the controller's path state.
+pub(crate) fn ana_log(ctrl: &Controller, groups_only: bool) -> Option<Vec<u8>> {
+    let (state, change_count) = {
+        let st = ctrl.state.lock();
+        (st.ana_state, st.ana_change_count)
+    };
     let log = AnaLog {
-        change_count: 1,
+        change_count,
         groups: vec![AnaGroup {
             id: ANA_GROUP,
-            change_count: 1,
-            state: AnaState::Optimized,
+            change_count,
+            state: match state {
+                PathState::Optimized => AnaState::Optimized,
+                PathState::NonOptimized => AnaState::NonOptimized,
+            },
             nsids: vec![NSID],
         }],
     };

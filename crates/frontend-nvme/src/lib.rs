@@ -13,7 +13,18 @@
 //! (dynamic model, CNTLID 0xFFFF) and joined by I/O-queue Connects carrying
 //! their CNTLID and the same host NQN and host ID. The watchdog enforces the
 //! keep-alive timeout (KATO) and notices volume resizes, which it reports
-//! with a Namespace Attribute Changed asynchronous event.
+//! with a Namespace Attribute Changed asynchronous event, and changes of
+//! the path's ANA state, reported with an ANA Change asynchronous event.
+//!
+//! Multipath (ANA): in a cluster every node serves every volume under the
+//! same subsystem NQN and namespace identifiers, so a host sees one
+//! subsystem with one path (controller) per node. Each subsystem has one
+//! ANA group (ID 1) holding NSID 1; its state as reported through a
+//! controller is [`Subsystems::path_state`]: optimized where the volume's
+//! primary runs, non-optimized on nodes that forward to it. Controller IDs
+//! come from [`TargetConfig::cntlid_range`] so that the nodes of a cluster
+//! hand out disjoint IDs ([`cluster_cntlid_range`]), as hosts require
+//! distinct controller IDs within a subsystem.
 //!
 //! Naming: every volume is its own NVM subsystem with one namespace
 //! (NSID 1) whose NQN is [`subsystem_nqn`]`(volume name)`, i.e.
@@ -47,7 +58,7 @@ mod server;
 
 pub use basalt_nvme_wire::NQN_MAX_LEN;
 pub use error::ConnectionError;
-pub use server::{NvmeServer, ServerLimits, TargetConfig};
+pub use server::{cluster_cntlid_range, NvmeServer, ServerLimits, TargetConfig};
 
 use basalt_volume::VolumeHandle;
 
@@ -86,6 +97,17 @@ pub enum OpenError {
     Failed(String),
 }
 
+/// The ANA state of the path to a volume through this target.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PathState {
+    /// The volume is served here (single node, or this node is the
+    /// volume's primary).
+    Optimized,
+    /// The volume is reachable here, but requests are forwarded to another
+    /// node.
+    NonOptimized,
+}
+
 /// Access control and volume lookup: which volumes a host (named by its
 /// host NQN) may see, and opening one for it.
 ///
@@ -96,4 +118,11 @@ pub trait Subsystems: Send + Sync + 'static {
     fn visible(&self, host_nqn: &str) -> Vec<String>;
     /// Opens `volume` for `host_nqn`.
     fn open(&self, host_nqn: &str, volume: &str) -> Result<VolumeHandle, OpenError>;
+    /// The ANA state of this target's path to an open volume. Polled by
+    /// the watchdog for every controller every tick, so it must be cheap.
+    /// Default: optimized (a single node serves every volume itself).
+    fn path_state(&self, volume: &VolumeHandle) -> PathState {
+        let _ = volume;
+        PathState::Optimized
+    }
 }

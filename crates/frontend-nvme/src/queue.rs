@@ -24,7 +24,7 @@
 
 use crate::controller::{self, Controller, IdentifySettings, Kind, Writer};
 use crate::server::Shared;
-use crate::{volume_of_nqn, ConnectionError, OpenError, BLOCK_SIZE, NSID};
+use crate::{volume_of_nqn, ConnectionError, OpenError, PathState, BLOCK_SIZE, NSID};
 use basalt_nvme_wire::command::{
     cns, feature_id, io_opcode, log_id, number_of_queues_result, parse_dsm_ranges, AdminCommand,
     GetLogPage, Identify, IoCommand,
@@ -886,6 +886,10 @@ impl<'a> Queue<'a> {
                     }
                 }
             };
+            let ana_state = match &kind {
+                Kind::Io { volume } => self.shared.subsystems.path_state(volume),
+                Kind::Discovery => PathState::Optimized,
+            };
             let made = self.shared.controllers.create(|id| {
                 Controller::new(
                     id,
@@ -894,6 +898,7 @@ impl<'a> Queue<'a> {
                     cd.hostid,
                     kind,
                     c.kato,
+                    ana_state,
                 )
             });
             let Some(ctrl) = made else {
@@ -1068,7 +1073,7 @@ impl<'a> Queue<'a> {
             log_id::SMART_HEALTH if !discovery => Some(controller::smart_log()),
             log_id::CHANGED_NAMESPACES if !discovery => Some(controller::changed_namespaces(ctrl)),
             log_id::ASYMMETRIC_NAMESPACE_ACCESS if !discovery => {
-                controller::ana_log(g.lsp & ANA_LSP_RETURN_GROUPS_ONLY != 0)
+                controller::ana_log(ctrl, g.lsp & ANA_LSP_RETURN_GROUPS_ONLY != 0)
             }
             log_id::DISCOVERY if discovery => {
                 let visible = self.shared.subsystems.visible(&ctrl.hostnqn);

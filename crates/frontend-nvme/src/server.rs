@@ -15,7 +15,9 @@
 //!   log line), and a connection that has not completed ICReq and Connect
 //!   within `connect_timeout` is closed.
 //! - The watchdog tears down a controller whose host sent no Keep Alive
-//!   within its KATO (checked every [`WATCHDOG_TICK`]).
+//!   within its KATO, and updates every I/O controller's size and ANA
+//!   state from the volume and [`Subsystems::path_state`] (each checked
+//!   every [`WATCHDOG_TICK`]), notifying hosts of changes.
 
 use crate::controller::Registry;
 use crate::queue;
@@ -85,6 +87,28 @@ pub struct TargetConfig {
     /// (a wildcard bind reports loopback).
     pub advertise: Option<SocketAddr>,
     pub limits: ServerLimits,
+    /// Controller IDs this target hands out, `(first, last)` inclusive,
+    /// clamped to 1..=0xFFEF; default: all of them. Targets serving the
+    /// same subsystems (the nodes of a cluster) need disjoint ranges, see
+    /// [`cluster_cntlid_range`].
+    pub cntlid_range: Option<(u16, u16)>,
+}
+
+/// Controller IDs per cluster node.
+const CNTLIDS_PER_NODE: u32 = 1000;
+
+/// The controller IDs of cluster node `node_id`: `id × 1000 + 1 ..= id ×
+/// 1000 + 999`, so that the paths a host opens to several nodes have
+/// distinct IDs. IDs cover node ids 0..=64; larger ids reuse the ranges of
+/// `node_id mod 65` (hosts then see distinct IDs unless they connect to
+/// two nodes whose ids are congruent and happen to get equal IDs).
+pub fn cluster_cntlid_range(node_id: u32) -> (u16, u16) {
+    let slots = (u32::from(crate::controller::MAX_CNTLID) + 1) / CNTLIDS_PER_NODE;
+    let base = (node_id % slots) * CNTLIDS_PER_NODE;
+    // base + 999 <= 64_999 < 0xFFEF, so the conversions cannot fail.
+    let first = u16::try_from(base + 1).unwrap_or(1);
+    let last = u16::try_from(base + CNTLIDS_PER_NODE - 1).unwrap_or(first);
+    (first, last)
 }
 
 pub(crate) struct Shared {
@@ -130,8 +154,8 @@ impl NvmeServer {
             listen,
             subsystems,
             TargetConfig {
-                advertise: None,
                 limits,
+                ..TargetConfig::default()
             },
         )
     }
@@ -154,7 +178,10 @@ impl NvmeServer {
             subsystems,
             limits,
             advertise,
-            controllers: Registry::default(),
+            controllers: match config.cntlid_range {
+                Some((first, last)) => Registry::with_range(first, last),
+                None => Registry::default(),
+            },
             stopping: AtomicBool::new(false),
             next_id: AtomicU64::new(0),
             connections: Mutex::new(HashMap::new()),
@@ -394,6 +421,11 @@ fn watchdog(shared: &Shared) {
                     tracing::info!(cntlid = ctrl.cntlid, subnqn = %ctrl.subnqn, size,
                         "NVMe namespace resized: notifying the host");
                     ctrl.namespace_changed();
+                }
+                let state = shared.subsystems.path_state(volume);
+                if ctrl.set_path_state(state) {
+                    tracing::info!(cntlid = ctrl.cntlid, subnqn = %ctrl.subnqn, ?state,
+                        "NVMe ANA state changed: notifying the host");
                 }
             }
         }

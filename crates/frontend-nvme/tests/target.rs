@@ -3,7 +3,9 @@
 
 mod common;
 
-use basalt_frontend_nvme::{subsystem_nqn, FIRMWARE_REVISION, MODEL};
+use basalt_frontend_nvme::{
+    cluster_cntlid_range, subsystem_nqn, PathState, TargetConfig, FIRMWARE_REVISION, MODEL,
+};
 use basalt_nvme_wire::command::{async_event, cns, feature_id, log_id};
 use basalt_nvme_wire::fabrics::{CNTLID_DYNAMIC, DISCOVERY_NQN};
 use basalt_nvme_wire::log_page::{DiscoveryLog, SMART_LOG_LEN};
@@ -884,5 +886,146 @@ fn identify_namespace_nuse_counts_allocated_blocks() {
     io.write(0, &pattern(4096, 1), false).ok();
     io.write(40, &pattern(4096, 2), false).ok();
     assert_eq!(nuse(&mut admin), 2 * 64 * KIB / 4096);
+    server.shutdown();
+}
+
+/// Sends an Asynchronous Event Request on `admin` (held by the target);
+/// returns its CID.
+fn send_aer(admin: &mut Host) -> u16 {
+    let cid = admin.cid();
+    let aer = Sqe::new(
+        basalt_nvme_wire::command::admin_opcode::ASYNC_EVENT_REQUEST,
+        cid,
+    );
+    let mut out = Vec::new();
+    basalt_nvme_wire::CapsuleCmd {
+        sqe: aer,
+        data: &[],
+    }
+    .encode(&admin.negotiated, &mut out)
+    .unwrap();
+    admin.send_raw(&out);
+    cid
+}
+
+/// (change count, state of group 1) from the ANA log.
+fn ana_of(admin: &mut Host) -> (u64, u8) {
+    let ana = admin
+        .get_log(log_id::ASYMMETRIC_NAMESPACE_ACCESS, 0, 4096, 0)
+        .ok()
+        .data
+        .clone();
+    assert_eq!(le16(&ana, 8), 1, "one group");
+    assert_eq!(le32(&ana, 16), 1, "group id");
+    assert_eq!(le32(&ana, 16 + 4), 1, "one namespace");
+    assert_eq!(le32(&ana, 16 + 32), 1, "NSID 1");
+    assert_eq!(
+        le64(&ana, 16 + 8),
+        le64(&ana, 0),
+        "group and log change counts"
+    );
+    (le64(&ana, 0), ana[16 + 16])
+}
+
+#[test]
+fn ana_state_follows_the_path_state_and_changes_are_notified() {
+    let (server, subs) = target_with(&[("v", 16 * MIB)]);
+    let addr = server.local_addr();
+    // A forwarding path from the start: non-optimized.
+    subs.set_path_state(PathState::NonOptimized);
+    let mut admin = Host::admin(addr, Digests::NONE, "v", 0);
+    assert_eq!(ana_of(&mut admin), (1, 0x02), "non-optimized at connect");
+    // ANA change notices enabled (bit 11), as Linux does.
+    admin
+        .set_features(feature_id::ASYNC_EVENT_CONFIG, (1 << 8) | (1 << 11))
+        .ok();
+    let cid = send_aer(&mut admin);
+    admin.keep_alive().ok();
+    // The primary moves here: the watchdog notices and completes the AER.
+    subs.set_path_state(PathState::Optimized);
+    match admin.recv() {
+        HostPdu::Resp(cqe) => {
+            assert_eq!(cqe.cid, cid);
+            assert!(cqe.status.is_success());
+            assert_eq!(cqe.dw0 & 7, u32::from(async_event::TYPE_NOTICE));
+            assert_eq!(
+                (cqe.dw0 >> 8) & 0xff,
+                u32::from(async_event::NOTICE_ANA_CHANGE)
+            );
+            assert_eq!(
+                (cqe.dw0 >> 16) & 0xff,
+                u32::from(log_id::ASYMMETRIC_NAMESPACE_ACCESS)
+            );
+        }
+        other => panic!("expected the AER completion, got {other:?}"),
+    }
+    assert_eq!(ana_of(&mut admin), (2, 0x01), "optimized, count bumped");
+    // A change while no request is held is delivered by the next one.
+    subs.set_path_state(PathState::NonOptimized);
+    eventually("the ANA log to change", || ana_of(&mut admin) == (3, 0x02));
+    let cid = send_aer(&mut admin);
+    match admin.recv() {
+        HostPdu::Resp(cqe) => {
+            assert_eq!(cqe.cid, cid);
+            assert_eq!(
+                (cqe.dw0 >> 8) & 0xff,
+                u32::from(async_event::NOTICE_ANA_CHANGE)
+            );
+        }
+        other => panic!("expected the AER completion, got {other:?}"),
+    }
+    // I/O still works through a non-optimized path.
+    let mut io = Host::io_queue(addr, Digests::NONE, &admin, "v", 1);
+    io.write(0, &pattern(4096, 3), true).ok();
+    server.shutdown();
+}
+
+#[test]
+fn ana_change_without_notices_enabled_sends_no_event() {
+    let (server, subs) = target_with(&[("v", 16 * MIB)]);
+    let mut admin = Host::admin(server.local_addr(), Digests::NONE, "v", 0);
+    admin
+        .set_features(feature_id::ASYNC_EVENT_CONFIG, 1 << 8)
+        .ok();
+    let cid = send_aer(&mut admin);
+    subs.set_path_state(PathState::NonOptimized);
+    eventually("the ANA log to change", || ana_of(&mut admin) == (2, 0x02));
+    // The AER is still held: the next completion is a keep alive's.
+    let ka = admin.keep_alive();
+    assert_ne!(ka.cqe.cid, cid, "the held AER completed");
+    server.shutdown();
+}
+
+#[test]
+fn controller_ids_come_from_the_configured_range() {
+    assert_eq!(cluster_cntlid_range(0), (1, 999));
+    assert_eq!(cluster_cntlid_range(2), (2001, 2999));
+    assert_eq!(cluster_cntlid_range(64), (64001, 64999));
+    assert_eq!(cluster_cntlid_range(65), (1, 999), "wraps below 0xFFEF");
+    let (server, _subs) = target_with_config(
+        &[("v", 16 * MIB)],
+        TargetConfig {
+            limits: test_limits(),
+            cntlid_range: Some((2001, 2002)),
+            ..TargetConfig::default()
+        },
+    );
+    let addr = server.local_addr();
+    let a = Host::admin(addr, Digests::NONE, "v", 0);
+    let b = Host::admin(addr, Digests::NONE, "v", 0);
+    let mut ids = [a.cntlid, b.cntlid];
+    ids.sort();
+    assert_eq!(ids, [2001, 2002]);
+    // The range is used up while both live; a third admin Connect is
+    // refused as busy, and succeeds (reusing an ID) once one is gone.
+    let mut c = Host::connect(addr, Digests::NONE);
+    let done = c.connect_queue(0, 31, 0, CNTLID_DYNAMIC, &subsystem_nqn("v"), HOST_NQN);
+    assert_eq!(done.status().sc, Status::CONNECT_CONTROLLER_BUSY.sc);
+    drop(a);
+    eventually("a controller to go", || server.controllers() == 1);
+    let d = Host::admin(addr, Digests::NONE, "v", 0);
+    assert!((2001..=2002).contains(&d.cntlid), "{}", d.cntlid);
+    drop(b);
+    drop(d);
     server.shutdown();
 }

@@ -122,6 +122,10 @@ pub trait ClusterVolumes: Send + Sync {
     /// The replicas of `record`'s volume as placed now (empty while not yet
     /// placed).
     fn replicas(&self, record: &VolumeRecord) -> Vec<ReplicaStatus>;
+    /// Whether this node is the primary of volume `id` as it knows now,
+    /// from memory (cheap: polled by the NVMe/TCP target for its ANA
+    /// state); `None` while the volume is unknown or not placed.
+    fn is_local_primary(&self, id: uuid::Uuid) -> Option<bool>;
     /// Every node of the cluster.
     fn nodes(&self) -> Result<Vec<NodeView>, VolumeError>;
     /// Changes a node's administrative state: `active`, `draining` (its
@@ -330,6 +334,17 @@ impl VolumeService {
         };
         let record = self.record(name)?.record;
         Ok(cluster.replicas(&record))
+    }
+
+    /// Whether this node serves volume `id` as its primary: always `true`
+    /// on a single node; in a cluster `false` also while the volume is
+    /// not placed or being failed over (see
+    /// [`ClusterVolumes::is_local_primary`]). Cheap, reads no catalog.
+    pub fn is_local_primary(&self, id: uuid::Uuid) -> bool {
+        match &self.cluster {
+            None => true,
+            Some(cluster) => cluster.is_local_primary(id).unwrap_or(false),
+        }
     }
 
     /// The store this service manages.

@@ -11,6 +11,7 @@
 //! started.
 #![allow(dead_code)]
 
+pub mod cluster;
 pub mod guest;
 
 use std::collections::HashMap;

@@ -5,7 +5,9 @@
 
 #![allow(dead_code)]
 
-use basalt_frontend_nvme::{NvmeServer, OpenError, ServerLimits, Subsystems, TargetConfig};
+use basalt_frontend_nvme::{
+    NvmeServer, OpenError, PathState, ServerLimits, Subsystems, TargetConfig,
+};
 use basalt_store::{FormatOptions, SimDevice, Store, VolumeId};
 use basalt_volume::{VolumeHandle, VolumeStats};
 use parking_lot::Mutex;
@@ -27,10 +29,13 @@ pub fn init_logging() {
 }
 
 /// Volumes of one store; every volume is visible to the allowed hosts.
+/// Every path is in the state [`StoreSubsystems::set_path_state`] last
+/// set (initially optimized).
 pub struct StoreSubsystems {
     pub store: Arc<Store>,
     volumes: Mutex<BTreeMap<String, (VolumeId, Arc<VolumeStats>)>>,
     allowed: Vec<String>,
+    path: Mutex<PathState>,
 }
 
 impl StoreSubsystems {
@@ -46,6 +51,7 @@ impl StoreSubsystems {
             store,
             volumes: Mutex::new(BTreeMap::new()),
             allowed: allowed.iter().map(|s| s.to_string()).collect(),
+            path: Mutex::new(PathState::Optimized),
         })
     }
 
@@ -65,6 +71,10 @@ impl StoreSubsystems {
     pub fn resize(&self, name: &str, size: u64) {
         let (id, _) = self.volumes.lock().get(name).cloned().expect("volume");
         self.store.resize_volume(id, size).expect("resize");
+    }
+
+    pub fn set_path_state(&self, state: PathState) {
+        *self.path.lock() = state;
     }
 
     pub fn open_handles(&self, name: &str) -> usize {
@@ -100,6 +110,10 @@ impl Subsystems for StoreSubsystems {
             .map_err(|e| OpenError::Failed(e.to_string()))?;
         Ok(VolumeHandle::new(local, volume.to_owned(), stats))
     }
+
+    fn path_state(&self, _volume: &VolumeHandle) -> PathState {
+        *self.path.lock()
+    }
 }
 
 /// Limits of the test target: small MAXH2CDATA and in-capsule size so that
@@ -125,6 +139,21 @@ pub fn target_with_limits(
     volumes: &[(&str, u64)],
     limits: ServerLimits,
 ) -> (NvmeServer, Arc<StoreSubsystems>) {
+    target_with_config(
+        volumes,
+        TargetConfig {
+            limits,
+            ..TargetConfig::default()
+        },
+    )
+}
+
+/// [`target_with`] with an explicit configuration (the advertised address
+/// is always 192.0.2.7:4420).
+pub fn target_with_config(
+    volumes: &[(&str, u64)],
+    config: TargetConfig,
+) -> (NvmeServer, Arc<StoreSubsystems>) {
     init_logging();
     let subsystems = StoreSubsystems::sim(256 * MIB, &[HOST_NQN]);
     for (name, size) in volumes {
@@ -135,7 +164,7 @@ pub fn target_with_limits(
         Arc::clone(&subsystems) as Arc<dyn Subsystems>,
         TargetConfig {
             advertise: Some("192.0.2.7:4420".parse().expect("address")),
-            limits,
+            ..config
         },
     )
     .expect("start target");
