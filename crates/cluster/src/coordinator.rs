@@ -18,9 +18,10 @@
 //!   each node takes part.
 
 use crate::member::Inner;
-use crate::meta::{CasOutcome, NodeState};
+use crate::meta::{CasOutcome, NodeState, NodeStatus};
 use crate::placement::{self, Candidate};
 use crate::ClusterError;
+use basalt_catalog::{Versioned, VolumeRecord};
 use basalt_replication::{Coordinator, Membership, NodeId, ReplicaInfo, ReplicaState, VolumeId};
 use std::collections::{HashMap, HashSet};
 use std::sync::mpsc::{self, RecvTimeoutError, Sender};
@@ -132,11 +133,23 @@ fn run(weak: Weak<Inner>, rx: mpsc::Receiver<CoordEvent>) {
         }
         if Instant::now() >= next_placement {
             next_placement = Instant::now() + Duration::from_secs(1);
-            if let Err(e) = place_new_volumes(&inner) {
-                tracing::warn!(error = %e, "placement round failed; retrying");
-            }
-            if let Err(e) = reconfigure(&inner, &mut faulty_since) {
-                tracing::warn!(error = %e, "replica reconfiguration round failed; retrying");
+            // One read of the catalog and the node list serves the round.
+            let state = inner
+                .catalog
+                .list()
+                .map_err(ClusterError::from)
+                .and_then(|c| Ok((c, inner.meta.nodes()?)));
+            match state {
+                Ok(_) if !still_coordinator(&inner) => {}
+                Ok((catalog, nodes)) => {
+                    if let Err(e) = place_new_volumes(&inner, &catalog, &nodes) {
+                        tracing::warn!(error = %e, "placement round failed; retrying");
+                    }
+                    if let Err(e) = reconfigure(&inner, &catalog, &nodes, &mut faulty_since) {
+                        tracing::warn!(error = %e, "replica reconfiguration round failed; retrying");
+                    }
+                }
+                Err(e) => tracing::warn!(error = %e, "could not read the cluster state; retrying"),
             }
         }
     }
@@ -180,11 +193,11 @@ fn apply(inner: &Inner, old: &Membership, new: Membership) {
 
 /// Creates records for catalog volumes that have none, and deletes records
 /// whose volume left the catalog.
-fn place_new_volumes(inner: &Inner) -> Result<(), ClusterError> {
-    if !still_coordinator(inner) {
-        return Ok(());
-    }
-    let catalog = inner.catalog.list()?;
+fn place_new_volumes(
+    inner: &Inner,
+    catalog: &[Versioned<VolumeRecord>],
+    nodes: &[NodeStatus],
+) -> Result<(), ClusterError> {
     let records = inner.meta.memberships()?;
     let placed: HashSet<VolumeId> = records.iter().map(|r| r.volume).collect();
     let in_catalog: HashSet<VolumeId> = catalog
@@ -195,7 +208,6 @@ fn place_new_volumes(inner: &Inner) -> Result<(), ClusterError> {
         tracing::info!(volume = %uuid::Uuid::from_u128(rec.volume.0), "volume deleted: dropping its membership record");
         inner.meta.delete_membership(rec.volume)?;
     }
-    let nodes = inner.meta.nodes()?;
     let mut primaries = std::collections::HashMap::<NodeId, usize>::new();
     for r in &records {
         *primaries.entry(r.primary).or_default() += 1;
@@ -251,11 +263,11 @@ fn place_new_volumes(inner: &Inner) -> Result<(), ClusterError> {
 /// leave, raised only once that many are InSync.
 fn reconfigure(
     inner: &Inner,
+    catalog: &[Versioned<VolumeRecord>],
+    nodes: &[NodeStatus],
     faulty_since: &mut HashMap<(VolumeId, NodeId), Instant>,
 ) -> Result<(), ClusterError> {
     let replace_after = inner.timing().replace_after;
-    let catalog = inner.catalog.list()?;
-    let nodes = inner.meta.nodes()?;
     let records: Vec<Membership> = inner.records.read().values().cloned().collect();
     let mut primaries = HashMap::<NodeId, usize>::new();
     for r in &records {

@@ -153,6 +153,21 @@ pub struct ClusterMember {
     housekeeping: Mutex<Option<JoinHandle<()>>>,
 }
 
+/// What this node publishes about itself in the registry.
+fn node_info(cfg: &MemberConfig, store: &Store) -> NodeInfo {
+    let usage = store.usage();
+    NodeInfo {
+        name: cfg.name.clone(),
+        peer_addr: cfg.peer_advertise.unwrap_or(cfg.peer_listen),
+        nbd_addr: cfg.nbd_addr,
+        nvme_addr: cfg.nvme_addr,
+        api_addr: cfg.api_addr,
+        zone: cfg.zone.clone(),
+        capacity_bytes: usage.capacity_bytes,
+        free_bytes: usage.capacity_bytes.saturating_sub(usage.allocated_bytes),
+    }
+}
+
 fn vol_of(id: uuid::Uuid) -> VolumeId {
     VolumeId(id.as_u128())
 }
@@ -184,18 +199,7 @@ impl ClusterMember {
     ) -> Result<ClusterMember, ClusterError> {
         let meta = Arc::new(ClusterMeta::connect(cfg.etcd.clone())?);
         let cluster = meta.cluster_id()?;
-        let usage = store.usage();
-        let info = NodeInfo {
-            name: cfg.name.clone(),
-            peer_addr: cfg.peer_advertise.unwrap_or(cfg.peer_listen),
-            nbd_addr: cfg.nbd_addr,
-            nvme_addr: cfg.nvme_addr,
-            api_addr: cfg.api_addr,
-            zone: cfg.zone.clone(),
-            capacity_bytes: usage.capacity_bytes,
-            free_bytes: usage.capacity_bytes.saturating_sub(usage.allocated_bytes),
-        };
-        let registration = meta.register_node(info, cfg.node_ttl)?;
+        let registration = meta.register_node(node_info(&cfg, &store), cfg.node_ttl)?;
         let me = registration.id();
         let boot = registration.boot();
         tracing::info!(node = %cfg.name, id = me.0, boot, "joined the cluster");
@@ -399,17 +403,7 @@ impl Inner {
     }
 
     fn publish_usage(&self) {
-        let usage = self.store.usage();
-        let info = NodeInfo {
-            name: self.cfg.name.clone(),
-            peer_addr: self.cfg.peer_advertise.unwrap_or(self.cfg.peer_listen),
-            nbd_addr: self.cfg.nbd_addr,
-            nvme_addr: self.cfg.nvme_addr,
-            api_addr: self.cfg.api_addr,
-            zone: self.cfg.zone.clone(),
-            capacity_bytes: usage.capacity_bytes,
-            free_bytes: usage.capacity_bytes.saturating_sub(usage.allocated_bytes),
-        };
+        let info = node_info(&self.cfg, &self.store);
         if let Some(reg) = self.registration.lock().as_ref() {
             if let Err(e) = self.meta.update_node_info(reg, info) {
                 tracing::debug!(error = %e, "could not publish the node's free capacity");

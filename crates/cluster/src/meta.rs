@@ -31,9 +31,7 @@
 //! channel, as in `basalt_catalog::EtcdCatalog`.
 
 use basalt_replication::{Membership, NodeId, VolumeId};
-use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse,
-};
+use etcd_client::{Client, Compare, CompareOp, ConnectOptions, GetOptions, PutOptions, Txn, TxnOp};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -324,12 +322,7 @@ impl Core {
                     value,
                     Some(PutOptions::new().with_lease(lease)),
                 )]);
-            let resp = c.txn(txn).await.map_err(&err)?;
-            let _ = resp
-                .op_responses()
-                .iter()
-                .any(|r| matches!(r, TxnOpResponse::Put(_)));
-            Ok(resp.succeeded())
+            Ok(c.txn(txn).await.map_err(&err)?.succeeded())
         })
     }
 }

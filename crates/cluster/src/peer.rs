@@ -535,21 +535,7 @@ fn accept_hello(
     let timeout = Some(inner.cfg.connect_timeout.max(Duration::from_millis(1)));
     stream.set_read_timeout(timeout)?;
     stream.set_write_timeout(timeout)?;
-    let (cluster, node, boot) = match reader.next(stream)? {
-        Some((
-            Frame::Hello {
-                cluster,
-                node,
-                boot,
-            },
-            _,
-        )) => (cluster, node, boot),
-        Some(_) => return Err(HandshakeError::NoHello),
-        None => return Err(HandshakeError::Closed),
-    };
-    if cluster != inner.cfg.cluster {
-        return Err(HandshakeError::WrongCluster(hex(&cluster)));
-    }
+    let (node, boot) = read_hello(inner, stream, reader)?;
     if node == inner.cfg.me {
         return Err(HandshakeError::SameNode(node.0));
     }
@@ -562,6 +548,28 @@ fn accept_hello(
     stream.set_write_timeout(None)?;
     tracing::trace!(peer = node.0, boot, "Hello accepted");
     Ok(node)
+}
+
+/// Reads the peer's Hello (the first frame either side sends) and checks
+/// that it comes from this cluster; returns the peer's node id and boot.
+fn read_hello(
+    inner: &Inner,
+    stream: &mut TcpStream,
+    reader: &mut FrameReader,
+) -> Result<(NodeId, u64), HandshakeError> {
+    match reader.next(stream)? {
+        Some((
+            Frame::Hello {
+                cluster,
+                node,
+                boot,
+            },
+            _,
+        )) if cluster == inner.cfg.cluster => Ok((node, boot)),
+        Some((Frame::Hello { cluster, .. }, _)) => Err(HandshakeError::WrongCluster(hex(&cluster))),
+        Some(_) => Err(HandshakeError::NoHello),
+        None => Err(HandshakeError::Closed),
+    }
 }
 
 impl Inner {
@@ -834,22 +842,7 @@ fn dial(
     let mut out = Vec::new();
     wire::encode(&inner.hello(), &mut out).map_err(|_| HandshakeError::NoHello)?;
     stream.write_all(&out)?;
-    let mut reader = FrameReader::new();
-    let (cluster, node, boot) = match reader.next(&mut stream)? {
-        Some((
-            Frame::Hello {
-                cluster,
-                node,
-                boot,
-            },
-            _,
-        )) => (cluster, node, boot),
-        Some(_) => return Err(HandshakeError::NoHello),
-        None => return Err(HandshakeError::Closed),
-    };
-    if cluster != inner.cfg.cluster {
-        return Err(HandshakeError::WrongCluster(hex(&cluster)));
-    }
+    let (node, boot) = read_hello(inner, &mut stream, &mut FrameReader::new())?;
     if node != dest.node {
         return Err(HandshakeError::WrongNode {
             expected: dest.node.0,

@@ -89,8 +89,8 @@ pub(crate) struct ReplicaDriver<E: ReplicaEnv> {
     /// The state machine's client ids → origin and the origin's id.
     pub clients: HashMap<u64, (Origin, u64)>,
     pub next_client: u64,
-    /// Role as last published, for status reports.
-    pub role_out: std::sync::Arc<parking_lot::Mutex<RoleKind>>,
+    /// Role as last logged (a change is logged once).
+    pub last_role: RoleKind,
     /// Resync progress as last published (primary only): per replica,
     /// regions still to copy and regions in the volume.
     pub progress_out: std::sync::Arc<parking_lot::Mutex<BTreeMap<NodeId, (usize, usize)>>>,
@@ -125,7 +125,7 @@ impl<E: ReplicaEnv> ReplicaDriver<E> {
             block_len,
             clients: HashMap::new(),
             next_client: 1,
-            role_out: std::sync::Arc::new(parking_lot::Mutex::new(role)),
+            last_role: role,
             progress_out: Default::default(),
         }
     }
@@ -212,10 +212,9 @@ impl<E: ReplicaEnv> ReplicaDriver<E> {
             }
             *self.progress_out.lock() = self.node.resync_progress();
             let role = self.node.role();
-            let mut published = self.role_out.lock();
-            if *published != role {
+            if self.last_role != role {
                 tracing::info!(volume = %uuid::Uuid::from_u128(self.vol.0), ?role, "replica role changed");
-                *published = role;
+                self.last_role = role;
             }
         }
     }
