@@ -140,48 +140,37 @@ fn nbdtool(args: &[&str]) -> CmdOutput {
     run_cmd(&mut cmd, Duration::from_secs(180))
 }
 
-fn write_pattern(uri: &str, seed: u64, gen: u64, offset: u64, length: u64) {
-    let out = nbdtool(&[
-        "write",
-        uri,
-        "--seed",
-        &seed.to_string(),
-        "--gen",
-        &gen.to_string(),
-        "--offset",
-        &offset.to_string(),
-        "--length",
-        &length.to_string(),
-        "--flush",
-    ]);
+/// Runs `nbdtool.py OP` (write or verify) over the pattern of `seed`/`gen`
+/// in [offset, offset+length); `extra` adds flags (e.g. --flush).
+#[track_caller]
+fn pattern(op: &str, uri: &str, seed: u64, gen: u64, offset: u64, length: u64, extra: &[&str]) {
+    let (seed, gen, offset, length) = (
+        seed.to_string(),
+        gen.to_string(),
+        offset.to_string(),
+        length.to_string(),
+    );
+    let mut args = vec![
+        op, uri, "--seed", &seed, "--gen", &gen, "--offset", &offset, "--length", &length,
+    ];
+    args.extend_from_slice(extra);
+    let out = nbdtool(&args);
     assert_eq!(
         out.code(),
         Some(0),
-        "pattern write failed: {}",
+        "pattern {op} failed: {}",
         out.describe()
     );
 }
 
 #[track_caller]
+fn write_pattern(uri: &str, seed: u64, gen: u64, offset: u64, length: u64) {
+    pattern("write", uri, seed, gen, offset, length, &["--flush"]);
+}
+
+#[track_caller]
 fn verify_pattern(uri: &str, seed: u64, gen: u64, offset: u64, length: u64) {
-    let out = nbdtool(&[
-        "verify",
-        uri,
-        "--seed",
-        &seed.to_string(),
-        "--gen",
-        &gen.to_string(),
-        "--offset",
-        &offset.to_string(),
-        "--length",
-        &length.to_string(),
-    ]);
-    assert_eq!(
-        out.code(),
-        Some(0),
-        "pattern verify failed: {}",
-        out.describe()
-    );
+    pattern("verify", uri, seed, gen, offset, length, &[]);
 }
 
 fn digests(c: &Cluster, nodes: &[usize], volume: &str) -> Vec<u64> {
