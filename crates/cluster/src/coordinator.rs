@@ -121,10 +121,17 @@ fn run(weak: Weak<Inner>, rx: mpsc::Receiver<CoordEvent>) {
         if Instant::now() >= next_tick {
             next_tick = Instant::now() + tick;
             let now = inner.now_ms();
-            for n in inner.nodes.read().iter() {
-                coord.know(n.id, now);
-            }
             let records: Vec<Membership> = inner.records.read().values().cloned().collect();
+            // Nodes without replicas send no heartbeats: their registry
+            // lease vouches for them, so a volume placed on a long-idle node
+            // is not failed over before its replica could speak.
+            for n in inner.nodes.read().iter() {
+                if n.alive && !records.iter().any(|r| r.replicas.contains_key(&n.id)) {
+                    coord.vouch(n.id, now);
+                } else {
+                    coord.know(n.id, now);
+                }
+            }
             for rec in records {
                 if let Some(new) = coord.tick(inner.now_ms(), &rec) {
                     apply(&inner, &rec, new);

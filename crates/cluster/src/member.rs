@@ -20,7 +20,7 @@ use crate::meta::{
     CasOutcome, ClusterMeta, EtcdConfig, NodeInfo, NodeState, NodeStatus, Registration,
 };
 use crate::peer::{PeerConfig, PeerHandler, PeerNet};
-use crate::replica::{Event, Origin, ReplicaDriver, ReplicaEnv, ReplicaSpec};
+use crate::replica::{Event, Origin, Replica, ReplicaEnv, ReplicaSpec};
 use crate::ClusterError;
 use basalt_catalog::{Catalog, VolumeRecord};
 use basalt_replication::{
@@ -31,7 +31,7 @@ use basalt_volume::{BlockIo, ClusterVolumes, NodeView, ReplicaStatus, VolumeErro
 use parking_lot::{Mutex, RwLock};
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::mpsc::{self, Sender};
+use std::sync::mpsc;
 use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -113,9 +113,18 @@ impl MemberConfig {
 }
 
 struct ReplicaHandle {
-    tx: Sender<Event>,
-    progress: Arc<Mutex<std::collections::BTreeMap<NodeId, (usize, usize)>>>,
+    replica: Arc<Replica<Env>>,
+    /// The replica's ticker.
     thread: Option<JoinHandle<()>>,
+}
+
+impl ReplicaHandle {
+    fn stop(mut self) {
+        self.replica.stop();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
 }
 
 /// Client requests waiting for their reply, by this node's request id.
@@ -183,8 +192,12 @@ struct Router(std::sync::OnceLock<Weak<Inner>>);
 
 impl PeerHandler for Router {
     fn on_message(&self, from: NodeId, vol: VolumeId, msg: Msg) {
+        self.on_batch(from, vec![(vol, msg)]);
+    }
+
+    fn on_batch(&self, from: NodeId, batch: Vec<(VolumeId, Msg)>) {
         if let Some(inner) = self.0.get().and_then(Weak::upgrade) {
-            inner.on_peer(from, vol, msg);
+            inner.on_peer_batch(from, batch);
         }
     }
 }
@@ -328,11 +341,8 @@ impl ClusterMember {
             c.stop();
         }
         let replicas: Vec<ReplicaHandle> = inner.replicas.lock().drain().map(|(_, h)| h).collect();
-        for mut r in replicas {
-            let _ = r.tx.send(Event::Stop);
-            if let Some(t) = r.thread.take() {
-                let _ = t.join();
-            }
+        for r in replicas {
+            r.stop();
         }
         if let Some(t) = self.housekeeping.lock().take() {
             let _ = t.join();
@@ -491,14 +501,13 @@ impl Inner {
         }
         let mine = rec.replicas.contains_key(&self.me);
         let mut replicas = self.replicas.lock();
-        let running = replicas.contains_key(&vol);
-        if mine && running {
-            if let Some(h) = replicas.get(&vol) {
-                let _ = h.tx.send(Event::Control(Msg::MetaReply {
-                    record: rec,
-                    cas_ok: None,
-                }));
-            }
+        let running = replicas.get(&vol).map(|h| h.replica.clone());
+        if let (true, Some(replica)) = (mine, running) {
+            drop(replicas);
+            replica.deliver(vec![Event::Control(Msg::MetaReply {
+                record: rec,
+                cas_ok: None,
+            })]);
         } else if mine {
             match self.start_replica(&rec) {
                 Ok(h) => {
@@ -508,13 +517,10 @@ impl Inner {
                     tracing::error!(volume = %uuid_of(vol), error = %e, "could not start the local replica")
                 }
             }
-        } else if let Some(mut h) = replicas.remove(&vol) {
+        } else if let Some(h) = replicas.remove(&vol) {
             drop(replicas);
             tracing::info!(volume = %uuid_of(vol), "this node no longer holds a replica");
-            let _ = h.tx.send(Event::Stop);
-            if let Some(t) = h.thread.take() {
-                let _ = t.join();
-            }
+            h.stop();
         }
     }
 
@@ -523,12 +529,9 @@ impl Inner {
     fn on_record_deleted(&self, vol: VolumeId) {
         self.records.write().remove(&vol);
         let handle = self.replicas.lock().remove(&vol);
-        if let Some(mut h) = handle {
+        if let Some(h) = handle {
             tracing::info!(volume = %uuid_of(vol), "volume deleted: stopping its replica");
-            let _ = h.tx.send(Event::Stop);
-            if let Some(t) = h.thread.take() {
-                let _ = t.join();
-            }
+            h.stop();
         }
     }
 
@@ -579,8 +582,7 @@ impl Inner {
                 .replicas
                 .get(&self.me)
                 .is_some_and(|r| r.boot == self.boot);
-        let (tx, rx) = mpsc::channel();
-        let driver = ReplicaDriver::new(
+        let replica = Arc::new(Replica::new(
             ReplicaSpec {
                 vol,
                 me: self.me,
@@ -590,25 +592,70 @@ impl Inner {
             },
             local,
             Arc::new(Env(Arc::downgrade(self))),
-            rx,
             Duration::from_millis(t.heartbeat_ms.clamp(5, 1000) / 2),
-        );
+        ));
+        // Posted, not delivered: the caller holds the replica map, which
+        // the replica's callbacks take. The ticker's first round feeds it.
         if !fresh {
-            let _ = tx.send(Event::Control(Msg::MetaReply {
+            replica.post(Event::Control(Msg::MetaReply {
                 record: rec.clone(),
                 cas_ok: None,
             }));
         }
-        let progress = driver.progress_out.clone();
+        let ticker = replica.clone();
         let thread = std::thread::Builder::new()
             .name(format!("replica-{}", &id.simple().to_string()[..8]))
-            .spawn(move || driver.run())
+            .spawn(move || ticker.run_ticks())
             .map_err(|e| ClusterError::Thread(e.to_string()))?;
         Ok(ReplicaHandle {
-            tx,
-            progress,
+            replica,
             thread: Some(thread),
         })
+    }
+
+    /// Frames that arrived together: each replica gets its share as one
+    /// batch (so a secondary writes a burst of replicated writes with one
+    /// device submission), in arrival order.
+    fn on_peer_batch(&self, from: NodeId, batch: Vec<(VolumeId, Msg)>) {
+        let mut by_volume: Vec<(VolumeId, Vec<Event>)> = Vec::new();
+        for (vol, msg) in batch {
+            let ev = match msg {
+                Msg::ClientReq { id, req } => Event::Client {
+                    id,
+                    req,
+                    origin: Origin::Node(from),
+                },
+                Msg::HeartbeatAck { .. } => Event::Control(msg),
+                Msg::Heartbeat { .. } | Msg::ClientReply { .. } => {
+                    self.on_peer(from, vol, msg);
+                    continue;
+                }
+                msg => Event::Peer { from, msg },
+            };
+            match by_volume.iter_mut().find(|(v, _)| *v == vol) {
+                Some((_, events)) => events.push(ev),
+                None => by_volume.push((vol, vec![ev])),
+            }
+        }
+        for (vol, events) in by_volume {
+            match self.replica(vol) {
+                Some(replica) => replica.deliver(events),
+                None => {
+                    for ev in events {
+                        if let Event::Client { id, .. } = ev {
+                            self.peers.send(
+                                from,
+                                vol,
+                                Msg::ClientReply {
+                                    id,
+                                    reply: ClientReply::NotPrimary,
+                                },
+                            );
+                        }
+                    }
+                }
+            }
+        }
     }
 
     fn on_peer(&self, from: NodeId, vol: VolumeId, msg: Msg) {
@@ -620,15 +667,13 @@ impl Inner {
             }
             Msg::ClientReply { id, reply } => self.complete(id, reply),
             Msg::ClientReq { id, req } => {
-                let sent = self.replicas.lock().get(&vol).is_some_and(|h| {
-                    h.tx.send(Event::Client {
+                if let Some(replica) = self.replica(vol) {
+                    replica.deliver(vec![Event::Client {
                         id,
-                        req: req.clone(),
+                        req,
                         origin: Origin::Node(from),
-                    })
-                    .is_ok()
-                });
-                if !sent {
+                    }]);
+                } else {
                     self.peers.send(
                         from,
                         vol,
@@ -644,9 +689,14 @@ impl Inner {
         }
     }
 
+    fn replica(&self, vol: VolumeId) -> Option<Arc<Replica<Env>>> {
+        self.replicas.lock().get(&vol).map(|h| h.replica.clone())
+    }
+
+    /// Delivers `ev` to the volume's local replica, on this thread.
     fn to_replica(&self, vol: VolumeId, ev: Event) {
-        if let Some(h) = self.replicas.lock().get(&vol) {
-            let _ = h.tx.send(ev);
+        if let Some(replica) = self.replica(vol) {
+            replica.deliver(vec![ev]);
         }
     }
 
@@ -665,40 +715,59 @@ impl Inner {
         }
     }
 
-    /// Sends one client request to the volume's primary; the reply arrives
-    /// on the returned channel.
-    fn submit(&self, vol: VolumeId, req: ClientReq) -> (u64, mpsc::Receiver<ClientReply>) {
-        let (tx, rx) = mpsc::sync_channel(1);
-        let id = {
+    /// Sends client requests to the volume's primary; each reply arrives
+    /// on the receiver returned beside the request's index. A local primary
+    /// runs them on this thread, disk I/O included.
+    fn submit(
+        &self,
+        vol: VolumeId,
+        reqs: Vec<(usize, ClientReq)>,
+    ) -> Vec<(usize, u64, mpsc::Receiver<ClientReply>)> {
+        let mut waiting = Vec::with_capacity(reqs.len());
+        let mut sent = Vec::with_capacity(reqs.len());
+        {
             let mut p = self.pending.lock();
-            p.next += 1;
-            let id = p.next;
-            p.waiting.insert(id, tx);
-            id
-        };
+            for (i, req) in reqs {
+                let (tx, rx) = mpsc::sync_channel(1);
+                p.next += 1;
+                let id = p.next;
+                p.waiting.insert(id, tx);
+                waiting.push((i, id, rx));
+                sent.push((id, req));
+            }
+        }
         let primary = self.records.read().get(&vol).map(|r| r.primary);
         match primary {
-            Some(p) if p == self.me => {
-                let ev = Event::Client {
-                    id,
-                    req,
-                    origin: Origin::Local,
-                };
-                let sent = self
-                    .replicas
-                    .lock()
-                    .get(&vol)
-                    .is_some_and(|h| h.tx.send(ev).is_ok());
-                if !sent {
+            Some(p) if p == self.me => match self.replica(vol) {
+                Some(replica) => replica.deliver(
+                    sent.into_iter()
+                        .map(|(id, req)| Event::Client {
+                            id,
+                            req,
+                            origin: Origin::Local,
+                        })
+                        .collect(),
+                ),
+                None => {
+                    for (id, _) in sent {
+                        self.complete(id, ClientReply::NotPrimary);
+                    }
+                }
+            },
+            Some(p) => {
+                for (id, req) in sent {
+                    self.peers.send(p, vol, Msg::ClientReq { id, req });
+                }
+            }
+            // Not placed yet: answer NotPrimary so the caller waits and
+            // retries until the coordinator has placed the volume.
+            None => {
+                for (id, _) in sent {
                     self.complete(id, ClientReply::NotPrimary);
                 }
             }
-            Some(p) => self.peers.send(p, vol, Msg::ClientReq { id, req }),
-            // Not placed yet: answer NotPrimary so the caller waits and
-            // retries until the coordinator has placed the volume.
-            None => self.complete(id, ClientReply::NotPrimary),
         }
-        (id, rx)
+        waiting
     }
 
     fn forget(&self, id: u64) {
@@ -720,17 +789,14 @@ impl Inner {
             (0..reqs.len()).map(|_| None).collect();
         let mut backoff = Duration::from_millis(20);
         loop {
-            let todo: Vec<usize> = (0..reqs.len()).filter(|i| results[*i].is_none()).collect();
+            let todo: Vec<(usize, ClientReq)> = (0..reqs.len())
+                .filter(|i| results[*i].is_none())
+                .map(|i| (i, reqs[i].clone()))
+                .collect();
             if todo.is_empty() {
                 break;
             }
-            let inflight: Vec<(usize, u64, mpsc::Receiver<ClientReply>)> = todo
-                .iter()
-                .map(|&i| {
-                    let (id, rx) = self.submit(vol, reqs[i].clone());
-                    (i, id, rx)
-                })
-                .collect();
+            let inflight = self.submit(vol, todo);
             let mut retry = false;
             for (i, id, rx) in inflight {
                 let wait = attempt.min(deadline.saturating_duration_since(Instant::now()));
@@ -790,16 +856,14 @@ impl ReplicaEnv for Env {
             }
             // Answered from the watched copy: the watch delivers every new
             // version anyway; this closes the gap of a missed one.
+            // Posted: this runs while the replica carries out its actions.
             Msg::MetaGet { vol } => {
                 let rec = inner.records.read().get(&vol).cloned();
-                if let Some(record) = rec {
-                    inner.to_replica(
-                        vol,
-                        Event::Control(Msg::MetaReply {
-                            record,
-                            cas_ok: None,
-                        }),
-                    );
+                if let (Some(record), Some(replica)) = (rec, inner.replica(vol)) {
+                    replica.post(Event::Control(Msg::MetaReply {
+                        record,
+                        cas_ok: None,
+                    }));
                 }
             }
             Msg::MetaCas { expected, record } => {
@@ -1153,10 +1217,8 @@ impl ClusterVolumes for ClusterMember {
         };
         let progress = self
             .inner
-            .replicas
-            .lock()
-            .get(&rec.volume)
-            .map(|h| h.progress.lock().clone())
+            .replica(rec.volume)
+            .map(|r| r.resync_progress())
             .unwrap_or_default();
         let nodes = self.inner.nodes.read();
         rec.replicas

@@ -68,6 +68,15 @@ pub trait PeerHandler: Send + Sync + 'static {
     /// A frame from node `from` (as it said in its Hello). Called on the
     /// connection's reader thread; must not block long.
     fn on_message(&self, from: NodeId, vol: VolumeId, msg: Msg);
+
+    /// Frames that arrived together from node `from`, in order (all that
+    /// were already received when the first was decoded). Lets the handler
+    /// act on them as one batch; by default they go one by one.
+    fn on_batch(&self, from: NodeId, batch: Vec<(VolumeId, Msg)>) {
+        for (vol, msg) in batch {
+            self.on_message(from, vol, msg);
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -495,12 +504,26 @@ fn serve_inbound(inner: &Inner, mut stream: TcpStream) {
     };
     bump(&inner.c.accepts, 1);
     tracing::debug!(peer = from.0, %addr, "peer connected");
+    let mut batch = Vec::new();
     loop {
         match reader.next(&mut stream) {
             Ok(Some((Frame::Msg { vol, msg }, len))) => {
                 bump(&inner.c.frames_received, 1);
                 bump(&inner.c.bytes_received, len as u64);
-                inner.handler.on_message(from, vol, msg);
+                batch.push((vol, msg));
+                // Whatever else is already received goes with it.
+                loop {
+                    match reader.next_buffered() {
+                        Ok(Some((Frame::Msg { vol, msg }, len))) => {
+                            bump(&inner.c.frames_received, 1);
+                            bump(&inner.c.bytes_received, len as u64);
+                            batch.push((vol, msg));
+                        }
+                        // Anything else is left for `next` to report.
+                        _ => break,
+                    }
+                }
+                inner.handler.on_batch(from, std::mem::take(&mut batch));
             }
             Ok(Some((Frame::Hello { .. }, _))) => {
                 bump(&inner.c.protocol_errors, 1);
@@ -638,6 +661,19 @@ impl FrameReader {
             buf: Vec::new(),
             pos: 0,
             end: 0,
+        }
+    }
+
+    /// The next frame if it is already received in full, without reading.
+    /// A decode error is left in place for [`FrameReader::next`] to report.
+    fn next_buffered(&mut self) -> Result<Option<(Frame, usize)>, DecodeError> {
+        let pending = &self.buf[self.pos..self.end];
+        match wire::decode(pending)? {
+            Some((frame, used)) => {
+                self.pos += used;
+                Ok(Some((frame, used)))
+            }
+            None => Ok(None),
         }
     }
 

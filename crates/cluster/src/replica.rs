@@ -2,20 +2,30 @@
 //! ([`basalt_replication::Node`]) on this node's store, the peer transport
 //! and the metadata service.
 //!
-//! One thread per replica. It sleeps on its inbox (peer messages, control
-//! answers, client requests) with a timeout at the next tick, feeds what
-//! arrived to the state machine, and carries out the actions: sends go to
-//! the [`ReplicaEnv`], disk operations are gathered and executed as one
-//! batch on the local store (one device submission for reads and writes,
-//! then flushes), and their completions are fed back before the thread
-//! sleeps again.
+//! The state machine sits behind a mutex and is driven by whichever thread
+//! has something for it: a frontend lane with client requests, a peer
+//! connection's reader with replication messages, the replica's ticker with
+//! the clock. That thread feeds its events in, carries out the actions
+//! outside the lock (sends go to the [`ReplicaEnv`]; disk operations run as
+//! one batch on the local store: one device submission for reads and writes,
+//! then zeroing, then flushes) and feeds the completions back, until no disk
+//! operation is left. No request changes threads on its way to the disk, so
+//! a single-replica write costs what a local write costs, and lanes and
+//! readers run their disk I/O in parallel. The state machine's disk queue
+//! only issues operations that may run concurrently (overlapping ones and
+//! flushes wait for what they must follow), so parallel executors are safe.
 //!
 //! Invariants:
-//! - every disk operation the state machine issued gets exactly one
-//!   completion, under its id, before the driver sleeps (so the state
-//!   machine's view of in-flight I/O is never stale across a wait);
+//! - every disk operation the state machine issued is executed by the
+//!   thread whose [`Replica::deliver`] received it, and its completion is
+//!   fed back, under its id, before that call returns;
+//! - the state lock is never held across a disk operation, a send or a
+//!   callback into the node (so callbacks may deliver again);
 //! - client replies go to the origin that sent the request, under that
 //!   origin's id; the state machine only sees the driver's own ids;
+//! - once stopped, a replica answers every pending and every new client
+//!   request with NotPrimary (the origin retries elsewhere) and issues
+//!   nothing more;
 //! - a replica whose disk keeps failing stops (its heartbeats stop with it,
 //!   so the coordinator marks it Faulty or replaces it as primary) rather
 //!   than retrying forever.
@@ -25,8 +35,9 @@ use basalt_replication::{
     Node, NodeId, RoleKind, VolumeId,
 };
 use basalt_store::{DataOp, LocalVolume};
+use parking_lot::{Condvar, Mutex};
 use std::collections::{BTreeMap, HashMap};
-use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Where a client request came from, to route its reply.
@@ -50,10 +61,10 @@ pub(crate) enum Event {
         req: ClientReq,
         origin: Origin,
     },
-    Stop,
 }
 
-/// What the driver needs from the node around it.
+/// What the driver needs from the node around it. Called without the
+/// replica's lock held.
 pub(crate) trait ReplicaEnv: Send + Sync + 'static {
     fn send_peer(&self, to: NodeId, vol: VolumeId, msg: Msg);
     /// Heartbeats (to the coordinator), MetaGet and MetaCas (to etcd).
@@ -75,35 +86,103 @@ pub(crate) struct ReplicaSpec {
 
 /// Consecutive failed disk batches after which the replica stops.
 const MAX_DISK_FAILURES: u32 = 50;
-/// Events taken from the inbox per state machine round.
-const MAX_BATCH: usize = 256;
 
-pub(crate) struct ReplicaDriver<E: ReplicaEnv> {
-    pub vol: VolumeId,
-    pub node: Node,
-    pub local: LocalVolume,
-    pub env: std::sync::Arc<E>,
-    pub inbox: Receiver<Event>,
-    pub tick: Duration,
-    pub block_len: u64,
-    /// The state machine's client ids → origin and the origin's id.
-    pub clients: HashMap<u64, (Origin, u64)>,
-    pub next_client: u64,
-    /// Role as last logged (a change is logged once).
-    pub last_role: RoleKind,
-    /// Resync progress as last published (primary only): per replica,
-    /// regions still to copy and regions in the volume.
-    pub progress_out: std::sync::Arc<parking_lot::Mutex<BTreeMap<NodeId, (usize, usize)>>>,
+/// One volume's replica on this node; see the module docs.
+pub(crate) struct Replica<E: ReplicaEnv> {
+    vol: VolumeId,
+    local: LocalVolume,
+    env: Arc<E>,
+    block_len: u64,
+    tick_ms: u64,
+    state: Mutex<State>,
+    /// Wakes the ticker early (stop).
+    wake: Condvar,
 }
 
-impl<E: ReplicaEnv> ReplicaDriver<E> {
-    pub(crate) fn new(
-        spec: ReplicaSpec,
-        local: LocalVolume,
-        env: std::sync::Arc<E>,
-        inbox: Receiver<Event>,
-        tick: Duration,
-    ) -> Self {
+struct State {
+    node: Node,
+    /// The state machine's client ids → origin and the origin's id.
+    clients: HashMap<u64, (Origin, u64)>,
+    next_client: u64,
+    /// Role as last logged (a change is logged once).
+    last_role: RoleKind,
+    next_tick: u64,
+    /// Consecutive failed disk batches.
+    disk_failures: u32,
+    stopped: bool,
+    /// Events posted by callbacks of this replica's own actions, taken in
+    /// by the next round of whichever thread drives.
+    mailbox: Vec<Event>,
+}
+
+/// What one round under the lock decided.
+#[derive(Default)]
+struct Round {
+    sends: Vec<(Endpoint, Msg)>,
+    replies: Vec<(Origin, u64, ClientReply)>,
+    disk: Vec<(u64, DiskOp)>,
+}
+
+impl State {
+    fn input(&mut self, ev: Event) -> Input {
+        match ev {
+            Event::Peer { from, msg } => Input::Msg {
+                from: Endpoint::Node(from),
+                msg,
+            },
+            Event::Control(msg) => Input::Msg {
+                from: Endpoint::Control,
+                msg,
+            },
+            Event::Client { id, req, origin } => {
+                let own = self.next_client;
+                self.next_client += 1;
+                self.clients.insert(own, (origin, id));
+                Input::Msg {
+                    from: Endpoint::Client,
+                    msg: Msg::ClientReq { id: own, req },
+                }
+            }
+        }
+    }
+
+    /// Sorts actions into sends, client replies (mapped back to their
+    /// origin) and disk operations.
+    fn route(&mut self, actions: Vec<Action>, round: &mut Round) {
+        for a in actions {
+            match a {
+                Action::Disk { id, op } => round.disk.push((id, op)),
+                Action::Send {
+                    to: Endpoint::Client,
+                    msg: Msg::ClientReply { id, reply },
+                } => {
+                    if let Some((origin, their)) = self.clients.remove(&id) {
+                        round.replies.push((origin, their, reply));
+                    }
+                }
+                Action::Send {
+                    to: Endpoint::Client,
+                    ..
+                } => {}
+                Action::Send { to, msg } => round.sends.push((to, msg)),
+            }
+        }
+    }
+
+    /// Marks the replica stopped; returns the replies owed to every pending
+    /// client request.
+    fn stop(&mut self) -> Vec<(Origin, u64, ClientReply)> {
+        self.stopped = true;
+        self.mailbox.clear();
+        self.clients
+            .drain()
+            .map(|(_, (origin, id))| (origin, id, ClientReply::NotPrimary))
+            .collect()
+    }
+}
+
+impl<E: ReplicaEnv> Replica<E> {
+    pub(crate) fn new(spec: ReplicaSpec, local: LocalVolume, env: Arc<E>, tick: Duration) -> Self {
         let now = env.now_ms();
         let ReplicaSpec {
             vol,
@@ -115,139 +194,152 @@ impl<E: ReplicaEnv> ReplicaDriver<E> {
         let block_len = cfg.block_len;
         let node = Node::new(me, boot, vol, cfg, initial, now);
         let role = node.role();
-        ReplicaDriver {
+        Replica {
             vol,
-            node,
             local,
             env,
-            inbox,
-            tick,
             block_len,
-            clients: HashMap::new(),
-            next_client: 1,
-            last_role: role,
-            progress_out: Default::default(),
+            tick_ms: tick.as_millis().max(1) as u64,
+            state: Mutex::new(State {
+                node,
+                clients: HashMap::new(),
+                next_client: 1,
+                last_role: role,
+                next_tick: now,
+                disk_failures: 0,
+                stopped: false,
+                mailbox: Vec::new(),
+            }),
+            wake: Condvar::new(),
         }
     }
 
-    /// Runs until [`Event::Stop`], the inbox closing, or a failed disk.
-    pub(crate) fn run(mut self) {
-        let tick_ms = self.tick.as_millis().max(1) as u64;
-        let mut next_tick = self.env.now_ms();
-        let mut disk_failures = 0u32;
-        let mut batch = Vec::with_capacity(MAX_BATCH);
+    /// Queues `ev` for the next round without driving (for callbacks made
+    /// while this replica's actions are carried out).
+    pub(crate) fn post(&self, ev: Event) {
+        let mut st = self.state.lock();
+        if !st.stopped {
+            st.mailbox.push(ev);
+        }
+    }
+
+    /// Feeds `events` to the state machine and carries out everything that
+    /// follows on the calling thread, disk operations included.
+    pub(crate) fn deliver(&self, events: Vec<Event>) {
+        let mut events = events;
+        let mut completions: Vec<(u64, DiskResult)> = Vec::new();
         loop {
-            let now = self.env.now_ms();
-            let wait = Duration::from_millis(next_tick.saturating_sub(now));
-            match self.inbox.recv_timeout(wait) {
-                Ok(ev) => batch.push(ev),
-                Err(RecvTimeoutError::Timeout) => {}
-                Err(RecvTimeoutError::Disconnected) => return,
-            }
-            while batch.len() < MAX_BATCH {
-                match self.inbox.try_recv() {
-                    Ok(ev) => batch.push(ev),
-                    Err(_) => break,
-                }
-            }
-            let mut actions = Vec::new();
-            for ev in batch.drain(..) {
-                let now = self.env.now_ms();
-                let input = match ev {
-                    Event::Stop => {
-                        self.fail_clients();
-                        return;
-                    }
-                    Event::Peer { from, msg } => Input::Msg {
-                        from: Endpoint::Node(from),
-                        msg,
-                    },
-                    Event::Control(msg) => Input::Msg {
-                        from: Endpoint::Control,
-                        msg,
-                    },
-                    Event::Client { id, req, origin } => {
-                        let own = self.next_client;
-                        self.next_client += 1;
-                        self.clients.insert(own, (origin, id));
-                        Input::Msg {
-                            from: Endpoint::Client,
-                            msg: Msg::ClientReq { id: own, req },
+            let mut round = Round::default();
+            {
+                let mut st = self.state.lock();
+                if st.stopped {
+                    drop(st);
+                    for ev in events {
+                        if let Event::Client { id, origin, .. } = ev {
+                            self.env
+                                .client_reply(self.vol, origin, id, ClientReply::NotPrimary);
                         }
                     }
-                };
-                actions.extend(self.node.handle(now, input));
-            }
-            let now = self.env.now_ms();
-            if now >= next_tick {
-                next_tick = now + tick_ms;
-                actions.extend(self.node.handle(now, Input::Tick));
-            }
-            // Carry out actions until no disk operation is left.
-            loop {
-                let disk = self.dispatch(std::mem::take(&mut actions));
-                if disk.is_empty() {
-                    break;
-                }
-                let results = self.execute(disk);
-                let failed = results.iter().any(|(_, r)| matches!(r, DiskResult::Error));
-                if failed {
-                    disk_failures += 1;
-                    if disk_failures >= MAX_DISK_FAILURES {
-                        tracing::error!(volume = %uuid::Uuid::from_u128(self.vol.0),
-                            "local disk keeps failing; this replica stops (the coordinator will mark it faulty)");
-                        self.fail_clients();
-                        return;
-                    }
-                    // Transient errors are retried by the state machine;
-                    // a short pause keeps a broken disk from spinning.
-                    std::thread::sleep(Duration::from_millis(10));
-                } else {
-                    disk_failures = 0;
+                    return;
                 }
                 let now = self.env.now_ms();
-                for (id, result) in results {
-                    actions.extend(self.node.handle(now, Input::Disk { id, result }));
+                let mut actions = Vec::new();
+                for (id, result) in completions.drain(..) {
+                    actions.extend(st.node.handle(now, Input::Disk { id, result }));
+                }
+                let mailbox = std::mem::take(&mut st.mailbox);
+                for ev in events.drain(..).chain(mailbox) {
+                    let input = st.input(ev);
+                    actions.extend(st.node.handle(now, input));
+                }
+                if now >= st.next_tick {
+                    st.next_tick = now + self.tick_ms;
+                    actions.extend(st.node.handle(now, Input::Tick));
+                }
+                st.route(actions, &mut round);
+                let role = st.node.role();
+                if st.last_role != role {
+                    tracing::info!(volume = %uuid::Uuid::from_u128(self.vol.0), ?role, "replica role changed");
+                    st.last_role = role;
                 }
             }
-            *self.progress_out.lock() = self.node.resync_progress();
-            let role = self.node.role();
-            if self.last_role != role {
-                tracing::info!(volume = %uuid::Uuid::from_u128(self.vol.0), ?role, "replica role changed");
-                self.last_role = role;
+            self.carry_out(round.sends, round.replies);
+            if round.disk.is_empty() {
+                if self.state.lock().mailbox.is_empty() {
+                    return;
+                }
+                continue;
+            }
+            completions = self.execute(round.disk);
+            let failed = completions
+                .iter()
+                .any(|(_, r)| matches!(r, DiskResult::Error));
+            let mut st = self.state.lock();
+            if !failed {
+                st.disk_failures = 0;
+                continue;
+            }
+            st.disk_failures += 1;
+            if st.disk_failures >= MAX_DISK_FAILURES {
+                tracing::error!(volume = %uuid::Uuid::from_u128(self.vol.0),
+                    "local disk keeps failing; this replica stops (the coordinator will mark it faulty)");
+                let owed = st.stop();
+                drop(st);
+                self.wake.notify_all();
+                self.carry_out(Vec::new(), owed);
+                return;
+            }
+            drop(st);
+            // Transient errors are retried by the state machine; a short
+            // pause keeps a broken disk from spinning.
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    fn carry_out(&self, sends: Vec<(Endpoint, Msg)>, replies: Vec<(Origin, u64, ClientReply)>) {
+        for (to, msg) in sends {
+            match to {
+                Endpoint::Node(n) => self.env.send_peer(n, self.vol, msg),
+                Endpoint::Control => self.env.send_control(self.vol, msg),
+                Endpoint::Client => {}
+            }
+        }
+        for (origin, id, reply) in replies {
+            self.env.client_reply(self.vol, origin, id, reply);
+        }
+    }
+
+    /// The clock: drives a round every tick until [`Replica::stop`]. Runs on
+    /// the replica's own thread.
+    pub(crate) fn run_ticks(&self) {
+        loop {
+            self.deliver(Vec::new());
+            let mut st = self.state.lock();
+            if st.stopped {
+                return;
+            }
+            let now = self.env.now_ms();
+            let wait = st.next_tick.saturating_sub(now).max(1);
+            self.wake
+                .wait_for(&mut st, Duration::from_millis(wait));
+            if st.stopped {
+                return;
             }
         }
     }
 
-    /// Answers every client request still pending with NotPrimary (the
-    /// origin retries elsewhere).
-    fn fail_clients(&mut self) {
-        for (_, (origin, id)) in self.clients.drain() {
-            self.env
-                .client_reply(self.vol, origin, id, ClientReply::NotPrimary);
-        }
+    /// Stops the replica: pending client requests are answered NotPrimary
+    /// and the ticker ends.
+    pub(crate) fn stop(&self) {
+        let owed = self.state.lock().stop();
+        self.wake.notify_all();
+        self.carry_out(Vec::new(), owed);
     }
 
-    /// Sends what is to be sent; returns the disk operations.
-    fn dispatch(&mut self, actions: Vec<Action>) -> Vec<(u64, DiskOp)> {
-        let mut disk = Vec::new();
-        for a in actions {
-            match a {
-                Action::Disk { id, op } => disk.push((id, op)),
-                Action::Send { to, msg } => match to {
-                    Endpoint::Node(n) => self.env.send_peer(n, self.vol, msg),
-                    Endpoint::Control => self.env.send_control(self.vol, msg),
-                    Endpoint::Client => {
-                        if let Msg::ClientReply { id, reply } = msg {
-                            if let Some((origin, their)) = self.clients.remove(&id) {
-                                self.env.client_reply(self.vol, origin, their, reply);
-                            }
-                        }
-                    }
-                },
-            }
-        }
-        disk
+    /// Per replica that is not in sync (primary only): regions still to
+    /// copy and regions in the volume.
+    pub(crate) fn resync_progress(&self) -> BTreeMap<NodeId, (usize, usize)> {
+        self.state.lock().node.resync_progress()
     }
 
     /// Executes one batch of disk operations on the local volume: reads and

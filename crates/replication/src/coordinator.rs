@@ -65,6 +65,18 @@ impl Coordinator {
         });
     }
 
+    /// Counts `node` as heard at `now`: for a node that holds no replica
+    /// (so sends no heartbeats) but is alive by other means (its registry
+    /// lease). A replica placed on it then has `lease + grace` to start
+    /// heartbeating before it counts as lost, however long the node idled.
+    pub fn vouch(&mut self, node: NodeId, now: u64) {
+        let l = self.nodes.entry(node).or_insert(Liveness {
+            last_heard: now,
+            boot: 0,
+        });
+        l.last_heard = l.last_heard.max(now);
+    }
+
     /// A heartbeat arrived; returns the answer.
     pub fn on_heartbeat(
         &mut self,
@@ -163,6 +175,19 @@ impl Coordinator {
 mod tests {
     use super::*;
     use crate::types::VolumeId;
+
+    #[test]
+    fn idle_node_vouched_for_is_not_lost_when_a_volume_lands_on_it() {
+        let (a, b) = (NodeId(1), NodeId(2));
+        let mut c = Coordinator::new(100, 50, &[a, b], 0);
+        // Long idle: neither node held a replica, so neither heartbeated.
+        c.vouch(a, 10_000);
+        c.vouch(b, 10_000);
+        let rec = Membership::new(VolumeId(7), &[a, b], a, 1);
+        assert_eq!(c.tick(10_010, &rec), None, "freshly placed volume left alone");
+        // Without heartbeats the primary is lost after lease + grace.
+        assert!(c.tick(10_151, &rec).is_some());
+    }
 
     #[test]
     fn promotes_in_sync_secondary_after_lease_and_grace() {
