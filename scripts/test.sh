@@ -15,6 +15,7 @@
 #   libprotobuf-dev)    libprotobuf-dev), to build the etcd-client crate
 #   qemu-system-x86     boots the Linux guest of the kernel-initiator tests
 #                       (crates/guest; with gcc for its placeholder libraries)
+#   iproute2            `ip netns`, for the network-partition cluster tests
 # and makes sure apt's package lists are there: the guest harness downloads
 # the guest's kernel and tools with `apt-get download` (cached in
 # ~/.cache/basalt-guest, about 170 MB).
@@ -74,6 +75,7 @@ missing_packages() {
     [ -f /usr/include/google/protobuf/descriptor.proto ] || missing+=(libprotobuf-dev)
     command -v qemu-system-x86_64 >/dev/null 2>&1 || missing+=(qemu-system-x86)
     command -v cc >/dev/null 2>&1 || missing+=(gcc)
+    command -v ip >/dev/null 2>&1 || missing+=(iproute2)
     echo "${missing[@]}"
 }
 

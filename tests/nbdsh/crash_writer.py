@@ -2,6 +2,7 @@
 """Crash-consistency pattern writer for Basalt's kill -9 test.
 
 usage: crash_writer.py URI STATE-FILE SEED [--verify-only] [--max-seconds N]
+                       [--stop-on-stdin] [--progress]
 
 1. Loads STATE-FILE (absent on the first round): for every 4 KiB block of
    the export, the content that is *durable* (acknowledged with FUA, or
@@ -18,7 +19,12 @@ usage: crash_writer.py URI STATE-FILE SEED [--verify-only] [--max-seconds N]
    see --fua-rate), trims and write_zeroes with and without NO_HOLE, trims
    of whole 1 MiB-aligned ranges (so store extents are freed and allocated
    again), and a FLUSH every few batches. Completed FUA writes and flushes move blocks to durable.
-4. On connection loss, saves STATE-FILE and prints a JSON summary line.
+   With --stop-on-stdin it also stops, between batches, once stdin has
+   data or is closed (the test ends a writer it does not kill that way).
+   With --progress it prints `PROGRESS flushes=N writes=M` after a
+   completed FLUSH (at most every 0.2 s), so the test sees I/O advance.
+4. On connection loss (or stop), saves STATE-FILE and prints a JSON summary
+   line.
 
 Exit status: 0 ok, 1 verification or unexpected I/O failure.
 """
@@ -27,6 +33,7 @@ import argparse
 import json
 import os
 import random
+import select
 import sys
 import time
 
@@ -43,6 +50,10 @@ p.add_argument("--verify-only", action="store_true")
 p.add_argument("--max-seconds", type=float, default=60.0)
 p.add_argument("--fua-rate", type=float, default=0.2,
                help="fraction of writes/trims/zeroes sent with FUA (0: durability only through FLUSH)")
+p.add_argument("--stop-on-stdin", action="store_true",
+               help="stop writing once stdin is readable (data or EOF)")
+p.add_argument("--progress", action="store_true",
+               help="print PROGRESS lines after completed flushes")
 a = p.parse_args()
 
 h = connect(a.uri)
@@ -202,10 +213,18 @@ def run_batch():
     ops["batches"] += 1
 
 
+def stop_requested():
+    if not a.stop_on_stdin:
+        return False
+    readable, _, _ = select.select([sys.stdin], [], [], 0)
+    return bool(readable)
+
+
 try:
     since_flush = 0
     flush_every = rng.randint(1, 6)
-    while time.time() < deadline:
+    last_progress = 0.0
+    while time.time() < deadline and not stop_requested():
         run_batch()
         since_flush += 1
         if since_flush >= flush_every:
@@ -219,6 +238,9 @@ try:
                 dirty.pop(b, None)
             since_flush = 0
             flush_every = rng.randint(1, 6)
+            if a.progress and time.monotonic() - last_progress >= 0.2:
+                last_progress = time.monotonic()
+                print("PROGRESS flushes=%d writes=%d" % (ops["flushes"], ops["writes"]), flush=True)
 except nbd.Error as e:
     # Expected when the server is killed; anything else is a real failure.
     if not (h.aio_is_dead() or h.aio_is_closed() or e.errno == "ESHUTDOWN"):

@@ -134,65 +134,6 @@ fn replicated_volume_survives_killed_nodes_and_resyncs() {
     drop(c.etcd);
 }
 
-fn nbdtool(args: &[&str]) -> CmdOutput {
-    let mut cmd = python_cmd("nbdtool.py");
-    cmd.args(args);
-    run_cmd(&mut cmd, Duration::from_secs(180))
-}
-
-/// Runs `nbdtool.py OP` (write or verify) over the pattern of `seed`/`gen`
-/// in [offset, offset+length); `extra` adds flags (e.g. --flush).
-#[track_caller]
-fn pattern(op: &str, uri: &str, seed: u64, gen: u64, offset: u64, length: u64, extra: &[&str]) {
-    let (seed, gen, offset, length) = (
-        seed.to_string(),
-        gen.to_string(),
-        offset.to_string(),
-        length.to_string(),
-    );
-    let mut args = vec![
-        op, uri, "--seed", &seed, "--gen", &gen, "--offset", &offset, "--length", &length,
-    ];
-    args.extend_from_slice(extra);
-    let out = nbdtool(&args);
-    assert_eq!(
-        out.code(),
-        Some(0),
-        "pattern {op} failed: {}",
-        out.describe()
-    );
-}
-
-#[track_caller]
-fn write_pattern(uri: &str, seed: u64, gen: u64, offset: u64, length: u64) {
-    pattern("write", uri, seed, gen, offset, length, &["--flush"]);
-}
-
-#[track_caller]
-fn verify_pattern(uri: &str, seed: u64, gen: u64, offset: u64, length: u64) {
-    pattern("verify", uri, seed, gen, offset, length, &[]);
-}
-
-fn digests(c: &Cluster, nodes: &[usize], volume: &str) -> Vec<u64> {
-    nodes
-        .iter()
-        .map(|i| {
-            c.nodes[*i].cli_json(&["volume", "local-digest", volume])["crc32c"]
-                .as_u64()
-                .expect("crc")
-        })
-        .collect()
-}
-
-fn node_names(v: &Value) -> Vec<String> {
-    let mut n: Vec<String> = replicas(v)
-        .iter()
-        .filter_map(|r| r["node"].as_str().map(str::to_string))
-        .collect();
-    n.sort();
-    n
-}
-
 /// A volume created while a node is down is placed degraded and completed
 /// when the node returns; a removed node's replica is rebuilt on a new node.
 #[test]
@@ -233,12 +174,12 @@ fn degraded_creation_completes_and_removed_replica_is_rebuilt() {
     assert_eq!(node_names(&v), ["node0", "node1"], "{v:#}");
     let human = c.nodes[0].cli(&["volume", "show", "deg"]);
     assert!(human.ok().contains("degraded"), "{}", human.describe());
-    write_pattern(&c.nodes[1].uri("deg"), 7, 1, 0, 8 << 20);
+    write_pattern(None, &c.nodes[1].uri("deg"), 7, 1, 0, 8 << 20);
 
     c.nodes[2].restart();
     let v = c.wait_volume(0, "deg", "completed on node2", |v| all_in_sync(v, 3));
     assert_eq!(node_names(&v), ["node0", "node1", "node2"]);
-    verify_pattern(&c.nodes[2].uri("deg"), 7, 1, 0, 8 << 20);
+    verify_pattern(None, &c.nodes[2].uri("deg"), 7, 1, 0, 8 << 20);
 
     // Remove a secondary's node for good; a fourth node takes its replica.
     let p = primary(&v).expect("primary");
@@ -268,7 +209,7 @@ fn degraded_creation_completes_and_removed_replica_is_rebuilt() {
         all_in_sync(v, 3) && node_names(v).contains(&"node3".to_string())
     });
     assert!(!node_names(&v).contains(&gone.to_string()), "{v:#}");
-    verify_pattern(&c.nodes[3].uri("deg"), 7, 1, 0, 8 << 20);
+    verify_pattern(None, &c.nodes[3].uri("deg"), 7, 1, 0, 8 << 20);
     // The rebuilt replica stays thin: only the 8 MiB written are allocated
     // (the never-written half of the volume is copied as zeros, which the
     // replica does not allocate).
@@ -280,7 +221,7 @@ fn degraded_creation_completes_and_removed_replica_is_rebuilt() {
         "rebuilt replica allocated {allocated} bytes for 8 MiB of data"
     );
     let live: Vec<usize> = (0..4).filter(|i| *i != gi).collect();
-    let d = digests(&c, &live, "deg");
+    let d = c.digests(&live, "deg");
     assert!(
         d.iter().all(|x| *x == d[0]),
         "replicas differ: {d:?}\n{}",
@@ -309,7 +250,7 @@ fn degraded_creation_completes_and_removed_replica_is_rebuilt() {
         all_in_sync(v, 3) && n.contains(&"node4".to_string()) && !n.contains(&"node3".to_string())
     });
     assert_ne!(primary(&v).as_deref(), Some("node3"));
-    verify_pattern(&c.nodes[4].uri("deg"), 7, 1, 0, 8 << 20);
+    verify_pattern(None, &c.nodes[4].uri("deg"), 7, 1, 0, 8 << 20);
     let nodes = c.nodes[4].cli_json(&["node", "list"]);
     let node3 = nodes["nodes"]
         .as_array()
@@ -340,23 +281,23 @@ fn frozen_primary_is_replaced_and_fenced() {
     let v = c.wait_volume(0, "fence", "in sync", |v| all_in_sync(v, 3));
     let old = node_index(&primary(&v).expect("primary"));
     let other = (old + 1) % 3;
-    write_pattern(&c.nodes[other].uri("fence"), 11, 1, 0, 4 << 20);
+    write_pattern(None, &c.nodes[other].uri("fence"), 11, 1, 0, 4 << 20);
 
     c.nodes[old].signal(libc::SIGSTOP);
     c.wait_volume(other, "fence", "failed over", |v| {
         epoch(v) >= 2 && primary(v).is_some_and(|p| node_index(&p) != old)
     });
     // Generation 2 written through the new primary while the old one sleeps.
-    write_pattern(&c.nodes[other].uri("fence"), 11, 2, 0, 4 << 20);
+    write_pattern(None, &c.nodes[other].uri("fence"), 11, 2, 0, 4 << 20);
     c.nodes[old].signal(libc::SIGCONT);
     // The woken node serves (forwards) correctly and never overwrites the
     // newer data with its stale view.
     std::thread::sleep(Duration::from_secs(2));
-    verify_pattern(&c.nodes[old].uri("fence"), 11, 2, 0, 4 << 20);
+    verify_pattern(None, &c.nodes[old].uri("fence"), 11, 2, 0, 4 << 20);
     let v = c.wait_volume(old, "fence", "in sync again", |v| all_in_sync(v, 3));
     assert_ne!(primary(&v).map(|p| node_index(&p)), Some(old), "{v:#}");
     assert!(epoch(&v) >= 2);
-    let d = digests(&c, &[0, 1, 2], "fence");
+    let d = c.digests(&[0, 1, 2], "fence");
     assert!(
         d.iter().all(|x| *x == d[0]),
         "replicas differ: {d:?}\n{}",
@@ -453,7 +394,7 @@ fn fio_verify_survives_etcd_restart_and_node_kill() {
     c.wait_volume(via, "fiov", "in sync after the node returned", |v| {
         all_in_sync(v, 3)
     });
-    let d = digests(&c, &[0, 1, 2], "fiov");
+    let d = c.digests(&[0, 1, 2], "fiov");
     assert!(
         d.iter().all(|x| *x == d[0]),
         "replicas differ: {d:?}\n{}",

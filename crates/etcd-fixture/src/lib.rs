@@ -9,8 +9,13 @@
 //! [`EtcdServer::start`] runs the `etcd` binary (Debian's `etcd-server`,
 //! 3.4; `BASALT_ETCD_BIN` names another one) and returns once etcd reports
 //! itself healthy; [`EtcdCluster::start`] does the same for a cluster of
-//! several members, for failover tests. Invariants:
-//! - Every member listens on 127.0.0.1 only, on a client and a peer port
+//! several members, for failover tests. `start_on` variants of both take
+//! an [`EtcdNet`]: the address to listen on and a network namespace to run
+//! in, for tests that cut the network between etcd and the nodes (the
+//! [`netns`] module runs commands and probes inside such namespaces).
+//! Invariants:
+//! - Every member listens on 127.0.0.1 only (or on the address and in the
+//!   network namespace an [`EtcdNet`] names), on a client and a peer port
 //!   chosen free at run time, with its data directory in a fresh temporary
 //!   directory that is removed on drop.
 //! - The fixture only ever signals the processes it spawned, each by that
@@ -23,9 +28,11 @@
 //!   back on the same data directory and ports, so clients connected before
 //!   keep their endpoint.
 
+pub mod netns;
+
 use std::fs::File;
 use std::io::{self, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -90,6 +97,39 @@ fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> FixtureError {
     move |source| FixtureError::Io { what, source }
 }
 
+/// Where the members of a fixture's etcd listen: an address, and the
+/// network namespace (made by `ip netns add`, see [`netns`]) they run in.
+/// The default is 127.0.0.1 in the test's own namespace.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EtcdNet {
+    /// Client and peer URLs use this address.
+    pub host: IpAddr,
+    /// Run etcd (and probe its health) inside this network namespace.
+    pub netns: Option<String>,
+}
+
+impl Default for EtcdNet {
+    fn default() -> Self {
+        EtcdNet {
+            host: IpAddr::V4(Ipv4Addr::LOCALHOST),
+            netns: None,
+        }
+    }
+}
+
+impl EtcdNet {
+    /// Runs `f` where etcd's addresses are reachable: in the namespace, or
+    /// on the calling thread.
+    fn run<T: Send>(&self, f: impl FnOnce() -> T + Send) -> Result<T, FixtureError> {
+        match &self.netns {
+            None => Ok(f()),
+            Some(ns) => {
+                netns::run_in(ns, f).map_err(io_err(format!("enter network namespace {ns}")))
+            }
+        }
+    }
+}
+
 /// A running (or deliberately stopped) single-member etcd owned by a test.
 #[derive(Debug)]
 pub struct EtcdServer {
@@ -100,8 +140,14 @@ impl EtcdServer {
     /// Starts etcd on free ports with an empty data directory and waits until
     /// it is healthy.
     pub fn start() -> Result<Self, FixtureError> {
+        Self::start_on(EtcdNet::default())
+    }
+
+    /// [`EtcdServer::start`] listening on `net`'s address, inside its
+    /// network namespace.
+    pub fn start_on(net: EtcdNet) -> Result<Self, FixtureError> {
         Ok(EtcdServer {
-            cluster: EtcdCluster::start(1)?,
+            cluster: EtcdCluster::start_on(1, net)?,
         })
     }
 
@@ -155,6 +201,7 @@ impl EtcdServer {
 #[derive(Debug)]
 pub struct EtcdCluster {
     dir: tempfile::TempDir,
+    net: EtcdNet,
     members: Vec<Member>,
     last_start: Duration,
 }
@@ -170,6 +217,12 @@ impl EtcdCluster {
     /// Starts `size` members (at least one) forming one new cluster and
     /// waits until every one of them is healthy.
     pub fn start(size: usize) -> Result<Self, FixtureError> {
+        Self::start_on(size, EtcdNet::default())
+    }
+
+    /// [`EtcdCluster::start`] listening on `net`'s address, inside its
+    /// network namespace.
+    pub fn start_on(size: usize, net: EtcdNet) -> Result<Self, FixtureError> {
         if size == 0 {
             return Err(FixtureError::EmptyCluster);
         }
@@ -179,12 +232,16 @@ impl EtcdCluster {
             .map_err(io_err("create a temporary directory"))?;
         let mut cluster = EtcdCluster {
             dir,
+            net,
             members: Vec::new(),
             last_start: Duration::ZERO,
         };
         let mut attempt = 1;
         loop {
-            cluster.members = free_ports(2 * size)?
+            let host = cluster.net.host;
+            cluster.members = cluster
+                .net
+                .run(|| free_ports(host, 2 * size))??
                 .chunks(2)
                 .map(|p| Member {
                     client_port: p[0],
@@ -228,7 +285,7 @@ impl EtcdCluster {
 
     /// Member `i`'s client URL, e.g. `http://127.0.0.1:40123`.
     pub fn endpoint(&self, i: usize) -> String {
-        format!("http://127.0.0.1:{}", self.members[i].client_port)
+        url(self.net.host, self.members[i].client_port)
     }
 
     /// Every member's client URL, in member order.
@@ -292,7 +349,7 @@ impl EtcdCluster {
 
     fn initial_cluster(&self) -> String {
         (0..self.size())
-            .map(|i| format!("m{i}=http://127.0.0.1:{}", self.members[i].peer_port))
+            .map(|i| format!("m{i}={}", url(self.net.host, self.members[i].peer_port)))
             .collect::<Vec<_>>()
             .join(",")
     }
@@ -310,7 +367,7 @@ impl EtcdCluster {
             .try_clone()
             .map_err(io_err(format!("open {}", log_path.display())))?;
         let client = self.endpoint(i);
-        let peer = format!("http://127.0.0.1:{}", self.members[i].peer_port);
+        let peer = url(self.net.host, self.members[i].peer_port);
         let mut cmd = Command::new(&bin);
         cmd.arg("--name")
             .arg(format!("m{i}"))
@@ -344,6 +401,9 @@ impl EtcdCluster {
             .stdin(Stdio::null())
             .stdout(log)
             .stderr(log_err);
+        if let Some(ns) = &self.net.netns {
+            netns::command_in(&mut cmd, ns);
+        }
         let parent = std::process::id();
         // SAFETY: the closure runs in the forked child before exec and only
         // calls async-signal-safe functions (prctl, getppid, _exit).
@@ -393,7 +453,8 @@ impl EtcdCluster {
                         log,
                     });
                 }
-                if !is_healthy(self.members[i].client_port) {
+                let addr = SocketAddr::new(self.net.host, self.members[i].client_port);
+                if !self.net.run(|| is_healthy(addr))? {
                     still.push(i);
                 }
             }
@@ -429,35 +490,37 @@ impl Drop for EtcdCluster {
     }
 }
 
-/// `n` distinct ports that were free a moment ago (all held while probing).
-fn free_ports(n: usize) -> Result<Vec<u16>, FixtureError> {
+/// `http://HOST:PORT` (IPv6 hosts in brackets).
+fn url(host: IpAddr, port: u16) -> String {
+    format!("http://{}", SocketAddr::new(host, port))
+}
+
+/// `n` distinct ports on `host` that were free a moment ago (all held while
+/// probing).
+fn free_ports(host: IpAddr, n: usize) -> Result<Vec<u16>, FixtureError> {
+    let what = || format!("find a free port on {host}");
     let mut held = Vec::with_capacity(n);
     for _ in 0..n {
-        let l =
-            TcpListener::bind("127.0.0.1:0").map_err(io_err("find a free port on 127.0.0.1"))?;
-        let port = l
-            .local_addr()
-            .map_err(io_err("find a free port on 127.0.0.1"))?
-            .port();
+        let l = TcpListener::bind((host, 0)).map_err(io_err(what()))?;
+        let port = l.local_addr().map_err(io_err(what()))?.port();
         held.push((port, l));
     }
     Ok(held.into_iter().map(|(port, _)| port).collect())
 }
 
-/// Whether etcd's `/health` on `port` answers `"health":"true"` (it does
+/// Whether etcd's `/health` at `addr` answers `"health":"true"` (it does
 /// once the member has a leader and serves requests).
-fn is_healthy(port: u16) -> bool {
-    fn probe(port: u16) -> io::Result<bool> {
-        let addr = SocketAddr::from(([127, 0, 0, 1], port));
+fn is_healthy(addr: SocketAddr) -> bool {
+    fn probe(addr: SocketAddr) -> io::Result<bool> {
         let mut s = TcpStream::connect_timeout(&addr, Duration::from_millis(500))?;
         s.set_read_timeout(Some(Duration::from_secs(2)))?;
         s.set_write_timeout(Some(Duration::from_secs(2)))?;
-        s.write_all(b"GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")?;
+        s.write_all(format!("GET /health HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())?;
         let mut body = String::new();
         s.read_to_string(&mut body)?;
         Ok(body.contains(r#""health":"true""#))
     }
-    probe(port).unwrap_or(false)
+    probe(addr).unwrap_or(false)
 }
 
 /// The last few KiB of etcd's log, for error messages.
@@ -478,6 +541,10 @@ fn log_tail(path: &Path) -> String {
 mod tests {
     use super::*;
 
+    fn healthy(port: u16) -> bool {
+        is_healthy(SocketAddr::from(([127, 0, 0, 1], port)))
+    }
+
     fn alive(pid: u32) -> bool {
         // Signal 0 checks existence without signalling. Only used on PIDs
         // this test's fixture spawned.
@@ -488,7 +555,7 @@ mod tests {
     fn starts_healthy_on_loopback() {
         let etcd = EtcdServer::start().unwrap();
         assert!(etcd.endpoint().starts_with("http://127.0.0.1:"));
-        assert!(is_healthy(etcd.client_port()));
+        assert!(healthy(etcd.client_port()));
         assert!(etcd.data_dir().join("member").is_dir(), "data dir in use");
         assert!(etcd.last_start_duration() > Duration::ZERO);
         eprintln!("etcd healthy {:?} after spawn", etcd.last_start_duration());
@@ -499,7 +566,7 @@ mod tests {
         let a = EtcdServer::start().unwrap();
         let b = EtcdServer::start().unwrap();
         assert_ne!(a.endpoint(), b.endpoint());
-        assert!(is_healthy(a.client_port()) && is_healthy(b.client_port()));
+        assert!(healthy(a.client_port()) && healthy(b.client_port()));
     }
 
     #[test]
@@ -509,10 +576,7 @@ mod tests {
         let pid = etcd.pid().unwrap();
         etcd.kill().unwrap();
         assert_eq!(etcd.pid(), None);
-        assert!(
-            !is_healthy(etcd.client_port()),
-            "nothing answers after kill"
-        );
+        assert!(!healthy(etcd.client_port()), "nothing answers after kill");
         etcd.kill().unwrap(); // idempotent
         etcd.restart().unwrap();
         eprintln!(
@@ -521,7 +585,7 @@ mod tests {
         );
         assert_eq!(etcd.endpoint(), endpoint);
         assert_ne!(etcd.pid(), Some(pid));
-        assert!(is_healthy(etcd.client_port()));
+        assert!(healthy(etcd.client_port()));
     }
 
     #[test]
@@ -532,19 +596,19 @@ mod tests {
             cluster.last_start_duration()
         );
         let ports: Vec<u16> = (0..3).map(|i| cluster.client_port(i)).collect();
-        assert!(ports.iter().all(|&p| is_healthy(p)));
+        assert!(ports.iter().all(|&p| healthy(p)));
         assert_eq!(cluster.endpoints().len(), 3);
         cluster.kill(0).unwrap();
-        assert!(!is_healthy(ports[0]));
+        assert!(!healthy(ports[0]));
         // If member 0 led, the others report unhealthy until they elected
         // a new leader (a few election timeouts).
         let deadline = Instant::now() + Duration::from_secs(10);
-        while !(is_healthy(ports[1]) && is_healthy(ports[2])) {
+        while !(healthy(ports[1]) && healthy(ports[2])) {
             assert!(Instant::now() < deadline, "quorum left, yet no leader");
             std::thread::sleep(Duration::from_millis(20));
         }
         cluster.restart(0).unwrap();
-        assert!(ports.iter().all(|&p| is_healthy(p)));
+        assert!(ports.iter().all(|&p| healthy(p)));
         assert!(matches!(
             EtcdCluster::start(0),
             Err(FixtureError::EmptyCluster)
@@ -560,7 +624,7 @@ mod tests {
         assert!(alive(pid));
         drop(etcd);
         assert!(!alive(pid), "etcd pid {pid} still exists after drop");
-        assert!(!is_healthy(port));
+        assert!(!healthy(port));
         assert!(!dir.exists(), "temporary directory removed");
     }
 

@@ -1,18 +1,28 @@
 //! A cluster of `basalt server` processes (`node0`, `node1`, ...) sharing
-//! a real etcd, and helpers reading `volume show` output (replicas,
-//! primary, epoch); used by `cluster.rs` and `guest_nvme_cluster.rs`.
+//! a real etcd, helpers reading `volume show` output (replicas, primary,
+//! epoch), and pattern I/O through `nbdtool.py`; used by `cluster.rs`,
+//! `cluster_partition.rs` and `guest_nvme_cluster.rs`.
+//!
+//! A cluster runs on 127.0.0.1 ([`Cluster::start`]), or in a private
+//! network of namespaces ([`Cluster::start_in_netns`]) whose links the test
+//! can cut: etcd in the switch namespace, node `i` on host `i`, and one more
+//! host for the test's clients.
 //!
 //! Invariant: node `i` is named `node{i}` and is `nodes[i]`.
 
-use super::Server;
-use basalt_etcd_fixture::EtcdServer;
+use super::netns::TestNet;
+use super::{in_netns, python_cmd, run_cmd, CmdOutput, Server};
+use basalt_etcd_fixture::{EtcdNet, EtcdServer};
 use serde_json::Value;
 use std::net::TcpListener;
 use std::time::{Duration, Instant};
 
+/// Fields drop in order: etcd, then the nodes, then the network they ran in.
 pub struct Cluster {
     pub etcd: EtcdServer,
     pub nodes: Vec<Server>,
+    /// The namespaces of a [`Cluster::start_in_netns`] cluster.
+    pub net: Option<TestNet>,
 }
 
 pub fn free_port() -> u16 {
@@ -22,6 +32,9 @@ pub fn free_port() -> u16 {
         .expect("free port")
 }
 
+/// The peer port of a node in its own namespace (nothing else listens there).
+const NETNS_PEER_PORT: u16 = 7000;
+
 impl Cluster {
     pub fn start(n: usize, zones: &[&str]) -> Cluster {
         Cluster::start_with(n, zones, |_| Vec::new())
@@ -30,11 +43,38 @@ impl Cluster {
     /// [`Cluster::start`] with `extra(i)` appended to node `i`'s server
     /// arguments.
     pub fn start_with(n: usize, zones: &[&str], extra: impl Fn(usize) -> Vec<String>) -> Cluster {
-        let etcd = EtcdServer::start().expect("start etcd");
+        Cluster::launch(None, n, zones, extra)
+    }
+
+    /// `n` nodes, each in a network namespace of its own on a private
+    /// bridge, etcd in the bridge's namespace, and a namespace for clients
+    /// ([`Cluster::client_netns`]); [`TestNet::cut`] partitions a node.
+    pub fn start_in_netns(n: usize) -> Cluster {
+        Cluster::launch(Some(TestNet::new(n + 1)), n, &[], |_| Vec::new())
+    }
+
+    fn launch(
+        net: Option<TestNet>,
+        n: usize,
+        zones: &[&str],
+        extra: impl Fn(usize) -> Vec<String>,
+    ) -> Cluster {
+        let etcd = match &net {
+            None => EtcdServer::start().expect("start etcd"),
+            Some(net) => EtcdServer::start_on(EtcdNet {
+                host: net.switch_ip().into(),
+                netns: Some(net.switch_netns().to_string()),
+            })
+            .expect("start etcd in the switch namespace"),
+        };
         let endpoint = etcd.endpoint();
         let nodes = (0..n)
             .map(|i| {
-                let peer = format!("127.0.0.1:{}", free_port());
+                let host = net.as_ref().map(|net| net.host(i));
+                let peer = match host {
+                    Some(h) => format!("{}:{NETNS_PEER_PORT}", h.ip),
+                    None => format!("127.0.0.1:{}", free_port()),
+                };
                 let name = format!("node{i}");
                 let mut args = vec![
                     "--etcd",
@@ -51,10 +91,26 @@ impl Cluster {
                 }
                 let more = extra(i);
                 args.extend(more.iter().map(String::as_str));
-                Server::start_with("512M", &args)
+                Server::start_on("512M", &args, host)
             })
             .collect();
-        Cluster { etcd, nodes }
+        Cluster { etcd, nodes, net }
+    }
+
+    /// The network of a [`Cluster::start_in_netns`] cluster.
+    #[track_caller]
+    pub fn net(&self) -> &TestNet {
+        self.net
+            .as_ref()
+            .expect("a cluster started with start_in_netns")
+    }
+
+    /// Where the test's clients run: the extra host of a namespaced
+    /// cluster, or the test's own namespace.
+    pub fn client_netns(&self) -> Option<&str> {
+        self.net
+            .as_ref()
+            .map(|net| net.host(net.hosts() - 1).netns.as_str())
     }
 
     pub fn show(&self, via: usize, volume: &str) -> Value {
@@ -86,6 +142,39 @@ impl Cluster {
         }
     }
 
+    /// The node that coordinates the cluster, as node `via` sees it.
+    pub fn coordinator(&self, via: usize) -> Option<usize> {
+        let nodes = self.nodes[via].cli_json(&["node", "list"]);
+        nodes["nodes"]
+            .as_array()
+            .and_then(|n| n.iter().find(|n| n["coordinator"] == true))
+            .and_then(|n| n["name"].as_str())
+            .map(node_index)
+    }
+
+    /// `volume local-digest` of `volume` on each of `nodes`.
+    pub fn digests(&self, nodes: &[usize], volume: &str) -> Vec<u64> {
+        nodes
+            .iter()
+            .map(|i| {
+                self.nodes[*i].cli_json(&["volume", "local-digest", volume])["crc32c"]
+                    .as_u64()
+                    .expect("local-digest JSON has a numeric crc32c")
+            })
+            .collect()
+    }
+
+    /// Asserts that every one of `nodes` holds an identical copy of `volume`.
+    #[track_caller]
+    pub fn assert_replicas_equal(&self, nodes: &[usize], volume: &str) {
+        let d = self.digests(nodes, volume);
+        assert!(
+            d.iter().all(|x| *x == d[0]),
+            "replicas of {volume} on nodes {nodes:?} differ: {d:?}\n{}",
+            self.logs()
+        );
+    }
+
     pub fn logs(&self) -> String {
         let mut s = String::new();
         for (i, n) in self.nodes.iter().enumerate() {
@@ -110,6 +199,20 @@ pub fn all_in_sync(v: &Value, n: usize) -> bool {
     r.len() == n && r.iter().all(|r| r["state"] == "in-sync")
 }
 
+/// Every wanted replica placed (not degraded) and in sync.
+pub fn healthy(v: &Value) -> bool {
+    let wanted = v["replicas_wanted"].as_u64().unwrap_or(0) as usize;
+    wanted > 0 && all_in_sync(v, wanted)
+}
+
+/// The state (`in-sync`, `out-of-sync`, `faulty`) of the replica on `node`.
+pub fn replica_state(v: &Value, node: usize) -> Option<String> {
+    replicas(v)
+        .iter()
+        .find(|r| r["node"].as_str() == Some(&format!("node{node}")))
+        .and_then(|r| r["state"].as_str().map(str::to_string))
+}
+
 pub fn primary(v: &Value) -> Option<String> {
     replicas(v)
         .iter()
@@ -126,4 +229,80 @@ pub fn epoch(v: &Value) -> u64 {
 
 pub fn node_index(name: &str) -> usize {
     name.trim_start_matches("node").parse().expect("node name")
+}
+
+pub fn node_names(v: &Value) -> Vec<String> {
+    let mut n: Vec<String> = replicas(v)
+        .iter()
+        .filter_map(|r| r["node"].as_str().map(str::to_string))
+        .collect();
+    n.sort();
+    n
+}
+
+/// Runs `nbdtool.py ARGS` inside `netns` (`None`: the test's namespace).
+pub fn nbdtool(netns: Option<&str>, args: &[&str]) -> CmdOutput {
+    let mut cmd = python_cmd("nbdtool.py");
+    in_netns(&mut cmd, netns);
+    cmd.args(args);
+    run_cmd(&mut cmd, Duration::from_secs(180))
+}
+
+/// Runs `nbdtool.py OP` (write or verify) over the pattern of `seed`/`gen`
+/// in [offset, offset+length), from `netns`; `extra` adds flags (e.g.
+/// --flush).
+#[track_caller]
+#[allow(clippy::too_many_arguments)]
+pub fn pattern(
+    netns: Option<&str>,
+    op: &str,
+    uri: &str,
+    seed: u64,
+    gen: u64,
+    offset: u64,
+    length: u64,
+    extra: &[&str],
+) {
+    let (seed, gen, offset, length) = (
+        seed.to_string(),
+        gen.to_string(),
+        offset.to_string(),
+        length.to_string(),
+    );
+    let mut args = vec![
+        op, uri, "--seed", &seed, "--gen", &gen, "--offset", &offset, "--length", &length,
+    ];
+    args.extend_from_slice(extra);
+    let out = nbdtool(netns, &args);
+    assert_eq!(
+        out.code(),
+        Some(0),
+        "pattern {op} failed: {}",
+        out.describe()
+    );
+}
+
+/// Writes the pattern and flushes.
+#[track_caller]
+pub fn write_pattern(
+    netns: Option<&str>,
+    uri: &str,
+    seed: u64,
+    gen: u64,
+    offset: u64,
+    length: u64,
+) {
+    pattern(netns, "write", uri, seed, gen, offset, length, &["--flush"]);
+}
+
+#[track_caller]
+pub fn verify_pattern(
+    netns: Option<&str>,
+    uri: &str,
+    seed: u64,
+    gen: u64,
+    offset: u64,
+    length: u64,
+) {
+    pattern(netns, "verify", uri, seed, gen, offset, length, &[]);
 }

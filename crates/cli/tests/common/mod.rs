@@ -8,11 +8,13 @@
 //! installs them. Nothing is ever skipped silently.
 //!
 //! Processes are only ever signalled by the PID of a child this code
-//! started.
+//! started. Servers and clients may run inside a network namespace of a
+//! [`netns::TestNet`] (see [`in_netns`]).
 #![allow(dead_code)]
 
 pub mod cluster;
 pub mod guest;
+pub mod netns;
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
@@ -197,6 +199,27 @@ fn cmdline(cmd: &Command) -> String {
     s
 }
 
+/// Makes `cmd` run inside network namespace `netns` (one of a
+/// [`netns::TestNet`]'s); `None` leaves it in the test's own.
+pub fn in_netns(cmd: &mut Command, netns: Option<&str>) {
+    if let Some(ns) = netns {
+        basalt_etcd_fixture::netns::command_in(cmd, ns);
+    }
+}
+
+/// Seconds on CLOCK_MONOTONIC, the clock python's `time.monotonic()` reads:
+/// lets a test compare its own events with times a client script reports.
+pub fn monotonic_secs() -> f64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes into the timespec we pass.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    assert_eq!(rc, 0, "clock_gettime(CLOCK_MONOTONIC)");
+    ts.tv_sec as f64 + ts.tv_nsec as f64 / 1e9
+}
+
 /// Runs a command to completion with a time limit (killing it, by its PID, on timeout).
 #[track_caller]
 pub fn run_cmd(cmd: &mut Command, timeout: Duration) -> CmdOutput {
@@ -356,6 +379,23 @@ impl Background {
         }
     }
 
+    /// The next stdout line (also kept in `seen`), or `None` if none came
+    /// within `timeout` (or stdout ended).
+    pub fn next_line(&mut self, timeout: Duration) -> Option<String> {
+        let l = self.lines.recv_timeout(timeout).ok()?;
+        self.seen.push(l.clone());
+        Some(l)
+    }
+
+    /// Writes `line` and a newline to the child's stdin.
+    #[track_caller]
+    pub fn send_line(&mut self, line: &str) {
+        let stdin = self.stdin.as_mut().expect("stdin is still open");
+        writeln!(stdin, "{line}")
+            .and_then(|()| stdin.flush())
+            .unwrap_or_else(|e| panic!("cannot write {line:?} to `{}`: {e}", self.name));
+    }
+
     /// Closes stdin, waits for exit, returns (status, stdout, stderr).
     pub fn finish(mut self, timeout: Duration) -> (ExitStatus, String, String) {
         drop(self.stdin.take());
@@ -440,6 +480,8 @@ pub struct Server {
     info: Option<ServerInfo>,
     args: Vec<String>,
     starts: u32,
+    /// The network namespace the server (and its CLI) runs in.
+    netns: Option<String>,
 }
 
 impl Server {
@@ -449,7 +491,16 @@ impl Server {
     }
 
     pub fn start_with(capacity: &str, extra: &[&str]) -> Server {
+        Server::start_on(capacity, extra, None)
+    }
+
+    /// [`Server::start_with`] on `host`: inside its network namespace,
+    /// listening on its address (NBD, NVMe/TCP and API on port 0; the CLI
+    /// runs there too). `None`: on 127.0.0.1 in the test's namespace.
+    pub fn start_on(capacity: &str, extra: &[&str], host: Option<&netns::Host>) -> Server {
         let path = fresh_dir();
+        let ip = host.map_or("127.0.0.1".to_string(), |h| h.ip.to_string());
+        let any_port = format!("{ip}:0");
         let mut args: Vec<String> = vec![
             "server".into(),
             "--data-dir".into(),
@@ -457,11 +508,11 @@ impl Server {
             "--capacity".into(),
             capacity.into(),
             "--nbd-listen".into(),
-            "127.0.0.1:0".into(),
+            any_port.clone(),
             "--nvme-listen".into(),
-            "127.0.0.1:0".into(),
+            any_port.clone(),
             "--api-listen".into(),
-            "127.0.0.1:0".into(),
+            any_port,
         ];
         args.extend(extra.iter().map(|s| s.to_string()));
         let mut s = Server {
@@ -470,6 +521,7 @@ impl Server {
             info: None,
             args,
             starts: 0,
+            netns: host.map(|h| h.netns.clone()),
         };
         s.spawn();
         s
@@ -490,7 +542,9 @@ impl Server {
             self.starts,
             self.args.join(" ")
         );
-        let child = Command::new(bin())
+        let mut cmd = Command::new(bin());
+        in_netns(&mut cmd, self.netns.as_deref());
+        let child = cmd
             .args(&self.args)
             .env("RUST_BACKTRACE", "1")
             .stdin(Stdio::null())
@@ -553,6 +607,11 @@ impl Server {
         &self.path
     }
 
+    /// The network namespace the server runs in (`None`: the test's own).
+    pub fn netns(&self) -> Option<&str> {
+        self.netns.as_deref()
+    }
+
     pub fn log_path(&self) -> PathBuf {
         self.path.join("server.log")
     }
@@ -610,7 +669,7 @@ impl Server {
     /// `basalt ARGS... --data-dir DIR`
     #[track_caller]
     pub fn cli(&self, args: &[&str]) -> CmdOutput {
-        cli_in(&self.path, args)
+        cli_in_netns(&self.path, args, self.netns())
     }
 
     /// Runs the CLI with `--output json`, asserting success; returns the parsed JSON.
@@ -706,9 +765,17 @@ impl Drop for Server {
 /// `basalt ARGS... --data-dir DIR` for any directory (e.g. one without a server).
 #[track_caller]
 pub fn cli_in(dir: &Path, args: &[&str]) -> CmdOutput {
+    cli_in_netns(dir, args, None)
+}
+
+/// [`cli_in`] inside network namespace `netns` (where the server's API
+/// address is reachable).
+#[track_caller]
+pub fn cli_in_netns(dir: &Path, args: &[&str], netns: Option<&str>) -> CmdOutput {
     // `--data-dir` goes last, where both a global flag and a per-command flag
     // are accepted (data_dir_flag_before_the_subcommand checks the other form).
     let mut cmd = Command::new(bin());
+    in_netns(&mut cmd, netns);
     cmd.args(args)
         .arg("--data-dir")
         .arg(dir)
