@@ -111,7 +111,9 @@ fn run(weak: Weak<Inner>, rx: mpsc::Receiver<CoordEvent>) {
                 sent_at,
             }) => {
                 let rec = inner.records.read().get(&vol).cloned();
-                if let Some(rec) = rec {
+                // Unanswered heartbeats let leases lapse: the safe side
+                // when the role may have passed to another node.
+                if let Some(rec) = rec.filter(|_| inner.meta.coordinator_role_current()) {
                     let (_, reply) = coord.on_heartbeat(inner.now_ms(), from, boot, sent_at, &rec);
                     inner.send_heartbeat_ack(from, vol, reply);
                 }

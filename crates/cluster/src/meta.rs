@@ -342,7 +342,13 @@ fn vol_key(vol: VolumeId) -> String {
 #[derive(Clone)]
 pub struct ClusterMeta {
     core: Arc<Core>,
+    /// When etcd last confirmed that this node holds the coordinator role
+    /// (the time the confirming keep-alive was sent); None while not held.
+    role_confirmed: Arc<parking_lot::Mutex<Option<std::time::Instant>>>,
 }
+
+/// The coordinator key's lease.
+const COORDINATOR_TTL: Duration = Duration::from_secs(3);
 
 /// This node's registration; see [`ClusterMeta::register_node`].
 pub struct Registration {
@@ -478,6 +484,7 @@ impl ClusterMeta {
             })?;
         let handle = runtime.handle().clone();
         Ok(ClusterMeta {
+            role_confirmed: Default::default(),
             core: Arc::new(Core {
                 client,
                 prefix: cfg.prefix,
@@ -831,9 +838,10 @@ impl ClusterMeta {
     ) -> Result<ElectionGuard, MetaError> {
         let core = self.core.clone();
         let name = reg.name.clone();
+        let confirmed = self.role_confirmed.clone();
         // The coordinator key lives on a lease of its own, so that losing
         // the role and the node's liveness are independent.
-        let ttl = Duration::from_secs(3);
+        let ttl = COORDINATOR_TTL;
         spawn_loop("coordinator-election", move |stop| {
             let mut held: Option<i64> = None;
             let mut last_ok = std::time::Instant::now();
@@ -849,6 +857,7 @@ impl ClusterMeta {
                                 Ok(true) => {
                                     held = Some(lease);
                                     last_ok = std::time::Instant::now();
+                                    *confirmed.lock() = Some(last_ok);
                                     f(true);
                                 }
                                 _ => core.revoke(lease),
@@ -865,7 +874,8 @@ impl ClusterMeta {
                         // An unanswered keep-alive is not a lost role: the
                         // lease lasts `ttl` after the last one that worked
                         // (etcd cannot elect anyone else before that).
-                        let (lost, confirmed) = match core.keep_alive(lease) {
+                        let sent = std::time::Instant::now();
+                        let (lost, ok) = match core.keep_alive(lease) {
                             Ok(true) => match core.get("coordinator") {
                                 Ok(Some((v, _))) => (v != name.as_bytes(), v == name.as_bytes()),
                                 Ok(None) => (true, false),
@@ -874,22 +884,39 @@ impl ClusterMeta {
                             Ok(false) => (true, false),
                             Err(_) => (false, false),
                         };
-                        if confirmed {
-                            last_ok = std::time::Instant::now();
+                        if ok {
+                            last_ok = sent;
+                            *confirmed.lock() = Some(sent);
                         }
                         if lost || last_ok.elapsed() >= ttl * 2 / 3 {
                             tracing::warn!(node = %name, "lost the coordinator role");
                             held = None;
+                            *confirmed.lock() = None;
                             f(false);
                         }
                     }
                 }
             }
             if let Some(lease) = held {
+                *confirmed.lock() = None;
                 core.revoke(lease);
                 f(false);
             }
         })
+    }
+
+    /// Whether etcd confirmed this node's coordinator role recently enough
+    /// that nobody else can hold it yet, with a margin: within two thirds of
+    /// the role's lease. The election thread notices a lost role only when
+    /// its keep-alive returns, which a partition delays by the request
+    /// timeout; this check does not wait for that. A coordinator answers
+    /// heartbeats (which extend primaries' leases) only while it holds, so
+    /// a partitioned coordinator cannot keep a partitioned primary serving
+    /// after another coordinator may have promoted a new one.
+    pub fn coordinator_role_current(&self) -> bool {
+        self.role_confirmed
+            .lock()
+            .is_some_and(|at| at.elapsed() < COORDINATOR_TTL * 2 / 3)
     }
 
     /// The current coordinator's node name, if any.

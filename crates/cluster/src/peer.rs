@@ -16,6 +16,12 @@
 //! straight from the messages). Idle threads block in `accept`, `read` or on
 //! a condition variable: no polling.
 //!
+//! Fast path: when the connection is up, nothing is queued and nobody is
+//! writing, `send` writes the frame itself without blocking
+//! (`MSG_DONTWAIT`); whatever the socket does not take at once is queued
+//! first in line for the writer. A replicated write then costs no wake-up
+//! of a writer thread on either side.
+//!
 //! Invariants:
 //! - Frames to one peer leave in `send` order over one connection at a time;
 //!   when a connection breaks, frames already handed to it may be lost (the
@@ -186,17 +192,27 @@ struct DestState {
     queue: VecDeque<Queued>,
     queued_bytes: usize,
     /// A clone of the writer's socket, so that an address change or
-    /// shutdown can break a blocked dial handshake or write.
-    conn: Option<TcpStream>,
+    /// shutdown can break a blocked dial handshake or write, and `send`'s
+    /// fast path can write to it.
+    conn: Option<Arc<TcpStream>>,
     connected: bool,
+    /// Someone (the writer or a fast-path `send`) is writing to the socket;
+    /// everybody else queues, which keeps frames in order.
+    busy: bool,
     stop: bool,
     writer_started: bool,
     dropped: u64,
 }
 
 struct Queued {
-    frame: Frame,
+    item: Item,
     len: usize,
+}
+
+enum Item {
+    Frame(Frame),
+    /// The unsent tail of a frame a fast-path `send` began.
+    Tail(Vec<u8>),
 }
 
 impl PeerNet {
@@ -267,6 +283,7 @@ impl PeerNet {
                             queued_bytes: 0,
                             conn: None,
                             connected: false,
+                            busy: false,
                             stop: false,
                             writer_started: false,
                             dropped: 0,
@@ -312,7 +329,45 @@ impl PeerNet {
             inner.dropped(to, "queue full");
             return;
         }
-        st.queue.push_back(Queued { frame, len });
+        if st.connected && !st.busy && st.queue.is_empty() {
+            if let Some(sock) = st.conn.clone() {
+                st.busy = true;
+                drop(st);
+                let sent = send_now(&sock, &frame);
+                let mut st = dest.state.lock();
+                st.busy = false;
+                match sent {
+                    Ok(tail) => {
+                        bump(&inner.c.frames_sent, 1);
+                        bump(&inner.c.bytes_sent, (len - tail.len()) as u64);
+                        if !tail.is_empty() {
+                            st.queued_bytes += tail.len();
+                            st.queue.push_front(Queued {
+                                len: tail.len(),
+                                item: Item::Tail(tail),
+                            });
+                        }
+                    }
+                    Err(err) => {
+                        // The writer finds the connection broken on its
+                        // next write and reconnects; this frame is lost
+                        // like a batch on a breaking connection.
+                        bump(&inner.c.frames_dropped, 1);
+                        st.dropped += 1;
+                        tracing::debug!(peer = to.0, error = %err, "peer connection broke on a direct send");
+                        let _ = sock.shutdown(Shutdown::Both);
+                    }
+                }
+                if !st.queue.is_empty() {
+                    dest.wake.notify_one();
+                }
+                return;
+            }
+        }
+        st.queue.push_back(Queued {
+            item: Item::Frame(frame),
+            len,
+        });
         st.queued_bytes += len;
         if !st.writer_started {
             let (inner2, dest2) = (inner.clone(), dest.clone());
@@ -744,7 +799,7 @@ fn writer_loop(inner: &Inner, dest: &Dest) {
                     st.connected = false;
                     return;
                 }
-                if !st.queue.is_empty() {
+                if !st.queue.is_empty() && !st.busy {
                     break;
                 }
                 dest.wake.wait(&mut st);
@@ -770,6 +825,12 @@ fn writer_loop(inner: &Inner, dest: &Dest) {
         let Some((stream, _)) = conn.as_mut() else {
             match dial(inner, dest, addr, generation) {
                 Ok(stream) => {
+                    // A tail belongs to the connection its frame began on.
+                    {
+                        let mut st = dest.state.lock();
+                        st.queue.retain(|q| !matches!(q.item, Item::Tail(_)));
+                        st.queued_bytes = st.queue.iter().map(|q| q.len).sum();
+                    }
                     bump(&inner.c.connects, 1);
                     failures = 0;
                     backoff = BACKOFF_MIN;
@@ -809,14 +870,17 @@ fn writer_loop(inner: &Inner, dest: &Dest) {
 
         let batch: Vec<Queued> = {
             let mut st = dest.state.lock();
-            if st.stop || st.generation != generation {
+            if st.stop || st.generation != generation || st.busy {
                 continue;
             }
             st.queued_bytes = 0;
+            st.busy = true;
             st.queue.drain(..).collect()
         };
         let bytes: usize = batch.iter().map(|q| q.len).sum();
-        match write_batch(stream, &batch, &mut heads) {
+        let written = write_batch(stream, &batch, &mut heads);
+        dest.state.lock().busy = false;
+        match written {
             Ok(()) => {
                 bump(&inner.c.frames_sent, batch.len() as u64);
                 bump(&inner.c.bytes_sent, bytes as u64);
@@ -873,7 +937,7 @@ fn dial(
         if st.stop || st.generation != generation {
             return Err(HandshakeError::Closed);
         }
-        st.conn = Some(stream.try_clone()?);
+        st.conn = Some(Arc::new(stream.try_clone()?));
     }
     let mut out = Vec::new();
     wire::encode(&inner.hello(), &mut out).map_err(|_| HandshakeError::NoHello)?;
@@ -902,9 +966,16 @@ fn write_batch(stream: &mut TcpStream, batch: &[Queued], heads: &mut Vec<u8>) ->
     heads.clear();
     let mut parts: Vec<Part<'_>> = Vec::with_capacity(batch.len() * 2);
     for q in batch {
+        let frame = match &q.item {
+            Item::Frame(frame) => frame,
+            Item::Tail(tail) => {
+                parts.push(Part::Data(tail));
+                continue;
+            }
+        };
         let start = heads.len();
         // `send` admitted only frames that encode.
-        let Ok(data) = wire::encode_split(&q.frame, heads) else {
+        let Ok(data) = wire::encode_split(frame, heads) else {
             continue;
         };
         match parts.last_mut() {
@@ -932,4 +1003,59 @@ fn write_batch(stream: &mut TcpStream, batch: &[Queued], heads: &mut Vec<u8>) ->
         }
     }
     Ok(())
+}
+
+/// Writes as much of `frame` as the socket takes without blocking; returns
+/// the unsent tail (empty when all went out).
+fn send_now(sock: &TcpStream, frame: &Frame) -> io::Result<Vec<u8>> {
+    use std::os::fd::AsRawFd;
+    let mut head = Vec::new();
+    let data = wire::encode_split(frame, &mut head)
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
+    let total = head.len() + data.len();
+    let iov = [
+        libc::iovec {
+            iov_base: head.as_ptr() as *mut libc::c_void,
+            iov_len: head.len(),
+        },
+        libc::iovec {
+            iov_base: data.as_ptr() as *mut libc::c_void,
+            iov_len: data.len(),
+        },
+    ];
+    let sent = loop {
+        // SAFETY: `msg` points at two iovecs over `head` and `data`, both
+        // alive and unmodified for the duration of the call; the fd is
+        // owned by `sock`.
+        let n = unsafe {
+            let mut msg: libc::msghdr = std::mem::zeroed();
+            msg.msg_iov = iov.as_ptr() as *mut libc::iovec;
+            msg.msg_iovlen = if data.is_empty() { 1 } else { 2 };
+            libc::sendmsg(
+                sock.as_raw_fd(),
+                &msg,
+                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+            )
+        };
+        if n >= 0 {
+            break n as usize;
+        }
+        let err = io::Error::last_os_error();
+        match err.kind() {
+            io::ErrorKind::Interrupted => {}
+            io::ErrorKind::WouldBlock => break 0,
+            _ => return Err(err),
+        }
+    };
+    if sent >= total {
+        return Ok(Vec::new());
+    }
+    let mut tail = Vec::with_capacity(total - sent);
+    if sent < head.len() {
+        tail.extend_from_slice(&head[sent..]);
+        tail.extend_from_slice(data);
+    } else {
+        tail.extend_from_slice(&data[sent - head.len()..]);
+    }
+    Ok(tail)
 }
