@@ -54,6 +54,11 @@ pub struct Timing {
     pub region_blocks: u64,
     /// A replica Faulty this long is rebuilt on another node.
     pub replace_after: Duration,
+    /// Cap on each volume primary's resync and rebuild copies, bytes per
+    /// second (0: none); see `basalt_replication::Config::resync_rate`.
+    pub resync_rate: u64,
+    /// Region copies in flight per replica being resynced.
+    pub resync_inflight: usize,
 }
 
 impl Default for Timing {
@@ -68,6 +73,8 @@ impl Default for Timing {
             resync_retry_ms: 500,
             region_blocks: 256,
             replace_after: Duration::from_secs(600),
+            resync_rate: 64 << 20,
+            resync_inflight: 4,
         }
     }
 }
@@ -568,6 +575,8 @@ impl Inner {
             cas_timeout_ms: t.cas_timeout_ms,
             poll_ms: t.poll_ms,
             resync_retry_ms: t.resync_retry_ms,
+            resync_rate: t.resync_rate,
+            resync_inflight: t.resync_inflight,
             ack_before_secondaries: false,
         };
         // A record that still is the volume's first one and carries this

@@ -271,6 +271,9 @@ impl<E: ReplicaEnv> ReplicaDriver<E> {
                     zeroes.push((id, lba * bl, data.len() as u64, fua))
                 }
                 DiskOp::Write { lba, data, fua } => writes.push((id, lba * bl, data, fua)),
+                DiskOp::WriteZeroes { lba, blocks, fua } => {
+                    zeroes.push((id, lba * bl, blocks * bl, fua))
+                }
                 DiskOp::Flush => flushes.push(id),
             }
         }
