@@ -262,6 +262,8 @@ fn degraded_creation_completes_and_removed_replica_is_rebuilt() {
             &peer,
             "--lease-ms",
             "1000",
+            "--resync-rate",
+            "32",
         ],
     ));
     let v = c.wait_volume(3, "deg", "rebuilt on node3", |v| {
