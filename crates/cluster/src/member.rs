@@ -1168,6 +1168,7 @@ impl ClusterVolumes for ClusterMember {
             .map(|h| h.progress.lock().clone())
             .unwrap_or_default();
         let nodes = self.inner.nodes.read();
+        let region_bytes = self.inner.cfg.timing.region_blocks * BLOCK_SIZE;
         rec.replicas
             .iter()
             .map(|(id, info)| ReplicaStatus {
@@ -1176,6 +1177,15 @@ impl ClusterVolumes for ClusterMember {
                     .filter(|_| rec.primary == self.inner.me)
                     .map(|(left, total)| {
                         (100 * total.saturating_sub(*left) / (*total).max(1)).min(99) as u8
+                    }),
+                // Regions left × region size: the last region may be short.
+                resync_remaining_bytes: progress
+                    .get(id)
+                    .filter(|_| rec.primary == self.inner.me)
+                    .map(|(left, _)| {
+                        (*left as u64)
+                            .saturating_mul(region_bytes)
+                            .min(record.size_bytes)
                     }),
                 node: nodes
                     .iter()
