@@ -753,19 +753,26 @@ mod tests {
     }
 
     #[test]
-    fn regions_of_zeros_go_as_zeroing_and_cost_one_block() {
+    fn regions_of_zeros_go_as_zeroing_at_a_sixteenth_of_the_cost() {
         // Region 3 holds data, the others read as zeros: 15 WriteZeroes and
-        // one 4 MiB write. Zero regions are charged 4 KiB, so the whole
-        // volume is copied within the first second at 1 MiB/s, the data
-        // region included (the bucket starts with a region's worth).
+        // one 4 MiB write. At 1 MiB/s a zero region costs 256 KiB, a data
+        // region 4 MiB: once the data region has taken half the bucket,
+        // zero regions go four a second (each still needs a region's worth
+        // in the bucket to start), where data would go one per 4 s.
         let region3 = 3 * 1024;
         let (reads, ops) = resync_run(
             big_volume(MIB, 2),
             |lba| u8::from(lba == region3),
-            1_000,
+            10_000,
             10,
         );
-        assert_eq!(reads.len(), 16, "{reads:?}");
+        let times: Vec<u64> = reads.iter().map(|(t, _)| *t).collect();
+        assert_eq!(times.len(), 16, "{reads:?}");
+        assert_eq!(&times[..4], &[times[0]; 4], "{reads:?}");
+        for w in times[4..].windows(2) {
+            assert!((250..=260).contains(&(w[1] - w[0])), "{reads:?}");
+        }
+        assert!(times[15] <= 4_000, "{reads:?}");
         let zeroes = ops
             .iter()
             .filter(|op| {
@@ -795,6 +802,13 @@ mod tests {
             matches!(ops.last(), Some(ReplOp::Flush)),
             "the resync ends with its flush: {ops:?}"
         );
+
+        // A volume of zeros only: 16 regions at 256 KiB, 4 MiB in all, fit
+        // in the 8 MiB the bucket starts with.
+        let (reads, _) = resync_run(big_volume(MIB, 2), |_| 0, 10_000, 10);
+        let times: Vec<u64> = reads.iter().map(|(t, _)| *t).collect();
+        assert_eq!(times.len(), 16, "{times:?}");
+        assert!(times[15] <= 1_000, "{times:?}");
     }
 
     #[test]

@@ -457,13 +457,13 @@ impl Primary {
                 let fresh = self.region_gen.get(region) == Some(&gen);
                 let blocks = self.cfg.region_len(region);
                 let reserved = blocks * self.cfg.block_len;
-                // The copy was charged its whole region when admitted; it
-                // costs what it ships (a region of zeros: one block), used
-                // or not (a discarded read still read the disk).
+                // The copy was charged its whole region when admitted; a
+                // region of zeros costs less (see `Config::zero_copy_cost`),
+                // used or not (a discarded read was still made).
                 let zero = data.as_deref().is_some_and(is_zero);
                 if zero {
-                    self.bucket
-                        .refund(reserved.saturating_sub(self.cfg.block_len));
+                    let cost = self.cfg.zero_copy_cost(reserved);
+                    self.bucket.refund(reserved - cost);
                 }
                 let vseq = self.next_vseq;
                 let Some(l) = self.links.get_mut(&peer) else {
