@@ -39,6 +39,10 @@ pub struct Replica {
     /// primary's node).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resync_percent: Option<u8>,
+    /// Bytes of regions still to copy while the replica is resynced
+    /// (reported by the primary's node).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resync_remaining_bytes: Option<u64>,
 }
 
 impl From<ReplicaStatus> for Replica {
@@ -49,6 +53,7 @@ impl From<ReplicaStatus> for Replica {
             state: r.state,
             epoch: r.epoch,
             resync_percent: r.resync_percent,
+            resync_remaining_bytes: r.resync_remaining_bytes,
         }
     }
 }
@@ -84,6 +89,12 @@ pub struct Status {
     pub overcommit_ratio: f64,
     pub volume_count: usize,
     pub extent_size: u64,
+    /// In a cluster: volumes with fewer replicas in sync than wanted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volumes_degraded: Option<usize>,
+    /// In a cluster: volumes with a replica being resynced or rebuilt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volumes_resyncing: Option<usize>,
 }
 
 impl From<StoreStatus> for Status {
@@ -95,6 +106,8 @@ impl From<StoreStatus> for Status {
             overcommit_ratio: s.overcommit_ratio,
             volume_count: s.volume_count,
             extent_size: s.extent_size,
+            volumes_degraded: s.volumes_degraded,
+            volumes_resyncing: s.volumes_resyncing,
         }
     }
 }

@@ -140,10 +140,11 @@ fn volume_fields(volume: &Volume, client: &ApiClient) -> String {
     }
     for r in &volume.replicas {
         let role = if r.primary { "primary" } else { "secondary" };
-        let progress = r
-            .resync_percent
-            .map(|p| format!(", resyncing {p}%"))
-            .unwrap_or_default();
+        let progress = match (r.resync_percent, r.resync_remaining_bytes) {
+            (Some(p), Some(left)) => format!(", resyncing {p}%, {} left", format_size(left)),
+            (Some(p), None) => format!(", resyncing {p}%"),
+            _ => String::new(),
+        };
         pairs.push((
             "replica",
             format!(
@@ -346,6 +347,13 @@ pub fn run_status(client: &ClientArgs) -> Result<()> {
         ("volumes", s.volume_count.to_string()),
         ("extent size", format_size(s.extent_size)),
     ]);
+    // Cluster only: replication health across every volume.
+    if let (Some(degraded), Some(resyncing)) = (s.volumes_degraded, s.volumes_resyncing) {
+        pairs.push((
+            "replication",
+            format!("{degraded} volumes degraded, {resyncing} resyncing"),
+        ));
+    }
     print!("{}", fields(&pairs));
     Ok(())
 }

@@ -126,6 +126,11 @@ pub struct ServerArgs {
     /// on another node; a shorter outage only resyncs what changed.
     #[arg(long, default_value_t = 600, value_name = "SECS")]
     pub replace_after: u64,
+
+    /// Cap on resync and rebuild copies, per volume, in MiB/s (0: no cap).
+    /// The default leaves client I/O most of the disk and network.
+    #[arg(long, default_value_t = 64, value_name = "MIB_PER_S")]
+    pub resync_rate: u64,
 }
 
 /// `--demo-volume NAME:SIZE`.
@@ -433,6 +438,7 @@ fn join_cluster(
     cfg.api_addr = Some(client_addr(args.api_listen));
     cfg.timing.lease_ms = args.lease_ms.max(100);
     cfg.timing.replace_after = Duration::from_secs(args.replace_after);
+    cfg.timing.resync_rate = args.resync_rate.saturating_mul(1 << 20);
     ClusterMember::start(cfg, store, catalog).context("cannot join the cluster")
 }
 

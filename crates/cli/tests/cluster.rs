@@ -136,6 +136,16 @@ fn replicated_volume_survives_killed_nodes_and_resyncs() {
 
 /// A volume created while a node is down is placed degraded and completed
 /// when the node returns; a removed node's replica is rebuilt on a new node.
+/// The value of the first `/metrics` sample of node `s` whose line starts
+/// with `prefix` (metric name and the start of its labels).
+fn metric(s: &Server, prefix: &str) -> Option<f64> {
+    let m = http(s.api_url(), "GET", "/metrics", Some(&s.token()), None);
+    m.body
+        .lines()
+        .find(|l| l.starts_with(prefix))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+}
+
 #[test]
 fn degraded_creation_completes_and_removed_replica_is_rebuilt() {
     let mut c = Cluster::start(3, &[]);
@@ -174,11 +184,38 @@ fn degraded_creation_completes_and_removed_replica_is_rebuilt() {
     assert_eq!(node_names(&v), ["node0", "node1"], "{v:#}");
     let human = c.nodes[0].cli(&["volume", "show", "deg"]);
     assert!(human.ok().contains("degraded"), "{}", human.describe());
+    // Metrics and status say so on any node.
+    let m = |prefix: &str| metric(&c.nodes[0], prefix);
+    assert_eq!(m("basalt_volume_replicas_wanted{volume=\"deg\""), Some(3.0));
+    assert_eq!(
+        m("basalt_volume_replicas_in_sync{volume=\"deg\""),
+        Some(2.0)
+    );
+    assert_eq!(m("basalt_volumes_degraded "), Some(1.0));
+    let status = c.nodes[0].cli_json(&["status"]);
+    assert_eq!(status["volumes_degraded"], 1, "{status:#}");
     write_pattern(None, &c.nodes[1].uri("deg"), 7, 1, 0, 8 << 20);
 
     c.nodes[2].restart();
     let v = c.wait_volume(0, "deg", "completed on node2", |v| all_in_sync(v, 3));
     assert_eq!(node_names(&v), ["node0", "node1", "node2"]);
+    let m = |prefix: &str| metric(&c.nodes[0], prefix);
+    assert_eq!(
+        m("basalt_volume_replicas_in_sync{volume=\"deg\""),
+        Some(3.0)
+    );
+    assert_eq!(m("basalt_volumes_degraded "), Some(0.0));
+    assert_eq!(m("basalt_volumes_resyncing "), Some(0.0));
+    assert_eq!(
+        m("basalt_volume_resync_remaining_bytes{volume=\"deg\""),
+        None
+    );
+    let status = c.nodes[0].cli_json(&["status"]);
+    assert_eq!(
+        (&status["volumes_degraded"], &status["volumes_resyncing"]),
+        (&Value::from(0), &Value::from(0)),
+        "{status:#}"
+    );
     verify_pattern(None, &c.nodes[2].uri("deg"), 7, 1, 0, 8 << 20);
 
     // Remove a secondary's node for good; a fourth node takes its replica.
@@ -203,6 +240,8 @@ fn degraded_creation_completes_and_removed_replica_is_rebuilt() {
             &peer,
             "--lease-ms",
             "1000",
+            "--resync-rate",
+            "32",
         ],
     ));
     let v = c.wait_volume(3, "deg", "rebuilt on node3", |v| {

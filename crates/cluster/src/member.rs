@@ -54,6 +54,11 @@ pub struct Timing {
     pub region_blocks: u64,
     /// A replica Faulty this long is rebuilt on another node.
     pub replace_after: Duration,
+    /// Cap on each volume primary's resync and rebuild copies, bytes per
+    /// second (0: none); see `basalt_replication::Config::resync_rate`.
+    pub resync_rate: u64,
+    /// Region copies in flight per replica being resynced.
+    pub resync_inflight: usize,
 }
 
 impl Default for Timing {
@@ -68,6 +73,8 @@ impl Default for Timing {
             resync_retry_ms: 500,
             region_blocks: 256,
             replace_after: Duration::from_secs(600),
+            resync_rate: 64 << 20,
+            resync_inflight: 4,
         }
     }
 }
@@ -571,6 +578,8 @@ impl Inner {
             cas_timeout_ms: t.cas_timeout_ms,
             poll_ms: t.poll_ms,
             resync_retry_ms: t.resync_retry_ms,
+            resync_rate: t.resync_rate,
+            resync_inflight: t.resync_inflight,
             ack_before_secondaries: false,
         };
         // A record that still is the volume's first one and carries this
@@ -1221,6 +1230,7 @@ impl ClusterVolumes for ClusterMember {
             .map(|r| r.resync_progress())
             .unwrap_or_default();
         let nodes = self.inner.nodes.read();
+        let region_bytes = self.inner.cfg.timing.region_blocks * BLOCK_SIZE;
         rec.replicas
             .iter()
             .map(|(id, info)| ReplicaStatus {
@@ -1229,6 +1239,15 @@ impl ClusterVolumes for ClusterMember {
                     .filter(|_| rec.primary == self.inner.me)
                     .map(|(left, total)| {
                         (100 * total.saturating_sub(*left) / (*total).max(1)).min(99) as u8
+                    }),
+                // Regions left × region size: the last region may be short.
+                resync_remaining_bytes: progress
+                    .get(id)
+                    .filter(|_| rec.primary == self.inner.me)
+                    .map(|(left, _)| {
+                        (*left as u64)
+                            .saturating_mul(region_bytes)
+                            .min(record.size_bytes)
                     }),
                 node: nodes
                     .iter()

@@ -343,7 +343,7 @@ impl<E: ReplicaEnv> Replica<E> {
     }
 
     /// Executes one batch of disk operations on the local volume: reads and
-    /// writes in one submission, then all-zero writes, then flushes.
+    /// writes in one submission, then zeroing, then flushes.
     fn execute(&self, ops: Vec<(u64, DiskOp)>) -> Vec<(u64, DiskResult)> {
         let bl = self.block_len;
         let mut read_bufs: Vec<(u64, Vec<u8>)> = Vec::new();
@@ -356,13 +356,13 @@ impl<E: ReplicaEnv> Replica<E> {
                     read_bufs.push((id, vec![0u8; (blocks * bl) as usize]));
                     writes.push((id, lba * bl, Vec::new(), false));
                 }
-                // All-zero writes (resync copies of never-written regions,
-                // TRIM and WRITE_ZEROES of clients) free or skip extents
-                // instead of allocating them: replicas stay thin.
-                DiskOp::Write { lba, data, fua } if data.iter().all(|b| *b == 0) => {
-                    zeroes.push((id, lba * bl, data.len() as u64, fua))
-                }
                 DiskOp::Write { lba, data, fua } => writes.push((id, lba * bl, data, fua)),
+                // Zeroing (resync copies of never-written regions, TRIM and
+                // WRITE_ZEROES of clients, all-zero writes) frees or skips
+                // extents instead of allocating them: replicas stay thin.
+                DiskOp::WriteZeroes { lba, blocks, fua } => {
+                    zeroes.push((id, lba * bl, blocks * bl, fua))
+                }
                 DiskOp::Flush => flushes.push(id),
             }
         }

@@ -25,6 +25,12 @@
 //! - Bulk data (the bytes of writes and read replies) is the tail of its
 //!   payload, so [`encode_split`] lets a writer send it straight from the
 //!   message (`writev`) without copying it.
+//! - Zeros never travel as bytes: `ReplOp::WriteZeroes` has its own op, and
+//!   a `ClientReq::Write` whose data is all zero (a forwarded TRIM or
+//!   WRITE_ZEROES) is written in a form that carries only its length and
+//!   decodes to the same zero-filled write. The data form of such a write
+//!   is refused, so the encoding stays canonical; a decoded zero write is
+//!   no longer than a data write could be ([`MAX_PAYLOAD`]).
 //! - `MetaGet`, `MetaCas` and `MetaReply` are not peer messages (they go to
 //!   etcd) and do not encode.
 
@@ -34,8 +40,11 @@ use basalt_replication::{ClientReply, ClientReq, Epoch, Msg, NodeId, ReplOp, Vol
 
 /// The first four bytes of every frame.
 pub const MAGIC: [u8; 4] = *b"BSPW";
-/// The format version this crate writes and reads.
-pub const VERSION: u8 = 1;
+/// The format version this crate writes and reads. Version 2 added
+/// `Repl` op 3 (`WriteZeroes`) and `ClientReq` req 3 (a write of zeros); a
+/// version 1 peer would refuse those mid-stream, so the versions refuse each
+/// other at `Hello` instead.
+pub const VERSION: u8 = 2;
 /// Bytes in a frame header.
 pub const HEADER_LEN: usize = 20;
 /// The largest payload a decoder accepts (and an encoder produces).
@@ -113,7 +122,32 @@ pub enum DecodeError {
         field: &'static str,
         value: u8,
     },
+    /// A value with a shorter form: write data that is all zero (it has
+    /// its own form), or a write of zeros of length 0.
+    #[error("{kind}: {field} is not in its canonical form")]
+    NotCanonical {
+        kind: &'static str,
+        field: &'static str,
+    },
+    #[error("{kind}: {field} of {len} bytes exceeds the maximum of {max}")]
+    ZeroWriteTooLarge {
+        kind: &'static str,
+        field: &'static str,
+        len: u32,
+        max: usize,
+    },
 }
+
+/// Whether `data` is written in the zeros form (see the module docs).
+fn zero_form(data: &[u8]) -> bool {
+    !data.is_empty()
+        && data
+            .chunks(4096)
+            .all(|c| c.iter().fold(0u8, |a, b| a | b) == 0)
+}
+
+/// Payload bytes of a `ClientReq` write in data form, before its data.
+const CLIENT_WRITE_FIELDS: usize = 16 + 8 + 1 + 8 + 1 + 4;
 
 // ---------------------------------------------------------------- encoding
 
@@ -181,7 +215,7 @@ fn check(frame: &Frame) -> Result<(u8, &[u8]), EncodeError> {
             same(v)?;
             let data = match op {
                 ReplOp::Write { data, .. } => data.as_slice(),
-                ReplOp::Start | ReplOp::Flush => &[],
+                ReplOp::Start | ReplOp::Flush | ReplOp::WriteZeroes { .. } => &[],
             };
             (kind::REPL, data)
         }
@@ -199,7 +233,21 @@ fn check(frame: &Frame) -> Result<(u8, &[u8]), EncodeError> {
             (kind::HEARTBEAT_ACK, &[])
         }
         Msg::ClientReq { req, .. } => match req {
-            ClientReq::Write { data, .. } => (kind::CLIENT_REQ, data.as_slice()),
+            ClientReq::Write { data, .. } => {
+                // Bounded as the data form would be, zeros or not: whether a
+                // write encodes does not depend on its contents.
+                if CLIENT_WRITE_FIELDS + data.len() > MAX_PAYLOAD {
+                    return Err(EncodeError::TooLarge {
+                        len: CLIENT_WRITE_FIELDS + data.len(),
+                        max: MAX_PAYLOAD,
+                    });
+                }
+                if zero_form(data) {
+                    (kind::CLIENT_REQ, &[])
+                } else {
+                    (kind::CLIENT_REQ, data.as_slice())
+                }
+            }
             ClientReq::Flush | ClientReq::Read { .. } => (kind::CLIENT_REQ, &[]),
         },
         Msg::ClientReply { reply, .. } => match reply {
@@ -234,6 +282,7 @@ fn fields_len(frame: &Frame) -> usize {
             32 + 1
                 + match op {
                     ReplOp::Write { .. } => 8 + 1 + 4,
+                    ReplOp::WriteZeroes { .. } => 8 + 1 + 8,
                     ReplOp::Start | ReplOp::Flush => 0,
                 }
         }
@@ -244,6 +293,7 @@ fn fields_len(frame: &Frame) -> usize {
         Msg::ClientReq { req, .. } => {
             8 + 1
                 + match req {
+                    // Data form or zeros form: the same fields.
                     ClientReq::Write { .. } => 8 + 1 + 4,
                     ClientReq::Flush => 0,
                     ClientReq::Read { .. } => 16,
@@ -303,6 +353,12 @@ fn write_fields(frame: &Frame, data: &[u8], out: &mut Vec<u8>) {
                     u32le(out, data_len);
                 }
                 ReplOp::Flush => out.push(2),
+                ReplOp::WriteZeroes { lba, blocks, fua } => {
+                    out.push(3);
+                    u64le(out, *lba);
+                    out.push(u8::from(*fua));
+                    u64le(out, *blocks);
+                }
             }
         }
         Msg::ReplAck {
@@ -333,11 +389,13 @@ fn write_fields(frame: &Frame, data: &[u8], out: &mut Vec<u8>) {
         Msg::ClientReq { id, req } => {
             u64le(out, *id);
             match req {
-                ClientReq::Write { lba, fua, .. } => {
-                    out.push(0);
+                ClientReq::Write { lba, fua, data } => {
+                    // `check` bounded the data by MAX_PAYLOAD.
+                    let zeros = zero_form(data);
+                    out.push(if zeros { 3 } else { 0 });
                     u64le(out, *lba);
                     out.push(u8::from(*fua));
-                    u32le(out, data_len);
+                    u32le(out, data.len() as u32);
                 }
                 ClientReq::Flush => out.push(1),
                 ClientReq::Read { lba, blocks } => {
@@ -518,6 +576,13 @@ impl<'a> Reader<'a> {
         }
     }
 
+    fn not_canonical(&self, field: &'static str) -> DecodeError {
+        DecodeError::NotCanonical {
+            kind: self.kind,
+            field,
+        }
+    }
+
     fn finish(self) -> Result<(), DecodeError> {
         if self.rest.is_empty() {
             Ok(())
@@ -573,6 +638,11 @@ fn decode_payload(kind: u8, payload: &[u8]) -> Result<Frame, DecodeError> {
                     data: r.data("data")?,
                 },
                 2 => ReplOp::Flush,
+                3 => ReplOp::WriteZeroes {
+                    lba: r.u64("lba")?,
+                    fua: r.bool("fua")?,
+                    blocks: r.u64("blocks")?,
+                },
                 other => return Err(r.invalid("op", other)),
             };
             Msg::Repl {
@@ -607,16 +677,43 @@ fn decode_payload(kind: u8, payload: &[u8]) -> Result<Frame, DecodeError> {
         kind::CLIENT_REQ => {
             let id = r.u64("id")?;
             let req = match r.u8("req")? {
-                0 => ClientReq::Write {
-                    lba: r.u64("lba")?,
-                    fua: r.bool("fua")?,
-                    data: r.data("data")?,
-                },
+                0 => {
+                    let lba = r.u64("lba")?;
+                    let fua = r.bool("fua")?;
+                    let data = r.data("data")?;
+                    if zero_form(&data) {
+                        return Err(r.not_canonical("data"));
+                    }
+                    ClientReq::Write { lba, data, fua }
+                }
                 1 => ClientReq::Flush,
                 2 => ClientReq::Read {
                     lba: r.u64("lba")?,
                     blocks: r.u64("blocks")?,
                 },
+                3 => {
+                    let lba = r.u64("lba")?;
+                    let fua = r.bool("fua")?;
+                    let len = r.u32("zeros")?;
+                    if len == 0 {
+                        return Err(r.not_canonical("zeros"));
+                    }
+                    // No larger than a data write could be: the length is
+                    // allocated here, so it is bounded like a payload.
+                    if CLIENT_WRITE_FIELDS + len as usize > MAX_PAYLOAD {
+                        return Err(DecodeError::ZeroWriteTooLarge {
+                            kind: r.kind,
+                            field: "zeros",
+                            len,
+                            max: MAX_PAYLOAD - CLIENT_WRITE_FIELDS,
+                        });
+                    }
+                    ClientReq::Write {
+                        lba,
+                        data: vec![0; len as usize],
+                        fua,
+                    }
+                }
                 other => return Err(r.invalid("req", other)),
             };
             Msg::ClientReq { id, req }

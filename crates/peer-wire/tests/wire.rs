@@ -35,7 +35,7 @@ fn hello_literal() {
         boot: 0x0102_0304_0506_0708,
     };
     let bytes = hex("
-        42 53 50 57  01  01  00 00  1c 00 00 00  00 7e 6c 7b  b0 eb cc 67
+        42 53 50 57  02  01  00 00  1c 00 00 00  00 7e 6c 7b  e0 97 5e 34
         11 11 11 11 11 11 11 11 11 11 11 11 11 11 11 11  07 00 00 00  08 07 06 05 04 03 02 01");
     assert_literal(&frame, &bytes);
 }
@@ -58,7 +58,7 @@ fn repl_write_literal() {
         },
     };
     let bytes = hex("
-        42 53 50 57  01  02  00 00  46 00 00 00  79 62 24 0c  10 58 1d 3a
+        42 53 50 57  02  02  00 00  46 00 00 00  79 62 24 0c  40 24 8f 69
         ff ee dd cc bb aa 99 88 77 66 55 44 33 22 11 00
         02 00 00 00 00 00 00 00  03 00 00 00 00 00 00 00
         04 00 00 00 00 00 00 00  05 00 00 00 00 00 00 00
@@ -72,6 +72,124 @@ fn repl_write_literal() {
 }
 
 #[test]
+fn repl_write_zeroes_literal() {
+    // A resync copy of a never-written 4 MiB region: 66 bytes of payload,
+    // no data.
+    let frame = Frame::Msg {
+        vol: VOL,
+        msg: Msg::Repl {
+            vol: VOL,
+            epoch: Epoch(2),
+            session: 3,
+            lseq: 4,
+            vseq: 5,
+            op: ReplOp::WriteZeroes {
+                lba: 0x400,
+                blocks: 0x400,
+                fua: false,
+            },
+        },
+    };
+    let bytes = hex("
+        42 53 50 57  02  02  00 00  42 00 00 00  b4 d2 7e 1b  d2 5e 61 45
+        ff ee dd cc bb aa 99 88 77 66 55 44 33 22 11 00
+        02 00 00 00 00 00 00 00  03 00 00 00 00 00 00 00
+        04 00 00 00 00 00 00 00  05 00 00 00 00 00 00 00
+        03  00 04 00 00 00 00 00 00  00  00 04 00 00 00 00 00 00");
+    assert_literal(&frame, &bytes);
+    let mut head = Vec::new();
+    assert_eq!(encode_split(&frame, &mut head), Ok(&[][..]));
+}
+
+#[test]
+fn client_write_of_zeros_literal() {
+    // 12 KiB of zeros forwarded to the primary: the zeros form, 38 bytes of
+    // payload; it decodes to the same zero-filled write.
+    let frame = Frame::Msg {
+        vol: VOL,
+        msg: Msg::ClientReq {
+            id: 11,
+            req: ClientReq::Write {
+                lba: 6,
+                data: vec![0; 0x3000],
+                fua: true,
+            },
+        },
+    };
+    let bytes = hex("
+        42 53 50 57  02  07  00 00  26 00 00 00  0a 17 b7 81  cd d8 07 e8
+        ff ee dd cc bb aa 99 88 77 66 55 44 33 22 11 00
+        0b 00 00 00 00 00 00 00  03  06 00 00 00 00 00 00 00  01  00 30 00 00");
+    assert_literal(&frame, &bytes);
+    let mut head = Vec::new();
+    assert_eq!(encode_split(&frame, &mut head), Ok(&[][..]));
+}
+
+#[test]
+fn non_canonical_and_oversized_zero_writes_are_refused() {
+    let rebuild = |kind: u8, payload: &[u8]| {
+        let mut h = Vec::from(MAGIC);
+        h.extend_from_slice(&[VERSION, kind, 0, 0]);
+        h.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+        h.extend_from_slice(&crc32c::crc32c(payload).to_le_bytes());
+        let crc = crc32c::crc32c(&h);
+        h.extend_from_slice(&crc.to_le_bytes());
+        h.extend_from_slice(payload);
+        h
+    };
+    let req = |form: u8, len: u32, data: &[u8]| {
+        let mut p = VOL.0.to_le_bytes().to_vec();
+        p.extend_from_slice(&11u64.to_le_bytes());
+        p.push(form);
+        p.extend_from_slice(&6u64.to_le_bytes());
+        p.push(0);
+        p.extend_from_slice(&len.to_le_bytes());
+        p.extend_from_slice(data);
+        rebuild(kind::CLIENT_REQ, &p)
+    };
+    let not_canonical = |field| {
+        Err(DecodeError::NotCanonical {
+            kind: "ClientReq",
+            field,
+        })
+    };
+    // Zeros in the data form: they have a shorter one.
+    assert_eq!(decode(&req(0, 4, &[0; 4])), not_canonical("data"));
+    // A write of no bytes is the data form; the zeros form never is empty.
+    assert!(matches!(decode(&req(0, 0, &[])), Ok(Some(_))));
+    assert_eq!(decode(&req(3, 0, &[])), not_canonical("zeros"));
+    // A zeros length a data write could not have: refused before allocating.
+    let max = (MAX_PAYLOAD - 38) as u32;
+    assert!(matches!(decode(&req(3, max, &[])), Ok(Some(_))));
+    assert!(matches!(
+        decode(&req(3, max + 1, &[])),
+        Err(DecodeError::ZeroWriteTooLarge { len, .. }) if len == max + 1
+    ));
+    assert!(matches!(
+        decode(&req(3, u32::MAX, &[])),
+        Err(DecodeError::ZeroWriteTooLarge { .. })
+    ));
+    // And the encoder bounds a write the same way, zeros or not.
+    for fill in [0u8, 1] {
+        let frame = Frame::Msg {
+            vol: VOL,
+            msg: Msg::ClientReq {
+                id: 1,
+                req: ClientReq::Write {
+                    lba: 0,
+                    data: vec![fill; max as usize + 1],
+                    fua: false,
+                },
+            },
+        };
+        assert!(matches!(
+            encoded_len(&frame),
+            Err(EncodeError::TooLarge { .. })
+        ));
+    }
+}
+
+#[test]
 fn heartbeat_literal() {
     let frame = Frame::Msg {
         vol: VOL,
@@ -81,7 +199,7 @@ fn heartbeat_literal() {
         },
     };
     let bytes = hex("
-        42 53 50 57  01  05  00 00  20 00 00 00  23 35 8e d5  81 35 b7 29
+        42 53 50 57  02  05  00 00  20 00 00 00  23 35 8e d5  d1 49 25 7a
         ff ee dd cc bb aa 99 88 77 66 55 44 33 22 11 00
         09 00 00 00 00 00 00 00  0a 00 00 00 00 00 00 00");
     assert_literal(&frame, &bytes);
@@ -101,9 +219,12 @@ fn typed_errors_name_the_problem() {
 
     assert!(matches!(decode(b"BSX"), Err(DecodeError::BadMagic { .. })));
     assert_eq!(decode(b"BSP"), Ok(None));
-    let mut b = good.clone();
-    b[4] = 2;
-    assert_eq!(decode(&b), Err(DecodeError::UnsupportedVersion(2)));
+    // A version 1 peer (no zero forms) is refused, as is a future one.
+    for v in [1, 3] {
+        let mut b = good.clone();
+        b[4] = v;
+        assert_eq!(decode(&b), Err(DecodeError::UnsupportedVersion(v)));
+    }
     let mut b = good.clone();
     b[8] ^= 1;
     assert!(matches!(decode(&b), Err(DecodeError::HeaderCrc { .. })));
@@ -144,13 +265,13 @@ fn typed_errors_name_the_problem() {
     fenced.extend_from_slice(&[0; 8]);
     fenced.extend_from_slice(&[0; 8]); // session
     fenced.extend_from_slice(&[0; 16]); // lseq, vseq
-    fenced.push(3); // no such op
+    fenced.push(4); // no such op
     assert_eq!(
         decode(&rebuild(kind::REPL, &fenced)),
         Err(DecodeError::InvalidValue {
             kind: "Repl",
             field: "op",
-            value: 3
+            value: 4
         })
     );
 }
@@ -183,6 +304,19 @@ fn data() -> impl Strategy<Value = Vec<u8>> {
     prop::collection::vec(any::<u8>(), 0..300)
 }
 
+/// Write data: random, or zeros (the zeros form), or zeros but one byte.
+fn write_data() -> impl Strategy<Value = Vec<u8>> {
+    prop_oneof![
+        data(),
+        (1..300usize).prop_map(|n| vec![0; n]),
+        (1..300usize, any::<prop::sample::Index>(), 1..=255u8).prop_map(|(n, at, b)| {
+            let mut d = vec![0; n];
+            d[at.index(n)] = b;
+            d
+        }),
+    ]
+}
+
 fn repl_op() -> impl Strategy<Value = ReplOp> {
     prop_oneof![
         Just(ReplOp::Start),
@@ -192,13 +326,15 @@ fn repl_op() -> impl Strategy<Value = ReplOp> {
             fua,
             data
         }),
+        (any::<u64>(), any::<bool>(), any::<u64>())
+            .prop_map(|(lba, fua, blocks)| { ReplOp::WriteZeroes { lba, fua, blocks } }),
     ]
 }
 
 fn client_req() -> impl Strategy<Value = ClientReq> {
     prop_oneof![
         Just(ClientReq::Flush),
-        (any::<u64>(), any::<bool>(), data()).prop_map(|(lba, fua, data)| ClientReq::Write {
+        (any::<u64>(), any::<bool>(), write_data()).prop_map(|(lba, fua, data)| ClientReq::Write {
             lba,
             fua,
             data

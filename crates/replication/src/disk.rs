@@ -7,8 +7,8 @@
 //! - two operations on overlapping blocks, one of them a write, never run at
 //!   the same time, and the earlier-submitted one is issued first (so every
 //!   replica applies overlapping writes in stream order);
-//! - a flush is issued only once every earlier write has completed, so it
-//!   makes all of them durable;
+//! - a flush is issued only once every earlier write (zeroing included) has
+//!   completed, so it makes all of them durable;
 //! - an operation that fails is issued again, unchanged, under the same id.
 
 use crate::msg::{Action, DiskOp, DiskResult, IoId};
@@ -24,9 +24,17 @@ pub(crate) struct DiskQueue<T> {
 fn range(op: &DiskOp, block_len: u64) -> Option<(u64, u64)> {
     match op {
         DiskOp::Write { lba, data, .. } => Some((*lba, data.len() as u64 / block_len.max(1))),
-        DiskOp::Read { lba, blocks } => Some((*lba, *blocks)),
+        DiskOp::Read { lba, blocks } | DiskOp::WriteZeroes { lba, blocks, .. } => {
+            Some((*lba, *blocks))
+        }
         DiskOp::Flush => None,
     }
+}
+
+/// Whether `op` changes blocks (and so must not overlap any other
+/// operation, and must complete before a flush is issued).
+fn is_write(op: &DiskOp) -> bool {
+    matches!(op, DiskOp::Write { .. } | DiskOp::WriteZeroes { .. })
 }
 
 fn overlaps(a: (u64, u64), b: (u64, u64)) -> bool {
@@ -51,16 +59,11 @@ impl<T> DiskQueue<T> {
     }
 
     fn issuable(&self, op: &DiskOp) -> bool {
-        let is_write = matches!(op, DiskOp::Write { .. });
+        let writes = is_write(op);
         match range(op, self.block_len) {
-            None => !self
-                .inflight
-                .values()
-                .any(|(o, _)| matches!(o, DiskOp::Write { .. })),
+            None => !self.inflight.values().any(|(o, _)| is_write(o)),
             Some(r) => !self.inflight.values().any(|(o, _)| {
-                let other_write = matches!(o, DiskOp::Write { .. });
-                (is_write || other_write)
-                    && range(o, self.block_len).is_some_and(|q| overlaps(q, r))
+                (writes || is_write(o)) && range(o, self.block_len).is_some_and(|q| overlaps(q, r))
             }),
         }
     }

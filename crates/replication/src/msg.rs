@@ -29,6 +29,11 @@ pub enum ReplOp {
     Write { lba: Lba, data: Vec<u8>, fua: bool },
     /// Make every earlier write of the stream durable.
     Flush,
+    /// Write zeros to `blocks` blocks at `lba`: what the primary sends
+    /// instead of a `Write` whose data is all zero (a resync copy of a
+    /// never-written region, a client's TRIM or WRITE_ZEROES), so that
+    /// zeros never cross the network as bytes.
+    WriteZeroes { lba: Lba, blocks: u64, fua: bool },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -116,9 +121,24 @@ pub enum Msg {
 /// A local disk operation.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum DiskOp {
-    Write { lba: Lba, data: Vec<u8>, fua: bool },
-    Read { lba: Lba, blocks: u64 },
+    Write {
+        lba: Lba,
+        data: Vec<u8>,
+        fua: bool,
+    },
+    Read {
+        lba: Lba,
+        blocks: u64,
+    },
     Flush,
+    /// Make `blocks` blocks at `lba` read as zeros. Same ordering and
+    /// durability as a `Write` of zeros (FUA: durable on completion); a
+    /// thin store may free the blocks instead of writing them.
+    WriteZeroes {
+        lba: Lba,
+        blocks: u64,
+        fua: bool,
+    },
 }
 
 /// Identifies one disk operation of a node.

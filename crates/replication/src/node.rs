@@ -110,6 +110,16 @@ impl Node {
         }
     }
 
+    /// On a primary, the most region copies in flight to one replica (for
+    /// the simulator's coverage counters).
+    #[doc(hidden)]
+    pub fn max_copies_in_flight(&self) -> usize {
+        match &self.role {
+            Role::Primary(p) => p.max_copies_in_flight(),
+            _ => 0,
+        }
+    }
+
     /// The role's state in one line, for simulator traces.
     #[doc(hidden)]
     pub fn describe(&self) -> String {
@@ -606,5 +616,243 @@ mod tests {
             again.len() == 1 && again[0] > 1,
             "session reused: {again:?}"
         );
+    }
+
+    /// Runs a primary resyncing one OutOfSync secondary from `t = 0` to
+    /// `until` ms in steps of `step` ms: disk reads complete at once with
+    /// `fill(lba)`, the secondary acknowledges every entry at once. Returns
+    /// when each resync read was issued (ms, lba) and the `Repl` ops sent.
+    fn resync_run(
+        cfg: Config,
+        fill: impl Fn(u64) -> u8,
+        until: u64,
+        step: u64,
+    ) -> (Vec<(u64, u64)>, Vec<ReplOp>) {
+        let (p, s, vol) = (NodeId(0), NodeId(1), VolumeId(1));
+        let bl = cfg.block_len as usize;
+        let mut rec = Membership::new(vol, &[p, s], p, 1);
+        rec.replicas.get_mut(&s).unwrap().state = ReplicaState::OutOfSync;
+        let mut node = Node::new(p, 0, vol, cfg, None, 0);
+        let mut pending = node.handle(
+            0,
+            Input::Msg {
+                from: Endpoint::Control,
+                msg: Msg::MetaReply {
+                    record: rec,
+                    cas_ok: None,
+                },
+            },
+        );
+        let (mut reads, mut ops) = (Vec::new(), Vec::new());
+        let mut t = 0;
+        while t <= until {
+            pending.extend(node.handle(t, Input::Tick));
+            while !pending.is_empty() {
+                let mut next = Vec::new();
+                for a in std::mem::take(&mut pending) {
+                    match a {
+                        Action::Disk {
+                            id,
+                            op: DiskOp::Read { lba, blocks },
+                        } => {
+                            reads.push((t, lba));
+                            let data = vec![fill(lba); blocks as usize * bl];
+                            next.extend(node.handle(
+                                t,
+                                Input::Disk {
+                                    id,
+                                    result: DiskResult::Done { data: Some(data) },
+                                },
+                            ));
+                        }
+                        Action::Send {
+                            to: Endpoint::Node(n),
+                            msg:
+                                Msg::Repl {
+                                    epoch,
+                                    session,
+                                    lseq,
+                                    op,
+                                    ..
+                                },
+                        } if n == s => {
+                            ops.push(op);
+                            next.extend(node.handle(
+                                t,
+                                Input::Msg {
+                                    from: Endpoint::Node(s),
+                                    msg: Msg::ReplAck {
+                                        vol,
+                                        epoch,
+                                        session,
+                                        lseq,
+                                    },
+                                },
+                            ));
+                        }
+                        Action::Disk { id, .. } => next.extend(node.handle(
+                            t,
+                            Input::Disk {
+                                id,
+                                result: DiskResult::Done { data: None },
+                            },
+                        )),
+                        Action::Send { .. } => {}
+                    }
+                }
+                pending = next;
+            }
+            t += step;
+        }
+        (reads, ops)
+    }
+
+    const MIB: u64 = 1 << 20;
+
+    /// 16 regions of 4 MiB.
+    fn big_volume(rate: u64, inflight: usize) -> Config {
+        Config {
+            block_len: 4096,
+            region_blocks: 1024,
+            volume_blocks: 16 * 1024,
+            resync_rate: rate,
+            resync_inflight: inflight,
+            ..Config::default()
+        }
+    }
+
+    #[test]
+    fn rate_cap_spaces_copies_of_data() {
+        // 1 MiB/s and 4 MiB regions: after the first copy (the bucket starts
+        // full with one region), one copy every 4 s.
+        let (reads, ops) = resync_run(big_volume(MIB, 1), |_| 7, 20_000, 10);
+        let times: Vec<u64> = reads.iter().map(|(t, _)| *t).collect();
+        assert_eq!(times.len(), 5, "{times:?}");
+        for w in times.windows(2) {
+            let gap = w[1] - w[0];
+            assert!((4000..=4010).contains(&gap), "{times:?}");
+        }
+        assert!(ops
+            .iter()
+            .all(|op| !matches!(op, ReplOp::WriteZeroes { .. })));
+
+        // Four in flight: the bucket holds four regions, which go at once;
+        // then the rate is the same.
+        let (reads, _) = resync_run(big_volume(MIB, 4), |_| 7, 20_000, 10);
+        let times: Vec<u64> = reads.iter().map(|(t, _)| *t).collect();
+        assert_eq!(&times[..4], &[times[0]; 4], "{times:?}");
+        assert_eq!(times.len(), 8, "{times:?}");
+        for w in times[3..].windows(2) {
+            assert!((4000..=4010).contains(&(w[1] - w[0])), "{times:?}");
+        }
+
+        // No cap: the whole volume in one step per round trip.
+        let (reads, _) = resync_run(big_volume(0, 4), |_| 7, 1_000, 10);
+        assert_eq!(reads.len(), 16);
+        assert!(reads.iter().all(|(t, _)| *t == reads[0].0), "{reads:?}");
+    }
+
+    #[test]
+    fn regions_of_zeros_go_as_zeroing_at_a_sixteenth_of_the_cost() {
+        // Region 3 holds data, the others read as zeros: 15 WriteZeroes and
+        // one 4 MiB write. At 1 MiB/s a zero region costs 256 KiB, a data
+        // region 4 MiB: once the data region has taken half the bucket,
+        // zero regions go four a second (each still needs a region's worth
+        // in the bucket to start), where data would go one per 4 s.
+        let region3 = 3 * 1024;
+        let (reads, ops) = resync_run(
+            big_volume(MIB, 2),
+            |lba| u8::from(lba == region3),
+            10_000,
+            10,
+        );
+        let times: Vec<u64> = reads.iter().map(|(t, _)| *t).collect();
+        assert_eq!(times.len(), 16, "{reads:?}");
+        assert_eq!(&times[..4], &[times[0]; 4], "{reads:?}");
+        for w in times[4..].windows(2) {
+            assert!((250..=260).contains(&(w[1] - w[0])), "{reads:?}");
+        }
+        assert!(times[15] <= 4_000, "{reads:?}");
+        let zeroes = ops
+            .iter()
+            .filter(|op| {
+                matches!(
+                    op,
+                    ReplOp::WriteZeroes {
+                        blocks: 1024,
+                        fua: false,
+                        ..
+                    }
+                )
+            })
+            .count();
+        let data: Vec<u64> = ops
+            .iter()
+            .filter_map(|op| match op {
+                ReplOp::Write { lba, data, .. } => Some((*lba, data.len() as u64)),
+                _ => None,
+            })
+            .map(|(lba, len)| {
+                assert_eq!(len, 4 * MIB);
+                lba
+            })
+            .collect();
+        assert_eq!((zeroes, data), (15, vec![region3]));
+        assert!(
+            matches!(ops.last(), Some(ReplOp::Flush)),
+            "the resync ends with its flush: {ops:?}"
+        );
+
+        // A volume of zeros only: 16 regions at 256 KiB, 4 MiB in all, fit
+        // in the 8 MiB the bucket starts with.
+        let (reads, _) = resync_run(big_volume(MIB, 2), |_| 0, 10_000, 10);
+        let times: Vec<u64> = reads.iter().map(|(t, _)| *t).collect();
+        assert_eq!(times.len(), 16, "{times:?}");
+        assert!(times[15] <= 1_000, "{times:?}");
+    }
+
+    #[test]
+    fn client_zeros_are_streamed_as_zeroing() {
+        let cfg = Config {
+            block_len: 4,
+            volume_blocks: 16,
+            region_blocks: 4,
+            ..Config::default()
+        };
+        let (p, s) = (NodeId(0), NodeId(1));
+        let rec = Membership::new(VolumeId(1), &[p, s], p, 2);
+        let mut node = Node::new(p, 0, VolumeId(1), cfg, Some(rec), 0);
+        let acts = node.handle(
+            0,
+            Input::Msg {
+                from: Endpoint::Client,
+                msg: Msg::ClientReq {
+                    id: 1,
+                    req: ClientReq::Write {
+                        lba: 2,
+                        data: vec![0; 12],
+                        fua: true,
+                    },
+                },
+            },
+        );
+        let zeroing = ReplOp::WriteZeroes {
+            lba: 2,
+            blocks: 3,
+            fua: true,
+        };
+        assert!(acts.iter().any(|a| matches!(
+            a,
+            Action::Disk {
+                op: DiskOp::WriteZeroes {
+                    lba: 2,
+                    blocks: 3,
+                    fua: true
+                },
+                ..
+            }
+        )));
+        assert!(sends(&acts).iter().any(|(to, m)| *to == Endpoint::Node(s)
+            && matches!(m, Msg::Repl { op, .. } if *op == zeroing)));
     }
 }

@@ -16,6 +16,13 @@
 //!   written in the stream but not yet covered by a flush the secondary
 //!   acknowledged, is in that secondary's dirty set until a resync copy of
 //!   it, read with no overlapping write in flight, has been acknowledged;
+//! - per link at most `Config::resync_inflight` region copies are in flight
+//!   (read or unacknowledged), never two of one region, and a region is read
+//!   only while no client write to it is in flight locally; copies are
+//!   admitted by a token bucket refilled at `Config::resync_rate` on the
+//!   state machine's clock (so a simulation replays exactly);
+//! - data that is all zero (a client's, or a region read for a copy) is
+//!   streamed as `WriteZeroes`, never as bytes;
 //! - a secondary is proposed InSync only after its dirty set is empty, a
 //!   flush after the last copy was acknowledged, and every operation already
 //!   acknowledged to the client that was streamed to it was acknowledged by it;
@@ -82,9 +89,95 @@ struct Link {
     inflight: BTreeMap<u64, (u64, Pend)>,
     unflushed: BTreeMap<u64, Vec<usize>>,
     dirty: BTreeSet<usize>,
-    copying: Option<usize>,
+    /// Regions whose resync read is in flight (a subset of `dirty`).
+    copying: BTreeSet<usize>,
+    /// Regions whose copy was sent and is not yet acknowledged (a subset of
+    /// `dirty`).
     chunks: BTreeSet<usize>,
     last_attempt: u64,
+}
+
+impl Link {
+    fn new(mode: Mode, boot: u64, dirty: BTreeSet<usize>, now: u64) -> Self {
+        Link {
+            mode,
+            boot,
+            session: 0,
+            next_lseq: 1,
+            inflight: BTreeMap::new(),
+            unflushed: BTreeMap::new(),
+            dirty,
+            copying: BTreeSet::new(),
+            chunks: BTreeSet::new(),
+            last_attempt: now,
+        }
+    }
+
+    /// Region copies in flight: being read, or sent and not acknowledged.
+    fn copies_in_flight(&self) -> usize {
+        self.copying.len() + self.chunks.len()
+    }
+}
+
+/// The resync rate limit: a token bucket in milli-bytes (bytes × 1000, so
+/// that `rate × elapsed ms` adds whole units and the arithmetic stays exact
+/// and deterministic on the state machine's clock).
+struct Bucket {
+    /// Bytes per second; 0: unlimited.
+    rate: u64,
+    /// The most the bucket holds, in milli-bytes.
+    cap: i128,
+    /// Milli-bytes available (negative never: a copy is admitted only when
+    /// its whole region's worth is there).
+    tokens: i128,
+    /// When `tokens` was last refilled (ms).
+    at: u64,
+}
+
+impl Bucket {
+    fn new(cfg: &Config, now: u64) -> Self {
+        let region = i128::from(cfg.region_blocks.max(1)) * i128::from(cfg.block_len.max(1));
+        let cap = region * cfg.resync_inflight.max(1) as i128 * 1000;
+        Bucket {
+            rate: cfg.resync_rate,
+            cap,
+            tokens: cap,
+            at: now,
+        }
+    }
+
+    fn refill(&mut self, now: u64) {
+        let elapsed = now.saturating_sub(self.at);
+        self.at = self.at.max(now);
+        self.tokens = (self.tokens + i128::from(self.rate) * i128::from(elapsed)).min(self.cap);
+    }
+
+    /// Takes `bytes` if the bucket holds them.
+    fn take(&mut self, bytes: u64) -> bool {
+        if self.rate == 0 {
+            return true;
+        }
+        let want = i128::from(bytes) * 1000;
+        if self.tokens < want {
+            return false;
+        }
+        self.tokens -= want;
+        true
+    }
+
+    /// Gives back the part of a reservation a copy did not use.
+    fn refund(&mut self, bytes: u64) {
+        if self.rate != 0 {
+            self.tokens = (self.tokens + i128::from(bytes) * 1000).min(self.cap);
+        }
+    }
+}
+
+/// Whether `data` is all zero bytes. OR-folds fixed-size chunks (which
+/// vectorizes) and stops at the first chunk that is not zero.
+fn is_zero(data: &[u8]) -> bool {
+    data.chunks(4096)
+        .all(|c| c.iter().fold(0u8, |acc, b| acc | b) == 0)
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -133,6 +226,11 @@ pub(crate) struct Primary {
     /// position in the stream (or ignore the Start) and acknowledge old
     /// entries as new ones. Session 0 is the fresh volume's.
     next_session: u64,
+    /// Admits resync copies at `Config::resync_rate`, over all links.
+    bucket: Bucket,
+    /// The link that was last admitted a copy: the next round starts after
+    /// it, so links share the rate fairly.
+    last_copy: Option<NodeId>,
 }
 
 impl Primary {
@@ -152,23 +250,12 @@ impl Primary {
                     ReplicaState::OutOfSync => Mode::OutOfSync,
                     ReplicaState::Faulty => Mode::Faulty,
                 };
-                let link = Link {
-                    mode,
-                    boot: info.boot,
-                    session: 0,
-                    next_lseq: 1,
-                    inflight: BTreeMap::new(),
-                    unflushed: BTreeMap::new(),
-                    dirty: if mode == Mode::InSync {
-                        BTreeSet::new()
-                    } else {
-                        all.clone()
-                    },
-                    copying: None,
-                    chunks: BTreeSet::new(),
-                    last_attempt: now,
+                let dirty = if mode == Mode::InSync {
+                    BTreeSet::new()
+                } else {
+                    all.clone()
                 };
-                (*n, link)
+                (*n, Link::new(mode, info.boot, dirty, now))
             })
             .collect();
         Primary {
@@ -183,6 +270,8 @@ impl Primary {
             region_gen: vec![0; regions],
             region_inflight: vec![0; regions],
             next_session: 1,
+            bucket: Bucket::new(&cfg, now),
+            last_copy: None,
             cfg,
         }
     }
@@ -196,6 +285,14 @@ impl Primary {
             .filter(|(_, l)| !l.mode.counts())
             .map(|(n, l)| (*n, (l.dirty.len(), total)))
             .collect()
+    }
+
+    pub(crate) fn max_copies_in_flight(&self) -> usize {
+        self.links
+            .values()
+            .map(Link::copies_in_flight)
+            .max()
+            .unwrap_or(0)
     }
 
     /// One line per link, for traces.
@@ -265,17 +362,24 @@ impl Primary {
                     self.region_gen[*r] += 1;
                     self.region_inflight[*r] += 1;
                 }
-                let repl = ReplOp::Write {
-                    lba,
-                    data: data.clone(),
-                    fua,
+                // Zeros (TRIM, WRITE_ZEROES) go as a zeroing: no bytes on
+                // the wire, and stores may free the blocks.
+                let (repl, disk) = if is_zero(&data) {
+                    (
+                        ReplOp::WriteZeroes { lba, blocks, fua },
+                        DiskOp::WriteZeroes { lba, blocks, fua },
+                    )
+                } else {
+                    (
+                        ReplOp::Write {
+                            lba,
+                            data: data.clone(),
+                            fua,
+                        },
+                        DiskOp::Write { lba, data, fua },
+                    )
                 };
-                (
-                    Kind::Write,
-                    regions,
-                    Some(repl),
-                    DiskOp::Write { lba, data, fua },
-                )
+                (Kind::Write, regions, Some(repl), disk)
             }
             ClientReq::Flush => (Kind::Flush, Vec::new(), Some(ReplOp::Flush), DiskOp::Flush),
             ClientReq::Read { lba, blocks } => {
@@ -351,14 +455,27 @@ impl Primary {
                 gen,
             } => {
                 let fresh = self.region_gen.get(region) == Some(&gen);
+                let blocks = self.cfg.region_len(region);
+                let reserved = blocks * self.cfg.block_len;
+                // The copy was charged its whole region when admitted; a
+                // region of zeros costs less (see `Config::zero_copy_cost`),
+                // used or not (a discarded read was still made).
+                let zero = data.as_deref().is_some_and(is_zero);
+                if zero {
+                    let cost = self.cfg.zero_copy_cost(reserved);
+                    self.bucket.refund(reserved - cost);
+                }
                 let vseq = self.next_vseq;
                 let Some(l) = self.links.get_mut(&peer) else {
                     return;
                 };
-                if l.session != session || l.mode != Mode::Resyncing || l.copying != Some(region) {
+                if l.session != session || l.mode != Mode::Resyncing || !l.copying.remove(&region) {
                     return;
                 }
-                l.copying = None;
+                // A write to the region was issued since the read: the data
+                // may predate it on this disk while the write is already
+                // ahead of the copy in the stream. Drop it; the region stays
+                // dirty and is read again.
                 let Some(data) = data.filter(|_| fresh) else {
                     return;
                 };
@@ -369,16 +486,20 @@ impl Primary {
                 l.unflushed.insert(lseq, vec![region]);
                 l.chunks.insert(region);
                 let lba = region as u64 * self.cfg.region_blocks;
-                let msg = self.repl(
-                    session,
-                    lseq,
-                    vseq,
+                let op = if zero {
+                    ReplOp::WriteZeroes {
+                        lba,
+                        blocks,
+                        fua: false,
+                    }
+                } else {
                     ReplOp::Write {
                         lba,
                         data,
                         fua: false,
-                    },
-                );
+                    }
+                };
+                let msg = self.repl(session, lseq, vseq, op);
                 out.sends.push((Endpoint::Node(peer), msg));
             }
         }
@@ -433,9 +554,7 @@ impl Primary {
         let unflushed = std::mem::take(&mut l.unflushed);
         l.dirty.extend(unflushed.into_values().flatten());
         l.dirty.extend(std::mem::take(&mut l.chunks));
-        if let Some(r) = l.copying.take() {
-            l.dirty.insert(r);
-        }
+        l.dirty.extend(std::mem::take(&mut l.copying));
         l.inflight.clear();
         l.mode = match l.mode {
             Mode::InSync | Mode::Joining | Mode::Leaving => Mode::Leaving,
@@ -468,25 +587,13 @@ impl Primary {
             if *n == self.me || self.links.contains_key(n) {
                 continue;
             }
-            self.links.insert(
-                *n,
-                Link {
-                    mode: if info.state == ReplicaState::Faulty {
-                        Mode::Faulty
-                    } else {
-                        Mode::OutOfSync
-                    },
-                    boot: info.boot,
-                    session: 0,
-                    next_lseq: 1,
-                    inflight: BTreeMap::new(),
-                    unflushed: BTreeMap::new(),
-                    dirty: (0..regions).collect(),
-                    copying: None,
-                    chunks: BTreeSet::new(),
-                    last_attempt: 0,
-                },
-            );
+            let mode = if info.state == ReplicaState::Faulty {
+                Mode::Faulty
+            } else {
+                Mode::OutOfSync
+            };
+            self.links
+                .insert(*n, Link::new(mode, info.boot, (0..regions).collect(), 0));
         }
         let peers: Vec<NodeId> = self.links.keys().copied().collect();
         for n in peers {
@@ -595,25 +702,49 @@ impl Primary {
         self.try_acks(now, lease_until, out);
     }
 
+    /// Starts region copies (up to `resync_inflight` per link, as the rate
+    /// bucket admits them, one link after the other so links share the
+    /// rate) and the final flush of links with nothing left to copy.
     fn resync_step(&mut self, now: u64, out: &mut Out) {
-        let rb = self.cfg.region_blocks;
-        let vb = self.cfg.volume_blocks;
-        for (n, l) in self.links.iter_mut() {
-            if l.mode != Mode::Resyncing || l.copying.is_some() {
-                continue;
-            }
-            let next = l
-                .dirty
-                .iter()
-                .copied()
-                .find(|r| !l.chunks.contains(r) && self.region_inflight[*r] == 0);
-            if let Some(r) = next {
-                l.copying = Some(r);
-                let lba = r as u64 * rb;
+        self.bucket.refill(now);
+        let limit = self.cfg.resync_inflight.max(1);
+        // Links in round-robin order, starting after the last one admitted.
+        let mut order: Vec<NodeId> = self.links.keys().copied().collect();
+        if let Some(last) = self.last_copy {
+            let at = order.partition_point(|n| *n <= last);
+            order.rotate_left(at);
+        }
+        'rounds: loop {
+            let mut started = false;
+            for n in &order {
+                let Some(l) = self.links.get_mut(n) else {
+                    continue;
+                };
+                if l.mode != Mode::Resyncing || l.copies_in_flight() >= limit {
+                    continue;
+                }
+                // A region is copied only while no client write to it is in
+                // flight here (the read must see every write streamed before
+                // the copy) and while no earlier copy of it is unfinished.
+                let region_inflight = &self.region_inflight;
+                let next = l.dirty.iter().copied().find(|r| {
+                    !l.chunks.contains(r) && !l.copying.contains(r) && region_inflight[*r] == 0
+                });
+                let Some(r) = next else {
+                    continue;
+                };
+                let blocks = self.cfg.region_len(r);
+                if !self.bucket.take(blocks * self.cfg.block_len) {
+                    // Out of tokens: no link gets another copy now.
+                    break 'rounds;
+                }
+                l.copying.insert(r);
+                self.last_copy = Some(*n);
+                started = true;
                 out.disk.push((
                     DiskOp::Read {
-                        lba,
-                        blocks: rb.min(vb - lba),
+                        lba: r as u64 * self.cfg.region_blocks,
+                        blocks,
                     },
                     PrimTag::ResyncRead {
                         peer: *n,
@@ -622,7 +753,13 @@ impl Primary {
                         gen: self.region_gen[r],
                     },
                 ));
-            } else if l.dirty.is_empty() {
+            }
+            if !started {
+                break;
+            }
+        }
+        for (n, l) in self.links.iter_mut() {
+            if l.mode == Mode::Resyncing && l.dirty.is_empty() {
                 let lseq = l.next_lseq;
                 l.next_lseq += 1;
                 l.inflight.insert(lseq, (now, Pend::FinalFlush));

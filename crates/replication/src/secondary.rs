@@ -10,9 +10,9 @@
 //!   drop the old stream;
 //! - within an epoch only the newest session (stream) is applied, entries in
 //!   `lseq` order with no gaps;
-//! - a write is acknowledged after its disk write completed (a FUA write after
-//!   it completed durably), a flush after the disk flush that follows every
-//!   earlier write of the stream.
+//! - a write (or zeroing) is acknowledged after its disk write completed (a
+//!   FUA write after it completed durably), a flush after the disk flush that
+//!   follows every earlier write of the stream.
 
 use crate::msg::{DiskOp, Endpoint, Msg, ReplOp};
 use crate::types::{Epoch, NodeId, VolumeId};
@@ -111,6 +111,9 @@ impl Secondary {
                     disk.push((DiskOp::Write { lba, data, fua }, tag))
                 }
                 ReplOp::Flush => disk.push((DiskOp::Flush, tag)),
+                ReplOp::WriteZeroes { lba, blocks, fua } => {
+                    disk.push((DiskOp::WriteZeroes { lba, blocks, fua }, tag))
+                }
             }
         }
     }

@@ -18,8 +18,14 @@
 //! - after faults heal, every replica in the record is InSync and its disk
 //!   equals the primary's.
 //!
+//! - a primary ships no more resync copy bytes by time `t` than its rate
+//!   bucket allows: `burst + resync_rate × (t − when it became primary)`.
+//!
 //! Membership changes (replace, grow, shrink, `min_in_sync`) are injected
-//! with the faults, using 1–2 spare nodes outside the initial record.
+//! with the faults, using 1–2 spare nodes outside the initial record. Each
+//! seed also draws the resync settings (copies in flight per replica, rate
+//! cap or none), and the client sometimes writes zeros (a TRIM), so copies
+//! and writes travel as `WriteZeroes` as well as data.
 
 use basalt_replication::{
     Action, ClientReply, ClientReq, Config, Coordinator, DiskOp, DiskResult, Endpoint, Input, IoId,
@@ -55,6 +61,8 @@ impl Rng {
 const BL: usize = 8; // bytes per simulated block: one u64 token
 const VOL: VolumeId = VolumeId(1);
 const BLOCKS: u64 = 64;
+const REGION_BLOCKS: u64 = 8;
+const REGION_BYTES: u64 = REGION_BLOCKS * BL as u64;
 
 fn enc(tokens: &[u64]) -> Vec<u8> {
     tokens.iter().flat_map(|t| t.to_le_bytes()).collect()
@@ -91,20 +99,27 @@ impl Disk {
             err_per_mille: 0,
         }
     }
+    fn write(&mut self, lba: u64, tokens: Vec<u64>, fua: bool) {
+        for (i, t) in tokens.into_iter().enumerate() {
+            let b = lba as usize + i;
+            self.current[b] = t;
+            if fua {
+                self.durable[b] = t;
+                self.cache[b].clear();
+            } else {
+                self.cache[b].push((self.done_seq, t));
+            }
+        }
+    }
     fn complete(&mut self, id: IoId, op: &DiskOp) -> Option<Vec<u8>> {
         self.done_seq += 1;
         match op {
             DiskOp::Write { lba, data, fua } => {
-                for (i, t) in dec(data).into_iter().enumerate() {
-                    let b = *lba as usize + i;
-                    self.current[b] = t;
-                    if *fua {
-                        self.durable[b] = t;
-                        self.cache[b].clear();
-                    } else {
-                        self.cache[b].push((self.done_seq, t));
-                    }
-                }
+                self.write(*lba, dec(data), *fua);
+                None
+            }
+            DiskOp::WriteZeroes { lba, blocks, fua } => {
+                self.write(*lba, vec![0; *blocks as usize], *fua);
                 None
             }
             DiskOp::Read { lba, blocks } => {
@@ -190,7 +205,8 @@ struct Req {
 
 #[derive(Default)]
 struct Model {
-    /// Per block, tokens of the writes issued, in order.
+    /// Per block, tokens of the writes issued, in order (0: a write of
+    /// zeros).
     writes: Vec<Vec<u64>>,
     /// token → (block, index).
     token: Vec<(usize, usize)>,
@@ -215,6 +231,10 @@ pub struct Params {
     pub fault_ms: u64,
     pub heal_ms: u64,
     pub broken: bool,
+    /// Region copies in flight per replica being resynced.
+    pub resync_inflight: usize,
+    /// Resync rate cap in bytes per simulated second (0: none).
+    pub resync_rate: u64,
 }
 
 impl Params {
@@ -224,6 +244,15 @@ impl Params {
         let min_in_sync = 1 + r.below(nodes.min(2) as u64) as usize;
         // Drawn after the others so that a seed keeps its topology.
         let spares = 1 + r.below(2) as usize;
+        let resync_inflight = 1 + r.below(4) as usize;
+        // No cap on 40 % of seeds; else a region of data (64 bytes) every
+        // 2–25 ms, slow enough that the bucket runs dry during resyncs and
+        // fast enough that every replica converges within the heal phase.
+        let resync_rate = if r.chance(400) {
+            0
+        } else {
+            REGION_BYTES * 1000 / (2 + r.below(24))
+        };
         Params {
             nodes,
             spares,
@@ -231,6 +260,8 @@ impl Params {
             fault_ms: 2_000,
             heal_ms: 3_000,
             broken: false,
+            resync_inflight,
+            resync_rate,
         }
     }
 }
@@ -262,6 +293,13 @@ pub struct Sim {
     membership_changes: u64,
     steps: u64,
     trace: bool,
+    /// Per node: the primary role it holds (epoch, incarnation), since when,
+    /// and the resync copy bytes it shipped since.
+    copy_bytes: Vec<Option<(u64, u64, u64, u64)>>,
+    /// Coverage: `WriteZeroes` streamed, most copies in flight to one
+    /// replica, copies refused by the rate bucket seen as a pause.
+    zero_ops: u64,
+    max_copies: usize,
 }
 
 fn pair(a: Endpoint, b: Endpoint) -> (Endpoint, Endpoint) {
@@ -277,8 +315,10 @@ impl Sim {
         let cfg = Config {
             block_len: BL as u64,
             volume_blocks: BLOCKS,
-            region_blocks: 8,
+            region_blocks: REGION_BLOCKS,
             ack_before_secondaries: p.broken,
+            resync_inflight: p.resync_inflight,
+            resync_rate: p.resync_rate,
             ..Config::default()
         };
         let ids: Vec<NodeId> = (0..p.nodes as u32).map(NodeId).collect();
@@ -330,8 +370,14 @@ impl Sim {
             membership_changes: 0,
             steps: 0,
             trace: std::env::var_os("BASALT_SIM_TRACE").is_some(),
+            copy_bytes: vec![None; all.len()],
+            zero_ops: 0,
+            max_copies: 0,
         };
         for i in 0..sim.procs.len() {
+            if let Some(RoleKind::Primary(e)) = sim.procs[i].node.as_ref().map(Node::role) {
+                sim.copy_bytes[i] = Some((e.0, 0, 0, 0));
+            }
             sim.at(1, Ev::NodeTick { node: i, inc: 0 });
         }
         sim.at(1, Ev::CoordTick);
@@ -351,16 +397,20 @@ impl Sim {
     }
 
     fn send(&mut self, from: Endpoint, to: Endpoint, msg: Msg) {
-        if let (
-            Endpoint::Node(n),
-            Msg::Repl {
-                epoch,
-                op: ReplOp::Write { .. },
-                ..
-            },
-        ) = (from, &msg)
-        {
-            self.repl_senders.entry(epoch.0).or_default().insert(n);
+        if let (Endpoint::Node(n), Msg::Repl { epoch, op, .. }) = (from, &msg) {
+            if matches!(op, ReplOp::Write { .. } | ReplOp::WriteZeroes { .. }) {
+                self.repl_senders.entry(epoch.0).or_default().insert(n);
+            }
+            if matches!(op, ReplOp::WriteZeroes { .. }) {
+                self.zero_ops += 1;
+            }
+            // Client writes are 1–4 blocks: a whole region of data is a
+            // resync copy.
+            if let ReplOp::Write { data, .. } = op {
+                if data.len() as u64 == REGION_BYTES {
+                    self.copy_shipped(n.0 as usize);
+                }
+            }
         }
         // A primary that has applied a record of its epoch without `to`
         // (the replica was removed) must no longer stream to it: the removed
@@ -433,7 +483,40 @@ impl Sim {
             Some(n) => n.handle(now, input),
             None => return,
         };
+        if let Some(n) = &self.procs[i].node {
+            self.max_copies = self.max_copies.max(n.max_copies_in_flight());
+            // A new Primary starts with a full bucket at this instant.
+            let inc = self.procs[i].inc;
+            self.copy_bytes[i] = match n.role() {
+                RoleKind::Primary(e) => match self.copy_bytes[i] {
+                    Some(c) if c.0 == e.0 && c.1 == inc => Some(c),
+                    _ => Some((e.0, inc, now, 0)),
+                },
+                _ => None,
+            };
+        }
         self.run_actions(i, acts);
+    }
+
+    /// Counts a resync copy of data sent by node `i` against the rate its
+    /// bucket allows since it became primary.
+    fn copy_shipped(&mut self, i: usize) {
+        let rate = self.cfg.resync_rate;
+        let burst = REGION_BYTES * self.cfg.resync_inflight as u64;
+        let Some((e, inc, since, bytes)) = self.copy_bytes[i] else {
+            return;
+        };
+        let bytes = bytes + REGION_BYTES;
+        self.copy_bytes[i] = Some((e, inc, since, bytes));
+        let allowed = u128::from(burst) * 1000 + u128::from(rate) * u128::from(self.now - since);
+        if rate > 0 && u128::from(bytes) * 1000 > allowed {
+            self.violation.get_or_insert_with(|| {
+                format!(
+                    "n{i} shipped {bytes} bytes of resync copies in {} ms as primary of epoch {e}, over the {rate} B/s cap (burst {burst})",
+                    self.now - since
+                )
+            });
+        }
     }
 
     fn broadcast(&mut self, rec: &Membership) {
@@ -520,11 +603,18 @@ impl Sim {
                 return;
             }
             let fua = self.rng.chance(200);
+            // One write in ten is zeros (a TRIM): token 0 on every block.
+            let zeros = self.rng.chance(100);
             let mut blocks = Vec::new();
             let mut tokens = Vec::new();
             for b in range {
-                let t = self.m.token.len() as u64;
-                self.m.token.push((b, self.m.writes[b].len()));
+                let t = if zeros {
+                    0
+                } else {
+                    let t = self.m.token.len() as u64;
+                    self.m.token.push((b, self.m.writes[b].len()));
+                    t
+                };
                 blocks.push((b, self.m.writes[b].len()));
                 self.m.writes[b].push(t);
                 self.m.locked[b] = Some(epoch);
@@ -665,10 +755,14 @@ impl Sim {
         what: &str,
     ) -> Result<(), String> {
         if t == 0 {
+            // Zeros: the initial contents, or a write of zeros no older
+            // than the durable write.
             if let Some(d) = floor {
-                return Err(self.fail(format!(
-                    "{what}: block {b} reads zeros, but write #{d} of it was durable"
-                )));
+                if !self.m.writes[b].iter().skip(d).any(|w| *w == 0) {
+                    return Err(self.fail(format!(
+                        "{what}: block {b} reads zeros, but write #{d} of it was durable"
+                    )));
+                }
             }
             return Ok(());
         }
@@ -1011,6 +1105,8 @@ impl Sim {
             durable_acks: self.m.durable_acks,
             epoch: self.rec().epoch.0,
             membership_changes: self.membership_changes,
+            zero_ops: self.zero_ops,
+            max_copies: self.max_copies,
         })
     }
 
@@ -1055,6 +1151,8 @@ pub struct Summary {
     pub durable_acks: u64,
     pub epoch: u64,
     pub membership_changes: u64,
+    pub zero_ops: u64,
+    pub max_copies: usize,
 }
 
 fn run_seed(seed: u64, broken: bool) -> Result<Summary, String> {
@@ -1075,6 +1173,7 @@ fn seeds() {
         .unwrap_or(0);
     let start = std::time::Instant::now();
     let (mut steps, mut acks, mut durable, mut failovers, mut changes) = (0, 0, 0, 0, 0);
+    let (mut zero_ops, mut multi, mut capped) = (0, 0, 0);
     for seed in base..base + n {
         match run_seed(seed, false) {
             Ok(s) => {
@@ -1083,17 +1182,24 @@ fn seeds() {
                 durable += s.durable_acks;
                 failovers += s.epoch - 1;
                 changes += s.membership_changes;
+                zero_ops += s.zero_ops;
+                multi += u64::from(s.max_copies > 1);
+                capped += u64::from(Params::for_seed(seed).resync_rate > 0);
             }
             Err(e) => panic!("{e}"),
         }
     }
     eprintln!(
-        "{n} seeds from {base}: {steps} steps, {acks} acks ({durable} durable), {failovers} failovers, {changes} membership changes, {:?}",
+        "{n} seeds from {base}: {steps} steps, {acks} acks ({durable} durable), {failovers} failovers, {changes} membership changes, {zero_ops} WriteZeroes, {multi} seeds with >1 copy in flight, {capped} with a rate cap, {:?}",
         start.elapsed()
     );
     assert!(
         durable > 0 && failovers > 0 && changes > 0,
         "the workload must exercise durability, failover and membership changes"
+    );
+    assert!(
+        n < 100 || (zero_ops > 0 && multi > 0 && capped > 0),
+        "the workload must exercise zeroing, several copies in flight and the rate cap"
     );
 }
 

@@ -84,6 +84,10 @@ pub struct StoreStatus {
     pub overcommit_ratio: f64,
     pub volume_count: usize,
     pub extent_size: u64,
+    /// In a cluster: volumes with fewer replicas in sync than wanted.
+    pub volumes_degraded: Option<usize>,
+    /// In a cluster: volumes with a replica being copied to.
+    pub volumes_resyncing: Option<usize>,
 }
 
 /// What [`VolumeService::reconcile`] changed in the store.
@@ -165,6 +169,37 @@ pub struct ReplicaStatus {
     /// While the replica is resynced: how much is copied (known on the
     /// primary's node only).
     pub resync_percent: Option<u8>,
+    /// While the replica is resynced: bytes of the regions still to copy
+    /// (an upper bound: regions that read as zeros are copied without
+    /// their bytes). Known on the primary's node only.
+    pub resync_remaining_bytes: Option<u64>,
+}
+
+/// How a clustered volume's replicas stand against its wanted count.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct ReplicationHealth {
+    pub wanted: u32,
+    pub in_sync: usize,
+    /// Fewer replicas in sync than wanted (missing, out of sync or faulty).
+    pub degraded: bool,
+    /// A replica is out of sync: the primary is copying to it (a resync
+    /// after an outage, or a rebuild or move to another node).
+    pub resyncing: bool,
+}
+
+impl ReplicationHealth {
+    /// For a clustered volume (`wanted` is its replica count); `None` for
+    /// a single-node volume.
+    pub(crate) fn of(wanted: Option<u32>, replicas: &[ReplicaStatus]) -> Option<Self> {
+        let wanted = wanted?;
+        let in_sync = replicas.iter().filter(|r| r.state == "in-sync").count();
+        Some(ReplicationHealth {
+            wanted,
+            in_sync,
+            degraded: in_sync < wanted as usize,
+            resyncing: replicas.iter().any(|r| r.state == "out-of-sync"),
+        })
+    }
 }
 
 /// The volume control plane of a node; see the module docs.
@@ -668,10 +703,26 @@ impl VolumeService {
         Ok((crc, size))
     }
 
-    /// Capacity, provisioning and allocation of the node's store.
+    /// Capacity, provisioning and allocation of the node's store; in a
+    /// cluster also how many volumes are degraded or resyncing.
     pub fn status(&self) -> Result<StoreStatus, VolumeError> {
         let records = self.catalog.list().map_err(catalog_error)?;
         let usage = self.store.usage();
+        let (degraded, resyncing) = match &self.cluster {
+            None => (None, None),
+            Some(cluster) => {
+                let health: Vec<ReplicationHealth> = records
+                    .iter()
+                    .filter_map(|v| {
+                        ReplicationHealth::of(v.record.replicas, &cluster.replicas(&v.record))
+                    })
+                    .collect();
+                (
+                    Some(health.iter().filter(|h| h.degraded).count()),
+                    Some(health.iter().filter(|h| h.resyncing).count()),
+                )
+            }
+        };
         Ok(StoreStatus {
             capacity_bytes: usage.capacity_bytes,
             provisioned_bytes: Self::provisioned(&records),
@@ -679,6 +730,8 @@ impl VolumeService {
             overcommit_ratio: self.overcommit_ratio,
             volume_count: records.len(),
             extent_size: usage.extent_size,
+            volumes_degraded: degraded,
+            volumes_resyncing: resyncing,
         })
     }
 
@@ -810,6 +863,10 @@ impl VolumeService {
             }
         }
 
+        if self.cluster.is_some() {
+            render_replication(&mut out, &infos);
+        }
+
         VolumeStats::render_prometheus_header(&mut out);
         for Versioned { record, .. } in &records {
             self.stats_for(record.id).render_prometheus(
@@ -819,6 +876,77 @@ impl VolumeService {
             );
         }
         Ok(out)
+    }
+}
+
+/// The replication gauges of a clustered node: per volume the replicas
+/// wanted and in sync, per replica being copied the bytes left (from the
+/// primary's node, the only one that knows), and the node-wide counts of
+/// degraded and resyncing volumes (as `basalt status` shows them).
+fn render_replication(out: &mut String, infos: &[VolumeInfo]) {
+    let health: Vec<(&VolumeInfo, ReplicationHealth)> = infos
+        .iter()
+        .filter_map(|v| ReplicationHealth::of(v.replicas_wanted, &v.replicas).map(|h| (v, h)))
+        .collect();
+    let totals: [(&str, &str, usize); 2] = [
+        (
+            "basalt_volumes_degraded",
+            "Replicated volumes with fewer replicas in sync than wanted.",
+            health.iter().filter(|(_, h)| h.degraded).count(),
+        ),
+        (
+            "basalt_volumes_resyncing",
+            "Replicated volumes with a replica being resynced or rebuilt.",
+            health.iter().filter(|(_, h)| h.resyncing).count(),
+        ),
+    ];
+    for (metric, help, value) in totals {
+        let _ = writeln!(
+            out,
+            "# HELP {metric} {help}\n# TYPE {metric} gauge\n{metric} {value}"
+        );
+    }
+    type Gauge = (&'static str, &'static str, fn(&ReplicationHealth) -> usize);
+    let per_volume: [Gauge; 2] = [
+        (
+            "basalt_volume_replicas_wanted",
+            "Replicas the volume should have.",
+            |h| h.wanted as usize,
+        ),
+        (
+            "basalt_volume_replicas_in_sync",
+            "Replicas holding every acknowledged write.",
+            |h| h.in_sync,
+        ),
+    ];
+    for (metric, help, value) in per_volume {
+        let _ = writeln!(out, "# HELP {metric} {help}\n# TYPE {metric} gauge");
+        for (info, h) in &health {
+            let _ = writeln!(
+                out,
+                "{metric}{{volume=\"{}\",id=\"{}\"}} {}",
+                info.name,
+                info.id,
+                value(h)
+            );
+        }
+    }
+    let metric = "basalt_volume_resync_remaining_bytes";
+    let _ = writeln!(
+        out,
+        "# HELP {metric} Bytes of regions still to copy to a replica being resynced or rebuilt (reported by the primary's node).\n# TYPE {metric} gauge"
+    );
+    for (info, _) in &health {
+        for r in &info.replicas {
+            if let Some(left) = r.resync_remaining_bytes {
+                // Node names are validated like volume names: no escaping.
+                let _ = writeln!(
+                    out,
+                    "{metric}{{volume=\"{}\",id=\"{}\",replica=\"{}\"}} {left}",
+                    info.name, info.id, r.node
+                );
+            }
+        }
     }
 }
 
@@ -1216,6 +1344,113 @@ mod tests {
             let value = line.rsplit(' ').next().unwrap();
             assert!(value.parse::<f64>().is_ok(), "bad sample line {line:?}");
         }
+    }
+
+    /// A cluster whose every volume has the replicas `replicas` returns.
+    struct FakeCluster {
+        replicas: fn(&str) -> Vec<ReplicaStatus>,
+    }
+
+    impl ClusterVolumes for FakeCluster {
+        fn open(&self, _: &VolumeRecord) -> Result<Arc<dyn BlockIo>, VolumeError> {
+            Err(VolumeError::NotSupported("fake".into()))
+        }
+        fn default_replicas(&self) -> u32 {
+            3
+        }
+        fn replicas(&self, record: &VolumeRecord) -> Vec<ReplicaStatus> {
+            (self.replicas)(&record.name)
+        }
+        fn is_local_primary(&self, _: uuid::Uuid) -> Option<bool> {
+            None
+        }
+        fn nodes(&self) -> Result<Vec<NodeView>, VolumeError> {
+            Ok(Vec::new())
+        }
+        fn set_node_state(&self, _: &str, _: &str) -> Result<(), VolumeError> {
+            Ok(())
+        }
+    }
+
+    fn replica(node: &str, state: &str, left: Option<u64>) -> ReplicaStatus {
+        ReplicaStatus {
+            node: node.into(),
+            primary: node == "n0",
+            state: state.into(),
+            epoch: 1,
+            resync_percent: left.map(|_| 50),
+            resync_remaining_bytes: left,
+        }
+    }
+
+    #[test]
+    fn replication_gauges_and_status_counts() {
+        let n = small_node();
+        let service = VolumeService::new(n.catalog.clone(), n.store.clone(), 2.0)
+            .unwrap()
+            .with_cluster(Arc::new(FakeCluster {
+                replicas: |name| match name {
+                    // One replica rebuilt on n2, 3 MiB to go.
+                    "rebuilding" => vec![
+                        replica("n0", "in-sync", None),
+                        replica("n1", "in-sync", None),
+                        replica("n2", "out-of-sync", Some(3 * MIB)),
+                    ],
+                    // Created while a node was down: two of three placed.
+                    "short" => vec![
+                        replica("n0", "in-sync", None),
+                        replica("n1", "in-sync", None),
+                    ],
+                    _ => vec![
+                        replica("n0", "in-sync", None),
+                        replica("n1", "in-sync", None),
+                        replica("n2", "in-sync", None),
+                    ],
+                },
+            }));
+        for name in ["rebuilding", "short", "fine"] {
+            service.create_replicated(name, 4 * MIB, Some(3)).unwrap();
+        }
+        let status = service.status().unwrap();
+        assert_eq!(
+            (status.volumes_degraded, status.volumes_resyncing),
+            (Some(2), Some(1))
+        );
+        assert_eq!(n.service.status().unwrap().volumes_degraded, None);
+
+        let text = service.render_metrics().unwrap();
+        let id = |name: &str| service.get(name).unwrap().id;
+        for needle in [
+            "# TYPE basalt_volumes_degraded gauge\nbasalt_volumes_degraded 2\n".to_string(),
+            "basalt_volumes_resyncing 1\n".to_string(),
+            "# TYPE basalt_volume_replicas_wanted gauge".to_string(),
+            format!(
+                "basalt_volume_replicas_wanted{{volume=\"short\",id=\"{}\"}} 3\n",
+                id("short")
+            ),
+            format!(
+                "basalt_volume_replicas_in_sync{{volume=\"short\",id=\"{}\"}} 2\n",
+                id("short")
+            ),
+            format!(
+                "basalt_volume_replicas_in_sync{{volume=\"fine\",id=\"{}\"}} 3\n",
+                id("fine")
+            ),
+            "# TYPE basalt_volume_resync_remaining_bytes gauge".to_string(),
+            format!(
+                "basalt_volume_resync_remaining_bytes{{volume=\"rebuilding\",id=\"{}\",replica=\"n2\"}} 3145728\n",
+                id("rebuilding")
+            ),
+        ] {
+            assert!(text.contains(&needle), "missing {needle:?} in:\n{text}");
+        }
+        assert_eq!(
+            text.matches("basalt_volume_resync_remaining_bytes{")
+                .count(),
+            1
+        );
+        // A single node has no replication gauges at all.
+        assert!(!n.service.render_metrics().unwrap().contains("replicas"));
     }
 
     #[test]
