@@ -349,13 +349,18 @@ impl PeerNet {
                         }
                     }
                     Err(err) => {
-                        // The writer finds the connection broken on its
-                        // next write and reconnects; this frame is lost
-                        // like a batch on a breaking connection.
-                        bump(&inner.c.frames_dropped, 1);
-                        st.dropped += 1;
+                        // Nothing of the frame went out: it waits for the
+                        // writer, which finds the connection closed and
+                        // reconnects. Until then every send queues.
                         tracing::debug!(peer = to.0, error = %err, "peer connection broke on a direct send");
                         let _ = sock.shutdown(Shutdown::Both);
+                        st.conn = None;
+                        st.connected = false;
+                        st.queue.push_back(Queued {
+                            item: Item::Frame(frame),
+                            len,
+                        });
+                        st.queued_bytes += len;
                     }
                 }
                 if !st.queue.is_empty() {
