@@ -61,7 +61,11 @@ echo "primary $P, client through $C, filling ${FILL} MiB"
 fio --name=fill --ioengine=nbd --uri="$URI" --rw=write --bs=1M --iodepth=8 --size="${FILL}M" >/dev/null 2>&1
 
 # Per-second IOPS from fio's log (msec, iops, ...), as "second iops" lines.
-per_second() { awk -F', ' '{ s = int(($1 + 500) / 1000); print s, $2 }' "$1"; }
+# fio logs nothing for a second without completions: those count as 0.
+per_second() {
+  awk -F', ' '{ s = int(($1 + 500) / 1000); v[s] = $2; if (s > m) m = s }
+    END { for (s = 1; s <= m; s++) print s, (s in v ? v[s] : 0) }' "$1"
+}
 
 run_fio() { # name runtime
   fio --name="$1" --ioengine=nbd --uri="$URI" --rw=randwrite --bs=4k --iodepth=16 --size="${FILL}M" \

@@ -807,8 +807,12 @@ impl Inner {
             }
             let inflight = self.submit(vol, todo);
             let mut retry = false;
+            // One attempt window for the whole batch: waiting `attempt` per
+            // request would let a batch sent to a dead primary run past the
+            // request deadline before its first retry.
+            let attempt_end = (Instant::now() + attempt).min(deadline);
             for (i, id, rx) in inflight {
-                let wait = attempt.min(deadline.saturating_duration_since(Instant::now()));
+                let wait = attempt_end.saturating_duration_since(Instant::now());
                 match rx.recv_timeout(wait) {
                     Ok(ClientReply::Ok { data, .. }) => results[i] = Some(Ok(data)),
                     Ok(ClientReply::NotPrimary) | Err(_) => {

@@ -572,16 +572,10 @@ fn serve_inbound(inner: &Inner, mut stream: TcpStream) {
                 bump(&inner.c.bytes_received, len as u64);
                 batch.push((vol, msg));
                 // Whatever else is already received goes with it.
-                loop {
-                    match reader.next_buffered() {
-                        Ok(Some((Frame::Msg { vol, msg }, len))) => {
-                            bump(&inner.c.frames_received, 1);
-                            bump(&inner.c.bytes_received, len as u64);
-                            batch.push((vol, msg));
-                        }
-                        // Anything else is left for `next` to report.
-                        _ => break,
-                    }
+                while let Ok(Some((vol, msg, len))) = reader.next_buffered_msg() {
+                    bump(&inner.c.frames_received, 1);
+                    bump(&inner.c.bytes_received, len as u64);
+                    batch.push((vol, msg));
                 }
                 inner.handler.on_batch(from, std::mem::take(&mut batch));
             }
@@ -724,16 +718,17 @@ impl FrameReader {
         }
     }
 
-    /// The next frame if it is already received in full, without reading.
-    /// A decode error is left in place for [`FrameReader::next`] to report.
-    fn next_buffered(&mut self) -> Result<Option<(Frame, usize)>, DecodeError> {
+    /// The next frame if it is already received in full and is a message,
+    /// without reading. Anything else (a partial frame, a Hello, a decode
+    /// error) stays in place for [`FrameReader::next`] to deal with.
+    fn next_buffered_msg(&mut self) -> Result<Option<(VolumeId, Msg, usize)>, DecodeError> {
         let pending = &self.buf[self.pos..self.end];
         match wire::decode(pending)? {
-            Some((frame, used)) => {
+            Some((Frame::Msg { vol, msg }, used)) => {
                 self.pos += used;
-                Ok(Some((frame, used)))
+                Ok(Some((vol, msg, used)))
             }
-            None => Ok(None),
+            _ => Ok(None),
         }
     }
 

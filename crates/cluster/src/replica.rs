@@ -320,8 +320,7 @@ impl<E: ReplicaEnv> Replica<E> {
             }
             let now = self.env.now_ms();
             let wait = st.next_tick.saturating_sub(now).max(1);
-            self.wake
-                .wait_for(&mut st, Duration::from_millis(wait));
+            self.wake.wait_for(&mut st, Duration::from_millis(wait));
             if st.stopped {
                 return;
             }
