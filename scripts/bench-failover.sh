@@ -67,14 +67,14 @@ per_second() {
     END { for (s = 1; s <= m; s++) print s, (s in v ? v[s] : 0) }' "$1"
 }
 
-run_fio() { # name runtime
+start_fio() { # name runtime; sets FIO to fio's own pid
   fio --name="$1" --ioengine=nbd --uri="$URI" --rw=randwrite --bs=4k --iodepth=16 --size="${FILL}M" \
-    --time_based --runtime="$2" --write_iops_log="$W/$1" --log_avg_msec=1000 >"$W/$1.out" 2>&1
+    --time_based --runtime="$2" --write_iops_log="$W/$1" --log_avg_msec=1000 >"$W/$1.out" 2>&1 &
+  FIO=$!
 }
 
 echo "== phase 1: SIGKILL of the primary ($P) at t=10 s"
-run_fio failover 40 &
-FIO=$!
+start_fio failover 40
 sleep 10
 kill -9 "${NODE_PID[$P]}"
 KILLED_AT=$(date +%s.%N)
@@ -95,15 +95,15 @@ print("per second:", " ".join(f"{i:.0f}" for s, i in rows))
 PY
 
 echo "== phase 2: node remove $P; its replica is rebuilt on another node under client load"
-run_fio rebuild 120 &
-FIO=$!
+start_fio rebuild 120
 sleep 5
 T0=$(date +%s.%N)
 "$B" node remove "$P" --data-dir "$W/$C" >/dev/null
 # The killed node's replica is Faulty until a new one, rebuilt, is in sync.
 wait_in_sync "$C"
 T1=$(date +%s.%N)
-kill $FIO 2>/dev/null || true
+# SIGINT: fio stops and writes its logs.
+kill -INT $FIO 2>/dev/null || true
 wait $FIO 2>/dev/null || true
 per_second "$W/rebuild_iops.1.log" >"$W/rebuild.tsv"
 python3 - "$W/failover.tsv" "$W/rebuild.tsv" "$T0" "$T1" "$FILL" <<'PY'
