@@ -44,6 +44,9 @@ pub(crate) enum PrimTag {
         session: u64,
         region: usize,
         gen: u64,
+        /// Whether the copy was charged to the rate bucket (copies made
+        /// while the volume is below `min_in_sync` are not).
+        charged: bool,
     },
 }
 
@@ -231,6 +234,9 @@ pub(crate) struct Primary {
     /// The link that was last admitted a copy: the next round starts after
     /// it, so links share the rate fairly.
     last_copy: Option<NodeId>,
+    /// Bytes of resync copies admitted without the rate bucket (while the
+    /// volume was below `min_in_sync`), for the simulator's rate check.
+    pub(crate) unmetered_bytes: u64,
 }
 
 impl Primary {
@@ -272,6 +278,7 @@ impl Primary {
             next_session: 1,
             bucket: Bucket::new(&cfg, now),
             last_copy: None,
+            unmetered_bytes: 0,
             cfg,
         }
     }
@@ -453,6 +460,7 @@ impl Primary {
                 session,
                 region,
                 gen,
+                charged,
             } => {
                 let fresh = self.region_gen.get(region) == Some(&gen);
                 let blocks = self.cfg.region_len(region);
@@ -461,7 +469,7 @@ impl Primary {
                 // region of zeros costs less (see `Config::zero_copy_cost`),
                 // used or not (a discarded read was still made).
                 let zero = data.as_deref().is_some_and(is_zero);
-                if zero {
+                if zero && charged {
                     let cost = self.cfg.zero_copy_cost(reserved);
                     self.bucket.refund(reserved - cost);
                 }
@@ -708,6 +716,10 @@ impl Primary {
     fn resync_step(&mut self, now: u64, out: &mut Out) {
         self.bucket.refill(now);
         let limit = self.cfg.resync_inflight.max(1);
+        // Below `min_in_sync` client writes wait for a resync to finish:
+        // the copies then go as fast as they can, uncapped (blocked clients
+        // are worse than a busy disk).
+        let urgent = self.below_min_in_sync();
         // Links in round-robin order, starting after the last one admitted.
         let mut order: Vec<NodeId> = self.links.keys().copied().collect();
         if let Some(last) = self.last_copy {
@@ -734,7 +746,10 @@ impl Primary {
                     continue;
                 };
                 let blocks = self.cfg.region_len(r);
-                if !self.bucket.take(blocks * self.cfg.block_len) {
+                let bytes = blocks * self.cfg.block_len;
+                if urgent {
+                    self.unmetered_bytes += bytes;
+                } else if !self.bucket.take(bytes) {
                     // Out of tokens: no link gets another copy now.
                     break 'rounds;
                 }
@@ -751,6 +766,7 @@ impl Primary {
                         session: l.session,
                         region: r,
                         gen: self.region_gen[r],
+                        charged: !urgent,
                     },
                 ));
             }
@@ -838,16 +854,22 @@ impl Primary {
         desired
     }
 
-    fn try_acks(&mut self, now: u64, lease_until: u64, out: &mut Out) {
-        if now >= lease_until {
-            return;
-        }
+    /// Whether fewer than `min_in_sync` replicas (this one included) count
+    /// as InSync: client writes then wait.
+    pub(crate) fn below_min_in_sync(&self) -> bool {
         let in_sync = 1 + self
             .links
             .values()
             .filter(|l| l.mode == Mode::InSync)
             .count();
-        let enough = in_sync >= self.rec.min_in_sync;
+        in_sync < self.rec.min_in_sync
+    }
+
+    fn try_acks(&mut self, now: u64, lease_until: u64, out: &mut Out) {
+        if now >= lease_until {
+            return;
+        }
+        let enough = !self.below_min_in_sync();
         let mut done = Vec::new();
         for (v, op) in &self.ops {
             if !op.local_done {

@@ -508,7 +508,15 @@ impl Sim {
         };
         let bytes = bytes + REGION_BYTES;
         self.copy_bytes[i] = Some((e, inc, since, bytes));
-        let allowed = u128::from(burst) * 1000 + u128::from(rate) * u128::from(self.now - since);
+        // Copies admitted while the volume was below `min_in_sync` bypass
+        // the bucket (clients are blocked on them).
+        let unmetered = self.procs[i]
+            .node
+            .as_ref()
+            .map_or(0, Node::unmetered_copy_bytes);
+        let allowed = u128::from(burst) * 1000
+            + u128::from(rate) * u128::from(self.now - since)
+            + u128::from(unmetered) * 1000;
         if rate > 0 && u128::from(bytes) * 1000 > allowed {
             self.violation.get_or_insert_with(|| {
                 format!(
