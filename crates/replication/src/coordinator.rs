@@ -184,7 +184,11 @@ mod tests {
         c.vouch(a, 10_000);
         c.vouch(b, 10_000);
         let rec = Membership::new(VolumeId(7), &[a, b], a, 1);
-        assert_eq!(c.tick(10_010, &rec), None, "freshly placed volume left alone");
+        assert_eq!(
+            c.tick(10_010, &rec),
+            None,
+            "freshly placed volume left alone"
+        );
         // Without heartbeats the primary is lost after lease + grace.
         assert!(c.tick(10_151, &rec).is_some());
     }

@@ -17,7 +17,7 @@
 use crate::disk::DiskQueue;
 use crate::msg::{Action, ClientReply, DiskOp, Endpoint, Input, Msg};
 use crate::primary::{Out, PrimTag, Primary};
-use crate::secondary::{SecTag, Secondary};
+use crate::secondary::{ReplIn, SecTag, Secondary};
 use crate::types::{Epoch, Membership, NodeId, ReplicaState, VolumeId};
 use crate::Config;
 
@@ -29,7 +29,7 @@ enum Tag {
 
 enum Role {
     Idle,
-    Secondary(Secondary),
+    Secondary(Box<Secondary>),
     Primary(Box<Primary>),
 }
 
@@ -53,6 +53,9 @@ pub struct Node {
     last_hb: Option<u64>,
     last_poll: Option<u64>,
     gen: u64,
+    /// Failover resyncs this node decided as primary: narrowed to fewer
+    /// regions than the volume's, and not narrowed (no usable report).
+    narrowed: (u64, u64),
 }
 
 impl Node {
@@ -74,8 +77,14 @@ impl Node {
                 cfg.clone(),
                 true,
                 now,
+                None,
             ))),
-            Some(rec) => Role::Secondary(Secondary::new(vol, rec.epoch, Some((rec.primary, 0)))),
+            Some(rec) => Role::Secondary(Box::new(Secondary::new(
+                vol,
+                rec.epoch,
+                Some((rec.primary, 0)),
+                &cfg,
+            ))),
             None => Role::Idle,
         };
         Node {
@@ -90,6 +99,7 @@ impl Node {
             last_hb: None,
             last_poll: None,
             gen: 0,
+            narrowed: (0, 0),
         }
     }
 
@@ -131,6 +141,14 @@ impl Node {
         }
     }
 
+    /// Failover resyncs this node decided as primary since it started:
+    /// (narrowed to fewer regions than the volume's, full because the
+    /// replica's report was not usable).
+    #[doc(hidden)]
+    pub fn failover_resyncs(&self) -> (u64, u64) {
+        self.narrowed
+    }
+
     /// The role's state in one line, for simulator traces.
     #[doc(hidden)]
     pub fn describe(&self) -> String {
@@ -156,7 +174,8 @@ impl Node {
             _ => return,
         };
         let epoch = self.rec.as_ref().map_or(epoch, |r| r.epoch.max(epoch));
-        self.become_role(Role::Secondary(Secondary::new(self.vol, epoch, None)), out);
+        let s = Secondary::new(self.vol, epoch, None, &self.cfg);
+        self.become_role(Role::Secondary(Box::new(s)), out);
     }
 
     fn on_record(&mut self, now: u64, record: Membership, out: &mut Out) {
@@ -182,7 +201,13 @@ impl Node {
         let same_epoch_primary = matches!(&self.role, Role::Primary(p) if p.epoch == rec.epoch);
         if rec.primary == self.me && !same_epoch_primary {
             if rec.state(self.me) == Some(ReplicaState::InSync) {
-                let p = Primary::new(self.me, rec, self.cfg.clone(), false, now);
+                // What this node received from the previous epoch's
+                // primary, if it was its secondary (and did not restart).
+                let mine = match &mut self.role {
+                    Role::Secondary(s) => s.take_log(Epoch(rec.epoch.0.saturating_sub(1))),
+                    _ => None,
+                };
+                let p = Primary::new(self.me, rec, self.cfg.clone(), false, now, mine);
                 self.become_role(Role::Primary(Box::new(p)), out);
             }
             return;
@@ -191,8 +216,8 @@ impl Node {
             Role::Primary(p) => p.on_record(&rec, out),
             Role::Secondary(s) => s.adopt(rec.epoch),
             Role::Idle => {
-                let s = Secondary::new(self.vol, rec.epoch, None);
-                self.become_role(Role::Secondary(s), out);
+                let s = Secondary::new(self.vol, rec.epoch, None, &self.cfg);
+                self.become_role(Role::Secondary(Box::new(s)), out);
             }
         }
     }
@@ -246,6 +271,12 @@ impl Node {
         if let Role::Primary(p) = &mut self.role {
             p.progress(now, self.lease_until, &mut out);
         }
+        for n in std::mem::take(&mut out.narrowed) {
+            match n {
+                Some((copy, total)) if copy < total => self.narrowed.0 += 1,
+                _ => self.narrowed.1 += 1,
+            }
+        }
         for (op, t) in sdisk {
             self.disk.submit(op, (self.gen, Tag::S(t)), &mut acts);
         }
@@ -290,8 +321,10 @@ impl Node {
                 epoch,
                 session,
                 lseq,
+                vseq,
+                commit,
+                floor,
                 op,
-                ..
             } if vol == self.vol => {
                 let Endpoint::Node(f) = from else {
                     return;
@@ -311,7 +344,17 @@ impl Node {
                     }
                 }
                 if let Role::Secondary(s) = &mut self.role {
-                    s.on_repl(f, epoch, session, lseq, op, &mut out.sends, sdisk);
+                    let r = ReplIn {
+                        from: f,
+                        epoch,
+                        session,
+                        lseq,
+                        vseq,
+                        commit,
+                        floor,
+                        op,
+                    };
+                    s.on_repl(r, &mut out.sends, sdisk);
                 }
             }
             Msg::ReplAck {
@@ -322,6 +365,16 @@ impl Node {
             } if vol == self.vol => {
                 if let (Role::Primary(p), Endpoint::Node(f)) = (&mut self.role, from) {
                     p.on_ack(f, epoch, session, lseq);
+                }
+            }
+            Msg::ReplStarted {
+                vol,
+                epoch,
+                session,
+                prior,
+            } if vol == self.vol => {
+                if let (Role::Primary(p), Endpoint::Node(f)) = (&mut self.role, from) {
+                    p.on_started(f, epoch, session, prior, out);
                 }
             }
             Msg::Fenced { vol, epoch } if vol == self.vol => {
@@ -448,6 +501,8 @@ mod tests {
                     session: 0,
                     lseq: 0,
                     vseq: 0,
+                    commit: 0,
+                    floor: 0,
                     op: ReplOp::Start,
                 },
             },
