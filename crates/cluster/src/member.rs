@@ -580,6 +580,7 @@ impl Inner {
             resync_retry_ms: t.resync_retry_ms,
             resync_rate: t.resync_rate,
             resync_inflight: t.resync_inflight,
+            uncertain_limit: Config::default().uncertain_limit,
             ack_before_secondaries: false,
         };
         // A record that still is the volume's first one and carries this

@@ -18,7 +18,8 @@
 //! - The encoding is canonical: a frame has exactly one byte form (flags
 //!   and booleans are checked, no padding), so `encode(decode(b)) == b` for
 //!   every `b` that decodes.
-//! - A `Msg` carrying a volume (`Repl`, `ReplAck`, `Fenced`, `HeartbeatAck`)
+//! - A `Msg` carrying a volume (`Repl`, `ReplAck`, `ReplStarted`, `Fenced`,
+//!   `HeartbeatAck`)
 //!   must name the frame's volume: the volume is written once, in the
 //!   frame, and decoded into both places, so a receiver can never see the
 //!   two disagree.
@@ -36,15 +37,17 @@
 
 #![forbid(unsafe_code)]
 
-use basalt_replication::{ClientReply, ClientReq, Epoch, Msg, NodeId, ReplOp, VolumeId};
+use basalt_replication::{ClientReply, ClientReq, Epoch, Msg, NodeId, Prior, ReplOp, VolumeId};
 
 /// The first four bytes of every frame.
 pub const MAGIC: [u8; 4] = *b"BSPW";
 /// The format version this crate writes and reads. Version 2 added
 /// `Repl` op 3 (`WriteZeroes`) and `ClientReq` req 3 (a write of zeros); a
 /// version 1 peer would refuse those mid-stream, so the versions refuse each
-/// other at `Hello` instead.
-pub const VERSION: u8 = 2;
+/// other at `Hello` instead. Version 3 added `commit` and `floor` to
+/// `Repl` and the `ReplStarted` kind (9), the acknowledgement of a `Start`
+/// with the secondary's uncertain regions of the epoch before.
+pub const VERSION: u8 = 3;
 /// Bytes in a frame header.
 pub const HEADER_LEN: usize = 20;
 /// The largest payload a decoder accepts (and an encoder produces).
@@ -60,6 +63,7 @@ pub mod kind {
     pub const HEARTBEAT_ACK: u8 = 6;
     pub const CLIENT_REQ: u8 = 7;
     pub const CLIENT_REPLY: u8 = 8;
+    pub const REPL_STARTED: u8 = 9;
 }
 
 /// One unit on a peer connection.
@@ -87,6 +91,8 @@ pub enum EncodeError {
     VolumeMismatch { frame: u128, msg: u128 },
     #[error("payload of {len} bytes exceeds the maximum of {max}")]
     TooLarge { len: usize, max: usize },
+    #[error("ReplStarted reports a prior epoch 0")]
+    PriorEpochZero,
 }
 
 /// Why bytes are not a frame. Every one is fatal for the connection: after
@@ -223,6 +229,14 @@ fn check(frame: &Frame) -> Result<(u8, &[u8]), EncodeError> {
             same(v)?;
             (kind::REPL_ACK, &[])
         }
+        Msg::ReplStarted { vol: v, prior, .. } => {
+            same(v)?;
+            // Epoch 0 is the wire's "no prior": it must not be sent as one.
+            if prior.as_ref().is_some_and(|p| p.epoch.0 == 0) {
+                return Err(EncodeError::PriorEpochZero);
+            }
+            (kind::REPL_STARTED, &[])
+        }
         Msg::Fenced { vol: v, .. } => {
             same(v)?;
             (kind::FENCED, &[])
@@ -279,7 +293,7 @@ fn fields_len(frame: &Frame) -> usize {
     };
     VOL + match msg {
         Msg::Repl { op, .. } => {
-            32 + 1
+            48 + 1
                 + match op {
                     ReplOp::Write { .. } => 8 + 1 + 4,
                     ReplOp::WriteZeroes { .. } => 8 + 1 + 8,
@@ -287,6 +301,9 @@ fn fields_len(frame: &Frame) -> usize {
                 }
         }
         Msg::ReplAck { .. } => 24,
+        Msg::ReplStarted { prior, .. } => {
+            16 + 8 + 8 + 4 + 4 * prior.as_ref().map_or(0, |p| p.regions.len())
+        }
         Msg::Fenced { .. } => 8,
         Msg::Heartbeat { .. } => 16,
         Msg::HeartbeatAck { .. } => 20,
@@ -337,6 +354,8 @@ fn write_fields(frame: &Frame, data: &[u8], out: &mut Vec<u8>) {
             session,
             lseq,
             vseq,
+            commit,
+            floor,
             op,
             ..
         } => {
@@ -344,6 +363,8 @@ fn write_fields(frame: &Frame, data: &[u8], out: &mut Vec<u8>) {
             u64le(out, *session);
             u64le(out, *lseq);
             u64le(out, *vseq);
+            u64le(out, *commit);
+            u64le(out, *floor);
             match op {
                 ReplOp::Start => out.push(0),
                 ReplOp::Write { lba, fua, .. } => {
@@ -370,6 +391,30 @@ fn write_fields(frame: &Frame, data: &[u8], out: &mut Vec<u8>) {
             u64le(out, epoch.0);
             u64le(out, *session);
             u64le(out, *lseq);
+        }
+        Msg::ReplStarted {
+            epoch,
+            session,
+            prior,
+            ..
+        } => {
+            u64le(out, epoch.0);
+            u64le(out, *session);
+            match prior {
+                Some(p) => {
+                    u64le(out, p.epoch.0);
+                    u64le(out, p.synced);
+                    u32le(out, p.regions.len() as u32);
+                    for r in &p.regions {
+                        u32le(out, *r);
+                    }
+                }
+                None => {
+                    u64le(out, 0);
+                    u64le(out, 0);
+                    u32le(out, 0);
+                }
+            }
         }
         Msg::Fenced { epoch, .. } => u64le(out, epoch.0),
         Msg::Heartbeat { boot, sent_at } => {
@@ -468,7 +513,7 @@ pub fn decode_header(buf: &[u8]) -> Result<Option<Header>, DecodeError> {
         return Err(DecodeError::HeaderCrc { expected, actual });
     }
     let kind = h[5];
-    if !(kind::HELLO..=kind::CLIENT_REPLY).contains(&kind) {
+    if !(kind::HELLO..=kind::REPL_STARTED).contains(&kind) {
         return Err(DecodeError::UnknownKind(kind));
     }
     let flags = u16::from_le_bytes([h[6], h[7]]);
@@ -605,6 +650,7 @@ fn kind_name(kind: u8) -> &'static str {
         kind::HEARTBEAT_ACK => "HeartbeatAck",
         kind::CLIENT_REQ => "ClientReq",
         kind::CLIENT_REPLY => "ClientReply",
+        kind::REPL_STARTED => "ReplStarted",
         _ => "unknown",
     }
 }
@@ -630,6 +676,8 @@ fn decode_payload(kind: u8, payload: &[u8]) -> Result<Frame, DecodeError> {
             let session = r.u64("session")?;
             let lseq = r.u64("lseq")?;
             let vseq = r.u64("vseq")?;
+            let commit = r.u64("commit")?;
+            let floor = r.u64("floor")?;
             let op = match r.u8("op")? {
                 0 => ReplOp::Start,
                 1 => ReplOp::Write {
@@ -651,6 +699,8 @@ fn decode_payload(kind: u8, payload: &[u8]) -> Result<Frame, DecodeError> {
                 session,
                 lseq,
                 vseq,
+                commit,
+                floor,
                 op,
             }
         }
@@ -660,6 +710,44 @@ fn decode_payload(kind: u8, payload: &[u8]) -> Result<Frame, DecodeError> {
             session: r.u64("session")?,
             lseq: r.u64("lseq")?,
         },
+        kind::REPL_STARTED => {
+            let epoch = Epoch(r.u64("epoch")?);
+            let session = r.u64("session")?;
+            let prior_epoch = r.u64("prior_epoch")?;
+            let synced = r.u64("synced")?;
+            let count = r.u32("regions")? as usize;
+            // Bounded by the payload before anything is allocated.
+            if r.rest.len() < count.saturating_mul(4) {
+                return Err(DecodeError::Truncated {
+                    kind: r.kind,
+                    field: "regions",
+                    need: count.saturating_mul(4),
+                    have: r.rest.len(),
+                });
+            }
+            let mut regions = Vec::with_capacity(count);
+            for _ in 0..count {
+                regions.push(r.u32("region")?);
+            }
+            let prior = if prior_epoch == 0 {
+                if synced != 0 || count != 0 {
+                    return Err(r.not_canonical("prior_epoch"));
+                }
+                None
+            } else {
+                Some(Prior {
+                    epoch: Epoch(prior_epoch),
+                    synced,
+                    regions,
+                })
+            };
+            Msg::ReplStarted {
+                vol,
+                epoch,
+                session,
+                prior,
+            }
+        }
         kind::FENCED => Msg::Fenced {
             vol,
             epoch: Epoch(r.u64("epoch")?),

@@ -4,7 +4,7 @@
 //! accepted and never a panic.
 
 use basalt_peer_wire::*;
-use basalt_replication::{ClientReply, ClientReq, Epoch, Msg, NodeId, ReplOp, VolumeId};
+use basalt_replication::{ClientReply, ClientReq, Epoch, Msg, NodeId, Prior, ReplOp, VolumeId};
 use proptest::prelude::*;
 
 /// Hex digits with any separators; CRCs computed independently (a bitwise
@@ -35,7 +35,7 @@ fn hello_literal() {
         boot: 0x0102_0304_0506_0708,
     };
     let bytes = hex("
-        42 53 50 57  02  01  00 00  1c 00 00 00  00 7e 6c 7b  e0 97 5e 34
+        42 53 50 57  03  01  00 00  1c 00 00 00  00 7e 6c 7b  d0 43 2f 05
         11 11 11 11 11 11 11 11 11 11 11 11 11 11 11 11  07 00 00 00  08 07 06 05 04 03 02 01");
     assert_literal(&frame, &bytes);
 }
@@ -50,6 +50,8 @@ fn repl_write_literal() {
             session: 3,
             lseq: 4,
             vseq: 5,
+            commit: 7,
+            floor: 6,
             op: ReplOp::Write {
                 lba: 6,
                 fua: true,
@@ -58,10 +60,11 @@ fn repl_write_literal() {
         },
     };
     let bytes = hex("
-        42 53 50 57  02  02  00 00  46 00 00 00  79 62 24 0c  40 24 8f 69
+        42 53 50 57  03  02  00 00  56 00 00 00  95 00 1d 92  3e 0a ab e6
         ff ee dd cc bb aa 99 88 77 66 55 44 33 22 11 00
         02 00 00 00 00 00 00 00  03 00 00 00 00 00 00 00
         04 00 00 00 00 00 00 00  05 00 00 00 00 00 00 00
+        07 00 00 00 00 00 00 00  06 00 00 00 00 00 00 00
         01  06 00 00 00 00 00 00 00  01  08 00 00 00  41 42 43 44 45 46 47 48");
     assert_literal(&frame, &bytes);
     // The split form is the same bytes, with the data left in the message.
@@ -83,6 +86,8 @@ fn repl_write_zeroes_literal() {
             session: 3,
             lseq: 4,
             vseq: 5,
+            commit: 7,
+            floor: 6,
             op: ReplOp::WriteZeroes {
                 lba: 0x400,
                 blocks: 0x400,
@@ -91,14 +96,70 @@ fn repl_write_zeroes_literal() {
         },
     };
     let bytes = hex("
-        42 53 50 57  02  02  00 00  42 00 00 00  b4 d2 7e 1b  d2 5e 61 45
+        42 53 50 57  03  02  00 00  52 00 00 00  b3 3f c9 60  ba e1 5f 6e
         ff ee dd cc bb aa 99 88 77 66 55 44 33 22 11 00
         02 00 00 00 00 00 00 00  03 00 00 00 00 00 00 00
         04 00 00 00 00 00 00 00  05 00 00 00 00 00 00 00
+        07 00 00 00 00 00 00 00  06 00 00 00 00 00 00 00
         03  00 04 00 00 00 00 00 00  00  00 04 00 00 00 00 00 00");
     assert_literal(&frame, &bytes);
     let mut head = Vec::new();
     assert_eq!(encode_split(&frame, &mut head), Ok(&[][..]));
+}
+
+#[test]
+fn repl_started_literal() {
+    // The acknowledgement of a Start with the secondary's uncertain
+    // regions 1 and 9 of epoch 1 (synced at vseq 0x20).
+    let frame = Frame::Msg {
+        vol: VOL,
+        msg: Msg::ReplStarted {
+            vol: VOL,
+            epoch: Epoch(2),
+            session: 3,
+            prior: Some(Prior {
+                epoch: Epoch(1),
+                synced: 0x20,
+                regions: vec![1, 9],
+            }),
+        },
+    };
+    let bytes = hex("
+        42 53 50 57  03  09  00 00  3c 00 00 00  19 b4 b0 e6  68 7f 07 98
+        ff ee dd cc bb aa 99 88 77 66 55 44 33 22 11 00
+        02 00 00 00 00 00 00 00  03 00 00 00 00 00 00 00
+        01 00 00 00 00 00 00 00  20 00 00 00 00 00 00 00
+        02 00 00 00  01 00 00 00  09 00 00 00");
+    assert_literal(&frame, &bytes);
+    // No prior: epoch, synced and count all zero; anything else there is
+    // not canonical.
+    let none = Frame::Msg {
+        vol: VOL,
+        msg: Msg::ReplStarted {
+            vol: VOL,
+            epoch: Epoch(2),
+            session: 3,
+            prior: None,
+        },
+    };
+    let mut out = Vec::new();
+    encode(&none, &mut out).unwrap();
+    assert_eq!(out.len(), 20 + 16 + 36);
+    assert_eq!(&out[20 + 32..], &[0; 20]);
+    let zero = Frame::Msg {
+        vol: VOL,
+        msg: Msg::ReplStarted {
+            vol: VOL,
+            epoch: Epoch(2),
+            session: 3,
+            prior: Some(Prior {
+                epoch: Epoch(0),
+                synced: 1,
+                regions: vec![],
+            }),
+        },
+    };
+    assert_eq!(encoded_len(&zero), Err(EncodeError::PriorEpochZero));
 }
 
 #[test]
@@ -117,7 +178,7 @@ fn client_write_of_zeros_literal() {
         },
     };
     let bytes = hex("
-        42 53 50 57  02  07  00 00  26 00 00 00  0a 17 b7 81  cd d8 07 e8
+        42 53 50 57  03  07  00 00  26 00 00 00  0a 17 b7 81  fd 0c 76 d9
         ff ee dd cc bb aa 99 88 77 66 55 44 33 22 11 00
         0b 00 00 00 00 00 00 00  03  06 00 00 00 00 00 00 00  01  00 30 00 00");
     assert_literal(&frame, &bytes);
@@ -199,7 +260,7 @@ fn heartbeat_literal() {
         },
     };
     let bytes = hex("
-        42 53 50 57  02  05  00 00  20 00 00 00  23 35 8e d5  d1 49 25 7a
+        42 53 50 57  03  05  00 00  20 00 00 00  23 35 8e d5  e1 9d 54 4b
         ff ee dd cc bb aa 99 88 77 66 55 44 33 22 11 00
         09 00 00 00 00 00 00 00  0a 00 00 00 00 00 00 00");
     assert_literal(&frame, &bytes);
@@ -219,8 +280,9 @@ fn typed_errors_name_the_problem() {
 
     assert!(matches!(decode(b"BSX"), Err(DecodeError::BadMagic { .. })));
     assert_eq!(decode(b"BSP"), Ok(None));
-    // A version 1 peer (no zero forms) is refused, as is a future one.
-    for v in [1, 3] {
+    // A version 1 peer (no zero forms) or 2 (no failover watermarks) is
+    // refused, as is a future one.
+    for v in [1, 2, 4] {
         let mut b = good.clone();
         b[4] = v;
         assert_eq!(decode(&b), Err(DecodeError::UnsupportedVersion(v)));
@@ -243,7 +305,7 @@ fn typed_errors_name_the_problem() {
         h.extend_from_slice(payload);
         h
     };
-    assert_eq!(decode(&rebuild(9, &[])), Err(DecodeError::UnknownKind(9)));
+    assert_eq!(decode(&rebuild(10, &[])), Err(DecodeError::UnknownKind(10)));
     assert!(matches!(
         decode(&rebuild(kind::HEARTBEAT, &good[20..good.len() - 1])),
         Err(DecodeError::Truncated {
@@ -264,7 +326,7 @@ fn typed_errors_name_the_problem() {
     let mut fenced = VOL.0.to_le_bytes().to_vec();
     fenced.extend_from_slice(&[0; 8]);
     fenced.extend_from_slice(&[0; 8]); // session
-    fenced.extend_from_slice(&[0; 16]); // lseq, vseq
+    fenced.extend_from_slice(&[0; 32]); // lseq, vseq, commit, floor
     fenced.push(4); // no such op
     assert_eq!(
         decode(&rebuild(kind::REPL, &fenced)),
@@ -360,16 +422,37 @@ fn client_reply() -> impl Strategy<Value = ClientReply> {
 fn msg(vol: VolumeId) -> impl Strategy<Value = Msg> {
     let n = any::<u64>;
     prop_oneof![
-        (n(), n(), n(), n(), repl_op()).prop_map(move |(e, session, lseq, vseq, op)| {
-            Msg::Repl {
+        (n(), n(), n(), n(), (n(), n()), repl_op()).prop_map(
+            move |(e, session, lseq, vseq, (commit, floor), op)| Msg::Repl {
                 vol,
                 epoch: Epoch(e),
                 session,
                 lseq,
                 vseq,
+                commit,
+                floor,
                 op,
             }
-        }),
+        ),
+        (
+            n(),
+            n(),
+            proptest::option::of((
+                1..=u64::MAX,
+                n(),
+                proptest::collection::vec(any::<u32>(), 0..20)
+            ))
+        )
+            .prop_map(move |(e, session, prior)| Msg::ReplStarted {
+                vol,
+                epoch: Epoch(e),
+                session,
+                prior: prior.map(|(pe, synced, regions)| Prior {
+                    epoch: Epoch(pe),
+                    synced,
+                    regions
+                }),
+            }),
         (n(), n(), n()).prop_map(move |(e, session, lseq)| Msg::ReplAck {
             vol,
             epoch: Epoch(e),

@@ -21,10 +21,11 @@ mod node;
 mod primary;
 mod secondary;
 pub mod types;
+mod uncertain;
 
 pub use coordinator::Coordinator;
 pub use msg::{
-    Action, ClientReply, ClientReq, DiskOp, DiskResult, Endpoint, Input, IoId, Msg, ReplOp,
+    Action, ClientReply, ClientReq, DiskOp, DiskResult, Endpoint, Input, IoId, Msg, Prior, ReplOp,
 };
 pub use node::{Node, RoleKind};
 pub use types::{
@@ -60,6 +61,11 @@ pub struct Config {
     /// Region copies in flight per replica being resynced (read from the
     /// local disk or sent and not yet acknowledged); at least 1.
     pub resync_inflight: usize,
+    /// Most writes a secondary remembers as uncertain (received above the
+    /// primary's `floor`); beyond it, it forgets them all and reports
+    /// nothing usable until the floor passes the last one forgotten, so a
+    /// failover meanwhile resyncs it fully.
+    pub uncertain_limit: usize,
     /// Test-only: acknowledge after the local disk alone (a deliberately
     /// broken protocol, to prove the simulator's checks can fail).
     #[doc(hidden)]
@@ -105,6 +111,7 @@ impl Default for Config {
             resync_retry_ms: 40,
             resync_rate: 0,
             resync_inflight: 4,
+            uncertain_limit: 4096,
             ack_before_secondaries: false,
         }
     }

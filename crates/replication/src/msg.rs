@@ -59,14 +59,36 @@ pub enum ClientReply {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Msg {
     /// Primary → secondary: entry `lseq` of stream `session` in `epoch`.
-    /// `vseq` is the primary's volume-wide operation number (diagnostics).
+    /// `vseq` is the primary's volume-wide operation number (writes and
+    /// resync copies get increasing ones; 0 for `Start` and a resync's
+    /// final flush).
+    ///
+    /// `commit`: when the message was sent, every client operation with a
+    /// `vseq` up to it was acknowledged to the client, and this secondary
+    /// was InSync (so it held every acknowledged write); 0 when it was not
+    /// InSync. `floor`: no more than the `commit` every InSync secondary
+    /// had acknowledged receiving (the current `commit` if none is
+    /// InSync). A secondary forgets the regions of writes at or below
+    /// `floor` (see [`Prior`]).
     Repl {
         vol: VolumeId,
         epoch: Epoch,
         session: u64,
         lseq: u64,
         vseq: u64,
+        commit: u64,
+        floor: u64,
         op: ReplOp,
+    },
+    /// Secondary → primary: the `Start` of `session` is applied (the
+    /// acknowledgement of entry 0), with what the secondary knows of the
+    /// stream it received in the epoch before (None: nothing usable, e.g.
+    /// it restarted since, or its record of it overflowed).
+    ReplStarted {
+        vol: VolumeId,
+        epoch: Epoch,
+        session: u64,
+        prior: Option<Prior>,
     },
     /// Secondary → primary: entry `lseq` is applied (for writes: completed on
     /// disk, durable if FUA; for flushes and Start: done).
@@ -116,6 +138,22 @@ pub enum Msg {
         id: u64,
         reply: ClientReply,
     },
+}
+
+/// What a secondary reports, when a new primary opens a stream to it,
+/// about the stream it received in an earlier epoch: the regions where it
+/// may differ from any other replica that held every acknowledged write of
+/// that epoch.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Prior {
+    /// The epoch of that stream (never 0).
+    pub epoch: Epoch,
+    /// The highest `commit` it received in that epoch (0: none): it held
+    /// every write acknowledged by then.
+    pub synced: u64,
+    /// Regions of every write or copy it received in that epoch above the
+    /// highest `floor` it received, ascending.
+    pub regions: Vec<u32>,
 }
 
 /// A local disk operation.

@@ -17,7 +17,7 @@
 use crate::disk::DiskQueue;
 use crate::msg::{Action, ClientReply, DiskOp, Endpoint, Input, Msg};
 use crate::primary::{Out, PrimTag, Primary};
-use crate::secondary::{SecTag, Secondary};
+use crate::secondary::{ReplIn, SecTag, Secondary};
 use crate::types::{Epoch, Membership, NodeId, ReplicaState, VolumeId};
 use crate::Config;
 
@@ -29,7 +29,7 @@ enum Tag {
 
 enum Role {
     Idle,
-    Secondary(Secondary),
+    Secondary(Box<Secondary>),
     Primary(Box<Primary>),
 }
 
@@ -53,6 +53,9 @@ pub struct Node {
     last_hb: Option<u64>,
     last_poll: Option<u64>,
     gen: u64,
+    /// Failover resyncs this node decided as primary: narrowed to fewer
+    /// regions than the volume's, and not narrowed (no usable report).
+    narrowed: (u64, u64),
 }
 
 impl Node {
@@ -74,8 +77,14 @@ impl Node {
                 cfg.clone(),
                 true,
                 now,
+                None,
             ))),
-            Some(rec) => Role::Secondary(Secondary::new(vol, rec.epoch, Some((rec.primary, 0)))),
+            Some(rec) => Role::Secondary(Box::new(Secondary::new(
+                vol,
+                rec.epoch,
+                Some((rec.primary, 0)),
+                &cfg,
+            ))),
             None => Role::Idle,
         };
         Node {
@@ -90,6 +99,7 @@ impl Node {
             last_hb: None,
             last_poll: None,
             gen: 0,
+            narrowed: (0, 0),
         }
     }
 
@@ -120,6 +130,25 @@ impl Node {
         }
     }
 
+    /// On a primary, the bytes of resync copies it admitted without the
+    /// rate bucket because the volume was below `min_in_sync` (for the
+    /// simulator's rate check).
+    #[doc(hidden)]
+    pub fn unmetered_copy_bytes(&self) -> u64 {
+        match &self.role {
+            Role::Primary(p) => p.unmetered_bytes,
+            _ => 0,
+        }
+    }
+
+    /// Failover resyncs this node decided as primary since it started:
+    /// (narrowed to fewer regions than the volume's, full because the
+    /// replica's report was not usable).
+    #[doc(hidden)]
+    pub fn failover_resyncs(&self) -> (u64, u64) {
+        self.narrowed
+    }
+
     /// The role's state in one line, for simulator traces.
     #[doc(hidden)]
     pub fn describe(&self) -> String {
@@ -145,7 +174,8 @@ impl Node {
             _ => return,
         };
         let epoch = self.rec.as_ref().map_or(epoch, |r| r.epoch.max(epoch));
-        self.become_role(Role::Secondary(Secondary::new(self.vol, epoch, None)), out);
+        let s = Secondary::new(self.vol, epoch, None, &self.cfg);
+        self.become_role(Role::Secondary(Box::new(s)), out);
     }
 
     fn on_record(&mut self, now: u64, record: Membership, out: &mut Out) {
@@ -171,7 +201,13 @@ impl Node {
         let same_epoch_primary = matches!(&self.role, Role::Primary(p) if p.epoch == rec.epoch);
         if rec.primary == self.me && !same_epoch_primary {
             if rec.state(self.me) == Some(ReplicaState::InSync) {
-                let p = Primary::new(self.me, rec, self.cfg.clone(), false, now);
+                // What this node received from the previous epoch's
+                // primary, if it was its secondary (and did not restart).
+                let mine = match &mut self.role {
+                    Role::Secondary(s) => s.take_log(Epoch(rec.epoch.0.saturating_sub(1))),
+                    _ => None,
+                };
+                let p = Primary::new(self.me, rec, self.cfg.clone(), false, now, mine);
                 self.become_role(Role::Primary(Box::new(p)), out);
             }
             return;
@@ -180,8 +216,8 @@ impl Node {
             Role::Primary(p) => p.on_record(&rec, out),
             Role::Secondary(s) => s.adopt(rec.epoch),
             Role::Idle => {
-                let s = Secondary::new(self.vol, rec.epoch, None);
-                self.become_role(Role::Secondary(s), out);
+                let s = Secondary::new(self.vol, rec.epoch, None, &self.cfg);
+                self.become_role(Role::Secondary(Box::new(s)), out);
             }
         }
     }
@@ -235,6 +271,12 @@ impl Node {
         if let Role::Primary(p) = &mut self.role {
             p.progress(now, self.lease_until, &mut out);
         }
+        for n in std::mem::take(&mut out.narrowed) {
+            match n {
+                Some((copy, total)) if copy < total => self.narrowed.0 += 1,
+                _ => self.narrowed.1 += 1,
+            }
+        }
         for (op, t) in sdisk {
             self.disk.submit(op, (self.gen, Tag::S(t)), &mut acts);
         }
@@ -279,8 +321,10 @@ impl Node {
                 epoch,
                 session,
                 lseq,
+                vseq,
+                commit,
+                floor,
                 op,
-                ..
             } if vol == self.vol => {
                 let Endpoint::Node(f) = from else {
                     return;
@@ -300,7 +344,17 @@ impl Node {
                     }
                 }
                 if let Role::Secondary(s) = &mut self.role {
-                    s.on_repl(f, epoch, session, lseq, op, &mut out.sends, sdisk);
+                    let r = ReplIn {
+                        from: f,
+                        epoch,
+                        session,
+                        lseq,
+                        vseq,
+                        commit,
+                        floor,
+                        op,
+                    };
+                    s.on_repl(r, &mut out.sends, sdisk);
                 }
             }
             Msg::ReplAck {
@@ -311,6 +365,16 @@ impl Node {
             } if vol == self.vol => {
                 if let (Role::Primary(p), Endpoint::Node(f)) = (&mut self.role, from) {
                     p.on_ack(f, epoch, session, lseq);
+                }
+            }
+            Msg::ReplStarted {
+                vol,
+                epoch,
+                session,
+                prior,
+            } if vol == self.vol => {
+                if let (Role::Primary(p), Endpoint::Node(f)) = (&mut self.role, from) {
+                    p.on_started(f, epoch, session, prior, out);
                 }
             }
             Msg::Fenced { vol, epoch } if vol == self.vol => {
@@ -437,6 +501,8 @@ mod tests {
                     session: 0,
                     lseq: 0,
                     vseq: 0,
+                    commit: 0,
+                    floor: 0,
                     op: ReplOp::Start,
                 },
             },
@@ -628,9 +694,20 @@ mod tests {
         until: u64,
         step: u64,
     ) -> (Vec<(u64, u64)>, Vec<ReplOp>) {
+        resync_run_min(cfg, 1, fill, until, step)
+    }
+
+    /// `resync_run` with a record requiring `min_in_sync` replicas.
+    fn resync_run_min(
+        cfg: Config,
+        min_in_sync: usize,
+        fill: impl Fn(u64) -> u8,
+        until: u64,
+        step: u64,
+    ) -> (Vec<(u64, u64)>, Vec<ReplOp>) {
         let (p, s, vol) = (NodeId(0), NodeId(1), VolumeId(1));
         let bl = cfg.block_len as usize;
-        let mut rec = Membership::new(vol, &[p, s], p, 1);
+        let mut rec = Membership::new(vol, &[p, s], p, min_in_sync);
         rec.replicas.get_mut(&s).unwrap().state = ReplicaState::OutOfSync;
         let mut node = Node::new(p, 0, vol, cfg, None, 0);
         let mut pending = node.handle(
@@ -749,6 +826,16 @@ mod tests {
         // No cap: the whole volume in one step per round trip.
         let (reads, _) = resync_run(big_volume(0, 4), |_| 7, 1_000, 10);
         assert_eq!(reads.len(), 16);
+        assert!(reads.iter().all(|(t, _)| *t == reads[0].0), "{reads:?}");
+    }
+
+    #[test]
+    fn rate_cap_does_not_hold_back_a_volume_below_min_in_sync() {
+        // RF 2 with min_in_sync 2 and the secondary out of sync: client
+        // writes wait for the resync, so the copies ignore the 1 MiB/s cap
+        // and the whole volume goes in one round trip.
+        let (reads, _) = resync_run_min(big_volume(MIB, 4), 2, |_| 7, 1_000, 10);
+        assert_eq!(reads.len(), 16, "{reads:?}");
         assert!(reads.iter().all(|(t, _)| *t == reads[0].0), "{reads:?}");
     }
 

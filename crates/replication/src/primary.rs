@@ -30,9 +30,21 @@
 //!   down and answers nothing more.
 //! - a stream session number is never used twice in an epoch, even for a
 //!   replica removed from the record and added again.
+//! - every `Repl` carries `commit` (every client operation up to it was
+//!   acknowledged; sent as 0 to a link that is not InSync) and `floor` (no
+//!   more than the `commit` every InSync link acknowledged receiving);
+//! - after a failover, a replica's dirty set (all regions) is narrowed once,
+//!   when it acknowledges the first `Start`, to the regions this primary
+//!   wrote plus its own uncertain regions above the replica's `synced` and
+//!   the replica's uncertain regions, and only when both logs are of the
+//!   epoch before this one, the replica's `synced` is at least this node's
+//!   floor, and neither log overflowed (`docs/simulation.md`, "Failover
+//!   resync"); the regions so left out are unflushed (dirty again if the
+//!   link fails) until the replica acknowledges a flush of the stream.
 
-use crate::msg::{ClientReply, ClientReq, DiskOp, Endpoint, Msg, ReplOp};
+use crate::msg::{ClientReply, ClientReq, DiskOp, Endpoint, Msg, Prior, ReplOp};
 use crate::types::{Epoch, Membership, NodeId, ReplicaState, VolumeId};
+use crate::uncertain::Uncertain;
 use crate::Config;
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -44,6 +56,9 @@ pub(crate) enum PrimTag {
         session: u64,
         region: usize,
         gen: u64,
+        /// Whether the copy was charged to the rate bucket (copies made
+        /// while the volume is below `min_in_sync` are not).
+        charged: bool,
     },
 }
 
@@ -86,7 +101,12 @@ struct Link {
     boot: u64,
     session: u64,
     next_lseq: u64,
-    inflight: BTreeMap<u64, (u64, Pend)>,
+    /// lseq → (when sent, what, the `commit` it carried).
+    inflight: BTreeMap<u64, (u64, Pend, u64)>,
+    /// The highest `commit` carried by an entry this link acknowledged.
+    acked_commit: u64,
+    /// Created by a failover: the first `ReplStarted` may narrow `dirty`.
+    narrow: bool,
     unflushed: BTreeMap<u64, Vec<usize>>,
     dirty: BTreeSet<usize>,
     /// Regions whose resync read is in flight (a subset of `dirty`).
@@ -105,6 +125,8 @@ impl Link {
             session: 0,
             next_lseq: 1,
             inflight: BTreeMap::new(),
+            acked_commit: 0,
+            narrow: false,
             unflushed: BTreeMap::new(),
             dirty,
             copying: BTreeSet::new(),
@@ -203,6 +225,9 @@ pub(crate) struct Out {
     pub sends: Vec<(Endpoint, Msg)>,
     pub disk: Vec<(DiskOp, PrimTag)>,
     pub step_down: bool,
+    /// Failover resyncs decided: (regions to copy, regions in the volume),
+    /// None when the replica's report was not usable (full resync).
+    pub narrowed: Vec<Option<(usize, usize)>>,
 }
 
 pub(crate) struct Primary {
@@ -231,12 +256,27 @@ pub(crate) struct Primary {
     /// The link that was last admitted a copy: the next round starts after
     /// it, so links share the rate fairly.
     last_copy: Option<NodeId>,
+    /// Bytes of resync copies admitted without the rate bucket (while the
+    /// volume was below `min_in_sync`), for the simulator's rate check.
+    pub(crate) unmetered_bytes: u64,
+    /// This node's log of the previous epoch's stream, when it was promoted
+    /// from secondary (None: fresh volume, restart, re-appointment).
+    mine: Option<Uncertain>,
+    /// Regions written by clients in this epoch.
+    written: BTreeSet<usize>,
 }
 
 impl Primary {
     /// `fresh`: the volume was just created, every InSync replica already has
     /// session 0 open and identical (empty) contents.
-    pub(crate) fn new(me: NodeId, rec: Membership, cfg: Config, fresh: bool, now: u64) -> Self {
+    pub(crate) fn new(
+        me: NodeId,
+        rec: Membership,
+        cfg: Config,
+        fresh: bool,
+        now: u64,
+        mine: Option<Uncertain>,
+    ) -> Self {
         let regions = cfg.regions();
         let all: BTreeSet<usize> = (0..regions).collect();
         let links = rec
@@ -255,7 +295,9 @@ impl Primary {
                 } else {
                     all.clone()
                 };
-                (*n, Link::new(mode, info.boot, dirty, now))
+                let mut link = Link::new(mode, info.boot, dirty, now);
+                link.narrow = !fresh;
+                (*n, link)
             })
             .collect();
         Primary {
@@ -272,6 +314,9 @@ impl Primary {
             next_session: 1,
             bucket: Bucket::new(&cfg, now),
             last_copy: None,
+            unmetered_bytes: 0,
+            mine,
+            written: BTreeSet::new(),
             cfg,
         }
     }
@@ -317,15 +362,39 @@ impl Primary {
         (first..=last.min(self.region_gen.len().saturating_sub(1))).collect()
     }
 
-    fn repl(&self, session: u64, lseq: u64, vseq: u64, op: ReplOp) -> Msg {
+    #[allow(clippy::too_many_arguments)]
+    fn repl(&self, session: u64, lseq: u64, vseq: u64, commit: u64, floor: u64, op: ReplOp) -> Msg {
         Msg::Repl {
             vol: self.vol,
             epoch: self.epoch,
             session,
             lseq,
             vseq,
+            commit,
+            floor,
             op,
         }
+    }
+
+    /// (commit, floor) before the next vseq is taken: every client
+    /// operation (reads aside) up to `commit` was acknowledged; `floor` is
+    /// the least `commit` an InSync link acknowledged receiving (`commit`
+    /// if no link is InSync).
+    fn watermarks(&self) -> (u64, u64) {
+        let commit = self
+            .ops
+            .iter()
+            .find(|(_, op)| op.kind != Kind::Read)
+            .map_or(self.next_vseq - 1, |(v, _)| v - 1);
+        let floor = self
+            .links
+            .values()
+            .filter(|l| l.mode == Mode::InSync)
+            .map(|l| l.acked_commit)
+            .min()
+            .unwrap_or(commit)
+            .min(commit);
+        (commit, floor)
     }
 
     /// Replies NotPrimary to every pending client operation.
@@ -342,6 +411,7 @@ impl Primary {
     }
 
     pub(crate) fn on_client(&mut self, now: u64, id: u64, req: ClientReq, out: &mut Out) {
+        let (commit, floor) = self.watermarks();
         let vseq = self.next_vseq;
         self.next_vseq += 1;
         let (kind, regions, repl, disk) = match req {
@@ -358,6 +428,7 @@ impl Primary {
                     return;
                 }
                 let regions = self.regions_of(lba, blocks);
+                self.written.extend(regions.iter().copied());
                 for r in &regions {
                     self.region_gen[*r] += 1;
                     self.region_inflight[*r] += 1;
@@ -395,16 +466,17 @@ impl Primary {
                     continue;
                 };
                 if l.mode.streams() {
+                    let c = if l.mode == Mode::InSync { commit } else { 0 };
                     let (session, lseq) = {
                         let lseq = l.next_lseq;
                         l.next_lseq += 1;
-                        l.inflight.insert(lseq, (now, Pend::Op(vseq)));
+                        l.inflight.insert(lseq, (now, Pend::Op(vseq), c));
                         if !regions.is_empty() {
                             l.unflushed.insert(lseq, regions.clone());
                         }
                         (l.session, lseq)
                     };
-                    let msg = self.repl(session, lseq, vseq, rop.clone());
+                    let msg = self.repl(session, lseq, vseq, c, floor, rop.clone());
                     out.sends.push((Endpoint::Node(n), msg));
                     sent.insert(n);
                 } else {
@@ -453,6 +525,7 @@ impl Primary {
                 session,
                 region,
                 gen,
+                charged,
             } => {
                 let fresh = self.region_gen.get(region) == Some(&gen);
                 let blocks = self.cfg.region_len(region);
@@ -461,10 +534,11 @@ impl Primary {
                 // region of zeros costs less (see `Config::zero_copy_cost`),
                 // used or not (a discarded read was still made).
                 let zero = data.as_deref().is_some_and(is_zero);
-                if zero {
+                if zero && charged {
                     let cost = self.cfg.zero_copy_cost(reserved);
                     self.bucket.refund(reserved - cost);
                 }
+                let (_, floor) = self.watermarks();
                 let vseq = self.next_vseq;
                 let Some(l) = self.links.get_mut(&peer) else {
                     return;
@@ -482,7 +556,8 @@ impl Primary {
                 self.next_vseq += 1;
                 let lseq = l.next_lseq;
                 l.next_lseq += 1;
-                l.inflight.insert(lseq, (now, Pend::Chunk(region)));
+                // A link being resynced is not InSync: no `commit`.
+                l.inflight.insert(lseq, (now, Pend::Chunk(region), 0));
                 l.unflushed.insert(lseq, vec![region]);
                 l.chunks.insert(region);
                 let lba = region as u64 * self.cfg.region_blocks;
@@ -499,7 +574,7 @@ impl Primary {
                         fua: false,
                     }
                 };
-                let msg = self.repl(session, lseq, vseq, op);
+                let msg = self.repl(session, lseq, vseq, 0, floor, op);
                 out.sends.push((Endpoint::Node(peer), msg));
             }
         }
@@ -515,9 +590,10 @@ impl Primary {
         if l.session != session {
             return;
         }
-        let Some((_, pend)) = l.inflight.remove(&lseq) else {
+        let Some((_, pend, commit)) = l.inflight.remove(&lseq) else {
             return;
         };
+        l.acked_commit = l.acked_commit.max(commit);
         match pend {
             Pend::Start => {
                 if l.mode == Mode::Starting {
@@ -545,6 +621,74 @@ impl Primary {
                 }
             }
         }
+    }
+
+    /// A secondary applied the `Start` of `session`, reporting `prior`.
+    /// The first one after a failover narrows its dirty set (see the
+    /// module's invariants).
+    pub(crate) fn on_started(
+        &mut self,
+        from: NodeId,
+        epoch: Epoch,
+        session: u64,
+        prior: Option<Prior>,
+        out: &mut Out,
+    ) {
+        if epoch != self.epoch {
+            return;
+        }
+        let keep = self.failover_regions(prior.as_ref());
+        let total = self.region_gen.len();
+        let written = &self.written;
+        let Some(l) = self.links.get_mut(&from) else {
+            return;
+        };
+        if l.session == session
+            && l.mode == Mode::Starting
+            && l.inflight.contains_key(&0)
+            && l.narrow
+        {
+            l.narrow = false;
+            match keep {
+                Some(keep) => {
+                    let clean = |r: &usize| keep.contains(r) || written.contains(r);
+                    let left: Vec<usize> = l.dirty.iter().copied().filter(|r| !clean(r)).collect();
+                    l.dirty.retain(clean);
+                    // The replica holds the regions left out, but perhaps
+                    // not durably: like streamed writes, they are dirty
+                    // again if the link fails before it acknowledges a
+                    // flush of this stream (a crash may lose them).
+                    if !left.is_empty() {
+                        l.unflushed.entry(0).or_default().extend(left);
+                    }
+                    out.narrowed.push(Some((l.dirty.len(), total)));
+                }
+                None => out.narrowed.push(None),
+            }
+        }
+        self.on_ack(from, epoch, session, 0);
+    }
+
+    /// The regions where a replica that reported `prior` may differ from
+    /// this node, or None if that cannot be told.
+    fn failover_regions(&self, prior: Option<&Prior>) -> Option<BTreeSet<usize>> {
+        let (mine, prior) = (self.mine.as_ref()?, prior?);
+        if prior.epoch != mine.epoch || mine.epoch.0 + 1 != self.epoch.0 || prior.synced == 0 {
+            return None;
+        }
+        // Writes acknowledged after the replica last knew itself InSync
+        // (above its `synced`) may be missing there: this node has them
+        // all, and its log keeps every one above its own floor.
+        let mut keep = mine.regions_above(prior.synced)?;
+        let total = self.region_gen.len();
+        keep.extend(
+            prior
+                .regions
+                .iter()
+                .map(|r| *r as usize)
+                .filter(|r| *r < total),
+        );
+        Some(keep)
     }
 
     fn link_failed(&mut self, n: NodeId) {
@@ -668,7 +812,7 @@ impl Primary {
             let expired = self.links.get(n).is_some_and(|l| {
                 l.inflight
                     .values()
-                    .any(|(t, _)| now > t + self.cfg.ack_timeout_ms)
+                    .any(|(t, _, _)| now > t + self.cfg.ack_timeout_ms)
             });
             if expired {
                 self.link_failed(*n);
@@ -680,7 +824,7 @@ impl Primary {
                 l.session = self.next_session;
                 self.next_session += 1;
                 l.next_lseq = 1;
-                l.inflight.insert(0, (now, Pend::Start));
+                l.inflight.insert(0, (now, Pend::Start, 0));
                 l.mode = Mode::Starting;
                 let msg = Msg::Repl {
                     vol: self.vol,
@@ -688,6 +832,8 @@ impl Primary {
                     session: l.session,
                     lseq: 0,
                     vseq: 0,
+                    commit: 0,
+                    floor: 0,
                     op: ReplOp::Start,
                 };
                 out.sends.push((Endpoint::Node(*n), msg));
@@ -708,6 +854,10 @@ impl Primary {
     fn resync_step(&mut self, now: u64, out: &mut Out) {
         self.bucket.refill(now);
         let limit = self.cfg.resync_inflight.max(1);
+        // Below `min_in_sync` client writes wait for a resync to finish:
+        // the copies then go as fast as they can, uncapped (blocked clients
+        // are worse than a busy disk).
+        let urgent = self.below_min_in_sync();
         // Links in round-robin order, starting after the last one admitted.
         let mut order: Vec<NodeId> = self.links.keys().copied().collect();
         if let Some(last) = self.last_copy {
@@ -734,7 +884,10 @@ impl Primary {
                     continue;
                 };
                 let blocks = self.cfg.region_len(r);
-                if !self.bucket.take(blocks * self.cfg.block_len) {
+                let bytes = blocks * self.cfg.block_len;
+                if urgent {
+                    self.unmetered_bytes += bytes;
+                } else if !self.bucket.take(bytes) {
                     // Out of tokens: no link gets another copy now.
                     break 'rounds;
                 }
@@ -751,6 +904,7 @@ impl Primary {
                         session: l.session,
                         region: r,
                         gen: self.region_gen[r],
+                        charged: !urgent,
                     },
                 ));
             }
@@ -758,11 +912,12 @@ impl Primary {
                 break;
             }
         }
+        let (_, floor) = self.watermarks();
         for (n, l) in self.links.iter_mut() {
             if l.mode == Mode::Resyncing && l.dirty.is_empty() {
                 let lseq = l.next_lseq;
                 l.next_lseq += 1;
-                l.inflight.insert(lseq, (now, Pend::FinalFlush));
+                l.inflight.insert(lseq, (now, Pend::FinalFlush, 0));
                 l.mode = Mode::Finishing;
                 out.sends.push((
                     Endpoint::Node(*n),
@@ -772,6 +927,8 @@ impl Primary {
                         session: l.session,
                         lseq,
                         vseq: 0,
+                        commit: 0,
+                        floor,
                         op: ReplOp::Flush,
                     },
                 ));
@@ -825,9 +982,9 @@ impl Primary {
                     // acknowledged while the link did not count yet must be
                     // on it before it counts as InSync.
                     Mode::Joining
-                        if l.inflight
-                            .values()
-                            .all(|(_, p)| matches!(p, Pend::Op(v) if self.ops.contains_key(v))) =>
+                        if l.inflight.values().all(
+                            |(_, p, _)| matches!(p, Pend::Op(v) if self.ops.contains_key(v)),
+                        ) =>
                     {
                         info.state = ReplicaState::InSync
                     }
@@ -838,16 +995,22 @@ impl Primary {
         desired
     }
 
-    fn try_acks(&mut self, now: u64, lease_until: u64, out: &mut Out) {
-        if now >= lease_until {
-            return;
-        }
+    /// Whether fewer than `min_in_sync` replicas (this one included) count
+    /// as InSync: client writes then wait.
+    pub(crate) fn below_min_in_sync(&self) -> bool {
         let in_sync = 1 + self
             .links
             .values()
             .filter(|l| l.mode == Mode::InSync)
             .count();
-        let enough = in_sync >= self.rec.min_in_sync;
+        in_sync < self.rec.min_in_sync
+    }
+
+    fn try_acks(&mut self, now: u64, lease_until: u64, out: &mut Out) {
+        if now >= lease_until {
+            return;
+        }
+        let enough = !self.below_min_in_sync();
         let mut done = Vec::new();
         for (v, op) in &self.ops {
             if !op.local_done {

@@ -13,9 +13,16 @@
 //! - a write (or zeroing) is acknowledged after its disk write completed (a
 //!   FUA write after it completed durably), a flush after the disk flush that
 //!   follows every earlier write of the stream.
+//! - every write or copy received in an epoch is in that epoch's
+//!   [`Uncertain`] log until a `floor` passes it; the log of the epoch
+//!   before the current one is kept and reported in `ReplStarted` to the
+//!   next primary that opens a stream (a new epoch's `Repl` starts a new
+//!   log, never an epoch learned from the record alone).
 
 use crate::msg::{DiskOp, Endpoint, Msg, ReplOp};
 use crate::types::{Epoch, NodeId, VolumeId};
+use crate::uncertain::Uncertain;
+use crate::Config;
 use std::collections::BTreeMap;
 
 /// Tag of a disk operation the secondary issued.
@@ -33,12 +40,37 @@ pub(crate) struct Secondary {
     next_lseq: u64,
     primary: Option<NodeId>,
     buffer: BTreeMap<u64, ReplOp>,
+    /// The writes received from the newest epoch's primary that streamed
+    /// here, and from the one before.
+    cur: Option<Uncertain>,
+    prev: Option<Uncertain>,
+    region_blocks: u64,
+    block_len: u64,
+    volume_blocks: u64,
+    limit: usize,
+}
+
+/// The fields of a `Repl`.
+pub(crate) struct ReplIn {
+    pub(crate) from: NodeId,
+    pub(crate) epoch: Epoch,
+    pub(crate) session: u64,
+    pub(crate) lseq: u64,
+    pub(crate) vseq: u64,
+    pub(crate) commit: u64,
+    pub(crate) floor: u64,
+    pub(crate) op: ReplOp,
 }
 
 impl Secondary {
     /// `stream`: the session already open (a fresh volume starts with
     /// session 0 open on every InSync replica), or None to wait for a Start.
-    pub(crate) fn new(vol: VolumeId, epoch: Epoch, stream: Option<(NodeId, u64)>) -> Self {
+    pub(crate) fn new(
+        vol: VolumeId,
+        epoch: Epoch,
+        stream: Option<(NodeId, u64)>,
+        cfg: &Config,
+    ) -> Self {
         Secondary {
             vol,
             epoch,
@@ -46,7 +78,46 @@ impl Secondary {
             next_lseq: 1,
             primary: stream.map(|s| s.0),
             buffer: BTreeMap::new(),
+            cur: stream.map(|_| Uncertain::new(epoch, cfg.uncertain_limit)),
+            prev: None,
+            region_blocks: cfg.region_blocks.max(1),
+            block_len: cfg.block_len.max(1),
+            volume_blocks: cfg.volume_blocks,
+            limit: cfg.uncertain_limit,
         }
+    }
+
+    /// The log of the stream received in `epoch`, if any (for a promotion).
+    pub(crate) fn take_log(&mut self, epoch: Epoch) -> Option<Uncertain> {
+        if self.cur.as_ref().is_some_and(|u| u.epoch == epoch) {
+            return self.cur.take();
+        }
+        self.prev.take().filter(|u| u.epoch == epoch)
+    }
+
+    /// A `Repl` of `epoch` (not older than ours) arrived: a newer epoch's
+    /// stream gets a new log, the current one becomes the previous one.
+    fn note_epoch(&mut self, epoch: Epoch) {
+        if self.cur.as_ref().is_some_and(|u| u.epoch >= epoch) {
+            return;
+        }
+        if let Some(c) = self.cur.take() {
+            self.prev = Some(c);
+        }
+        self.cur = Some(Uncertain::new(epoch, self.limit));
+    }
+
+    fn regions_of(&self, op: &ReplOp) -> Vec<usize> {
+        let (lba, blocks) = match op {
+            ReplOp::Write { lba, data, .. } => (*lba, data.len() as u64 / self.block_len),
+            ReplOp::WriteZeroes { lba, blocks, .. } => (*lba, *blocks),
+            ReplOp::Start | ReplOp::Flush => return Vec::new(),
+        };
+        if blocks == 0 {
+            return Vec::new();
+        }
+        let last = (lba + blocks - 1).min(self.volume_blocks.saturating_sub(1));
+        ((lba / self.region_blocks) as usize..=(last / self.region_blocks) as usize).collect()
     }
 
     /// Adopts a newer epoch learned from the membership record.
@@ -59,17 +130,22 @@ impl Secondary {
         }
     }
 
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn on_repl(
         &mut self,
-        from: NodeId,
-        epoch: Epoch,
-        session: u64,
-        lseq: u64,
-        op: ReplOp,
+        r: ReplIn,
         sends: &mut Vec<(Endpoint, Msg)>,
         disk: &mut Vec<(DiskOp, SecTag)>,
     ) {
+        let ReplIn {
+            from,
+            epoch,
+            session,
+            lseq,
+            vseq,
+            commit,
+            floor,
+            op,
+        } = r;
         if epoch < self.epoch {
             sends.push((
                 Endpoint::Node(from),
@@ -81,6 +157,7 @@ impl Secondary {
             return;
         }
         self.adopt(epoch);
+        self.note_epoch(epoch);
         if op == ReplOp::Start {
             if lseq == 0 && self.session.is_none_or(|s| session >= s) {
                 if self.session != Some(session) {
@@ -89,7 +166,15 @@ impl Secondary {
                     self.buffer.clear();
                 }
                 self.primary = Some(from);
-                sends.push((Endpoint::Node(from), self.ack(session, 0)));
+                sends.push((
+                    Endpoint::Node(from),
+                    Msg::ReplStarted {
+                        vol: self.vol,
+                        epoch: self.epoch,
+                        session,
+                        prior: self.prev.as_ref().and_then(Uncertain::report),
+                    },
+                ));
             }
             return;
         }
@@ -97,6 +182,10 @@ impl Secondary {
             return;
         }
         self.primary = Some(from);
+        let regions = self.regions_of(&op);
+        if let Some(u) = self.cur.as_mut() {
+            u.on_repl(vseq, commit, floor, &regions);
+        }
         self.buffer.insert(lseq, op);
         while let Some(op) = self.buffer.remove(&self.next_lseq) {
             let tag = SecTag {
@@ -141,6 +230,39 @@ impl Secondary {
 mod tests {
     use super::*;
 
+    #[allow(clippy::too_many_arguments)]
+    fn on(
+        s: &mut Secondary,
+        from: NodeId,
+        epoch: Epoch,
+        session: u64,
+        lseq: u64,
+        op: ReplOp,
+        sends: &mut Vec<(Endpoint, Msg)>,
+        disk: &mut Vec<(DiskOp, SecTag)>,
+    ) {
+        let r = ReplIn {
+            from,
+            epoch,
+            session,
+            lseq,
+            vseq: lseq,
+            commit: 0,
+            floor: 0,
+            op,
+        };
+        s.on_repl(r, sends, disk);
+    }
+
+    fn cfg() -> Config {
+        Config {
+            block_len: 1,
+            region_blocks: 4,
+            volume_blocks: 64,
+            ..Config::default()
+        }
+    }
+
     fn w(b: u8) -> ReplOp {
         ReplOp::Write {
             lba: 0,
@@ -152,9 +274,9 @@ mod tests {
     #[test]
     fn fences_old_epochs_and_applies_in_order() {
         let p = NodeId(0);
-        let mut s = Secondary::new(VolumeId(1), Epoch(2), Some((p, 0)));
+        let mut s = Secondary::new(VolumeId(1), Epoch(2), Some((p, 0)), &cfg());
         let (mut sends, mut disk) = (Vec::new(), Vec::new());
-        s.on_repl(p, Epoch(1), 0, 1, w(1), &mut sends, &mut disk);
+        on(&mut s, p, Epoch(1), 0, 1, w(1), &mut sends, &mut disk);
         assert_eq!(
             sends,
             vec![(
@@ -167,9 +289,9 @@ mod tests {
         );
         assert!(disk.is_empty());
         sends.clear();
-        s.on_repl(p, Epoch(2), 0, 2, w(2), &mut sends, &mut disk);
+        on(&mut s, p, Epoch(2), 0, 2, w(2), &mut sends, &mut disk);
         assert!(disk.is_empty(), "gap: lseq 1 missing");
-        s.on_repl(p, Epoch(2), 0, 1, w(1), &mut sends, &mut disk);
+        on(&mut s, p, Epoch(2), 0, 1, w(1), &mut sends, &mut disk);
         assert_eq!(disk.len(), 2);
         assert_eq!(
             disk[0].0,
@@ -180,9 +302,19 @@ mod tests {
             }
         );
         // A newer epoch drops the stream until a Start.
-        s.on_repl(NodeId(1), Epoch(3), 0, 3, w(3), &mut sends, &mut disk);
+        on(
+            &mut s,
+            NodeId(1),
+            Epoch(3),
+            0,
+            3,
+            w(3),
+            &mut sends,
+            &mut disk,
+        );
         assert_eq!(disk.len(), 2);
-        s.on_repl(
+        on(
+            &mut s,
             NodeId(1),
             Epoch(3),
             5,
@@ -191,7 +323,16 @@ mod tests {
             &mut sends,
             &mut disk,
         );
-        s.on_repl(NodeId(1), Epoch(3), 5, 1, w(4), &mut sends, &mut disk);
+        on(
+            &mut s,
+            NodeId(1),
+            Epoch(3),
+            5,
+            1,
+            w(4),
+            &mut sends,
+            &mut disk,
+        );
         assert_eq!(disk.len(), 3);
         s.on_disk_done(disk[2].1, &mut sends);
         assert_eq!(
@@ -210,5 +351,82 @@ mod tests {
         let n = sends.len();
         s.on_disk_done(disk[0].1, &mut sends);
         assert_eq!(sends.len(), n);
+    }
+
+    #[test]
+    fn reports_the_uncertain_regions_of_the_epoch_before() {
+        let (p, q) = (NodeId(0), NodeId(2));
+        let mut s = Secondary::new(VolumeId(1), Epoch(1), Some((p, 0)), &cfg());
+        let (mut sends, mut disk) = (Vec::new(), Vec::new());
+        let wr = |lba: u64| ReplOp::Write {
+            lba,
+            data: vec![1, 1],
+            fua: false,
+        };
+        // vseq 1..=3: regions 0, 1 and 2 (lba 7 spans regions 1 and 2).
+        for (vseq, lba, commit, floor) in [(1, 0, 0, 0), (2, 7, 1, 0), (3, 12, 2, 1)] {
+            let r = ReplIn {
+                from: p,
+                epoch: Epoch(1),
+                session: 0,
+                lseq: vseq,
+                vseq,
+                commit,
+                floor,
+                op: wr(lba),
+            };
+            s.on_repl(r, &mut sends, &mut disk);
+        }
+        // The record alone (epoch 2) changes nothing; the new primary's
+        // Start gets the report of epoch 1.
+        s.adopt(Epoch(2));
+        on(
+            &mut s,
+            q,
+            Epoch(2),
+            4,
+            0,
+            ReplOp::Start,
+            &mut sends,
+            &mut disk,
+        );
+        let Some((_, Msg::ReplStarted { prior, epoch, .. })) = sends.last() else {
+            panic!("{sends:?}");
+        };
+        assert_eq!(*epoch, Epoch(2));
+        let prior = prior.clone().unwrap();
+        assert_eq!(prior.epoch, Epoch(1));
+        assert_eq!(prior.synced, 2);
+        assert_eq!(prior.regions, vec![1, 2, 3], "vseq 1 is at the floor");
+        // A second Start of the same epoch reports the same.
+        on(
+            &mut s,
+            q,
+            Epoch(2),
+            5,
+            0,
+            ReplOp::Start,
+            &mut sends,
+            &mut disk,
+        );
+        assert!(
+            matches!(sends.last(), Some((_, Msg::ReplStarted { prior: Some(p2), .. })) if *p2 == prior)
+        );
+        // A fresh secondary (a restart) knows nothing.
+        let mut r = Secondary::new(VolumeId(1), Epoch(2), None, &cfg());
+        on(
+            &mut r,
+            q,
+            Epoch(2),
+            4,
+            0,
+            ReplOp::Start,
+            &mut sends,
+            &mut disk,
+        );
+        assert!(matches!(
+            sends.last(),
+            Some((_, Msg::ReplStarted { prior: None, .. }))
+        ));
     }
 }

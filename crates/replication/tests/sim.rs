@@ -235,6 +235,8 @@ pub struct Params {
     pub resync_inflight: usize,
     /// Resync rate cap in bytes per simulated second (0: none).
     pub resync_rate: u64,
+    /// Writes a secondary remembers as uncertain before it gives up.
+    pub uncertain_limit: usize,
 }
 
 impl Params {
@@ -253,6 +255,13 @@ impl Params {
         } else {
             REGION_BYTES * 1000 / (2 + r.below(24))
         };
+        // On a quarter of seeds secondaries remember only 1–4 uncertain
+        // writes, so they often overflow and fall back to a full resync.
+        let uncertain_limit = if r.chance(250) {
+            1 + r.below(4) as usize
+        } else {
+            Config::default().uncertain_limit
+        };
         Params {
             nodes,
             spares,
@@ -262,6 +271,7 @@ impl Params {
             broken: false,
             resync_inflight,
             resync_rate,
+            uncertain_limit,
         }
     }
 }
@@ -300,6 +310,10 @@ pub struct Sim {
     /// replica, copies refused by the rate bucket seen as a pause.
     zero_ops: u64,
     max_copies: usize,
+    /// Failover resyncs narrowed to fewer regions than the volume's, and
+    /// ones left full (no usable report).
+    narrowed: u64,
+    not_narrowed: u64,
 }
 
 fn pair(a: Endpoint, b: Endpoint) -> (Endpoint, Endpoint) {
@@ -319,6 +333,7 @@ impl Sim {
             ack_before_secondaries: p.broken,
             resync_inflight: p.resync_inflight,
             resync_rate: p.resync_rate,
+            uncertain_limit: p.uncertain_limit,
             ..Config::default()
         };
         let ids: Vec<NodeId> = (0..p.nodes as u32).map(NodeId).collect();
@@ -373,6 +388,8 @@ impl Sim {
             copy_bytes: vec![None; all.len()],
             zero_ops: 0,
             max_copies: 0,
+            narrowed: 0,
+            not_narrowed: 0,
         };
         for i in 0..sim.procs.len() {
             if let Some(RoleKind::Primary(e)) = sim.procs[i].node.as_ref().map(Node::role) {
@@ -479,11 +496,15 @@ impl Sim {
         {
             self.seen[i] = self.seen[i].max(record.version);
         }
-        let acts = match self.procs[i].node.as_mut() {
-            Some(n) => n.handle(now, input),
+        let (acts, before) = match self.procs[i].node.as_mut() {
+            Some(n) => (n.failover_resyncs(), n.handle(now, input)),
             None => return,
-        };
+        }
+        .swap();
         if let Some(n) = &self.procs[i].node {
+            let after = n.failover_resyncs();
+            self.narrowed += after.0 - before.0;
+            self.not_narrowed += after.1 - before.1;
             self.max_copies = self.max_copies.max(n.max_copies_in_flight());
             // A new Primary starts with a full bucket at this instant.
             let inc = self.procs[i].inc;
@@ -508,7 +529,15 @@ impl Sim {
         };
         let bytes = bytes + REGION_BYTES;
         self.copy_bytes[i] = Some((e, inc, since, bytes));
-        let allowed = u128::from(burst) * 1000 + u128::from(rate) * u128::from(self.now - since);
+        // Copies admitted while the volume was below `min_in_sync` bypass
+        // the bucket (clients are blocked on them).
+        let unmetered = self.procs[i]
+            .node
+            .as_ref()
+            .map_or(0, Node::unmetered_copy_bytes);
+        let allowed = u128::from(burst) * 1000
+            + u128::from(rate) * u128::from(self.now - since)
+            + u128::from(unmetered) * 1000;
         if rate > 0 && u128::from(bytes) * 1000 > allowed {
             self.violation.get_or_insert_with(|| {
                 format!(
@@ -1107,6 +1136,8 @@ impl Sim {
             membership_changes: self.membership_changes,
             zero_ops: self.zero_ops,
             max_copies: self.max_copies,
+            narrowed: self.narrowed,
+            not_narrowed: self.not_narrowed,
         })
     }
 
@@ -1153,6 +1184,18 @@ pub struct Summary {
     pub membership_changes: u64,
     pub zero_ops: u64,
     pub max_copies: usize,
+    pub narrowed: u64,
+    pub not_narrowed: u64,
+}
+
+trait Swap<A, B> {
+    fn swap(self) -> (B, A);
+}
+
+impl<A, B> Swap<A, B> for (A, B) {
+    fn swap(self) -> (B, A) {
+        (self.1, self.0)
+    }
 }
 
 fn run_seed(seed: u64, broken: bool) -> Result<Summary, String> {
@@ -1174,6 +1217,7 @@ fn seeds() {
     let start = std::time::Instant::now();
     let (mut steps, mut acks, mut durable, mut failovers, mut changes) = (0, 0, 0, 0, 0);
     let (mut zero_ops, mut multi, mut capped) = (0, 0, 0);
+    let (mut narrowed, mut not_narrowed) = (0, 0);
     for seed in base..base + n {
         match run_seed(seed, false) {
             Ok(s) => {
@@ -1185,12 +1229,14 @@ fn seeds() {
                 zero_ops += s.zero_ops;
                 multi += u64::from(s.max_copies > 1);
                 capped += u64::from(Params::for_seed(seed).resync_rate > 0);
+                narrowed += s.narrowed;
+                not_narrowed += s.not_narrowed;
             }
             Err(e) => panic!("{e}"),
         }
     }
     eprintln!(
-        "{n} seeds from {base}: {steps} steps, {acks} acks ({durable} durable), {failovers} failovers, {changes} membership changes, {zero_ops} WriteZeroes, {multi} seeds with >1 copy in flight, {capped} with a rate cap, {:?}",
+        "{n} seeds from {base}: {steps} steps, {acks} acks ({durable} durable), {failovers} failovers, {changes} membership changes, {zero_ops} WriteZeroes, {multi} seeds with >1 copy in flight, {capped} with a rate cap, {narrowed} failover resyncs narrowed ({not_narrowed} full), {:?}",
         start.elapsed()
     );
     assert!(
@@ -1200,6 +1246,10 @@ fn seeds() {
     assert!(
         n < 100 || (zero_ops > 0 && multi > 0 && capped > 0),
         "the workload must exercise zeroing, several copies in flight and the rate cap"
+    );
+    assert!(
+        n < 100 || (narrowed > 0 && not_narrowed > 0),
+        "failovers must resync both narrowed (usable reports) and fully"
     );
 }
 

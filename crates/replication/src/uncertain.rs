@@ -1,0 +1,142 @@
+//! A secondary's memory of the writes it received in one epoch that are
+//! not known to be on every in-sync replica ("uncertain regions"), so that
+//! after a failover a new primary resyncs only those regions (DRBD's
+//! activity log, Raft's commit index).
+//!
+//! Job: from the `commit` and `floor` watermarks the primary piggybacks on
+//! every `Repl`, keep the regions of every write or copy received above the
+//! highest `floor`, and the highest `commit` received (`synced`).
+//!
+//! Invariants (the argument is in `docs/simulation.md`, "Failover
+//! resync"):
+//! - an entry is dropped only when its `vseq` is at or below a `floor`
+//!   received, or on overflow; after an overflow the log is usable again
+//!   only once a `floor` reaches the highest `vseq` dropped;
+//! - at most `limit` entries are kept.
+//!
+//! Memory only: a restarted node has none, and is fully resynced.
+
+use crate::msg::Prior;
+use crate::types::Epoch;
+use std::collections::{BTreeMap, BTreeSet};
+
+#[derive(Clone, Debug)]
+pub(crate) struct Uncertain {
+    pub(crate) epoch: Epoch,
+    /// The highest `commit` received (0: none).
+    pub(crate) synced: u64,
+    /// The highest `floor` received.
+    pub(crate) floor: u64,
+    /// Writes and copies received above `floor`: vseq → regions.
+    log: BTreeMap<u64, Vec<usize>>,
+    /// Entries up to this vseq were dropped on overflow.
+    overflow: Option<u64>,
+    limit: usize,
+}
+
+impl Uncertain {
+    pub(crate) fn new(epoch: Epoch, limit: usize) -> Self {
+        Uncertain {
+            epoch,
+            synced: 0,
+            floor: 0,
+            log: BTreeMap::new(),
+            overflow: None,
+            limit: limit.max(1),
+        }
+    }
+
+    /// A `Repl` of this epoch was received: `regions` written by it (empty
+    /// for a flush or a start).
+    pub(crate) fn on_repl(&mut self, vseq: u64, commit: u64, floor: u64, regions: &[usize]) {
+        self.synced = self.synced.max(commit);
+        if !regions.is_empty() {
+            self.log
+                .entry(vseq)
+                .or_default()
+                .extend(regions.iter().copied());
+        }
+        if floor > self.floor {
+            self.floor = floor;
+            self.log = self.log.split_off(&floor.saturating_add(1));
+            if self.overflow.is_some_and(|v| v <= floor) {
+                self.overflow = None;
+            }
+        }
+        if self.log.len() > self.limit {
+            let top = self.log.keys().next_back().copied().unwrap_or(0);
+            self.overflow = Some(self.overflow.unwrap_or(0).max(top));
+            self.log.clear();
+        }
+    }
+
+    /// Whether entries were dropped on overflow (then nothing is usable).
+    #[cfg(test)]
+    pub(crate) fn overflowed(&self) -> bool {
+        self.overflow.is_some()
+    }
+
+    /// Regions of the entries above `x`, or None if they are not all known
+    /// (`x` below the floor, or an entry above `x` dropped on overflow).
+    pub(crate) fn regions_above(&self, x: u64) -> Option<BTreeSet<usize>> {
+        if x < self.floor || self.overflow.is_some_and(|v| v > x) {
+            return None;
+        }
+        Some(
+            self.log
+                .range(x.saturating_add(1)..)
+                .flat_map(|(_, r)| r.iter().copied())
+                .collect(),
+        )
+    }
+
+    /// What to tell a new primary; None if the log overflowed.
+    pub(crate) fn report(&self) -> Option<Prior> {
+        let regions = self.regions_above(self.floor)?;
+        Some(Prior {
+            epoch: self.epoch,
+            synced: self.synced,
+            regions: regions.into_iter().map(|r| r as u32).collect(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn floor_forgets_and_commit_is_remembered() {
+        let mut u = Uncertain::new(Epoch(3), 100);
+        u.on_repl(5, 0, 0, &[1]);
+        u.on_repl(6, 4, 2, &[2, 3]);
+        u.on_repl(7, 5, 5, &[4]);
+        assert_eq!(u.synced, 5);
+        let p = u.report().unwrap();
+        assert_eq!(p.epoch, Epoch(3));
+        assert_eq!(p.regions, vec![2, 3, 4], "vseq 5 is at the floor");
+        assert_eq!(u.regions_above(6), Some(BTreeSet::from([4])));
+        assert_eq!(u.regions_above(4), None, "below the floor: forgotten");
+        // A stale (lower) floor changes nothing.
+        u.on_repl(8, 3, 1, &[]);
+        assert_eq!(u.floor, 5);
+        assert_eq!(u.synced, 5);
+    }
+
+    #[test]
+    fn overflow_falls_back_until_the_floor_passes_it() {
+        let mut u = Uncertain::new(Epoch(1), 2);
+        u.on_repl(1, 0, 0, &[0]);
+        u.on_repl(2, 0, 0, &[1]);
+        assert!(u.report().is_some());
+        u.on_repl(3, 0, 0, &[2]);
+        assert!(u.overflowed());
+        assert_eq!(u.report(), None, "three entries over a limit of two");
+        u.on_repl(4, 1, 1, &[3]);
+        assert_eq!(u.report(), None, "entries 2 and 3 were dropped");
+        assert_eq!(u.regions_above(3).map(|s| s.len()), Some(1));
+        u.on_repl(5, 3, 3, &[4]);
+        assert!(!u.overflowed());
+        assert_eq!(u.report().unwrap().regions, vec![3, 4]);
+    }
+}
