@@ -4,7 +4,7 @@
 //! full-queue drop counter, and shutdown joining every thread.
 
 use basalt_cluster::peer::{PeerConfig, PeerHandler, PeerNet, PeerStats};
-use basalt_replication::{ClientReply, ClientReq, Epoch, Msg, NodeId, ReplOp, VolumeId};
+use basalt_replication::{ClientReply, ClientReq, Epoch, Msg, NodeId, Prior, ReplOp, VolumeId};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::{Arc, Mutex};
@@ -75,6 +75,8 @@ fn every_kind(tag: u64) -> Vec<Msg> {
             session: 1,
             lseq: 0,
             vseq: tag,
+            commit: tag,
+            floor: 0,
             op: ReplOp::Start,
         },
         Msg::Repl {
@@ -83,6 +85,8 @@ fn every_kind(tag: u64) -> Vec<Msg> {
             session: 1,
             lseq: 1,
             vseq: tag + 1,
+            commit: tag,
+            floor: tag,
             op: ReplOp::Write {
                 lba: 8,
                 data: big.clone(),
@@ -95,7 +99,19 @@ fn every_kind(tag: u64) -> Vec<Msg> {
             session: 1,
             lseq: 2,
             vseq: tag + 2,
+            commit: tag + 1,
+            floor: tag,
             op: ReplOp::Flush,
+        },
+        Msg::ReplStarted {
+            vol: VOL,
+            epoch: Epoch(tag),
+            session: 1,
+            prior: Some(Prior {
+                epoch: Epoch(tag.max(1)),
+                synced: tag,
+                regions: vec![1, 5, 9],
+            }),
         },
         Msg::ReplAck {
             vol: VOL,
@@ -442,6 +458,8 @@ fn full_queue_drops_and_counts_while_destination_is_down() {
         session: 1,
         lseq: 1,
         vseq: 1,
+        commit: 0,
+        floor: 0,
         op: ReplOp::Write {
             lba: 0,
             data: vec![0; 10 << 10],
