@@ -111,11 +111,14 @@ fn run(weak: Weak<Inner>, rx: mpsc::Receiver<CoordEvent>) {
                 sent_at,
             }) => {
                 let rec = inner.records.read().get(&vol).cloned();
-                // Unanswered heartbeats let leases lapse: the safe side
-                // when the role may have passed to another node.
-                if let Some(rec) = rec.filter(|_| inner.meta.coordinator_role_current()) {
+                if let Some(rec) = rec {
+                    // The node is alive either way; but an unanswered
+                    // heartbeat lets the primary's lease lapse: the safe side
+                    // when the role may have passed to another node.
                     let (_, reply) = coord.on_heartbeat(inner.now_ms(), from, boot, sent_at, &rec);
-                    inner.send_heartbeat_ack(from, vol, reply);
+                    if inner.meta.coordinator_role_current() {
+                        inner.send_heartbeat_ack(from, vol, reply);
+                    }
                 }
             }
             Err(RecvTimeoutError::Timeout) => {}

@@ -636,8 +636,14 @@ impl Inner {
                     origin: Origin::Node(from),
                 },
                 Msg::HeartbeatAck { .. } => Event::Control(msg),
-                Msg::Heartbeat { .. } | Msg::ClientReply { .. } => {
-                    self.on_peer(from, vol, msg);
+                Msg::Heartbeat { boot, sent_at } => {
+                    if let Some(c) = self.coordinator.lock().as_ref() {
+                        c.heartbeat(from, vol, boot, sent_at);
+                    }
+                    continue;
+                }
+                Msg::ClientReply { id, reply } => {
+                    self.complete(id, reply);
                     continue;
                 }
                 msg => Event::Peer { from, msg },
@@ -665,37 +671,6 @@ impl Inner {
                     }
                 }
             }
-        }
-    }
-
-    fn on_peer(&self, from: NodeId, vol: VolumeId, msg: Msg) {
-        match msg {
-            Msg::Heartbeat { boot, sent_at } => {
-                if let Some(c) = self.coordinator.lock().as_ref() {
-                    c.heartbeat(from, vol, boot, sent_at);
-                }
-            }
-            Msg::ClientReply { id, reply } => self.complete(id, reply),
-            Msg::ClientReq { id, req } => {
-                if let Some(replica) = self.replica(vol) {
-                    replica.deliver(vec![Event::Client {
-                        id,
-                        req,
-                        origin: Origin::Node(from),
-                    }]);
-                } else {
-                    self.peers.send(
-                        from,
-                        vol,
-                        Msg::ClientReply {
-                            id,
-                            reply: ClientReply::NotPrimary,
-                        },
-                    );
-                }
-            }
-            Msg::HeartbeatAck { .. } => self.to_replica(vol, Event::Control(msg)),
-            other => self.to_replica(vol, Event::Peer { from, msg: other }),
         }
     }
 
