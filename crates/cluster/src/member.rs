@@ -134,11 +134,12 @@ impl ReplicaHandle {
     }
 }
 
-/// Client requests waiting for their reply, by this node's request id.
+/// Client requests waiting for their reply, by this node's request id:
+/// the channel of the batch the request belongs to, and its index there.
 #[derive(Default)]
 struct Pending {
     next: u64,
-    waiting: HashMap<u64, mpsc::SyncSender<ClientReply>>,
+    waiting: HashMap<u64, (mpsc::SyncSender<(usize, ClientReply)>, usize)>,
 }
 
 pub(crate) struct Inner {
@@ -695,32 +696,32 @@ impl Inner {
     }
 
     fn complete(&self, id: u64, reply: ClientReply) {
-        if let Some(tx) = self.pending.lock().waiting.remove(&id) {
-            let _ = tx.try_send(reply);
+        if let Some((tx, i)) = self.pending.lock().waiting.remove(&id) {
+            let _ = tx.try_send((i, reply));
         }
     }
 
-    /// Sends client requests to the volume's primary; each reply arrives
-    /// on the receiver returned beside the request's index. A local primary
-    /// runs them on this thread, disk I/O included.
+    /// Sends client requests to the volume's primary; their replies arrive
+    /// on the returned channel, tagged with the index given beside each
+    /// request. Also returns the requests' ids. A local primary runs them on
+    /// this thread, disk I/O included.
     fn submit(
         &self,
         vol: VolumeId,
         reqs: Vec<(usize, ClientReq)>,
-    ) -> Vec<(usize, u64, mpsc::Receiver<ClientReply>)> {
-        let mut waiting = Vec::with_capacity(reqs.len());
+    ) -> (Vec<u64>, mpsc::Receiver<(usize, ClientReply)>) {
+        let (tx, rx) = mpsc::sync_channel(reqs.len());
         let mut sent = Vec::with_capacity(reqs.len());
         {
             let mut p = self.pending.lock();
             for (i, req) in reqs {
-                let (tx, rx) = mpsc::sync_channel(1);
                 p.next += 1;
                 let id = p.next;
-                p.waiting.insert(id, tx);
-                waiting.push((i, id, rx));
+                p.waiting.insert(id, (tx.clone(), i));
                 sent.push((id, req));
             }
         }
+        let ids = sent.iter().map(|(id, _)| *id).collect();
         let primary = self.records.read().get(&vol).map(|r| r.primary);
         match primary {
             Some(p) if p == self.me => match self.replica(vol) {
@@ -752,50 +753,64 @@ impl Inner {
                 }
             }
         }
-        waiting
+        (ids, rx)
     }
 
-    fn forget(&self, id: u64) {
-        self.pending.lock().waiting.remove(&id);
+    /// Drops the requests still waiting among `ids` (their replies, should
+    /// they come, go nowhere).
+    fn forget(&self, ids: &[u64]) {
+        let mut p = self.pending.lock();
+        for id in ids {
+            p.waiting.remove(id);
+        }
     }
 
     /// Runs `reqs` against the volume's primary, retrying across failovers
     /// until the request deadline; returns each request's read data.
+    ///
+    /// `request(i)` builds request `i` of `n` for each attempt, so a
+    /// request's data is copied from the caller's buffer once per attempt
+    /// and kept nowhere else.
     fn execute(
         &self,
         vol: VolumeId,
-        reqs: Vec<ClientReq>,
+        n: usize,
+        request: impl Fn(usize) -> ClientReq,
     ) -> Vec<Result<Option<Vec<u8>>, IoError>> {
         let deadline = Instant::now() + self.cfg.request_deadline;
         // A reply normally takes far less; past this the request (or its
         // reply) is assumed lost with a connection and is sent again.
         let attempt = Duration::from_secs(5);
         let mut results: Vec<Option<Result<Option<Vec<u8>>, IoError>>> =
-            (0..reqs.len()).map(|_| None).collect();
+            (0..n).map(|_| None).collect();
         let mut backoff = Duration::from_millis(20);
         loop {
-            let todo: Vec<(usize, ClientReq)> = (0..reqs.len())
+            let todo: Vec<(usize, ClientReq)> = (0..n)
                 .filter(|i| results[*i].is_none())
-                .map(|i| (i, reqs[i].clone()))
+                .map(|i| (i, request(i)))
                 .collect();
             if todo.is_empty() {
                 break;
             }
-            let inflight = self.submit(vol, todo);
+            let (ids, rx) = self.submit(vol, todo);
+            let mut unanswered = ids.len();
             let mut retry = false;
-            // One attempt window for the whole batch: waiting `attempt` per
-            // request would let a batch sent to a dead primary run past the
-            // request deadline before its first retry.
+            // One attempt window for the whole batch: a batch sent to a dead
+            // primary is retried after `attempt`, not after `attempt` per
+            // request.
             let attempt_end = (Instant::now() + attempt).min(deadline);
-            for (i, id, rx) in inflight {
+            while unanswered > 0 {
                 let wait = attempt_end.saturating_duration_since(Instant::now());
                 match rx.recv_timeout(wait) {
-                    Ok(ClientReply::Ok { data, .. }) => results[i] = Some(Ok(data)),
-                    Ok(ClientReply::NotPrimary) | Err(_) => {
-                        self.forget(id);
+                    Ok((i, ClientReply::Ok { data, .. })) => results[i] = Some(Ok(data)),
+                    Ok((_, ClientReply::NotPrimary)) => retry = true,
+                    Err(_) => {
+                        self.forget(&ids);
                         retry = true;
+                        break;
                     }
                 }
+                unanswered -= 1;
             }
             if retry {
                 if Instant::now() >= deadline {
@@ -937,6 +952,13 @@ fn gone() -> IoError {
     IoError::Gone
 }
 
+fn op_len(op: &DataOp<'_>) -> u64 {
+    match &op.kind {
+        DataKind::Read(b) => b.len() as u64,
+        DataKind::Write(b) => b.len() as u64,
+    }
+}
+
 impl ClusterVolume {
     fn check(&self, offset: u64, len: u64) -> Result<(), IoError> {
         if offset.checked_add(len).is_none_or(|end| end > self.size) {
@@ -960,13 +982,10 @@ impl ClusterVolume {
         let _guard = self.partial.lock();
         let first = offset / BLOCK_SIZE;
         let end = (offset + data.len() as u64).div_ceil(BLOCK_SIZE);
-        let read = inner.execute(
-            self.vol,
-            vec![ClientReq::Read {
-                lba: first,
-                blocks: end - first,
-            }],
-        );
+        let read = inner.execute(self.vol, 1, |_| ClientReq::Read {
+            lba: first,
+            blocks: end - first,
+        });
         let mut buf = match read.into_iter().next() {
             Some(Ok(Some(d))) => d,
             Some(Err(e)) => return Err(e),
@@ -976,14 +995,11 @@ impl ClusterVolume {
         buf.get_mut(at..at + data.len())
             .ok_or(IoError::Failed)?
             .copy_from_slice(data);
-        let w = inner.execute(
-            self.vol,
-            vec![ClientReq::Write {
-                lba: first,
-                data: buf,
-                fua,
-            }],
-        );
+        let w = inner.execute(self.vol, 1, |_| ClientReq::Write {
+            lba: first,
+            data: buf.clone(),
+            fua,
+        });
         w.into_iter()
             .next()
             .unwrap_or(Err(IoError::Failed))
@@ -1003,44 +1019,39 @@ impl BlockIo for ClusterVolume {
             }
             return;
         };
-        // Aligned requests go out together; partial blocks one at a time.
+        // Reads and aligned writes go out together; partial writes one at a
+        // time (read-modify-write).
         let mut aligned = Vec::new();
-        let mut reqs = Vec::new();
         for (i, op) in ops.iter_mut().enumerate() {
-            let len = match &op.kind {
-                DataKind::Read(b) => b.len() as u64,
-                DataKind::Write(b) => b.len() as u64,
-            };
+            let len = op_len(op);
             if let Err(e) = self.check(op.offset, len) {
                 op.result = Err(e);
                 continue;
             }
             let is_aligned = op.offset.is_multiple_of(BLOCK_SIZE) && len.is_multiple_of(BLOCK_SIZE);
-            match &op.kind {
-                DataKind::Read(_) => {
-                    let first = op.offset / BLOCK_SIZE;
-                    let end = (op.offset + len).div_ceil(BLOCK_SIZE);
-                    aligned.push(i);
-                    reqs.push(ClientReq::Read {
-                        lba: first,
-                        blocks: end - first,
-                    });
-                }
-                DataKind::Write(d) if is_aligned => {
-                    aligned.push(i);
-                    reqs.push(ClientReq::Write {
-                        lba: op.offset / BLOCK_SIZE,
-                        data: d.to_vec(),
-                        fua: op.fua,
-                    });
-                }
-                DataKind::Write(_) => {}
+            if is_aligned || matches!(op.kind, DataKind::Read(_)) {
+                aligned.push(i);
             }
         }
-        let results = if reqs.is_empty() {
+        let results = if aligned.is_empty() {
             Vec::new()
         } else {
-            inner.execute(self.vol, reqs)
+            let ops = &*ops;
+            inner.execute(self.vol, aligned.len(), |k| {
+                let op = &ops[aligned[k]];
+                let first = op.offset / BLOCK_SIZE;
+                match &op.kind {
+                    DataKind::Read(_) => ClientReq::Read {
+                        lba: first,
+                        blocks: (op.offset + op_len(op)).div_ceil(BLOCK_SIZE) - first,
+                    },
+                    DataKind::Write(d) => ClientReq::Write {
+                        lba: first,
+                        data: d.to_vec(),
+                        fua: op.fua,
+                    },
+                }
+            })
         };
         for (i, r) in aligned.into_iter().zip(results) {
             let op = &mut ops[i];
@@ -1076,7 +1087,7 @@ impl BlockIo for ClusterVolume {
     fn flush(&self) -> Result<(), IoError> {
         let inner = self.inner.upgrade().ok_or_else(gone)?;
         inner
-            .execute(self.vol, vec![ClientReq::Flush])
+            .execute(self.vol, 1, |_| ClientReq::Flush)
             .into_iter()
             .next()
             .unwrap_or(Err(IoError::Failed))
