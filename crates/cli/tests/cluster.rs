@@ -392,23 +392,14 @@ fn fio_verify_survives_etcd_restart_and_node_kill() {
     });
 
     let scratch = Scratch::new();
-    let mut cmd = std::process::Command::new(require_tool("fio"));
-    cmd.current_dir(&scratch.0).args([
-        "--name=clusterverify",
-        "--ioengine=nbd",
-        &format!("--uri={}", c.nodes[via].uri("fiov")),
-        "--rw=randwrite",
-        "--bs=4k",
-        "--iodepth=8",
-        "--size=16M",
-        "--time_based",
-        "--runtime=14",
-        "--verify=crc32c",
-        "--verify_backlog=256",
-        "--verify_fatal=1",
-        "--verify_state_save=0",
-        "--output-format=json",
-    ]);
+    let cmd = fio_verify(
+        None,
+        &scratch.0,
+        "clusterverify",
+        &c.nodes[via].uri("fiov"),
+        8,
+        14,
+    );
     let fio = Background::spawn(cmd);
     std::thread::sleep(Duration::from_secs(3));
     eprintln!("restarting etcd under I/O");

@@ -28,7 +28,6 @@ mod common;
 use common::cluster::*;
 use common::*;
 use serde_json::Value;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 /// How long a progress condition of a writer may take.
@@ -86,7 +85,8 @@ fn last_json_line(out: &str, what: &str) -> Value {
 
 #[test]
 fn partitioned_secondary_resyncs_under_io() {
-    let fio_bin = require_tool("fio");
+    // Checked before the cluster starts.
+    require_tool("fio");
     let seed = test_seed("partitioned_secondary_resyncs_under_io");
     let c = Cluster::start_in_netns(3);
     let client = c.client_netns();
@@ -117,24 +117,14 @@ fn partitioned_secondary_resyncs_under_io() {
     );
 
     let scratch = Scratch::new();
-    let mut cmd = Command::new(fio_bin);
-    in_netns(&mut cmd, client);
-    cmd.current_dir(&scratch.0).args([
-        "--name=partition",
-        "--ioengine=nbd",
-        &format!("--uri={}", c.nodes[primaries[1]].uri(fv)),
-        "--rw=randwrite",
-        "--bs=4k",
-        "--iodepth=4",
-        "--size=16M",
-        "--time_based",
-        "--runtime=15",
-        "--verify=crc32c",
-        "--verify_backlog=256",
-        "--verify_fatal=1",
-        "--verify_state_save=0",
-        "--output-format=json",
-    ]);
+    let cmd = fio_verify(
+        client,
+        &scratch.0,
+        "partition",
+        &c.nodes[primaries[1]].uri(fv),
+        4,
+        15,
+    );
     let fio = Background::spawn(cmd);
 
     let state = scratch.path("state.json");

@@ -11,10 +11,12 @@
 //! Invariant: node `i` is named `node{i}` and is `nodes[i]`.
 
 use super::netns::TestNet;
-use super::{in_netns, python_cmd, run_cmd, CmdOutput, Server};
+use super::{in_netns, python_cmd, require_tool, run_cmd, CmdOutput, Server};
 use basalt_etcd_fixture::{EtcdNet, EtcdServer};
 use serde_json::Value;
 use std::net::TcpListener;
+use std::path::Path;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 /// Fields drop in order: etcd, then the nodes, then the network they ran in.
@@ -305,4 +307,36 @@ pub fn verify_pattern(
     length: u64,
 ) {
     pattern(netns, "verify", uri, seed, gen, offset, length, &[]);
+}
+
+/// fio writing random 4 KiB blocks to `uri` with crc32c verification, the
+/// backlog read back while it writes (so a lost or stale block fails the
+/// job at once), for `runtime` seconds; run in `netns` if given, from `dir`.
+pub fn fio_verify(
+    netns: Option<&str>,
+    dir: &Path,
+    name: &str,
+    uri: &str,
+    iodepth: u32,
+    runtime: u32,
+) -> Command {
+    let mut cmd = Command::new(require_tool("fio"));
+    in_netns(&mut cmd, netns);
+    cmd.current_dir(dir).args([
+        format!("--name={name}"),
+        "--ioengine=nbd".into(),
+        format!("--uri={uri}"),
+        "--rw=randwrite".into(),
+        "--bs=4k".into(),
+        format!("--iodepth={iodepth}"),
+        "--size=16M".into(),
+        "--time_based".into(),
+        format!("--runtime={runtime}"),
+        "--verify=crc32c".into(),
+        "--verify_backlog=256".into(),
+        "--verify_fatal=1".into(),
+        "--verify_state_save=0".into(),
+        "--output-format=json".into(),
+    ]);
+    cmd
 }
