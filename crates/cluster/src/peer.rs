@@ -338,9 +338,12 @@ impl PeerNet {
                 st.busy = false;
                 match sent {
                     Ok(tail) => {
-                        bump(&inner.c.frames_sent, 1);
                         bump(&inner.c.bytes_sent, (len - tail.len()) as u64);
-                        if !tail.is_empty() {
+                        // A frame counts as sent once: here if it went out
+                        // whole, else when the writer sends its tail.
+                        if tail.is_empty() {
+                            bump(&inner.c.frames_sent, 1);
+                        } else {
                             st.queued_bytes += tail.len();
                             st.queue.push_front(Queued {
                                 len: tail.len(),
@@ -828,7 +831,11 @@ fn writer_loop(inner: &Inner, dest: &Dest) {
                     // A tail belongs to the connection its frame began on.
                     {
                         let mut st = dest.state.lock();
+                        let before = st.queue.len();
                         st.queue.retain(|q| !matches!(q.item, Item::Tail(_)));
+                        let lost = (before - st.queue.len()) as u64;
+                        st.dropped += lost;
+                        bump(&inner.c.frames_dropped, lost);
                         st.queued_bytes = st.queue.iter().map(|q| q.len).sum();
                     }
                     bump(&inner.c.connects, 1);
