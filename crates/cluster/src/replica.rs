@@ -257,6 +257,15 @@ impl<E: ReplicaEnv> Replica<E> {
                     actions.extend(st.node.handle(now, Input::Tick));
                 }
                 st.route(actions, &mut round);
+                for (replica, decided) in st.node.take_failover_resyncs() {
+                    let volume = uuid::Uuid::from_u128(self.vol.0);
+                    match decided {
+                        Some((copy, total)) => tracing::info!(%volume, replica = replica.0,
+                            "failover resync narrowed to {copy} of {total} regions"),
+                        None => tracing::info!(%volume, replica = replica.0,
+                            "failover resync copies every region: the replica has no usable log (it restarted or missed an epoch)"),
+                    }
+                }
                 let role = st.node.role();
                 if st.last_role != role {
                     tracing::info!(volume = %uuid::Uuid::from_u128(self.vol.0), ?role, "replica role changed");

@@ -61,10 +61,12 @@ pub struct Config {
     /// Region copies in flight per replica being resynced (read from the
     /// local disk or sent and not yet acknowledged); at least 1.
     pub resync_inflight: usize,
-    /// Most writes a secondary remembers as uncertain (received above the
-    /// primary's `floor`); beyond it, it forgets them all and reports
-    /// nothing usable until the floor passes the last one forgotten, so a
-    /// failover meanwhile resyncs it fully.
+    /// Most regions a node remembers as uncertain (written above the
+    /// primary's `floor`, which a replica out of sync holds back); beyond
+    /// it, it forgets them all and reports nothing usable until the floor
+    /// passes the last one forgotten, so a failover meanwhile resyncs it
+    /// fully. The default, 16384 regions (16 GiB of 1 MiB regions written
+    /// while a replica is away), costs at most about 1.5 MiB per log.
     pub uncertain_limit: usize,
     /// Test-only: acknowledge after the local disk alone (a deliberately
     /// broken protocol, to prove the simulator's checks can fail).
@@ -111,7 +113,7 @@ impl Default for Config {
             resync_retry_ms: 40,
             resync_rate: 0,
             resync_inflight: 4,
-            uncertain_limit: 4096,
+            uncertain_limit: 16384,
             ack_before_secondaries: false,
         }
     }

@@ -53,9 +53,12 @@ pub struct Node {
     last_hb: Option<u64>,
     last_poll: Option<u64>,
     gen: u64,
-    /// Failover resyncs this node decided as primary: narrowed to fewer
-    /// regions than the volume's, and not narrowed (no usable report).
+    /// Failover resyncs this node decided as primary: narrowed (a usable
+    /// report), and full (no usable report).
     narrowed: (u64, u64),
+    /// The same decisions, each with its replica and (regions to copy,
+    /// regions in the volume), until the driver takes them.
+    decided: Vec<(NodeId, Option<(usize, usize)>)>,
 }
 
 impl Node {
@@ -100,6 +103,7 @@ impl Node {
             last_poll: None,
             gen: 0,
             narrowed: (0, 0),
+            decided: Vec::new(),
         }
     }
 
@@ -142,11 +146,18 @@ impl Node {
     }
 
     /// Failover resyncs this node decided as primary since it started:
-    /// (narrowed to fewer regions than the volume's, full because the
-    /// replica's report was not usable).
+    /// (narrowed by the replica's usable report, full because it had
+    /// none).
     #[doc(hidden)]
     pub fn failover_resyncs(&self) -> (u64, u64) {
         self.narrowed
+    }
+
+    /// Failover resyncs decided since the last call: per replica, (regions
+    /// to copy, regions in the volume), or None for a full copy (the
+    /// replica had no usable report). For the driver's log.
+    pub fn take_failover_resyncs(&mut self) -> Vec<(NodeId, Option<(usize, usize)>)> {
+        std::mem::take(&mut self.decided)
     }
 
     /// The role's state in one line, for simulator traces.
@@ -169,12 +180,13 @@ impl Node {
     }
 
     fn step_down(&mut self, out: &mut Out) {
-        let epoch = match &self.role {
-            Role::Primary(p) => p.epoch,
+        let (epoch, log) = match &self.role {
+            Role::Primary(p) => (p.epoch, p.deposed_log()),
             _ => return,
         };
         let epoch = self.rec.as_ref().map_or(epoch, |r| r.epoch.max(epoch));
-        let s = Secondary::new(self.vol, epoch, None, &self.cfg);
+        let mut s = Secondary::new(self.vol, epoch, None, &self.cfg);
+        s.remember(log);
         self.become_role(Role::Secondary(Box::new(s)), out);
     }
 
@@ -271,11 +283,12 @@ impl Node {
         if let Role::Primary(p) = &mut self.role {
             p.progress(now, self.lease_until, &mut out);
         }
-        for n in std::mem::take(&mut out.narrowed) {
+        for (replica, n) in std::mem::take(&mut out.narrowed) {
             match n {
-                Some((copy, total)) if copy < total => self.narrowed.0 += 1,
-                _ => self.narrowed.1 += 1,
+                Some(_) => self.narrowed.0 += 1,
+                None => self.narrowed.1 += 1,
             }
+            self.decided.push((replica, n));
         }
         for (op, t) in sdisk {
             self.disk.submit(op, (self.gen, Tag::S(t)), &mut acts);

@@ -227,7 +227,7 @@ pub(crate) struct Out {
     pub step_down: bool,
     /// Failover resyncs decided: (regions to copy, regions in the volume),
     /// None when the replica's report was not usable (full resync).
-    pub narrowed: Vec<Option<(usize, usize)>>,
+    pub narrowed: Vec<(NodeId, Option<(usize, usize)>)>,
 }
 
 pub(crate) struct Primary {
@@ -262,6 +262,10 @@ pub(crate) struct Primary {
     /// This node's log of the previous epoch's stream, when it was promoted
     /// from secondary (None: fresh volume, restart, re-appointment).
     mine: Option<Uncertain>,
+    /// This epoch's writes above the floor, kept like a secondary's log:
+    /// reported by this node once deposed, so that a partitioned primary
+    /// that comes back is resynced in those regions only.
+    own: Uncertain,
     /// Regions written by clients in this epoch.
     written: BTreeSet<usize>,
 }
@@ -300,6 +304,7 @@ impl Primary {
                 (*n, link)
             })
             .collect();
+        let rec_epoch = rec.epoch;
         Primary {
             me,
             vol: rec.volume,
@@ -316,6 +321,7 @@ impl Primary {
             last_copy: None,
             unmetered_bytes: 0,
             mine,
+            own: Uncertain::new(rec_epoch, cfg.uncertain_limit),
             written: BTreeSet::new(),
             cfg,
         }
@@ -379,7 +385,11 @@ impl Primary {
     /// (commit, floor) before the next vseq is taken: every client
     /// operation (reads aside) up to `commit` was acknowledged; `floor` is
     /// the least `commit` an InSync link acknowledged receiving (`commit`
-    /// if no link is InSync).
+    /// if no link is InSync). A link out of sync that once acknowledged a
+    /// `commit` holds the floor at its last one until it is InSync again
+    /// (or removed, or restarted): every InSync replica then keeps the
+    /// regions written since, so whichever is promoted can resync it in
+    /// those regions only (its dirty set lives on in the other replicas).
     fn watermarks(&self) -> (u64, u64) {
         let commit = self
             .ops
@@ -389,12 +399,22 @@ impl Primary {
         let floor = self
             .links
             .values()
-            .filter(|l| l.mode == Mode::InSync)
+            .filter(|l| l.mode == Mode::InSync || l.acked_commit > 0)
             .map(|l| l.acked_commit)
             .min()
             .unwrap_or(commit)
             .min(commit);
         (commit, floor)
+    }
+
+    /// This epoch's log as a deposed primary reports it: every client
+    /// operation up to `synced` was acknowledged (so this node applied it),
+    /// and every write above the floor is in it, acknowledged or not.
+    pub(crate) fn deposed_log(&self) -> Uncertain {
+        let (commit, floor) = self.watermarks();
+        let mut log = self.own.clone();
+        log.advance(commit, floor);
+        log
     }
 
     /// Replies NotPrimary to every pending client operation.
@@ -429,6 +449,7 @@ impl Primary {
                 }
                 let regions = self.regions_of(lba, blocks);
                 self.written.extend(regions.iter().copied());
+                self.own.on_repl(vseq, commit, floor, &regions);
                 for r in &regions {
                     self.region_gen[*r] += 1;
                     self.region_inflight[*r] += 1;
@@ -661,9 +682,9 @@ impl Primary {
                     if !left.is_empty() {
                         l.unflushed.entry(0).or_default().extend(left);
                     }
-                    out.narrowed.push(Some((l.dirty.len(), total)));
+                    out.narrowed.push((from, Some((l.dirty.len(), total))));
                 }
-                None => out.narrowed.push(None),
+                None => out.narrowed.push((from, None)),
             }
         }
         self.on_ack(from, epoch, session, 0);
@@ -750,6 +771,9 @@ impl Primary {
             if info.boot != boot {
                 if let Some(l) = self.links.get_mut(&n) {
                     l.boot = info.boot;
+                    // A restarted replica lost its log: it will be
+                    // resynced in full, so it holds back no floor.
+                    l.acked_commit = 0;
                 }
                 if mode.streams() || mode == Mode::Leaving {
                     self.link_failed(n);
@@ -1001,7 +1025,7 @@ impl Primary {
         let in_sync = 1 + self
             .links
             .values()
-            .filter(|l| l.mode == Mode::InSync)
+            .filter(|l| l.mode == Mode::InSync || l.acked_commit > 0)
             .count();
         in_sync < self.rec.min_in_sync
     }

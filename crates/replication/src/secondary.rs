@@ -17,7 +17,8 @@
 //!   [`Uncertain`] log until a `floor` passes it; the log of the epoch
 //!   before the current one is kept and reported in `ReplStarted` to the
 //!   next primary that opens a stream (a new epoch's `Repl` starts a new
-//!   log, never an epoch learned from the record alone).
+//!   log, never an epoch learned from the record alone); a deposed primary
+//!   starts as a secondary holding its own log of its epoch.
 
 use crate::msg::{DiskOp, Endpoint, Msg, ReplOp};
 use crate::types::{Epoch, NodeId, VolumeId};
@@ -85,6 +86,12 @@ impl Secondary {
             volume_blocks: cfg.volume_blocks,
             limit: cfg.uncertain_limit,
         }
+    }
+
+    /// Keeps `log` (this node's own, as the primary it was) to report to
+    /// the next epoch's primary, as if it had received that stream.
+    pub(crate) fn remember(&mut self, log: Uncertain) {
+        self.prev = Some(log);
     }
 
     /// The log of the stream received in `epoch`, if any (for a promotion).

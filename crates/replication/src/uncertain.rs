@@ -5,14 +5,19 @@
 //!
 //! Job: from the `commit` and `floor` watermarks the primary piggybacks on
 //! every `Repl`, keep the regions of every write or copy received above the
-//! highest `floor`, and the highest `commit` received (`synced`).
+//! highest `floor`, and the highest `commit` received (`synced`). A primary
+//! keeps one of its own writes the same way, reported when it is deposed.
 //!
 //! Invariants (the argument is in `docs/simulation.md`, "Failover
 //! resync"):
-//! - an entry is dropped only when its `vseq` is at or below a `floor`
-//!   received, or on overflow; after an overflow the log is usable again
-//!   only once a `floor` reaches the highest `vseq` dropped;
-//! - at most `limit` entries are kept.
+//! - a region is in the log iff a write or copy of it above the highest
+//!   `floor` was received (only its highest `vseq` is kept, so the log
+//!   holds at most one entry per region however long the floor stays put:
+//!   the primary holds the floor back while a replica is out of sync);
+//! - entries are dropped only when the `floor` passes them, or on
+//!   overflow; after an overflow the log is usable again only once a
+//!   `floor` reaches the highest `vseq` dropped;
+//! - at most `limit` regions are kept.
 //!
 //! Memory only: a restarted node has none, and is fully resynced.
 
@@ -27,8 +32,12 @@ pub(crate) struct Uncertain {
     pub(crate) synced: u64,
     /// The highest `floor` received.
     pub(crate) floor: u64,
-    /// Writes and copies received above `floor`: vseq → regions.
+    /// Writes and copies received above `floor`: vseq → regions whose
+    /// highest vseq it is.
     log: BTreeMap<u64, Vec<usize>>,
+    /// region → its vseq in `log` (the index that keeps one entry per
+    /// region).
+    latest: BTreeMap<usize, u64>,
     /// Entries up to this vseq were dropped on overflow.
     overflow: Option<u64>,
     limit: usize,
@@ -41,6 +50,7 @@ impl Uncertain {
             synced: 0,
             floor: 0,
             log: BTreeMap::new(),
+            latest: BTreeMap::new(),
             overflow: None,
             limit: limit.max(1),
         }
@@ -49,24 +59,53 @@ impl Uncertain {
     /// A `Repl` of this epoch was received: `regions` written by it (empty
     /// for a flush or a start).
     pub(crate) fn on_repl(&mut self, vseq: u64, commit: u64, floor: u64, regions: &[usize]) {
-        self.synced = self.synced.max(commit);
-        if !regions.is_empty() {
-            self.log
-                .entry(vseq)
-                .or_default()
-                .extend(regions.iter().copied());
+        if vseq > self.floor {
+            for &r in regions {
+                match self.latest.get(&r).copied() {
+                    // Entries may arrive out of order: keep the highest.
+                    Some(v) if v >= vseq => continue,
+                    Some(v) => self.unlog(v, r),
+                    None => {}
+                }
+                self.latest.insert(r, vseq);
+                self.log.entry(vseq).or_default().push(r);
+            }
         }
+        self.advance(commit, floor);
+        if self.latest.len() > self.limit {
+            let top = self.log.keys().next_back().copied().unwrap_or(0);
+            self.overflow = Some(self.overflow.unwrap_or(0).max(top));
+            self.log.clear();
+            self.latest.clear();
+        }
+    }
+
+    /// The watermarks moved to (`commit`, `floor`); lower ones change
+    /// nothing.
+    pub(crate) fn advance(&mut self, commit: u64, floor: u64) {
+        self.synced = self.synced.max(commit);
         if floor > self.floor {
             self.floor = floor;
-            self.log = self.log.split_off(&floor.saturating_add(1));
+            let kept = self.log.split_off(&floor.saturating_add(1));
+            for (v, regions) in std::mem::replace(&mut self.log, kept) {
+                for r in regions {
+                    if self.latest.get(&r) == Some(&v) {
+                        self.latest.remove(&r);
+                    }
+                }
+            }
             if self.overflow.is_some_and(|v| v <= floor) {
                 self.overflow = None;
             }
         }
-        if self.log.len() > self.limit {
-            let top = self.log.keys().next_back().copied().unwrap_or(0);
-            self.overflow = Some(self.overflow.unwrap_or(0).max(top));
-            self.log.clear();
+    }
+
+    fn unlog(&mut self, vseq: u64, region: usize) {
+        if let Some(rs) = self.log.get_mut(&vseq) {
+            rs.retain(|r| *r != region);
+            if rs.is_empty() {
+                self.log.remove(&vseq);
+            }
         }
     }
 
@@ -121,6 +160,24 @@ mod tests {
         u.on_repl(8, 3, 1, &[]);
         assert_eq!(u.floor, 5);
         assert_eq!(u.synced, 5);
+    }
+
+    #[test]
+    fn a_region_written_again_is_kept_once_at_its_highest_vseq() {
+        let mut u = Uncertain::new(Epoch(2), 2);
+        for v in 1..=100 {
+            u.on_repl(v, 0, 0, &[(v % 2) as usize]);
+        }
+        assert!(!u.overflowed(), "two regions, however many writes");
+        assert_eq!(u.regions_above(98), Some(BTreeSet::from([0, 1])));
+        assert_eq!(u.regions_above(99), Some(BTreeSet::from([0])));
+        // An older write arriving late changes nothing.
+        u.on_repl(50, 0, 0, &[1]);
+        assert_eq!(u.regions_above(99), Some(BTreeSet::from([0])));
+        // The floor passing a region's highest write forgets it.
+        u.on_repl(101, 99, 99, &[]);
+        assert_eq!(u.report().unwrap().regions, vec![0]);
+        assert_eq!(u.latest.len(), 1);
     }
 
     #[test]

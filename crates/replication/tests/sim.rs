@@ -310,8 +310,8 @@ pub struct Sim {
     /// replica, copies refused by the rate bucket seen as a pause.
     zero_ops: u64,
     max_copies: usize,
-    /// Failover resyncs narrowed to fewer regions than the volume's, and
-    /// ones left full (no usable report).
+    /// Failover resyncs narrowed by the replica's usable report, and ones
+    /// left full (no usable report).
     narrowed: u64,
     not_narrowed: u64,
 }
