@@ -52,6 +52,12 @@ pub struct Node {
     lease_until: u64,
     last_hb: Option<u64>,
     last_poll: Option<u64>,
+    /// The newest epoch any message or record showed this node. A node
+    /// never takes the primary role of an older one: a deposed primary that
+    /// learned of its successor from a `Fenced` answer, before the record,
+    /// must not be promoted again by the stale record it still holds (it
+    /// would lose the log of its epoch it keeps for the new primary).
+    seen_epoch: Epoch,
     gen: u64,
     /// Failover resyncs this node decided as primary: narrowed (a usable
     /// report), and full (no usable report).
@@ -73,6 +79,7 @@ impl Node {
         initial: Option<Membership>,
         now: u64,
     ) -> Self {
+        let seen_epoch = initial.as_ref().map_or(Epoch(0), |r| r.epoch);
         let role = match &initial {
             Some(rec) if rec.primary == me => Role::Primary(Box::new(Primary::new(
                 me,
@@ -101,6 +108,7 @@ impl Node {
             lease_until: 0,
             last_hb: None,
             last_poll: None,
+            seen_epoch,
             gen: 0,
             narrowed: (0, 0),
             decided: Vec::new(),
@@ -184,7 +192,11 @@ impl Node {
             Role::Primary(p) => (p.epoch, p.deposed_log()),
             _ => return,
         };
-        let epoch = self.rec.as_ref().map_or(epoch, |r| r.epoch.max(epoch));
+        let epoch = self
+            .rec
+            .as_ref()
+            .map_or(epoch, |r| r.epoch.max(epoch))
+            .max(self.seen_epoch);
         let mut s = Secondary::new(self.vol, epoch, None, &self.cfg);
         s.remember(log);
         self.become_role(Role::Secondary(Box::new(s)), out);
@@ -210,8 +222,9 @@ impl Node {
             }
             return;
         }
+        self.seen_epoch = self.seen_epoch.max(rec.epoch);
         let same_epoch_primary = matches!(&self.role, Role::Primary(p) if p.epoch == rec.epoch);
-        if rec.primary == self.me && !same_epoch_primary {
+        if rec.primary == self.me && !same_epoch_primary && rec.epoch >= self.seen_epoch {
             if rec.state(self.me) == Some(ReplicaState::InSync) {
                 // What this node received from the previous epoch's
                 // primary, if it was its secondary (and did not restart).
@@ -312,6 +325,14 @@ impl Node {
         out: &mut Out,
         sdisk: &mut Vec<(DiskOp, SecTag)>,
     ) {
+        if let Msg::Fenced { vol, epoch }
+        | Msg::Repl { vol, epoch, .. }
+        | Msg::HeartbeatAck { vol, epoch, .. } = &msg
+        {
+            if *vol == self.vol {
+                self.seen_epoch = self.seen_epoch.max(*epoch);
+            }
+        }
         match msg {
             Msg::HeartbeatAck {
                 sent_at,
@@ -414,7 +435,7 @@ impl Node {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::msg::{ClientReq, DiskResult, ReplOp};
+    use crate::msg::{ClientReq, DiskResult, Prior, ReplOp};
     use crate::types::{ReplicaInfo, ReplicaState};
 
     fn sends(acts: &[Action]) -> Vec<(Endpoint, Msg)> {
@@ -521,6 +542,102 @@ mod tests {
             },
         );
         assert_eq!(node.role(), RoleKind::Secondary(Epoch(2)));
+    }
+
+    #[test]
+    fn deposed_primary_keeps_its_log_and_a_stale_record_does_not_promote_it() {
+        let cfg = Config {
+            block_len: 1,
+            volume_blocks: 16,
+            region_blocks: 4,
+            ..Config::default()
+        };
+        let (p, s) = (NodeId(0), NodeId(1));
+        let rec = Membership::new(VolumeId(1), &[p, s], p, 2);
+        let mut node = Node::new(p, 0, VolumeId(1), cfg, Some(rec.clone()), 0);
+        let msg = |from, msg| Input::Msg { from, msg };
+        node.handle(
+            0,
+            msg(
+                Endpoint::Control,
+                Msg::HeartbeatAck {
+                    sent_at: 0,
+                    vol: VolumeId(1),
+                    epoch: Epoch(1),
+                    primary: p,
+                },
+            ),
+        );
+        let mut disk_ids = Vec::new();
+        for (id, lba) in [(1, 1), (2, 9)] {
+            let req = ClientReq::Write {
+                lba,
+                data: vec![7],
+                fua: false,
+            };
+            let acts = node.handle(1, msg(Endpoint::Client, Msg::ClientReq { id, req }));
+            disk_ids.extend(acts.iter().filter_map(|a| match a {
+                Action::Disk { id, .. } => Some(*id),
+                _ => None,
+            }));
+        }
+        for id in disk_ids {
+            let result = DiskResult::Done { data: None };
+            node.handle(2, Input::Disk { id, result });
+        }
+        // The secondary acknowledges the first write only: it is
+        // acknowledged to the client, the second is not.
+        let ack = Msg::ReplAck {
+            vol: VolumeId(1),
+            epoch: Epoch(1),
+            session: 0,
+            lseq: 1,
+        };
+        let acts = node.handle(3, msg(Endpoint::Node(s), ack));
+        assert!(sends(&acts).iter().any(|(to, _)| *to == Endpoint::Client));
+        // Its successor's `Fenced` deposes it; the record it still holds
+        // names it primary of epoch 1, and must not promote it again.
+        let fenced = Msg::Fenced {
+            vol: VolumeId(1),
+            epoch: Epoch(2),
+        };
+        node.handle(4, msg(Endpoint::Node(s), fenced));
+        assert_eq!(node.role(), RoleKind::Secondary(Epoch(2)));
+        node.handle(
+            5,
+            msg(
+                Endpoint::Control,
+                Msg::MetaReply {
+                    record: rec,
+                    cas_ok: None,
+                },
+            ),
+        );
+        assert_eq!(node.role(), RoleKind::Secondary(Epoch(2)));
+        // The new primary's `Start` gets this node's log of epoch 1: both
+        // writes' regions (the second may be on its disk alone), and
+        // `synced` 1 (it acknowledged the first).
+        let start = Msg::Repl {
+            vol: VolumeId(1),
+            epoch: Epoch(2),
+            session: 1,
+            lseq: 0,
+            vseq: 0,
+            commit: 0,
+            floor: 0,
+            op: ReplOp::Start,
+        };
+        let acts = node.handle(6, msg(Endpoint::Node(s), start));
+        let prior = sends(&acts).into_iter().find_map(|(_, m)| match m {
+            Msg::ReplStarted { prior, .. } => Some(prior),
+            _ => None,
+        });
+        let expected = Prior {
+            epoch: Epoch(1),
+            synced: 1,
+            regions: vec![0, 2],
+        };
+        assert_eq!(prior, Some(Some(expected)));
     }
 
     #[test]
