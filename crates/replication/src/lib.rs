@@ -27,11 +27,12 @@ pub use coordinator::Coordinator;
 pub use msg::{
     Action, ClientReply, ClientReq, DiskOp, DiskResult, Endpoint, Input, IoId, Msg, Prior, ReplOp,
 };
-pub use node::{Node, RoleKind};
+pub use node::{Node, RoleKind, SavedLogs};
 pub use types::{
     CasError, Epoch, Lba, Membership, MetaStore, NodeId, ReplicaInfo, ReplicaState, VolumeId,
     BLOCK_SIZE,
 };
+pub use uncertain::SavedLog;
 
 /// Timing and geometry of a node's replication logic (times in ms).
 #[derive(Clone, Debug)]

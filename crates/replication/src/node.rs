@@ -19,7 +19,19 @@ use crate::msg::{Action, ClientReply, DiskOp, Endpoint, Input, Msg};
 use crate::primary::{Out, PrimTag, Primary};
 use crate::secondary::{ReplIn, SecTag, Secondary};
 use crate::types::{Epoch, Membership, NodeId, ReplicaState, VolumeId};
+use crate::uncertain::{SavedLog, Uncertain};
 use crate::Config;
+use serde::{Deserialize, Serialize};
+
+/// A node's uncertain-region logs of one volume as a clean stop saves
+/// them (see [`Node::save_logs`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SavedLogs {
+    /// The log of the newest epoch's stream.
+    pub current: Option<SavedLog>,
+    /// The log of the epoch before it.
+    pub previous: Option<SavedLog>,
+}
 
 #[derive(Clone, Copy, Debug)]
 enum Tag {
@@ -58,6 +70,9 @@ pub struct Node {
     /// must not be promoted again by the stale record it still holds (it
     /// would lose the log of its epoch it keeps for the new primary).
     seen_epoch: Epoch,
+    /// Logs restored after a clean stop, held while Idle: (current,
+    /// previous).
+    restored: (Option<Uncertain>, Option<Uncertain>),
     gen: u64,
     /// Failover resyncs this node decided as primary: narrowed (a usable
     /// report), and full (no usable report).
@@ -109,6 +124,7 @@ impl Node {
             last_hb: None,
             last_poll: None,
             seen_epoch,
+            restored: (None, None),
             gen: 0,
             narrowed: (0, 0),
             decided: Vec::new(),
@@ -166,6 +182,42 @@ impl Node {
     /// replica had no usable report). For the driver's log.
     pub fn take_failover_resyncs(&mut self) -> Vec<(NodeId, Option<(usize, usize)>)> {
         std::mem::take(&mut self.decided)
+    }
+
+    /// The uncertain-region logs to keep across a clean stop: call it once
+    /// the node gets no more input and every disk operation it issued has
+    /// completed and been flushed. A primary saves its own log, as if
+    /// deposed. Restored by [`Node::restore_logs`] on the next start, they
+    /// spare this replica a full copy after a failover; never restore them
+    /// after a crash (the disk may have lost writes they do not name).
+    pub fn save_logs(&self) -> SavedLogs {
+        let (cur, prev) = match &self.role {
+            Role::Idle => (self.restored.0.clone(), self.restored.1.clone()),
+            Role::Secondary(s) => {
+                let (c, p) = s.logs();
+                (c.cloned(), p.cloned())
+            }
+            Role::Primary(p) => (None, Some(p.deposed_log())),
+        };
+        SavedLogs {
+            current: cur.as_ref().map(Uncertain::save),
+            previous: prev.as_ref().map(Uncertain::save),
+        }
+    }
+
+    /// Takes up the logs a clean stop saved, before any other input.
+    pub fn restore_logs(&mut self, saved: &SavedLogs) {
+        if matches!(self.role, Role::Idle) {
+            let limit = self.cfg.uncertain_limit;
+            let restore = |l: &Option<SavedLog>| l.as_ref().map(|l| Uncertain::restore(l, limit));
+            self.restored = (restore(&saved.current), restore(&saved.previous));
+        }
+    }
+
+    /// The restored log of `epoch`, if any.
+    fn take_restored(&mut self, epoch: Epoch) -> Option<Uncertain> {
+        let (cur, prev) = std::mem::take(&mut self.restored);
+        cur.into_iter().chain(prev).find(|u| u.epoch == epoch)
     }
 
     /// The role's state in one line, for simulator traces.
@@ -228,9 +280,11 @@ impl Node {
             if rec.state(self.me) == Some(ReplicaState::InSync) {
                 // What this node received from the previous epoch's
                 // primary, if it was its secondary (and did not restart).
+                let before = Epoch(rec.epoch.0.saturating_sub(1));
                 let mine = match &mut self.role {
-                    Role::Secondary(s) => s.take_log(Epoch(rec.epoch.0.saturating_sub(1))),
-                    _ => None,
+                    Role::Secondary(s) => s.take_log(before),
+                    Role::Idle => self.take_restored(before),
+                    Role::Primary(_) => None,
                 };
                 let p = Primary::new(self.me, rec, self.cfg.clone(), false, now, mine);
                 self.become_role(Role::Primary(Box::new(p)), out);
@@ -241,7 +295,9 @@ impl Node {
             Role::Primary(p) => p.on_record(&rec, out),
             Role::Secondary(s) => s.adopt(rec.epoch),
             Role::Idle => {
-                let s = Secondary::new(self.vol, rec.epoch, None, &self.cfg);
+                let mut s = Secondary::new(self.vol, rec.epoch, None, &self.cfg);
+                let (cur, prev) = std::mem::take(&mut self.restored);
+                s.restore(cur, prev);
                 self.become_role(Role::Secondary(Box::new(s)), out);
             }
         }

@@ -771,9 +771,6 @@ impl Primary {
             if info.boot != boot {
                 if let Some(l) = self.links.get_mut(&n) {
                     l.boot = info.boot;
-                    // A restarted replica lost its log: it will be
-                    // resynced in full, so it holds back no floor.
-                    l.acked_commit = 0;
                 }
                 if mode.streams() || mode == Mode::Leaving {
                     self.link_failed(n);

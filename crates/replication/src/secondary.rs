@@ -94,6 +94,18 @@ impl Secondary {
         self.prev = Some(log);
     }
 
+    /// Takes up the logs a clean stop saved (this node's disk holds
+    /// everything they describe).
+    pub(crate) fn restore(&mut self, cur: Option<Uncertain>, prev: Option<Uncertain>) {
+        self.cur = cur;
+        self.prev = prev;
+    }
+
+    /// The logs as a clean stop saves them: (current, previous).
+    pub(crate) fn logs(&self) -> (Option<&Uncertain>, Option<&Uncertain>) {
+        (self.cur.as_ref(), self.prev.as_ref())
+    }
+
     /// The log of the stream received in `epoch`, if any (for a promotion).
     pub(crate) fn take_log(&mut self, epoch: Epoch) -> Option<Uncertain> {
         if self.cur.as_ref().is_some_and(|u| u.epoch == epoch) {

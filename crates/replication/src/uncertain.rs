@@ -19,11 +19,27 @@
 //!   `floor` reaches the highest `vseq` dropped;
 //! - at most `limit` regions are kept.
 //!
-//! Memory only: a restarted node has none, and is fully resynced.
+//! Kept in memory; a node stopped cleanly saves its logs ([`SavedLog`])
+//! after its disk is flushed and restores them when it starts again (see
+//! `Node::save_logs`). A node that crashed has none, and is fully resynced
+//! after a failover.
 
 use crate::msg::Prior;
 use crate::types::Epoch;
+use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
+
+/// An uncertain-region log as a cleanly stopped node keeps it on disk.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SavedLog {
+    pub epoch: Epoch,
+    pub synced: u64,
+    pub floor: u64,
+    /// Entries up to this vseq were dropped on overflow.
+    pub overflow: Option<u64>,
+    /// (region, its highest vseq above `floor`).
+    pub regions: Vec<(u32, u64)>,
+}
 
 #[derive(Clone, Debug)]
 pub(crate) struct Uncertain {
@@ -109,6 +125,35 @@ impl Uncertain {
         }
     }
 
+    pub(crate) fn save(&self) -> SavedLog {
+        SavedLog {
+            epoch: self.epoch,
+            synced: self.synced,
+            floor: self.floor,
+            overflow: self.overflow,
+            regions: self.latest.iter().map(|(r, v)| (*r as u32, *v)).collect(),
+        }
+    }
+
+    pub(crate) fn restore(saved: &SavedLog, limit: usize) -> Self {
+        let mut u = Uncertain::new(saved.epoch, limit);
+        u.synced = saved.synced;
+        u.floor = saved.floor;
+        u.overflow = saved.overflow;
+        for &(r, v) in &saved.regions {
+            if v > u.floor && u.latest.insert(r as usize, v).is_none() {
+                u.log.entry(v).or_default().push(r as usize);
+            }
+        }
+        if u.latest.len() > u.limit {
+            let top = u.log.keys().next_back().copied().unwrap_or(0);
+            u.overflow = Some(u.overflow.unwrap_or(0).max(top));
+            u.log.clear();
+            u.latest.clear();
+        }
+        u
+    }
+
     /// Whether entries were dropped on overflow (then nothing is usable).
     #[cfg(test)]
     pub(crate) fn overflowed(&self) -> bool {
@@ -178,6 +223,20 @@ mod tests {
         u.on_repl(101, 99, 99, &[]);
         assert_eq!(u.report().unwrap().regions, vec![0]);
         assert_eq!(u.latest.len(), 1);
+    }
+
+    #[test]
+    fn a_saved_log_restores_to_the_same_answers() {
+        let mut u = Uncertain::new(Epoch(4), 100);
+        u.on_repl(3, 0, 0, &[1, 2]);
+        u.on_repl(5, 2, 2, &[2]);
+        u.on_repl(6, 4, 3, &[7]);
+        let back = Uncertain::restore(&u.save(), 100);
+        assert_eq!(back.report(), u.report());
+        for x in 0..8 {
+            assert_eq!(back.regions_above(x), u.regions_above(x), "above {x}");
+        }
+        assert_eq!(back.save(), u.save());
     }
 
     #[test]

@@ -30,7 +30,7 @@
 use basalt_replication::{
     Action, ClientReply, ClientReq, Config, Coordinator, DiskOp, DiskResult, Endpoint, Input, IoId,
     Membership, MetaStore, Msg, Node, NodeId, ReplOp, ReplicaInfo, ReplicaState, RoleKind,
-    VolumeId,
+    SavedLogs, VolumeId,
 };
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap};
@@ -137,6 +137,13 @@ impl Disk {
             }
         }
     }
+    /// Everything written so far made durable (a clean stop's flush).
+    fn flush_all(&mut self) {
+        self.durable = self.current.clone();
+        for c in &mut self.cache {
+            c.clear();
+        }
+    }
     /// Power loss: each block keeps its durable value or any value written
     /// since (the cache may have destaged some), at random.
     fn crash(&mut self, rng: &mut Rng) {
@@ -160,6 +167,8 @@ struct Proc {
     inc: u64,
     boot: u64,
     disk: Disk,
+    /// The logs a clean stop saved, restored by the next start.
+    saved: Option<SavedLogs>,
 }
 
 enum Ev {
@@ -314,6 +323,8 @@ pub struct Sim {
     /// left full (no usable report).
     narrowed: u64,
     not_narrowed: u64,
+    /// Clean stops (logs saved, restored at the next start).
+    clean_stops: u64,
 }
 
 fn pair(a: Endpoint, b: Endpoint) -> (Endpoint, Endpoint) {
@@ -352,6 +363,7 @@ impl Sim {
                     inc: 0,
                     boot: 0,
                     disk: Disk::new(),
+                    saved: None,
                 }
             })
             .collect();
@@ -390,6 +402,7 @@ impl Sim {
             max_copies: 0,
             narrowed: 0,
             not_narrowed: 0,
+            clean_stops: 0,
         };
         for i in 0..sim.procs.len() {
             if let Some(RoleKind::Primary(e)) = sim.procs[i].node.as_ref().map(Node::role) {
@@ -858,7 +871,9 @@ impl Sim {
         let i = self.rng.below(n as u64) as usize;
         let me = Endpoint::Node(NodeId(i as u32));
         if roll < 15 {
-            if self.procs[i].node.is_some() {
+            if self.procs[i].node.is_some() && self.rng.chance(300) {
+                self.stop_cleanly(i);
+            } else if self.procs[i].node.is_some() {
                 self.trace(format!("crash n{i}"));
                 self.procs[i].node = None;
                 self.procs[i].inc += 1;
@@ -989,6 +1004,43 @@ impl Sim {
         }
     }
 
+    /// A clean stop (SIGTERM): the node gets no more input, its disk
+    /// operations in flight complete, the disk is flushed, and the node's
+    /// logs are saved for its next start.
+    fn stop_cleanly(&mut self, i: usize) {
+        let Some(node) = self.procs[i].node.take() else {
+            return;
+        };
+        self.trace(format!("clean stop n{i}"));
+        let inc = self.procs[i].inc;
+        let mut in_flight: Vec<(u64, u64)> = self
+            .queue
+            .iter()
+            .map(|Reverse(k)| *k)
+            .filter(|(_, s)| {
+                matches!(self.events.get(s),
+                    Some(Ev::Disk { node, inc: x, .. }) if *node == i && *x == inc)
+            })
+            .collect();
+        in_flight.sort_unstable();
+        for (_, s) in in_flight {
+            if let Some(Ev::Disk {
+                id,
+                op,
+                fail: false,
+                ..
+            }) = self.events.get(&s)
+            {
+                let (id, op) = (*id, op.clone());
+                self.procs[i].disk.complete(id, &op);
+            }
+        }
+        self.procs[i].disk.flush_all();
+        self.procs[i].saved = Some(node.save_logs());
+        self.procs[i].inc += 1;
+        self.clean_stops += 1;
+    }
+
     fn restart(&mut self, i: usize) {
         self.trace(format!("restart n{i}"));
         self.seen[i] = 0;
@@ -1003,6 +1055,9 @@ impl Sim {
             None,
             self.now,
         ));
+        if let (Some(node), Some(saved)) = (p.node.as_mut(), p.saved.take()) {
+            node.restore_logs(&saved);
+        }
         let inc = p.inc;
         self.at(1, Ev::NodeTick { node: i, inc });
     }
@@ -1138,6 +1193,7 @@ impl Sim {
             max_copies: self.max_copies,
             narrowed: self.narrowed,
             not_narrowed: self.not_narrowed,
+            clean_stops: self.clean_stops,
         })
     }
 
@@ -1186,6 +1242,7 @@ pub struct Summary {
     pub max_copies: usize,
     pub narrowed: u64,
     pub not_narrowed: u64,
+    pub clean_stops: u64,
 }
 
 trait Swap<A, B> {
@@ -1217,7 +1274,7 @@ fn seeds() {
     let start = std::time::Instant::now();
     let (mut steps, mut acks, mut durable, mut failovers, mut changes) = (0, 0, 0, 0, 0);
     let (mut zero_ops, mut multi, mut capped) = (0, 0, 0);
-    let (mut narrowed, mut not_narrowed) = (0, 0);
+    let (mut narrowed, mut not_narrowed, mut clean_stops) = (0, 0, 0);
     for seed in base..base + n {
         match run_seed(seed, false) {
             Ok(s) => {
@@ -1231,12 +1288,13 @@ fn seeds() {
                 capped += u64::from(Params::for_seed(seed).resync_rate > 0);
                 narrowed += s.narrowed;
                 not_narrowed += s.not_narrowed;
+                clean_stops += s.clean_stops;
             }
             Err(e) => panic!("{e}"),
         }
     }
     eprintln!(
-        "{n} seeds from {base}: {steps} steps, {acks} acks ({durable} durable), {failovers} failovers, {changes} membership changes, {zero_ops} WriteZeroes, {multi} seeds with >1 copy in flight, {capped} with a rate cap, {narrowed} failover resyncs narrowed ({not_narrowed} full), {:?}",
+        "{n} seeds from {base}: {steps} steps, {acks} acks ({durable} durable), {failovers} failovers, {changes} membership changes, {zero_ops} WriteZeroes, {multi} seeds with >1 copy in flight, {capped} with a rate cap, {narrowed} failover resyncs narrowed ({not_narrowed} full), {clean_stops} clean stops, {:?}",
         start.elapsed()
     );
     assert!(
@@ -1248,8 +1306,8 @@ fn seeds() {
         "the workload must exercise zeroing, several copies in flight and the rate cap"
     );
     assert!(
-        n < 100 || (narrowed > 0 && not_narrowed > 0),
-        "failovers must resync both narrowed (usable reports) and fully"
+        n < 100 || (narrowed > 0 && not_narrowed > 0 && clean_stops > 0),
+        "failovers must resync both narrowed (usable reports) and fully, and nodes stop cleanly"
     );
 }
 
