@@ -401,6 +401,7 @@ fn serve(
     } else {
         Some(Arc::new(join_cluster(
             args,
+            data.root(),
             store.clone(),
             catalog.clone(),
         )?))
@@ -421,6 +422,7 @@ fn serve(
 /// Starts this node's cluster membership (`--etcd`).
 fn join_cluster(
     args: &ServerArgs,
+    data_dir: &Path,
     store: Arc<Store>,
     catalog: Arc<dyn Catalog>,
 ) -> Result<ClusterMember> {
@@ -439,6 +441,7 @@ fn join_cluster(
     cfg.timing.lease_ms = args.lease_ms.max(100);
     cfg.timing.replace_after = Duration::from_secs(args.replace_after);
     cfg.timing.resync_rate = args.resync_rate.saturating_mul(1 << 20);
+    cfg.log_dir = Some(data_dir.to_path_buf());
     ClusterMember::start(cfg, store, catalog).context("cannot join the cluster")
 }
 

@@ -431,3 +431,88 @@ fn fio_verify_survives_etcd_restart_and_node_kill() {
         c.logs()
     );
 }
+
+/// A node stopped with SIGTERM saves its replicas' logs and restores them
+/// when it starts again: after a failover it is resynced in the regions
+/// that may differ, not copied in full, whether it was a secondary or the
+/// primary; a node killed with SIGKILL has no logs and is copied in full.
+#[test]
+fn cleanly_restarted_nodes_keep_their_logs_and_are_not_copied_in_full() {
+    const MIB: u64 = 1 << 20;
+    let seed = test_seed("cleanly_restarted_nodes_keep_their_logs") % 1_000_000;
+    let mut c = Cluster::start(3, &[]);
+    let vol = "cr";
+    c.nodes[0]
+        .cli(&["volume", "create", vol, "--size", "64M", "--replicas", "3"])
+        .ok();
+    let v = c.wait_volume(0, vol, "placed and in sync", healthy);
+    let p = node_index(&primary(&v).expect("a primary"));
+    let secondaries: Vec<usize> = (0..3).filter(|i| *i != p).collect();
+    let (s1, s2) = (secondaries[0], secondaries[1]);
+    let uri = |c: &Cluster, i: usize| c.nodes[i].uri(vol);
+    write_pattern(None, &uri(&c, s2), seed, 1, 0, 32 * MIB);
+
+    // A secondary stops cleanly, writes go on without it, then the primary
+    // is lost: the remaining secondary takes over.
+    let st = c.nodes[s1].sigterm(Duration::from_secs(30));
+    assert!(st.success(), "node{s1} exited with {st:?}");
+    assert!(
+        c.nodes[s1].log().contains("saved the replication logs"),
+        "{}",
+        c.logs()
+    );
+    write_pattern(None, &uri(&c, s2), seed, 2, 0, 4 * MIB);
+    c.nodes[p].kill9();
+    c.wait_volume(s2, vol, "failed over to the remaining secondary", |v| {
+        primary(v).is_some_and(|n| node_index(&n) == s2)
+    });
+    // Alone, the new primary is below min_in_sync (2): writes wait for the
+    // returning node's resync.
+    let before = c.failover_resyncs();
+    c.nodes[s1].restart();
+    write_pattern(None, &uri(&c, s2), seed, 3, 4 * MIB, 2 * MIB);
+    c.wait_volume(s2, vol, "the cleanly stopped node in sync again", |v| {
+        replica_state(v, s1).as_deref() == Some("in-sync")
+    });
+    let after = c.failover_resyncs();
+    assert!(
+        after.0 > before.0 && after.1 == before.1,
+        "the cleanly stopped secondary's resync: (narrowed, full) went from {before:?} to {after:?}\n{}",
+        c.logs()
+    );
+    c.assert_replicas_equal(&[s1, s2], vol);
+
+    // The killed primary has no logs: copied in full.
+    c.nodes[p].restart();
+    c.wait_volume(s2, vol, "the killed primary back in sync", healthy);
+    let before = c.failover_resyncs();
+    assert!(before.1 > after.1, "{before:?} after {after:?}");
+
+    // Now the primary itself stops cleanly: it saves its own writes' log,
+    // and is resynced in those regions (and the new ones) only.
+    let st = c.nodes[s2].sigterm(Duration::from_secs(30));
+    assert!(st.success(), "node{s2} exited with {st:?}");
+    let v = c.wait_volume(s1, vol, "failed over from the stopped primary", |v| {
+        primary(v).is_some_and(|n| node_index(&n) != s2)
+    });
+    let now_primary = node_index(&primary(&v).expect("a primary"));
+    write_pattern(None, &uri(&c, now_primary), seed, 4, 8 * MIB, 2 * MIB);
+    c.nodes[s2].restart();
+    c.wait_volume(now_primary, vol, "every replica in sync", healthy);
+    let after = c.failover_resyncs();
+    assert!(
+        after.0 >= before.0 + 2 && after.1 == before.1,
+        "after the primary's clean stop: (narrowed, full) went from {before:?} to {after:?}\n{}",
+        c.logs()
+    );
+
+    for i in 0..3 {
+        let u = uri(&c, i);
+        verify_pattern(None, &u, seed, 2, 0, 4 * MIB);
+        verify_pattern(None, &u, seed, 3, 4 * MIB, 2 * MIB);
+        verify_pattern(None, &u, seed, 1, 6 * MIB, 2 * MIB);
+        verify_pattern(None, &u, seed, 4, 8 * MIB, 2 * MIB);
+        verify_pattern(None, &u, seed, 1, 10 * MIB, 22 * MIB);
+    }
+    c.assert_replicas_equal(&[0, 1, 2], vol);
+}

@@ -269,7 +269,7 @@ fn fence_round(c: &Cluster, vol: &str, old: usize, seed: u64, round: u64) {
     let mut fenced = Background::spawn(cmd);
     fenced.wait_line("READY", Duration::from_secs(60));
 
-    let resyncs_before = failover_resyncs(c);
+    let resyncs_before = c.failover_resyncs();
     let cut_at = Instant::now();
     c.net().cut(old);
     fenced.send_line("GO");
@@ -338,7 +338,7 @@ fn fence_round(c: &Cluster, vol: &str, old: usize, seed: u64, round: u64) {
     );
     // Neither the deposed primary nor the other secondary was copied in
     // full: both reported their log of the old epoch to the new primary.
-    let (narrowed, full) = failover_resyncs(c);
+    let (narrowed, full) = c.failover_resyncs();
     assert!(
         narrowed >= resyncs_before.0 + 2 && full == resyncs_before.1,
         "failover resyncs (narrowed, full) went from {resyncs_before:?} to {:?}\n{}",
@@ -354,16 +354,6 @@ fn fence_round(c: &Cluster, vol: &str, old: usize, seed: u64, round: u64) {
         w_off,
         w_len,
     );
-}
-
-/// Failover resyncs the nodes logged so far: (narrowed, full copies).
-fn failover_resyncs(c: &Cluster) -> (usize, usize) {
-    let logs: Vec<String> = c.nodes.iter().map(|n| n.log()).collect();
-    let count = |what: &str| logs.iter().map(|l| l.matches(what).count()).sum();
-    (
-        count("failover resync narrowed"),
-        count("failover resync copies every region"),
-    )
 }
 
 /// Judges fenced_client.py's record (see the script): no write was

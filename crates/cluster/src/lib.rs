@@ -8,6 +8,8 @@
 //! - [`peer`]: the node-to-node transport (TCP, frames of `basalt-peer-wire`).
 //! - `replica`: the driver that runs one volume's replication state machine
 //!   on the local store, the peer transport and etcd.
+//! - `saved_logs`: the replicas' uncertain-region logs kept across a clean
+//!   restart (one file in the data directory, used once).
 //! - `coordinator`: the elected coordinator's task (leases, failover,
 //!   placement of new volumes).
 //! - [`member`]: this process as a cluster member, tying the above together
@@ -23,6 +25,7 @@ pub mod meta;
 pub mod peer;
 pub mod placement;
 mod replica;
+mod saved_logs;
 
 pub use member::{ClusterMember, MemberConfig, Timing};
 

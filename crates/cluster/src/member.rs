@@ -21,10 +21,11 @@ use crate::meta::{
 };
 use crate::peer::{PeerConfig, PeerHandler, PeerNet};
 use crate::replica::{Event, Origin, Replica, ReplicaEnv, ReplicaSpec};
+use crate::saved_logs;
 use crate::ClusterError;
 use basalt_catalog::{Catalog, VolumeRecord};
 use basalt_replication::{
-    ClientReply, ClientReq, Config, Membership, Msg, NodeId, ReplicaState, VolumeId,
+    ClientReply, ClientReq, Config, Membership, Msg, NodeId, ReplicaState, SavedLogs, VolumeId,
 };
 use basalt_store::{DataKind, DataOp, IoError, Store, BLOCK_SIZE};
 use basalt_volume::{BlockIo, ClusterVolumes, NodeView, ReplicaStatus, VolumeError};
@@ -99,6 +100,9 @@ pub struct MemberConfig {
     /// How long a client request is retried across failovers before the
     /// client gets an I/O error.
     pub request_deadline: Duration,
+    /// Where a clean stop saves the replicas' uncertain-region logs for the
+    /// next start (the data directory); None: not saved.
+    pub log_dir: Option<std::path::PathBuf>,
 }
 
 impl MemberConfig {
@@ -115,6 +119,7 @@ impl MemberConfig {
             node_ttl: Duration::from_secs(3),
             timing: Timing::default(),
             request_deadline: Duration::from_secs(60),
+            log_dir: None,
         }
     }
 }
@@ -131,6 +136,16 @@ impl ReplicaHandle {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+    }
+
+    /// Stops for a clean restart: the logs to save (see
+    /// `Replica::stop_for_restart`).
+    fn stop_for_restart(mut self) -> Option<SavedLogs> {
+        let saved = self.replica.stop_for_restart();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        saved
     }
 }
 
@@ -155,6 +170,9 @@ pub(crate) struct Inner {
     pub(crate) records: RwLock<HashMap<VolumeId, Membership>>,
     pub(crate) nodes: RwLock<Vec<NodeStatus>>,
     replicas: Mutex<HashMap<VolumeId, ReplicaHandle>>,
+    /// Logs saved at the last clean stop, until each replica's driver
+    /// starts.
+    restored: Mutex<HashMap<VolumeId, SavedLogs>>,
     pending: Mutex<Pending>,
     /// The coordinator's node id as last looked up.
     coordinator_id: RwLock<Option<NodeId>>,
@@ -236,7 +254,13 @@ impl ClusterMember {
             },
             router.clone(),
         )?;
+        // Before any replica driver runs (see `saved_logs`).
+        let restored = match &cfg.log_dir {
+            Some(dir) => saved_logs::take(dir, store.store_id()),
+            None => HashMap::new(),
+        };
         let inner = Arc::new(Inner {
+            restored: Mutex::new(restored),
             cfg,
             me,
             boot,
@@ -338,7 +362,8 @@ impl ClusterMember {
     }
 
     /// Leaves the cluster: stops the coordinator, every replica driver and
-    /// the transport, and revokes the node's liveness key.
+    /// the transport, saves the replicas' logs for the next start (see
+    /// `saved_logs`), and revokes the node's liveness key.
     pub fn shutdown(&self) {
         let inner = &self.inner;
         inner
@@ -348,10 +373,14 @@ impl ClusterMember {
         if let Some(c) = inner.coordinator.lock().take() {
             c.stop();
         }
-        let replicas: Vec<ReplicaHandle> = inner.replicas.lock().drain().map(|(_, h)| h).collect();
-        for r in replicas {
-            r.stop();
+        let replicas: Vec<(VolumeId, ReplicaHandle)> = inner.replicas.lock().drain().collect();
+        let mut saved = Vec::new();
+        for (vol, r) in replicas {
+            if let Some(logs) = r.stop_for_restart() {
+                saved.push((vol, logs));
+            }
         }
+        inner.save_logs(saved);
         if let Some(t) = self.housekeeping.lock().take() {
             let _ = t.join();
         }
@@ -553,18 +582,39 @@ impl Inner {
             .find(|r| r.id == id))
     }
 
+    /// Saves the logs of the replicas stopped for a clean restart, once
+    /// the store is flushed.
+    fn save_logs(&self, logs: Vec<(VolumeId, SavedLogs)>) {
+        let Some(dir) = &self.cfg.log_dir else {
+            return;
+        };
+        if let Err(e) = self.store.flush() {
+            tracing::warn!(error = %e, "cannot flush the store at shutdown; the replication logs are not saved");
+            return;
+        }
+        let n = logs.len();
+        match saved_logs::save(dir, self.store.store_id(), logs) {
+            Ok(()) => tracing::info!(volumes = n, "saved the replication logs for the next start"),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot save the replication logs; replicas here will be copied in full after a failover")
+            }
+        }
+    }
+
     fn start_replica(self: &Arc<Self>, rec: &Membership) -> Result<ReplicaHandle, ClusterError> {
         let vol = rec.volume;
         let id = uuid_of(vol);
-        let size = match self.store.volumes().into_iter().find(|v| v.id == id) {
-            Some(v) => v.size,
+        // Saved logs describe a local copy that already existed.
+        let saved = self.restored.lock().remove(&vol);
+        let (size, saved) = match self.store.volumes().into_iter().find(|v| v.id == id) {
+            Some(v) => (v.size, saved),
             None => {
                 let Some(record) = self.volume_record(vol)? else {
                     return Err(ClusterError::UnknownVolume(id));
                 };
                 self.store.create_volume(id, record.size_bytes)?;
                 tracing::info!(volume = %record.name, %id, "created the local replica");
-                record.size_bytes
+                (record.size_bytes, None)
             }
         };
         let local = self.store.volume(id)?;
@@ -600,6 +650,7 @@ impl Inner {
                 boot: self.boot,
                 cfg,
                 initial: fresh.then(|| rec.clone()),
+                saved,
             },
             local,
             Arc::new(Env(Arc::downgrade(self))),

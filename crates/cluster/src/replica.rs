@@ -32,10 +32,10 @@
 
 use basalt_replication::{
     Action, ClientReply, ClientReq, Config, DiskOp, DiskResult, Endpoint, Input, Membership, Msg,
-    Node, NodeId, RoleKind, VolumeId,
+    Node, NodeId, RoleKind, SavedLogs, VolumeId,
 };
 use basalt_store::{DataOp, LocalVolume};
-use parking_lot::{Condvar, Mutex};
+use parking_lot::{Condvar, Mutex, RwLock};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
@@ -82,6 +82,8 @@ pub(crate) struct ReplicaSpec {
     pub boot: u64,
     pub cfg: Config,
     pub initial: Option<Membership>,
+    /// The logs this replica saved at the last clean stop.
+    pub saved: Option<SavedLogs>,
 }
 
 /// Consecutive failed disk batches after which the replica stops.
@@ -97,6 +99,8 @@ pub(crate) struct Replica<E: ReplicaEnv> {
     state: Mutex<State>,
     /// Wakes the ticker early (stop).
     wake: Condvar,
+    /// Read-held by every `deliver` in progress (see `stop`).
+    running: RwLock<()>,
 }
 
 struct State {
@@ -190,9 +194,13 @@ impl<E: ReplicaEnv> Replica<E> {
             boot,
             cfg,
             initial,
+            saved,
         } = spec;
         let block_len = cfg.block_len;
-        let node = Node::new(me, boot, vol, cfg, initial, now);
+        let mut node = Node::new(me, boot, vol, cfg, initial, now);
+        if let Some(saved) = &saved {
+            node.restore_logs(saved);
+        }
         let role = node.role();
         Replica {
             vol,
@@ -211,6 +219,7 @@ impl<E: ReplicaEnv> Replica<E> {
                 mailbox: Vec::new(),
             }),
             wake: Condvar::new(),
+            running: RwLock::new(()),
         }
     }
 
@@ -226,6 +235,10 @@ impl<E: ReplicaEnv> Replica<E> {
     /// Feeds `events` to the state machine and carries out everything that
     /// follows on the calling thread, disk operations included.
     pub(crate) fn deliver(&self, events: Vec<Event>) {
+        // Held while this thread may carry out disk operations, so that
+        // `stop` knows when none is left in progress. Recursive: a reply
+        // carried out here may deliver to this replica again.
+        let _running = self.running.read_recursive();
         let mut events = events;
         let mut completions: Vec<(u64, DiskResult)> = Vec::new();
         loop {
@@ -342,6 +355,22 @@ impl<E: ReplicaEnv> Replica<E> {
         let owed = self.state.lock().stop();
         self.wake.notify_all();
         self.carry_out(Vec::new(), owed);
+    }
+
+    /// Stops the replica for a clean restart of this process: returns the
+    /// logs to save for the next start once every disk batch in progress
+    /// has finished and the local volume is flushed; None if that did not
+    /// happen in time (the next start then goes without, which is safe).
+    /// Not to be called from a thread delivering to this replica.
+    pub(crate) fn stop_for_restart(&self) -> Option<SavedLogs> {
+        self.stop();
+        let _idle = self.running.try_write_for(Duration::from_secs(10))?;
+        if let Err(e) = self.local.flush() {
+            tracing::warn!(volume = %uuid::Uuid::from_u128(self.vol.0), error = %e,
+                "cannot flush the replica at shutdown; its logs are not saved");
+            return None;
+        }
+        Some(self.state.lock().node.save_logs())
     }
 
     /// Per replica that is not in sync (primary only): regions still to

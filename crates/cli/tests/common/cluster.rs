@@ -177,6 +177,17 @@ impl Cluster {
         );
     }
 
+    /// Failover resyncs the nodes logged so far: (narrowed to the regions
+    /// that may differ, full copies).
+    pub fn failover_resyncs(&self) -> (usize, usize) {
+        let logs: Vec<String> = self.nodes.iter().map(|n| n.log()).collect();
+        let count = |what: &str| logs.iter().map(|l| l.matches(what).count()).sum();
+        (
+            count("failover resync narrowed"),
+            count("failover resync copies every region"),
+        )
+    }
+
     pub fn logs(&self) -> String {
         let mut s = String::new();
         for (i, n) in self.nodes.iter().enumerate() {
