@@ -439,6 +439,7 @@ fn join_cluster(
     cfg.timing.lease_ms = args.lease_ms.max(100);
     cfg.timing.replace_after = Duration::from_secs(args.replace_after);
     cfg.timing.resync_rate = args.resync_rate.saturating_mul(1 << 20);
+    cfg.overcommit_ratio = args.overcommit;
     ClusterMember::start(cfg, store, catalog).context("cannot join the cluster")
 }
 
