@@ -6,7 +6,10 @@ usage:
   nbdtool.py verify URI --seed S --offset O --length L [--gen G] [--zero]
   nbdtool.py trim   URI --offset O --length L [--flush]
   nbdtool.py fill   URI --seed S --offset O [--chunk C] [--gen G]
-  nbdtool.py hold   URI        (connect, print READY, stay connected until stdin closes)
+  nbdtool.py hold   URI [--length L --offset O --seed S --gen G]
+                  (connect, print READY, stay connected until stdin closes; with
+                   --length, then write the pattern on that same connection, flush,
+                   and print "SIZE <bytes>": the size the connection negotiated)
 
 The pattern is nbdtest.block_pattern: every 512-byte sector names its seed,
 block index and generation, so a mismatch report says what was found.
@@ -115,6 +118,15 @@ def do_hold(a):
     h.pread(BLOCK, 0)
     print("READY", flush=True)
     sys.stdin.read()
+    if a.length:
+        end = a.offset + a.length
+        pos = a.offset
+        while pos < end:
+            n = min(a.chunk, end - pos)
+            h.pwrite(range_pattern(a.seed, pos, n, a.gen), pos)
+            pos += n
+        h.flush()
+        print("SIZE %d" % h.get_size(), flush=True)
     h.shutdown()
 
 

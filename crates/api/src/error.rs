@@ -54,9 +54,9 @@ pub fn status_for(err: &VolumeError) -> StatusCode {
         | VolumeError::InUse { .. }
         | VolumeError::ShrinkRefused { .. }
         | VolumeError::Catalog(CatalogError::Conflict { .. }) => StatusCode::CONFLICT,
-        VolumeError::Overcommit { .. } | VolumeError::Store(StoreError::TooManyVolumes(_)) => {
-            StatusCode::INSUFFICIENT_STORAGE
-        }
+        VolumeError::Overcommit { .. }
+        | VolumeError::ReplicaNodeFull { .. }
+        | VolumeError::Store(StoreError::TooManyVolumes(_)) => StatusCode::INSUFFICIENT_STORAGE,
         VolumeError::Store(StoreError::InvalidSize(_)) => StatusCode::BAD_REQUEST,
         _ => StatusCode::INTERNAL_SERVER_ERROR,
     }

@@ -28,14 +28,15 @@ pub enum VolumeCommand {
     List,
     /// Show one volume.
     Show { name: String },
-    /// Change a volume's size, online.
+    /// Change a volume's size, online (a replicated volume only grows).
     Resize {
         /// Volume name: 1-64 of A-Z a-z 0-9 . _ - (not starting with . or -).
         name: String,
         /// New size, e.g. 20G.
         #[arg(long, allow_hyphen_values = true)]
         size: String,
-        /// Allow a smaller size; the data beyond it is lost.
+        /// Allow a smaller size; the data beyond it is lost (single node
+        /// only: a replicated volume never shrinks).
         #[arg(long)]
         allow_shrink: bool,
     },

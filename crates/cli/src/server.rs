@@ -442,6 +442,7 @@ fn join_cluster(
     cfg.timing.replace_after = Duration::from_secs(args.replace_after);
     cfg.timing.resync_rate = args.resync_rate.saturating_mul(1 << 20);
     cfg.log_dir = Some(data_dir.to_path_buf());
+    cfg.overcommit_ratio = args.overcommit;
     ClusterMember::start(cfg, store, catalog).context("cannot join the cluster")
 }
 

@@ -1,6 +1,7 @@
 //! A cluster of `basalt server` processes with a real etcd: replicated
 //! volumes, placement, I/O through any node, failover when nodes are killed
-//! with SIGKILL, resync when they return, and replicas identical afterwards.
+//! with SIGKILL, resync when they return, online grow while a replica is
+//! down, and replicas identical afterwards.
 //!
 //! Durability is checked with tests/nbdsh/crash_writer.py: every write that
 //! was acknowledged with FUA or before a completed FLUSH must read back,
@@ -515,4 +516,105 @@ fn cleanly_restarted_nodes_keep_their_logs_and_are_not_copied_in_full() {
         verify_pattern(None, &u, seed, 1, 10 * MIB, 22 * MIB);
     }
     c.assert_replicas_equal(&[0, 1, 2], vol);
+}
+
+/// Online grow of an RF3 volume while one secondary's node is down: a
+/// client connected before keeps working at its old size, a new connection
+/// sees the new size and writes (and flushes) beyond the old end; the
+/// killed node returns, grows its replica and is resynced; everything
+/// flushed reads back through it, and all replicas are identical, at the
+/// new size. Shrinking a replicated volume is refused.
+#[test]
+fn replicated_volume_grows_online_while_a_replica_is_down() {
+    const MIB: u64 = 1 << 20;
+    let mut c = Cluster::start(3, &[]);
+    c.nodes[0]
+        .cli(&[
+            "volume",
+            "create",
+            "grow",
+            "--size",
+            "8M",
+            "--replicas",
+            "3",
+        ])
+        .ok();
+    let v = c.wait_volume(0, "grow", "in sync", |v| all_in_sync(v, 3));
+    let p = node_index(&primary(&v).expect("primary"));
+    let (down, via) = ((p + 1) % 3, (p + 2) % 3);
+    write_pattern(None, &c.nodes[via].uri("grow"), 21, 1, 0, 8 * MIB);
+
+    // A client connected before the grow (through the other secondary).
+    let mut cmd = python_cmd("nbdtool.py");
+    let mib = MIB.to_string();
+    cmd.args([
+        "hold",
+        &c.nodes[via].uri("grow"),
+        "--seed",
+        "21",
+        "--gen",
+        "2",
+        "--offset",
+        "0",
+        "--length",
+        &mib,
+    ]);
+    let mut holder = Background::spawn(cmd);
+    holder.wait_line("READY", Duration::from_secs(30));
+
+    eprintln!("killing node{down} (a secondary; node{p} is the primary)");
+    c.nodes[down].kill9();
+    c.nodes[via]
+        .cli(&["volume", "resize", "grow", "--size", "24M"])
+        .ok();
+    for i in [p, via] {
+        assert_eq!(
+            c.show(i, "grow")["size_bytes"].as_u64(),
+            Some(24 * MIB),
+            "volume show through node{i}"
+        );
+    }
+    // Shrinking a replicated volume is refused, with or without
+    // --allow-shrink, and leaves the size alone.
+    for extra in [&[][..], &["--allow-shrink"][..]] {
+        let mut args = vec!["volume", "resize", "grow", "--size", "8M"];
+        args.extend_from_slice(extra);
+        let e = c.nodes[p].cli(&args).cli_error(1);
+        assert!(e.contains("can only grow"), "{e}");
+    }
+    assert_eq!(c.show(p, "grow")["size_bytes"].as_u64(), Some(24 * MIB));
+
+    // A new connection sees the new size and writes beyond the old end.
+    let uri = c.nodes[via].uri("grow");
+    let size = tool("nbdinfo", ["--size", &uri]);
+    assert_eq!(size.ok().trim(), (24 * MIB).to_string());
+    write_pattern(None, &uri, 21, 3, 8 * MIB, 16 * MIB);
+    // The connection from before the grow still works, at its old size.
+    let (st, out, err) = holder.finish(Duration::from_secs(60));
+    assert!(st.success(), "held connection: {out}\n{err}\n{}", c.logs());
+    assert!(
+        out.contains(&format!("SIZE {}", 8 * MIB)),
+        "held connection: {out}"
+    );
+
+    // The killed node returns, grows its replica and catches up.
+    c.nodes[down].restart();
+    c.wait_volume(down, "grow", "in sync after node returned", |v| {
+        all_in_sync(v, 3)
+    });
+    for i in [down, p] {
+        let u = c.nodes[i].uri("grow");
+        verify_pattern(None, &u, 21, 2, 0, MIB);
+        verify_pattern(None, &u, 21, 1, MIB, 7 * MIB);
+        verify_pattern(None, &u, 21, 3, 8 * MIB, 16 * MIB);
+    }
+    for i in 0..3 {
+        let d = c.nodes[i].cli_json(&["volume", "local-digest", "grow"]);
+        assert_eq!(
+            d["size_bytes"].as_u64(),
+            Some(24 * MIB),
+            "node{i}'s replica: {d}"
+        );
+    }
+    c.assert_replicas_equal(&[0, 1, 2], "grow");
 }

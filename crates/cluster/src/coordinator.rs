@@ -22,7 +22,9 @@ use crate::meta::{CasOutcome, NodeState, NodeStatus};
 use crate::placement::{self, Candidate};
 use crate::ClusterError;
 use basalt_catalog::{Versioned, VolumeRecord};
-use basalt_replication::{Coordinator, Membership, NodeId, ReplicaInfo, ReplicaState, VolumeId};
+use basalt_replication::{
+    Coordinator, Membership, NodeId, ReplicaInfo, ReplicaState, VolumeId, BLOCK_SIZE,
+};
 use std::collections::{HashMap, HashSet};
 use std::sync::mpsc::{self, RecvTimeoutError, Sender};
 use std::sync::Weak;
@@ -246,7 +248,8 @@ fn place_new_volumes(
             continue;
         };
         let min = default_min_in_sync(want).min(p.nodes.len());
-        let mut rec = Membership::new(vol, &p.nodes, p.primary, min);
+        let mut rec = Membership::new(vol, &p.nodes, p.primary, min)
+            .with_blocks(v.record.size_bytes / BLOCK_SIZE);
         for (id, info) in rec.replicas.iter_mut() {
             info.boot = nodes.iter().find(|n| n.id == *id).map_or(0, |n| n.boot);
         }
@@ -270,6 +273,9 @@ fn place_new_volumes(
 ///   added (OutOfSync: the primary resyncs them from its allocated data);
 /// - a replica on a draining node leaves once enough replicas on active
 ///   nodes are InSync.
+///
+/// - the record's size (`blocks`) follows the catalog's when that is larger
+///   (volumes only grow).
 ///
 /// `min_in_sync` follows the replica count: lowered at once when replicas
 /// leave, raised only once that many are InSync.
@@ -309,6 +315,13 @@ fn reconfigure(
         };
         let wanted = v.record.replicas.unwrap_or(1).max(1) as usize;
         let mut new = rec.clone();
+        // The catalog's size is the volume's: a grow whose record step was
+        // lost (or a record from before sizes were recorded) catches up.
+        let blocks = v.record.size_bytes / BLOCK_SIZE;
+        if blocks > new.blocks {
+            tracing::info!(volume = %v.record.name, from = new.blocks, to = blocks, "recording the volume's size for its replicas");
+            new.blocks = blocks;
+        }
         for (n, info) in &rec.replicas {
             if *n == rec.primary {
                 continue;

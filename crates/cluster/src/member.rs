@@ -6,7 +6,14 @@
 //! Invariants:
 //! - a replica driver runs for exactly the volumes whose membership record
 //!   (as last seen from etcd) names this node; its local store volume exists
-//!   before the driver starts;
+//!   before the driver starts, at least as large as the record's size
+//!   (`blocks`: a replica that was away during a resize, or is rebuilt on
+//!   a new node, is grown before its state machine starts);
+//! - a volume grows (online resize) only through its membership record's
+//!   size, after every node holding a replica was checked to have room for
+//!   it; each node grows its own copy before its state machine uses the new
+//!   blocks (see `basalt_replication`'s `Node`), so no write beyond the old
+//!   end is acknowledged unless every replica the ack rule counts holds it;
 //! - client requests go to the primary named by the newest record seen; a
 //!   request answered NotPrimary, or not answered in time, is sent again to
 //!   the then-current primary until the request deadline (block writes are
@@ -103,6 +110,10 @@ pub struct MemberConfig {
     /// Where a clean stop saves the replicas' uncertain-region logs for the
     /// next start (the data directory); None: not saved.
     pub log_dir: Option<std::path::PathBuf>,
+    /// This node's overcommit ratio: volumes of up to capacity × ratio
+    /// bytes in all may have a replica here (published for the capacity
+    /// check of other nodes' resizes).
+    pub overcommit_ratio: f64,
 }
 
 impl MemberConfig {
@@ -120,6 +131,7 @@ impl MemberConfig {
             timing: Timing::default(),
             request_deadline: Duration::from_secs(60),
             log_dir: None,
+            overcommit_ratio: 2.0,
         }
     }
 }
@@ -200,6 +212,10 @@ fn node_info(cfg: &MemberConfig, store: &Store) -> NodeInfo {
         zone: cfg.zone.clone(),
         capacity_bytes: usage.capacity_bytes,
         free_bytes: usage.capacity_bytes.saturating_sub(usage.allocated_bytes),
+        // `as` saturates: an absurd ratio cannot wrap.
+        provision_limit_bytes: Some(
+            (usage.capacity_bytes as f64 * cfg.overcommit_ratio).floor() as u64
+        ),
     }
 }
 
@@ -606,15 +622,27 @@ impl Inner {
         let id = uuid_of(vol);
         // Saved logs describe a local copy that already existed.
         let saved = self.restored.lock().remove(&vol);
+        let recorded = rec.blocks * BLOCK_SIZE;
         let (size, saved) = match self.store.volumes().into_iter().find(|v| v.id == id) {
+            // Grown while this node was away: grow before anything else.
+            Some(v) if v.size < recorded => {
+                self.store.resize_volume(id, recorded).map_err(|e| {
+                    tracing::error!(volume = %id, from = v.size, to = recorded, error = %e,
+                        "cannot grow the local replica to the volume's size; this node cannot hold it");
+                    e
+                })?;
+                tracing::info!(volume = %id, from = v.size, to = recorded, "grew the local replica");
+                (recorded, saved)
+            }
             Some(v) => (v.size, saved),
             None => {
                 let Some(record) = self.volume_record(vol)? else {
                     return Err(ClusterError::UnknownVolume(id));
                 };
-                self.store.create_volume(id, record.size_bytes)?;
-                tracing::info!(volume = %record.name, %id, "created the local replica");
-                (record.size_bytes, None)
+                let size = record.size_bytes.max(recorded);
+                self.store.create_volume(id, size)?;
+                tracing::info!(volume = %record.name, %id, size, "created the local replica");
+                (size, None)
             }
         };
         let local = self.store.volume(id)?;
@@ -975,6 +1003,27 @@ impl ReplicaEnv for Env {
     fn now_ms(&self) -> u64 {
         self.0.upgrade().map_or(0, |i| i.now_ms())
     }
+
+    fn grow_local(&self, vol: VolumeId, bytes: u64) -> Result<(), String> {
+        let inner = self.0.upgrade().ok_or("the cluster member is stopping")?;
+        let id = uuid_of(vol);
+        let current = inner
+            .store
+            .volumes()
+            .into_iter()
+            .find(|v| v.id == id)
+            .map(|v| v.size)
+            .ok_or("the local replica is gone")?;
+        if current >= bytes {
+            return Ok(());
+        }
+        inner
+            .store
+            .resize_volume(id, bytes)
+            .map_err(|e| e.to_string())?;
+        tracing::info!(volume = %id, from = current, to = bytes, "grew the local replica");
+        Ok(())
+    }
 }
 
 impl Inner {
@@ -1300,6 +1349,96 @@ impl ClusterVolumes for ClusterMember {
                 epoch: rec.epoch.0,
             })
             .collect()
+    }
+
+    fn check_grow(&self, record: &VolumeRecord, size: u64) -> Result<(), VolumeError> {
+        let growth = size.saturating_sub(record.size_bytes);
+        let vol = vol_of(record.id);
+        let Some(rec) = self.inner.records.read().get(&vol).cloned() else {
+            // Not placed yet: placement takes the catalog's (new) size.
+            return Ok(());
+        };
+        if growth == 0 {
+            return Ok(());
+        }
+        let unavailable = |e: &dyn std::fmt::Display| VolumeError::Cluster(e.to_string());
+        let nodes = self.inner.meta.nodes().map_err(|e| unavailable(&e))?;
+        let sizes: HashMap<VolumeId, u64> = self
+            .inner
+            .catalog
+            .list()
+            .map_err(|e| unavailable(&e))?
+            .into_iter()
+            .map(|v| (vol_of(v.record.id), v.record.size_bytes))
+            .collect();
+        let records = self.inner.records.read();
+        for n in rec.replicas.keys() {
+            let Some(node) = nodes.iter().find(|x| x.id == *n) else {
+                continue;
+            };
+            let limit = node.info.provision_limit_bytes.unwrap_or(
+                (node.info.capacity_bytes as f64 * basalt_volume::DEFAULT_OVERCOMMIT_RATIO) as u64,
+            );
+            // What the node holds replicas of, at the larger of the catalog's
+            // and the record's size.
+            let provisioned = records
+                .values()
+                .filter(|r| r.replicas.contains_key(n))
+                .map(|r| {
+                    let recorded = r.blocks * BLOCK_SIZE;
+                    sizes
+                        .get(&r.volume)
+                        .map_or(recorded, |s| (*s).max(recorded))
+                })
+                .fold(0u64, u64::saturating_add);
+            if provisioned.saturating_add(growth) > limit {
+                return Err(VolumeError::ReplicaNodeFull {
+                    node: node.info.name.clone(),
+                    volume: record.name.clone(),
+                    requested: growth,
+                    provisioned,
+                    limit,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    fn grow(&self, record: &VolumeRecord, size: u64) -> Result<(), VolumeError> {
+        let vol = vol_of(record.id);
+        let blocks = size / BLOCK_SIZE;
+        let failed = |e: &dyn std::fmt::Display| VolumeError::Cluster(e.to_string());
+        for _ in 0..10 {
+            let Some(cur) = self.inner.meta.membership(vol).map_err(|e| failed(&e))? else {
+                return Ok(()); // not placed yet: placed at the catalog's size
+            };
+            if cur.blocks >= blocks {
+                return Ok(());
+            }
+            let want = cur.clone().with_blocks(blocks);
+            match self
+                .inner
+                .meta
+                .cas_membership(cur.version, want)
+                .map_err(|e| failed(&e))?
+            {
+                CasOutcome::Applied(rec) => {
+                    tracing::info!(volume = %record.name, blocks, version = rec.version,
+                        "volume size recorded for its replicas");
+                    // This node's replica learns it now, the others at their
+                    // next poll of the records.
+                    self.inner.on_record(rec);
+                    return Ok(());
+                }
+                CasOutcome::Conflict(_) => continue,
+                CasOutcome::Invalid(reason) => return Err(VolumeError::Cluster(reason)),
+                CasOutcome::Missing => return Ok(()),
+            }
+        }
+        Err(VolumeError::Cluster(format!(
+            "the membership record of {} changed too often to record its new size; the coordinator will",
+            record.name
+        )))
     }
 
     fn is_local_primary(&self, id: uuid::Uuid) -> Option<bool> {

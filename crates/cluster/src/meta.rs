@@ -84,6 +84,10 @@ pub struct NodeInfo {
     pub zone: Option<String>,
     pub capacity_bytes: u64,
     pub free_bytes: u64,
+    /// Bytes of volume sizes the node may hold: capacity × its overcommit
+    /// ratio (None: published by an older version).
+    #[serde(default)]
+    pub provision_limit_bytes: Option<u64>,
 }
 
 /// A node's administrative state.

@@ -28,7 +28,9 @@
 //!   nothing more;
 //! - a replica whose disk keeps failing stops (its heartbeats stop with it,
 //!   so the coordinator marks it Faulty or replaces it as primary) rather
-//!   than retrying forever.
+//!   than retrying forever; that includes a local store that cannot grow
+//!   to the volume's new size (the state machine's `Grow`, which it issues
+//!   alone, before anything beyond the old end).
 
 use basalt_replication::{
     Action, ClientReply, ClientReq, Config, DiskOp, DiskResult, Endpoint, Input, Membership, Msg,
@@ -72,6 +74,9 @@ pub(crate) trait ReplicaEnv: Send + Sync + 'static {
     fn client_reply(&self, vol: VolumeId, origin: Origin, id: u64, reply: ClientReply);
     /// Milliseconds on the node's monotonic clock.
     fn now_ms(&self) -> u64;
+    /// Grows the local store's copy of `vol` to at least `bytes` (durable
+    /// on return; nothing if it is that large already).
+    fn grow_local(&self, vol: VolumeId, bytes: u64) -> Result<(), String>;
 }
 
 /// Which replica a driver runs: the state machine's identity and config,
@@ -387,6 +392,7 @@ impl<E: ReplicaEnv> Replica<E> {
         let mut writes: Vec<(u64, u64, Vec<u8>, bool)> = Vec::new();
         let mut flushes = Vec::new();
         let mut zeroes = Vec::new();
+        let mut grows = Vec::new();
         for (id, op) in ops {
             match op {
                 DiskOp::Read { lba, blocks } => {
@@ -401,6 +407,9 @@ impl<E: ReplicaEnv> Replica<E> {
                     zeroes.push((id, lba * bl, blocks * bl, fua))
                 }
                 DiskOp::Flush => flushes.push(id),
+                // Issued alone by the state machine's disk queue: nothing
+                // else is in this batch.
+                DiskOp::Grow { blocks } => grows.push((id, blocks * bl)),
             }
         }
         let mut results = Vec::new();
@@ -427,6 +436,17 @@ impl<E: ReplicaEnv> Replica<E> {
             }
         }
         let mut out: Vec<(u64, DiskResult)> = Vec::with_capacity(results.len() + flushes.len());
+        for (id, bytes) in grows {
+            let r = match self.env.grow_local(self.vol, bytes) {
+                Ok(()) => DiskResult::Done { data: None },
+                Err(e) => {
+                    tracing::error!(volume = %uuid::Uuid::from_u128(self.vol.0), bytes, error = %e,
+                        "cannot grow the local replica to the volume's new size");
+                    DiskResult::Error
+                }
+            };
+            out.push((id, r));
+        }
         let mut reads: HashMap<u64, Vec<u8>> = read_bufs.into_iter().collect();
         for (id, ok) in results {
             out.push((

@@ -19,6 +19,7 @@ fn info(name: &str) -> NodeInfo {
         zone: Some("z1".into()),
         capacity_bytes: 1 << 30,
         free_bytes: 1 << 30,
+        provision_limit_bytes: None,
     }
 }
 

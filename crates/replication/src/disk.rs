@@ -9,6 +9,9 @@
 //!   replica applies overlapping writes in stream order);
 //! - a flush is issued only once every earlier write (zeroing included) has
 //!   completed, so it makes all of them durable;
+//! - a grow runs alone: it is issued once nothing is in flight, and nothing
+//!   submitted after it is issued before it completed (so no operation
+//!   beyond the old end reaches a disk that has not grown yet);
 //! - an operation that fails is issued again, unchanged, under the same id.
 
 use crate::msg::{Action, DiskOp, DiskResult, IoId};
@@ -27,7 +30,7 @@ fn range(op: &DiskOp, block_len: u64) -> Option<(u64, u64)> {
         DiskOp::Read { lba, blocks } | DiskOp::WriteZeroes { lba, blocks, .. } => {
             Some((*lba, *blocks))
         }
-        DiskOp::Flush => None,
+        DiskOp::Flush | DiskOp::Grow { .. } => None,
     }
 }
 
@@ -59,6 +62,16 @@ impl<T> DiskQueue<T> {
     }
 
     fn issuable(&self, op: &DiskOp) -> bool {
+        if matches!(op, DiskOp::Grow { .. }) {
+            return self.inflight.is_empty();
+        }
+        if self
+            .inflight
+            .values()
+            .any(|(o, _)| matches!(o, DiskOp::Grow { .. }))
+        {
+            return false;
+        }
         let writes = is_write(op);
         match range(op, self.block_len) {
             None => !self.inflight.values().any(|(o, _)| is_write(o)),
@@ -143,5 +156,37 @@ mod tests {
                 op: DiskOp::Flush
             }]
         );
+    }
+
+    #[test]
+    fn grow_runs_alone() {
+        let mut q = DiskQueue::new(1);
+        let mut out = Vec::new();
+        let w = |lba| DiskOp::Write {
+            lba,
+            data: vec![0; 1],
+            fua: false,
+        };
+        q.submit(DiskOp::Read { lba: 0, blocks: 1 }, 1, &mut out);
+        q.submit(DiskOp::Grow { blocks: 32 }, 2, &mut out);
+        q.submit(w(20), 3, &mut out); // beyond the old end
+        q.submit(w(1), 4, &mut out);
+        assert_eq!(out.len(), 1, "the grow waits for the read: {out:?}");
+        out.clear();
+        q.complete(1, DiskResult::Done { data: None }, &mut out);
+        assert_eq!(
+            out,
+            vec![Action::Disk {
+                id: 2,
+                op: DiskOp::Grow { blocks: 32 }
+            }],
+            "nothing is issued beside the grow"
+        );
+        out.clear();
+        q.complete(2, DiskResult::Error, &mut out);
+        assert_eq!(out.len(), 1, "a failed grow is retried, alone");
+        out.clear();
+        q.complete(2, DiskResult::Done { data: None }, &mut out);
+        assert_eq!(out.len(), 2, "both writes follow the grow: {out:?}");
     }
 }

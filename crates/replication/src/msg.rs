@@ -177,6 +177,13 @@ pub enum DiskOp {
         blocks: u64,
         fua: bool,
     },
+    /// Grow the local copy of the volume to `blocks` blocks (nothing if it
+    /// is that large already); the blocks added read as zeros. Durable on
+    /// completion. Issued alone: it waits for every earlier operation and
+    /// every later one waits for it.
+    Grow {
+        blocks: u64,
+    },
 }
 
 /// Identifies one disk operation of a node.

@@ -13,9 +13,28 @@
 //! - the lease is extended only by a heartbeat answer naming this node the
 //!   primary of its epoch, and only to `sent_at + lease`;
 //! - a disk completion reaches the role that issued it, never a later role.
+//!
+//! Growing (online resize; the record's `blocks` only grows):
+//! - the local disk is grown before anything beyond its old end is done
+//!   on it: the node issues a `Grow` to the record's size as soon as it
+//!   sees the record, and a secondary that receives a write beyond the size
+//!   it asked for grows to the write's end first; a grow runs alone in the
+//!   disk queue, so no operation submitted after it overtakes it;
+//! - a primary serves (answers client requests within) only the size both
+//!   the record and its own grown disk hold; requests beyond are answered
+//!   NotPrimary (the client retries) until both have grown;
+//! - a node is promoted to primary only once its disk holds the record's
+//!   size, so a new primary's regions cover every block any earlier primary
+//!   accepted a write in (their sizes never exceeded that record's), and its
+//!   failover resync covers them;
+//! - the ack rule is unchanged: a write beyond the old end is acknowledged
+//!   only once the primary and every replica the rule counts applied it,
+//!   which each did only after growing; a replica that cannot grow never
+//!   acknowledges it and is marked OutOfSync (by CAS) before the write is
+//!   acknowledged without it.
 
 use crate::disk::DiskQueue;
-use crate::msg::{Action, ClientReply, DiskOp, Endpoint, Input, Msg};
+use crate::msg::{Action, ClientReply, ClientReq, DiskOp, Endpoint, Input, Msg, ReplOp};
 use crate::primary::{Out, PrimTag, Primary};
 use crate::secondary::{ReplIn, SecTag, Secondary};
 use crate::types::{Epoch, Membership, NodeId, ReplicaState, VolumeId};
@@ -37,6 +56,9 @@ pub struct SavedLogs {
 enum Tag {
     P(PrimTag),
     S(SecTag),
+    /// A grow of the local disk to this many blocks (the node's own, not a
+    /// role's: its completion counts whatever the role is by then).
+    Grow(u64),
 }
 
 enum Role {
@@ -80,12 +102,18 @@ pub struct Node {
     /// The same decisions, each with its replica and (regions to copy,
     /// regions in the volume), until the driver takes them.
     decided: Vec<(NodeId, Option<(usize, usize)>)>,
+    /// Blocks the local disk holds: its size at start, then grows completed.
+    disk_blocks: u64,
+    /// Blocks asked of the local disk: the last grow issued (`cfg`'s
+    /// `volume_blocks` follows it, for the roles created from now on).
+    want_blocks: u64,
 }
 
 impl Node {
     /// `initial`: the record of a freshly created volume (every replica
     /// empty, session 0 open); None for a node that (re)starts and must learn
-    /// its role from the metadata service.
+    /// its role from the metadata service. `cfg.volume_blocks` is the size
+    /// of the local disk now.
     pub fn new(
         me: NodeId,
         boot: u64,
@@ -112,6 +140,7 @@ impl Node {
             ))),
             None => Role::Idle,
         };
+        let cfg_blocks = cfg.volume_blocks;
         Node {
             me,
             boot,
@@ -128,6 +157,57 @@ impl Node {
             gen: 0,
             narrowed: (0, 0),
             decided: Vec::new(),
+            disk_blocks: cfg_blocks,
+            want_blocks: cfg_blocks,
+        }
+    }
+
+    /// Blocks the local disk holds (grows completed).
+    pub fn disk_blocks(&self) -> u64 {
+        self.disk_blocks
+    }
+
+    /// Blocks this node serves as primary (0 on other roles): client
+    /// requests beyond are answered NotPrimary.
+    pub fn serving_blocks(&self) -> u64 {
+        match &self.role {
+            Role::Primary(p) => p.volume_blocks(),
+            _ => 0,
+        }
+    }
+
+    /// Asks the local disk for at least `blocks` blocks: a grow is queued
+    /// (before anything else this input issues) if that is more than asked
+    /// so far.
+    fn want(&mut self, blocks: u64, grows: &mut Vec<u64>) {
+        if blocks <= self.want_blocks {
+            return;
+        }
+        self.want_blocks = blocks;
+        self.cfg.volume_blocks = blocks;
+        grows.push(blocks);
+        if let Role::Secondary(s) = &mut self.role {
+            s.grow(blocks);
+        }
+    }
+
+    /// The record's size: grow the disk to it, and let a primary serve it
+    /// once the disk holds it.
+    fn follow_size(&mut self, grows: &mut Vec<u64>) {
+        let target = self.rec.as_ref().map_or(0, |r| r.blocks);
+        self.want(target, grows);
+        let serve = target.min(self.disk_blocks);
+        if let Role::Primary(p) = &mut self.role {
+            p.grow(serve);
+        }
+    }
+
+    /// A grow of the local disk completed.
+    fn grown(&mut self, now: u64, blocks: u64, out: &mut Out) {
+        self.disk_blocks = self.disk_blocks.max(blocks);
+        // A promotion may have waited for it.
+        if let Some(rec) = self.rec.clone() {
+            self.on_record(now, rec, out);
         }
     }
 
@@ -277,7 +357,10 @@ impl Node {
         self.seen_epoch = self.seen_epoch.max(rec.epoch);
         let same_epoch_primary = matches!(&self.role, Role::Primary(p) if p.epoch == rec.epoch);
         if rec.primary == self.me && !same_epoch_primary && rec.epoch >= self.seen_epoch {
-            if rec.state(self.me) == Some(ReplicaState::InSync) {
+            // Promoted only once the local disk holds the record's size
+            // (the grow was issued when the record arrived; its completion
+            // brings us back here).
+            if rec.state(self.me) == Some(ReplicaState::InSync) && self.disk_blocks >= rec.blocks {
                 // What this node received from the previous epoch's
                 // primary, if it was its secondary (and did not restart).
                 let before = Epoch(rec.epoch.0.saturating_sub(1));
@@ -286,7 +369,11 @@ impl Node {
                     Role::Idle => self.take_restored(before),
                     Role::Primary(_) => None,
                 };
-                let p = Primary::new(self.me, rec, self.cfg.clone(), false, now, mine);
+                let cfg = Config {
+                    volume_blocks: self.disk_blocks,
+                    ..self.cfg.clone()
+                };
+                let p = Primary::new(self.me, rec, cfg, false, now, mine);
                 self.become_role(Role::Primary(Box::new(p)), out);
             }
             return;
@@ -308,6 +395,7 @@ impl Node {
         let mut acts = Vec::new();
         let mut out = Out::default();
         let mut sdisk: Vec<(DiskOp, SecTag)> = Vec::new();
+        let mut grows: Vec<u64> = Vec::new();
         match input {
             Input::Tick => {
                 if self
@@ -332,10 +420,14 @@ impl Node {
                     p.tick(now, self.lease_until, &mut out);
                 }
             }
-            Input::Msg { from, msg } => self.on_msg(now, from, msg, &mut out, &mut sdisk),
+            Input::Msg { from, msg } => {
+                self.on_msg(now, from, msg, &mut out, &mut sdisk, &mut grows)
+            }
             Input::Disk { id, result } => {
                 if let Some(((gen, tag), data)) = self.disk.complete(id, result, &mut acts) {
-                    if gen == self.gen {
+                    if let Tag::Grow(blocks) = tag {
+                        self.grown(now, blocks, &mut out);
+                    } else if gen == self.gen {
                         match (&mut self.role, tag) {
                             (Role::Primary(p), Tag::P(t)) => p.on_disk_done(now, t, data, &mut out),
                             (Role::Secondary(s), Tag::S(t)) => s.on_disk_done(t, &mut out.sends),
@@ -349,6 +441,7 @@ impl Node {
             out.step_down = false;
             self.step_down(&mut out);
         }
+        self.follow_size(&mut grows);
         if let Role::Primary(p) = &mut self.role {
             p.progress(now, self.lease_until, &mut out);
         }
@@ -358,6 +451,13 @@ impl Node {
                 None => self.narrowed.1 += 1,
             }
             self.decided.push((replica, n));
+        }
+        for blocks in grows {
+            self.disk.submit(
+                DiskOp::Grow { blocks },
+                (self.gen, Tag::Grow(blocks)),
+                &mut acts,
+            );
         }
         for (op, t) in sdisk {
             self.disk.submit(op, (self.gen, Tag::S(t)), &mut acts);
@@ -380,6 +480,7 @@ impl Node {
         msg: Msg,
         out: &mut Out,
         sdisk: &mut Vec<(DiskOp, SecTag)>,
+        grows: &mut Vec<u64>,
     ) {
         if let Msg::Fenced { vol, epoch }
         | Msg::Repl { vol, epoch, .. }
@@ -433,6 +534,18 @@ impl Node {
                         return;
                     }
                 }
+                // A write beyond the size asked of the disk so far (its
+                // primary saw a larger record before we did): grow first.
+                let end = match &op {
+                    ReplOp::Write { lba, data, .. } => {
+                        lba + data.len() as u64 / self.cfg.block_len.max(1)
+                    }
+                    ReplOp::WriteZeroes { lba, blocks, .. } => lba + blocks,
+                    ReplOp::Start | ReplOp::Flush => 0,
+                };
+                if matches!(&self.role, Role::Secondary(s) if epoch >= s.epoch) {
+                    self.want(end, grows);
+                }
                 if let Role::Secondary(s) = &mut self.role {
                     let r = ReplIn {
                         from: f,
@@ -474,7 +587,9 @@ impl Node {
                 }
             }
             Msg::ClientReq { id, req } => match &mut self.role {
-                Role::Primary(p) => p.on_client(now, id, req, out),
+                Role::Primary(p) if fits(&req, p.volume_blocks(), self.cfg.block_len) => {
+                    p.on_client(now, id, req, out)
+                }
                 _ => out.sends.push((
                     Endpoint::Client,
                     Msg::ClientReply {
@@ -488,10 +603,20 @@ impl Node {
     }
 }
 
+/// Whether `req` lies within the first `blocks` blocks.
+fn fits(req: &ClientReq, blocks: u64, block_len: u64) -> bool {
+    let end = match req {
+        ClientReq::Write { lba, data, .. } => lba.checked_add(data.len() as u64 / block_len.max(1)),
+        ClientReq::Read { lba, blocks } => lba.checked_add(*blocks),
+        ClientReq::Flush => Some(0),
+    };
+    end.is_some_and(|e| e <= blocks)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::msg::{ClientReq, DiskResult, Prior, ReplOp};
+    use crate::msg::{DiskResult, IoId, Prior};
     use crate::types::{ReplicaInfo, ReplicaState};
 
     fn sends(acts: &[Action]) -> Vec<(Endpoint, Msg)> {
@@ -501,6 +626,221 @@ mod tests {
                 _ => None,
             })
             .collect()
+    }
+
+    fn disk_ops(acts: &[Action]) -> Vec<(IoId, DiskOp)> {
+        acts.iter()
+            .filter_map(|a| match a {
+                Action::Disk { id, op } => Some((*id, op.clone())),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn done(node: &mut Node, t: u64, id: IoId) -> Vec<Action> {
+        node.handle(
+            t,
+            Input::Disk {
+                id,
+                result: DiskResult::Done { data: None },
+            },
+        )
+    }
+
+    fn record(node: &mut Node, t: u64, rec: &Membership) -> Vec<Action> {
+        node.handle(
+            t,
+            Input::Msg {
+                from: Endpoint::Control,
+                msg: Msg::MetaReply {
+                    record: rec.clone(),
+                    cas_ok: None,
+                },
+            },
+        )
+    }
+
+    fn client(node: &mut Node, t: u64, id: u64, req: ClientReq) -> Vec<Action> {
+        node.handle(
+            t,
+            Input::Msg {
+                from: Endpoint::Client,
+                msg: Msg::ClientReq { id, req },
+            },
+        )
+    }
+
+    fn replied(acts: &[Action], id: u64) -> Option<ClientReply> {
+        sends(acts).into_iter().find_map(|(to, m)| match m {
+            Msg::ClientReply { id: i, reply } if to == Endpoint::Client && i == id => Some(reply),
+            _ => None,
+        })
+    }
+
+    fn small(blocks: u64) -> Config {
+        Config {
+            block_len: 1,
+            volume_blocks: blocks,
+            region_blocks: 4,
+            ..Config::default()
+        }
+    }
+
+    #[test]
+    fn primary_grows_its_disk_before_it_serves_the_new_size() {
+        let (p, s, vol) = (NodeId(0), NodeId(1), VolumeId(1));
+        let rec = Membership::new(vol, &[p, s], p, 2).with_blocks(10);
+        let mut node = Node::new(p, 0, vol, small(10), Some(rec.clone()), 0);
+        node.handle(
+            0,
+            Input::Msg {
+                from: Endpoint::Control,
+                msg: Msg::HeartbeatAck {
+                    sent_at: 0,
+                    vol,
+                    epoch: Epoch(1),
+                    primary: p,
+                },
+            },
+        );
+        // A read in flight keeps the grow waiting.
+        let a = client(&mut node, 1, 1, ClientReq::Read { lba: 0, blocks: 1 });
+        let read = disk_ops(&a)[0].0;
+        let mut grown = rec.clone().with_blocks(20);
+        grown.version = 2;
+        let a = record(&mut node, 2, &grown);
+        assert!(disk_ops(&a).is_empty(), "the grow waits for the read");
+        // Beyond the old end: not served yet (the client retries).
+        let beyond = ClientReq::Write {
+            lba: 12,
+            data: vec![5; 2],
+            fua: false,
+        };
+        let a = client(&mut node, 3, 2, beyond.clone());
+        assert_eq!(replied(&a, 2), Some(ClientReply::NotPrimary));
+        assert!(
+            disk_ops(&a).is_empty() && !sends(&a).iter().any(|(to, _)| *to == Endpoint::Node(s))
+        );
+        let a = done(&mut node, 4, read);
+        let grow = disk_ops(&a);
+        assert_eq!(grow.len(), 1, "{a:?}");
+        assert_eq!(grow[0].1, DiskOp::Grow { blocks: 20 });
+        let a = client(&mut node, 5, 3, ClientReq::Read { lba: 18, blocks: 2 });
+        assert_eq!(
+            replied(&a, 3),
+            Some(ClientReply::NotPrimary),
+            "disk not grown yet"
+        );
+        assert_eq!(node.serving_blocks(), 10);
+        done(&mut node, 6, grow[0].0);
+        assert_eq!((node.disk_blocks(), node.serving_blocks()), (20, 20));
+        // Now served, and acknowledged only once the secondary has it too.
+        let a = client(&mut node, 7, 4, beyond);
+        assert!(sends(&a).iter().any(|(to, m)| *to == Endpoint::Node(s)
+            && matches!(
+                m,
+                Msg::Repl {
+                    op: ReplOp::Write { lba: 12, .. },
+                    ..
+                }
+            )));
+        let a = done(&mut node, 8, disk_ops(&a)[0].0);
+        assert_eq!(replied(&a, 4), None, "the secondary has not acknowledged");
+    }
+
+    #[test]
+    fn secondary_grows_before_a_write_beyond_its_end() {
+        let (p, s, vol) = (NodeId(0), NodeId(1), VolumeId(1));
+        let rec = Membership::new(vol, &[p, s], p, 2).with_blocks(10);
+        let mut node = Node::new(s, 0, vol, small(10), Some(rec), 0);
+        let repl = |lseq: u64, lba: u64| Msg::Repl {
+            vol,
+            epoch: Epoch(1),
+            session: 0,
+            lseq,
+            vseq: lseq,
+            commit: 0,
+            floor: 0,
+            op: ReplOp::Write {
+                lba,
+                data: vec![1; 2],
+                fua: false,
+            },
+        };
+        let from = Endpoint::Node(p);
+        let a = node.handle(
+            1,
+            Input::Msg {
+                from,
+                msg: repl(1, 2),
+            },
+        );
+        let first = disk_ops(&a);
+        assert_eq!(first.len(), 1);
+        // The primary saw the grown record first: lba 14..16.
+        let a = node.handle(
+            2,
+            Input::Msg {
+                from,
+                msg: repl(2, 14),
+            },
+        );
+        assert!(
+            disk_ops(&a).is_empty(),
+            "the grow waits for the write in flight"
+        );
+        let a = done(&mut node, 3, first[0].0);
+        let grow = disk_ops(&a);
+        assert_eq!(grow.len(), 1);
+        assert_eq!(grow[0].1, DiskOp::Grow { blocks: 16 });
+        let a = done(&mut node, 4, grow[0].0);
+        assert_eq!(node.disk_blocks(), 16);
+        let write = disk_ops(&a);
+        assert!(matches!(
+            write.as_slice(),
+            [(_, DiskOp::Write { lba: 14, .. })]
+        ));
+        // The record's size (larger) follows, once the write is done.
+        let mut grown = Membership::new(vol, &[p, s], p, 2).with_blocks(24);
+        grown.version = 2;
+        let a = record(&mut node, 5, &grown);
+        assert!(disk_ops(&a).is_empty());
+        let a = done(&mut node, 6, write[0].0);
+        assert!(matches!(
+            disk_ops(&a).as_slice(),
+            [(_, DiskOp::Grow { blocks: 24 })]
+        ));
+    }
+
+    #[test]
+    fn node_appointed_primary_grows_first_and_then_resyncs_the_whole_size() {
+        let (p, s, vol) = (NodeId(0), NodeId(1), VolumeId(1));
+        let rec = Membership::new(vol, &[p, s], p, 1).with_blocks(10);
+        let mut node = Node::new(s, 0, vol, small(10), Some(rec.clone()), 0);
+        // Failover: s becomes primary of epoch 2 of a volume grown to 20
+        // blocks meanwhile (it missed the resize).
+        let mut next = rec.with_blocks(20);
+        next.version = 3;
+        next.epoch = Epoch(2);
+        next.primary = s;
+        next.replicas.get_mut(&p).unwrap().state = ReplicaState::OutOfSync;
+        let a = record(&mut node, 1, &next);
+        assert_eq!(
+            node.role(),
+            RoleKind::Secondary(Epoch(1)),
+            "not before the grow"
+        );
+        let grow = disk_ops(&a);
+        assert!(matches!(
+            grow.as_slice(),
+            [(_, DiskOp::Grow { blocks: 20 })]
+        ));
+        done(&mut node, 2, grow[0].0);
+        assert_eq!(node.role(), RoleKind::Primary(Epoch(2)));
+        assert_eq!(node.serving_blocks(), 20);
+        // The old primary may hold writes beyond 10 blocks: every region of
+        // the grown volume is to be copied.
+        assert_eq!(node.resync_progress().get(&p), Some(&(5, 5)));
     }
 
     #[test]

@@ -59,6 +59,9 @@ pub(crate) enum PrimTag {
         /// Whether the copy was charged to the rate bucket (copies made
         /// while the volume is below `min_in_sync` are not).
         charged: bool,
+        /// Blocks read (the region's length when the read was issued: a
+        /// grow may lengthen a short last region meanwhile).
+        blocks: u64,
     },
 }
 
@@ -346,6 +349,34 @@ impl Primary {
             .unwrap_or(0)
     }
 
+    /// The blocks this primary serves (client requests beyond are not
+    /// its to answer yet).
+    pub(crate) fn volume_blocks(&self) -> u64 {
+        self.cfg.volume_blocks
+    }
+
+    /// Serves `blocks` blocks from now on (the node grew its local disk to
+    /// at least that first). New regions start clean on every link: no
+    /// primary accepted a write beyond the old end (the record's size when
+    /// this primary was appointed bounded every earlier primary's, and it
+    /// served no more itself), so every replica holds zeros there, or
+    /// nothing yet and grows with zeros before it applies anything there.
+    /// A copy of the old short last region in flight is discarded (its
+    /// generation changes) and that region read again at its new length.
+    pub(crate) fn grow(&mut self, blocks: u64) {
+        if blocks <= self.cfg.volume_blocks {
+            return;
+        }
+        let old = self.region_gen.len();
+        if old > 0 && self.cfg.region_len(old - 1) < self.cfg.region_blocks {
+            self.region_gen[old - 1] += 1;
+        }
+        self.cfg.volume_blocks = blocks;
+        let regions = self.cfg.regions();
+        self.region_gen.resize(regions, 0);
+        self.region_inflight.resize(regions, 0);
+    }
+
     /// One line per link, for traces.
     pub(crate) fn describe(&self) -> String {
         let mut s = format!("primary e{} cas={:?}", self.epoch.0, self.cas);
@@ -547,9 +578,9 @@ impl Primary {
                 region,
                 gen,
                 charged,
+                blocks,
             } => {
                 let fresh = self.region_gen.get(region) == Some(&gen);
-                let blocks = self.cfg.region_len(region);
                 let reserved = blocks * self.cfg.block_len;
                 // The copy was charged its whole region when admitted; a
                 // region of zeros costs less (see `Config::zero_copy_cost`),
@@ -926,6 +957,7 @@ impl Primary {
                         region: r,
                         gen: self.region_gen[r],
                         charged: !urgent,
+                        blocks,
                     },
                 ));
             }

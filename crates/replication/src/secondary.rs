@@ -139,6 +139,12 @@ impl Secondary {
         ((lba / self.region_blocks) as usize..=(last / self.region_blocks) as usize).collect()
     }
 
+    /// The volume has (at least) `blocks` blocks now: the regions of
+    /// writes up to there are logged.
+    pub(crate) fn grow(&mut self, blocks: u64) {
+        self.volume_blocks = self.volume_blocks.max(blocks);
+    }
+
     /// Adopts a newer epoch learned from the membership record.
     pub(crate) fn adopt(&mut self, epoch: Epoch) {
         if epoch > self.epoch {

@@ -10,7 +10,9 @@
 //!   epoch increase (so at most one node is primary per epoch);
 //! - the primary is always a member;
 //! - a replica added to the record is never InSync (it joins empty and is
-//!   resynced), and `1 <= min_in_sync <= replicas`.
+//!   resynced), and `1 <= min_in_sync <= replicas`;
+//! - `blocks` (the volume's size) never decreases: a volume only grows
+//!   (0 means "not recorded", from records written before sizes were).
 //!
 //! Decision: marking a secondary OutOfSync / InSync / Faulty bumps only
 //! `version`, never `epoch`. The epoch fences primaries; a secondary's state
@@ -76,6 +78,12 @@ pub struct Membership {
     /// Writes are acknowledged only while at least this many replicas
     /// (primary included) are InSync.
     pub min_in_sync: usize,
+    /// The volume's size in blocks (0: not recorded; nodes then keep the
+    /// size they have). Only grows. Every node grows its local disk to it
+    /// before its state machine serves or applies anything beyond the old
+    /// size (see `Node`).
+    #[serde(default)]
+    pub blocks: u64,
 }
 
 impl Membership {
@@ -100,7 +108,14 @@ impl Membership {
             primary,
             replicas,
             min_in_sync,
+            blocks: 0,
         }
+    }
+
+    /// The same record with the volume's size set to `blocks`.
+    pub fn with_blocks(mut self, blocks: u64) -> Self {
+        self.blocks = blocks;
+        self
     }
 
     pub fn state(&self, n: NodeId) -> Option<ReplicaState> {
@@ -134,6 +149,9 @@ impl Membership {
         }
         if new.min_in_sync == 0 || new.min_in_sync > new.replicas.len() {
             return Err(CasError::Invalid("min_in_sync out of range"));
+        }
+        if new.blocks < self.blocks {
+            return Err(CasError::Invalid("the volume's size went down"));
         }
         Ok(())
     }
@@ -219,5 +237,24 @@ mod tests {
         let mut back = got.clone();
         back.epoch = Epoch(1);
         assert!(matches!(s.cas(2, back), Err(CasError::Invalid(_))));
+    }
+
+    #[test]
+    fn size_only_grows() {
+        let mut s = MetaStore::default();
+        let m = Membership::new(VolumeId(1), &[NodeId(0)], NodeId(0), 1);
+        s.create(m.clone());
+        // From "not recorded" to a size, then larger: fine.
+        let got = s.cas(1, m.clone().with_blocks(16)).unwrap();
+        let got = s.cas(got.version, got.clone().with_blocks(24)).unwrap();
+        assert_eq!(got.blocks, 24);
+        assert_eq!(
+            s.cas(got.version, got.clone().with_blocks(23)),
+            Err(CasError::Invalid("the volume's size went down"))
+        );
+        assert_eq!(
+            s.cas(got.version, got.clone().with_blocks(0)),
+            Err(CasError::Invalid("the volume's size went down"))
+        );
     }
 }

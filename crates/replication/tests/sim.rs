@@ -21,8 +21,12 @@
 //! - a primary ships no more resync copy bytes by time `t` than its rate
 //!   bucket allows: `burst + resync_rate × (t − when it became primary)`.
 //!
-//! Membership changes (replace, grow, shrink, `min_in_sync`) are injected
-//! with the faults, using 1–2 spare nodes outside the initial record. Each
+//! - no disk is read or written beyond its size (a replica grows its disk
+//!   before it applies anything beyond the old end), and at the end every
+//!   replica in the record has grown to the record's size.
+//!
+//! Online resizes (the record's size grows) and membership changes
+//! (replace, grow, shrink, `min_in_sync`) are injected with the faults, using 1–2 spare nodes outside the initial record. Each
 //! seed also draws the resync settings (copies in flight per replica, rate
 //! cap or none), and the client sometimes writes zeros (a TRIM), so copies
 //! and writes travel as `WriteZeroes` as well as data.
@@ -60,7 +64,11 @@ impl Rng {
 
 const BL: usize = 8; // bytes per simulated block: one u64 token
 const VOL: VolumeId = VolumeId(1);
+/// The most blocks the volume can grow to (the model's arrays).
 const BLOCKS: u64 = 64;
+/// The volume's size at creation: not a whole number of regions, so a
+/// grow lengthens a short last region.
+const INITIAL_BLOCKS: u64 = 36;
 const REGION_BLOCKS: u64 = 8;
 const REGION_BYTES: u64 = REGION_BLOCKS * BL as u64;
 
@@ -80,6 +88,8 @@ fn dec(data: &[u8]) -> Vec<u64> {
 /// A disk with a volatile cache: per block, the durable value and the values
 /// written since, in completion order.
 struct Disk {
+    /// Blocks the disk holds (grows are durable at completion).
+    size: u64,
     current: Vec<u64>,
     durable: Vec<u64>,
     cache: Vec<Vec<(u64, u64)>>,
@@ -89,8 +99,9 @@ struct Disk {
 }
 
 impl Disk {
-    fn new() -> Self {
+    fn new(size: u64) -> Self {
         Disk {
+            size,
             current: vec![0; BLOCKS as usize],
             durable: vec![0; BLOCKS as usize],
             cache: vec![Vec::new(); BLOCKS as usize],
@@ -111,9 +122,30 @@ impl Disk {
             }
         }
     }
-    fn complete(&mut self, id: IoId, op: &DiskOp) -> Option<Vec<u8>> {
+    /// Carries out `op`; an error if it reaches beyond the disk's size.
+    fn complete(&mut self, id: IoId, op: &DiskOp) -> Result<Option<Vec<u8>>, String> {
+        let end = match op {
+            DiskOp::Write { lba, data, .. } => lba + (data.len() / BL) as u64,
+            DiskOp::WriteZeroes { lba, blocks, .. } | DiskOp::Read { lba, blocks } => lba + blocks,
+            DiskOp::Flush | DiskOp::Grow { .. } => 0,
+        };
+        if end > self.size {
+            return Err(format!(
+                "{op:?} reaches block {end}, beyond the disk's {} blocks",
+                self.size
+            ));
+        }
+        Ok(self.apply(id, op))
+    }
+
+    fn apply(&mut self, id: IoId, op: &DiskOp) -> Option<Vec<u8>> {
         self.done_seq += 1;
         match op {
+            DiskOp::Grow { blocks } => {
+                // Never written beyond the size: the new blocks read zeros.
+                self.size = self.size.max(*blocks);
+                None
+            }
             DiskOp::Write { lba, data, fua } => {
                 self.write(*lba, dec(data), *fua);
                 None
@@ -325,6 +357,9 @@ pub struct Sim {
     not_narrowed: u64,
     /// Clean stops (logs saved, restored at the next start).
     clean_stops: u64,
+    /// Resizes applied, and writes acknowledged beyond the initial size.
+    grows: u64,
+    acks_beyond: u64,
 }
 
 fn pair(a: Endpoint, b: Endpoint) -> (Endpoint, Endpoint) {
@@ -339,7 +374,7 @@ impl Sim {
     pub fn new(seed: u64, p: Params) -> Sim {
         let cfg = Config {
             block_len: BL as u64,
-            volume_blocks: BLOCKS,
+            volume_blocks: INITIAL_BLOCKS,
             region_blocks: REGION_BLOCKS,
             ack_before_secondaries: p.broken,
             resync_inflight: p.resync_inflight,
@@ -349,7 +384,7 @@ impl Sim {
         };
         let ids: Vec<NodeId> = (0..p.nodes as u32).map(NodeId).collect();
         let all: Vec<NodeId> = (0..(p.nodes + p.spares) as u32).map(NodeId).collect();
-        let rec = Membership::new(VOL, &ids, NodeId(0), p.min_in_sync);
+        let rec = Membership::new(VOL, &ids, NodeId(0), p.min_in_sync).with_blocks(INITIAL_BLOCKS);
         let mut meta = MetaStore::default();
         meta.create(rec.clone());
         // Spares start like a node that holds no replica of the volume: no
@@ -362,7 +397,7 @@ impl Sim {
                     node: Some(Node::new(*id, 0, VOL, cfg.clone(), initial, 0)),
                     inc: 0,
                     boot: 0,
-                    disk: Disk::new(),
+                    disk: Disk::new(INITIAL_BLOCKS),
                     saved: None,
                 }
             })
@@ -403,6 +438,8 @@ impl Sim {
             narrowed: 0,
             not_narrowed: 0,
             clean_stops: 0,
+            grows: 0,
+            acks_beyond: 0,
         };
         for i in 0..sim.procs.len() {
             if let Some(RoleKind::Primary(e)) = sim.procs[i].node.as_ref().map(Node::role) {
@@ -637,8 +674,11 @@ impl Sim {
         let id = self.m.next_id;
         self.m.next_id += 1;
         let epoch = rec.epoch.0;
-        let lba = self.rng.below(BLOCKS);
-        let count = (1 + self.rng.below(4)).min(BLOCKS - lba);
+        // Within the volume's size as the record has it now (the client
+        // reconnected after every resize); the primary may not serve it yet.
+        let size = rec.blocks;
+        let lba = self.rng.below(size);
+        let count = (1 + self.rng.below(4)).min(size - lba);
         let range = lba as usize..(lba + count) as usize;
         let (req, msgreq) = if roll < 60 {
             if range.clone().any(|b| self.m.locked[b].is_some()) {
@@ -748,6 +788,9 @@ impl Sim {
                 self.m.acks += 1;
                 match req.kind {
                     ReqKind::Write => {
+                        if req.blocks.iter().any(|(b, _)| *b as u64 >= INITIAL_BLOCKS) {
+                            self.acks_beyond += 1;
+                        }
                         for (b, i) in &req.blocks {
                             if self.m.locked[*b] == Some(req.epoch) {
                                 self.m.locked[*b] = None;
@@ -864,6 +907,10 @@ impl Sim {
     fn fault(&mut self) {
         if self.rng.chance(120) {
             self.membership();
+            return;
+        }
+        if self.rng.chance(45) {
+            self.resize();
             return;
         }
         let n = self.procs.len();
@@ -1032,7 +1079,9 @@ impl Sim {
             }) = self.events.get(&s)
             {
                 let (id, op) = (*id, op.clone());
-                self.procs[i].disk.complete(id, &op);
+                if let Err(e) = self.procs[i].disk.complete(id, &op) {
+                    self.violation.get_or_insert(format!("n{i}: {e}"));
+                }
             }
         }
         self.procs[i].disk.flush_all();
@@ -1041,17 +1090,55 @@ impl Sim {
         self.clean_stops += 1;
     }
 
+    /// An operator grows the volume online: the record's size goes up by
+    /// 1–12 blocks (CAS, pushed to every node, as `basalt volume resize`
+    /// does through etcd).
+    fn resize(&mut self) {
+        let rec = self.rec();
+        let blocks = (rec.blocks + 1 + self.rng.below(12)).min(BLOCKS);
+        if blocks <= rec.blocks {
+            return;
+        }
+        let m = rec.clone().with_blocks(blocks);
+        match self.meta.cas(rec.version, m) {
+            Ok(new) => {
+                self.trace(format!("resize to {blocks} blocks: {new:?}"));
+                self.grows += 1;
+                self.history.push(new.clone());
+                // Nodes learn of it at different times (etcd is polled):
+                // each misses the push with probability 1/2 and finds the
+                // record at its next poll or with a later record.
+                for i in 0..self.procs.len() {
+                    if self.rng.chance(500) {
+                        let msg = Msg::MetaReply {
+                            record: new.clone(),
+                            cas_ok: None,
+                        };
+                        self.send(Endpoint::Control, Endpoint::Node(NodeId(i as u32)), msg);
+                    }
+                }
+            }
+            Err(e) => self.trace(format!("resize to {blocks} refused: {e}")),
+        }
+    }
+
     fn restart(&mut self, i: usize) {
         self.trace(format!("restart n{i}"));
         self.seen[i] = 0;
         let p = &mut self.procs[i];
         p.boot += 1;
         p.inc += 1;
+        // The node learns its disk's size at start, as the cluster's
+        // driver does from its store.
+        let cfg = Config {
+            volume_blocks: p.disk.size,
+            ..self.cfg.clone()
+        };
         p.node = Some(Node::new(
             NodeId(i as u32),
             p.boot,
             VOL,
-            self.cfg.clone(),
+            cfg,
             None,
             self.now,
         ));
@@ -1107,8 +1194,9 @@ impl Sim {
                     let result = if fail {
                         DiskResult::Error
                     } else {
-                        DiskResult::Done {
-                            data: self.procs[node].disk.complete(id, &op),
+                        match self.procs[node].disk.complete(id, &op) {
+                            Ok(data) => DiskResult::Done { data },
+                            Err(e) => return Err(self.fail(format!("n{node}: {e}"))),
                         }
                     };
                     self.input(node, Input::Disk { id, result });
@@ -1194,6 +1282,8 @@ impl Sim {
             narrowed: self.narrowed,
             not_narrowed: self.not_narrowed,
             clean_stops: self.clean_stops,
+            grows: self.grows,
+            acks_beyond: self.acks_beyond,
         })
     }
 
@@ -1215,6 +1305,12 @@ impl Sim {
         // they held; only members must equal the primary.
         for n in rec.replicas.keys() {
             let (i, q) = (n.0 as usize, &self.procs[n.0 as usize]);
+            if q.disk.size != rec.blocks {
+                return Err(self.fail(format!(
+                    "not converged: node {i}'s disk holds {} blocks, the volume {}",
+                    q.disk.size, rec.blocks
+                )));
+            }
             if q.disk.current != p.current {
                 let b = (0..BLOCKS as usize)
                     .find(|b| q.disk.current[*b] != p.current[*b])
@@ -1243,6 +1339,8 @@ pub struct Summary {
     pub narrowed: u64,
     pub not_narrowed: u64,
     pub clean_stops: u64,
+    pub grows: u64,
+    pub acks_beyond: u64,
 }
 
 trait Swap<A, B> {
@@ -1275,6 +1373,7 @@ fn seeds() {
     let (mut steps, mut acks, mut durable, mut failovers, mut changes) = (0, 0, 0, 0, 0);
     let (mut zero_ops, mut multi, mut capped) = (0, 0, 0);
     let (mut narrowed, mut not_narrowed, mut clean_stops) = (0, 0, 0);
+    let (mut grows, mut acks_beyond) = (0, 0);
     for seed in base..base + n {
         match run_seed(seed, false) {
             Ok(s) => {
@@ -1289,12 +1388,14 @@ fn seeds() {
                 narrowed += s.narrowed;
                 not_narrowed += s.not_narrowed;
                 clean_stops += s.clean_stops;
+                grows += s.grows;
+                acks_beyond += s.acks_beyond;
             }
             Err(e) => panic!("{e}"),
         }
     }
     eprintln!(
-        "{n} seeds from {base}: {steps} steps, {acks} acks ({durable} durable), {failovers} failovers, {changes} membership changes, {zero_ops} WriteZeroes, {multi} seeds with >1 copy in flight, {capped} with a rate cap, {narrowed} failover resyncs narrowed ({not_narrowed} full), {clean_stops} clean stops, {:?}",
+        "{n} seeds from {base}: {steps} steps, {acks} acks ({durable} durable), {failovers} failovers, {changes} membership changes, {zero_ops} WriteZeroes, {multi} seeds with >1 copy in flight, {capped} with a rate cap, {narrowed} failover resyncs narrowed ({not_narrowed} full), {clean_stops} clean stops, {grows} resizes, {acks_beyond} writes acknowledged beyond the initial size, {:?}",
         start.elapsed()
     );
     assert!(
@@ -1308,6 +1409,10 @@ fn seeds() {
     assert!(
         n < 100 || (narrowed > 0 && not_narrowed > 0 && clean_stops > 0),
         "failovers must resync both narrowed (usable reports) and fully, and nodes stop cleanly"
+    );
+    assert!(
+        n < 100 || (grows > 0 && acks_beyond > 0),
+        "the volume must grow and be written beyond its initial size"
     );
 }
 

@@ -40,6 +40,21 @@ pub enum VolumeError {
     },
 
     #[error(
+        "node {node:?} cannot grow its replica of {volume:?}: {} more with {} already provisioned there exceeds its limit of {} (capacity x overcommit ratio)",
+        format_size(*requested), format_size(*provisioned), format_size(*limit)
+    )]
+    ReplicaNodeFull {
+        node: String,
+        volume: String,
+        /// Bytes the grow would add on that node.
+        requested: u64,
+        /// Bytes provisioned on that node before the grow.
+        provisioned: u64,
+        /// Bytes that node may provision: capacity × its overcommit ratio.
+        limit: u64,
+    },
+
+    #[error(
         "refusing to shrink volume {name:?} from {} to {}: data beyond the new size would be lost; pass allow_shrink (CLI: --allow-shrink) to shrink anyway",
         format_size(*current), format_size(*requested)
     )]

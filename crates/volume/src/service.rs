@@ -33,7 +33,12 @@
 //! removes it, and the cluster layer places replicas, creates and deletes
 //! the local store volumes of the replicas this node holds, and serves the
 //! data path; reconcile then only removes store volumes that have no
-//! catalog record at all. Resizing a replicated volume is refused for now.
+//! catalog record at all. A replicated volume only grows: resize checks
+//! that every node holding a replica can provision the growth
+//! ([`ClusterVolumes::check_grow`]), writes the catalog size, then has the
+//! cluster layer record it for the replicas ([`ClusterVolumes::grow`]; the
+//! coordinator converges the replicas' size on the catalog should that step
+//! be lost). Shrinking a replicated volume is refused.
 
 use crate::error::VolumeError;
 use crate::size::format_size;
@@ -136,6 +141,15 @@ pub trait ClusterVolumes: Send + Sync {
     /// replicas move away online) or `removed` (its replicas are rebuilt
     /// elsewhere; the node may not rejoin).
     fn set_node_state(&self, name: &str, state: &str) -> Result<(), VolumeError>;
+    /// Fails unless every node holding a replica of `record`'s volume can
+    /// provision it at `size` bytes (growth within the node's limit of
+    /// capacity × overcommit ratio, as on a single node).
+    fn check_grow(&self, record: &VolumeRecord, size: u64) -> Result<(), VolumeError>;
+    /// Grows the volume's replicas to `size` bytes (already the catalog's
+    /// size): every node holding a replica grows its local copy, and the
+    /// new blocks are served once the primary has grown (see
+    /// `basalt_replication`'s `Node`). Idempotent.
+    fn grow(&self, record: &VolumeRecord, size: u64) -> Result<(), VolumeError>;
 }
 
 /// A cluster node as `node list` reports it.
@@ -542,10 +556,8 @@ impl VolumeService {
         allow_shrink: bool,
     ) -> Result<VolumeInfo, VolumeError> {
         validate_volume_size(size)?;
-        if self.cluster.is_some() {
-            return Err(VolumeError::NotSupported(
-                "resizing a replicated volume is not supported yet".into(),
-            ));
+        if let Some(cluster) = &self.cluster {
+            return self.grow_replicated(cluster, name, size);
         }
         let _control = self.control.lock();
         let records = self.catalog.list().map_err(catalog_error)?;
@@ -581,6 +593,44 @@ impl VolumeService {
             tracing::info!(volume = name, from = %format_size(old_size), to = %format_size(size), "resized volume");
         }
         drop(_control);
+        self.get(name)
+    }
+
+    /// [`VolumeService::resize`] of a replicated volume: grow only.
+    fn grow_replicated(
+        &self,
+        cluster: &Arc<dyn ClusterVolumes>,
+        name: &str,
+        size: u64,
+    ) -> Result<VolumeInfo, VolumeError> {
+        let control = self.control.lock();
+        let current = self.record(name)?;
+        let old_size = current.record.size_bytes;
+        if size < old_size {
+            return Err(VolumeError::NotSupported(format!(
+                "refusing to shrink replicated volume {name:?} from {} to {}: a replicated volume can only grow",
+                format_size(old_size),
+                format_size(size)
+            )));
+        }
+        let mut record = current.record.clone();
+        if size > old_size {
+            cluster.check_grow(&current.record, size)?;
+            record.size_bytes = size;
+            self.catalog
+                .update(&record, current.revision)
+                .map_err(catalog_error)?;
+        }
+        // Also when the size is unchanged: finishes a grow whose second
+        // step was lost (the coordinator would, within a few seconds).
+        if let Err(e) = cluster.grow(&record, size) {
+            tracing::warn!(volume = name, error = %e,
+                "the catalog has the new size but the replicas were not told yet; the coordinator will");
+        }
+        if size > old_size {
+            tracing::info!(volume = name, from = %format_size(old_size), to = %format_size(size), "grew replicated volume");
+        }
+        drop(control);
         self.get(name)
     }
 
@@ -1349,6 +1399,20 @@ mod tests {
     /// A cluster whose every volume has the replicas `replicas` returns.
     struct FakeCluster {
         replicas: fn(&str) -> Vec<ReplicaStatus>,
+        /// Largest size its nodes can provision a volume at.
+        max_size: u64,
+        /// Sizes `grow` was called with.
+        grown: Mutex<Vec<(String, u64)>>,
+    }
+
+    impl FakeCluster {
+        fn new(replicas: fn(&str) -> Vec<ReplicaStatus>) -> Self {
+            FakeCluster {
+                replicas,
+                max_size: u64::MAX,
+                grown: Mutex::new(Vec::new()),
+            }
+        }
     }
 
     impl ClusterVolumes for FakeCluster {
@@ -1370,6 +1434,57 @@ mod tests {
         fn set_node_state(&self, _: &str, _: &str) -> Result<(), VolumeError> {
             Ok(())
         }
+        fn check_grow(&self, record: &VolumeRecord, size: u64) -> Result<(), VolumeError> {
+            if size > self.max_size {
+                return Err(VolumeError::ReplicaNodeFull {
+                    node: "n2".into(),
+                    volume: record.name.clone(),
+                    requested: size - record.size_bytes,
+                    provisioned: 0,
+                    limit: self.max_size,
+                });
+            }
+            Ok(())
+        }
+        fn grow(&self, record: &VolumeRecord, size: u64) -> Result<(), VolumeError> {
+            self.grown.lock().push((record.name.clone(), size));
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn replicated_volumes_grow_and_never_shrink() {
+        let n = small_node();
+        let fake = Arc::new(FakeCluster {
+            max_size: 16 * MIB,
+            ..FakeCluster::new(|_| Vec::new())
+        });
+        let service = VolumeService::new(n.catalog.clone(), n.store.clone(), 2.0)
+            .unwrap()
+            .with_cluster(fake.clone());
+        service.create_replicated("r", 4 * MIB, Some(3)).unwrap();
+        let grown = service.resize("r", 8 * MIB, false).unwrap();
+        assert_eq!(grown.size_bytes, 8 * MIB);
+        assert_eq!(service.get("r").unwrap().size_bytes, 8 * MIB);
+        assert_eq!(*fake.grown.lock(), [("r".to_string(), 8 * MIB)]);
+        // Shrinking is refused, with or without allow_shrink, and changes
+        // nothing.
+        for allow in [false, true] {
+            let err = service.resize("r", 4 * MIB, allow).unwrap_err();
+            assert!(matches!(err, VolumeError::NotSupported(_)), "{err}");
+            assert!(err.to_string().contains("can only grow"), "{err}");
+            assert!(!err.to_string().contains('\n'));
+        }
+        assert_eq!(service.get("r").unwrap().size_bytes, 8 * MIB);
+        // A replica's node without room: refused before anything changes.
+        let err = service.resize("r", 32 * MIB, false).unwrap_err();
+        assert!(matches!(err, VolumeError::ReplicaNodeFull { .. }), "{err}");
+        assert!(err.to_string().contains("n2"), "{err}");
+        assert_eq!(service.get("r").unwrap().size_bytes, 8 * MIB);
+        assert_eq!(fake.grown.lock().len(), 1);
+        // The same size again re-sends it to the replicas (idempotent).
+        service.resize("r", 8 * MIB, false).unwrap();
+        assert_eq!(fake.grown.lock().len(), 2);
     }
 
     fn replica(node: &str, state: &str, left: Option<u64>) -> ReplicaStatus {
@@ -1388,26 +1503,24 @@ mod tests {
         let n = small_node();
         let service = VolumeService::new(n.catalog.clone(), n.store.clone(), 2.0)
             .unwrap()
-            .with_cluster(Arc::new(FakeCluster {
-                replicas: |name| match name {
-                    // One replica rebuilt on n2, 3 MiB to go.
-                    "rebuilding" => vec![
-                        replica("n0", "in-sync", None),
-                        replica("n1", "in-sync", None),
-                        replica("n2", "out-of-sync", Some(3 * MIB)),
-                    ],
-                    // Created while a node was down: two of three placed.
-                    "short" => vec![
-                        replica("n0", "in-sync", None),
-                        replica("n1", "in-sync", None),
-                    ],
-                    _ => vec![
-                        replica("n0", "in-sync", None),
-                        replica("n1", "in-sync", None),
-                        replica("n2", "in-sync", None),
-                    ],
-                },
-            }));
+            .with_cluster(Arc::new(FakeCluster::new(|name| match name {
+                // One replica rebuilt on n2, 3 MiB to go.
+                "rebuilding" => vec![
+                    replica("n0", "in-sync", None),
+                    replica("n1", "in-sync", None),
+                    replica("n2", "out-of-sync", Some(3 * MIB)),
+                ],
+                // Created while a node was down: two of three placed.
+                "short" => vec![
+                    replica("n0", "in-sync", None),
+                    replica("n1", "in-sync", None),
+                ],
+                _ => vec![
+                    replica("n0", "in-sync", None),
+                    replica("n1", "in-sync", None),
+                    replica("n2", "in-sync", None),
+                ],
+            })));
         for name in ["rebuilding", "short", "fine"] {
             service.create_replicated(name, 4 * MIB, Some(3)).unwrap();
         }
