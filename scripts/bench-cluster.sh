@@ -5,10 +5,15 @@
 set -e
 B=${BASALT:-$(dirname "$0")/../target/release/basalt}
 W=$(mktemp -d /var/tmp/rfbench.XXXX)
+PIDS=""
+EP=""
+# Whatever happens, stop what this script started (a server or etcd left
+# behind would answer the next run on the same ports).
+cleanup() { kill $PIDS $EP 2>/dev/null || true; wait 2>/dev/null || true; rm -rf $W; }
+trap cleanup EXIT
 etcd --data-dir $W/etcd --listen-client-urls http://127.0.0.1:23790 --advertise-client-urls http://127.0.0.1:23790 --listen-peer-urls http://127.0.0.1:23800 >$W/etcd.log 2>&1 &
 EP=$!
 sleep 2
-PIDS=""
 for i in 0 1 2; do
   $B server --data-dir $W/n$i --capacity 4G --etcd http://127.0.0.1:23790 --node-name n$i --peer-listen 127.0.0.1:$((7100+i)) \
     --nbd-listen 127.0.0.1:$((10900+i)) --nvme-listen 127.0.0.1:0 --api-listen 127.0.0.1:$((8100+i)) >$W/n$i.log 2>&1 &
@@ -34,5 +39,3 @@ print("%.0f IOPS, mean %.1f us, p99 %.1f us" % (d["iops"], d["clat_ns"]["mean"]/
     echo "$vol (primary $p) $name: $r"
   done
 done
-kill $PIDS; sleep 2; kill $EP; wait 2>/dev/null
-rm -rf $W
