@@ -13,7 +13,8 @@
 #   client's IOPS during the rebuild relative to phase 1's baseline.
 #
 # Needs etcd, fio, python3 and a release build (BASALT=path overrides;
-# KEEP=1 keeps the work directory with the logs).
+# SERVER_ARGS adds server options, e.g. "--resync-rate 32"; KEEP=1 keeps
+# the work directory with the logs).
 # Usage: scripts/bench-failover.sh [FILL_MIB (default 1024)]
 set -euo pipefail
 B=${BASALT:-$(dirname "$0")/../target/release/basalt}
@@ -35,7 +36,7 @@ declare -A NODE_PID
 for i in 0 1 2 3; do
   "$B" server --data-dir "$W/n$i" --capacity 4G --etcd http://127.0.0.1:23890 --node-name "n$i" \
     --peer-listen 127.0.0.1:$((7200 + i)) --nbd-listen 127.0.0.1:$((11000 + i)) --nvme-listen 127.0.0.1:0 \
-    --api-listen 127.0.0.1:$((8200 + i)) >"$W/n$i.log" 2>&1 &
+    --api-listen 127.0.0.1:$((8200 + i)) ${SERVER_ARGS:-} >"$W/n$i.log" 2>&1 &
   NODE_PID[n$i]=$!
   PIDS+=($!)
 done

@@ -15,10 +15,16 @@
 //! only issues operations that may run concurrently (overlapping ones and
 //! flushes wait for what they must follow), so parallel executors are safe.
 //!
+//! Background disk operations (resync reads) are the exception: the thread
+//! that received them leaves them to the replica's ticker, so a region copy
+//! never stalls the client requests or replication messages of the thread
+//! that happened to bring its turn.
+//!
 //! Invariants:
 //! - every disk operation the state machine issued is executed by the
-//!   thread whose [`Replica::deliver`] received it, and its completion is
-//!   fed back, under its id, before that call returns;
+//!   thread whose [`Replica::deliver`] received it, or, if it is background
+//!   work, by the ticker; its completion is fed back, under its id, before
+//!   that thread's call returns;
 //! - the state lock is never held across a disk operation, a send or a
 //!   callback into the node (so callbacks may deliver again);
 //! - client replies go to the origin that sent the request, under that
@@ -102,7 +108,7 @@ pub(crate) struct Replica<E: ReplicaEnv> {
     block_len: u64,
     tick_ms: u64,
     state: Mutex<State>,
-    /// Wakes the ticker early (stop).
+    /// Wakes the ticker early (stop, background work).
     wake: Condvar,
     /// Read-held by every `deliver` in progress (see `stop`).
     running: RwLock<()>,
@@ -122,6 +128,10 @@ struct State {
     /// Events posted by callbacks of this replica's own actions, taken in
     /// by the next round of whichever thread drives.
     mailbox: Vec<Event>,
+    /// Background disk operations (resync reads) left by a client's or a
+    /// peer's thread for the ticker, so that a region copy never delays
+    /// the requests of the thread that happened to bring its turn.
+    background: Vec<(u64, DiskOp)>,
 }
 
 /// What one round under the lock decided.
@@ -222,6 +232,7 @@ impl<E: ReplicaEnv> Replica<E> {
                 disk_failures: 0,
                 stopped: false,
                 mailbox: Vec::new(),
+                background: Vec::new(),
             }),
             wake: Condvar::new(),
             running: RwLock::new(()),
@@ -238,8 +249,15 @@ impl<E: ReplicaEnv> Replica<E> {
     }
 
     /// Feeds `events` to the state machine and carries out everything that
-    /// follows on the calling thread, disk operations included.
+    /// follows on the calling thread, disk operations included, except
+    /// background ones (resync reads), which the ticker runs.
     pub(crate) fn deliver(&self, events: Vec<Event>) {
+        self.drive(events, false);
+    }
+
+    /// [`Replica::deliver`] on the calling thread; `ticker`: it is the
+    /// replica's ticker, which runs background disk operations too.
+    fn drive(&self, events: Vec<Event>, ticker: bool) {
         // Held while this thread may carry out disk operations, so that
         // `stop` knows when none is left in progress. Recursive: a reply
         // carried out here may deliver to this replica again.
@@ -275,6 +293,16 @@ impl<E: ReplicaEnv> Replica<E> {
                     actions.extend(st.node.handle(now, Input::Tick));
                 }
                 st.route(actions, &mut round);
+                if ticker {
+                    round.disk.append(&mut st.background);
+                } else if round.disk.iter().any(|(id, _)| st.node.is_background(*id)) {
+                    let (bg, fg): (Vec<_>, Vec<_>) = std::mem::take(&mut round.disk)
+                        .into_iter()
+                        .partition(|(id, _)| st.node.is_background(*id));
+                    round.disk = fg;
+                    st.background.extend(bg);
+                    self.wake.notify_one();
+                }
                 for (replica, decided) in st.node.take_failover_resyncs() {
                     let volume = uuid::Uuid::from_u128(self.vol.0);
                     match decided {
@@ -340,10 +368,13 @@ impl<E: ReplicaEnv> Replica<E> {
     /// the replica's own thread.
     pub(crate) fn run_ticks(&self) {
         loop {
-            self.deliver(Vec::new());
+            self.drive(Vec::new(), true);
             let mut st = self.state.lock();
             if st.stopped {
                 return;
+            }
+            if !st.background.is_empty() {
+                continue;
             }
             let now = self.env.now_ms();
             let wait = st.next_tick.saturating_sub(now).max(1);

@@ -24,6 +24,13 @@ pub(crate) struct DiskQueue<T> {
     inflight: BTreeMap<IoId, (DiskOp, T)>,
 }
 
+impl<T> DiskQueue<T> {
+    /// The tag of operation `id` while it is issued and not completed.
+    pub(crate) fn tag(&self, id: IoId) -> Option<&T> {
+        self.inflight.get(&id).map(|(_, t)| t)
+    }
+}
+
 fn range(op: &DiskOp, block_len: u64) -> Option<(u64, u64)> {
     match op {
         DiskOp::Write { lba, data, .. } => Some((*lba, data.len() as u64 / block_len.max(1))),

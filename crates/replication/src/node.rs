@@ -34,7 +34,7 @@
 //!   acknowledged without it.
 
 use crate::disk::DiskQueue;
-use crate::msg::{Action, ClientReply, ClientReq, DiskOp, Endpoint, Input, Msg, ReplOp};
+use crate::msg::{Action, ClientReply, ClientReq, DiskOp, Endpoint, Input, IoId, Msg, ReplOp};
 use crate::primary::{Out, PrimTag, Primary};
 use crate::secondary::{ReplIn, SecTag, Secondary};
 use crate::types::{Epoch, Membership, NodeId, ReplicaState, VolumeId};
@@ -255,6 +255,15 @@ impl Node {
     #[doc(hidden)]
     pub fn failover_resyncs(&self) -> (u64, u64) {
         self.narrowed
+    }
+
+    /// Whether issued disk operation `id` is background work (a resync
+    /// read) that a driver may run off the client's path.
+    pub fn is_background(&self, id: IoId) -> bool {
+        matches!(
+            self.disk.tag(id),
+            Some((_, Tag::P(PrimTag::ResyncRead { .. })))
+        )
     }
 
     /// Failover resyncs decided since the last call: per replica, (regions
