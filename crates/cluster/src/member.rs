@@ -161,12 +161,21 @@ impl ReplicaHandle {
     }
 }
 
-/// Client requests waiting for their reply, by this node's request id:
-/// the channel of the batch the request belongs to, and its index there.
+/// Client requests waiting for their reply, by this node's request id.
 #[derive(Default)]
 struct Pending {
     next: u64,
-    waiting: HashMap<u64, (mpsc::SyncSender<(usize, ClientReply)>, usize)>,
+    waiting: HashMap<u64, Waiting>,
+}
+
+struct Waiting {
+    /// The channel of the batch the request belongs to.
+    tx: mpsc::SyncSender<(usize, ClientReply)>,
+    /// Its index in the batch.
+    index: usize,
+    /// The volume and the remote primary it was forwarded to (None: run
+    /// locally, or not sent).
+    forwarded: Option<(VolumeId, NodeId)>,
 }
 
 pub(crate) struct Inner {
@@ -552,6 +561,7 @@ impl Inner {
             }
             records.insert(vol, rec.clone());
         }
+        self.redirect(vol, rec.primary);
         let mine = rec.replicas.contains_key(&self.me);
         let mut replicas = self.replicas.lock();
         let running = replicas.get(&vol).map(|h| h.replica.clone());
@@ -775,8 +785,26 @@ impl Inner {
     }
 
     fn complete(&self, id: u64, reply: ClientReply) {
-        if let Some((tx, i)) = self.pending.lock().waiting.remove(&id) {
-            let _ = tx.try_send((i, reply));
+        if let Some(w) = self.pending.lock().waiting.remove(&id) {
+            let _ = w.tx.try_send((w.index, reply));
+        }
+    }
+
+    /// `vol`'s primary is now `primary`: requests forwarded to another node
+    /// are answered NotPrimary here, so their batch is sent again at once
+    /// rather than after its attempt window (the old primary may be dead).
+    fn redirect(&self, vol: VolumeId, primary: NodeId) {
+        let mut p = self.pending.lock();
+        let stale: Vec<u64> = p
+            .waiting
+            .iter()
+            .filter(|(_, w)| w.forwarded.is_some_and(|(v, to)| v == vol && to != primary))
+            .map(|(id, _)| *id)
+            .collect();
+        for id in stale {
+            if let Some(w) = p.waiting.remove(&id) {
+                let _ = w.tx.try_send((w.index, ClientReply::NotPrimary));
+            }
         }
     }
 
@@ -791,17 +819,26 @@ impl Inner {
     ) -> (Vec<u64>, mpsc::Receiver<(usize, ClientReply)>) {
         let (tx, rx) = mpsc::sync_channel(reqs.len());
         let mut sent = Vec::with_capacity(reqs.len());
+        let primary = self.records.read().get(&vol).map(|r| r.primary);
+        let forwarded = primary.filter(|p| *p != self.me).map(|p| (vol, p));
         {
             let mut p = self.pending.lock();
-            for (i, req) in reqs {
+            for (index, req) in reqs {
                 p.next += 1;
                 let id = p.next;
-                p.waiting.insert(id, (tx.clone(), i));
+                let tx = tx.clone();
+                p.waiting.insert(
+                    id,
+                    Waiting {
+                        tx,
+                        index,
+                        forwarded,
+                    },
+                );
                 sent.push((id, req));
             }
         }
         let ids = sent.iter().map(|(id, _)| *id).collect();
-        let primary = self.records.read().get(&vol).map(|r| r.primary);
         match primary {
             Some(p) if p == self.me => match self.replica(vol) {
                 Some(replica) => replica.deliver(
@@ -1034,7 +1071,10 @@ impl Inner {
             .get(&rec.volume)
             .is_none_or(|r| r.version < rec.version)
         {
-            records.insert(rec.volume, rec);
+            let (vol, primary) = (rec.volume, rec.primary);
+            records.insert(vol, rec);
+            drop(records);
+            self.redirect(vol, primary);
         }
     }
 }
