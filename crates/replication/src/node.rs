@@ -949,6 +949,77 @@ mod tests {
         assert_eq!(node.role(), RoleKind::Secondary(Epoch(2)));
     }
 
+    /// A replica out of sync holds the floor back (its regions stay in the
+    /// others' logs) but never counts towards `min_in_sync`.
+    #[test]
+    fn a_replica_out_of_sync_does_not_count_towards_min_in_sync() {
+        let cfg = Config {
+            block_len: 1,
+            volume_blocks: 16,
+            region_blocks: 4,
+            ..Config::default()
+        };
+        let (p, s) = (NodeId(0), NodeId(1));
+        let rec = Membership::new(VolumeId(1), &[p, s], p, 2);
+        let mut node = Node::new(p, 0, VolumeId(1), cfg, Some(rec.clone()), 0);
+        let msg = |from, msg| Input::Msg { from, msg };
+        let lease = Msg::HeartbeatAck {
+            sent_at: 0,
+            vol: VolumeId(1),
+            epoch: Epoch(1),
+            primary: p,
+        };
+        node.handle(0, msg(Endpoint::Control, lease));
+        let acked = |acts: &[Action], id: u64| {
+            sends(acts).iter().any(|(to, m)| {
+                *to == Endpoint::Client
+                    && matches!(m, Msg::ClientReply { id: i, reply: ClientReply::Ok { .. } } if *i == id)
+            })
+        };
+        // Writes 1 and 2 reach both; the second carries `commit` 1, so the
+        // secondary's acknowledgement of it moves its `acked_commit` to 1.
+        for id in 1..=3u64 {
+            if id == 3 {
+                // The secondary is marked OutOfSync (the CAS succeeded).
+                let mut out = rec.clone();
+                out.version += 1;
+                if let Some(info) = out.replicas.get_mut(&s) {
+                    info.state = ReplicaState::OutOfSync;
+                }
+                let reply = Msg::MetaReply {
+                    record: out,
+                    cas_ok: None,
+                };
+                node.handle(id * 10, msg(Endpoint::Control, reply));
+            }
+            let req = ClientReq::Write {
+                lba: id,
+                data: vec![7],
+                fua: false,
+            };
+            let acts = node.handle(id * 10, msg(Endpoint::Client, Msg::ClientReq { id, req }));
+            let mut all = Vec::new();
+            for a in &acts {
+                if let Action::Disk { id: d, .. } = a {
+                    let result = DiskResult::Done { data: None };
+                    all.extend(node.handle(id * 10 + 1, Input::Disk { id: *d, result }));
+                }
+            }
+            if id < 3 {
+                let ack = Msg::ReplAck {
+                    vol: VolumeId(1),
+                    epoch: Epoch(1),
+                    session: 0,
+                    lseq: id,
+                };
+                all.extend(node.handle(id * 10 + 2, msg(Endpoint::Node(s), ack)));
+                assert!(acked(&all, id), "write {id} with both replicas");
+            } else {
+                assert!(!acked(&all, id), "write 3 acknowledged below min_in_sync");
+            }
+        }
+    }
+
     #[test]
     fn deposed_primary_keeps_its_log_and_a_stale_record_does_not_promote_it() {
         let cfg = Config {

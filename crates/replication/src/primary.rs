@@ -1054,7 +1054,7 @@ impl Primary {
         let in_sync = 1 + self
             .links
             .values()
-            .filter(|l| l.mode == Mode::InSync || l.acked_commit > 0)
+            .filter(|l| l.mode == Mode::InSync)
             .count();
         in_sync < self.rec.min_in_sync
     }
