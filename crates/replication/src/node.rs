@@ -949,10 +949,9 @@ mod tests {
         assert_eq!(node.role(), RoleKind::Secondary(Epoch(2)));
     }
 
-    /// A replica out of sync holds the floor back (its regions stay in the
-    /// others' logs) but never counts towards `min_in_sync`.
-    #[test]
-    fn a_replica_out_of_sync_does_not_count_towards_min_in_sync() {
+    /// The primary `p` (with its lease) of a fresh volume replicated on `p`
+    /// and `s`, `min_in_sync` 2: 16 blocks of one byte, regions of 4.
+    fn rf2_primary_with_lease() -> (Node, NodeId, NodeId, Membership) {
         let cfg = Config {
             block_len: 1,
             volume_blocks: 16,
@@ -962,14 +961,28 @@ mod tests {
         let (p, s) = (NodeId(0), NodeId(1));
         let rec = Membership::new(VolumeId(1), &[p, s], p, 2);
         let mut node = Node::new(p, 0, VolumeId(1), cfg, Some(rec.clone()), 0);
-        let msg = |from, msg| Input::Msg { from, msg };
         let lease = Msg::HeartbeatAck {
             sent_at: 0,
             vol: VolumeId(1),
             epoch: Epoch(1),
             primary: p,
         };
-        node.handle(0, msg(Endpoint::Control, lease));
+        node.handle(
+            0,
+            Input::Msg {
+                from: Endpoint::Control,
+                msg: lease,
+            },
+        );
+        (node, p, s, rec)
+    }
+
+    /// A replica out of sync holds the floor back (its regions stay in the
+    /// others' logs) but never counts towards `min_in_sync`.
+    #[test]
+    fn a_replica_out_of_sync_does_not_count_towards_min_in_sync() {
+        let (mut node, _, s, rec) = rf2_primary_with_lease();
+        let msg = |from, msg| Input::Msg { from, msg };
         let acked = |acts: &[Action], id: u64| {
             sends(acts).iter().any(|(to, m)| {
                 *to == Endpoint::Client
@@ -1022,28 +1035,8 @@ mod tests {
 
     #[test]
     fn deposed_primary_keeps_its_log_and_a_stale_record_does_not_promote_it() {
-        let cfg = Config {
-            block_len: 1,
-            volume_blocks: 16,
-            region_blocks: 4,
-            ..Config::default()
-        };
-        let (p, s) = (NodeId(0), NodeId(1));
-        let rec = Membership::new(VolumeId(1), &[p, s], p, 2);
-        let mut node = Node::new(p, 0, VolumeId(1), cfg, Some(rec.clone()), 0);
+        let (mut node, _, s, rec) = rf2_primary_with_lease();
         let msg = |from, msg| Input::Msg { from, msg };
-        node.handle(
-            0,
-            msg(
-                Endpoint::Control,
-                Msg::HeartbeatAck {
-                    sent_at: 0,
-                    vol: VolumeId(1),
-                    epoch: Epoch(1),
-                    primary: p,
-                },
-            ),
-        );
         let mut disk_ids = Vec::new();
         for (id, lba) in [(1, 1), (2, 9)] {
             let req = ClientReq::Write {
