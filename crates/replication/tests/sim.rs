@@ -336,6 +336,9 @@ pub struct Sim {
     /// Every record the metadata service accepted, by version (index 0 is
     /// a placeholder: versions start at 1).
     history: Vec<Membership>,
+    /// Per write token, the nodes whose disk applied it (a client write or
+    /// a copy carrying it), for the `min_in_sync` check.
+    applied: HashMap<u64, BTreeSet<usize>>,
     /// Per node, the newest record version delivered to its current
     /// incarnation (the one it acts on; 0: none yet).
     seen: Vec<u64>,
@@ -427,6 +430,7 @@ impl Sim {
             m,
             repl_senders: BTreeMap::new(),
             history: vec![rec.clone(), rec],
+            applied: HashMap::new(),
             seen,
             violation: None,
             membership_changes: 0,
@@ -755,6 +759,15 @@ impl Sim {
         );
     }
 
+    /// Node `node`'s disk applied `op`.
+    fn note_applied(&mut self, node: usize, op: &DiskOp) {
+        if let DiskOp::Write { data, .. } = op {
+            for t in dec(data).into_iter().filter(|t| *t != 0) {
+                self.applied.entry(t).or_default().insert(node);
+            }
+        }
+    }
+
     fn fail(&self, what: String) -> String {
         format!(
             "seed {} step {} t={}ms: {what}\n  replay: BASALT_SIM_SEED={} cargo test --release -p basalt-replication --test sim replay_seed -- --nocapture",
@@ -790,6 +803,25 @@ impl Sim {
                     ReqKind::Write => {
                         if req.blocks.iter().any(|(b, _)| *b as u64 >= INITIAL_BLOCKS) {
                             self.acks_beyond += 1;
+                        }
+                        // Invariant 8: an acknowledged write was applied by
+                        // at least `min_in_sync` replicas (the least any
+                        // record of the epoch asked for).
+                        let need = self
+                            .history
+                            .iter()
+                            .filter(|r| r.epoch == epoch)
+                            .map(|r| r.min_in_sync)
+                            .min()
+                            .unwrap_or(1);
+                        for (b, i) in &req.blocks {
+                            let t = self.m.writes[*b][*i];
+                            let held = self.applied.get(&t).map_or(0, BTreeSet::len);
+                            if t != 0 && held < need {
+                                return Err(self.fail(format!(
+                                    "write #{i} of block {b} acknowledged with {held} replicas applying it, min_in_sync {need}"
+                                )));
+                            }
                         }
                         for (b, i) in &req.blocks {
                             if self.m.locked[*b] == Some(req.epoch) {
@@ -1079,8 +1111,11 @@ impl Sim {
             }) = self.events.get(&s)
             {
                 let (id, op) = (*id, op.clone());
-                if let Err(e) = self.procs[i].disk.complete(id, &op) {
-                    self.violation.get_or_insert(format!("n{i}: {e}"));
+                match self.procs[i].disk.complete(id, &op) {
+                    Ok(_) => self.note_applied(i, &op),
+                    Err(e) => {
+                        self.violation.get_or_insert(format!("n{i}: {e}"));
+                    }
                 }
             }
         }
@@ -1195,7 +1230,10 @@ impl Sim {
                         DiskResult::Error
                     } else {
                         match self.procs[node].disk.complete(id, &op) {
-                            Ok(data) => DiskResult::Done { data },
+                            Ok(data) => {
+                                self.note_applied(node, &op);
+                                DiskResult::Done { data }
+                            }
                             Err(e) => return Err(self.fail(format!("n{node}: {e}"))),
                         }
                     };
