@@ -58,7 +58,8 @@ C=n0
 [ "$P" = n0 ] && C=n1
 [ "$P" = n1 ] && [ "$C" = n1 ] && C=n2
 URI=nbd://127.0.0.1:$((11000 + ${C#n}))/fb
-echo "primary $P, client through $C, filling ${FILL} MiB"
+COORD=$("$B" node list --data-dir "$W/n0" --output json 2>/dev/null | field '[n["name"] for n in v["nodes"] if n.get("coordinator")][0]')
+echo "primary $P (coordinator: ${COORD:-unknown}), client through $C, filling ${FILL} MiB"
 fio --name=fill --ioengine=nbd --uri="$URI" --rw=write --bs=1M --iodepth=8 --size="${FILL}M" >/dev/null 2>&1
 
 # Per-second IOPS from fio's log (msec, iops, ...), as "second iops" lines.
