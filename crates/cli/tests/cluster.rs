@@ -9,6 +9,9 @@
 
 mod common;
 
+#[path = "../../frontend-nvme/tests/common/host.rs"]
+mod host;
+
 use common::cluster::*;
 use common::*;
 use serde_json::Value;
@@ -617,4 +620,55 @@ fn replicated_volume_grows_online_while_a_replica_is_down() {
         );
     }
     c.assert_replicas_equal(&[0, 1, 2], "grow");
+}
+
+/// An NVMe/TCP host connected to a replicated volume sees it grow: the
+/// namespace reports the new size while connected, and blocks beyond the
+/// old end are written and read back over the same queue.
+#[test]
+fn nvme_host_sees_a_replicated_volume_grow_while_connected() {
+    use basalt_nvme_wire::command::cns;
+    use basalt_nvme_wire::Digests;
+    const MIB: u64 = 1 << 20;
+    let c = Cluster::start_with(3, &[], |_| {
+        vec!["--nvme-allow-host".into(), host::HOST_NQN.into()]
+    });
+    c.nodes[0]
+        .cli(&["volume", "create", "nv", "--size", "16M", "--replicas", "3"])
+        .ok();
+    c.wait_volume(0, "nv", "placed and in sync", healthy);
+    let addr = c.nodes[1].nvme_addr();
+    let mut admin = host::Host::admin(addr, Digests::NONE, "nv", 10_000);
+    let nsze = |admin: &mut host::Host| {
+        let d = admin.identify(cns::NAMESPACE, 1).ok().data.clone();
+        u64::from_le_bytes(d[0..8].try_into().expect("8 bytes"))
+    };
+    assert_eq!(nsze(&mut admin), 16 * MIB / 4096);
+    let mut q = host::Host::io_queue(addr, Digests::NONE, &admin, "nv", 1);
+    let old = host::pattern(4096, 5);
+    q.write(100, &old, false).ok();
+    // Beyond the end: refused before the resize.
+    let beyond = 6000;
+    assert!(q.read(beyond, 1).status().sc != 0, "read beyond the end");
+
+    c.nodes[0]
+        .cli(&["volume", "resize", "nv", "--size", "32M"])
+        .ok();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while nsze(&mut admin) != 32 * MIB / 4096 {
+        assert!(
+            Instant::now() < deadline,
+            "the namespace never grew\n{}",
+            c.logs()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let new = host::pattern(4096, 9);
+    q.write(beyond, &new, false).ok();
+    q.flush().ok();
+    assert_eq!(q.read(beyond, 1).ok().data, new);
+    assert_eq!(q.read(100, 1).ok().data, old);
+    drop((q, admin));
+    c.wait_volume(0, "nv", "in sync", healthy);
+    c.assert_replicas_equal(&[0, 1, 2], "nv");
 }

@@ -39,6 +39,7 @@ use basalt_volume::{BlockIo, ClusterVolumes, NodeView, ReplicaStatus, VolumeErro
 use parking_lot::{Mutex, RwLock};
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
@@ -194,6 +195,11 @@ pub(crate) struct Inner {
     /// Logs saved at the last clean stop, until each replica's driver
     /// starts.
     restored: Mutex<HashMap<VolumeId, SavedLogs>>,
+    /// The size opens of each volume on this node serve (see
+    /// `ClusterVolume::size`), raised by records showing it grown, so that
+    /// connected NVMe/TCP hosts see a resize (the target notices it and
+    /// raises a namespace-changed event).
+    open_sizes: Mutex<HashMap<VolumeId, Arc<AtomicU64>>>,
     pending: Mutex<Pending>,
     /// The coordinator's node id as last looked up.
     coordinator_id: RwLock<Option<NodeId>>,
@@ -286,6 +292,7 @@ impl ClusterMember {
         };
         let inner = Arc::new(Inner {
             restored: Mutex::new(restored),
+            open_sizes: Mutex::new(HashMap::new()),
             cfg,
             me,
             boot,
@@ -562,6 +569,7 @@ impl Inner {
             records.insert(vol, rec.clone());
         }
         self.redirect(vol, rec.primary);
+        self.raise_open_size(&rec);
         let mine = rec.replicas.contains_key(&self.me);
         let mut replicas = self.replicas.lock();
         let running = replicas.get(&vol).map(|h| h.replica.clone());
@@ -787,6 +795,14 @@ impl Inner {
     fn complete(&self, id: u64, reply: ClientReply) {
         if let Some(w) = self.pending.lock().waiting.remove(&id) {
             let _ = w.tx.try_send((w.index, reply));
+        }
+    }
+
+    /// Opens of `rec`'s volume serve its recorded size from now on (it
+    /// only grows).
+    fn raise_open_size(&self, rec: &Membership) {
+        if let Some(size) = self.open_sizes.lock().get(&rec.volume) {
+            size.fetch_max(rec.blocks * BLOCK_SIZE, Ordering::Relaxed);
         }
     }
 
@@ -1072,6 +1088,7 @@ impl Inner {
             .is_none_or(|r| r.version < rec.version)
         {
             let (vol, primary) = (rec.volume, rec.primary);
+            self.raise_open_size(&rec);
             records.insert(vol, rec);
             drop(records);
             self.redirect(vol, primary);
@@ -1083,7 +1100,10 @@ impl Inner {
 struct ClusterVolume {
     inner: Weak<Inner>,
     vol: VolumeId,
-    size: u64,
+    /// Bytes clients may address, shared by every open of the volume on
+    /// this node and raised when a record shows the volume grown (read per
+    /// request: an atomic, no lock).
+    size: Arc<AtomicU64>,
     /// Serialises read-modify-write of partial blocks.
     partial: Mutex<()>,
 }
@@ -1101,12 +1121,9 @@ fn op_len(op: &DataOp<'_>) -> u64 {
 
 impl ClusterVolume {
     fn check(&self, offset: u64, len: u64) -> Result<(), IoError> {
-        if offset.checked_add(len).is_none_or(|end| end > self.size) {
-            return Err(IoError::OutOfRange {
-                offset,
-                len,
-                size: self.size,
-            });
+        let size = self.size.load(Ordering::Relaxed);
+        if offset.checked_add(len).is_none_or(|end| end > size) {
+            return Err(IoError::OutOfRange { offset, len, size });
         }
         Ok(())
     }
@@ -1149,7 +1166,7 @@ impl ClusterVolume {
 
 impl BlockIo for ClusterVolume {
     fn size(&self) -> u64 {
-        self.size
+        self.size.load(Ordering::Relaxed)
     }
 
     fn submit(&self, ops: &mut [DataOp<'_>]) {
@@ -1263,10 +1280,19 @@ fn state_name(s: ReplicaState) -> &'static str {
 
 impl ClusterVolumes for ClusterMember {
     fn open(&self, record: &VolumeRecord) -> Result<Arc<dyn BlockIo>, VolumeError> {
+        let vol = vol_of(record.id);
+        let recorded = self
+            .inner
+            .records
+            .read()
+            .get(&vol)
+            .map_or(0, |r| r.blocks * BLOCK_SIZE);
+        let size = self.inner.open_sizes.lock().entry(vol).or_default().clone();
+        size.fetch_max(record.size_bytes.max(recorded), Ordering::Relaxed);
         Ok(Arc::new(ClusterVolume {
             inner: Arc::downgrade(&self.inner),
-            vol: vol_of(record.id),
-            size: record.size_bytes,
+            vol,
+            size,
             partial: Mutex::new(()),
         }))
     }
