@@ -36,6 +36,18 @@ pub enum ReplOp {
     WriteZeroes { lba: Lba, blocks: u64, fua: bool },
 }
 
+impl ReplOp {
+    /// The blocks it writes, (first, count) with `block_len`-byte blocks;
+    /// None for a start or a flush.
+    pub fn extent(&self, block_len: u64) -> Option<(Lba, u64)> {
+        match self {
+            ReplOp::Write { lba, data, .. } => Some((*lba, data.len() as u64 / block_len.max(1))),
+            ReplOp::WriteZeroes { lba, blocks, .. } => Some((*lba, *blocks)),
+            ReplOp::Start | ReplOp::Flush => None,
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ClientReq {
     Write { lba: Lba, data: Vec<u8>, fua: bool },

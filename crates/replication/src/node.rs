@@ -34,7 +34,7 @@
 //!   acknowledged without it.
 
 use crate::disk::DiskQueue;
-use crate::msg::{Action, ClientReply, ClientReq, DiskOp, Endpoint, Input, IoId, Msg, ReplOp};
+use crate::msg::{Action, ClientReply, ClientReq, DiskOp, Endpoint, Input, IoId, Msg};
 use crate::primary::{Out, PrimTag, Primary};
 use crate::secondary::{ReplIn, SecTag, Secondary};
 use crate::types::{Epoch, Membership, NodeId, ReplicaState, VolumeId};
@@ -545,13 +545,9 @@ impl Node {
                 }
                 // A write beyond the size asked of the disk so far (its
                 // primary saw a larger record before we did): grow first.
-                let end = match &op {
-                    ReplOp::Write { lba, data, .. } => {
-                        lba + data.len() as u64 / self.cfg.block_len.max(1)
-                    }
-                    ReplOp::WriteZeroes { lba, blocks, .. } => lba + blocks,
-                    ReplOp::Start | ReplOp::Flush => 0,
-                };
+                let end = op
+                    .extent(self.cfg.block_len)
+                    .map_or(0, |(lba, blocks)| lba.saturating_add(blocks));
                 if matches!(&self.role, Role::Secondary(s) if epoch >= s.epoch) {
                     self.want(end, grows);
                 }
@@ -625,7 +621,7 @@ fn fits(req: &ClientReq, blocks: u64, block_len: u64) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::msg::{DiskResult, IoId, Prior};
+    use crate::msg::{DiskResult, IoId, Prior, ReplOp};
     use crate::types::{ReplicaInfo, ReplicaState};
 
     fn sends(acts: &[Action]) -> Vec<(Endpoint, Msg)> {

@@ -127,15 +127,10 @@ impl Secondary {
     }
 
     fn regions_of(&self, op: &ReplOp) -> Vec<usize> {
-        let (lba, blocks) = match op {
-            ReplOp::Write { lba, data, .. } => (*lba, data.len() as u64 / self.block_len),
-            ReplOp::WriteZeroes { lba, blocks, .. } => (*lba, *blocks),
-            ReplOp::Start | ReplOp::Flush => return Vec::new(),
-        };
-        if blocks == 0 {
+        let Some((lba, blocks)) = op.extent(self.block_len).filter(|(_, n)| *n > 0) else {
             return Vec::new();
-        }
-        let last = (lba + blocks - 1).min(self.volume_blocks.saturating_sub(1));
+        };
+        let last = (lba.saturating_add(blocks) - 1).min(self.volume_blocks.saturating_sub(1));
         ((lba / self.region_blocks) as usize..=(last / self.region_blocks) as usize).collect()
     }
 
