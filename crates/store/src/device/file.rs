@@ -8,6 +8,15 @@
 //! worker thread, which measured 2x slower at queue depth 1 than copying on
 //! the calling thread), ops run as pread/pwrite on the calling thread. Each
 //! fallback is logged once at open.
+//!
+//! A batch of one write to a regular file is the exception: it is written
+//! with `pwritev2` on the calling thread. The filesystem (iomap) completes
+//! an asynchronous O_DIRECT write in a kernel worker thread, which then
+//! wakes the ring's waiter: two context switches per write where a
+//! synchronous write costs one (the block layer wakes the writer directly).
+//! On ext4 in this VM, fio's 4k QD1 direct random writes measured 8.9k IOPS
+//! with io_uring and 12.2k with psync; reads measured the same both ways.
+//! Batches of several operations keep io_uring, which overlaps them.
 
 use super::{BlockDevice, IoKind, IoOp};
 use crate::buf::AlignedBuf;
@@ -36,6 +45,8 @@ pub struct FileDevice {
     /// of io_uring: on tmpfs (RAM) io_uring hands every request to a kernel
     /// worker thread, a wake-up per I/O that costs more than the copy.
     in_thread: bool,
+    /// A regular file (not a block device): single writes go synchronously.
+    regular: bool,
 }
 
 impl FileDevice {
@@ -96,6 +107,7 @@ impl FileDevice {
             size,
             direct,
             in_thread,
+            regular: !block_device,
         }))
     }
 
@@ -146,6 +158,44 @@ impl FileDevice {
             let n = CHUNK.min(offset + len - at) as usize;
             self.file.write_all_at(&zeros[..n], at)?;
             at += n as u64;
+        }
+        Ok(())
+    }
+
+    /// Writes all of `data` at `offset` with `pwritev2(flags)` on this
+    /// thread (RWF_DSYNC makes it a FUA write).
+    fn write_at_flags(&self, data: &[u8], offset: u64, flags: libc::c_int) -> io::Result<()> {
+        let mut done = 0usize;
+        while done < data.len() {
+            let rest = &data[done..];
+            let iov = libc::iovec {
+                iov_base: rest.as_ptr() as *mut libc::c_void,
+                iov_len: rest.len(),
+            };
+            // SAFETY: one iovec over a live slice; the kernel only reads it.
+            let n = unsafe {
+                libc::pwritev2(
+                    self.file.as_raw_fd(),
+                    &iov,
+                    1,
+                    (offset + done as u64) as libc::off_t,
+                    flags,
+                )
+            };
+            if n < 0 {
+                let e = io::Error::last_os_error();
+                if e.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(e);
+            }
+            if n == 0 {
+                return Err(io::Error::new(
+                    io::ErrorKind::WriteZero,
+                    "pwritev2 wrote nothing",
+                ));
+            }
+            done += n as usize;
         }
         Ok(())
     }
@@ -297,31 +347,65 @@ impl BlockDevice for FileDevice {
                 IoKind::Write(b) | IoKind::WriteFua(b) => !is_aligned(b.as_ptr(), b.len()),
             })
         {
-            // Rare: a caller's buffer is not aligned for O_DIRECT. Bounce each op.
-            for op in ops.iter_mut() {
-                let mut bounce = AlignedBuf::zeroed(op.len());
-                let fua = matches!(op.kind, IoKind::WriteFua(_));
-                op.result = match &mut op.kind {
-                    IoKind::Read(buf) => {
-                        let r = self.read_direct(&mut bounce, op.offset);
-                        if r.is_ok() {
-                            buf.copy_from_slice(&bounce);
-                        }
-                        r
+            // A caller's buffer is not aligned for O_DIRECT (a replicated
+            // write arrives in a plain heap buffer). Bounce the whole batch
+            // through aligned copies and submit it as one: bouncing op by op
+            // would serialise the batch on the disk's latency.
+            if ops.iter().any(|op| !op.len().is_multiple_of(512)) {
+                // Cannot happen through the store (it works in blocks); a
+                // bounce would not help, so refuse rather than loop.
+                for op in ops.iter_mut() {
+                    op.result = Err(io::Error::new(
+                        io::ErrorKind::InvalidInput,
+                        "I/O length is not a multiple of 512 bytes on an O_DIRECT device",
+                    ));
+                }
+                return;
+            }
+            let mut bounces: Vec<AlignedBuf> = ops
+                .iter()
+                .map(|op| match &op.kind {
+                    IoKind::Read(b) => AlignedBuf::zeroed(b.len()),
+                    IoKind::Write(d) | IoKind::WriteFua(d) => {
+                        let mut b = AlignedBuf::zeroed(d.len());
+                        b.copy_from_slice(d);
+                        b
                     }
-                    IoKind::Write(data) | IoKind::WriteFua(data) => {
-                        bounce.copy_from_slice(data);
-                        let mut one = [IoOp::write(op.offset, &bounce, fua)];
-                        self.submit(&mut one);
-                        let [o] = one;
-                        o.result
-                    }
-                };
+                })
+                .collect();
+            let mut aligned: Vec<IoOp<'_>> = ops
+                .iter()
+                .zip(bounces.iter_mut())
+                .map(|(op, b)| match op.kind {
+                    IoKind::Read(_) => IoOp::read(op.offset, b),
+                    IoKind::Write(_) => IoOp::write(op.offset, b, false),
+                    IoKind::WriteFua(_) => IoOp::write(op.offset, b, true),
+                })
+                .collect();
+            self.submit(&mut aligned);
+            let results: Vec<io::Result<()>> = aligned.into_iter().map(|o| o.result).collect();
+            for ((op, bounce), result) in ops.iter_mut().zip(&bounces).zip(results) {
+                if let (IoKind::Read(buf), Ok(())) = (&mut op.kind, &result) {
+                    buf.copy_from_slice(bounce);
+                }
+                op.result = result;
             }
             return;
         }
         if self.in_thread {
             return self.submit_sync(ops);
+        }
+        if let [op] = ops {
+            if self.direct && self.regular {
+                if let IoKind::Write(data) | IoKind::WriteFua(data) = &op.kind {
+                    let flags = match op.kind {
+                        IoKind::WriteFua(_) => libc::RWF_DSYNC,
+                        _ => 0,
+                    };
+                    op.result = self.write_at_flags(data, op.offset, flags);
+                    return;
+                }
+            }
         }
         RING.with(|cell| {
             let mut slot = cell.borrow_mut();
@@ -346,15 +430,6 @@ impl BlockDevice for FileDevice {
         self.fallocate_or(zero, offset, len, || {
             self.write_zeroes_by_writing(offset, len)
         })
-    }
-}
-
-impl FileDevice {
-    fn read_direct(&self, buf: &mut AlignedBuf, offset: u64) -> io::Result<()> {
-        let mut one = [IoOp::read(offset, buf)];
-        self.submit(&mut one);
-        let [o] = one;
-        o.result
     }
 }
 
@@ -384,5 +459,50 @@ mod tests {
         dev.read_at(&mut v[1..], 65536).unwrap();
         assert!(v[1..].iter().all(|&x| x == 0xcd));
         dev.flush().unwrap();
+    }
+
+    #[test]
+    fn an_unaligned_batch_is_bounced_whole_and_single_writes_land() {
+        let dir = tempfile::tempdir().unwrap();
+        let dev = FileDevice::create(&dir.path().join("d"), 1 << 20, false).unwrap();
+        // One write alone, plain then FUA (the synchronous path).
+        let mut one = AlignedBuf::zeroed(4096);
+        one.fill(0x11);
+        let mut ops = [IoOp::write(8192, &one, false)];
+        dev.submit(&mut ops);
+        assert!(ops[0].result.is_ok());
+        one.fill(0x22);
+        let mut ops = [IoOp::write(12288, &one, true)];
+        dev.submit(&mut ops);
+        assert!(ops[0].result.is_ok());
+        // Heap buffers one byte off alignment: two writes and two reads in
+        // one batch, the reads of what the single writes left.
+        let mut w = vec![0u8; 2 * 4096 + 1];
+        w[1..4097].fill(0x33);
+        w[4097..].fill(0x44);
+        let mut r = vec![0u8; 2 * 4096 + 1];
+        let (w1, w2) = w[1..].split_at(4096);
+        let (r1, r2) = r[1..].split_at_mut(4096);
+        let mut ops = vec![
+            IoOp::write(0, w1, false),
+            IoOp::write(65536, w2, true),
+            IoOp::read(8192, r1),
+            IoOp::read(12288, r2),
+        ];
+        dev.submit(&mut ops);
+        assert!(ops.iter().all(|o| o.result.is_ok()));
+        drop(ops);
+        assert!(r[1..4097].iter().all(|&x| x == 0x11));
+        assert!(r[4097..].iter().all(|&x| x == 0x22));
+        let mut back = AlignedBuf::zeroed(4096);
+        dev.read_at(&mut back, 0).unwrap();
+        assert!(back.iter().all(|&x| x == 0x33));
+        dev.read_at(&mut back, 65536).unwrap();
+        assert!(back.iter().all(|&x| x == 0x44));
+        // A length the device cannot take directly is refused, not looped on.
+        let odd = vec![0u8; 100];
+        let mut ops = [IoOp::write(0, &odd, false)];
+        dev.submit(&mut ops);
+        assert!(ops[0].result.is_err());
     }
 }
