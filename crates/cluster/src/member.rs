@@ -873,9 +873,11 @@ impl Inner {
                 }
             },
             Some(p) => {
-                for (id, req) in sent {
-                    self.peers.send(p, vol, Msg::ClientReq { id, req });
-                }
+                let msgs = sent
+                    .into_iter()
+                    .map(|(id, req)| Msg::ClientReq { id, req })
+                    .collect();
+                self.peers.send_batch(p, vol, msgs);
             }
             // Not placed yet: answer NotPrimary so the caller waits and
             // retries until the coordinator has placed the volume.
@@ -969,9 +971,9 @@ impl Inner {
 struct Env(Weak<Inner>);
 
 impl ReplicaEnv for Env {
-    fn send_peer(&self, to: NodeId, vol: VolumeId, msg: Msg) {
+    fn send_peer(&self, to: NodeId, vol: VolumeId, msgs: Vec<Msg>) {
         if let Some(inner) = self.0.upgrade() {
-            inner.peers.send(to, vol, msg);
+            inner.peers.send_batch(to, vol, msgs);
         }
     }
 

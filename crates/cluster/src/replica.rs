@@ -74,7 +74,8 @@ pub(crate) enum Event {
 /// What the driver needs from the node around it. Called without the
 /// replica's lock held.
 pub(crate) trait ReplicaEnv: Send + Sync + 'static {
-    fn send_peer(&self, to: NodeId, vol: VolumeId, msg: Msg);
+    /// Sends `msgs` to node `to`, in order.
+    fn send_peer(&self, to: NodeId, vol: VolumeId, msgs: Vec<Msg>);
     /// Heartbeats (to the coordinator), MetaGet and MetaCas (to etcd).
     fn send_control(&self, vol: VolumeId, msg: Msg);
     fn client_reply(&self, vol: VolumeId, origin: Origin, id: u64, reply: ClientReply);
@@ -352,12 +353,21 @@ impl<E: ReplicaEnv> Replica<E> {
     }
 
     fn carry_out(&self, sends: Vec<(Endpoint, Msg)>, replies: Vec<(Origin, u64, ClientReply)>) {
+        // One batch per peer (a round's replicated writes, or their acks,
+        // leave together); per-peer order is kept.
+        let mut by_peer: Vec<(NodeId, Vec<Msg>)> = Vec::new();
         for (to, msg) in sends {
             match to {
-                Endpoint::Node(n) => self.env.send_peer(n, self.vol, msg),
+                Endpoint::Node(n) => match by_peer.iter_mut().find(|(p, _)| *p == n) {
+                    Some((_, msgs)) => msgs.push(msg),
+                    None => by_peer.push((n, vec![msg])),
+                },
                 Endpoint::Control => self.env.send_control(self.vol, msg),
                 Endpoint::Client => {}
             }
+        }
+        for (n, msgs) in by_peer {
+            self.env.send_peer(n, self.vol, msgs);
         }
         for (origin, id, reply) in replies {
             self.env.client_reply(self.vol, origin, id, reply);

@@ -1,5 +1,5 @@
 //! The peer transport on loopback: every message kind in order between two
-//! and three nodes, reconnection to a restarted peer, refusal of other
+//! and three nodes, batches bigger than the socket takes at once, reconnection to a restarted peer, refusal of other
 //! clusters and wrong nodes, garbage closing only its own connection, the
 //! full-queue drop counter, and shutdown joining every thread.
 
@@ -16,10 +16,18 @@ const VOL: VolumeId = VolumeId(0xfeed);
 #[derive(Default)]
 struct Inbox {
     got: Mutex<Vec<(NodeId, VolumeId, Msg)>>,
+    /// Messages still to be taken slowly (a stalled receiver, so that the
+    /// sender's socket fills up).
+    slow: std::sync::atomic::AtomicUsize,
 }
 
 impl PeerHandler for Inbox {
     fn on_message(&self, from: NodeId, vol: VolumeId, msg: Msg) {
+        use std::sync::atomic::Ordering::SeqCst;
+        if self.slow.load(SeqCst) > 0 {
+            self.slow.fetch_sub(1, SeqCst);
+            std::thread::sleep(Duration::from_millis(2));
+        }
         self.got.lock().unwrap().push((from, vol, msg));
     }
 }
@@ -202,6 +210,70 @@ fn two_nodes_exchange_every_kind_in_order() {
     assert_eq!((s.frames_dropped, s.connects, s.accepts), (0, 1, 1));
     assert!(s.bytes_sent > 6 << 20);
     assert!(s.peers[&NodeId(2)].connected);
+    a.shutdown();
+    b.shutdown();
+}
+
+/// A write of `len` bytes tagged `n` (in its lba and its first bytes).
+fn tagged_write(n: u64, len: usize) -> Msg {
+    let mut data = vec![(n % 251) as u8; len];
+    data[..8].copy_from_slice(&n.to_le_bytes());
+    Msg::Repl {
+        vol: VOL,
+        epoch: Epoch(1),
+        session: 1,
+        lseq: n,
+        vseq: n,
+        commit: 0,
+        floor: 0,
+        op: ReplOp::Write {
+            lba: n,
+            data,
+            fua: false,
+        },
+    }
+}
+
+#[test]
+fn batches_larger_than_the_socket_arrive_whole_and_in_order() {
+    let (a, _a_in) = node(1);
+    let (b, b_in) = node(2);
+    a.set_peer_addr(NodeId(2), b.local_addr());
+    b.set_peer_addr(NodeId(1), a.local_addr());
+    // Connect first, so the batches take the direct path.
+    a.send(NodeId(2), VOL, tagged_write(0, 4096));
+    wait_until("the connection", || b_in.len() == 1);
+    b_in.slow.store(200, std::sync::atomic::Ordering::SeqCst);
+    // Batches of 300 frames (more than one sendmsg) of up to 64 KiB: the
+    // socket takes part of a batch, the rest queues behind the tail of
+    // the frame it stopped in.
+    let mut want = vec![tagged_write(0, 4096)];
+    let mut n = 1u64;
+    for round in 0..6 {
+        let batch: Vec<Msg> = (0..300)
+            .map(|i| {
+                let len = if (i + round) % 7 == 0 { 65536 } else { 4096 };
+                let m = tagged_write(n, len);
+                n += 1;
+                m
+            })
+            .collect();
+        want.extend(batch.iter().cloned());
+        a.send_batch(NodeId(2), VOL, batch);
+        // Single sends in between go after the whole batch.
+        let m = tagged_write(n, 512);
+        n += 1;
+        want.push(m.clone());
+        a.send(NodeId(2), VOL, m);
+    }
+    wait_until("every frame", || b_in.len() == want.len());
+    assert!(
+        b_in.from(NodeId(1)) == want,
+        "frames lost, changed or reordered"
+    );
+    let s = a.stats();
+    assert_eq!(s.frames_sent, want.len() as u64);
+    assert_eq!(s.frames_dropped, 0);
     a.shutdown();
     b.shutdown();
 }
