@@ -56,6 +56,7 @@ pub fn status_for(err: &VolumeError) -> StatusCode {
         | VolumeError::Catalog(CatalogError::Conflict { .. }) => StatusCode::CONFLICT,
         VolumeError::Overcommit { .. }
         | VolumeError::ReplicaNodeFull { .. }
+        | VolumeError::ClusterFull { .. }
         | VolumeError::Store(StoreError::TooManyVolumes(_)) => StatusCode::INSUFFICIENT_STORAGE,
         VolumeError::Store(StoreError::InvalidSize(_)) => StatusCode::BAD_REQUEST,
         _ => StatusCode::INTERNAL_SERVER_ERROR,

@@ -620,6 +620,62 @@ fn replicated_volume_grows_online_while_a_replica_is_down() {
         );
     }
     c.assert_replicas_equal(&[0, 1, 2], "grow");
+
+    // Creation checks the nodes' provisioning limits as grow does: each
+    // node (512 MiB, overcommit 2) may hold about 1 GiB of volume sizes
+    // (its store's capacity, a little less than 512 MiB, times 2), and
+    // holds 24 MiB now.
+    let e = c.nodes[0]
+        .cli(&[
+            "volume",
+            "create",
+            "toobig",
+            "--size",
+            "1001M",
+            "--replicas",
+            "3",
+        ])
+        .cli_error(1);
+    assert!(
+        e.contains("only 0 of the cluster's 3 active node(s) can provision it"),
+        "{e}"
+    );
+    c.nodes[1]
+        .cli(&[
+            "volume",
+            "create",
+            "fits",
+            "--size",
+            "900M",
+            "--replicas",
+            "3",
+        ])
+        .ok();
+    c.wait_volume(0, "fits", "placed", |v| all_in_sync(v, 3));
+    let e = c.nodes[2]
+        .cli(&[
+            "volume",
+            "create",
+            "over",
+            "--size",
+            "200M",
+            "--replicas",
+            "1",
+        ])
+        .cli_error(1);
+    assert!(e.contains("cannot place 1 replica(s)"), "{e}");
+    c.nodes[2]
+        .cli(&[
+            "volume",
+            "create",
+            "last",
+            "--size",
+            "50M",
+            "--replicas",
+            "1",
+        ])
+        .ok();
+    c.wait_volume(0, "last", "placed", |v| all_in_sync(v, 1));
 }
 
 /// An NVMe/TCP host connected to a replicated volume sees it grow: the

@@ -205,8 +205,18 @@ fn apply(inner: &Inner, old: &Membership, new: Membership) {
     }
 }
 
+/// Each catalog volume's size.
+fn catalog_sizes(catalog: &[Versioned<VolumeRecord>]) -> HashMap<VolumeId, u64> {
+    catalog
+        .iter()
+        .map(|v| (VolumeId(v.record.id.as_u128()), v.record.size_bytes))
+        .collect()
+}
+
 /// Creates records for catalog volumes that have none, and deletes records
-/// whose volume left the catalog.
+/// whose volume left the catalog. A node takes a replica only while it has
+/// room for it (see [`placement`]); a replica that fits nowhere is missing
+/// until one has.
 fn place_new_volumes(
     inner: &Inner,
     catalog: &[Versioned<VolumeRecord>],
@@ -226,15 +236,20 @@ fn place_new_volumes(
     for r in &records {
         *primaries.entry(r.primary).or_default() += 1;
     }
+    let mut provisioned = placement::provisioned_by_node(&records, &catalog_sizes(catalog));
     for v in catalog {
         let vol = VolumeId(v.record.id.as_u128());
         if placed.contains(&vol) {
             continue;
         }
+        let size = v.record.size_bytes;
         let candidates: Vec<Candidate> = nodes
             .iter()
             .filter(|n| n.alive && n.state == NodeState::Active)
-            .filter(|n| n.info.free_bytes >= v.record.size_bytes.min(n.info.capacity_bytes))
+            .filter(|n| {
+                let have = provisioned.get(&n.id).copied().unwrap_or(0);
+                placement::has_room(have, n.info.provision_limit(), size)
+            })
             .map(|n| Candidate {
                 id: n.id,
                 zone: n.info.zone.clone(),
@@ -255,6 +270,10 @@ fn place_new_volumes(
         }
         if inner.meta.create_membership(&rec)? {
             *primaries.entry(p.primary).or_default() += 1;
+            for n in &p.nodes {
+                let e = provisioned.entry(*n).or_default();
+                *e = e.saturating_add(size);
+            }
             if p.missing > 0 {
                 tracing::warn!(volume = %v.record.name, placed = p.nodes.len(), missing = p.missing,
                     "volume placed degraded: too few nodes");
@@ -287,6 +306,7 @@ fn reconfigure(
 ) -> Result<(), ClusterError> {
     let replace_after = inner.timing().replace_after;
     let records: Vec<Membership> = inner.records.read().values().cloned().collect();
+    let mut provisioned = placement::provisioned_by_node(&records, &catalog_sizes(catalog));
     let mut primaries = HashMap::<NodeId, usize>::new();
     for r in &records {
         *primaries.entry(r.primary).or_default() += 1;
@@ -342,7 +362,10 @@ fn reconfigure(
                 .iter()
                 .filter(|s| s.alive && s.state == NodeState::Active)
                 .filter(|s| !new.replicas.contains_key(&s.id))
-                .filter(|s| s.info.free_bytes >= v.record.size_bytes.min(s.info.capacity_bytes))
+                .filter(|s| {
+                    let have = provisioned.get(&s.id).copied().unwrap_or(0);
+                    placement::has_room(have, s.info.provision_limit(), v.record.size_bytes)
+                })
                 .filter_map(|s| candidate(s.id))
                 .collect();
             let existing: Vec<Candidate> =
@@ -350,6 +373,8 @@ fn reconfigure(
             for id in placement::choose(&pool, &existing, wanted - active) {
                 let boot = nodes.iter().find(|s| s.id == id).map_or(0, |s| s.boot);
                 tracing::info!(volume = %v.record.name, node = id.0, "adding a replica");
+                let e = provisioned.entry(id).or_default();
+                *e = e.saturating_add(v.record.size_bytes);
                 new.replicas.insert(
                     id,
                     ReplicaInfo {

@@ -27,6 +27,7 @@ use crate::meta::{
     CasOutcome, ClusterMeta, EtcdConfig, NodeInfo, NodeState, NodeStatus, Registration,
 };
 use crate::peer::{PeerConfig, PeerHandler, PeerNet};
+use crate::placement;
 use crate::replica::{Event, Origin, Replica, ReplicaEnv, ReplicaSpec};
 use crate::saved_logs;
 use crate::ClusterError;
@@ -1280,6 +1281,24 @@ fn state_name(s: ReplicaState) -> &'static str {
     }
 }
 
+impl ClusterMember {
+    /// Every node, and the bytes of volume sizes each holds replicas of.
+    fn provisioning(&self) -> Result<(Vec<NodeStatus>, HashMap<NodeId, u64>), VolumeError> {
+        let unavailable = |e: &dyn std::fmt::Display| VolumeError::Cluster(e.to_string());
+        let nodes = self.inner.meta.nodes().map_err(|e| unavailable(&e))?;
+        let sizes: HashMap<VolumeId, u64> = self
+            .inner
+            .catalog
+            .list()
+            .map_err(|e| unavailable(&e))?
+            .into_iter()
+            .map(|v| (vol_of(v.record.id), v.record.size_bytes))
+            .collect();
+        let records: Vec<Membership> = self.inner.records.read().values().cloned().collect();
+        Ok((nodes, placement::provisioned_by_node(&records, &sizes)))
+    }
+}
+
 impl ClusterVolumes for ClusterMember {
     fn open(&self, record: &VolumeRecord) -> Result<Arc<dyn BlockIo>, VolumeError> {
         let vol = vol_of(record.id);
@@ -1419,6 +1438,34 @@ impl ClusterVolumes for ClusterMember {
             .collect()
     }
 
+    fn check_create(&self, name: &str, size: u64, replicas: u32) -> Result<(), VolumeError> {
+        let (nodes, provisioned) = self.provisioning()?;
+        // Nodes that may take replicas, up or down: a node that is down now
+        // still counts, so a degraded create succeeds.
+        let active: Vec<_> = nodes
+            .iter()
+            .filter(|n| n.state == NodeState::Active)
+            .collect();
+        let with_room = active
+            .iter()
+            .filter(|n| {
+                let have = provisioned.get(&n.id).copied().unwrap_or(0);
+                placement::has_room(have, n.info.provision_limit(), size)
+            })
+            .count();
+        let needed = (replicas as usize).min(active.len()).max(1);
+        if with_room < needed {
+            return Err(VolumeError::ClusterFull {
+                volume: name.to_string(),
+                size,
+                replicas: needed,
+                with_room,
+                nodes: active.len(),
+            });
+        }
+        Ok(())
+    }
+
     fn check_grow(&self, record: &VolumeRecord, size: u64) -> Result<(), VolumeError> {
         let growth = size.saturating_sub(record.size_bytes);
         let vol = vol_of(record.id);
@@ -1429,42 +1476,19 @@ impl ClusterVolumes for ClusterMember {
         if growth == 0 {
             return Ok(());
         }
-        let unavailable = |e: &dyn std::fmt::Display| VolumeError::Cluster(e.to_string());
-        let nodes = self.inner.meta.nodes().map_err(|e| unavailable(&e))?;
-        let sizes: HashMap<VolumeId, u64> = self
-            .inner
-            .catalog
-            .list()
-            .map_err(|e| unavailable(&e))?
-            .into_iter()
-            .map(|v| (vol_of(v.record.id), v.record.size_bytes))
-            .collect();
-        let records = self.inner.records.read();
+        let (nodes, provisioned) = self.provisioning()?;
         for n in rec.replicas.keys() {
             let Some(node) = nodes.iter().find(|x| x.id == *n) else {
                 continue;
             };
-            let limit = node.info.provision_limit_bytes.unwrap_or(
-                (node.info.capacity_bytes as f64 * basalt_volume::DEFAULT_OVERCOMMIT_RATIO) as u64,
-            );
-            // What the node holds replicas of, at the larger of the catalog's
-            // and the record's size.
-            let provisioned = records
-                .values()
-                .filter(|r| r.replicas.contains_key(n))
-                .map(|r| {
-                    let recorded = r.blocks * BLOCK_SIZE;
-                    sizes
-                        .get(&r.volume)
-                        .map_or(recorded, |s| (*s).max(recorded))
-                })
-                .fold(0u64, u64::saturating_add);
-            if provisioned.saturating_add(growth) > limit {
+            let limit = node.info.provision_limit();
+            let have = provisioned.get(n).copied().unwrap_or(0);
+            if !placement::has_room(have, limit, growth) {
                 return Err(VolumeError::ReplicaNodeFull {
                     node: node.info.name.clone(),
                     volume: record.name.clone(),
                     requested: growth,
-                    provisioned,
+                    provisioned: have,
                     limit,
                 });
             }

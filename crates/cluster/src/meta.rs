@@ -90,6 +90,16 @@ pub struct NodeInfo {
     pub provision_limit_bytes: Option<u64>,
 }
 
+impl NodeInfo {
+    /// Bytes of volume sizes the node may hold (an older node that did not
+    /// publish its limit gets the default overcommit ratio).
+    pub fn provision_limit(&self) -> u64 {
+        self.provision_limit_bytes.unwrap_or(
+            (self.capacity_bytes as f64 * basalt_volume::DEFAULT_OVERCOMMIT_RATIO) as u64,
+        )
+    }
+}
+
 /// A node's administrative state.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]

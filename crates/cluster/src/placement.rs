@@ -11,9 +11,45 @@
 //!
 //! Fewer eligible nodes than replicas is not an error: the volume is placed
 //! degraded on what there is and the caller records how many are missing.
+//!
+//! Eligibility includes room: a node takes a replica only while the sizes of
+//! the volumes it holds replicas of, plus the new one, stay within its
+//! provisioning limit (capacity × overcommit ratio), the rule a single node
+//! applies to its own volumes ([`provisioned_by_node`], [`has_room`]).
+//! Volumes are thin, so physical free space is not a condition; it only
+//! orders the candidates (rule 3, as last published by each node).
 
-use basalt_replication::NodeId;
-use std::collections::BTreeMap;
+use basalt_replication::{Membership, NodeId, VolumeId, BLOCK_SIZE};
+use std::collections::{BTreeMap, HashMap};
+
+/// Bytes of volume sizes each node holds replicas of: for every volume, the
+/// larger of its catalog size (`sizes`, which a grow raises first) and its
+/// recorded size.
+pub fn provisioned_by_node(
+    records: &[Membership],
+    sizes: &HashMap<VolumeId, u64>,
+) -> HashMap<NodeId, u64> {
+    let mut out = HashMap::new();
+    for r in records {
+        let recorded = r.blocks.saturating_mul(BLOCK_SIZE);
+        let size = sizes
+            .get(&r.volume)
+            .map_or(recorded, |s| (*s).max(recorded));
+        for n in r.replicas.keys() {
+            let e: &mut u64 = out.entry(*n).or_default();
+            *e = e.saturating_add(size);
+        }
+    }
+    out
+}
+
+/// Whether a node that has `provisioned` bytes and may provision `limit`
+/// can take `size` bytes more.
+pub fn has_room(provisioned: u64, limit: u64, size: u64) -> bool {
+    provisioned
+        .checked_add(size)
+        .is_some_and(|total| total <= limit)
+}
 
 /// A node that may receive replicas, with its current load.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -104,6 +140,26 @@ mod tests {
             free_bytes: free,
             primaries,
         }
+    }
+
+    #[test]
+    fn provisioned_counts_each_replica_at_the_larger_size() {
+        let rec = |v: u128, nodes: &[u32], blocks: u64| {
+            let ids: Vec<NodeId> = nodes.iter().map(|n| NodeId(*n)).collect();
+            Membership::new(VolumeId(v), &ids, ids[0], 1).with_blocks(blocks)
+        };
+        let records = [rec(1, &[1, 2, 3], 4), rec(2, &[2], 10), rec(3, &[3], 1)];
+        // Volume 1 grew in the catalog (its record not yet); volume 3's
+        // catalog size is smaller than recorded (never shrinks).
+        let sizes = HashMap::from([(VolumeId(1), 8 * BLOCK_SIZE), (VolumeId(3), 0)]);
+        let p = provisioned_by_node(&records, &sizes);
+        assert_eq!(p[&NodeId(1)], 8 * BLOCK_SIZE);
+        assert_eq!(p[&NodeId(2)], 18 * BLOCK_SIZE);
+        assert_eq!(p[&NodeId(3)], 9 * BLOCK_SIZE);
+        assert!(!p.contains_key(&NodeId(4)));
+        assert!(has_room(10, 20, 10));
+        assert!(!has_room(10, 20, 11));
+        assert!(!has_room(u64::MAX, u64::MAX, 1));
     }
 
     #[test]

@@ -55,6 +55,21 @@ pub enum VolumeError {
     },
 
     #[error(
+        "cannot place {replicas} replica(s) of {volume:?} ({}): only {with_room} of the cluster's {nodes} active node(s) can provision it within their limit (capacity x overcommit ratio)",
+        format_size(*size)
+    )]
+    ClusterFull {
+        volume: String,
+        size: u64,
+        /// Replicas the volume needs placed (its count, at most the nodes).
+        replicas: usize,
+        /// Active nodes that can provision it.
+        with_room: usize,
+        /// Active nodes in the cluster.
+        nodes: usize,
+    },
+
+    #[error(
         "refusing to shrink volume {name:?} from {} to {}: data beyond the new size would be lost; pass allow_shrink (CLI: --allow-shrink) to shrink anyway",
         format_size(*current), format_size(*requested)
     )]

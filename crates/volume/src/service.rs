@@ -145,6 +145,12 @@ pub trait ClusterVolumes: Send + Sync {
     /// provision it at `size` bytes (growth within the node's limit of
     /// capacity × overcommit ratio, as on a single node).
     fn check_grow(&self, record: &VolumeRecord, size: u64) -> Result<(), VolumeError>;
+    /// Fails unless enough nodes can provision a new volume of `size` bytes
+    /// for its `replicas` copies (or for one copy per active node when the
+    /// cluster has fewer; a node that is down counts, so creation while a
+    /// node is down succeeds degraded). Placement applies the same limits,
+    /// so concurrent creates that both passed cannot overfill a node.
+    fn check_create(&self, name: &str, size: u64, replicas: u32) -> Result<(), VolumeError>;
     /// Grows the volume's replicas to `size` bytes (already the catalog's
     /// size): every node holding a replica grows its local copy, and the
     /// new blocks are served once the primary has grown (see
@@ -504,6 +510,7 @@ impl VolumeService {
         let mut record = VolumeRecord::new(VolumeId::new_v4(), name, size, SystemTime::now());
         if let Some(cluster) = &self.cluster {
             let n = replicas.unwrap_or_else(|| cluster.default_replicas());
+            cluster.check_create(name, size, n)?;
             record.replicas = Some(n);
             self.catalog.insert(&record).map_err(catalog_error)?;
             tracing::info!(volume = name, id = %record.id, size = %format_size(size), replicas = n, "created replicated volume");
@@ -1432,6 +1439,9 @@ mod tests {
             Ok(Vec::new())
         }
         fn set_node_state(&self, _: &str, _: &str) -> Result<(), VolumeError> {
+            Ok(())
+        }
+        fn check_create(&self, _: &str, _: u64, _: u32) -> Result<(), VolumeError> {
             Ok(())
         }
         fn check_grow(&self, record: &VolumeRecord, size: u64) -> Result<(), VolumeError> {
