@@ -127,7 +127,8 @@ pub struct ServerArgs {
     #[arg(long, default_value_t = 600, value_name = "SECS")]
     pub replace_after: u64,
 
-    /// Cap on resync and rebuild copies, per volume, in MiB/s (0: no cap).
+    /// Cap on resync and rebuild copies this node makes, in MiB/s (0: no
+    /// cap), shared by the volumes it copies as primary.
     /// The default leaves client I/O most of the disk and network.
     #[arg(long, default_value_t = 64, value_name = "MIB_PER_S")]
     pub resync_rate: u64,

@@ -64,8 +64,9 @@ pub struct Timing {
     pub region_blocks: u64,
     /// A replica Faulty this long is rebuilt on another node.
     pub replace_after: Duration,
-    /// Cap on each volume primary's resync and rebuild copies, bytes per
-    /// second (0: none); see `basalt_replication::Config::resync_rate`.
+    /// Cap on this node's resync and rebuild copies, bytes per second (0:
+    /// none), shared by the volumes it copies as primary; see
+    /// `basalt_replication::Config::resync_rate`.
     pub resync_rate: u64,
     /// Region copies in flight per replica being resynced.
     pub resync_inflight: usize,
@@ -193,6 +194,8 @@ pub(crate) struct Inner {
     pub(crate) records: RwLock<HashMap<VolumeId, Membership>>,
     pub(crate) nodes: RwLock<Vec<NodeStatus>>,
     replicas: Mutex<HashMap<VolumeId, ReplicaHandle>>,
+    /// Each copying volume's share of the node's resync rate, as last set.
+    resync_share: Mutex<u64>,
     /// Logs saved at the last clean stop, until each replica's driver
     /// starts.
     restored: Mutex<HashMap<VolumeId, SavedLogs>>,
@@ -291,6 +294,7 @@ impl ClusterMember {
             Some(dir) => saved_logs::take(dir, store.store_id()),
             None => HashMap::new(),
         };
+        let resync_rate = cfg.timing.resync_rate;
         let inner = Arc::new(Inner {
             restored: Mutex::new(restored),
             open_sizes: Mutex::new(HashMap::new()),
@@ -306,6 +310,7 @@ impl ClusterMember {
             records: RwLock::new(HashMap::new()),
             nodes: RwLock::new(Vec::new()),
             replicas: Mutex::new(HashMap::new()),
+            resync_share: Mutex::new(resync_rate),
             pending: Mutex::new(Pending::default()),
             coordinator_id: RwLock::new(None),
             coordinator: Mutex::new(None),
@@ -449,6 +454,7 @@ fn housekeeping(weak: Weak<Inner>) {
         let Some(inner) = weak.upgrade() else { return };
         inner.refresh_coordinator();
         inner.remove_orphans();
+        inner.share_resync_rate();
         if last_info.elapsed() >= Duration::from_secs(10) {
             last_info = Instant::now();
             inner.publish_usage();
@@ -480,6 +486,34 @@ impl Inner {
             }
         };
         *self.coordinator_id.write() = id;
+    }
+
+    /// `--resync-rate` is the node's: the volumes it is copying regions of
+    /// (as primary) share it equally, so rebuilding many volumes from one
+    /// node at once takes no more of its disk and network than one. Runs
+    /// twice a second; a volume that starts copying meanwhile uses the
+    /// share it was last given.
+    fn share_resync_rate(&self) {
+        let rate = self.cfg.timing.resync_rate;
+        if rate == 0 {
+            return;
+        }
+        let replicas: Vec<Arc<Replica<Env>>> = self
+            .replicas
+            .lock()
+            .values()
+            .map(|h| h.replica.clone())
+            .collect();
+        let copying = replicas.iter().filter(|r| r.copying()).count();
+        let share = rate / copying.max(1) as u64;
+        let mut last = self.resync_share.lock();
+        if *last != share {
+            tracing::info!(copying, share_bytes_per_s = share, "resync rate shared by the volumes this node copies");
+            *last = share;
+        }
+        for r in &replicas {
+            r.set_resync_rate(share);
+        }
     }
 
     fn publish_usage(&self) {

@@ -421,6 +421,17 @@ impl<E: ReplicaEnv> Replica<E> {
 
     /// Per replica that is not in sync (primary only): regions still to
     /// copy and regions in the volume.
+    /// Whether this replica, as primary, is copying regions to a replica.
+    pub(crate) fn copying(&self) -> bool {
+        self.state.lock().node.copying()
+    }
+
+    /// Sets this volume's share of the node's resync rate (bytes/s).
+    pub(crate) fn set_resync_rate(&self, rate: u64) {
+        let now = self.env.now_ms();
+        self.state.lock().node.set_resync_rate(now, rate);
+    }
+
     pub(crate) fn resync_progress(&self) -> BTreeMap<NodeId, (usize, usize)> {
         self.state.lock().node.resync_progress()
     }

@@ -219,6 +219,24 @@ impl Node {
         }
     }
 
+    /// Whether this node, as primary, is copying regions to a replica now.
+    pub fn copying(&self) -> bool {
+        match &self.role {
+            Role::Primary(p) => p.copying(),
+            _ => false,
+        }
+    }
+
+    /// Changes the cap on resync copies (bytes per second, 0: none) from
+    /// `now` on, for this role and the roles that follow (a node shares
+    /// one budget among the volumes it resyncs).
+    pub fn set_resync_rate(&mut self, now: u64, rate: u64) {
+        self.cfg.resync_rate = rate;
+        if let Role::Primary(p) = &mut self.role {
+            p.set_resync_rate(now, rate);
+        }
+    }
+
     /// On a primary, per replica being resynced (or waiting to be): regions
     /// still to copy and regions in the volume. Empty on other roles.
     pub fn resync_progress(&self) -> std::collections::BTreeMap<NodeId, (usize, usize)> {
@@ -1289,16 +1307,28 @@ mod tests {
         until: u64,
         step: u64,
     ) -> (Vec<(u64, u64)>, Vec<ReplOp>) {
-        resync_run_min(cfg, 1, fill, until, step)
+        resync_run_with(cfg, 1, fill, until, step, None)
     }
 
-    /// `resync_run` with a record requiring `min_in_sync` replicas.
     fn resync_run_min(
         cfg: Config,
         min_in_sync: usize,
         fill: impl Fn(u64) -> u8,
         until: u64,
         step: u64,
+    ) -> (Vec<(u64, u64)>, Vec<ReplOp>) {
+        resync_run_with(cfg, min_in_sync, fill, until, step, None)
+    }
+
+    /// `resync_run` with a record requiring `min_in_sync` replicas.
+    /// `set_rate`: at that time (ms), the rate cap changes to that value.
+    fn resync_run_with(
+        cfg: Config,
+        min_in_sync: usize,
+        fill: impl Fn(u64) -> u8,
+        until: u64,
+        step: u64,
+        set_rate: Option<(u64, u64)>,
     ) -> (Vec<(u64, u64)>, Vec<ReplOp>) {
         let (p, s, vol) = (NodeId(0), NodeId(1), VolumeId(1));
         let bl = cfg.block_len as usize;
@@ -1318,6 +1348,10 @@ mod tests {
         let (mut reads, mut ops) = (Vec::new(), Vec::new());
         let mut t = 0;
         while t <= until {
+            if let Some((at, rate)) = set_rate.filter(|(at, _)| *at == t) {
+                assert!(node.copying(), "at {at} ms the resync is under way");
+                node.set_resync_rate(t, rate);
+            }
             pending.extend(node.handle(t, Input::Tick));
             while !pending.is_empty() {
                 let mut next = Vec::new();
@@ -1422,6 +1456,27 @@ mod tests {
         let (reads, _) = resync_run(big_volume(0, 4), |_| 7, 1_000, 10);
         assert_eq!(reads.len(), 16);
         assert!(reads.iter().all(|(t, _)| *t == reads[0].0), "{reads:?}");
+    }
+
+    #[test]
+    fn a_changed_rate_cap_applies_from_then_on() {
+        // 1 MiB/s: a 4 MiB region every 4 s; at 8.5 s (0.46 s after the
+        // third copy, with 0.46 MiB earned) the node's share becomes
+        // 2 MiB/s: the next copy 1.77 s later, then one every 2 s.
+        let (reads, _) = resync_run_with(
+            big_volume(MIB, 1),
+            1,
+            |_| 7,
+            16_000,
+            10,
+            Some((8_500, 2 * MIB)),
+        );
+        let times: Vec<u64> = reads.iter().map(|(t, _)| *t).collect();
+        let gaps: Vec<u64> = times.windows(2).map(|w| w[1] - w[0]).collect();
+        assert_eq!(gaps.len(), 5, "{times:?}");
+        for (gap, want) in gaps.iter().zip([4000, 4000, 2230, 2000, 2000]) {
+            assert!((want..=want + 10).contains(gap), "{times:?}");
+        }
     }
 
     #[test]

@@ -332,6 +332,22 @@ impl Primary {
 
     /// Per replica that is not in sync: (regions still to copy, regions in
     /// the volume).
+    /// Whether a replica is being copied to now (a link in the copying
+    /// phase with regions left), as opposed to waiting for one to return.
+    pub(crate) fn copying(&self) -> bool {
+        self.links
+            .values()
+            .any(|l| l.mode == Mode::Resyncing && !l.dirty.is_empty())
+    }
+
+    /// Changes the resync rate cap from `now` on (what the bucket earned
+    /// until now, it keeps).
+    pub(crate) fn set_resync_rate(&mut self, now: u64, rate: u64) {
+        self.bucket.refill(now);
+        self.bucket.rate = rate;
+        self.cfg.resync_rate = rate;
+    }
+
     pub(crate) fn resync_progress(&self) -> BTreeMap<NodeId, (usize, usize)> {
         let total = self.region_gen.len();
         self.links
