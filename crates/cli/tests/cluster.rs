@@ -186,6 +186,8 @@ fn degraded_creation_completes_and_removed_replica_is_rebuilt() {
         all_in_sync(v, 2)
     });
     assert_eq!(node_names(&v), ["node0", "node1"], "{v:#}");
+    // Node0 learns the placement through its own watch, maybe later.
+    c.wait_volume(0, "deg", "placed, as node0 knows it", |v| all_in_sync(v, 2));
     let human = c.nodes[0].cli(&["volume", "show", "deg"]);
     assert!(human.ok().contains("degraded"), "{}", human.describe());
     // Metrics and status say so on any node.

@@ -508,7 +508,11 @@ impl Inner {
         let share = rate / copying.max(1) as u64;
         let mut last = self.resync_share.lock();
         if *last != share {
-            tracing::info!(copying, share_bytes_per_s = share, "resync rate shared by the volumes this node copies");
+            tracing::info!(
+                copying,
+                share_bytes_per_s = share,
+                "resync rate shared by the volumes this node copies"
+            );
             *last = share;
         }
         for r in &replicas {
