@@ -248,21 +248,19 @@ fn batches_larger_than_the_socket_arrive_whole_and_in_order() {
     // socket takes part of a batch, the rest queues behind the tail of
     // the frame it stopped in.
     let mut want = vec![tagged_write(0, 4096)];
-    let mut n = 1u64;
-    for round in 0..6 {
+    for round in 0..6u64 {
+        // Tags: 301 per round (300 in the batch, then a single one).
+        let first = 1 + round * 301;
         let batch: Vec<Msg> = (0..300)
             .map(|i| {
                 let len = if (i + round) % 7 == 0 { 65536 } else { 4096 };
-                let m = tagged_write(n, len);
-                n += 1;
-                m
+                tagged_write(first + i, len)
             })
             .collect();
         want.extend(batch.iter().cloned());
         a.send_batch(NodeId(2), VOL, batch);
         // Single sends in between go after the whole batch.
-        let m = tagged_write(n, 512);
-        n += 1;
+        let m = tagged_write(first + 300, 512);
         want.push(m.clone());
         a.send(NodeId(2), VOL, m);
     }
