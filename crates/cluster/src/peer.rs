@@ -1072,8 +1072,6 @@ fn write_batch(stream: &mut TcpStream, batch: &[Queued], heads: &mut Vec<u8>) ->
     Ok(())
 }
 
-/// Writes as much of `frame` as the socket takes without blocking; returns
-/// the unsent tail (empty when all went out).
 /// What a fast-path send put on the wire.
 struct Sent {
     /// Frames that went out whole (a prefix of the batch).
@@ -1089,7 +1087,8 @@ const FRAMES_PER_SENDMSG: usize = 256;
 
 /// Writes as much of `frames` as the socket takes without blocking, in
 /// `sendmsg` calls of up to [`FRAMES_PER_SENDMSG`] frames. An error means
-/// nothing went out.
+/// nothing went out; an error after whole chunks went out returns those
+/// (the writer meets the error again with the rest).
 fn send_now(sock: &TcpStream, frames: &[(Frame, usize)]) -> io::Result<Sent> {
     use std::os::fd::AsRawFd;
     let mut out = Sent {

@@ -419,8 +419,6 @@ impl<E: ReplicaEnv> Replica<E> {
         Some(self.state.lock().node.save_logs())
     }
 
-    /// Per replica that is not in sync (primary only): regions still to
-    /// copy and regions in the volume.
     /// Whether this replica, as primary, is copying regions to a replica.
     pub(crate) fn copying(&self) -> bool {
         self.state.lock().node.copying()
@@ -432,6 +430,8 @@ impl<E: ReplicaEnv> Replica<E> {
         self.state.lock().node.set_resync_rate(now, rate);
     }
 
+    /// Per replica that is not in sync (primary only): regions still to
+    /// copy and regions in the volume.
     pub(crate) fn resync_progress(&self) -> BTreeMap<NodeId, (usize, usize)> {
         self.state.lock().node.resync_progress()
     }

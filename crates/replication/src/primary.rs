@@ -330,8 +330,6 @@ impl Primary {
         }
     }
 
-    /// Per replica that is not in sync: (regions still to copy, regions in
-    /// the volume).
     /// Whether a replica is being copied to now (a link in the copying
     /// phase with regions left), as opposed to waiting for one to return.
     pub(crate) fn copying(&self) -> bool {
@@ -348,6 +346,8 @@ impl Primary {
         self.cfg.resync_rate = rate;
     }
 
+    /// Per replica that is not in sync: (regions still to copy, regions in
+    /// the volume).
     pub(crate) fn resync_progress(&self) -> BTreeMap<NodeId, (usize, usize)> {
         let total = self.region_gen.len();
         self.links
