@@ -247,8 +247,7 @@ fn place_new_volumes(
             .iter()
             .filter(|n| n.alive && n.state == NodeState::Active)
             .filter(|n| {
-                let have = provisioned.get(&n.id).copied().unwrap_or(0);
-                placement::has_room(have, n.info.provision_limit(), size)
+                placement::node_has_room(&provisioned, n.id, n.info.provision_limit(), size)
             })
             .map(|n| Candidate {
                 id: n.id,
@@ -271,8 +270,7 @@ fn place_new_volumes(
         if inner.meta.create_membership(&rec)? {
             *primaries.entry(p.primary).or_default() += 1;
             for n in &p.nodes {
-                let e = provisioned.entry(*n).or_default();
-                *e = e.saturating_add(size);
+                placement::provision(&mut provisioned, *n, size);
             }
             if p.missing > 0 {
                 tracing::warn!(volume = %v.record.name, placed = p.nodes.len(), missing = p.missing,
@@ -363,8 +361,12 @@ fn reconfigure(
                 .filter(|s| s.alive && s.state == NodeState::Active)
                 .filter(|s| !new.replicas.contains_key(&s.id))
                 .filter(|s| {
-                    let have = provisioned.get(&s.id).copied().unwrap_or(0);
-                    placement::has_room(have, s.info.provision_limit(), v.record.size_bytes)
+                    placement::node_has_room(
+                        &provisioned,
+                        s.id,
+                        s.info.provision_limit(),
+                        v.record.size_bytes,
+                    )
                 })
                 .filter_map(|s| candidate(s.id))
                 .collect();
@@ -373,8 +375,7 @@ fn reconfigure(
             for id in placement::choose(&pool, &existing, wanted - active) {
                 let boot = nodes.iter().find(|s| s.id == id).map_or(0, |s| s.boot);
                 tracing::info!(volume = %v.record.name, node = id.0, "adding a replica");
-                let e = provisioned.entry(id).or_default();
-                *e = e.saturating_add(v.record.size_bytes);
+                placement::provision(&mut provisioned, id, v.record.size_bytes);
                 new.replicas.insert(
                     id,
                     ReplicaInfo {

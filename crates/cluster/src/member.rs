@@ -35,7 +35,7 @@ use basalt_catalog::{Catalog, VolumeRecord};
 use basalt_replication::{
     ClientReply, ClientReq, Config, Membership, Msg, NodeId, ReplicaState, SavedLogs, VolumeId,
 };
-use basalt_store::{DataKind, DataOp, IoError, Store, BLOCK_SIZE};
+use basalt_store::{DataKind, DataOp, IoError, Store, StoreError, BLOCK_SIZE};
 use basalt_volume::{BlockIo, ClusterVolumes, NodeView, ReplicaStatus, VolumeError};
 use parking_lot::{Mutex, RwLock};
 use std::collections::HashMap;
@@ -520,6 +520,13 @@ impl Inner {
         }
     }
 
+    /// Grows this node's copy of volume `id` from `from` to `to` bytes.
+    fn grow_local_copy(&self, id: uuid::Uuid, from: u64, to: u64) -> Result<(), StoreError> {
+        self.store.resize_volume(id, to)?;
+        tracing::info!(volume = %id, from, to, "grew the local replica");
+        Ok(())
+    }
+
     fn publish_usage(&self) {
         let info = node_info(&self.cfg, &self.store);
         if let Some(reg) = self.registration.lock().as_ref() {
@@ -683,12 +690,11 @@ impl Inner {
         let (size, saved) = match self.store.volumes().into_iter().find(|v| v.id == id) {
             // Grown while this node was away: grow before anything else.
             Some(v) if v.size < recorded => {
-                self.store.resize_volume(id, recorded).map_err(|e| {
+                self.grow_local_copy(id, v.size, recorded).map_err(|e| {
                     tracing::error!(volume = %id, from = v.size, to = recorded, error = %e,
                         "cannot grow the local replica to the volume's size; this node cannot hold it");
                     e
                 })?;
-                tracing::info!(volume = %id, from = v.size, to = recorded, "grew the local replica");
                 (recorded, saved)
             }
             Some(v) => (v.size, saved),
@@ -1112,11 +1118,8 @@ impl ReplicaEnv for Env {
             return Ok(());
         }
         inner
-            .store
-            .resize_volume(id, bytes)
-            .map_err(|e| e.to_string())?;
-        tracing::info!(volume = %id, from = current, to = bytes, "grew the local replica");
-        Ok(())
+            .grow_local_copy(id, current, bytes)
+            .map_err(|e| e.to_string())
     }
 }
 
@@ -1487,8 +1490,7 @@ impl ClusterVolumes for ClusterMember {
         let with_room = active
             .iter()
             .filter(|n| {
-                let have = provisioned.get(&n.id).copied().unwrap_or(0);
-                placement::has_room(have, n.info.provision_limit(), size)
+                placement::node_has_room(&provisioned, n.id, n.info.provision_limit(), size)
             })
             .count();
         let needed = (replicas as usize).min(active.len()).max(1);

@@ -1025,6 +1025,15 @@ fn dial(
 
 /// Writes `batch` with as few `writev`s as the kernel allows: headers and
 /// small fields encoded into `heads`, write data straight from the frames.
+/// Appends `frame`'s header and fields to `heads`; returns their range
+/// there and the payload to send after them (straight from the message).
+/// None if it does not encode (`send` admits only frames that do).
+fn encode_frame<'f>(frame: &'f Frame, heads: &mut Vec<u8>) -> Option<(Range<usize>, &'f [u8])> {
+    let start = heads.len();
+    let data = wire::encode_split(frame, heads).ok()?;
+    Some((start..heads.len(), data))
+}
+
 fn write_batch(stream: &mut TcpStream, batch: &[Queued], heads: &mut Vec<u8>) -> io::Result<()> {
     enum Part<'a> {
         Head(Range<usize>),
@@ -1040,14 +1049,12 @@ fn write_batch(stream: &mut TcpStream, batch: &[Queued], heads: &mut Vec<u8>) ->
                 continue;
             }
         };
-        let start = heads.len();
-        // `send` admitted only frames that encode.
-        let Ok(data) = wire::encode_split(frame, heads) else {
+        let Some((head, data)) = encode_frame(frame, heads) else {
             continue;
         };
         match parts.last_mut() {
-            Some(Part::Head(r)) if r.end == start => r.end = heads.len(),
-            _ => parts.push(Part::Head(start..heads.len())),
+            Some(Part::Head(r)) if r.end == head.start => r.end = head.end,
+            _ => parts.push(Part::Head(head)),
         }
         if !data.is_empty() {
             parts.push(Part::Data(data));
@@ -1090,61 +1097,32 @@ const FRAMES_PER_SENDMSG: usize = 256;
 /// nothing went out; an error after whole chunks went out returns those
 /// (the writer meets the error again with the rest).
 fn send_now(sock: &TcpStream, frames: &[(Frame, usize)]) -> io::Result<Sent> {
-    use std::os::fd::AsRawFd;
     let mut out = Sent {
         whole: 0,
         bytes: 0,
         tail: None,
     };
+    let mut heads = Vec::new();
     for chunk in frames.chunks(FRAMES_PER_SENDMSG) {
-        let mut heads: Vec<Vec<u8>> = Vec::with_capacity(chunk.len());
-        let mut datas: Vec<&[u8]> = Vec::with_capacity(chunk.len());
+        heads.clear();
+        let mut parts = Vec::with_capacity(chunk.len());
         for (frame, _) in chunk {
-            let mut head = Vec::new();
-            let data = wire::encode_split(frame, &mut head)
-                .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
-            heads.push(head);
-            datas.push(data);
+            let part = encode_frame(frame, &mut heads).ok_or_else(|| {
+                io::Error::new(io::ErrorKind::InvalidData, "a frame does not encode")
+            })?;
+            parts.push(part);
         }
-        let mut iov: Vec<libc::iovec> = Vec::with_capacity(2 * chunk.len());
-        for (head, data) in heads.iter().zip(&datas) {
-            iov.push(libc::iovec {
-                iov_base: head.as_ptr() as *mut libc::c_void,
-                iov_len: head.len(),
-            });
-            if !data.is_empty() {
-                iov.push(libc::iovec {
-                    iov_base: data.as_ptr() as *mut libc::c_void,
-                    iov_len: data.len(),
-                });
-            }
-        }
-        let total: usize = iov.iter().map(|v| v.iov_len).sum();
-        let sent = loop {
-            // SAFETY: `msg` points at iovecs over `heads` and `datas`, all
-            // alive and unmodified for the duration of the call; the fd is
-            // owned by `sock`.
-            let n = unsafe {
-                let mut msg: libc::msghdr = std::mem::zeroed();
-                msg.msg_iov = iov.as_ptr() as *mut libc::iovec;
-                msg.msg_iovlen = iov.len() as _;
-                libc::sendmsg(
-                    sock.as_raw_fd(),
-                    &msg,
-                    libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
-                )
-            };
-            if n >= 0 {
-                break n as usize;
-            }
-            let err = io::Error::last_os_error();
-            match err.kind() {
-                io::ErrorKind::Interrupted => {}
-                io::ErrorKind::WouldBlock => break 0,
-                // Earlier chunks went out: report them, the rest waits.
-                _ if out.whole > 0 => return Ok(out),
-                _ => return Err(err),
-            }
+        let slices: Vec<IoSlice<'_>> = parts
+            .iter()
+            .flat_map(|(head, data)| [IoSlice::new(&heads[head.clone()]), IoSlice::new(data)])
+            .filter(|s| !s.is_empty())
+            .collect();
+        let total: usize = slices.iter().map(|s| s.len()).sum();
+        let sent = match send_dontwait(sock, &slices) {
+            Ok(n) => n,
+            // Earlier chunks went out: report them, the rest waits.
+            Err(_) if out.whole > 0 => return Ok(out),
+            Err(e) => return Err(e),
         };
         out.bytes += sent;
         if sent >= total {
@@ -1153,7 +1131,8 @@ fn send_now(sock: &TcpStream, frames: &[(Frame, usize)]) -> io::Result<Sent> {
         }
         // Find the frame the socket stopped in.
         let mut left = sent;
-        for (head, data) in heads.iter().zip(&datas) {
+        for (head, data) in &parts {
+            let head = &heads[head.clone()];
             let len = head.len() + data.len();
             if left >= len {
                 left -= len;
@@ -1175,4 +1154,34 @@ fn send_now(sock: &TcpStream, frames: &[(Frame, usize)]) -> io::Result<Sent> {
         return Ok(out);
     }
     Ok(out)
+}
+
+/// One `sendmsg(MSG_DONTWAIT)` of `slices`: the bytes the socket took (0
+/// when it took none).
+fn send_dontwait(sock: &TcpStream, slices: &[IoSlice<'_>]) -> io::Result<usize> {
+    use std::os::fd::AsRawFd;
+    loop {
+        // SAFETY: `IoSlice` is ABI-compatible with `iovec` on Unix; the
+        // slices and what they point at outlive the call; the fd is owned
+        // by `sock`.
+        let n = unsafe {
+            let mut msg: libc::msghdr = std::mem::zeroed();
+            msg.msg_iov = slices.as_ptr() as *mut libc::iovec;
+            msg.msg_iovlen = slices.len() as _;
+            libc::sendmsg(
+                sock.as_raw_fd(),
+                &msg,
+                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+            )
+        };
+        if n >= 0 {
+            return Ok(n as usize);
+        }
+        let err = io::Error::last_os_error();
+        match err.kind() {
+            io::ErrorKind::Interrupted => {}
+            io::ErrorKind::WouldBlock => return Ok(0),
+            _ => return Err(err),
+        }
+    }
 }

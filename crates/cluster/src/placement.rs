@@ -36,8 +36,7 @@ pub fn provisioned_by_node(
             .get(&r.volume)
             .map_or(recorded, |s| (*s).max(recorded));
         for n in r.replicas.keys() {
-            let e: &mut u64 = out.entry(*n).or_default();
-            *e = e.saturating_add(size);
+            provision(&mut out, *n, size);
         }
     }
     out
@@ -49,6 +48,22 @@ pub fn has_room(provisioned: u64, limit: u64, size: u64) -> bool {
     provisioned
         .checked_add(size)
         .is_some_and(|total| total <= limit)
+}
+
+/// [`has_room`] for `node`, with what it holds from [`provisioned_by_node`].
+pub fn node_has_room(
+    provisioned: &HashMap<NodeId, u64>,
+    node: NodeId,
+    limit: u64,
+    size: u64,
+) -> bool {
+    has_room(provisioned.get(&node).copied().unwrap_or(0), limit, size)
+}
+
+/// Counts `size` more bytes on `node` (a replica just placed there).
+pub fn provision(provisioned: &mut HashMap<NodeId, u64>, node: NodeId, size: u64) {
+    let e = provisioned.entry(node).or_default();
+    *e = e.saturating_add(size);
 }
 
 /// A node that may receive replicas, with its current load.

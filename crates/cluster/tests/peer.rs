@@ -63,6 +63,14 @@ fn node(me: u32) -> (PeerNet, Arc<Inbox>) {
     (net, inbox)
 }
 
+/// Nodes 1 and 2, each knowing the other's address.
+fn pair() -> ((PeerNet, Arc<Inbox>), (PeerNet, Arc<Inbox>)) {
+    let (a, b) = (node(1), node(2));
+    a.0.set_peer_addr(NodeId(2), b.0.local_addr());
+    b.0.set_peer_addr(NodeId(1), a.0.local_addr());
+    (a, b)
+}
+
 /// Polls `cond` until it holds; panics after a generous deadline.
 fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -182,10 +190,7 @@ fn every_kind(tag: u64) -> Vec<Msg> {
 
 #[test]
 fn two_nodes_exchange_every_kind_in_order() {
-    let (a, a_in) = node(1);
-    let (b, b_in) = node(2);
-    a.set_peer_addr(NodeId(2), b.local_addr());
-    b.set_peer_addr(NodeId(1), a.local_addr());
+    let ((a, a_in), (b, b_in)) = pair();
     let (to_b, to_a) = (every_kind(10), every_kind(20));
     for _ in 0..3 {
         for m in &to_b {
@@ -236,10 +241,7 @@ fn tagged_write(n: u64, len: usize) -> Msg {
 
 #[test]
 fn batches_larger_than_the_socket_arrive_whole_and_in_order() {
-    let (a, _a_in) = node(1);
-    let (b, b_in) = node(2);
-    a.set_peer_addr(NodeId(2), b.local_addr());
-    b.set_peer_addr(NodeId(1), a.local_addr());
+    let ((a, _a_in), (b, b_in)) = pair();
     // Connect first, so the batches take the direct path.
     a.send(NodeId(2), VOL, tagged_write(0, 4096));
     wait_until("the connection", || b_in.len() == 1);

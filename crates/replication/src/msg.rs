@@ -55,6 +55,20 @@ pub enum ClientReq {
     Read { lba: Lba, blocks: u64 },
 }
 
+impl ClientReq {
+    /// The blocks it reads or writes, (first, count) with `block_len`-byte
+    /// blocks; None for a flush.
+    pub fn extent(&self, block_len: u64) -> Option<(Lba, u64)> {
+        match self {
+            ClientReq::Write { lba, data, .. } => {
+                Some((*lba, data.len() as u64 / block_len.max(1)))
+            }
+            ClientReq::Read { lba, blocks } => Some((*lba, *blocks)),
+            ClientReq::Flush => None,
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ClientReply {
     /// Done by the primary `by` in `epoch`.

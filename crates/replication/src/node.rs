@@ -628,12 +628,8 @@ impl Node {
 
 /// Whether `req` lies within the first `blocks` blocks.
 fn fits(req: &ClientReq, blocks: u64, block_len: u64) -> bool {
-    let end = match req {
-        ClientReq::Write { lba, data, .. } => lba.checked_add(data.len() as u64 / block_len.max(1)),
-        ClientReq::Read { lba, blocks } => lba.checked_add(*blocks),
-        ClientReq::Flush => Some(0),
-    };
-    end.is_some_and(|e| e <= blocks)
+    req.extent(block_len)
+        .is_none_or(|(lba, n)| lba.checked_add(n).is_some_and(|end| end <= blocks))
 }
 
 #[cfg(test)]

@@ -449,10 +449,17 @@ impl BlockDevice for FileDevice {
 mod tests {
     use super::*;
 
-    #[test]
-    fn batch_roundtrip_fua_punch_and_unaligned_buffers() {
+    /// A 1 MiB sparse data file in a directory of its own (kept alive by
+    /// the returned guard).
+    fn device() -> (tempfile::TempDir, Arc<FileDevice>) {
         let dir = tempfile::tempdir().unwrap();
         let dev = FileDevice::create(&dir.path().join("d"), 1 << 20, false).unwrap();
+        (dir, dev)
+    }
+
+    #[test]
+    fn batch_roundtrip_fua_punch_and_unaligned_buffers() {
+        let (_dir, dev) = device();
         let mut a = AlignedBuf::zeroed(8192);
         a.fill(0xab);
         let mut b = AlignedBuf::zeroed(4096);
@@ -475,8 +482,7 @@ mod tests {
 
     #[test]
     fn an_unaligned_batch_is_bounced_whole_and_single_writes_land() {
-        let dir = tempfile::tempdir().unwrap();
-        let dev = FileDevice::create(&dir.path().join("d"), 1 << 20, false).unwrap();
+        let (_dir, dev) = device();
         // One write alone, plain then FUA (the synchronous path).
         let mut one = AlignedBuf::zeroed(4096);
         one.fill(0x11);
