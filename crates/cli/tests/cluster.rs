@@ -441,7 +441,8 @@ fn fio_verify_survives_etcd_restart_and_node_kill() {
 /// A node stopped with SIGTERM saves its replicas' logs and restores them
 /// when it starts again: after a failover it is resynced in the regions
 /// that may differ, not copied in full, whether it was a secondary or the
-/// primary; a node killed with SIGKILL has no logs and is copied in full.
+/// primary. A primary killed with SIGKILL comes back with its crash-safe
+/// copy of the logs and is not copied in full either.
 #[test]
 fn cleanly_restarted_nodes_keep_their_logs_and_are_not_copied_in_full() {
     const MIB: u64 = 1 << 20;
@@ -488,11 +489,24 @@ fn cleanly_restarted_nodes_keep_their_logs_and_are_not_copied_in_full() {
     );
     c.assert_replicas_equal(&[s1, s2], vol);
 
-    // The killed primary has no logs: copied in full.
+    // The killed primary restores its crash-safe copy: resynced in the
+    // regions it names (those it wrote) and the new primary's, not in full.
     c.nodes[p].restart();
     c.wait_volume(s2, vol, "the killed primary back in sync", healthy);
     let before = c.failover_resyncs();
-    assert!(before.1 > after.1, "{before:?} after {after:?}");
+    assert!(
+        before.0 > after.0 && before.1 == after.1,
+        "the killed primary's resync: (narrowed, full) went from {after:?} to {before:?}\n{}",
+        c.logs()
+    );
+    assert!(
+        c.nodes[p]
+            .log()
+            .contains("restored the replica's crash-safe log copy"),
+        "{}",
+        c.logs()
+    );
+    c.assert_replicas_equal(&[p, s1, s2], vol);
 
     // Now the primary itself stops cleanly: it saves its own writes' log,
     // and is resynced in those regions (and the new ones) only.

@@ -20,6 +20,7 @@
 //! it read from there (or was told by a peer of a newer epoch).
 
 mod coordinator;
+mod crash_logs;
 pub mod member;
 pub mod meta;
 pub mod peer;
@@ -46,4 +47,6 @@ pub enum ClusterError {
     UnknownVolume(uuid::Uuid),
     #[error("the cluster member is stopping")]
     Stopped,
+    #[error("replica crash-safe log copy: {0}")]
+    CrashLog(std::io::Error),
 }

@@ -29,8 +29,8 @@ use crate::meta::{
 use crate::peer::{PeerConfig, PeerHandler, PeerNet};
 use crate::placement;
 use crate::replica::{Event, Origin, Replica, ReplicaEnv, ReplicaSpec};
-use crate::saved_logs;
 use crate::ClusterError;
+use crate::{crash_logs, saved_logs};
 use basalt_catalog::{Catalog, VolumeRecord};
 use basalt_replication::{
     ClientReply, ClientReq, Config, Membership, Msg, NodeId, ReplicaState, SavedLogs, VolumeId,
@@ -70,6 +70,11 @@ pub struct Timing {
     pub resync_rate: u64,
     /// Region copies in flight per replica being resynced.
     pub resync_inflight: usize,
+    /// Regions the crash-safe copy of a replica's logs keeps before it is
+    /// cut down to what it must hold (its hot set; 0: no crash-safe copy,
+    /// a crashed node is copied in full after a failover); see
+    /// `basalt_replication::Config::crash_log_regions`.
+    pub crash_log_regions: usize,
 }
 
 impl Default for Timing {
@@ -86,6 +91,8 @@ impl Default for Timing {
             replace_after: Duration::from_secs(600),
             resync_rate: 64 << 20,
             resync_inflight: 4,
+            // 4 GiB of 1 MiB regions: a file of some 20 KiB at most.
+            crash_log_regions: 4096,
         }
     }
 }
@@ -572,7 +579,13 @@ impl Inner {
             }
             match self.store.delete_volume(id) {
                 Ok(()) => {
-                    tracing::info!(volume = %id, "deleted the local replica of a deleted volume")
+                    tracing::info!(volume = %id, "deleted the local replica of a deleted volume");
+                    if let Some(dir) = &self.cfg.log_dir {
+                        if let Err(e) = crash_logs::remove(dir, vol_of(id)) {
+                            tracing::warn!(volume = %id, error = %e,
+                                "cannot delete the deleted replica's crash-safe log copy");
+                        }
+                    }
                 }
                 Err(e) => {
                     tracing::warn!(volume = %id, error = %e, "could not delete a local replica")
@@ -687,6 +700,7 @@ impl Inner {
         // Saved logs describe a local copy that already existed.
         let saved = self.restored.lock().remove(&vol);
         let recorded = rec.blocks * BLOCK_SIZE;
+        let existed = self.store.volumes().iter().any(|v| v.id == id);
         let (size, saved) = match self.store.volumes().into_iter().find(|v| v.id == id) {
             // Grown while this node was away: grow before anything else.
             Some(v) if v.size < recorded => {
@@ -702,11 +716,31 @@ impl Inner {
                 let Some(record) = self.volume_record(vol)? else {
                     return Err(ClusterError::UnknownVolume(id));
                 };
+                // A crash-safe log copy left by an earlier local replica of
+                // this volume must never be taken for the new one's.
+                if let Some(dir) = &self.cfg.log_dir {
+                    crash_logs::remove(dir, vol).map_err(|e| {
+                        tracing::error!(volume = %id, error = %e,
+                            "cannot delete an old crash-safe log copy; not creating the local replica");
+                        ClusterError::CrashLog(e)
+                    })?;
+                }
                 let size = record.size_bytes.max(recorded);
                 self.store.create_volume(id, size)?;
                 tracing::info!(volume = %record.name, %id, size, "created the local replica");
                 (size, None)
             }
+        };
+        // No clean stop's logs: after a crash, the crash-safe copy.
+        let saved = match (saved, &self.cfg.log_dir) {
+            (None, Some(dir)) if existed => {
+                let copy = crash_logs::load(dir, self.store.store_id(), vol);
+                if copy.is_some() {
+                    tracing::info!(volume = %id, "restored the replica's crash-safe log copy");
+                }
+                copy
+            }
+            (saved, _) => saved,
         };
         let local = self.store.volume(id)?;
         let t = &self.cfg.timing;
@@ -723,6 +757,14 @@ impl Inner {
             resync_rate: t.resync_rate,
             resync_inflight: t.resync_inflight,
             uncertain_limit: Config::default().uncertain_limit,
+            // A single copy has no failover to narrow; without a log
+            // directory there is nowhere to keep the copy.
+            crash_log_regions: if rec.replicas.len() > 1 && self.cfg.log_dir.is_some() {
+                t.crash_log_regions
+            } else {
+                0
+            },
+            crash_log_compact_ms: 10_000,
             ack_before_secondaries: false,
         };
         // A record that still is the volume's first one and carries this
@@ -1120,6 +1162,16 @@ impl ReplicaEnv for Env {
         inner
             .grow_local_copy(id, current, bytes)
             .map_err(|e| e.to_string())
+    }
+
+    fn save_crash_logs(&self, vol: VolumeId, logs: &SavedLogs) -> Result<(), String> {
+        let inner = self.0.upgrade().ok_or("the cluster member is stopping")?;
+        let dir = inner
+            .cfg
+            .log_dir
+            .as_ref()
+            .ok_or("the node keeps no replication logs")?;
+        crash_logs::save(dir, inner.store.store_id(), vol, logs).map_err(|e| e.to_string())
     }
 }
 

@@ -84,6 +84,9 @@ pub(crate) trait ReplicaEnv: Send + Sync + 'static {
     /// Grows the local store's copy of `vol` to at least `bytes` (durable
     /// on return; nothing if it is that large already).
     fn grow_local(&self, vol: VolumeId, bytes: u64) -> Result<(), String>;
+    /// Makes `logs` the crash-safe copy of this node's logs of `vol`
+    /// (durable on return).
+    fn save_crash_logs(&self, vol: VolumeId, logs: &SavedLogs) -> Result<(), String>;
 }
 
 /// Which replica a driver runs: the state machine's identity and config,
@@ -94,7 +97,8 @@ pub(crate) struct ReplicaSpec {
     pub boot: u64,
     pub cfg: Config,
     pub initial: Option<Membership>,
-    /// The logs this replica saved at the last clean stop.
+    /// The logs this replica saved at the last clean stop, or else its
+    /// crash-safe copy.
     pub saved: Option<SavedLogs>,
 }
 
@@ -445,6 +449,7 @@ impl<E: ReplicaEnv> Replica<E> {
         let mut flushes = Vec::new();
         let mut zeroes = Vec::new();
         let mut grows = Vec::new();
+        let mut saves = Vec::new();
         for (id, op) in ops {
             match op {
                 DiskOp::Read { lba, blocks } => {
@@ -462,6 +467,9 @@ impl<E: ReplicaEnv> Replica<E> {
                 // Issued alone by the state machine's disk queue: nothing
                 // else is in this batch.
                 DiskOp::Grow { blocks } => grows.push((id, blocks * bl)),
+                // No write issued with it depends on it (the disk queue
+                // holds later writes until it completed): any order.
+                DiskOp::SaveLogs { logs } => saves.push((id, logs)),
             }
         }
         let mut results = Vec::new();
@@ -488,6 +496,17 @@ impl<E: ReplicaEnv> Replica<E> {
             }
         }
         let mut out: Vec<(u64, DiskResult)> = Vec::with_capacity(results.len() + flushes.len());
+        for (id, logs) in saves {
+            let r = match self.env.save_crash_logs(self.vol, &logs) {
+                Ok(()) => DiskResult::Done { data: None },
+                Err(e) => {
+                    tracing::warn!(volume = %uuid::Uuid::from_u128(self.vol.0), error = %e,
+                        "cannot save the replica's crash-safe log copy");
+                    DiskResult::Error
+                }
+            };
+            out.push((id, r));
+        }
         for (id, bytes) in grows {
             let r = match self.env.grow_local(self.vol, bytes) {
                 Ok(()) => DiskResult::Done { data: None },

@@ -128,6 +128,8 @@ mod tests {
                 floor: 3,
                 overflow: None,
                 regions: vec![(1, 5), (4, 6)],
+                own: false,
+                complete: true,
             }),
             previous: None,
         }

@@ -12,6 +12,10 @@
 //! - a grow runs alone: it is issued once nothing is in flight, and nothing
 //!   submitted after it is issued before it completed (so no operation
 //!   beyond the old end reaches a disk that has not grown yet);
+//! - a log save (`SaveLogs`) is issued only when no other one is in flight
+//!   (so saves complete in submission order), and no write submitted after
+//!   it is issued before it completed (so a write's region is on disk in
+//!   the crash-safe log before the write can reach the disk);
 //! - an operation that fails is issued again, unchanged, under the same id.
 
 use crate::msg::{Action, DiskOp, DiskResult, IoId};
@@ -37,7 +41,7 @@ fn range(op: &DiskOp, block_len: u64) -> Option<(u64, u64)> {
         DiskOp::Read { lba, blocks } | DiskOp::WriteZeroes { lba, blocks, .. } => {
             Some((*lba, *blocks))
         }
-        DiskOp::Flush | DiskOp::Grow { .. } => None,
+        DiskOp::Flush | DiskOp::Grow { .. } | DiskOp::SaveLogs { .. } => None,
     }
 }
 
@@ -61,11 +65,13 @@ impl<T> DiskQueue<T> {
         }
     }
 
-    pub(crate) fn submit(&mut self, op: DiskOp, tag: T, out: &mut Vec<Action>) {
+    /// Queues `op`; returns its id.
+    pub(crate) fn submit(&mut self, op: DiskOp, tag: T, out: &mut Vec<Action>) -> IoId {
         let id = self.next_id;
         self.next_id += 1;
         self.pending.push_back((id, op, tag));
         self.pump(out);
+        id
     }
 
     fn issuable(&self, op: &DiskOp) -> bool {
@@ -77,6 +83,19 @@ impl<T> DiskQueue<T> {
             .values()
             .any(|(o, _)| matches!(o, DiskOp::Grow { .. }))
         {
+            return false;
+        }
+        let saving = || {
+            self.inflight
+                .values()
+                .any(|(o, _)| matches!(o, DiskOp::SaveLogs { .. }))
+        };
+        if matches!(op, DiskOp::SaveLogs { .. }) {
+            return !saving();
+        }
+        // Pending operations are issued in order, so a save in flight was
+        // submitted before this write.
+        if is_write(op) && saving() {
             return false;
         }
         let writes = is_write(op);

@@ -69,6 +69,16 @@ pub struct Config {
     /// fully. The default, 16384 regions (16 GiB of 1 MiB regions written
     /// while a replica is away), costs at most about 1.5 MiB per log.
     pub uncertain_limit: usize,
+    /// Keep a crash-safe copy of the uncertain-region logs (0: none): every
+    /// region is in the copy on disk before a write to it is issued, so a
+    /// node that crashed is resynced after a failover only where it may
+    /// differ, as one stopped cleanly is. The copy keeps regions written
+    /// before (a hot set, as DRBD's activity log does) and is cut down to
+    /// what the logs and the unflushed writes need once it holds more than
+    /// this many regions.
+    pub crash_log_regions: usize,
+    /// How often the crash-safe copy is checked for cutting down.
+    pub crash_log_compact_ms: u64,
     /// Test-only: acknowledge after the local disk alone (a deliberately
     /// broken protocol, to prove the simulator's checks can fail).
     #[doc(hidden)]
@@ -115,6 +125,8 @@ impl Default for Config {
             resync_rate: 0,
             resync_inflight: 4,
             uncertain_limit: 16384,
+            crash_log_regions: 0,
+            crash_log_compact_ms: 1000,
             ack_before_secondaries: false,
         }
     }

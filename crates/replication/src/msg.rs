@@ -210,6 +210,13 @@ pub enum DiskOp {
     Grow {
         blocks: u64,
     },
+    /// Make `logs` the node's crash-safe copy of its uncertain-region logs
+    /// (replacing the previous one atomically), durable on completion.
+    /// Issued only when no other one is in flight; every write submitted
+    /// after it waits for it.
+    SaveLogs {
+        logs: crate::node::SavedLogs,
+    },
 }
 
 /// Identifies one disk operation of a node.

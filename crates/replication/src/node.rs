@@ -12,7 +12,14 @@
 //!   in which it is InSync; it steps down on any sign of a newer epoch;
 //! - the lease is extended only by a heartbeat answer naming this node the
 //!   primary of its epoch, and only to `sent_at + lease`;
-//! - a disk completion reaches the role that issued it, never a later role.
+//! - a disk completion reaches the role that issued it, never a later role;
+//! - with crash logs (`Config::crash_log_regions` > 0), every write
+//!   (zeroing included) is submitted after a log save that holds its
+//!   regions, and no save submitted between that one and the write's
+//!   completion and flush drops them: the disk queue issues the write only
+//!   once the save completed, so after a crash the saved copy names every
+//!   region the disk may hold a write in that the other replicas may not
+//!   have, or may have lost because it was not flushed.
 //!
 //! Growing (online resize; the record's `blocks` only grows):
 //! - the local disk is grown before anything beyond its old end is done
@@ -41,6 +48,7 @@ use crate::types::{Epoch, Membership, NodeId, ReplicaState, VolumeId};
 use crate::uncertain::{SavedLog, Uncertain};
 use crate::Config;
 use serde::{Deserialize, Serialize};
+use std::collections::{BTreeSet, VecDeque};
 
 /// A node's uncertain-region logs of one volume as a clean stop saves
 /// them (see [`Node::save_logs`]).
@@ -56,6 +64,8 @@ pub struct SavedLogs {
 enum Tag {
     P(PrimTag),
     S(SecTag),
+    /// A save of the crash-safe log copy.
+    Save,
     /// A grow of the local disk to this many blocks (the node's own, not a
     /// role's: its completion counts whatever the role is by then).
     Grow(u64),
@@ -107,6 +117,26 @@ pub struct Node {
     /// Blocks asked of the local disk: the last grow issued (`cfg`'s
     /// `volume_blocks` follows it, for the roles created from now on).
     want_blocks: u64,
+    crash: CrashLog,
+}
+
+/// The crash-safe copy of the node's uncertain-region logs: which regions
+/// it holds, and which regions have writes not yet flushed.
+#[derive(Default)]
+struct CrashLog {
+    /// Regions of the newest save submitted: the copy on disk once the
+    /// saves in flight complete (they complete in order).
+    saved: BTreeSet<usize>,
+    /// The epochs of the logs in the newest save (current, previous).
+    epochs: (Option<Epoch>, Option<Epoch>),
+    /// Regions of writes submitted since each flush: (the flush that
+    /// closes the group, the regions), oldest first; the last group, open,
+    /// has no flush.
+    unflushed: VecDeque<(Option<IoId>, BTreeSet<usize>)>,
+    /// Saves submitted.
+    saves: u64,
+    /// When the copy is next checked for cutting down.
+    compact_at: u64,
 }
 
 impl Node {
@@ -159,6 +189,149 @@ impl Node {
             decided: Vec::new(),
             disk_blocks: cfg_blocks,
             want_blocks: cfg_blocks,
+            crash: CrashLog::default(),
+        }
+    }
+
+    /// Log saves submitted so far (crash logs; for the simulator's
+    /// coverage counters).
+    #[doc(hidden)]
+    pub fn log_saves(&self) -> u64 {
+        self.crash.saves
+    }
+
+    /// The node's logs as they are now: (current, previous), as a clean
+    /// stop saves them.
+    fn live_logs(&self) -> (Option<Uncertain>, Option<Uncertain>) {
+        match &self.role {
+            Role::Idle => (self.restored.0.clone(), self.restored.1.clone()),
+            Role::Secondary(s) => {
+                let (c, p) = s.logs();
+                (c.cloned(), p.cloned())
+            }
+            Role::Primary(p) => (None, Some(p.deposed_log())),
+        }
+    }
+
+    /// The epochs of the node's logs now (current, previous).
+    fn live_epochs(&self) -> (Option<Epoch>, Option<Epoch>) {
+        let epoch = |u: Option<&Uncertain>| u.map(|u| u.epoch);
+        match &self.role {
+            Role::Idle => (
+                epoch(self.restored.0.as_ref()),
+                epoch(self.restored.1.as_ref()),
+            ),
+            Role::Secondary(s) => {
+                let (c, p) = s.logs();
+                (epoch(c), epoch(p))
+            }
+            Role::Primary(p) => (None, Some(p.epoch)),
+        }
+    }
+
+    /// The regions a crash-safe copy must hold: those of the logs and of
+    /// the writes not yet flushed.
+    fn crash_needed(&self) -> BTreeSet<usize> {
+        let (cur, prev) = self.live_logs();
+        let mut needed: BTreeSet<usize> = cur
+            .iter()
+            .chain(prev.iter())
+            .flat_map(|u| u.regions())
+            .collect();
+        for (_, regions) in &self.crash.unflushed {
+            needed.extend(regions.iter().copied());
+        }
+        needed
+    }
+
+    /// Submits a save of the crash-safe copy holding `regions` besides the
+    /// logs' own.
+    fn save_crash_log(&mut self, regions: BTreeSet<usize>, acts: &mut Vec<Action>) {
+        let (cur, prev) = self.live_logs();
+        let logs = SavedLogs {
+            current: cur.as_ref().map(|u| u.crash_save(&regions)),
+            previous: prev.as_ref().map(|u| u.crash_save(&regions)),
+        };
+        self.crash.saved = regions;
+        self.crash.epochs = self.live_epochs();
+        self.crash.saves += 1;
+        self.disk
+            .submit(DiskOp::SaveLogs { logs }, (self.gen, Tag::Save), acts);
+    }
+
+    /// Submits a disk operation; with crash logs, a write goes after a
+    /// save that holds its regions (the disk queue holds it until then),
+    /// and a flush closes the group of writes it makes durable.
+    fn submit_disk(&mut self, op: DiskOp, tag: Tag, acts: &mut Vec<Action>) {
+        if self.cfg.crash_log_regions == 0 {
+            self.disk.submit(op, (self.gen, tag), acts);
+            return;
+        }
+        let extent = match &op {
+            DiskOp::Write { lba, data, .. } => {
+                Some((*lba, data.len() as u64 / self.cfg.block_len.max(1)))
+            }
+            DiskOp::WriteZeroes { lba, blocks, .. } => Some((*lba, *blocks)),
+            _ => None,
+        };
+        if let Some((lba, blocks)) = extent.filter(|(_, n)| *n > 0) {
+            let rb = self.cfg.region_blocks.max(1);
+            let regions: Vec<usize> = (lba / rb..=(lba + blocks - 1) / rb)
+                .map(|r| r as usize)
+                .collect();
+            if self.crash.unflushed.is_empty() {
+                self.crash.unflushed.push_back((None, BTreeSet::new()));
+            }
+            if let Some((_, open)) = self.crash.unflushed.back_mut() {
+                open.extend(regions.iter().copied());
+            }
+            // Also when the logs' epochs changed: a node that restarts
+            // without a log of an epoch then knows it applied no write of
+            // it (see `Secondary::mark_partial`).
+            if regions.iter().any(|r| !self.crash.saved.contains(r))
+                || self.live_epochs() != self.crash.epochs
+            {
+                let mut target = self.crash.saved.clone();
+                target.extend(regions);
+                self.save_crash_log(target, acts);
+            }
+        }
+        let is_flush = matches!(op, DiskOp::Flush);
+        let id = self.disk.submit(op, (self.gen, tag), acts);
+        if is_flush {
+            if let Some((closer @ None, _)) = self.crash.unflushed.back_mut() {
+                *closer = Some(id);
+            }
+        }
+    }
+
+    /// A flush completed: the writes of every group it closes, and of the
+    /// groups before (issued before it, so completed), are durable.
+    fn crash_flushed(&mut self, id: IoId) {
+        if let Some(k) = self
+            .crash
+            .unflushed
+            .iter()
+            .position(|(f, _)| *f == Some(id))
+        {
+            self.crash.unflushed.drain(..=k);
+        }
+    }
+
+    /// Cuts the crash-safe copy down to what it must hold, once it holds
+    /// more than `crash_log_regions` (and no save is in flight).
+    fn compact_crash_log(&mut self, now: u64, acts: &mut Vec<Action>) {
+        if self.cfg.crash_log_regions == 0
+            || self.crash.saved.len() <= self.cfg.crash_log_regions
+            || now < self.crash.compact_at
+        {
+            return;
+        }
+        // Not at every tick: the check walks the logs.
+        self.crash.compact_at = now + self.cfg.crash_log_compact_ms;
+        let needed = self.crash_needed();
+        if needed.len() < self.crash.saved.len() {
+            self.save_crash_log(needed, acts);
         }
     }
 
@@ -411,6 +584,15 @@ impl Node {
             Role::Idle => {
                 let mut s = Secondary::new(self.vol, rec.epoch, None, &self.cfg);
                 let (cur, prev) = std::mem::take(&mut self.restored);
+                // Restored logs (a clean stop's, or a crash-safe copy, saved
+                // again whenever the logs' epochs change before a write of
+                // the new epoch) include one of every epoch this node
+                // applied writes of. Without any, it cannot tell: a log it
+                // begins for the record's epoch may lack writes of that
+                // epoch received before it restarted.
+                if cur.is_none() && prev.is_none() {
+                    s.mark_partial(rec.epoch);
+                }
                 s.restore(cur, prev);
                 self.become_role(Role::Secondary(Box::new(s)), out);
             }
@@ -446,13 +628,16 @@ impl Node {
                 if let Role::Primary(p) = &mut self.role {
                     p.tick(now, self.lease_until, &mut out);
                 }
+                self.compact_crash_log(now, &mut acts);
             }
             Input::Msg { from, msg } => {
                 self.on_msg(now, from, msg, &mut out, &mut sdisk, &mut grows)
             }
             Input::Disk { id, result } => {
                 if let Some(((gen, tag), data)) = self.disk.complete(id, result, &mut acts) {
-                    if let Tag::Grow(blocks) = tag {
+                    self.crash_flushed(id);
+                    if let Tag::Save = tag {
+                    } else if let Tag::Grow(blocks) = tag {
                         self.grown(now, blocks, &mut out);
                     } else if gen == self.gen {
                         match (&mut self.role, tag) {
@@ -480,17 +665,13 @@ impl Node {
             self.decided.push((replica, n));
         }
         for blocks in grows {
-            self.disk.submit(
-                DiskOp::Grow { blocks },
-                (self.gen, Tag::Grow(blocks)),
-                &mut acts,
-            );
+            self.submit_disk(DiskOp::Grow { blocks }, Tag::Grow(blocks), &mut acts);
         }
         for (op, t) in sdisk {
-            self.disk.submit(op, (self.gen, Tag::S(t)), &mut acts);
+            self.submit_disk(op, Tag::S(t), &mut acts);
         }
         for (op, t) in out.disk {
-            self.disk.submit(op, (self.gen, Tag::P(t)), &mut acts);
+            self.submit_disk(op, Tag::P(t), &mut acts);
         }
         acts.extend(
             out.sends
@@ -703,6 +884,101 @@ mod tests {
             region_blocks: 4,
             ..Config::default()
         }
+    }
+
+    /// The regions a save holds (the primary's own log, in `previous`).
+    fn saved_regions(op: &DiskOp) -> Option<Vec<u32>> {
+        match op {
+            DiskOp::SaveLogs { logs } => Some(
+                logs.previous
+                    .as_ref()
+                    .map(|l| l.regions.iter().map(|(r, _)| *r).collect())
+                    .unwrap_or_default(),
+            ),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn crash_log_is_saved_before_a_write_reaches_a_new_region_and_cut_down_after_flushes() {
+        let (p, vol) = (NodeId(0), VolumeId(1));
+        let rec = Membership::new(vol, &[p], p, 1).with_blocks(16);
+        let cfg = Config {
+            crash_log_regions: 1,
+            crash_log_compact_ms: 0,
+            ..small(16)
+        };
+        let mut node = Node::new(p, 0, vol, cfg, Some(rec), 0);
+        node.handle(
+            0,
+            Input::Msg {
+                from: Endpoint::Control,
+                msg: Msg::HeartbeatAck {
+                    sent_at: 0,
+                    vol,
+                    epoch: Epoch(1),
+                    primary: p,
+                },
+            },
+        );
+        let write = |lba| ClientReq::Write {
+            lba,
+            data: vec![7; 2],
+            fua: false,
+        };
+        // Region 0 is new: the save goes first, the write waits for it.
+        let a = client(&mut node, 1, 1, write(0));
+        let ops = disk_ops(&a);
+        assert_eq!(ops.len(), 1, "{ops:?}");
+        assert_eq!(saved_regions(&ops[0].1), Some(vec![0]));
+        let a = done(&mut node, 2, ops[0].0);
+        let ops = disk_ops(&a);
+        assert!(
+            matches!(ops[..], [(_, DiskOp::Write { lba: 0, .. })]),
+            "{ops:?}"
+        );
+        let a = done(&mut node, 3, ops[0].0);
+        assert!(matches!(replied(&a, 1), Some(ClientReply::Ok { .. })));
+        // Region 0 again: no save. Regions 1 and 2 (one write across
+        // both): one save holding all three, the write held until then.
+        let a = client(&mut node, 4, 2, write(2));
+        let w = disk_ops(&a);
+        assert!(
+            matches!(w[..], [(_, DiskOp::Write { lba: 2, .. })]),
+            "{w:?}"
+        );
+        let a = client(&mut node, 5, 3, write(7));
+        let ops = disk_ops(&a);
+        assert_eq!(ops.len(), 1, "{ops:?}");
+        assert_eq!(saved_regions(&ops[0].1), Some(vec![0, 1, 2]));
+        done(&mut node, 6, w[0].0);
+        let a = done(&mut node, 7, ops[0].0);
+        let w = disk_ops(&a);
+        assert!(
+            matches!(w[..], [(_, DiskOp::Write { lba: 7, .. })]),
+            "{w:?}"
+        );
+        done(&mut node, 8, w[0].0);
+        // Not flushed yet: cutting down keeps every region written.
+        let a = node.handle(9, Input::Tick);
+        assert!(
+            !disk_ops(&a)
+                .iter()
+                .any(|(_, op)| saved_regions(op).is_some()),
+            "{a:?}"
+        );
+        let a = client(&mut node, 10, 4, ClientReq::Flush);
+        let f = disk_ops(&a);
+        assert!(matches!(f[..], [(_, DiskOp::Flush)]), "{f:?}");
+        done(&mut node, 11, f[0].0);
+        // Flushed, and on every replica (there is one): nothing is needed.
+        let a = node.handle(12, Input::Tick);
+        let saves: Vec<_> = disk_ops(&a)
+            .iter()
+            .filter_map(|(_, op)| saved_regions(op))
+            .collect();
+        assert_eq!(saves, vec![Vec::<u32>::new()]);
+        assert_eq!(node.log_saves(), 3);
     }
 
     #[test]

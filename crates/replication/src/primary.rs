@@ -324,7 +324,7 @@ impl Primary {
             last_copy: None,
             unmetered_bytes: 0,
             mine,
-            own: Uncertain::new(rec_epoch, cfg.uncertain_limit),
+            own: Uncertain::new(rec_epoch, cfg.uncertain_limit).owned(),
             written: BTreeSet::new(),
             cfg,
         }
@@ -746,8 +746,18 @@ impl Primary {
         }
         // Writes acknowledged after the replica last knew itself InSync
         // (above its `synced`) may be missing there: this node has them
-        // all, and its log keeps every one above its own floor.
-        let mut keep = mine.regions_above(prior.synced)?;
+        // all, and its log keeps every one above its own floor. A former
+        // primary's crash-saved log (`synced = u64::MAX`) holds every write
+        // it applied, but it may have sent writes it never applied (their
+        // local write waited for the log save when it crashed): nobody
+        // acknowledged those, so they are above every `commit` this node
+        // received.
+        let above = if prior.synced == u64::MAX {
+            mine.synced
+        } else {
+            prior.synced
+        };
+        let mut keep = mine.regions_above(above)?;
         let total = self.region_gen.len();
         keep.extend(
             prior

@@ -49,6 +49,9 @@ pub(crate) struct Secondary {
     block_len: u64,
     volume_blocks: u64,
     limit: usize,
+    /// An epoch this node restarted in without a log of it: the log it
+    /// begins for it is incomplete.
+    partial: Option<Epoch>,
 }
 
 /// The fields of a `Repl`.
@@ -81,6 +84,7 @@ impl Secondary {
             buffer: BTreeMap::new(),
             cur: stream.map(|_| Uncertain::new(epoch, cfg.uncertain_limit)),
             prev: None,
+            partial: None,
             region_blocks: cfg.region_blocks.max(1),
             block_len: cfg.block_len.max(1),
             volume_blocks: cfg.volume_blocks,
@@ -99,6 +103,12 @@ impl Secondary {
     pub(crate) fn restore(&mut self, cur: Option<Uncertain>, prev: Option<Uncertain>) {
         self.cur = cur;
         self.prev = prev;
+    }
+
+    /// This node restarted in `epoch` without any log: the log begun for
+    /// it may lack what was received before (see `Uncertain::complete`).
+    pub(crate) fn mark_partial(&mut self, epoch: Epoch) {
+        self.partial = Some(epoch);
     }
 
     /// The logs as a clean stop saves them: (current, previous).
@@ -123,7 +133,9 @@ impl Secondary {
         if let Some(c) = self.cur.take() {
             self.prev = Some(c);
         }
-        self.cur = Some(Uncertain::new(epoch, self.limit));
+        let mut log = Uncertain::new(epoch, self.limit);
+        log.complete = self.partial != Some(epoch);
+        self.cur = Some(log);
     }
 
     fn regions_of(&self, op: &ReplOp) -> Vec<usize> {

@@ -21,8 +21,14 @@
 //!
 //! Kept in memory; a node stopped cleanly saves its logs ([`SavedLog`])
 //! after its disk is flushed and restores them when it starts again (see
-//! `Node::save_logs`). A node that crashed has none, and is fully resynced
-//! after a failover.
+//! `Node::save_logs`). With `Config::crash_log_regions`, the node also
+//! keeps a crash-safe copy ([`Uncertain::crash_save`]): a superset of the
+//! regions, every entry at vseq `u64::MAX` (never dropped by a floor, in
+//! every `regions_above`), and for a primary's own log `synced = u64::MAX`
+//! (a deposed primary applied every write it acknowledged, so no region of
+//! the new primary's log is needed for it; see docs/simulation.md, "Crash
+//! logs"). Without either, a node that crashed is fully resynced after a
+//! failover.
 
 use crate::msg::Prior;
 use crate::types::Epoch;
@@ -39,6 +45,17 @@ pub struct SavedLog {
     pub overflow: Option<u64>,
     /// (region, its highest vseq above `floor`).
     pub regions: Vec<(u32, u64)>,
+    /// The log of a primary's own writes (kept when it was deposed).
+    #[serde(default)]
+    pub own: bool,
+    /// False for a log begun in the middle of its epoch by a node that
+    /// restarted without a log of it (see [`Uncertain`]'s `complete`).
+    #[serde(default = "complete_by_default")]
+    pub complete: bool,
+}
+
+fn complete_by_default() -> bool {
+    true
 }
 
 #[derive(Clone, Debug)]
@@ -57,6 +74,16 @@ pub(crate) struct Uncertain {
     /// Entries up to this vseq were dropped on overflow.
     overflow: Option<u64>,
     limit: usize,
+    /// A primary's own writes, not a received stream.
+    pub(crate) own: bool,
+    /// Whether the log holds every write of its epoch this node received.
+    /// A node that restarts with no logs at all (a crash without a
+    /// crash-safe copy) begins one on its new stream, but it may hold
+    /// writes of the epoch received before, durably and so never copied
+    /// again, that the new log lacks: such a log answers no
+    /// `regions_above` (a new primary promoted from it resyncs the others
+    /// fully).
+    pub(crate) complete: bool,
 }
 
 impl Uncertain {
@@ -69,6 +96,36 @@ impl Uncertain {
             latest: BTreeMap::new(),
             overflow: None,
             limit: limit.max(1),
+            own: false,
+            complete: true,
+        }
+    }
+
+    /// Marks the log as a primary's own.
+    pub(crate) fn owned(mut self) -> Self {
+        self.own = true;
+        self
+    }
+
+    /// The regions in the log.
+    pub(crate) fn regions(&self) -> impl Iterator<Item = usize> + '_ {
+        self.latest.keys().copied()
+    }
+
+    /// The log as the crash-safe copy keeps it, with `extra` regions (those
+    /// of writes not yet flushed, and of the hot set) added: every entry at
+    /// vseq `u64::MAX`, and a primary's own log with `synced = u64::MAX`.
+    pub(crate) fn crash_save(&self, extra: &BTreeSet<usize>) -> SavedLog {
+        let mut regions: BTreeSet<usize> = self.regions().collect();
+        regions.extend(extra.iter().copied());
+        SavedLog {
+            epoch: self.epoch,
+            synced: if self.own { u64::MAX } else { self.synced },
+            floor: self.floor,
+            overflow: self.overflow,
+            regions: regions.into_iter().map(|r| (r as u32, u64::MAX)).collect(),
+            own: self.own,
+            complete: self.complete,
         }
     }
 
@@ -132,6 +189,8 @@ impl Uncertain {
             floor: self.floor,
             overflow: self.overflow,
             regions: self.latest.iter().map(|(r, v)| (*r as u32, *v)).collect(),
+            own: self.own,
+            complete: self.complete,
         }
     }
 
@@ -140,6 +199,8 @@ impl Uncertain {
         u.synced = saved.synced;
         u.floor = saved.floor;
         u.overflow = saved.overflow;
+        u.own = saved.own;
+        u.complete = saved.complete;
         for &(r, v) in &saved.regions {
             if v > u.floor && u.latest.insert(r as usize, v).is_none() {
                 u.log.entry(v).or_default().push(r as usize);
@@ -163,7 +224,7 @@ impl Uncertain {
     /// Regions of the entries above `x`, or None if they are not all known
     /// (`x` below the floor, or an entry above `x` dropped on overflow).
     pub(crate) fn regions_above(&self, x: u64) -> Option<BTreeSet<usize>> {
-        if x < self.floor || self.overflow.is_some_and(|v| v > x) {
+        if !self.complete || x < self.floor || self.overflow.is_some_and(|v| v > x) {
             return None;
         }
         Some(

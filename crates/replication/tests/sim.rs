@@ -96,6 +96,8 @@ struct Disk {
     done_seq: u64,
     flush_marks: HashMap<IoId, u64>,
     err_per_mille: u64,
+    /// The crash-safe log copy: the last save completed (durable).
+    logs: Option<SavedLogs>,
 }
 
 impl Disk {
@@ -108,6 +110,7 @@ impl Disk {
             done_seq: 0,
             flush_marks: HashMap::new(),
             err_per_mille: 0,
+            logs: None,
         }
     }
     fn write(&mut self, lba: u64, tokens: Vec<u64>, fua: bool) {
@@ -127,7 +130,7 @@ impl Disk {
         let end = match op {
             DiskOp::Write { lba, data, .. } => lba + (data.len() / BL) as u64,
             DiskOp::WriteZeroes { lba, blocks, .. } | DiskOp::Read { lba, blocks } => lba + blocks,
-            DiskOp::Flush | DiskOp::Grow { .. } => 0,
+            DiskOp::Flush | DiskOp::Grow { .. } | DiskOp::SaveLogs { .. } => 0,
         };
         if end > self.size {
             return Err(format!(
@@ -156,6 +159,10 @@ impl Disk {
             }
             DiskOp::Read { lba, blocks } => {
                 Some(enc(&self.current[*lba as usize..(*lba + *blocks) as usize]))
+            }
+            DiskOp::SaveLogs { logs } => {
+                self.logs = Some(logs.clone());
+                None
             }
             DiskOp::Flush => {
                 let mark = self.flush_marks.remove(&id).unwrap_or(0);
@@ -278,6 +285,10 @@ pub struct Params {
     pub resync_rate: u64,
     /// Writes a secondary remembers as uncertain before it gives up.
     pub uncertain_limit: usize,
+    /// Crash-safe log copies (0: none), cut down above this many regions.
+    pub crash_log_regions: usize,
+    /// How often a node checks its crash-safe copy for cutting down.
+    pub crash_log_compact_ms: u64,
 }
 
 impl Params {
@@ -303,6 +314,14 @@ impl Params {
         } else {
             Config::default().uncertain_limit
         };
+        // Crash logs on three quarters of seeds, often cut down (1–8
+        // regions of a volume of 5–8).
+        let crash_log_regions = if r.chance(250) {
+            0
+        } else {
+            1 + r.below(8) as usize
+        };
+        let crash_log_compact_ms = r.below(10);
         Params {
             nodes,
             spares,
@@ -313,6 +332,8 @@ impl Params {
             resync_inflight,
             resync_rate,
             uncertain_limit,
+            crash_log_regions,
+            crash_log_compact_ms,
         }
     }
 }
@@ -360,6 +381,8 @@ pub struct Sim {
     not_narrowed: u64,
     /// Clean stops (logs saved, restored at the next start).
     clean_stops: u64,
+    /// Restarts after a crash that found a crash-safe log copy.
+    crash_restores: u64,
     /// Resizes applied, and writes acknowledged beyond the initial size.
     grows: u64,
     acks_beyond: u64,
@@ -383,6 +406,8 @@ impl Sim {
             resync_inflight: p.resync_inflight,
             resync_rate: p.resync_rate,
             uncertain_limit: p.uncertain_limit,
+            crash_log_regions: p.crash_log_regions,
+            crash_log_compact_ms: p.crash_log_compact_ms,
             ..Config::default()
         };
         let ids: Vec<NodeId> = (0..p.nodes as u32).map(NodeId).collect();
@@ -442,6 +467,7 @@ impl Sim {
             narrowed: 0,
             not_narrowed: 0,
             clean_stops: 0,
+            crash_restores: 0,
             grows: 0,
             acks_beyond: 0,
         };
@@ -522,7 +548,15 @@ impl Sim {
                         self.procs[i].disk.flush_marks.insert(id, mark);
                     }
                     let fail = self.rng.chance(self.procs[i].disk.err_per_mille);
-                    let lat = 1 + self.rng.below(5);
+                    // A log save is a synchronous metadata write (the
+                    // cluster's driver renames a file and syncs its
+                    // directory): slower than a data write, which widens
+                    // the window a write must not overtake it in.
+                    let lat = if matches!(op, DiskOp::SaveLogs { .. }) {
+                        2 + self.rng.below(10)
+                    } else {
+                        1 + self.rng.below(5)
+                    };
                     self.at(
                         lat,
                         Ev::Disk {
@@ -1177,10 +1211,16 @@ impl Sim {
             None,
             self.now,
         ));
-        if let (Some(node), Some(saved)) = (p.node.as_mut(), p.saved.take()) {
+        // A clean stop's logs, else (after a crash) the crash-safe copy.
+        let (saved, from_crash_log) = match p.saved.take() {
+            Some(clean) => (Some(clean), false),
+            None => (p.disk.logs.clone(), p.disk.logs.is_some()),
+        };
+        if let (Some(node), Some(saved)) = (p.node.as_mut(), saved) {
             node.restore_logs(&saved);
         }
         let inc = p.inc;
+        self.crash_restores += u64::from(from_crash_log);
         self.at(1, Ev::NodeTick { node: i, inc });
     }
 
@@ -1320,6 +1360,7 @@ impl Sim {
             narrowed: self.narrowed,
             not_narrowed: self.not_narrowed,
             clean_stops: self.clean_stops,
+            crash_restores: self.crash_restores,
             grows: self.grows,
             acks_beyond: self.acks_beyond,
         })
@@ -1377,6 +1418,7 @@ pub struct Summary {
     pub narrowed: u64,
     pub not_narrowed: u64,
     pub clean_stops: u64,
+    pub crash_restores: u64,
     pub grows: u64,
     pub acks_beyond: u64,
 }
@@ -1410,7 +1452,7 @@ fn seeds() {
     let start = std::time::Instant::now();
     let (mut steps, mut acks, mut durable, mut failovers, mut changes) = (0, 0, 0, 0, 0);
     let (mut zero_ops, mut multi, mut capped) = (0, 0, 0);
-    let (mut narrowed, mut not_narrowed, mut clean_stops) = (0, 0, 0);
+    let (mut narrowed, mut not_narrowed, mut clean_stops, mut crash_restores) = (0, 0, 0, 0);
     let (mut grows, mut acks_beyond) = (0, 0);
     for seed in base..base + n {
         match run_seed(seed, false) {
@@ -1426,6 +1468,7 @@ fn seeds() {
                 narrowed += s.narrowed;
                 not_narrowed += s.not_narrowed;
                 clean_stops += s.clean_stops;
+                crash_restores += s.crash_restores;
                 grows += s.grows;
                 acks_beyond += s.acks_beyond;
             }
@@ -1433,7 +1476,7 @@ fn seeds() {
         }
     }
     eprintln!(
-        "{n} seeds from {base}: {steps} steps, {acks} acks ({durable} durable), {failovers} failovers, {changes} membership changes, {zero_ops} WriteZeroes, {multi} seeds with >1 copy in flight, {capped} with a rate cap, {narrowed} failover resyncs narrowed ({not_narrowed} full), {clean_stops} clean stops, {grows} resizes, {acks_beyond} writes acknowledged beyond the initial size, {:?}",
+        "{n} seeds from {base}: {steps} steps, {acks} acks ({durable} durable), {failovers} failovers, {changes} membership changes, {zero_ops} WriteZeroes, {multi} seeds with >1 copy in flight, {capped} with a rate cap, {narrowed} failover resyncs narrowed ({not_narrowed} full), {clean_stops} clean stops, {crash_restores} restarts with a crash log, {grows} resizes, {acks_beyond} writes acknowledged beyond the initial size, {:?}",
         start.elapsed()
     );
     assert!(
@@ -1445,8 +1488,8 @@ fn seeds() {
         "the workload must exercise zeroing, several copies in flight and the rate cap"
     );
     assert!(
-        n < 100 || (narrowed > 0 && not_narrowed > 0 && clean_stops > 0),
-        "failovers must resync both narrowed (usable reports) and fully, and nodes stop cleanly"
+        n < 100 || (narrowed > 0 && not_narrowed > 0 && clean_stops > 0 && crash_restores > 0),
+        "failovers must resync both narrowed (usable reports) and fully, nodes stop cleanly, and crashed nodes restart with crash logs"
     );
     assert!(
         n < 100 || (grows > 0 && acks_beyond > 0),
