@@ -1444,7 +1444,7 @@ fn seeds() {
     let n: u64 = std::env::var("BASALT_SIM_SEEDS")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(2000);
+        .unwrap_or(6000);
     let base: u64 = std::env::var("BASALT_SIM_BASE")
         .ok()
         .and_then(|s| s.parse().ok())
