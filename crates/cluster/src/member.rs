@@ -700,8 +700,9 @@ impl Inner {
         // Saved logs describe a local copy that already existed.
         let saved = self.restored.lock().remove(&vol);
         let recorded = rec.blocks * BLOCK_SIZE;
-        let existed = self.store.volumes().iter().any(|v| v.id == id);
-        let (size, saved) = match self.store.volumes().into_iter().find(|v| v.id == id) {
+        let local_copy = self.store.volumes().into_iter().find(|v| v.id == id);
+        let existed = local_copy.is_some();
+        let (size, saved) = match local_copy {
             // Grown while this node was away: grow before anything else.
             Some(v) if v.size < recorded => {
                 self.grow_local_copy(id, v.size, recorded).map_err(|e| {

@@ -319,7 +319,8 @@ impl Node {
     }
 
     /// Cuts the crash-safe copy down to what it must hold, once it holds
-    /// more than `crash_log_regions` (and no save is in flight).
+    /// more than `crash_log_regions` (a save in flight is no obstacle:
+    /// saves run one at a time, in order).
     fn compact_crash_log(&mut self, now: u64, acts: &mut Vec<Action>) {
         if self.cfg.crash_log_regions == 0
             || self.crash.saved.len() <= self.cfg.crash_log_regions
@@ -636,15 +637,17 @@ impl Node {
             Input::Disk { id, result } => {
                 if let Some(((gen, tag), data)) = self.disk.complete(id, result, &mut acts) {
                     self.crash_flushed(id);
-                    if let Tag::Save = tag {
-                    } else if let Tag::Grow(blocks) = tag {
-                        self.grown(now, blocks, &mut out);
-                    } else if gen == self.gen {
-                        match (&mut self.role, tag) {
-                            (Role::Primary(p), Tag::P(t)) => p.on_disk_done(now, t, data, &mut out),
-                            (Role::Secondary(s), Tag::S(t)) => s.on_disk_done(t, &mut out.sends),
-                            _ => {}
+                    match (tag, &mut self.role) {
+                        // Nothing waits on a save but the disk queue.
+                        (Tag::Save, _) => {}
+                        (Tag::Grow(blocks), _) => self.grown(now, blocks, &mut out),
+                        (Tag::P(t), Role::Primary(p)) if gen == self.gen => {
+                            p.on_disk_done(now, t, data, &mut out)
                         }
+                        (Tag::S(t), Role::Secondary(s)) if gen == self.gen => {
+                            s.on_disk_done(t, &mut out.sends)
+                        }
+                        _ => {}
                     }
                 }
             }

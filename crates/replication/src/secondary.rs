@@ -49,8 +49,8 @@ pub(crate) struct Secondary {
     block_len: u64,
     volume_blocks: u64,
     limit: usize,
-    /// An epoch this node restarted in without a log of it: the log it
-    /// begins for it is incomplete.
+    /// An epoch this node restarted in without any log: the log it begins
+    /// for it is incomplete.
     partial: Option<Epoch>,
 }
 

@@ -25,8 +25,9 @@
 //! keeps a crash-safe copy ([`Uncertain::crash_save`]): a superset of the
 //! regions, every entry at vseq `u64::MAX` (never dropped by a floor, in
 //! every `regions_above`), and for a primary's own log `synced = u64::MAX`
-//! (a deposed primary applied every write it acknowledged, so no region of
-//! the new primary's log is needed for it; see docs/simulation.md, "Crash
+//! (a deposed primary applied every write it acknowledged; the new primary
+//! adds its own regions above its own `synced` instead, for the writes the
+//! deposed one sent but never applied: see docs/simulation.md, "Crash
 //! logs"). Without either, a node that crashed is fully resynced after a
 //! failover.
 
@@ -49,7 +50,7 @@ pub struct SavedLog {
     #[serde(default)]
     pub own: bool,
     /// False for a log begun in the middle of its epoch by a node that
-    /// restarted without a log of it (see [`Uncertain`]'s `complete`).
+    /// restarted without any log (see [`Uncertain`]'s `complete`).
     #[serde(default = "complete_by_default")]
     pub complete: bool,
 }
