@@ -91,7 +91,7 @@ impl Default for Timing {
             replace_after: Duration::from_secs(600),
             resync_rate: 64 << 20,
             resync_inflight: 4,
-            // 4 GiB of 1 MiB regions: a file of some 20 KiB at most.
+            // 4 GiB of 1 MiB regions: some 25 KiB of file per log.
             crash_log_regions: 4096,
         }
     }
