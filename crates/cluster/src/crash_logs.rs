@@ -17,10 +17,11 @@
 //! - every region of a crash-saved log is at vseq `u64::MAX` (the state
 //!   machine saves them so), which is why the file keeps regions only.
 
-use basalt_replication::{Epoch, SavedLog, SavedLogs, VolumeId};
+use crate::saved_logs::{replace_file, sync_dir};
+use basalt_replication::{SavedLog, SavedLogs, VolumeId};
 use serde::{Deserialize, Serialize};
-use std::fs::{self, File};
-use std::io::{self, Write};
+use std::fs;
+use std::io;
 use std::path::{Path, PathBuf};
 
 const DIR: &str = "replication-logs";
@@ -34,52 +35,42 @@ struct CrashFile {
     previous: Option<CrashLog>,
 }
 
+/// A `SavedLog` whose entries are all at vseq `u64::MAX`, so only their
+/// regions are written.
 #[derive(Serialize, Deserialize)]
 struct CrashLog {
-    epoch: Epoch,
-    synced: u64,
-    floor: u64,
-    overflow: Option<u64>,
-    own: bool,
-    complete: bool,
-    regions: Vec<u32>,
+    #[serde(flatten)]
+    log: SavedLog,
+    region_ids: Vec<u32>,
 }
 
 impl From<&SavedLog> for CrashLog {
     fn from(l: &SavedLog) -> Self {
         CrashLog {
-            epoch: l.epoch,
-            synced: l.synced,
-            floor: l.floor,
-            overflow: l.overflow,
-            own: l.own,
-            complete: l.complete,
-            regions: l.regions.iter().map(|(r, _)| *r).collect(),
+            region_ids: l.regions.iter().map(|(r, _)| *r).collect(),
+            log: SavedLog {
+                regions: Vec::new(),
+                ..l.clone()
+            },
         }
     }
 }
 
 impl From<CrashLog> for SavedLog {
-    fn from(l: CrashLog) -> Self {
+    fn from(c: CrashLog) -> Self {
         SavedLog {
-            epoch: l.epoch,
-            synced: l.synced,
-            floor: l.floor,
-            overflow: l.overflow,
-            own: l.own,
-            complete: l.complete,
-            regions: l.regions.into_iter().map(|r| (r, u64::MAX)).collect(),
+            regions: c.region_ids.into_iter().map(|r| (r, u64::MAX)).collect(),
+            ..c.log
         }
     }
 }
 
-fn path(dir: &Path, vol: VolumeId) -> PathBuf {
-    dir.join(DIR)
-        .join(format!("{}.json", uuid::Uuid::from_u128(vol.0)))
+fn file_name(vol: VolumeId) -> String {
+    format!("{}.json", uuid::Uuid::from_u128(vol.0))
 }
 
-fn sync_dir(dir: &Path) -> io::Result<()> {
-    File::open(dir)?.sync_all()
+fn path(dir: &Path, vol: VolumeId) -> PathBuf {
+    dir.join(DIR).join(file_name(vol))
 }
 
 /// Makes `logs` the crash-safe copy of `vol`'s logs (durable on return).
@@ -101,14 +92,7 @@ pub(crate) fn save(
         fs::create_dir_all(&logs_dir)?;
         sync_dir(dir)?;
     }
-    let target = path(dir, vol);
-    let tmp = target.with_extension("json.tmp");
-    let mut f = File::create(&tmp)?;
-    f.write_all(&bytes)?;
-    f.sync_all()?;
-    drop(f);
-    fs::rename(&tmp, &target)?;
-    sync_dir(&logs_dir)
+    replace_file(&logs_dir, &file_name(vol), &bytes)
 }
 
 /// The crash-safe copy of `vol`'s logs, if there is a usable one.
@@ -153,6 +137,7 @@ pub(crate) fn remove(dir: &Path, vol: VolumeId) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use basalt_replication::Epoch;
 
     fn logs() -> SavedLogs {
         SavedLogs {

@@ -45,8 +45,21 @@ fn path(dir: &Path) -> PathBuf {
     dir.join(FILE)
 }
 
-fn sync_dir(dir: &Path) -> io::Result<()> {
+pub(crate) fn sync_dir(dir: &Path) -> io::Result<()> {
     File::open(dir)?.sync_all()
+}
+
+/// Replaces `dir/name` with `bytes` atomically and durably: a temporary
+/// file written and synced, renamed over it, the directory synced. A crash
+/// at any point leaves the old file or the new one, whole.
+pub(crate) fn replace_file(dir: &Path, name: &str, bytes: &[u8]) -> io::Result<()> {
+    let tmp = dir.join(format!("{name}.tmp"));
+    let mut f = File::create(&tmp)?;
+    f.write_all(bytes)?;
+    f.sync_all()?;
+    drop(f);
+    fs::rename(&tmp, dir.join(name))?;
+    sync_dir(dir)
 }
 
 /// Writes `logs` for the store `store` (call only after the store flush).
@@ -67,13 +80,7 @@ pub(crate) fn save(
             .collect(),
     };
     let bytes = serde_json::to_vec(&saved).map_err(io::Error::other)?;
-    let tmp = dir.join(format!("{FILE}.tmp"));
-    let mut f = File::create(&tmp)?;
-    f.write_all(&bytes)?;
-    f.sync_all()?;
-    drop(f);
-    fs::rename(&tmp, path(dir))?;
-    sync_dir(dir)
+    replace_file(dir, FILE, &bytes)
 }
 
 /// Reads and deletes the logs saved for `store`; empty if there are none

@@ -78,27 +78,23 @@ impl<T> DiskQueue<T> {
         if matches!(op, DiskOp::Grow { .. }) {
             return self.inflight.is_empty();
         }
-        if self
-            .inflight
-            .values()
-            .any(|(o, _)| matches!(o, DiskOp::Grow { .. }))
-        {
-            return false;
+        let (mut growing, mut saving) = (false, false);
+        for (o, _) in self.inflight.values() {
+            growing |= matches!(o, DiskOp::Grow { .. });
+            saving |= matches!(o, DiskOp::SaveLogs { .. });
         }
-        let saving = || {
-            self.inflight
-                .values()
-                .any(|(o, _)| matches!(o, DiskOp::SaveLogs { .. }))
-        };
-        if matches!(op, DiskOp::SaveLogs { .. }) {
-            return !saving();
-        }
-        // Pending operations are issued in order, so a save in flight was
-        // submitted before this write.
-        if is_write(op) && saving() {
+        if growing {
             return false;
         }
         let writes = is_write(op);
+        if matches!(op, DiskOp::SaveLogs { .. }) {
+            return !saving;
+        }
+        // Pending operations are issued in order, so a save in flight was
+        // submitted before this write.
+        if writes && saving {
+            return false;
+        }
         match range(op, self.block_len) {
             None => !self.inflight.values().any(|(o, _)| is_write(o)),
             Some(r) => !self.inflight.values().any(|(o, _)| {

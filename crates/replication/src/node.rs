@@ -193,8 +193,7 @@ impl Node {
         }
     }
 
-    /// Log saves submitted so far (crash logs; for the simulator's
-    /// coverage counters).
+    /// Log saves submitted so far (crash logs; for tests).
     #[doc(hidden)]
     pub fn log_saves(&self) -> u64 {
         self.crash.saves
@@ -276,19 +275,17 @@ impl Node {
         };
         if let Some((lba, blocks)) = extent.filter(|(_, n)| *n > 0) {
             let rb = self.cfg.region_blocks.max(1);
-            let regions: Vec<usize> = (lba / rb..=(lba + blocks - 1) / rb)
-                .map(|r| r as usize)
-                .collect();
+            let regions = (lba / rb) as usize..=((lba + blocks - 1) / rb) as usize;
             if self.crash.unflushed.is_empty() {
                 self.crash.unflushed.push_back((None, BTreeSet::new()));
             }
             if let Some((_, open)) = self.crash.unflushed.back_mut() {
-                open.extend(regions.iter().copied());
+                open.extend(regions.clone());
             }
             // Also when the logs' epochs changed: a node that restarts
             // without a log of an epoch then knows it applied no write of
             // it (see `Secondary::mark_partial`).
-            if regions.iter().any(|r| !self.crash.saved.contains(r))
+            if regions.clone().any(|r| !self.crash.saved.contains(&r))
                 || self.live_epochs() != self.crash.epochs
             {
                 let mut target = self.crash.saved.clone();
@@ -873,6 +870,23 @@ mod tests {
         )
     }
 
+    /// The coordinator's answer to `p`'s heartbeat sent at `t`: `p` holds
+    /// the lease of epoch 1 until `t + lease`.
+    fn lease(node: &mut Node, t: u64, p: NodeId, vol: VolumeId) -> Vec<Action> {
+        node.handle(
+            t,
+            Input::Msg {
+                from: Endpoint::Control,
+                msg: Msg::HeartbeatAck {
+                    sent_at: t,
+                    vol,
+                    epoch: Epoch(1),
+                    primary: p,
+                },
+            },
+        )
+    }
+
     fn replied(acts: &[Action], id: u64) -> Option<ClientReply> {
         sends(acts).into_iter().find_map(|(to, m)| match m {
             Msg::ClientReply { id: i, reply } if to == Endpoint::Client && i == id => Some(reply),
@@ -912,18 +926,7 @@ mod tests {
             ..small(16)
         };
         let mut node = Node::new(p, 0, vol, cfg, Some(rec), 0);
-        node.handle(
-            0,
-            Input::Msg {
-                from: Endpoint::Control,
-                msg: Msg::HeartbeatAck {
-                    sent_at: 0,
-                    vol,
-                    epoch: Epoch(1),
-                    primary: p,
-                },
-            },
-        );
+        lease(&mut node, 0, p, vol);
         let write = |lba| ClientReq::Write {
             lba,
             data: vec![7; 2],
@@ -989,18 +992,7 @@ mod tests {
         let (p, s, vol) = (NodeId(0), NodeId(1), VolumeId(1));
         let rec = Membership::new(vol, &[p, s], p, 2).with_blocks(10);
         let mut node = Node::new(p, 0, vol, small(10), Some(rec.clone()), 0);
-        node.handle(
-            0,
-            Input::Msg {
-                from: Endpoint::Control,
-                msg: Msg::HeartbeatAck {
-                    sent_at: 0,
-                    vol,
-                    epoch: Epoch(1),
-                    primary: p,
-                },
-            },
-        );
+        lease(&mut node, 0, p, vol);
         // A read in flight keeps the grow waiting.
         let a = client(&mut node, 1, 1, ClientReq::Read { lba: 0, blocks: 1 });
         let read = disk_ops(&a)[0].0;
@@ -1205,18 +1197,7 @@ mod tests {
             },
         );
         assert!(!acked(&a), "no lease yet");
-        let a = node.handle(
-            3,
-            Input::Msg {
-                from: Endpoint::Control,
-                msg: Msg::HeartbeatAck {
-                    sent_at: 3,
-                    vol: VolumeId(1),
-                    epoch: Epoch(1),
-                    primary: p,
-                },
-            },
-        );
+        let a = lease(&mut node, 3, p, VolumeId(1));
         assert!(acked(&a));
         // A newer epoch in a replication message demotes the primary.
         node.handle(
@@ -1250,19 +1231,7 @@ mod tests {
         let (p, s) = (NodeId(0), NodeId(1));
         let rec = Membership::new(VolumeId(1), &[p, s], p, 2);
         let mut node = Node::new(p, 0, VolumeId(1), cfg, Some(rec.clone()), 0);
-        let lease = Msg::HeartbeatAck {
-            sent_at: 0,
-            vol: VolumeId(1),
-            epoch: Epoch(1),
-            primary: p,
-        };
-        node.handle(
-            0,
-            Input::Msg {
-                from: Endpoint::Control,
-                msg: lease,
-            },
-        );
+        lease(&mut node, 0, p, VolumeId(1));
         (node, p, s, rec)
     }
 
@@ -1410,20 +1379,7 @@ mod tests {
         let vol = VolumeId(1);
         let rec = Membership::new(vol, &[p, s1], p, 1);
         let mut node = Node::new(p, 0, vol, cfg, Some(rec.clone()), 0);
-        let lease = |node: &mut Node, t: u64| {
-            node.handle(
-                t,
-                Input::Msg {
-                    from: Endpoint::Control,
-                    msg: Msg::HeartbeatAck {
-                        sent_at: t,
-                        vol,
-                        epoch: Epoch(1),
-                        primary: p,
-                    },
-                },
-            )
-        };
+        let lease = |node: &mut Node, t: u64| lease(node, t, p, vol);
         lease(&mut node, 0);
         let acts = node.handle(
             1,
