@@ -3,6 +3,7 @@
 //! renders the results as tables, charts and a self-contained HTML report.
 
 pub mod fio;
+pub mod floor;
 pub mod machine;
 pub mod model;
 pub mod profiles;

@@ -5,6 +5,7 @@
 use crate::client::{ApiClient, ClientArgs, ConnArgs, Output};
 use crate::output::{table, Align};
 use anyhow::{anyhow, bail, Context, Result};
+use basalt_bench::floor::{FloorFiles, FloorResult};
 use basalt_bench::profiles::{ProfileOptions, PROFILES};
 use basalt_bench::runner::{self, RunConfig};
 use basalt_bench::targets::BasaltServer;
@@ -31,6 +32,39 @@ enum BenchCommand {
     /// Re-render an earlier run, or merge several (e.g. before and after a
     /// change) into one report.
     Report(ReportArgs),
+    /// Measure this machine's replication floor: the QD1 4 KiB write
+    /// latency of the shortest chain a replicated write can take here
+    /// (loopback TCP, one O_DIRECT write per replica, nothing else), for
+    /// each replica count. What Basalt measures above it is Basalt's cost.
+    Floor(FloorArgs),
+}
+
+#[derive(Args, Debug)]
+struct FloorArgs {
+    /// Replica counts to measure, e.g. 1,2,3.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "1,3",
+        value_name = "N[,N...]"
+    )]
+    replicas: Vec<usize>,
+
+    /// Timed writes per measurement.
+    #[arg(long, default_value_t = 20000, value_name = "N")]
+    writes: usize,
+
+    /// Measurements per replica count, interleaved (the median is reported).
+    #[arg(long, default_value_t = 3, value_name = "N")]
+    rounds: usize,
+
+    /// Where each replica's file goes (a disk filesystem) [default: /var/tmp].
+    #[arg(long, value_name = "DIR")]
+    work_dir: Option<PathBuf>,
+
+    /// Size of each replica's file (written in full first).
+    #[arg(long, default_value = "1G", value_name = "SIZE")]
+    size: String,
 }
 
 #[derive(Args, Debug)]
@@ -140,6 +174,7 @@ pub fn run(args: BenchArgs, data_dir: &Path, data_dir_given: bool) -> Result<()>
     match args.command {
         BenchCommand::List => list(client.output),
         BenchCommand::Run(run_args) => run_profile(*run_args, &client, data_dir_given),
+        BenchCommand::Floor(floor_args) => floor(floor_args, client.output),
         BenchCommand::Report(report) => {
             let (out, files) = runner::report(&report.dirs, report.out)?;
             println!("report: {}", out.display());
@@ -147,6 +182,93 @@ pub fn run(args: BenchArgs, data_dir: &Path, data_dir_given: bool) -> Result<()>
             Ok(())
         }
     }
+}
+
+fn floor(args: FloorArgs, output: Output) -> Result<()> {
+    if args.replicas.is_empty() || args.replicas.iter().any(|r| !(1..=5).contains(r)) {
+        bail!("--replicas takes counts from 1 to 5");
+    }
+    if args.rounds == 0 || args.writes == 0 {
+        bail!("--rounds and --writes must be at least 1");
+    }
+    let file_size = parse_size(&args.size).map_err(|e| anyhow!("--size {}: {e}", args.size))?;
+    let dir = args
+        .work_dir
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("/var/tmp"));
+    let most = args.replicas.iter().copied().max().unwrap_or(1);
+    let files = FloorFiles::create(&dir, most, file_size)
+        .with_context(|| format!("cannot create the floor's files in {}", dir.display()))?;
+    let mut runs: Vec<Vec<FloorResult>> = vec![Vec::new(); args.replicas.len()];
+    for round in 1..=args.rounds {
+        for (i, replicas) in args.replicas.iter().enumerate() {
+            let r = files
+                .measure(*replicas, args.writes)
+                .with_context(|| format!("floor with {replicas} replica(s)"))?;
+            if output != Output::Json {
+                eprintln!(
+                    "round {round}: {replicas} replica(s): mean {:.1} µs, p99 {:.1} µs",
+                    r.mean_us, r.p99_us
+                );
+            }
+            runs[i].push(r);
+        }
+    }
+    let median = |v: &[FloorResult], f: fn(&FloorResult) -> f64| {
+        let mut x: Vec<f64> = v.iter().map(f).collect();
+        x.sort_by(f64::total_cmp);
+        x[x.len() / 2]
+    };
+    let base = runs
+        .first()
+        .map(|v| median(v, |r| r.mean_us))
+        .unwrap_or(1.0);
+    let summary: Vec<(usize, f64, f64, f64)> = args
+        .replicas
+        .iter()
+        .zip(&runs)
+        .map(|(n, v)| {
+            let mean = median(v, |r| r.mean_us);
+            (*n, mean, median(v, |r| r.p99_us), mean / base)
+        })
+        .collect();
+    if output == Output::Json {
+        let rows: Vec<_> = summary
+            .iter()
+            .map(|(n, mean, p99, ratio)| json!({"replicas": n, "mean_us": mean, "p99_us": p99, "ratio_to_first": ratio}))
+            .collect();
+        println!("{}", serde_json::to_string_pretty(&rows)?);
+        return Ok(());
+    }
+    let rows: Vec<Vec<String>> = summary
+        .iter()
+        .map(|(n, mean, p99, ratio)| {
+            vec![
+                n.to_string(),
+                format!("{mean:.1}"),
+                format!("{p99:.1}"),
+                format!("{ratio:.2}x"),
+            ]
+        })
+        .collect();
+    let ratio_header = format!("MEAN / MEAN OF {}", args.replicas[0]);
+    print!(
+        "{}",
+        table(
+            &[
+                ("REPLICAS", Align::Right),
+                ("MEAN µs", Align::Right),
+                ("P99 µs", Align::Right),
+                (ratio_header.as_str(), Align::Right)
+            ],
+            &rows
+        )
+    );
+    println!(
+        "(median of {} rounds, {} writes each, 4 KiB at queue depth 1)",
+        args.rounds, args.writes
+    );
+    Ok(())
 }
 
 fn list(output: Output) -> Result<()> {

@@ -36,7 +36,7 @@ use basalt_replication::{
     ClientReply, ClientReq, Config, Membership, Msg, NodeId, ReplicaState, SavedLogs, VolumeId,
 };
 use basalt_store::{DataKind, DataOp, IoError, Store, StoreError, BLOCK_SIZE};
-use basalt_volume::{BlockIo, ClusterVolumes, NodeView, ReplicaStatus, VolumeError};
+use basalt_volume::{BlockIo, ClusterVolumes, NodeView, ReplicaStatus, VolumeError, WriteAck};
 use parking_lot::{Mutex, RwLock};
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -186,6 +186,79 @@ struct Waiting {
     /// The volume and the remote primary it was forwarded to (None: run
     /// locally, or not sent).
     forwarded: Option<(VolumeId, NodeId)>,
+    /// The batch's early acknowledgement, if its frontend gave one.
+    early: Option<Arc<EarlyAck>>,
+}
+
+impl Waiting {
+    /// Hands `reply` to the batch's submitter — after acknowledging the
+    /// batch to the client, on this thread, if it was its last write.
+    fn answer(self, reply: ClientReply) {
+        if let Some(early) = &self.early {
+            early.reply(matches!(reply, ClientReply::Ok { .. }));
+        }
+        let _ = self.tx.try_send((self.index, reply));
+    }
+}
+
+/// A batch of client writes whose frontend acknowledges them itself
+/// ([`WriteAck`]): the thread that brings the batch's last successful reply
+/// calls it, so the submitting thread's wake-up is off the client's path.
+///
+/// Invariant: `ack` is called at most once, only when every write of the
+/// batch's first attempt succeeded, and never after the submitter closed the
+/// batch — the state lock is held across the call, so after `close` returns
+/// the outcome is final.
+struct EarlyAck {
+    ack: Arc<dyn WriteAck>,
+    state: Mutex<EarlyAckState>,
+}
+
+struct EarlyAckState {
+    /// Writes not answered yet.
+    remaining: usize,
+    /// A write was answered with anything but success.
+    failed: bool,
+    acknowledged: bool,
+    closed: bool,
+}
+
+impl EarlyAck {
+    fn new(ack: Arc<dyn WriteAck>, writes: usize) -> EarlyAck {
+        EarlyAck {
+            ack,
+            state: Mutex::new(EarlyAckState {
+                remaining: writes,
+                failed: false,
+                acknowledged: false,
+                closed: false,
+            }),
+        }
+    }
+
+    fn reply(&self, ok: bool) {
+        let mut st = self.state.lock();
+        if st.closed || st.failed || st.acknowledged {
+            return;
+        }
+        if !ok {
+            st.failed = true;
+            return;
+        }
+        st.remaining = st.remaining.saturating_sub(1);
+        if st.remaining == 0 {
+            self.ack.acknowledge();
+            st.acknowledged = true;
+        }
+    }
+
+    /// Ends the first attempt: no acknowledgement after this. Returns
+    /// whether the batch was acknowledged (then every write succeeded).
+    fn close(&self) -> bool {
+        let mut st = self.state.lock();
+        st.closed = true;
+        st.acknowledged
+    }
 }
 
 pub(crate) struct Inner {
@@ -881,8 +954,9 @@ impl Inner {
     }
 
     fn complete(&self, id: u64, reply: ClientReply) {
-        if let Some(w) = self.pending.lock().waiting.remove(&id) {
-            let _ = w.tx.try_send((w.index, reply));
+        let waiting = self.pending.lock().waiting.remove(&id);
+        if let Some(w) = waiting {
+            w.answer(reply);
         }
     }
 
@@ -907,7 +981,7 @@ impl Inner {
             .collect();
         for id in stale {
             if let Some(w) = p.waiting.remove(&id) {
-                let _ = w.tx.try_send((w.index, ClientReply::NotPrimary));
+                w.answer(ClientReply::NotPrimary);
             }
         }
     }
@@ -915,11 +989,12 @@ impl Inner {
     /// Sends client requests to the volume's primary; their replies arrive
     /// on the returned channel, tagged with the index given beside each
     /// request. Also returns the requests' ids. A local primary runs them on
-    /// this thread, disk I/O included.
+    /// this thread, disk I/O included. `early` sees every reply first.
     fn submit(
         &self,
         vol: VolumeId,
         reqs: Vec<(usize, ClientReq)>,
+        early: Option<&Arc<EarlyAck>>,
     ) -> (Vec<u64>, mpsc::Receiver<(usize, ClientReply)>) {
         let (tx, rx) = mpsc::sync_channel(reqs.len());
         let mut sent = Vec::with_capacity(reqs.len());
@@ -937,6 +1012,7 @@ impl Inner {
                         tx,
                         index,
                         forwarded,
+                        early: early.cloned(),
                     },
                 );
                 sent.push((id, req));
@@ -992,12 +1068,15 @@ impl Inner {
     ///
     /// `request(i)` builds request `i` of `n` for each attempt, so a
     /// request's data is copied from the caller's buffer once per attempt
-    /// and kept nowhere else.
+    /// and kept nowhere else. `ack`, given only for a batch of writes, is
+    /// called if the first attempt succeeds, by the thread that brings its
+    /// last reply (see [`EarlyAck`]).
     fn execute(
         &self,
         vol: VolumeId,
         n: usize,
         request: impl Fn(usize) -> ClientReq,
+        ack: Option<&Arc<dyn WriteAck>>,
     ) -> Vec<Result<Option<Vec<u8>>, IoError>> {
         let deadline = Instant::now() + self.cfg.request_deadline;
         // A reply normally takes far less; past this the request (or its
@@ -1006,6 +1085,7 @@ impl Inner {
         let mut results: Vec<Option<Result<Option<Vec<u8>>, IoError>>> =
             (0..n).map(|_| None).collect();
         let mut backoff = Duration::from_millis(20);
+        let mut early = ack.map(|ack| Arc::new(EarlyAck::new(ack.clone(), n)));
         loop {
             let todo: Vec<(usize, ClientReq)> = (0..n)
                 .filter(|i| results[*i].is_none())
@@ -1014,7 +1094,7 @@ impl Inner {
             if todo.is_empty() {
                 break;
             }
-            let (ids, rx) = self.submit(vol, todo);
+            let (ids, rx) = self.submit(vol, todo, early.as_ref());
             let mut unanswered = ids.len();
             let mut retry = false;
             // One attempt window for the whole batch: a batch sent to a dead
@@ -1033,6 +1113,17 @@ impl Inner {
                     }
                 }
                 unanswered -= 1;
+            }
+            // Only the first attempt may be acknowledged early. Acknowledged
+            // means every write succeeded, even those whose reply this
+            // thread gave up waiting for a moment ago.
+            if let Some(early) = early.take() {
+                if early.close() {
+                    for r in results.iter_mut().filter(|r| r.is_none()) {
+                        *r = Some(Ok(None));
+                    }
+                    break;
+                }
             }
             if retry {
                 if Instant::now() >= deadline {
@@ -1236,10 +1327,15 @@ impl ClusterVolume {
         let _guard = self.partial.lock();
         let first = offset / BLOCK_SIZE;
         let end = (offset + data.len() as u64).div_ceil(BLOCK_SIZE);
-        let read = inner.execute(self.vol, 1, |_| ClientReq::Read {
-            lba: first,
-            blocks: end - first,
-        });
+        let read = inner.execute(
+            self.vol,
+            1,
+            |_| ClientReq::Read {
+                lba: first,
+                blocks: end - first,
+            },
+            None,
+        );
         let mut buf = match read.into_iter().next() {
             Some(Ok(Some(d))) => d,
             Some(Err(e)) => return Err(e),
@@ -1249,24 +1345,25 @@ impl ClusterVolume {
         buf.get_mut(at..at + data.len())
             .ok_or(IoError::Failed)?
             .copy_from_slice(data);
-        let w = inner.execute(self.vol, 1, |_| ClientReq::Write {
-            lba: first,
-            data: buf.clone(),
-            fua,
-        });
+        let w = inner.execute(
+            self.vol,
+            1,
+            |_| ClientReq::Write {
+                lba: first,
+                data: buf.clone(),
+                fua,
+            },
+            None,
+        );
         w.into_iter()
             .next()
             .unwrap_or(Err(IoError::Failed))
             .map(|_| ())
     }
-}
 
-impl BlockIo for ClusterVolume {
-    fn size(&self) -> u64 {
-        self.size.load(Ordering::Relaxed)
-    }
-
-    fn submit(&self, ops: &mut [DataOp<'_>]) {
+    /// [`BlockIo::submit`]; `ack` is passed on to the aligned round, which
+    /// the caller made sure is the whole batch.
+    fn run(&self, ops: &mut [DataOp<'_>], ack: Option<&Arc<dyn WriteAck>>) {
         let Some(inner) = self.inner.upgrade() else {
             for op in ops.iter_mut() {
                 op.result = Err(gone());
@@ -1291,7 +1388,7 @@ impl BlockIo for ClusterVolume {
             Vec::new()
         } else {
             let ops = &*ops;
-            inner.execute(self.vol, aligned.len(), |k| {
+            let request = |k: usize| {
                 let op = &ops[aligned[k]];
                 let first = op.offset / BLOCK_SIZE;
                 match &op.kind {
@@ -1305,7 +1402,8 @@ impl BlockIo for ClusterVolume {
                         fua: op.fua,
                     },
                 }
-            })
+            };
+            inner.execute(self.vol, aligned.len(), request, ack)
         };
         for (i, r) in aligned.into_iter().zip(results) {
             let op = &mut ops[i];
@@ -1337,11 +1435,33 @@ impl BlockIo for ClusterVolume {
             }
         }
     }
+}
+
+impl BlockIo for ClusterVolume {
+    fn size(&self) -> u64 {
+        self.size.load(Ordering::Relaxed)
+    }
+
+    fn submit(&self, ops: &mut [DataOp<'_>]) {
+        self.run(ops, None);
+    }
+
+    fn submit_writes(&self, ops: &mut [DataOp<'_>], ack: &Arc<dyn WriteAck>) {
+        // Early only when the batch is one round of aligned writes: partial
+        // writes are read-modify-writes of their own, after the batch.
+        let one_round = ops.iter().all(|op| {
+            matches!(op.kind, DataKind::Write(_))
+                && op.offset.is_multiple_of(BLOCK_SIZE)
+                && op_len(op).is_multiple_of(BLOCK_SIZE)
+                && self.check(op.offset, op_len(op)).is_ok()
+        });
+        self.run(ops, Some(ack).filter(|_| one_round && !ops.is_empty()));
+    }
 
     fn flush(&self) -> Result<(), IoError> {
         let inner = self.inner.upgrade().ok_or_else(gone)?;
         inner
-            .execute(self.vol, 1, |_| ClientReq::Flush)
+            .execute(self.vol, 1, |_| ClientReq::Flush, None)
             .into_iter()
             .next()
             .unwrap_or(Err(IoError::Failed))
@@ -1633,5 +1753,57 @@ impl ClusterVolumes for ClusterMember {
             return None;
         }
         Some(rec.primary == self.inner.me)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+
+    #[derive(Default)]
+    struct Counted(AtomicUsize);
+
+    impl WriteAck for Counted {
+        fn acknowledge(&self) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    fn batch(writes: usize) -> (Arc<Counted>, EarlyAck) {
+        let counted = Arc::new(Counted::default());
+        let ack: Arc<dyn WriteAck> = counted.clone();
+        (counted, EarlyAck::new(ack, writes))
+    }
+
+    #[test]
+    fn a_batch_is_acknowledged_once_by_its_last_success() {
+        let (counted, early) = batch(3);
+        early.reply(true);
+        early.reply(true);
+        assert_eq!(counted.0.load(Ordering::SeqCst), 0);
+        early.reply(true);
+        assert_eq!(counted.0.load(Ordering::SeqCst), 1);
+        // A duplicate reply (a retransmission answered twice) changes nothing.
+        early.reply(true);
+        assert!(early.close());
+        assert_eq!(counted.0.load(Ordering::SeqCst), 1);
+    }
+
+    #[test]
+    fn a_failed_write_or_a_closed_batch_is_never_acknowledged() {
+        let (counted, early) = batch(2);
+        early.reply(false);
+        early.reply(true);
+        early.reply(true);
+        assert!(!early.close());
+        assert_eq!(counted.0.load(Ordering::SeqCst), 0);
+
+        // The submitter gave up on the first attempt: late replies go
+        // nowhere, and the retry's replies are the submitter's to send.
+        let (counted, early) = batch(1);
+        assert!(!early.close());
+        early.reply(true);
+        assert_eq!(counted.0.load(Ordering::SeqCst), 0);
     }
 }

@@ -117,6 +117,51 @@ impl RecvBuffer {
     }
 }
 
+/// Sends `bytes` now, without blocking the calling thread on a client that
+/// does not read: only if the socket has nothing queued for sending (then
+/// the kernel takes a few KiB whole) and only by a non-blocking send. `None`
+/// when nothing was sent (queue not empty, or the kernel refused); then the
+/// caller's usual blocking path sends them.
+///
+/// Invariant: `Some` means every byte was written, in order, or the socket
+/// failed. Should the kernel take only a part (it does not with an empty
+/// queue and default buffers), the rest is written blocking before return,
+/// since nothing else may follow a partial reply on the stream.
+pub(crate) fn send_if_idle(stream: &TcpStream, bytes: &[u8]) -> Option<io::Result<()>> {
+    let fd = stream.as_raw_fd();
+    let mut queued: libc::c_int = 0;
+    // SAFETY: TIOCOUTQ (SIOCOUTQ for TCP) writes one int to `queued`; `fd`
+    // is the open socket owned by `stream` for this call.
+    let rc = unsafe { libc::ioctl(fd, libc::TIOCOUTQ, &mut queued as *mut libc::c_int) };
+    if rc != 0 || queued != 0 {
+        return None;
+    }
+    // SAFETY: `bytes` is a valid buffer of `bytes.len()` bytes for the call.
+    let n = unsafe {
+        libc::send(
+            fd,
+            bytes.as_ptr().cast::<libc::c_void>(),
+            bytes.len(),
+            libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+        )
+    };
+    if n < 0 {
+        let err = io::Error::last_os_error();
+        return match err.kind() {
+            io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => None,
+            _ => Some(Err(err)),
+        };
+    }
+    // n is non-negative and at most bytes.len().
+    let rest = bytes.get(n as usize..).unwrap_or(&[]);
+    let mut stream = stream;
+    Some(if rest.is_empty() {
+        Ok(())
+    } else {
+        stream.write_all(rest)
+    })
+}
+
 /// Writes every byte of `parts`, in order, with `writev` (at most `IOV_MAX`
 /// slices per call), retrying after partial writes.
 pub(crate) fn write_all_vectored(stream: &mut TcpStream, parts: &[&[u8]]) -> io::Result<()> {
@@ -196,6 +241,28 @@ mod tests {
         let expected: Vec<u8> = parts.concat();
         assert_eq!(all.len(), expected.len());
         assert!(all == expected);
+    }
+
+    #[test]
+    fn idle_send_goes_out_and_a_backed_up_socket_is_left_alone() {
+        let (a, mut b) = pair();
+        assert!(matches!(send_if_idle(&a, b"reply"), Some(Ok(()))));
+        let mut got = [0u8; 5];
+        b.read_exact(&mut got).unwrap();
+        assert_eq!(&got, b"reply");
+        // A client that stops reading: once its window is full, bytes stay
+        // queued on our side and the send is left to the blocking path.
+        a.set_nonblocking(true).unwrap();
+        let chunk = vec![1u8; 64 << 10];
+        loop {
+            match (&a).write(&chunk) {
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) => panic!("{e}"),
+            }
+        }
+        a.set_nonblocking(false).unwrap();
+        assert!(send_if_idle(&a, b"reply").is_none());
     }
 
     #[test]

@@ -25,7 +25,11 @@
 //! 3. *Reply*: encode every reply of the batch into one buffer and send it,
 //!    with the read data straight from the read buffers, in one `writev`
 //!    under the connection's send lock (replies of different batches never
-//!    interleave).
+//!    interleave). A batch of WRITEs only, on a volume whose writes complete
+//!    on another thread (a replicated volume), is acknowledged by that
+//!    thread instead, as soon as the last write succeeded: its success
+//!    replies are encoded up front and sent, if the socket has nothing
+//!    queued, without waking this lane first (see `EarlyReplies`).
 //!
 //! Invariants:
 //! - Each request gets exactly one complete reply (except DISC), sent only
@@ -46,7 +50,7 @@
 
 use crate::bufpool::BufferPool;
 use crate::handshake::Negotiated;
-use crate::socket::{write_all_vectored, RecvBuffer};
+use crate::socket::{send_if_idle, write_all_vectored, RecvBuffer};
 use crate::{ConnectionError, MAX_PAYLOAD};
 use basalt_nbd_wire::transmission::MAX_BLOCK_STATUS_DESCRIPTORS;
 use basalt_nbd_wire::{
@@ -55,13 +59,14 @@ use basalt_nbd_wire::{
     BlockStatusFlags, Command, CommandFlags, NbdError, ReplyFlags, Request, WireError,
 };
 use basalt_store::AlignedBuf;
-use basalt_volume::{DataOp, IoError, MappingRun};
+use basalt_volume::{DataOp, IoError, MappingRun, WriteAck};
 use parking_lot::{Mutex, MutexGuard};
 use std::borrow::Cow;
 use std::io::{self, Read};
 use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::ops::Range;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 
 /// Size of the buffer requests are received into. Large enough that one
 /// `recv` picks up dozens of pipelined small writes.
@@ -152,14 +157,41 @@ struct Connection {
     peer: SocketAddr,
     negotiated: Negotiated,
     intake: Mutex<Intake>,
-    /// The sending side: a lane sends a whole batch's replies under it.
-    replies: Mutex<TcpStream>,
+    /// The sending side: a lane sends a whole batch's replies under it
+    /// (shared with the batch's [`EarlyReplies`], which outlive the lane's
+    /// borrow of the connection).
+    replies: Arc<Mutex<TcpStream>>,
     /// A handle to shut the socket down without waiting for either side.
     control: TcpStream,
     /// Lanes between gathering a batch and finishing its replies.
     executing: AtomicUsize,
     /// How the connection ended, as seen by the first lane that saw it.
     end: Mutex<Option<Result<SessionEnd, ConnectionError>>>,
+}
+
+/// The success replies of a batch of WRITEs, sent by whichever thread
+/// completes the batch's last write ([`WriteAck`]), so the client's
+/// acknowledgement does not wait for this lane to be woken. They are sent
+/// only if the socket has nothing queued (a non-blocking send that the
+/// kernel takes whole), so a client that stops reading can never block the
+/// completing thread, which may be serving other volumes; otherwise the
+/// lane sends the batch's replies as usual.
+///
+/// Invariant: `outcome` is `Some` exactly when the replies were sent (or the
+/// socket failed while sending them); the lane then sends nothing for the
+/// batch. It is set before the submission returns to the lane.
+struct EarlyReplies {
+    socket: Arc<Mutex<TcpStream>>,
+    encoded: Vec<u8>,
+    outcome: Mutex<Option<io::Result<()>>>,
+}
+
+impl WriteAck for EarlyReplies {
+    fn acknowledge(&self) {
+        let socket = self.socket.lock();
+        let sent = send_if_idle(&socket, &self.encoded);
+        *self.outcome.lock() = sent;
+    }
 }
 
 /// One lane of a connection: gathers a batch (holding the intake), executes
@@ -191,7 +223,7 @@ pub fn serve(
             recv: RecvBuffer::new(RECV_BUFFER_BYTES),
             ended: false,
         }),
-        replies: Mutex::new(replies),
+        replies: Arc::new(Mutex::new(replies)),
         control,
         executing: AtomicUsize::new(0),
         end: Mutex::new(None),
@@ -282,8 +314,11 @@ impl<'c> Lane<'c> {
                 drop(intake);
                 None
             };
-            self.execute();
-            let sent = self.send_replies();
+            let early = self.execute();
+            let sent = match early.and_then(|early| early.outcome.lock().take()) {
+                Some(sent) => sent.map_err(ConnectionError::from),
+                None => self.send_replies(),
+            };
             conn.executing.fetch_sub(1, Ordering::AcqRel);
             self.recycle();
             if let Err(err) = sent {
@@ -491,7 +526,14 @@ impl<'c> Lane<'c> {
 
     // ------------------------------------------------------------ execute
 
-    fn execute(&mut self) {
+    /// Runs the batch; returns its early replies if it had them (then they
+    /// may have been sent already).
+    fn execute(&mut self) -> Option<Arc<EarlyReplies>> {
+        if let Some(early) = self.early_replies() {
+            let ack: Arc<dyn WriteAck> = early.clone();
+            self.submit_data(0..self.batch.len(), Some(&ack));
+            return Some(early);
+        }
         let mut group_start = 0;
         for i in 0..self.batch.len() {
             let is_command = self.batch.get(i).is_some_and(|e| {
@@ -499,16 +541,43 @@ impl<'c> Lane<'c> {
                     && !matches!(e.request.command, Command::Read | Command::Write)
             });
             if is_command {
-                self.submit_data(group_start..i);
+                self.submit_data(group_start..i, None);
                 self.execute_command(i);
                 group_start = i + 1;
             }
         }
-        self.submit_data(group_start..self.batch.len());
+        self.submit_data(group_start..self.batch.len(), None);
+        None
     }
 
-    /// Submits every pending READ/WRITE of `range` in one store call.
-    fn submit_data(&mut self, range: Range<usize>) {
+    /// The success replies of a batch of valid WRITEs only, encoded, when
+    /// the volume completes writes on other threads; `None` otherwise.
+    fn early_replies(&self) -> Option<Arc<EarlyReplies>> {
+        let all_writes = self.batch.iter().all(|e| {
+            matches!(e.outcome, Outcome::Pending)
+                && e.request.command == Command::Write
+                && e.payload.is_some()
+        });
+        if !all_writes
+            || self.batch.is_empty()
+            || !self.conn.negotiated.handle.acknowledges_writes()
+        {
+            return None;
+        }
+        let mut encoded = Vec::with_capacity(16 * self.batch.len());
+        for entry in &self.batch {
+            encode_simple_reply(entry.request.cookie, None, &mut encoded);
+        }
+        Some(Arc::new(EarlyReplies {
+            socket: self.conn.replies.clone(),
+            encoded,
+            outcome: Mutex::new(None),
+        }))
+    }
+
+    /// Submits every pending READ/WRITE of `range` in one store call (with
+    /// `ack`, the range is the whole batch and every op a WRITE).
+    fn submit_data(&mut self, range: Range<usize>, ack: Option<&Arc<dyn WriteAck>>) {
         let handle = &self.conn.negotiated.handle;
         let structured = self.conn.negotiated.structured;
         let Some(entries) = self.batch.get_mut(range) else {
@@ -543,7 +612,10 @@ impl<'c> Lane<'c> {
         if ops.is_empty() {
             return;
         }
-        handle.submit(&mut ops);
+        match ack {
+            Some(ack) => handle.submit_writes(&mut ops, ack),
+            None => handle.submit(&mut ops),
+        }
         for (op, (outcome, request)) in ops.into_iter().zip(targets) {
             *outcome = match op.result {
                 Err(err) => failure(&err, &request, self.conn.peer),

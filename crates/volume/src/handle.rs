@@ -11,6 +11,20 @@ use basalt_store::{DataKind, DataOp, IoError, LocalVolume, MappingRun, VolumeId}
 use std::sync::Arc;
 use std::time::Instant;
 
+/// A frontend's acknowledgement of a batch of writes to its client, which
+/// the data path may send itself, from the thread that completes the
+/// batch's last write, instead of waking the submitting thread to send it.
+/// For a replicated write that thread is the one receiving the last
+/// replica's acknowledgement, so the client hears back one thread wake-up
+/// sooner.
+pub trait WriteAck: Send + Sync {
+    /// Every write of the batch succeeded: tell the client now. Called at
+    /// most once per submission, before the submission returns; the ops'
+    /// results are still stored as usual, and the frontend learns from its
+    /// own `WriteAck` whether the acknowledgement went out.
+    fn acknowledge(&self);
+}
+
 /// The data path of a volume that is not (only) on this node's store: the
 /// cluster layer implements it. Requests are byte ranges within `size()`;
 /// the implementation handles alignment and durability (FUA, flush) with the
@@ -19,6 +33,12 @@ pub trait BlockIo: Send + Sync {
     fn size(&self) -> u64;
     /// Executes a batch of reads and writes; each op's outcome is stored in it.
     fn submit(&self, ops: &mut [DataOp<'_>]);
+    /// [`BlockIo::submit`] of a batch of writes, which may call `ack` (see
+    /// [`WriteAck`]) once all of them succeeded. By default it never does.
+    fn submit_writes(&self, ops: &mut [DataOp<'_>], ack: &Arc<dyn WriteAck>) {
+        let _ = ack;
+        self.submit(ops);
+    }
     /// Makes every completed write durable.
     fn flush(&self) -> Result<(), IoError>;
     /// The range reads as zeros afterwards.
@@ -190,6 +210,29 @@ impl VolumeHandle {
             Backend::Local(l) => l.submit(ops),
             Backend::Cluster { io, .. } => io.submit(ops),
         }
+        self.record(ops, start);
+    }
+
+    /// Whether [`VolumeHandle::submit_writes`] may acknowledge early: only a
+    /// replicated volume's writes complete on another thread than the
+    /// submitter's, so only there is a [`WriteAck`] worth building.
+    pub fn acknowledges_writes(&self) -> bool {
+        matches!(self.0.backend, Backend::Cluster { .. })
+    }
+
+    /// [`VolumeHandle::submit`] of a batch of writes; `ack` may be called
+    /// once all of them succeeded, from the thread that completed the last
+    /// one (see [`WriteAck`]).
+    pub fn submit_writes(&self, ops: &mut [DataOp<'_>], ack: &Arc<dyn WriteAck>) {
+        let start = Instant::now();
+        match &self.0.backend {
+            Backend::Local(l) => l.submit(ops),
+            Backend::Cluster { io, .. } => io.submit_writes(ops, ack),
+        }
+        self.record(ops, start);
+    }
+
+    fn record(&self, ops: &[DataOp<'_>], start: Instant) {
         let elapsed = start.elapsed();
         for op in ops.iter() {
             let (kind, bytes) = match &op.kind {

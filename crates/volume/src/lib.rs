@@ -9,7 +9,7 @@ mod stats;
 
 pub use basalt_store::{DataKind, DataOp, IoError, MappingRun};
 pub use error::VolumeError;
-pub use handle::{BlockIo, VolumeHandle};
+pub use handle::{BlockIo, VolumeHandle, WriteAck};
 pub use service::{
     validate_host_nqn, validate_volume_name, validate_volume_size, ClusterVolumes, NodeView,
     ReconcileReport, ReplicaStatus, StoreStatus, VolumeInfo, VolumeService,
