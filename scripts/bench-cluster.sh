@@ -1,8 +1,10 @@
 #!/bin/bash
 # RF1 vs RF3 on one machine (issue 5): 3 node processes with a real etcd on
-# loopback, fio's nbd engine against each volume's primary node. Prints IOPS,
-# mean and p99 latency per workload (medians of ROUNDS interleaved rounds,
-# default 3) and the RF3/RF1 ratios. Needs etcd, fio and a release build.
+# loopback, `basalt bench run matrix` comparing an RF1 and an RF3 volume
+# through each one's primary node (fio's nbd engine). Prints IOPS, mean and
+# p99 latency per workload (medians of ROUNDS rounds, default 3; RUNTIME
+# seconds per cell, default 10) and the RF3/RF1 ratios; each round's report
+# is kept under OUT. Needs etcd, fio and a release build.
 set -e
 B=${BASALT:-$(dirname "$0")/../target/release/basalt}
 W=$(mktemp -d /var/tmp/rfbench.XXXX)
@@ -21,48 +23,54 @@ for i in 0 1 2; do
   PIDS="$PIDS $!"
 done
 sleep 3
-$B volume create rf1 --size 2G --replicas 1 --data-dir $W/n0 >/dev/null
-$B volume create rf3 --size 2G --replicas 3 --data-dir $W/n0 >/dev/null
+# 1 GiB volumes, filled in full below: the bench's fio jobs span the whole
+# volume, and a first write to a region would measure its allocation and,
+# for RF3, the region's first crash-log save (docs/cluster.md).
+$B volume create rf1 --size 1G --replicas 1 --data-dir $W/n0 >/dev/null
+$B volume create rf3 --size 1G --replicas 3 --data-dir $W/n0 >/dev/null
 sleep 3
 prim() { $B volume show $1 --data-dir $W/n0 --output json | python3 -c 'import json,sys; v=json.load(sys.stdin); print([r["node"] for r in v["replicas"] if r["primary"]][0])'; }
-# Fill both volumes, then run every workload on RF1 and RF3 in turn,
-# ROUNDS times (interleaved, so both see the same machine), and report the
-# median of each and the RF3/RF1 ratio of the medians.
+# Fill both volumes, then measure both with `basalt bench` (matrix profile,
+# the two volumes compared cell by cell, interleaved), ROUNDS times, and
+# report the median of each figure and the RF3/RF1 ratio of the medians.
+# Each round's full report (tables, charts, HTML) stays in $OUT/round-N.
 ROUNDS=${ROUNDS:-3}
-for vol in rf1 rf3; do
-  p=$(prim $vol)
-  echo "$vol: primary $p"
-  fio --name=pre --ioengine=nbd --uri=nbd://127.0.0.1:$((10900+${p#n}))/$vol --rw=write --bs=1M --iodepth=8 --size=1G >/dev/null 2>&1
+OUT=${OUT:-$(pwd)/bench-results/cluster-$(date -u +%Y%m%dT%H%M%SZ)}
+mkdir -p $OUT
+uri() { p=$(prim $1); echo nbd://127.0.0.1:$((10900+${p#n}))/$1; }
+RF1=$(uri rf1)
+RF3=$(uri rf3)
+echo "rf1: $RF1"
+echo "rf3: $RF3"
+for vol in $RF1 $RF3; do
+  fio --name=pre --ioengine=nbd --uri=$vol --rw=write --bs=1M --iodepth=8 --size=1G >/dev/null 2>&1
 done
 for round in $(seq 1 $ROUNDS); do
-  for spec in "qd1-write --rw=randwrite --iodepth=1" "qd32-randwrite --rw=randwrite --iodepth=32" "qd32-randread --rw=randread --iodepth=32" "qd1-read --rw=randread --iodepth=1"; do
-    set -- $spec
-    name=$1; shift
-    for vol in rf1 rf3; do
-      p=$(prim $vol); port=$((10900+${p#n}))
-      fio --name=$name --ioengine=nbd --uri=nbd://127.0.0.1:$port/$vol "$@" --bs=4k --size=1G --time_based --runtime=10 --output-format=json 2>/dev/null | sed -n '/^{/,$p' | python3 -c '
-import json,sys
-j=json.load(sys.stdin)["jobs"][0]
-d=j["write"] if j["write"]["io_bytes"]>0 else j["read"]
-print("'$vol' '$name' %.0f %.1f %.1f" % (d["iops"], d["clat_ns"]["mean"]/1000, d["clat_ns"]["percentile"]["99.000000"]/1000))' | tee -a $W/results
-    done
-  done
+  $B bench run matrix --compare $RF1,$RF3 --rw randwrite,randread --bs 4k --numjobs 1 \
+    --iodepth 1,32 --runtime ${RUNTIME:-10} --size 1G --out $OUT/round-$round >/dev/null
 done
-python3 - $W/results <<'PY'
-import sys, statistics
-rows = [l.split() for l in open(sys.argv[1]) if l.strip()]
-med = {}
-for vol, name, iops, mean, p99 in rows:
-    med.setdefault((vol, name), []).append((float(iops), float(mean), float(p99)))
-print("median of %d rounds:" % max(len(v) for v in med.values()))
-for name in ["qd1-write", "qd32-randwrite", "qd32-randread", "qd1-read"]:
-    r = {}
-    for vol in ["rf1", "rf3"]:
-        v = med.get((vol, name), [])
-        if not v:
+python3 - $OUT $ROUNDS $RF1 $RF3 <<'PY'
+import json, statistics, sys
+out, rounds, uris = sys.argv[1], int(sys.argv[2]), {"rf1": sys.argv[3], "rf3": sys.argv[4]}
+figures = {}
+for r in range(1, rounds + 1):
+    for cell in json.load(open("%s/round-%d/summary.json" % (out, r)))["cells"]:
+        w = cell["workload"]
+        m = cell["outcome"].get("metrics", {})
+        d = m.get("write") or m.get("read")
+        if cell["outcome"].get("status") != "ok" or not d:
             continue
-        r[vol] = tuple(statistics.median(x[i] for x in v) for i in range(3))
-        print("%s %s: %.0f IOPS, mean %.1f us, p99 %.1f us" % (vol, name, *r[vol]))
-    if "rf1" in r and "rf3" in r:
-        print("  RF3/RF1 %s: IOPS %.2fx, mean latency %.2fx" % (name, r["rf3"][0] / r["rf1"][0], r["rf3"][1] / r["rf1"][1]))
+        key = (cell["target"], w["rw"], w["iodepth"])
+        figures.setdefault(key, []).append((d["iops"], d["latency"]["mean_us"], d["latency"]["p99_us"]))
+print("basalt bench, median of %d rounds (reports in %s):" % (rounds, out))
+for rw in ["randwrite", "randread"]:
+    for qd in [1, 32]:
+        med = {}
+        for vol, uri in uris.items():
+            v = figures.get((uri, rw, qd))
+            if v:
+                med[vol] = [statistics.median(x[i] for x in v) for i in range(3)]
+                print("%s %s QD%d: %.0f IOPS, mean %.1f us, p99 %.1f us" % (vol, rw, qd, *med[vol]))
+        if len(med) == 2:
+            print("  RF3/RF1 %s QD%d: IOPS %.2fx, mean latency %.2fx" % (rw, qd, med["rf3"][0] / med["rf1"][0], med["rf3"][1] / med["rf1"][1]))
 PY
