@@ -33,6 +33,19 @@ impl<T> DiskQueue<T> {
     pub(crate) fn tag(&self, id: IoId) -> Option<&T> {
         self.inflight.get(&id).map(|(_, t)| t)
     }
+
+    /// The logs of the newest log save submitted and not issued yet (it
+    /// waits behind the save in flight): what it will write may still grow,
+    /// and every operation submitted from now on is issued after it.
+    pub(crate) fn waiting_save(&mut self) -> Option<&mut crate::node::SavedLogs> {
+        self.pending
+            .iter_mut()
+            .rev()
+            .find_map(|(_, op, _)| match op {
+                DiskOp::SaveLogs { logs } => Some(logs),
+                _ => None,
+            })
+    }
 }
 
 fn range(op: &DiskOp, block_len: u64) -> Option<(u64, u64)> {

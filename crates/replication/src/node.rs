@@ -276,7 +276,11 @@ impl Node {
         if let Some((lba, blocks)) = extent.filter(|(_, n)| *n > 0) {
             let rb = self.cfg.region_blocks.max(1);
             let regions = (lba / rb) as usize..=((lba + blocks - 1) / rb) as usize;
-            if self.crash.unflushed.is_empty() {
+            // Into the open group: a write submitted after a flush is not
+            // made durable by it, so it must not join the group that flush
+            // closes (its regions would leave the copy when that flush
+            // completes, while the write is still unflushed).
+            if !matches!(self.crash.unflushed.back(), Some((None, _))) {
                 self.crash.unflushed.push_back((None, BTreeSet::new()));
             }
             if let Some((_, open)) = self.crash.unflushed.back_mut() {
@@ -285,12 +289,26 @@ impl Node {
             // Also when the logs' epochs changed: a node that restarts
             // without a log of an epoch then knows it applied no write of
             // it (see `Secondary::mark_partial`).
-            if regions.clone().any(|r| !self.crash.saved.contains(&r))
-                || self.live_epochs() != self.crash.epochs
-            {
+            let epochs_changed = self.live_epochs() != self.crash.epochs;
+            if epochs_changed || regions.clone().any(|r| !self.crash.saved.contains(&r)) {
                 let mut target = self.crash.saved.clone();
-                target.extend(regions);
-                self.save_crash_log(target, acts);
+                target.extend(regions.clone());
+                match self.disk.waiting_save().filter(|_| !epochs_changed) {
+                    // A save not issued yet (waiting for the one in flight)
+                    // takes the new regions too, and this write waits for
+                    // it: one save per disk round trip instead of one per
+                    // new region, which on a fresh volume is one per write.
+                    Some(waiting) => {
+                        for log in [&mut waiting.current, &mut waiting.previous]
+                            .into_iter()
+                            .flatten()
+                        {
+                            log.name_regions(regions.clone());
+                        }
+                        self.crash.saved = target;
+                    }
+                    None => self.save_crash_log(target, acts),
+                }
             }
         }
         let is_flush = matches!(op, DiskOp::Flush);
@@ -985,6 +1003,67 @@ mod tests {
             .collect();
         assert_eq!(saves, vec![Vec::<u32>::new()]);
         assert_eq!(node.log_saves(), 3);
+    }
+
+    #[test]
+    fn a_waiting_save_takes_later_regions_and_a_write_after_a_flush_stays_named() {
+        let (p, vol) = (NodeId(0), VolumeId(1));
+        let rec = Membership::new(vol, &[p], p, 1).with_blocks(16);
+        let cfg = Config {
+            crash_log_regions: 1,
+            crash_log_compact_ms: 0,
+            ..small(16)
+        };
+        let mut node = Node::new(p, 0, vol, cfg, Some(rec), 0);
+        lease(&mut node, 0, p, vol);
+        let write = |lba| ClientReq::Write {
+            lba,
+            data: vec![7; 2],
+            fua: false,
+        };
+        let a = client(&mut node, 1, 1, write(0));
+        let first = disk_ops(&a);
+        assert_eq!(saved_regions(&first[0].1), Some(vec![0]));
+        // Regions 1 then 2 while the first save is in flight: one more save,
+        // waiting, takes both; nothing is issued until the first completes.
+        let a = client(&mut node, 2, 2, write(4));
+        assert!(disk_ops(&a).is_empty(), "{a:?}");
+        let a = client(&mut node, 3, 3, write(8));
+        assert!(disk_ops(&a).is_empty(), "{a:?}");
+        let a = done(&mut node, 4, first[0].0);
+        let ops = disk_ops(&a);
+        assert!(matches!(ops[0].1, DiskOp::Write { lba: 0, .. }), "{ops:?}");
+        assert_eq!(saved_regions(&ops[1].1), Some(vec![0, 1, 2]));
+        assert_eq!(ops.len(), 2, "{ops:?}");
+        assert_eq!(node.log_saves(), 2);
+        done(&mut node, 5, ops[0].0);
+        let a = done(&mut node, 6, ops[1].0);
+        let writes = disk_ops(&a);
+        assert_eq!(writes.len(), 2, "{writes:?}");
+        for (id, _) in writes {
+            done(&mut node, 7, id);
+        }
+        // A flush in flight, then a write to a named region: the flush does
+        // not cover it, so once the flush completes, cutting the copy down
+        // still keeps its region.
+        let a = client(&mut node, 8, 4, ClientReq::Flush);
+        let flush = disk_ops(&a);
+        assert!(matches!(flush[..], [(_, DiskOp::Flush)]), "{flush:?}");
+        let a = client(&mut node, 9, 5, write(0));
+        let late = disk_ops(&a);
+        assert!(
+            matches!(late[..], [(_, DiskOp::Write { lba: 0, .. })]),
+            "{late:?}"
+        );
+        // (Completed first, so only its unflushed group still names it.)
+        done(&mut node, 10, late[0].0);
+        done(&mut node, 11, flush[0].0);
+        let a = node.handle(12, Input::Tick);
+        let saves: Vec<_> = disk_ops(&a)
+            .iter()
+            .filter_map(|(_, op)| saved_regions(op))
+            .collect();
+        assert_eq!(saves, vec![vec![0]]);
     }
 
     #[test]

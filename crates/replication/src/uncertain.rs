@@ -59,6 +59,21 @@ fn complete_by_default() -> bool {
     true
 }
 
+impl SavedLog {
+    /// Names `regions` too, each at vseq `u64::MAX` as
+    /// [`Uncertain::crash_save`] names them: a crash-safe copy not written
+    /// yet taking the regions of writes submitted after it. `regions` stays
+    /// sorted by region.
+    pub(crate) fn name_regions(&mut self, regions: impl Iterator<Item = usize>) {
+        for r in regions {
+            let r = r as u32;
+            if let Err(at) = self.regions.binary_search_by_key(&r, |(region, _)| *region) {
+                self.regions.insert(at, (r, u64::MAX));
+            }
+        }
+    }
+}
+
 #[derive(Clone, Debug)]
 pub(crate) struct Uncertain {
     pub(crate) epoch: Epoch,

@@ -933,6 +933,47 @@ impl Sim {
         }
     }
 
+    /// With crash logs, a write reaches the disk only once its regions are
+    /// named in the crash-safe copy on that disk (the last save completed),
+    /// if that copy holds any log: else a crash could leave data there that
+    /// no log tells a resync about.
+    fn check_write_ahead(&self, node: usize, op: &DiskOp) -> Result<(), String> {
+        if self.p.crash_log_regions == 0 {
+            return Ok(());
+        }
+        let (lba, blocks) = match op {
+            DiskOp::Write { lba, data, .. } => (*lba, (data.len() / BL) as u64),
+            DiskOp::WriteZeroes { lba, blocks, .. } => (*lba, *blocks),
+            _ => return Ok(()),
+        };
+        if blocks == 0 {
+            return Ok(());
+        }
+        // A copy holding no log at all narrows nothing (the node restarts
+        // as one without logs, and is copied in full), so it needs no names.
+        let logs: Vec<_> = self.procs[node]
+            .disk
+            .logs
+            .iter()
+            .flat_map(|l| [&l.current, &l.previous])
+            .flatten()
+            .collect();
+        if logs.is_empty() {
+            return Ok(());
+        }
+        for region in lba / REGION_BLOCKS..=(lba + blocks - 1) / REGION_BLOCKS {
+            let named = logs
+                .iter()
+                .any(|log| log.regions.iter().any(|(r, _)| u64::from(*r) == region));
+            if !named {
+                return Err(self.fail(format!(
+                    "n{node}: {op:?} reaches region {region}, which its crash-safe log copy does not name"
+                )));
+            }
+        }
+        Ok(())
+    }
+
     /// After every step: every InSync replica durably holds each block's
     /// durable write or a later one.
     fn check_step(&self) -> Result<(), String> {
@@ -1269,6 +1310,7 @@ impl Sim {
                     let result = if fail {
                         DiskResult::Error
                     } else {
+                        self.check_write_ahead(node, &op)?;
                         match self.procs[node].disk.complete(id, &op) {
                             Ok(data) => {
                                 self.note_applied(node, &op);
