@@ -10,15 +10,17 @@
 //! - every record change is a compare-and-swap on the version this task
 //!   read, so a second coordinator (during an election change) can never
 //!   overwrite a newer decision;
-//! - a task that starts considers every registered node heard at its start,
-//!   so it replaces no primary before `lease + grace` has passed under its
-//!   own watch (the previous coordinator may have extended that lease);
+//! - a task that starts considers every registered node heard when the
+//!   previous coordinator may last have extended a lease (one third of the
+//!   role's TTL before this task's election: see
+//!   `ClusterMeta::role_handover_credit_ms`), so it replaces no primary
+//!   before `lease + grace` has passed since then;
 //! - a record is created only for a volume that is in the catalog, with the
 //!   boot ids the nodes registered with, so only the current incarnation of
 //!   each node takes part.
 
 use crate::member::Inner;
-use crate::meta::{CasOutcome, NodeState, NodeStatus};
+use crate::meta::{CasOutcome, ClusterMeta, NodeState, NodeStatus};
 use crate::placement::{self, Candidate};
 use crate::ClusterError;
 use basalt_catalog::{Versioned, VolumeRecord};
@@ -89,12 +91,16 @@ impl CoordinatorTask {
 fn run(weak: Weak<Inner>, rx: mpsc::Receiver<CoordEvent>) {
     let Some(inner) = weak.upgrade() else { return };
     let t = inner.timing().clone();
-    // Every registered node counts as heard now (see the module docs).
+    // Every registered node counts as heard when the previous coordinator
+    // may last have extended its lease (see the module docs).
     let known: Vec<NodeId> = match inner.meta.nodes() {
         Ok(nodes) => nodes.iter().map(|n| n.id).collect(),
         Err(_) => inner.nodes.read().iter().map(|n| n.id).collect(),
     };
-    let mut coord = Coordinator::new(t.lease_ms, t.grace_ms, &known, inner.now_ms());
+    let heard = inner
+        .now_ms()
+        .saturating_sub(ClusterMeta::role_handover_credit_ms());
+    let mut coord = Coordinator::new(t.lease_ms, t.grace_ms, &known, heard);
     drop(inner);
     let tick = Duration::from_millis((t.heartbeat_ms / 2).clamp(10, 500));
     let mut next_tick = Instant::now();

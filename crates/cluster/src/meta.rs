@@ -933,6 +933,18 @@ impl ClusterMeta {
             .is_some_and(|at| at.elapsed() < COORDINATOR_TTL * 2 / 3)
     }
 
+    /// How much of a lease the previous coordinator granted has surely run
+    /// out when a new coordinator is elected, in milliseconds: a
+    /// coordinator extends leases only within two thirds of the role's TTL
+    /// after its last confirmed keep-alive (`coordinator_role_current`),
+    /// and etcd lets another node take the role only a full TTL after that
+    /// keep-alive, so a lease extended to `sent_at + lease` ends at most
+    /// `lease − TTL/3` after the election. A new coordinator counts every
+    /// node as heard this long before its start.
+    pub fn role_handover_credit_ms() -> u64 {
+        (COORDINATOR_TTL / 3).as_millis() as u64
+    }
+
     /// The current coordinator's node name, if any.
     pub fn coordinator(&self) -> Result<Option<String>, MetaError> {
         Ok(self
