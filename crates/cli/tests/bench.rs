@@ -590,3 +590,52 @@ fn usage_errors_are_one_line_with_the_valid_choices() {
     .cli_error(1);
     assert!(line.contains("cannot reach target file"), "{line}");
 }
+
+#[test]
+fn floor_measures_each_replica_count_and_refuses_nonsense() {
+    let dir = Scratch::new();
+    let work = dir.path("work");
+    std::fs::create_dir_all(&work).unwrap();
+    let run = bench(
+        &dir.0,
+        &[
+            "floor",
+            "--replicas",
+            "1,3",
+            "--writes",
+            "50",
+            "--rounds",
+            "1",
+            "--size",
+            "1M",
+            "--work-dir",
+            work.to_str().unwrap(),
+            "-o",
+            "json",
+        ],
+    );
+    let rows: Value = serde_json::from_str(run.ok()).unwrap();
+    let rows = rows.as_array().unwrap();
+    assert_eq!(rows.len(), 2, "{}", run.describe());
+    for (row, replicas) in rows.iter().zip([1, 3]) {
+        assert_eq!(row["replicas"], replicas);
+        assert!(row["mean_us"].as_f64().unwrap() > 0.0, "{row}");
+    }
+    assert_eq!(rows[0]["ratio_to_first"], 1.0);
+    assert_eq!(
+        std::fs::read_dir(&work).unwrap().count(),
+        0,
+        "the replicas' files are removed"
+    );
+
+    let line = bench(&dir.0, &["floor", "--replicas", "0"]).cli_error(1);
+    assert!(line.contains("from 1 to 5"), "{line}");
+    let line = bench(&dir.0, &["floor", "--size", "1x"]).cli_error(1);
+    assert!(line.contains("--size 1x"), "{line}");
+    let line = bench(
+        &dir.0,
+        &["floor", "--work-dir", "/nonexistent/dir", "--writes", "5"],
+    )
+    .cli_error(1);
+    assert!(line.contains("cannot create the floor's files"), "{line}");
+}
