@@ -214,50 +214,46 @@ struct EarlyAck {
     state: Mutex<EarlyAckState>,
 }
 
-struct EarlyAckState {
-    /// Writes not answered yet.
-    remaining: usize,
-    /// A write was answered with anything but success.
-    failed: bool,
-    acknowledged: bool,
-    closed: bool,
+enum EarlyAckState {
+    /// This many writes not answered yet, all answers so far successes.
+    Waiting(usize),
+    Acknowledged,
+    /// A write failed, or the submitter closed the batch first.
+    Off,
 }
 
 impl EarlyAck {
     fn new(ack: Arc<dyn WriteAck>, writes: usize) -> EarlyAck {
         EarlyAck {
             ack,
-            state: Mutex::new(EarlyAckState {
-                remaining: writes,
-                failed: false,
-                acknowledged: false,
-                closed: false,
-            }),
+            state: Mutex::new(EarlyAckState::Waiting(writes)),
         }
     }
 
     fn reply(&self, ok: bool) {
         let mut st = self.state.lock();
-        if st.closed || st.failed || st.acknowledged {
+        let EarlyAckState::Waiting(remaining) = *st else {
             return;
-        }
-        if !ok {
-            st.failed = true;
-            return;
-        }
-        st.remaining = st.remaining.saturating_sub(1);
-        if st.remaining == 0 {
+        };
+        *st = if !ok {
+            EarlyAckState::Off
+        } else if remaining <= 1 {
             self.ack.acknowledge();
-            st.acknowledged = true;
-        }
+            EarlyAckState::Acknowledged
+        } else {
+            EarlyAckState::Waiting(remaining - 1)
+        };
     }
 
     /// Ends the first attempt: no acknowledgement after this. Returns
     /// whether the batch was acknowledged (then every write succeeded).
     fn close(&self) -> bool {
         let mut st = self.state.lock();
-        st.closed = true;
-        st.acknowledged
+        if matches!(*st, EarlyAckState::Acknowledged) {
+            return true;
+        }
+        *st = EarlyAckState::Off;
+        false
     }
 }
 
@@ -1361,8 +1357,10 @@ impl ClusterVolume {
             .map(|_| ())
     }
 
-    /// [`BlockIo::submit`]; `ack` is passed on to the aligned round, which
-    /// the caller made sure is the whole batch.
+    /// [`BlockIo::submit`]; `ack` is passed on to the aligned round when
+    /// that round is the whole batch and all writes (a refused op or a
+    /// partial write, a read-modify-write of its own after the round, is
+    /// answered outside it).
     fn run(&self, ops: &mut [DataOp<'_>], ack: Option<&Arc<dyn WriteAck>>) {
         let Some(inner) = self.inner.upgrade() else {
             for op in ops.iter_mut() {
@@ -1403,7 +1401,9 @@ impl ClusterVolume {
                     },
                 }
             };
-            inner.execute(self.vol, aligned.len(), request, ack)
+            let whole = aligned.len() == ops.len()
+                && ops.iter().all(|op| matches!(op.kind, DataKind::Write(_)));
+            inner.execute(self.vol, aligned.len(), request, ack.filter(|_| whole))
         };
         for (i, r) in aligned.into_iter().zip(results) {
             let op = &mut ops[i];
@@ -1447,15 +1447,7 @@ impl BlockIo for ClusterVolume {
     }
 
     fn submit_writes(&self, ops: &mut [DataOp<'_>], ack: &Arc<dyn WriteAck>) {
-        // Early only when the batch is one round of aligned writes: partial
-        // writes are read-modify-writes of their own, after the batch.
-        let one_round = ops.iter().all(|op| {
-            matches!(op.kind, DataKind::Write(_))
-                && op.offset.is_multiple_of(BLOCK_SIZE)
-                && op_len(op).is_multiple_of(BLOCK_SIZE)
-                && self.check(op.offset, op_len(op)).is_ok()
-        });
-        self.run(ops, Some(ack).filter(|_| one_round && !ops.is_empty()));
+        self.run(ops, Some(ack));
     }
 
     fn flush(&self) -> Result<(), IoError> {

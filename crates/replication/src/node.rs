@@ -60,6 +60,18 @@ pub struct SavedLogs {
     pub previous: Option<SavedLog>,
 }
 
+impl SavedLogs {
+    /// Names `regions` in both logs (see [`SavedLog::name_regions`]).
+    fn name_regions(&mut self, regions: impl Iterator<Item = usize> + Clone) {
+        for log in [&mut self.current, &mut self.previous]
+            .into_iter()
+            .flatten()
+        {
+            log.name_regions(regions.clone());
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug)]
 enum Tag {
     P(PrimTag),
@@ -291,23 +303,20 @@ impl Node {
             // it (see `Secondary::mark_partial`).
             let epochs_changed = self.live_epochs() != self.crash.epochs;
             if epochs_changed || regions.clone().any(|r| !self.crash.saved.contains(&r)) {
-                let mut target = self.crash.saved.clone();
-                target.extend(regions.clone());
-                match self.disk.waiting_save().filter(|_| !epochs_changed) {
-                    // A save not issued yet (waiting for the one in flight)
-                    // takes the new regions too, and this write waits for
-                    // it: one save per disk round trip instead of one per
-                    // new region, which on a fresh volume is one per write.
-                    Some(waiting) => {
-                        for log in [&mut waiting.current, &mut waiting.previous]
-                            .into_iter()
-                            .flatten()
-                        {
-                            log.name_regions(regions.clone());
-                        }
-                        self.crash.saved = target;
-                    }
-                    None => self.save_crash_log(target, acts),
+                // A save not issued yet (waiting for the one in flight)
+                // takes the new regions too, and this write waits for it:
+                // one save per disk round trip instead of one per new
+                // region, which on a fresh volume is one per write.
+                let waiting = (!epochs_changed)
+                    .then(|| self.disk.waiting_save())
+                    .flatten();
+                if let Some(waiting) = waiting {
+                    waiting.name_regions(regions.clone());
+                    self.crash.saved.extend(regions);
+                } else {
+                    let mut target = self.crash.saved.clone();
+                    target.extend(regions);
+                    self.save_crash_log(target, acts);
                 }
             }
         }
@@ -934,8 +943,17 @@ mod tests {
         }
     }
 
-    #[test]
-    fn crash_log_is_saved_before_a_write_reaches_a_new_region_and_cut_down_after_flushes() {
+    /// The regions of every save among `acts`.
+    fn saves(acts: &[Action]) -> Vec<Vec<u32>> {
+        disk_ops(acts)
+            .iter()
+            .filter_map(|(_, op)| saved_regions(op))
+            .collect()
+    }
+
+    /// A single-replica primary of 16 blocks with crash logs that are cut
+    /// down at every tick once they hold more than one region.
+    fn crash_log_primary() -> Node {
         let (p, vol) = (NodeId(0), VolumeId(1));
         let rec = Membership::new(vol, &[p], p, 1).with_blocks(16);
         let cfg = Config {
@@ -945,11 +963,21 @@ mod tests {
         };
         let mut node = Node::new(p, 0, vol, cfg, Some(rec), 0);
         lease(&mut node, 0, p, vol);
-        let write = |lba| ClientReq::Write {
+        node
+    }
+
+    /// A write of two blocks at `lba`.
+    fn write(lba: u64) -> ClientReq {
+        ClientReq::Write {
             lba,
             data: vec![7; 2],
             fua: false,
-        };
+        }
+    }
+
+    #[test]
+    fn crash_log_is_saved_before_a_write_reaches_a_new_region_and_cut_down_after_flushes() {
+        let mut node = crash_log_primary();
         // Region 0 is new: the save goes first, the write waits for it.
         let a = client(&mut node, 1, 1, write(0));
         let ops = disk_ops(&a);
@@ -985,42 +1013,20 @@ mod tests {
         done(&mut node, 8, w[0].0);
         // Not flushed yet: cutting down keeps every region written.
         let a = node.handle(9, Input::Tick);
-        assert!(
-            !disk_ops(&a)
-                .iter()
-                .any(|(_, op)| saved_regions(op).is_some()),
-            "{a:?}"
-        );
+        assert!(saves(&a).is_empty(), "{a:?}");
         let a = client(&mut node, 10, 4, ClientReq::Flush);
         let f = disk_ops(&a);
         assert!(matches!(f[..], [(_, DiskOp::Flush)]), "{f:?}");
         done(&mut node, 11, f[0].0);
         // Flushed, and on every replica (there is one): nothing is needed.
         let a = node.handle(12, Input::Tick);
-        let saves: Vec<_> = disk_ops(&a)
-            .iter()
-            .filter_map(|(_, op)| saved_regions(op))
-            .collect();
-        assert_eq!(saves, vec![Vec::<u32>::new()]);
+        assert_eq!(saves(&a), vec![Vec::<u32>::new()]);
         assert_eq!(node.log_saves(), 3);
     }
 
     #[test]
     fn a_waiting_save_takes_later_regions_and_a_write_after_a_flush_stays_named() {
-        let (p, vol) = (NodeId(0), VolumeId(1));
-        let rec = Membership::new(vol, &[p], p, 1).with_blocks(16);
-        let cfg = Config {
-            crash_log_regions: 1,
-            crash_log_compact_ms: 0,
-            ..small(16)
-        };
-        let mut node = Node::new(p, 0, vol, cfg, Some(rec), 0);
-        lease(&mut node, 0, p, vol);
-        let write = |lba| ClientReq::Write {
-            lba,
-            data: vec![7; 2],
-            fua: false,
-        };
+        let mut node = crash_log_primary();
         let a = client(&mut node, 1, 1, write(0));
         let first = disk_ops(&a);
         assert_eq!(saved_regions(&first[0].1), Some(vec![0]));
@@ -1059,11 +1065,7 @@ mod tests {
         done(&mut node, 10, late[0].0);
         done(&mut node, 11, flush[0].0);
         let a = node.handle(12, Input::Tick);
-        let saves: Vec<_> = disk_ops(&a)
-            .iter()
-            .filter_map(|(_, op)| saved_regions(op))
-            .collect();
-        assert_eq!(saves, vec![vec![0]]);
+        assert_eq!(saves(&a), vec![vec![0]]);
     }
 
     #[test]

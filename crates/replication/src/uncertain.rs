@@ -132,17 +132,15 @@ impl Uncertain {
     /// of writes not yet flushed, and of the hot set) added: every entry at
     /// vseq `u64::MAX`, and a primary's own log with `synced = u64::MAX`.
     pub(crate) fn crash_save(&self, extra: &BTreeSet<usize>) -> SavedLog {
-        let mut regions: BTreeSet<usize> = self.regions().collect();
-        regions.extend(extra.iter().copied());
-        SavedLog {
-            epoch: self.epoch,
-            synced: if self.own { u64::MAX } else { self.synced },
-            floor: self.floor,
-            overflow: self.overflow,
-            regions: regions.into_iter().map(|r| (r as u32, u64::MAX)).collect(),
-            own: self.own,
-            complete: self.complete,
+        let mut saved = self.save();
+        if self.own {
+            saved.synced = u64::MAX;
         }
+        for (_, vseq) in &mut saved.regions {
+            *vseq = u64::MAX;
+        }
+        saved.name_regions(extra.iter().copied());
+        saved
     }
 
     /// A `Repl` of this epoch was received: `regions` written by it (empty
