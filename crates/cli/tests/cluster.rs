@@ -138,6 +138,39 @@ fn replicated_volume_survives_killed_nodes_and_resyncs() {
     drop(c.etcd);
 }
 
+/// A cluster with nothing to do costs etcd no writes: standbys do not
+/// campaign while the coordinator role is held, and nodes republish their
+/// capacity only when it changed. Every write is a raft proposal and an
+/// fsync of etcd's WAL, so a per-node trickle adds up with the node count.
+#[test]
+fn quiet_cluster_writes_nothing_to_etcd() {
+    let c = Cluster::start(3, &[]);
+    c.nodes[0]
+        .cli(&["volume", "create", "q", "--size", "16M", "--replicas", "3"])
+        .ok();
+    let v = c.wait_volume(0, "q", "placed and in sync", |v| all_in_sync(v, 3));
+    let p = node_index(&primary(&v).expect("a primary"));
+    // Allocation changes every replica's free capacity: republished once.
+    write_pattern(None, &c.nodes[p].uri("q"), 3, 1, 0, 4 << 20);
+    // One window longer than the capacity republishing period (10 s)
+    // without a single proposal, within a deadline that allows for the
+    // writes that settle the volume and publish the new capacity.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let before = c.etcd.proposals_committed().expect("etcd metrics");
+        std::thread::sleep(Duration::from_secs(12));
+        let after = c.etcd.proposals_committed().expect("etcd metrics");
+        if after == before {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "etcd still committed {} proposals in 12 s of a quiet cluster",
+            after - before
+        );
+    }
+}
+
 /// A volume created while a node is down is placed degraded and completed
 /// when the node returns; a removed node's replica is rebuilt on a new node.
 /// The value of the first `/metrics` sample of node `s` whose line starts

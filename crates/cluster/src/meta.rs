@@ -659,13 +659,17 @@ impl ClusterMeta {
         })
     }
 
-    /// Updates what the registry says about this node (free capacity …).
+    /// Updates what the registry says about this node (free capacity …);
+    /// writes nothing when it already says that.
     pub fn update_node_info(&self, reg: &Registration, info: NodeInfo) -> Result<(), MetaError> {
         let key = format!("nodes/{}", reg.name);
         for _ in 0..10 {
             let Some((mut r, rev)) = self.node_record(&reg.name)? else {
                 return Err(MetaError::UnknownNode(reg.name.clone()));
             };
+            if r.info == info {
+                return Ok(());
+            }
             r.info = info.clone();
             let json = serde_json::to_vec(&r).map_err(|e| corrupt(&key, e))?;
             if self.core.put_if(&key, rev, json)? {
@@ -862,19 +866,25 @@ impl ClusterMeta {
             loop {
                 match held {
                     None => {
-                        if let Ok(lease) = core.grant(ttl) {
-                            match core.create_with_lease(
-                                "coordinator",
-                                name.clone().into_bytes(),
-                                lease,
-                            ) {
-                                Ok(true) => {
-                                    held = Some(lease);
-                                    last_ok = std::time::Instant::now();
-                                    *confirmed.lock() = Some(last_ok);
-                                    f(true);
+                        // A read first: while another node holds the role,
+                        // a standby costs etcd no writes (a lease grant and
+                        // revoke are raft proposals, each an fsync).
+                        let vacant = matches!(core.get("coordinator"), Ok(None));
+                        if vacant {
+                            if let Ok(lease) = core.grant(ttl) {
+                                match core.create_with_lease(
+                                    "coordinator",
+                                    name.clone().into_bytes(),
+                                    lease,
+                                ) {
+                                    Ok(true) => {
+                                        held = Some(lease);
+                                        last_ok = std::time::Instant::now();
+                                        *confirmed.lock() = Some(last_ok);
+                                        f(true);
+                                    }
+                                    _ => core.revoke(lease),
                                 }
-                                _ => core.revoke(lease),
                             }
                         }
                         if !nap(stop, Duration::from_millis(500)) {

@@ -167,7 +167,16 @@ fn exactly_one_coordinator_and_failover_when_it_dies() {
     let _g2 = m2
         .campaign(&r2, Box::new(move |won| f2.store(won, Ordering::SeqCst)))
         .unwrap();
+    std::thread::sleep(Duration::from_secs(1));
+    // A standby only reads while the role is held: two seconds (four of
+    // its polls) commit no raft proposal (each one an fsync on etcd).
+    let before = etcd.proposals_committed().unwrap();
     std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(
+        etcd.proposals_committed().unwrap(),
+        before,
+        "etcd writes while the coordinator role is held"
+    );
     assert!(!e2.load(Ordering::SeqCst), "two coordinators at once");
     assert_eq!(m2.coordinator().unwrap().as_deref(), Some("c1"));
     drop(g1); // resigns

@@ -176,6 +176,18 @@ impl EtcdServer {
         self.cluster.pid(0)
     }
 
+    /// How many raft proposals etcd has committed since it started: every
+    /// write (put, delete, txn, lease grant and revoke), each an fsync of
+    /// its WAL; reads and lease keep-alives are not proposals. Tests use it
+    /// to show what a quiet cluster costs etcd.
+    pub fn proposals_committed(&self) -> Result<u64, FixtureError> {
+        let addr = SocketAddr::new(self.cluster.net.host, self.client_port());
+        self.cluster
+            .net
+            .run(|| proposals_committed(addr))?
+            .map_err(io_err(format!("read etcd's metrics at {addr}")))
+    }
+
     /// How long the last start (or restart) took, from spawn to healthy.
     pub fn last_start_duration(&self) -> Duration {
         self.cluster.last_start_duration()
@@ -508,19 +520,39 @@ fn free_ports(host: IpAddr, n: usize) -> Result<Vec<u16>, FixtureError> {
     Ok(held.into_iter().map(|(port, _)| port).collect())
 }
 
+/// The whole HTTP/1.0 response (headers and body) to `GET path` at `addr`.
+fn http_get(addr: SocketAddr, path: &str) -> io::Result<String> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_millis(500))?;
+    s.set_read_timeout(Some(Duration::from_secs(2)))?;
+    s.set_write_timeout(Some(Duration::from_secs(2)))?;
+    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())?;
+    let mut response = String::new();
+    s.read_to_string(&mut response)?;
+    Ok(response)
+}
+
 /// Whether etcd's `/health` at `addr` answers `"health":"true"` (it does
 /// once the member has a leader and serves requests).
 fn is_healthy(addr: SocketAddr) -> bool {
-    fn probe(addr: SocketAddr) -> io::Result<bool> {
-        let mut s = TcpStream::connect_timeout(&addr, Duration::from_millis(500))?;
-        s.set_read_timeout(Some(Duration::from_secs(2)))?;
-        s.set_write_timeout(Some(Duration::from_secs(2)))?;
-        s.write_all(format!("GET /health HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())?;
-        let mut body = String::new();
-        s.read_to_string(&mut body)?;
-        Ok(body.contains(r#""health":"true""#))
-    }
-    probe(addr).unwrap_or(false)
+    http_get(addr, "/health").is_ok_and(|body| body.contains(r#""health":"true""#))
+}
+
+/// `etcd_server_proposals_committed_total` from the Prometheus metrics at
+/// `addr`.
+fn proposals_committed(addr: SocketAddr) -> io::Result<u64> {
+    let metrics = http_get(addr, "/metrics")?;
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("etcd_server_proposals_committed_total "))
+        // Prometheus prints counters as floats (`1.234e+06` when large).
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .map(|v| v as u64)
+        .ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                "no etcd_server_proposals_committed_total in /metrics",
+            )
+        })
 }
 
 /// The last few KiB of etcd's log, for error messages.
