@@ -2,6 +2,7 @@
 //! block-storage evaluations against Basalt and its peers in one run, and
 //! renders the results as tables, charts and a self-contained HTML report.
 
+pub mod failover;
 pub mod fio;
 pub mod floor;
 pub mod machine;

@@ -214,7 +214,7 @@ pub struct TargetContext<'a> {
 }
 
 /// A server process the bench started.
-struct ServerProcess {
+pub(crate) struct ServerProcess {
     name: String,
     child: Child,
     log: PathBuf,
@@ -224,7 +224,11 @@ impl ServerProcess {
     /// Starts `cmd` with output to `log`, in its own process group, set to
     /// receive SIGTERM if the bench dies. Call from the thread that stops it
     /// (PR_SET_PDEATHSIG follows the spawning thread).
-    fn spawn(name: &str, mut cmd: Command, log: PathBuf) -> Result<ServerProcess, TargetError> {
+    pub(crate) fn spawn(
+        name: &str,
+        mut cmd: Command,
+        log: PathBuf,
+    ) -> Result<ServerProcess, TargetError> {
         let out =
             fs::File::create(&log).map_err(io_err(format!("cannot create {}", log.display())))?;
         let err = out
@@ -253,28 +257,34 @@ impl ServerProcess {
         })
     }
 
-    fn pid(&self) -> u32 {
+    pub(crate) fn pid(&self) -> u32 {
         self.child.id()
     }
 
-    fn exited(&mut self) -> Option<ExitStatus> {
+    pub(crate) fn exited(&mut self) -> Option<ExitStatus> {
         self.child.try_wait().ok().flatten()
     }
 
-    fn log_tail(&self) -> String {
+    pub(crate) fn log_tail(&self) -> String {
         let text = fs::read_to_string(&self.log).unwrap_or_default();
         process::tail(&text, 6, 600)
     }
 
-    fn died(&mut self, status: ExitStatus) -> TargetError {
+    pub(crate) fn died(&mut self, status: ExitStatus) -> TargetError {
         TargetError::StartFailed {
             name: self.name.clone(),
             detail: format!("it exited ({status}): {}", self.log_tail()),
         }
     }
 
+    /// SIGKILL (as a crash would), and reaps it.
+    pub(crate) fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
     /// SIGTERM by PID, then SIGKILL after `STOP_TIMEOUT`.
-    fn terminate(&mut self) -> Result<(), String> {
+    pub(crate) fn terminate(&mut self) -> Result<(), String> {
         if self.exited().is_some() {
             return Ok(());
         }
@@ -461,7 +471,7 @@ impl BasaltApi {
 }
 
 /// A free TCP port on 127.0.0.1 (free when asked; the server binds it next).
-fn free_port() -> Result<u16, TargetError> {
+pub(crate) fn free_port() -> Result<u16, TargetError> {
     let listener = TcpListener::bind("127.0.0.1:0").map_err(io_err("cannot find a free port"))?;
     listener
         .local_addr()
@@ -499,7 +509,7 @@ fn which(tool: &str) -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
-fn require(tool: &'static str, package: &'static str) -> Result<PathBuf, TargetError> {
+pub(crate) fn require(tool: &'static str, package: &'static str) -> Result<PathBuf, TargetError> {
     which(tool).ok_or(TargetError::ToolMissing { tool, package })
 }
 

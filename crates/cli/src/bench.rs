@@ -1,10 +1,13 @@
 //! `basalt bench …`: the command line of the benchmark suite (crate
-//! `basalt-bench`): `list`, `run PROFILE`, `report DIR…`. This module only
-//! turns flags into a `RunConfig` and results into output and exit status.
+//! `basalt-bench`): `list`, `run PROFILE`, `report DIR…`, `floor` and
+//! `failover`. This module only turns flags into the library's
+//! configurations and results into output and exit status.
 
 use crate::client::{ApiClient, ClientArgs, ConnArgs, Output};
 use crate::output::{table, Align};
 use anyhow::{anyhow, bail, Context, Result};
+use basalt_bench::failover::FailoverConfig;
+use basalt_bench::fio::process::Fio;
 use basalt_bench::floor::{FloorFiles, FloorResult};
 use basalt_bench::profiles::{ProfileOptions, PROFILES};
 use basalt_bench::runner::{self, RunConfig};
@@ -13,6 +16,7 @@ use basalt_volume::parse_size;
 use clap::{Args, Subcommand};
 use serde_json::json;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 #[derive(Args, Debug)]
 pub struct BenchArgs {
@@ -37,6 +41,72 @@ enum BenchCommand {
     /// (loopback TCP, one O_DIRECT write per replica, nothing else), for
     /// each replica count. What Basalt measures above it is Basalt's cost.
     Floor(FloorArgs),
+    /// Client I/O through a primary's death and a rebuild: starts a local
+    /// cluster (etcd and --nodes servers on 127.0.0.1), kills the volume's
+    /// primary under fio, then removes that node and times the rebuild of
+    /// its replica on another one.
+    Failover(FailoverArgs),
+}
+
+#[derive(Args, Debug)]
+struct FailoverArgs {
+    /// Node processes to start (at least one more than --replicas).
+    #[arg(long, default_value_t = 4, value_name = "N")]
+    nodes: usize,
+
+    /// The volume's replica count.
+    #[arg(long, default_value_t = 3, value_name = "N")]
+    replicas: usize,
+
+    /// The volume's size.
+    #[arg(long, default_value = "2G", value_name = "SIZE")]
+    size: String,
+
+    /// Written sequentially before the phases (what the rebuild copies); fio
+    /// then writes within it.
+    #[arg(long, default_value = "1G", value_name = "SIZE")]
+    fill: String,
+
+    /// fio's queue depth (4 KiB random writes).
+    #[arg(long, default_value_t = 16, value_name = "N")]
+    iodepth: u32,
+
+    /// Seconds into the failover phase at which the primary is killed.
+    #[arg(long, default_value_t = 10, value_name = "S")]
+    kill_at: u64,
+
+    /// Length of the failover phase, in seconds.
+    #[arg(long, default_value_t = 40, value_name = "S")]
+    runtime: u64,
+
+    /// How long the rebuild may take, in seconds.
+    #[arg(long, default_value_t = 300, value_name = "S")]
+    rebuild_timeout: u64,
+
+    /// Each node's capacity.
+    #[arg(long, default_value = "4G", value_name = "SIZE")]
+    capacity: String,
+
+    /// An extra `basalt server` argument for every node (repeatable), e.g.
+    /// --server-arg=--resync-rate --server-arg=32.
+    #[arg(long = "server-arg", value_name = "ARG", allow_hyphen_values = true)]
+    server_args: Vec<String>,
+
+    /// Where the cluster's data goes (a disk filesystem) [default: /var/tmp].
+    #[arg(long, value_name = "DIR")]
+    work_dir: Option<PathBuf>,
+
+    /// Keep the cluster's directory (node logs, fio's logs) afterwards.
+    #[arg(long)]
+    keep: bool,
+
+    /// The etcd binary (Debian: apt-get install etcd-server).
+    #[arg(long, default_value = "etcd", value_name = "PATH")]
+    etcd: PathBuf,
+
+    /// The fio binary.
+    #[arg(long, default_value = "fio", value_name = "PATH")]
+    fio: PathBuf,
 }
 
 #[derive(Args, Debug)]
@@ -175,6 +245,7 @@ pub fn run(args: BenchArgs, data_dir: &Path, data_dir_given: bool) -> Result<()>
         BenchCommand::List => list(client.output),
         BenchCommand::Run(run_args) => run_profile(*run_args, &client, data_dir_given),
         BenchCommand::Floor(floor_args) => floor(floor_args, client.output),
+        BenchCommand::Failover(args) => failover(args, client.output),
         BenchCommand::Report(report) => {
             let (out, files) = runner::report(&report.dirs, report.out)?;
             println!("report: {}", out.display());
@@ -268,6 +339,110 @@ fn floor(args: FloorArgs, output: Output) -> Result<()> {
         "(median of {} rounds, {} writes each, 4 KiB at queue depth 1)",
         args.rounds, args.writes
     );
+    Ok(())
+}
+
+fn failover(args: FailoverArgs, output: Output) -> Result<()> {
+    let size =
+        |flag: &str, text: &str| parse_size(text).map_err(|e| anyhow!("--{flag} {text}: {e}"));
+    let cfg = FailoverConfig {
+        basalt: std::env::current_exe().context("cannot find the basalt binary")?,
+        etcd: args.etcd,
+        fio: Fio::find(&args.fio)?,
+        work_dir: args.work_dir.unwrap_or_else(|| PathBuf::from("/var/tmp")),
+        nodes: args.nodes,
+        replicas: args.replicas,
+        volume_size: size("size", &args.size)?,
+        fill: size("fill", &args.fill)?,
+        iodepth: args.iodepth,
+        kill_at: Duration::from_secs(args.kill_at),
+        runtime: Duration::from_secs(args.runtime),
+        rebuild_timeout: Duration::from_secs(args.rebuild_timeout),
+        capacity: size("capacity", &args.capacity)?,
+        server_args: args.server_args,
+        keep: args.keep,
+    };
+    cfg.check()?;
+    if output != Output::Json {
+        eprintln!(
+            "starting etcd and {} nodes; the primary dies {} s into a {} s run, then its node is removed",
+            cfg.nodes, args.kill_at, args.runtime
+        );
+    }
+    let r = basalt_bench::failover::run(&cfg)?;
+    if output == Output::Json {
+        println!("{}", serde_json::to_string_pretty(&r)?);
+        return Ok(());
+    }
+    let series = |v: &[f64]| {
+        v.iter()
+            .map(|i| format!("{i:.0}"))
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    let o = &r.outage;
+    let rows = vec![
+        vec![
+            "killed primary".into(),
+            format!(
+                "{}{}",
+                r.primary,
+                if r.coordinator_killed {
+                    " (the coordinator)"
+                } else {
+                    ""
+                }
+            ),
+        ],
+        vec!["client through".into(), r.client_node.clone()],
+        vec![
+            "IOPS before the kill".into(),
+            format!("{:.0}", o.baseline_iops),
+        ],
+        vec!["outage (s below 10%)".into(), o.outage_s.to_string()],
+        vec![
+            "IOPS after recovery".into(),
+            format!(
+                "{:.0} ({:.2}x)",
+                o.recovered_iops,
+                o.recovered_iops / o.baseline_iops.max(1.0)
+            ),
+        ],
+        vec!["rebuild time".into(), format!("{:.1} s", r.rebuild_s)],
+        vec![
+            "rebuild throughput".into(),
+            format!(
+                "{:.0} MiB/s ({} MiB filled)",
+                r.rebuild_mib_per_s,
+                r.fill_bytes >> 20
+            ),
+        ],
+        vec![
+            "IOPS during the rebuild".into(),
+            format!(
+                "{:.0} ({:.2}x the baseline)",
+                r.rebuild_client_iops,
+                r.rebuild_client_iops / o.baseline_iops.max(1.0)
+            ),
+        ],
+    ];
+    print!(
+        "{}",
+        table(&[("MEASURE", Align::Left), ("VALUE", Align::Left)], &rows)
+    );
+    println!(
+        "failover IOPS per second (kill after second {}): {}",
+        r.kill_at_s,
+        series(&r.failover_iops)
+    );
+    println!(
+        "rebuild IOPS per second (node removed at {:.1} s): {}",
+        r.removed_at_s,
+        series(&r.rebuild_iops)
+    );
+    if let Some(dir) = &r.kept {
+        println!("kept {}", dir.display());
+    }
     Ok(())
 }
 

@@ -639,3 +639,64 @@ fn floor_measures_each_replica_count_and_refuses_nonsense() {
     .cli_error(1);
     assert!(line.contains("cannot create the floor's files"), "{line}");
 }
+
+/// `bench failover` on a small volume: the primary dies under fio and its
+/// node is removed; the report has an outage that ended, a rebuild that
+/// finished, and per-second series for both phases. The cluster's
+/// directory is gone afterwards.
+#[test]
+fn failover_kills_the_primary_and_times_the_rebuild() {
+    require_tool("fio");
+    let etcd = std::env::var("BASALT_ETCD_BIN").unwrap_or_else(|_| "etcd".into());
+    if !etcd.contains('/') {
+        require_tool(&etcd);
+    }
+    let dir = Scratch::new();
+    let work = dir.path("work");
+    std::fs::create_dir_all(&work).unwrap();
+    let run = bench(
+        &dir.0,
+        &[
+            "failover",
+            "--size",
+            "128M",
+            "--fill",
+            "32M",
+            "--kill-at",
+            "5",
+            "--runtime",
+            "16",
+            "--rebuild-timeout",
+            "120",
+            "--work-dir",
+            work.to_str().unwrap(),
+            "--etcd",
+            &etcd,
+            "-o",
+            "json",
+        ],
+    );
+    let r: Value = serde_json::from_str(run.ok()).unwrap();
+    let failover = r["failover_iops"].as_array().unwrap();
+    assert!(failover.len() >= 15, "{r:#}");
+    assert!(r["baseline_iops"].as_f64().unwrap() > 0.0, "{r:#}");
+    // I/O resumed: the last seconds carry writes again.
+    assert!(r["recovered_iops"].as_f64().unwrap() > 0.0, "{r:#}");
+    let outage = r["outage_s"].as_u64().unwrap();
+    assert!(outage < 11, "the outage never ended: {r:#}");
+    assert!(r["rebuild_s"].as_f64().unwrap() > 0.0, "{r:#}");
+    assert!(r["rebuild_mib_per_s"].as_f64().unwrap() > 0.0, "{r:#}");
+    assert!(!r["rebuild_iops"].as_array().unwrap().is_empty(), "{r:#}");
+    assert_eq!(r["replicas"], 3);
+    assert_ne!(r["primary"], r["client_node"]);
+    assert_eq!(
+        std::fs::read_dir(&work).unwrap().count(),
+        0,
+        "the cluster's directory is removed"
+    );
+
+    let line = bench(&dir.0, &["failover", "--nodes", "3"]).cli_error(1);
+    assert!(line.contains("a node more than the replicas"), "{line}");
+    let line = bench(&dir.0, &["failover", "--fill", "1x"]).cli_error(1);
+    assert!(line.contains("--fill 1x"), "{line}");
+}

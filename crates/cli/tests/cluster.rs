@@ -265,7 +265,8 @@ fn degraded_creation_completes_and_removed_replica_is_rebuilt() {
         .expect("a secondary");
     let gi = node_index(gone);
     c.nodes[gi].kill9();
-    c.nodes[0].cli(&["node", "remove", gone]).ok();
+    let pi = node_index(&p);
+    c.nodes[pi].cli(&["node", "remove", gone]).ok();
     let endpoint = c.etcd.endpoint();
     let peer = format!("127.0.0.1:{}", free_port());
     c.nodes.push(Server::start_with(
@@ -322,7 +323,7 @@ fn degraded_creation_completes_and_removed_replica_is_rebuilt() {
             "1000",
         ],
     ));
-    c.nodes[0].cli(&["node", "drain", "node3"]).ok();
+    c.nodes[pi].cli(&["node", "drain", "node3"]).ok();
     let v = c.wait_volume(4, "deg", "moved off the drained node3", |v| {
         let n = node_names(v);
         all_in_sync(v, 3) && n.contains(&"node4".to_string()) && !n.contains(&"node3".to_string())

@@ -263,7 +263,7 @@ fn place_new_volumes(
             })
             .collect();
         let want = v.record.replicas.unwrap_or(1).max(1) as usize;
-        let Some(p) = placement::place(&candidates, want) else {
+        let Some(p) = placement::place(&candidates, want, Some(inner.me)) else {
             tracing::warn!(volume = %v.record.name, "no node can take a replica yet");
             continue;
         };

@@ -7,7 +7,10 @@
 //!    second replica only when every zone already holds one);
 //! 3. among equals, the node with the most free capacity wins, ties broken
 //!    by fewer primaries, then by node id (deterministic);
-//! 4. the primary is the chosen node with the fewest primaries.
+//! 4. the primary is the chosen node with the fewest primaries; among
+//!    equals, not the coordinator's node (a coordinator that dies with a
+//!    primary adds its own election to that failover), then the most free
+//!    capacity, then node id.
 //!
 //! Fewer eligible nodes than replicas is not an error: the volume is placed
 //! degraded on what there is and the caller records how many are missing.
@@ -126,13 +129,26 @@ pub fn choose(candidates: &[Candidate], existing: &[Candidate], count: usize) ->
     chosen
 }
 
-/// Places a new volume with `replicas` copies; `None` if no node is eligible.
-pub fn place(candidates: &[Candidate], replicas: usize) -> Option<Placement> {
+/// Places a new volume with `replicas` copies; `None` if no node is
+/// eligible. `coordinator`: the node deciding, which rule 4 spares the
+/// primary role among equals.
+pub fn place(
+    candidates: &[Candidate],
+    replicas: usize,
+    coordinator: Option<NodeId>,
+) -> Option<Placement> {
     let nodes = choose(candidates, &[], replicas);
     let primary = nodes
         .iter()
         .filter_map(|id| candidates.iter().find(|c| c.id == *id))
-        .min_by_key(|c| (c.primaries, std::cmp::Reverse(c.free_bytes), c.id))?
+        .min_by_key(|c| {
+            (
+                c.primaries,
+                Some(c.id) == coordinator,
+                std::cmp::Reverse(c.free_bytes),
+                c.id,
+            )
+        })?
         .id;
     let mut ordered = vec![primary];
     ordered.extend(nodes.iter().copied().filter(|n| *n != primary));
@@ -185,7 +201,7 @@ mod tests {
             cand(3, Some("b"), 10, 0),
             cand(4, Some("c"), 5, 0),
         ];
-        let p = place(&c, 3).unwrap();
+        let p = place(&c, 3, None).unwrap();
         let mut nodes = p.nodes.clone();
         nodes.sort();
         assert_eq!(nodes, vec![NodeId(1), NodeId(3), NodeId(4)]);
@@ -200,18 +216,38 @@ mod tests {
             cand(3, None, 80, 1),
             cand(4, None, 10, 0),
         ];
-        let p = place(&c, 2).unwrap();
+        let p = place(&c, 2, None).unwrap();
         assert_eq!(p.nodes, vec![NodeId(3), NodeId(2)]);
         assert_eq!(p.primary, NodeId(3));
     }
 
     #[test]
+    fn primary_avoids_the_coordinator_among_equals_only() {
+        let c = [
+            cand(1, None, 80, 0),
+            cand(2, None, 80, 0),
+            cand(3, None, 80, 0),
+        ];
+        assert_eq!(place(&c, 3, None).unwrap().primary, NodeId(1));
+        let p = place(&c, 3, Some(NodeId(1))).unwrap();
+        assert_eq!(p.primary, NodeId(2));
+        assert_eq!(p.nodes[0], NodeId(2));
+        // Balance first: the coordinator with the fewest primaries takes it.
+        let c = [
+            cand(1, None, 80, 0),
+            cand(2, None, 80, 1),
+            cand(3, None, 80, 1),
+        ];
+        assert_eq!(place(&c, 3, Some(NodeId(1))).unwrap().primary, NodeId(1));
+    }
+
+    #[test]
     fn degraded_when_too_few_nodes_and_none_when_no_node() {
         let c = [cand(1, None, 1, 0), cand(2, None, 1, 0)];
-        let p = place(&c, 3).unwrap();
+        let p = place(&c, 3, None).unwrap();
         assert_eq!(p.nodes.len(), 2);
         assert_eq!(p.missing, 1);
-        assert_eq!(place(&[], 3), None);
+        assert_eq!(place(&[], 3, None), None);
     }
 
     #[test]
@@ -240,7 +276,7 @@ mod tests {
             let mut distinct: Vec<NodeId> = c.iter().map(|c| c.id).collect();
             distinct.sort();
             distinct.dedup();
-            match place(&c, rf) {
+            match place(&c, rf, c.first().map(|c| c.id)) {
                 None => prop_assert!(c.is_empty()),
                 Some(p) => {
                     let mut got = p.nodes.clone();

@@ -1546,6 +1546,135 @@ mod tests {
         );
     }
 
+    /// A replica that finished its resync learns the epoch's `commit` as
+    /// soon as the record makes it InSync, not with the next client write:
+    /// otherwise a failover before that write finds it with `synced = 0`
+    /// and copies it in full (a rolling restart of idle volumes).
+    #[test]
+    fn a_replica_made_in_sync_is_told_the_commit_without_waiting_for_a_write() {
+        let cfg = Config {
+            block_len: 1,
+            volume_blocks: 4,
+            region_blocks: 4,
+            ..Config::default()
+        };
+        let (p, s1) = (NodeId(0), NodeId(1));
+        let vol = VolumeId(1);
+        let mut rec = Membership::new(vol, &[p, s1], p, 1);
+        if let Some(r) = rec.replicas.get_mut(&s1) {
+            r.state = ReplicaState::OutOfSync;
+        }
+        let mut meta = crate::types::MetaStore::default();
+        meta.create(rec.clone());
+        let mut node = Node::new(p, 0, vol, cfg, Some(rec), 0);
+        lease(&mut node, 0, p, vol);
+        // Acknowledged by the primary alone (s1 is out of sync): commit 1.
+        let mut pending = node.handle(
+            1,
+            Input::Msg {
+                from: Endpoint::Client,
+                msg: Msg::ClientReq {
+                    id: 5,
+                    req: ClientReq::Write {
+                        lba: 0,
+                        data: vec![1],
+                        fua: false,
+                    },
+                },
+            },
+        );
+        // Play s1, the disk and the metadata service; no client write more.
+        let mut commits_to_s1 = Vec::new();
+        let mut acked = false;
+        for t in 2..500 {
+            let mut next = Vec::new();
+            for a in pending.drain(..) {
+                let input = match a {
+                    Action::Disk { id, op } => Input::Disk {
+                        id,
+                        result: DiskResult::Done {
+                            data: match op {
+                                DiskOp::Read { blocks, .. } => Some(vec![1; blocks as usize]),
+                                _ => None,
+                            },
+                        },
+                    },
+                    Action::Send {
+                        to: Endpoint::Node(n),
+                        msg:
+                            Msg::Repl {
+                                session,
+                                lseq,
+                                commit,
+                                op,
+                                ..
+                            },
+                    } if n == s1 => {
+                        commits_to_s1.push(commit);
+                        Input::Msg {
+                            from: Endpoint::Node(s1),
+                            msg: if op == ReplOp::Start {
+                                Msg::ReplStarted {
+                                    vol,
+                                    epoch: Epoch(1),
+                                    session,
+                                    prior: None,
+                                }
+                            } else {
+                                Msg::ReplAck {
+                                    vol,
+                                    epoch: Epoch(1),
+                                    session,
+                                    lseq,
+                                }
+                            },
+                        }
+                    }
+                    Action::Send {
+                        to: Endpoint::Control,
+                        msg: Msg::MetaCas { expected, record },
+                    } => Input::Msg {
+                        from: Endpoint::Control,
+                        msg: match meta.cas(expected, record) {
+                            Ok(record) => Msg::MetaReply {
+                                record,
+                                cas_ok: Some(true),
+                            },
+                            Err(e) => panic!("CAS refused: {e:?}"),
+                        },
+                    },
+                    Action::Send {
+                        to: Endpoint::Client,
+                        msg: Msg::ClientReply { id: 5, .. },
+                    } => {
+                        acked = true;
+                        continue;
+                    }
+                    _ => continue,
+                };
+                next.extend(node.handle(t, input));
+            }
+            next.extend(lease(&mut node, t, p, vol));
+            next.extend(node.handle(t, Input::Tick));
+            pending = next;
+        }
+        assert!(acked, "the write was acknowledged");
+        let rec = meta.get(vol).expect("the record");
+        assert_eq!(
+            rec.replicas.get(&s1).map(|r| r.state),
+            Some(ReplicaState::InSync),
+            "s1 was resynced"
+        );
+        // Start, the copy and the final flush carry 0 (s1 was not InSync);
+        // then one flush carries the commit, which covers the write
+        // (vseq 1) and the copy (vseq 2).
+        assert_eq!(
+            commits_to_s1,
+            [0, 0, 0, 2],
+            "s1 was told the commit once InSync"
+        );
+    }
+
     #[test]
     fn replica_removed_and_re_added_gets_a_new_session() {
         let cfg = Config {

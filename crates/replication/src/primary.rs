@@ -32,7 +32,9 @@
 //!   replica removed from the record and added again.
 //! - every `Repl` carries `commit` (every client operation up to it was
 //!   acknowledged; sent as 0 to a link that is not InSync) and `floor` (no
-//!   more than the `commit` every InSync link acknowledged receiving);
+//!   more than the `commit` every InSync link acknowledged receiving); a
+//!   link the record makes InSync is sent the current `commit` at once, on
+//!   a flush, rather than with the next client write;
 //! - after a failover, a replica's dirty set (all regions) is narrowed once,
 //!   when it acknowledges the first `Start`, to the regions this primary
 //!   wrote plus its own uncertain regions above the replica's `synced` and
@@ -97,6 +99,8 @@ enum Pend {
     Chunk(usize),
     Start,
     FinalFlush,
+    /// The flush that tells a link just made InSync this epoch's `commit`.
+    CommitFlush,
 }
 
 struct Link {
@@ -110,6 +114,11 @@ struct Link {
     acked_commit: u64,
     /// Created by a failover: the first `ReplStarted` may narrow `dirty`.
     narrow: bool,
+    /// Made InSync by the record and not yet sent a `commit`: the next tick
+    /// sends it one on a flush, so a replica that rejoined and then saw no
+    /// client write still reports a `synced` at the next failover and can
+    /// be resynced in the regions that may differ, not in full.
+    announce_commit: bool,
     unflushed: BTreeMap<u64, Vec<usize>>,
     dirty: BTreeSet<usize>,
     /// Regions whose resync read is in flight (a subset of `dirty`).
@@ -130,6 +139,7 @@ impl Link {
             inflight: BTreeMap::new(),
             acked_commit: 0,
             narrow: false,
+            announce_commit: false,
             unflushed: BTreeMap::new(),
             dirty,
             copying: BTreeSet::new(),
@@ -672,7 +682,7 @@ impl Primary {
                 l.chunks.remove(&r);
                 l.dirty.remove(&r);
             }
-            Pend::FinalFlush => {
+            Pend::FinalFlush | Pend::CommitFlush => {
                 l.unflushed.retain(|k, _| *k > lseq);
                 if l.mode == Mode::Finishing {
                     l.mode = Mode::Joining;
@@ -855,6 +865,7 @@ impl Primary {
                 }
             };
             if let Some(l) = self.links.get_mut(&n) {
+                l.announce_commit |= mode == Mode::Joining && new_mode == Mode::InSync;
                 l.mode = new_mode;
             }
         }
@@ -928,7 +939,8 @@ impl Primary {
 
     /// Starts region copies (up to `resync_inflight` per link, as the rate
     /// bucket admits them, one link after the other so links share the
-    /// rate) and the final flush of links with nothing left to copy.
+    /// rate), the final flush of links with nothing left to copy, and the
+    /// flush announcing `commit` to links just made InSync.
     fn resync_step(&mut self, now: u64, out: &mut Out) {
         self.bucket.refill(now);
         let limit = self.cfg.resync_inflight.max(1);
@@ -991,8 +1003,31 @@ impl Primary {
                 break;
             }
         }
-        let (_, floor) = self.watermarks();
+        let (commit, floor) = self.watermarks();
         for (n, l) in self.links.iter_mut() {
+            if l.mode == Mode::InSync && l.announce_commit {
+                // Every client operation up to `commit` was acknowledged,
+                // and the replica holds each one (it was streamed, or its
+                // region copied, before the link proposed InSync), so it
+                // may claim `commit` as the next client write would tell it.
+                l.announce_commit = false;
+                let lseq = l.next_lseq;
+                l.next_lseq += 1;
+                l.inflight.insert(lseq, (now, Pend::CommitFlush, commit));
+                out.sends.push((
+                    Endpoint::Node(*n),
+                    Msg::Repl {
+                        vol: self.vol,
+                        epoch: self.epoch,
+                        session: l.session,
+                        lseq,
+                        vseq: 0,
+                        commit,
+                        floor,
+                        op: ReplOp::Flush,
+                    },
+                ));
+            }
             if l.mode == Mode::Resyncing && l.dirty.is_empty() {
                 let lseq = l.next_lseq;
                 l.next_lseq += 1;

@@ -1,0 +1,709 @@
+//! `basalt bench failover`: what a client sees when a replicated volume's
+//! primary dies, and while the lost replica is rebuilt elsewhere.
+//!
+//! The bench starts its own cluster on 127.0.0.1 — a real etcd and `nodes`
+//! `basalt server` processes (one more than the replica count, so there is
+//! a node to rebuild on) — creates one volume, fills part of it, and runs
+//! fio's nbd engine (4 KiB random writes) through a node that does not hold
+//! the primary, so the client's connection outlives the kill and what is
+//! measured is the cluster's failover, not a client reconnect.
+//!
+//! - Phase 1, failover: SIGKILL of the primary's process `kill_at` into the
+//!   run. From fio's per-second IOPS log: the baseline (mean of the seconds
+//!   before the kill, the first one skipped), the outage (seconds after the
+//!   kill below 10% of the baseline) and the IOPS once recovered (the last
+//!   third of the run after the kill, at most 10 s).
+//! - Phase 2, rebuild: `basalt node remove` of the killed node while fio
+//!   writes again; the rebuild time runs from the removal until the volume
+//!   has all its replicas in sync again, its throughput is the data filled
+//!   before phase 1 over that time (a rebuild copies allocated regions
+//!   only), and the client's IOPS meanwhile are compared with phase 1's
+//!   baseline.
+//!
+//! Invariants: the bench signals only processes it spawned, through their
+//! handles; every one is stopped when the run ends, on error too, and the
+//! work directory is removed unless kept (always kept when the run failed,
+//! for its logs).
+
+use crate::fio::process::{self as fio_process, Fio, Invocation};
+use crate::targets::{free_port, ServerProcess, TargetError};
+use serde::Serialize;
+use serde_json::Value;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread;
+use std::time::{Duration, Instant};
+
+/// The volume the bench creates.
+const VOLUME: &str = "failover";
+/// How long the cluster gets to start, place the volume and settle.
+const SETTLE_TIMEOUT: Duration = Duration::from_secs(60);
+/// Seconds of phase 2 before the node is removed (a baseline under load).
+const REMOVE_AFTER: Duration = Duration::from_secs(5);
+
+#[derive(Debug, thiserror::Error)]
+pub enum FailoverError {
+    #[error(transparent)]
+    Start(#[from] TargetError),
+    #[error("`basalt {command}` failed: {detail}")]
+    Cli { command: String, detail: String },
+    #[error("{0}")]
+    Fio(String),
+    #[error("timed out after {timeout:?} waiting for {what}")]
+    Timeout { what: String, timeout: Duration },
+    #[error("{context}: {source}")]
+    Io {
+        context: String,
+        source: std::io::Error,
+    },
+    #[error("{0}")]
+    Config(String),
+    /// A run that failed keeps its directory: the nodes' and etcd's logs
+    /// say why.
+    #[error("{source} (the cluster's logs are kept in {})", dir.display())]
+    Kept {
+        source: Box<FailoverError>,
+        dir: PathBuf,
+    },
+}
+
+fn io_err(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> FailoverError {
+    let context = context.into();
+    move |source| FailoverError::Io { context, source }
+}
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct FailoverConfig {
+    /// The `basalt` binary the nodes and CLI calls run.
+    pub basalt: PathBuf,
+    /// The `etcd` binary.
+    pub etcd: PathBuf,
+    pub fio: Fio,
+    /// The cluster's data goes in a fresh directory under this one.
+    pub work_dir: PathBuf,
+    pub nodes: usize,
+    pub replicas: usize,
+    pub volume_size: u64,
+    /// Bytes written sequentially before phase 1 (what a rebuild copies).
+    pub fill: u64,
+    pub iodepth: u32,
+    /// When phase 1 kills the primary.
+    pub kill_at: Duration,
+    /// Length of phase 1.
+    pub runtime: Duration,
+    /// How long phase 2 may wait for the rebuild.
+    pub rebuild_timeout: Duration,
+    /// Each node's capacity.
+    pub capacity: u64,
+    /// Extra `basalt server` arguments for every node.
+    pub server_args: Vec<String>,
+    /// Keep the work directory (logs, fio's logs).
+    pub keep: bool,
+}
+
+impl FailoverConfig {
+    /// Refuses what cannot be measured: no node to rebuild on, no baseline
+    /// before the kill or no run after it, a fill beyond the volume.
+    pub fn check(&self) -> Result<(), FailoverError> {
+        if self.replicas < 2 || self.nodes <= self.replicas {
+            return Err(FailoverError::Config(format!(
+                "a failover needs at least 2 replicas and a node more than the replicas to rebuild on (got {} replicas on {} nodes)",
+                self.replicas, self.nodes
+            )));
+        }
+        if self.kill_at < Duration::from_secs(3)
+            || self.runtime < self.kill_at + Duration::from_secs(3)
+        {
+            return Err(FailoverError::Config(
+                "the kill needs at least 3 s of baseline before it and 3 s of run after it".into(),
+            ));
+        }
+        if self.fill == 0 || self.fill > self.volume_size {
+            return Err(FailoverError::Config(
+                "the fill must be between 1 byte and the volume's size".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// What phase 1 measured, from its per-second IOPS.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Outage {
+    pub baseline_iops: f64,
+    /// Seconds after the kill with fewer than 10% of the baseline's IOPS.
+    pub outage_s: u32,
+    pub recovered_iops: f64,
+}
+
+/// Everything the run measured.
+#[derive(Debug, Clone, Serialize)]
+pub struct FailoverReport {
+    pub nodes: usize,
+    pub replicas: usize,
+    pub iodepth: u32,
+    pub fill_bytes: u64,
+    /// The killed node (the volume's primary).
+    pub primary: String,
+    /// Whether the coordinator ran on the killed node (the slower case:
+    /// a new coordinator is elected before it promotes).
+    pub coordinator_killed: bool,
+    /// The node fio connected to.
+    pub client_node: String,
+    pub kill_at_s: u64,
+    #[serde(flatten)]
+    pub outage: Outage,
+    /// Phase 1's IOPS, one value per second from the first.
+    pub failover_iops: Vec<f64>,
+    pub rebuild_s: f64,
+    pub rebuild_mib_per_s: f64,
+    /// Mean client IOPS while the rebuild ran.
+    pub rebuild_client_iops: f64,
+    /// Phase 2's IOPS, one value per second; the node was removed after
+    /// `removed_at_s`.
+    pub rebuild_iops: Vec<f64>,
+    pub removed_at_s: f64,
+    /// The work directory, when kept.
+    pub kept: Option<PathBuf>,
+}
+
+/// Per-second IOPS from a fio IOPS log written with `log_avg_msec=1000`
+/// (`msec, iops, direction, bs[, prio]` per line): entry `i` is second
+/// `i + 1`. A second without a line (fio logs nothing for a second without
+/// completions) counts as 0; unparsable lines are skipped.
+pub fn per_second(log: &str) -> Vec<f64> {
+    let mut series: Vec<f64> = Vec::new();
+    for line in log.lines() {
+        let mut fields = line.split(',').map(str::trim);
+        let (Some(ms), Some(iops)) = (fields.next(), fields.next()) else {
+            continue;
+        };
+        let (Ok(ms), Ok(iops)) = (ms.parse::<u64>(), iops.parse::<f64>()) else {
+            continue;
+        };
+        let second = ((ms + 500) / 1000) as usize;
+        if second == 0 || second > 100_000 {
+            continue;
+        }
+        if series.len() < second {
+            series.resize(second, 0.0);
+        }
+        series[second - 1] = iops;
+    }
+    series
+}
+
+fn mean(v: &[f64]) -> Option<f64> {
+    (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
+}
+
+/// Baseline, outage and recovery of a per-second series whose primary was
+/// killed after second `kill_at_s`; `None` without a baseline (the kill came
+/// before second 2) or without a second after it.
+pub fn outage(series: &[f64], kill_at_s: usize) -> Option<Outage> {
+    let before = series.get(1..kill_at_s.min(series.len()))?;
+    let baseline_iops = mean(before)?;
+    let after = series.get(kill_at_s..).filter(|a| !a.is_empty())?;
+    let outage_s = after.iter().filter(|i| **i < 0.1 * baseline_iops).count() as u32;
+    let tail = (after.len() / 3).clamp(1, 10);
+    let recovered_iops = mean(&after[after.len() - tail..])?;
+    Some(Outage {
+        baseline_iops,
+        outage_s,
+        recovered_iops,
+    })
+}
+
+/// The bench's cluster: etcd and the nodes, each stopped on drop.
+struct LocalCluster {
+    dir: PathBuf,
+    basalt: PathBuf,
+    etcd: Option<ServerProcess>,
+    nodes: Vec<Option<ServerProcess>>,
+}
+
+impl LocalCluster {
+    fn start(cfg: &FailoverConfig, dir: &Path) -> Result<LocalCluster, FailoverError> {
+        let (client, peer) = (free_port()?, free_port()?);
+        let etcd_url = format!("http://127.0.0.1:{client}");
+        let peer_url = format!("http://127.0.0.1:{peer}");
+        let mut cmd = Command::new(&cfg.etcd);
+        cmd.arg("--name")
+            .arg("bench")
+            .arg("--data-dir")
+            .arg(dir.join("etcd"))
+            .arg("--listen-client-urls")
+            .arg(&etcd_url)
+            .arg("--advertise-client-urls")
+            .arg(&etcd_url)
+            .arg("--listen-peer-urls")
+            .arg(&peer_url)
+            .arg("--initial-advertise-peer-urls")
+            .arg(&peer_url)
+            .arg("--initial-cluster")
+            .arg(format!("bench={peer_url}"));
+        let etcd = ServerProcess::spawn("etcd", cmd, dir.join("etcd.log"))?;
+        let mut cluster = LocalCluster {
+            dir: dir.to_path_buf(),
+            basalt: cfg.basalt.clone(),
+            etcd: Some(etcd),
+            nodes: Vec::new(),
+        };
+        cluster.wait("etcd to become healthy", |_| {
+            Ok(ureq::get(&format!("{etcd_url}/health"))
+                .timeout(Duration::from_secs(2))
+                .call()
+                .ok()
+                .and_then(|r| r.into_string().ok())
+                .is_some_and(|body| body.contains(r#""health":"true""#)))
+        })?;
+        for i in 0..cfg.nodes {
+            let mut cmd = Command::new(&cfg.basalt);
+            cmd.arg("server")
+                .arg("--data-dir")
+                .arg(dir.join(format!("n{i}")))
+                .arg("--capacity")
+                .arg(cfg.capacity.to_string())
+                .arg("--etcd")
+                .arg(&etcd_url)
+                .arg("--node-name")
+                .arg(format!("n{i}"))
+                .arg("--peer-listen")
+                .arg(format!("127.0.0.1:{}", free_port()?))
+                .args([
+                    "--nbd-listen",
+                    "127.0.0.1:0",
+                    "--nvme-listen",
+                    "127.0.0.1:0",
+                    "--api-listen",
+                    "127.0.0.1:0",
+                ])
+                .args(&cfg.server_args);
+            let node =
+                ServerProcess::spawn(&format!("node n{i}"), cmd, dir.join(format!("n{i}.log")))?;
+            cluster.nodes.push(Some(node));
+        }
+        let want = cfg.nodes;
+        cluster.wait("every node to join the cluster", |c| {
+            let Ok(list) = c.cli_json(0, &["node", "list"]) else {
+                return Ok(false);
+            };
+            Ok(list["nodes"]
+                .as_array()
+                .is_some_and(|n| n.iter().filter(|n| n["alive"] == true).count() == want))
+        })?;
+        Ok(cluster)
+    }
+
+    /// Polls `ok` every 200 ms until it holds; fails early if a process the
+    /// bench started has died.
+    fn wait(
+        &mut self,
+        what: &str,
+        mut ok: impl FnMut(&mut LocalCluster) -> Result<bool, FailoverError>,
+    ) -> Result<(), FailoverError> {
+        self.wait_for(what, SETTLE_TIMEOUT, &mut ok)
+    }
+
+    fn wait_for(
+        &mut self,
+        what: &str,
+        timeout: Duration,
+        ok: &mut dyn FnMut(&mut LocalCluster) -> Result<bool, FailoverError>,
+    ) -> Result<(), FailoverError> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            self.check_alive()?;
+            if ok(self)? {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(FailoverError::Timeout {
+                    what: what.to_string(),
+                    timeout,
+                });
+            }
+            thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    fn check_alive(&mut self) -> Result<(), FailoverError> {
+        let procs = self.etcd.iter_mut().chain(self.nodes.iter_mut().flatten());
+        for p in procs {
+            if let Some(status) = p.exited() {
+                return Err(p.died(status).into());
+            }
+        }
+        Ok(())
+    }
+
+    /// `basalt ARGS --data-dir <node via's dir> --output json`, parsed.
+    fn cli_json(&self, via: usize, args: &[&str]) -> Result<Value, FailoverError> {
+        let out = self.cli(via, args, true)?;
+        serde_json::from_str(&out).map_err(|e| FailoverError::Cli {
+            command: args.join(" "),
+            detail: format!("unreadable JSON ({e}): {out}"),
+        })
+    }
+
+    fn cli(&self, via: usize, args: &[&str], json: bool) -> Result<String, FailoverError> {
+        let mut cmd = Command::new(&self.basalt);
+        cmd.args(args)
+            .arg("--data-dir")
+            .arg(self.dir.join(format!("n{via}")));
+        if json {
+            cmd.args(["--output", "json"]);
+        }
+        let out = cmd.output().map_err(|e| FailoverError::Cli {
+            command: args.join(" "),
+            detail: e.to_string(),
+        })?;
+        if !out.status.success() {
+            return Err(FailoverError::Cli {
+                command: args.join(" "),
+                detail: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+            });
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// The volume's NBD URI through node `via` (from its server.json).
+    fn uri(&self, via: usize) -> Result<String, FailoverError> {
+        let path = self.dir.join(format!("n{via}")).join("server.json");
+        let text = fs::read_to_string(&path).map_err(io_err(format!("read {}", path.display())))?;
+        let info: Value = serde_json::from_str(&text)
+            .map_err(|e| FailoverError::Config(format!("{}: {e}", path.display())))?;
+        let nbd = info["nbd"].as_str().ok_or_else(|| {
+            FailoverError::Config(format!("no NBD address in {}", path.display()))
+        })?;
+        Ok(format!("nbd://{nbd}/{VOLUME}"))
+    }
+
+    fn kill9(&mut self, node: usize) {
+        if let Some(mut p) = self.nodes.get_mut(node).and_then(Option::take) {
+            p.kill9();
+        }
+    }
+}
+
+impl Drop for LocalCluster {
+    fn drop(&mut self) {
+        for p in self.nodes.iter_mut().flatten().chain(self.etcd.iter_mut()) {
+            if let Err(e) = p.terminate() {
+                tracing::warn!("{e}");
+            }
+        }
+    }
+}
+
+/// Whether `v` (a `volume show` JSON) has `n` replicas, all in sync.
+fn all_in_sync(v: &Value, n: usize) -> bool {
+    v["replicas"]
+        .as_array()
+        .is_some_and(|r| r.len() == n && r.iter().all(|r| r["state"] == "in-sync"))
+}
+
+fn node_index(name: &str) -> Option<usize> {
+    name.strip_prefix('n')?.parse().ok()
+}
+
+/// Runs fio on a job file in `dir`; `watch` sees the elapsed time about
+/// every 100 ms and may stop fio (SIGINT, logs are still written) through
+/// the flag it is given.
+fn run_fio(
+    cfg: &FailoverConfig,
+    dir: &Path,
+    name: &str,
+    job: &str,
+    timeout: Duration,
+    watch: &mut dyn FnMut(Duration, &AtomicBool),
+) -> Result<(), FailoverError> {
+    let job_file = dir.join(format!("{name}.fio"));
+    fs::write(&job_file, job).map_err(io_err(format!("write {}", job_file.display())))?;
+    let stop = AtomicBool::new(false);
+    let finished = fio_process::run(
+        &cfg.fio,
+        &Invocation {
+            job_file: &job_file,
+            hosts: &[],
+            cwd: dir,
+            timeout,
+        },
+        &stop,
+        &mut |elapsed| watch(elapsed, &stop),
+    )
+    .map_err(|e| FailoverError::Fio(e.to_string()))?;
+    let stopped_by_us = stop.load(Ordering::Relaxed);
+    if !finished.success() && !(stopped_by_us && finished.status.is_some()) {
+        return Err(FailoverError::Fio(format!(
+            "fio ({name}) failed: {}",
+            fio_process::tail(&finished.stderr, 8, 800)
+        )));
+    }
+    Ok(())
+}
+
+/// The per-second series of the IOPS log fio wrote for job `name` in `dir`.
+fn read_iops_log(dir: &Path, name: &str) -> Result<Vec<f64>, FailoverError> {
+    let path = dir.join(format!("{name}_iops.1.log"));
+    let text = fs::read_to_string(&path).map_err(io_err(format!("read {}", path.display())))?;
+    Ok(per_second(&text))
+}
+
+fn randwrite_job(name: &str, uri: &str, cfg: &FailoverConfig, runtime: Duration) -> String {
+    format!(
+        "[{name}]\nioengine=nbd\nuri={uri}\nrw=randwrite\nbs=4k\niodepth={}\nsize={}\n\
+         time_based=1\nruntime={}\nwrite_iops_log={name}\nlog_avg_msec=1000\n",
+        cfg.iodepth,
+        cfg.fill,
+        runtime.as_secs().max(1)
+    )
+}
+
+/// Runs both phases; see the module docs.
+pub fn run(cfg: &FailoverConfig) -> Result<FailoverReport, FailoverError> {
+    cfg.check()?;
+    fs::create_dir_all(&cfg.work_dir)
+        .map_err(io_err(format!("create {}", cfg.work_dir.display())))?;
+    let work = tempfile::Builder::new()
+        .prefix("basalt-failover-")
+        .tempdir_in(&cfg.work_dir)
+        .map_err(io_err(format!(
+            "create a directory in {}",
+            cfg.work_dir.display()
+        )))?;
+    let dir = work.path().to_path_buf();
+    match run_in(cfg, &dir) {
+        Ok(mut report) => {
+            report.kept = cfg.keep.then(|| work.keep());
+            Ok(report)
+        }
+        Err(e) => Err(FailoverError::Kept {
+            source: Box::new(e),
+            dir: work.keep(),
+        }),
+    }
+}
+
+fn run_in(cfg: &FailoverConfig, dir: &Path) -> Result<FailoverReport, FailoverError> {
+    let mut cluster = LocalCluster::start(cfg, dir)?;
+    let size = cfg.volume_size.to_string();
+    let replicas = cfg.replicas.to_string();
+    cluster.cli(
+        0,
+        &[
+            "volume",
+            "create",
+            VOLUME,
+            "--size",
+            &size,
+            "--replicas",
+            &replicas,
+        ],
+        false,
+    )?;
+    let mut volume = Value::Null;
+    cluster.wait("the volume to be placed and in sync", |c| {
+        volume = c.cli_json(0, &["volume", "show", VOLUME])?;
+        Ok(all_in_sync(&volume, cfg.replicas))
+    })?;
+    let primary = volume["replicas"]
+        .as_array()
+        .and_then(|r| r.iter().find(|r| r["primary"] == true))
+        .and_then(|r| r["node"].as_str())
+        .map(str::to_string)
+        .ok_or_else(|| FailoverError::Config(format!("no primary in {volume}")))?;
+    let p = node_index(&primary)
+        .ok_or_else(|| FailoverError::Config(format!("unexpected node name {primary}")))?;
+    let via = (0..cfg.nodes).find(|i| *i != p).unwrap_or(0);
+    let nodes = cluster.cli_json(via, &["node", "list"])?;
+    let coordinator_killed = nodes["nodes"].as_array().is_some_and(|n| {
+        n.iter()
+            .any(|n| n["name"] == primary.as_str() && n["coordinator"] == true)
+    });
+    let uri = cluster.uri(via)?;
+    tracing::info!(%primary, client = via, coordinator_killed, "filling the volume");
+    let fill = format!(
+        "[fill]\nioengine=nbd\nuri={uri}\nrw=write\nbs=1M\niodepth=8\nsize={}\n",
+        cfg.fill
+    );
+    run_fio(
+        cfg,
+        dir,
+        "fill",
+        &fill,
+        Duration::from_secs(600),
+        &mut |_, _| {},
+    )?;
+
+    // Phase 1: the primary dies under the client.
+    let job = randwrite_job("failover", &uri, cfg, cfg.runtime);
+    let mut killed = false;
+    let timeout = cfg.runtime + Duration::from_secs(120);
+    run_fio(cfg, dir, "failover", &job, timeout, &mut |elapsed, _| {
+        if !killed && elapsed >= cfg.kill_at {
+            cluster.kill9(p);
+            killed = true;
+        }
+    })?;
+    let failover_iops = read_iops_log(dir, "failover")?;
+    let kill_at_s = cfg.kill_at.as_secs();
+    let outage = outage(&failover_iops, kill_at_s as usize).ok_or_else(|| {
+        FailoverError::Fio(format!("fio's IOPS log is too short: {failover_iops:?}"))
+    })?;
+
+    // Phase 2: the killed node is removed; its replica is rebuilt elsewhere.
+    let job = randwrite_job(
+        "rebuild",
+        &uri,
+        cfg,
+        REMOVE_AFTER + cfg.rebuild_timeout + Duration::from_secs(10),
+    );
+    let mut removed_at: Option<Duration> = None;
+    let mut rebuilt_at: Option<Duration> = None;
+    let mut failure: Option<FailoverError> = None;
+    let mut last_poll = Duration::ZERO;
+    let timeout = REMOVE_AFTER + cfg.rebuild_timeout + Duration::from_secs(120);
+    run_fio(cfg, dir, "rebuild", &job, timeout, &mut |elapsed, stop| {
+        if failure.is_some() || rebuilt_at.is_some() {
+            return;
+        }
+        match removed_at {
+            None if elapsed >= REMOVE_AFTER => {
+                match cluster.cli(via, &["node", "remove", &primary], false) {
+                    Ok(_) => removed_at = Some(elapsed),
+                    Err(e) => {
+                        failure = Some(e);
+                        stop.store(true, Ordering::Relaxed);
+                    }
+                }
+            }
+            Some(at) if elapsed >= last_poll + Duration::from_millis(500) => {
+                last_poll = elapsed;
+                if let Ok(v) = cluster.cli_json(via, &["volume", "show", VOLUME]) {
+                    let placed_elsewhere = v["replicas"]
+                        .as_array()
+                        .is_some_and(|r| r.iter().all(|r| r["node"] != primary.as_str()));
+                    if placed_elsewhere && all_in_sync(&v, cfg.replicas) {
+                        rebuilt_at = Some(elapsed);
+                        stop.store(true, Ordering::Relaxed);
+                    }
+                }
+                if rebuilt_at.is_none() && elapsed > at + cfg.rebuild_timeout {
+                    failure = Some(FailoverError::Timeout {
+                        what: "the rebuild".into(),
+                        timeout: cfg.rebuild_timeout,
+                    });
+                    stop.store(true, Ordering::Relaxed);
+                }
+            }
+            _ => {}
+        }
+    })?;
+    if let Some(e) = failure {
+        return Err(e);
+    }
+    let (Some(removed), Some(rebuilt)) = (removed_at, rebuilt_at) else {
+        return Err(FailoverError::Timeout {
+            what: "the rebuild (fio ended first)".into(),
+            timeout: cfg.rebuild_timeout,
+        });
+    };
+    let rebuild_iops = read_iops_log(dir, "rebuild")?;
+    let rebuild_s = (rebuilt - removed).as_secs_f64();
+    let from = removed.as_secs_f64().ceil() as usize;
+    let to = (rebuilt.as_secs_f64().floor() as usize).min(rebuild_iops.len());
+    let rebuild_client_iops = rebuild_iops
+        .get(from..to)
+        .and_then(mean)
+        .or_else(|| rebuild_iops.get(from.saturating_sub(1)).copied())
+        .unwrap_or(0.0);
+    Ok(FailoverReport {
+        nodes: cfg.nodes,
+        replicas: cfg.replicas,
+        iodepth: cfg.iodepth,
+        fill_bytes: cfg.fill,
+        primary,
+        coordinator_killed,
+        client_node: format!("n{via}"),
+        kill_at_s,
+        outage,
+        failover_iops,
+        rebuild_s,
+        rebuild_mib_per_s: cfg.fill as f64 / (1u64 << 20) as f64 / rebuild_s.max(1e-3),
+        rebuild_client_iops,
+        rebuild_iops,
+        removed_at_s: removed.as_secs_f64(),
+        kept: None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn per_second_fills_silent_seconds_with_zero() {
+        let log = "1000, 500, 1, 4096, 0\n2001, 600, 1, 4096, 0\n4000, 700, 1, 4096, 0\nbad line\n";
+        assert_eq!(per_second(log), vec![500.0, 600.0, 0.0, 700.0]);
+        assert!(per_second("").is_empty());
+        // A 0 ms line (fio's first when averaging) has no second of its own.
+        assert_eq!(per_second("0, 9, 1, 4096\n1000, 5, 1, 4096\n"), vec![5.0]);
+    }
+
+    #[test]
+    fn outage_counts_seconds_below_a_tenth_of_the_baseline() {
+        // Seconds 1..=5 before the kill (the first is skipped), then 3 s
+        // of outage (one partial second above 10% does not count).
+        let s = [
+            50.0, 100.0, 100.0, 100.0, 100.0, 40.0, 0.0, 5.0, 0.0, 90.0, 100.0, 110.0,
+        ];
+        let o = outage(&s, 5).unwrap();
+        assert_eq!(o.baseline_iops, 100.0);
+        assert_eq!(o.outage_s, 3);
+        // The last third of the 7 s after the kill: 2 s.
+        assert_eq!(o.recovered_iops, 105.0);
+        assert_eq!(outage(&s, 1), None);
+        assert_eq!(outage(&s[..5], 5), None);
+    }
+
+    #[test]
+    fn refuses_configurations_it_cannot_measure() {
+        let cfg = FailoverConfig {
+            basalt: "basalt".into(),
+            etcd: "etcd".into(),
+            fio: Fio {
+                path: "fio".into(),
+                version: "fio-3.33".into(),
+            },
+            work_dir: std::env::temp_dir(),
+            nodes: 3,
+            replicas: 3,
+            volume_size: 1 << 30,
+            fill: 1 << 20,
+            iodepth: 16,
+            kill_at: Duration::from_secs(10),
+            runtime: Duration::from_secs(40),
+            rebuild_timeout: Duration::from_secs(60),
+            capacity: 4 << 30,
+            server_args: vec![],
+            keep: false,
+        };
+        assert!(matches!(run(&cfg), Err(FailoverError::Config(_))));
+        let early = FailoverConfig {
+            nodes: 4,
+            kill_at: Duration::from_secs(1),
+            ..cfg.clone()
+        };
+        assert!(matches!(run(&early), Err(FailoverError::Config(_))));
+        let overfull = FailoverConfig {
+            nodes: 4,
+            fill: 2 << 30,
+            ..cfg
+        };
+        assert!(matches!(run(&overfull), Err(FailoverError::Config(_))));
+    }
+}
