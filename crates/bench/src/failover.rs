@@ -436,8 +436,9 @@ fn run_fio(
         &mut |elapsed| watch(elapsed, &stop),
     )
     .map_err(|e| FailoverError::Fio(e.to_string()))?;
-    let stopped_by_us = stop.load(Ordering::Relaxed);
-    if !finished.success() && !(stopped_by_us && finished.status.is_some()) {
+    // Stopped by `watch` (SIGINT): fio exits with its logs written.
+    let stopped_on_purpose = stop.load(Ordering::Relaxed) && finished.status.is_some();
+    if !(finished.success() || stopped_on_purpose) {
         return Err(FailoverError::Fio(format!(
             "fio ({name}) failed: {}",
             fio_process::tail(&finished.stderr, 8, 800)

@@ -269,7 +269,7 @@ fn fence_round(c: &Cluster, vol: &str, old: usize, seed: u64, round: u64) {
     let mut fenced = Background::spawn(cmd);
     fenced.wait_line("READY", Duration::from_secs(60));
 
-    let resyncs_before = c.failover_resyncs();
+    let resyncs_before = c.failover_resyncs_of(via, vol);
     let cut_at = Instant::now();
     c.net().cut(old);
     fenced.send_line("GO");
@@ -338,7 +338,7 @@ fn fence_round(c: &Cluster, vol: &str, old: usize, seed: u64, round: u64) {
     );
     // Neither the deposed primary nor the other secondary was copied in
     // full: both reported their log of the old epoch to the new primary.
-    let (narrowed, full) = c.failover_resyncs();
+    let (narrowed, full) = c.failover_resyncs_of(via, vol);
     assert!(
         narrowed >= resyncs_before.0 + 2 && full == resyncs_before.1,
         "failover resyncs (narrowed, full) went from {resyncs_before:?} to {:?}\n{}",

@@ -86,9 +86,9 @@ pub enum ClientReply {
 pub enum Msg {
     /// Primary → secondary: entry `lseq` of stream `session` in `epoch`.
     /// `vseq` is the primary's volume-wide operation number (writes and
-    /// resync copies get increasing ones; 0 for `Start`, a resync's final
-    /// flush and the flush that tells a link just made InSync the
-    /// `commit`).
+    /// resync copies get increasing ones from 2, vseq 1 standing for the
+    /// epoch's start; 0 for `Start`, a resync's final flush and the flush
+    /// that tells a link just made InSync the `commit`).
     ///
     /// `commit`: when the message was sent, every client operation with a
     /// `vseq` up to it was acknowledged to the client, and this secondary

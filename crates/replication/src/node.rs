@@ -1424,7 +1424,8 @@ mod tests {
         assert_eq!(node.role(), RoleKind::Secondary(Epoch(2)));
         // The new primary's `Start` gets this node's log of epoch 1: both
         // writes' regions (the second may be on its disk alone), and
-        // `synced` 1 (it acknowledged the first).
+        // `synced` 2 (it acknowledged the first, vseq 2: vseq 1 stands for
+        // the epoch's start).
         let start = Msg::Repl {
             vol: VolumeId(1),
             epoch: Epoch(2),
@@ -1442,7 +1443,7 @@ mod tests {
         });
         let expected = Prior {
             epoch: Epoch(1),
-            synced: 1,
+            synced: 2,
             regions: vec![0, 2],
         };
         assert_eq!(prior, Some(Some(expected)));
@@ -1666,11 +1667,11 @@ mod tests {
             "s1 was resynced"
         );
         // Start, the copy and the final flush carry 0 (s1 was not InSync);
-        // then one flush carries the commit, which covers the write
-        // (vseq 1) and the copy (vseq 2).
+        // then one flush carries the commit, which covers the epoch's start
+        // (vseq 1), the write (2) and the copy (3).
         assert_eq!(
             commits_to_s1,
-            [0, 0, 0, 2],
+            [0, 0, 0, 3],
             "s1 was told the commit once InSync"
         );
     }

@@ -325,7 +325,11 @@ impl Primary {
             rec,
             links,
             ops: BTreeMap::new(),
-            next_vseq: 1,
+            // vseq 1 stands for the epoch's start: no operation takes it,
+            // so `commit` is at least 1 from the start and a replica InSync
+            // in an epoch without a single write still reports a non-zero
+            // `synced` (0 means "never InSync in this epoch").
+            next_vseq: 2,
             cas: None,
             region_gen: vec![0; regions],
             region_inflight: vec![0; regions],

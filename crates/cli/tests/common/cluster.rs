@@ -180,8 +180,26 @@ impl Cluster {
     /// Failover resyncs the nodes logged so far: (narrowed to the regions
     /// that may differ, full copies).
     pub fn failover_resyncs(&self) -> (usize, usize) {
+        self.failover_resyncs_where(|_| true)
+    }
+
+    /// [`Cluster::failover_resyncs`] of volume `name` only.
+    pub fn failover_resyncs_of(&self, via: usize, name: &str) -> (usize, usize) {
+        let id = self.show(via, name)["id"]
+            .as_str()
+            .map(str::to_string)
+            .expect("the volume's id");
+        self.failover_resyncs_where(|line| line.contains(&format!("volume={id}")))
+    }
+
+    fn failover_resyncs_where(&self, keep: impl Fn(&str) -> bool) -> (usize, usize) {
         let logs: Vec<String> = self.nodes.iter().map(|n| n.log()).collect();
-        let count = |what: &str| logs.iter().map(|l| l.matches(what).count()).sum();
+        let count = |what: &str| {
+            logs.iter()
+                .flat_map(|l| l.lines())
+                .filter(|l| l.contains(what) && keep(l))
+                .count()
+        };
         (
             count("failover resync narrowed"),
             count("failover resync copies every region"),
