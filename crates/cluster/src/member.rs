@@ -75,6 +75,10 @@ pub struct Timing {
     /// a crashed node is copied in full after a failover); see
     /// `basalt_replication::Config::crash_log_regions`.
     pub crash_log_regions: usize,
+    /// How often a crash-safe copy holding more than `crash_log_regions`
+    /// is checked for cutting down; see
+    /// `basalt_replication::Config::crash_log_compact_ms`.
+    pub crash_log_compact_ms: u64,
 }
 
 impl Default for Timing {
@@ -93,6 +97,7 @@ impl Default for Timing {
             resync_inflight: 4,
             // 4 GiB of 1 MiB regions: some 25 KiB of file per log.
             crash_log_regions: 4096,
+            crash_log_compact_ms: 10_000,
         }
     }
 }
@@ -834,7 +839,7 @@ impl Inner {
             } else {
                 0
             },
-            crash_log_compact_ms: 10_000,
+            crash_log_compact_ms: t.crash_log_compact_ms,
             ack_before_secondaries: false,
         };
         // A record that still is the volume's first one and carries this
@@ -1500,7 +1505,9 @@ impl ClusterMember {
             .into_iter()
             .map(|v| (vol_of(v.record.id), v.record.size_bytes))
             .collect();
-        let records: Vec<Membership> = self.inner.records.read().values().cloned().collect();
+        // From etcd, not this node's copy: a volume placed a moment ago
+        // through another node counts even before this node's watch sees it.
+        let records = self.inner.meta.memberships().map_err(|e| unavailable(&e))?;
         Ok((nodes, placement::provisioned_by_node(&records, &sizes)))
     }
 }

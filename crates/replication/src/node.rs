@@ -1312,7 +1312,36 @@ mod tests {
         let (p, s) = (NodeId(0), NodeId(1));
         let rec = Membership::new(VolumeId(1), &[p, s], p, 2);
         let mut node = Node::new(p, 0, VolumeId(1), cfg, Some(rec.clone()), 0);
-        lease(&mut node, 0, p, VolumeId(1));
+        let mut acts = lease(&mut node, 0, p, VolumeId(1));
+        acts.extend(node.handle(0, Input::Tick));
+        // A new volume's secondary is told the commit first (lseq 1);
+        // client writes follow from lseq 2.
+        let told = sends(&acts).into_iter().any(|(to, m)| {
+            to == Endpoint::Node(s)
+                && matches!(
+                    m,
+                    Msg::Repl {
+                        lseq: 1,
+                        commit: 1,
+                        op: ReplOp::Flush,
+                        ..
+                    }
+                )
+        });
+        assert!(told, "the secondary is told the commit: {acts:?}");
+        let ack = Msg::ReplAck {
+            vol: VolumeId(1),
+            epoch: Epoch(1),
+            session: 0,
+            lseq: 1,
+        };
+        node.handle(
+            0,
+            Input::Msg {
+                from: Endpoint::Node(s),
+                msg: ack,
+            },
+        );
         (node, p, s, rec)
     }
 
@@ -1328,8 +1357,9 @@ mod tests {
                     && matches!(m, Msg::ClientReply { id: i, reply: ClientReply::Ok { .. } } if *i == id)
             })
         };
-        // Writes 1 and 2 reach both; the second carries `commit` 1, so the
-        // secondary's acknowledgement of it moves its `acked_commit` to 1.
+        // Writes 1 and 2 reach both; the secondary's acknowledgements (of
+        // the commit's flush, then of the writes) move its `acked_commit`
+        // above 0, so once out of sync it holds the floor back.
         for id in 1..=3u64 {
             if id == 3 {
                 // The secondary is marked OutOfSync (the CAS succeeded).
@@ -1362,7 +1392,7 @@ mod tests {
                     vol: VolumeId(1),
                     epoch: Epoch(1),
                     session: 0,
-                    lseq: id,
+                    lseq: id + 1,
                 };
                 all.extend(node.handle(id * 10 + 2, msg(Endpoint::Node(s), ack)));
                 assert!(acked(&all, id), "write {id} with both replicas");
@@ -1393,13 +1423,14 @@ mod tests {
             let result = DiskResult::Done { data: None };
             node.handle(2, Input::Disk { id, result });
         }
-        // The secondary acknowledges the first write only: it is
-        // acknowledged to the client, the second is not.
+        // The secondary acknowledges the first write only (lseq 2, after
+        // the commit's flush): it is acknowledged to the client, the
+        // second is not.
         let ack = Msg::ReplAck {
             vol: VolumeId(1),
             epoch: Epoch(1),
             session: 0,
-            lseq: 1,
+            lseq: 2,
         };
         let acts = node.handle(3, msg(Endpoint::Node(s), ack));
         assert!(sends(&acts).iter().any(|(to, _)| *to == Endpoint::Client));

@@ -33,8 +33,9 @@
 //! - every `Repl` carries `commit` (every client operation up to it was
 //!   acknowledged; sent as 0 to a link that is not InSync) and `floor` (no
 //!   more than the `commit` every InSync link acknowledged receiving); a
-//!   link the record makes InSync is sent the current `commit` at once, on
-//!   a flush, rather than with the next client write;
+//!   link the record makes InSync, and every link of a new volume, is sent
+//!   the current `commit` at once, on a flush, rather than with the next
+//!   client write;
 //! - after a failover, a replica's dirty set (all regions) is narrowed once,
 //!   when it acknowledges the first `Start`, to the regions this primary
 //!   wrote plus its own uncertain regions above the replica's `synced` and
@@ -114,10 +115,11 @@ struct Link {
     acked_commit: u64,
     /// Created by a failover: the first `ReplStarted` may narrow `dirty`.
     narrow: bool,
-    /// Made InSync by the record and not yet sent a `commit`: the next tick
-    /// sends it one on a flush, so a replica that rejoined and then saw no
-    /// client write still reports a `synced` at the next failover and can
-    /// be resynced in the regions that may differ, not in full.
+    /// InSync (made so by the record, or from a new volume's start) and not
+    /// yet sent a `commit`: the next tick sends it one on a flush, so a
+    /// replica that saw no client write since still reports a `synced` at
+    /// the next failover and is resynced in the regions that may differ,
+    /// not in full.
     announce_commit: bool,
     unflushed: BTreeMap<u64, Vec<usize>>,
     dirty: BTreeSet<usize>,
@@ -314,6 +316,10 @@ impl Primary {
                 };
                 let mut link = Link::new(mode, info.boot, dirty, now);
                 link.narrow = !fresh;
+                // A new volume's replicas are InSync from the start: told
+                // the commit on the first tick, like a link that joins, so
+                // that even a volume never written is narrowed at failover.
+                link.announce_commit = mode == Mode::InSync;
                 (*n, link)
             })
             .collect();
