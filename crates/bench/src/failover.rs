@@ -26,7 +26,7 @@
 //! for its logs).
 
 use crate::fio::process::{self as fio_process, Fio, Invocation};
-use crate::targets::{free_port, ServerProcess, TargetError};
+use crate::targets::{free_port, which, ServerProcess, TargetError};
 use serde::Serialize;
 use serde_json::Value;
 use std::fs;
@@ -105,9 +105,22 @@ pub struct FailoverConfig {
 }
 
 impl FailoverConfig {
-    /// Refuses what cannot be measured: no node to rebuild on, no baseline
-    /// before the kill or no run after it, a fill beyond the volume.
+    /// Refuses what cannot be measured: no etcd to run, no node to rebuild
+    /// on, no baseline before the kill or no run after it, a fill beyond
+    /// the volume.
     pub fn check(&self) -> Result<(), FailoverError> {
+        let bare = self.etcd.components().count() == 1;
+        let found = if bare {
+            which(&self.etcd.to_string_lossy()).is_some()
+        } else {
+            self.etcd.is_file()
+        };
+        if !found {
+            return Err(FailoverError::Config(format!(
+                "no etcd at {}: install Debian's etcd-server (apt-get install etcd-server) or pass --etcd PATH",
+                self.etcd.display()
+            )));
+        }
         if self.replicas < 2 || self.nodes <= self.replicas {
             return Err(FailoverError::Config(format!(
                 "a failover needs at least 2 replicas and a node more than the replicas to rebuild on (got {} replicas on {} nodes)",
@@ -675,7 +688,9 @@ mod tests {
     fn refuses_configurations_it_cannot_measure() {
         let cfg = FailoverConfig {
             basalt: "basalt".into(),
-            etcd: "etcd".into(),
+            // Any existing file passes the etcd check; run() refuses the
+            // configurations before it starts anything.
+            etcd: "/bin/sh".into(),
             fio: Fio {
                 path: "fio".into(),
                 version: "fio-3.33".into(),
@@ -703,8 +718,16 @@ mod tests {
         let overfull = FailoverConfig {
             nodes: 4,
             fill: 2 << 30,
-            ..cfg
+            ..cfg.clone()
         };
         assert!(matches!(run(&overfull), Err(FailoverError::Config(_))));
+        let no_etcd = FailoverConfig {
+            nodes: 4,
+            etcd: "/nonexistent/etcd".into(),
+            ..cfg
+        };
+        assert!(
+            matches!(no_etcd.check(), Err(FailoverError::Config(m)) if m.contains("etcd-server"))
+        );
     }
 }

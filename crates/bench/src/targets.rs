@@ -502,7 +502,7 @@ fn wait_listening(server: &mut ServerProcess, port: u16) -> Result<(), TargetErr
 }
 
 /// The path of `tool` in PATH.
-fn which(tool: &str) -> Option<PathBuf> {
+pub(crate) fn which(tool: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH")?;
     std::env::split_paths(&path)
         .map(|d| d.join(tool))

@@ -699,4 +699,6 @@ fn failover_kills_the_primary_and_times_the_rebuild() {
     assert!(line.contains("a node more than the replicas"), "{line}");
     let line = bench(&dir.0, &["failover", "--fill", "1x"]).cli_error(1);
     assert!(line.contains("--fill 1x"), "{line}");
+    let line = bench(&dir.0, &["failover", "--etcd", "/nonexistent/etcd"]).cli_error(1);
+    assert!(line.contains("apt-get install etcd-server"), "{line}");
 }
