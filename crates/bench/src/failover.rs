@@ -26,7 +26,7 @@
 //! for its logs).
 
 use crate::fio::process::{self as fio_process, Fio, Invocation};
-use crate::targets::{free_port, which, ServerProcess, TargetError};
+use crate::targets::{which, ServerProcess, TargetError};
 use serde::Serialize;
 use serde_json::Value;
 use std::fs;
@@ -240,7 +240,15 @@ struct LocalCluster {
 
 impl LocalCluster {
     fn start(cfg: &FailoverConfig, dir: &Path) -> Result<LocalCluster, FailoverError> {
-        let (client, peer) = (free_port()?, free_port()?);
+        // etcd's two ports and each node's peer port, distinct (all held
+        // while they are picked; the other listeners bind port 0).
+        let mut ports = free_ports(2 + cfg.nodes)?.into_iter();
+        let mut port = || {
+            ports
+                .next()
+                .ok_or_else(|| FailoverError::Config("fewer free ports than asked for".into()))
+        };
+        let (client, peer) = (port()?, port()?);
         let etcd_url = format!("http://127.0.0.1:{client}");
         let peer_url = format!("http://127.0.0.1:{peer}");
         let mut cmd = Command::new(&cfg.etcd);
@@ -285,7 +293,7 @@ impl LocalCluster {
                 .arg("--node-name")
                 .arg(format!("n{i}"))
                 .arg("--peer-listen")
-                .arg(format!("127.0.0.1:{}", free_port()?))
+                .arg(format!("127.0.0.1:{}", port()?))
                 .args([
                     "--nbd-listen",
                     "127.0.0.1:0",
@@ -410,6 +418,19 @@ impl Drop for LocalCluster {
             }
         }
     }
+}
+
+/// `n` distinct ports on 127.0.0.1 that were free a moment ago: all are
+/// bound at once, so no two picks can be the same port.
+fn free_ports(n: usize) -> Result<Vec<u16>, FailoverError> {
+    let held = (0..n)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(io_err("find free ports on 127.0.0.1"))?;
+    held.iter()
+        .map(|l| l.local_addr().map(|a| a.port()))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(io_err("find free ports on 127.0.0.1"))
 }
 
 /// Whether `v` (a `volume show` JSON) has `n` replicas, all in sync.
@@ -682,6 +703,14 @@ mod tests {
         assert_eq!(o.recovered_iops, 105.0);
         assert_eq!(outage(&s, 1), None);
         assert_eq!(outage(&s[..5], 5), None);
+    }
+
+    #[test]
+    fn free_ports_are_distinct() {
+        let mut p = free_ports(16).unwrap();
+        p.sort_unstable();
+        p.dedup();
+        assert_eq!(p.len(), 16);
     }
 
     #[test]
