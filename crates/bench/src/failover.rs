@@ -26,7 +26,7 @@
 //! for its logs).
 
 use crate::fio::process::{self as fio_process, Fio, Invocation};
-use crate::targets::{which, ServerProcess, TargetError};
+use crate::targets::{which, ServerProcess, TargetError, EPHEMERAL_LISTENERS};
 use serde::Serialize;
 use serde_json::Value;
 use std::fs;
@@ -294,14 +294,7 @@ impl LocalCluster {
                 .arg(format!("n{i}"))
                 .arg("--peer-listen")
                 .arg(format!("127.0.0.1:{}", port()?))
-                .args([
-                    "--nbd-listen",
-                    "127.0.0.1:0",
-                    "--nvme-listen",
-                    "127.0.0.1:0",
-                    "--api-listen",
-                    "127.0.0.1:0",
-                ])
+                .args(EPHEMERAL_LISTENERS)
                 .args(&cfg.server_args);
             let node =
                 ServerProcess::spawn(&format!("node n{i}"), cmd, dir.join(format!("n{i}.log")))?;

@@ -470,6 +470,18 @@ impl BasaltApi {
     }
 }
 
+/// `basalt server` arguments for a server the bench starts: every client
+/// listener on 127.0.0.1, on a port the kernel picks (the server reports
+/// them in its server.json).
+pub(crate) const EPHEMERAL_LISTENERS: [&str; 6] = [
+    "--nbd-listen",
+    "127.0.0.1:0",
+    "--nvme-listen",
+    "127.0.0.1:0",
+    "--api-listen",
+    "127.0.0.1:0",
+];
+
 /// A free TCP port on 127.0.0.1 (free when asked; the server binds it next).
 pub(crate) fn free_port() -> Result<u16, TargetError> {
     let listener = TcpListener::bind("127.0.0.1:0").map_err(io_err("cannot find a free port"))?;
@@ -756,14 +768,7 @@ pub fn start(spec: &TargetSpec, ctx: &TargetContext<'_>) -> Result<Target, Targe
                     .arg(&dir)
                     .arg("--capacity")
                     .arg(capacity.to_string())
-                    .args([
-                        "--nbd-listen",
-                        "127.0.0.1:0",
-                        "--nvme-listen",
-                        "127.0.0.1:0",
-                        "--api-listen",
-                        "127.0.0.1:0",
-                    ]);
+                    .args(EPHEMERAL_LISTENERS);
                 let mut server =
                     ServerProcess::spawn("basalt server", cmd, work.join("basalt.log"))?;
                 let info = wait_server_json(&mut server, &dir)?;

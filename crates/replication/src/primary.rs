@@ -132,6 +132,33 @@ struct Link {
 }
 
 impl Link {
+    /// The next entry of this link's stream: a flush taking no vseq (a
+    /// resync's final flush, or the one telling `commit` to a link just
+    /// made InSync), recorded in flight as `pend`.
+    fn stream_flush(
+        &mut self,
+        vol: VolumeId,
+        epoch: Epoch,
+        now: u64,
+        pend: Pend,
+        commit: u64,
+        floor: u64,
+    ) -> Msg {
+        let lseq = self.next_lseq;
+        self.next_lseq += 1;
+        self.inflight.insert(lseq, (now, pend, commit));
+        Msg::Repl {
+            vol,
+            epoch,
+            session: self.session,
+            lseq,
+            vseq: 0,
+            commit,
+            floor,
+            op: ReplOp::Flush,
+        }
+    }
+
     fn new(mode: Mode, boot: u64, dirty: BTreeSet<usize>, now: u64) -> Self {
         Link {
             mode,
@@ -1021,41 +1048,14 @@ impl Primary {
                 // region copied, before the link proposed InSync), so it
                 // may claim `commit` as the next client write would tell it.
                 l.announce_commit = false;
-                let lseq = l.next_lseq;
-                l.next_lseq += 1;
-                l.inflight.insert(lseq, (now, Pend::CommitFlush, commit));
-                out.sends.push((
-                    Endpoint::Node(*n),
-                    Msg::Repl {
-                        vol: self.vol,
-                        epoch: self.epoch,
-                        session: l.session,
-                        lseq,
-                        vseq: 0,
-                        commit,
-                        floor,
-                        op: ReplOp::Flush,
-                    },
-                ));
+                let flush =
+                    l.stream_flush(self.vol, self.epoch, now, Pend::CommitFlush, commit, floor);
+                out.sends.push((Endpoint::Node(*n), flush));
             }
             if l.mode == Mode::Resyncing && l.dirty.is_empty() {
-                let lseq = l.next_lseq;
-                l.next_lseq += 1;
-                l.inflight.insert(lseq, (now, Pend::FinalFlush, 0));
                 l.mode = Mode::Finishing;
-                out.sends.push((
-                    Endpoint::Node(*n),
-                    Msg::Repl {
-                        vol: self.vol,
-                        epoch: self.epoch,
-                        session: l.session,
-                        lseq,
-                        vseq: 0,
-                        commit: 0,
-                        floor,
-                        op: ReplOp::Flush,
-                    },
-                ));
+                let flush = l.stream_flush(self.vol, self.epoch, now, Pend::FinalFlush, 0, floor);
+                out.sends.push((Endpoint::Node(*n), flush));
             }
         }
     }
