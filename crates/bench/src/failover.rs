@@ -312,23 +312,15 @@ impl LocalCluster {
         Ok(cluster)
     }
 
-    /// Polls `ok` every 200 ms until it holds; fails early if a process the
-    /// bench started has died.
+    /// Polls `ok` every 200 ms until it holds, for at most
+    /// `SETTLE_TIMEOUT`; fails early if a process the bench started has
+    /// died.
     fn wait(
         &mut self,
         what: &str,
         mut ok: impl FnMut(&mut LocalCluster) -> Result<bool, FailoverError>,
     ) -> Result<(), FailoverError> {
-        self.wait_for(what, SETTLE_TIMEOUT, &mut ok)
-    }
-
-    fn wait_for(
-        &mut self,
-        what: &str,
-        timeout: Duration,
-        ok: &mut dyn FnMut(&mut LocalCluster) -> Result<bool, FailoverError>,
-    ) -> Result<(), FailoverError> {
-        let deadline = Instant::now() + timeout;
+        let deadline = Instant::now() + SETTLE_TIMEOUT;
         loop {
             self.check_alive()?;
             if ok(self)? {
@@ -337,7 +329,7 @@ impl LocalCluster {
             if Instant::now() > deadline {
                 return Err(FailoverError::Timeout {
                     what: what.to_string(),
-                    timeout,
+                    timeout: SETTLE_TIMEOUT,
                 });
             }
             thread::sleep(Duration::from_millis(200));

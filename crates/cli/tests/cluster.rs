@@ -145,10 +145,7 @@ fn replicated_volume_survives_killed_nodes_and_resyncs() {
 #[test]
 fn quiet_cluster_writes_nothing_to_etcd() {
     let c = Cluster::start(3, &[]);
-    c.nodes[0]
-        .cli(&["volume", "create", "q", "--size", "16M", "--replicas", "3"])
-        .ok();
-    let v = c.wait_volume(0, "q", "placed and in sync", |v| all_in_sync(v, 3));
+    let v = c.create_rf3("q", "16M");
     let p = node_index(&primary(&v).expect("a primary"));
     // Allocation changes every replica's free capacity: republished once.
     write_pattern(None, &c.nodes[p].uri("q"), 3, 1, 0, 4 << 20);
@@ -181,12 +178,7 @@ fn rolling_restart_of_idle_volumes_copies_no_replica_in_full() {
     let mut c = Cluster::start(3, &[]);
     let vols = ["written", "empty"];
     for vol in vols {
-        c.nodes[0]
-            .cli(&["volume", "create", vol, "--size", "32M", "--replicas", "3"])
-            .ok();
-    }
-    for vol in vols {
-        c.wait_volume(0, vol, "placed and in sync", healthy);
+        c.create_rf3(vol, "32M");
     }
     let v = c.show(0, "written");
     let p = node_index(&primary(&v).expect("a primary"));
@@ -539,10 +531,7 @@ fn cleanly_restarted_nodes_keep_their_logs_and_are_not_copied_in_full() {
     let seed = test_seed("cleanly_restarted_nodes_keep_their_logs") % 1_000_000;
     let mut c = Cluster::start(3, &[]);
     let vol = "cr";
-    c.nodes[0]
-        .cli(&["volume", "create", vol, "--size", "64M", "--replicas", "3"])
-        .ok();
-    let v = c.wait_volume(0, vol, "placed and in sync", healthy);
+    let v = c.create_rf3(vol, "64M");
     let p = node_index(&primary(&v).expect("a primary"));
     let secondaries: Vec<usize> = (0..3).filter(|i| *i != p).collect();
     let (s1, s2) = (secondaries[0], secondaries[1]);
@@ -795,10 +784,7 @@ fn nvme_host_sees_a_replicated_volume_grow_while_connected() {
     let c = Cluster::start_with(3, &[], |_| {
         vec!["--nvme-allow-host".into(), host::HOST_NQN.into()]
     });
-    c.nodes[0]
-        .cli(&["volume", "create", "nv", "--size", "16M", "--replicas", "3"])
-        .ok();
-    c.wait_volume(0, "nv", "placed and in sync", healthy);
+    c.create_rf3("nv", "16M");
     let addr = c.nodes[1].nvme_addr();
     let mut admin = host::Host::admin(addr, Digests::NONE, "nv", 10_000);
     let nsze = |admin: &mut host::Host| {

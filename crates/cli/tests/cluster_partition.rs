@@ -454,12 +454,7 @@ fn partitioned_primary_is_fenced() {
     // primary that is not the coordinator and the coordinator's can be cut.
     let vols = ["f0", "f1", "f2"];
     for vol in vols {
-        c.nodes[0]
-            .cli(&["volume", "create", vol, "--size", "16M", "--replicas", "3"])
-            .ok();
-    }
-    for vol in vols {
-        c.wait_volume(0, vol, "placed and in sync", healthy);
+        c.create_rf3(vol, "16M");
     }
     let primary_of =
         |vol: &str, via: usize| node_index(&primary(&c.show(via, vol)).expect("a primary"));

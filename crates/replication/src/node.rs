@@ -1216,12 +1216,7 @@ mod tests {
 
     #[test]
     fn write_is_acked_only_after_lease_local_disk_and_secondary() {
-        let cfg = Config {
-            block_len: 1,
-            volume_blocks: 16,
-            region_blocks: 4,
-            ..Config::default()
-        };
+        let cfg = small(16);
         let (p, s) = (NodeId(0), NodeId(1));
         let rec = Membership::new(VolumeId(1), &[p, s], p, 2);
         let mut node = Node::new(p, 0, VolumeId(1), cfg, Some(rec), 0);
@@ -1303,12 +1298,7 @@ mod tests {
     /// The primary `p` (with its lease) of a fresh volume replicated on `p`
     /// and `s`, `min_in_sync` 2: 16 blocks of one byte, regions of 4.
     fn rf2_primary_with_lease() -> (Node, NodeId, NodeId, Membership) {
-        let cfg = Config {
-            block_len: 1,
-            volume_blocks: 16,
-            region_blocks: 4,
-            ..Config::default()
-        };
+        let cfg = small(16);
         let (p, s) = (NodeId(0), NodeId(1));
         let rec = Membership::new(VolumeId(1), &[p, s], p, 2);
         let mut node = Node::new(p, 0, VolumeId(1), cfg, Some(rec.clone()), 0);
@@ -1482,12 +1472,7 @@ mod tests {
 
     #[test]
     fn replicas_added_are_resynced_and_removed_ones_are_not_waited_for() {
-        let cfg = Config {
-            block_len: 1,
-            volume_blocks: 16,
-            region_blocks: 4,
-            ..Config::default()
-        };
+        let cfg = small(16);
         let (p, s1, s2) = (NodeId(0), NodeId(1), NodeId(2));
         let vol = VolumeId(1);
         let rec = Membership::new(vol, &[p, s1], p, 1);
@@ -1584,12 +1569,7 @@ mod tests {
     /// and copies it in full (a rolling restart of idle volumes).
     #[test]
     fn a_replica_made_in_sync_is_told_the_commit_without_waiting_for_a_write() {
-        let cfg = Config {
-            block_len: 1,
-            volume_blocks: 4,
-            region_blocks: 4,
-            ..Config::default()
-        };
+        let cfg = small(4);
         let (p, s1) = (NodeId(0), NodeId(1));
         let vol = VolumeId(1);
         let mut rec = Membership::new(vol, &[p, s1], p, 1);
@@ -1709,12 +1689,7 @@ mod tests {
 
     #[test]
     fn replica_removed_and_re_added_gets_a_new_session() {
-        let cfg = Config {
-            block_len: 1,
-            volume_blocks: 16,
-            region_blocks: 4,
-            ..Config::default()
-        };
+        let cfg = small(16);
         let (p, s1) = (NodeId(0), NodeId(1));
         let vol = VolumeId(1);
         let mut rec = Membership::new(vol, &[p, s1], p, 1);

@@ -119,6 +119,16 @@ impl Cluster {
         self.nodes[via].cli_json(&["volume", "show", volume])
     }
 
+    /// Creates volume `name` of `size` with 3 replicas through node 0 and
+    /// waits until it is placed and every replica is in sync; returns its
+    /// `volume show`.
+    pub fn create_rf3(&self, name: &str, size: &str) -> Value {
+        self.nodes[0]
+            .cli(&["volume", "create", name, "--size", size, "--replicas", "3"])
+            .ok();
+        self.wait_volume(0, name, "placed and in sync", healthy)
+    }
+
     /// Waits until `volume show` through node `via` satisfies `ok`.
     #[track_caller]
     pub fn wait_volume(
