@@ -1,10 +1,11 @@
 #!/bin/bash
 # RF1 vs RF3 on one machine (issue 5): 3 node processes with a real etcd on
-# loopback, `basalt bench run matrix` comparing an RF1 and an RF3 volume
-# through each one's primary node (fio's nbd engine). Prints IOPS, mean and
-# p99 latency per workload (medians of ROUNDS rounds, default 3; RUNTIME
-# seconds per cell, default 10) and the RF3/RF1 ratios; each round's report
-# is kept under OUT. Needs etcd, fio and a release build.
+# loopback, `basalt bench run matrix` (and `db-latency`, the database
+# pattern) comparing an RF1 and an RF3 volume through each one's primary
+# node (fio's nbd engine). Prints IOPS, mean and p99 latency per workload
+# (medians of ROUNDS rounds, default 3; RUNTIME seconds per cell, default
+# 10) and the RF3/RF1 ratios; each round's report is kept under OUT. Needs
+# etcd, fio and a release build.
 set -e
 B=${BASALT:-$(dirname "$0")/../target/release/basalt}
 W=$(mktemp -d /var/tmp/rfbench.XXXX)
@@ -48,6 +49,9 @@ done
 for round in $(seq 1 $ROUNDS); do
   $B bench run matrix --compare $RF1,$RF3 --rw randwrite,randread --bs 4k --numjobs 1 \
     --iodepth 1,32 --runtime ${RUNTIME:-10} --size 1G --out $OUT/round-$round >/dev/null
+  # The database pattern: 8k random writes at QD1, fsync after each.
+  $B bench run db-latency --compare $RF1,$RF3 --runtime ${RUNTIME:-10} --size 1G \
+    --out $OUT/db-round-$round >/dev/null
 done
 python3 - $OUT $ROUNDS $RF1 $RF3 <<'PY'
 import json, statistics, sys
@@ -73,4 +77,19 @@ for rw in ["randwrite", "randread"]:
                 print("%s %s QD%d: %.0f IOPS, mean %.1f us, p99 %.1f us" % (vol, rw, qd, *med[vol]))
         if len(med) == 2:
             print("  RF3/RF1 %s QD%d: IOPS %.2fx, mean latency %.2fx" % (rw, qd, med["rf3"][0] / med["rf1"][0], med["rf3"][1] / med["rf1"][1]))
+db = {}
+for r in range(1, rounds + 1):
+    for cell in json.load(open("%s/db-round-%d/summary.json" % (out, r)))["cells"]:
+        m = cell["outcome"].get("metrics", {})
+        if cell["outcome"].get("status") != "ok" or "write" not in m or "sync" not in m:
+            continue
+        w, s = m["write"], m["sync"]
+        db.setdefault(cell["target"], []).append((w["iops"], w["latency"]["mean_us"], s["mean_us"], w["latency"]["p99_us"]))
+med = {}
+for vol, uri in uris.items():
+    if uri in db:
+        med[vol] = [statistics.median(x[i] for x in db[uri]) for i in range(4)]
+        print("%s 8k randwrite QD1 + fsync: %.0f IOPS, write mean %.1f us, fsync mean %.1f us, write p99 %.1f us" % (vol, *med[vol]))
+if len(med) == 2:
+    print("  RF3/RF1 8k randwrite QD1 + fsync: IOPS %.2fx" % (med["rf3"][0] / med["rf1"][0]))
 PY
