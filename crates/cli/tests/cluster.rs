@@ -773,6 +773,122 @@ fn replicated_volume_grows_online_while_a_replica_is_down() {
     c.wait_volume(0, "last", "placed", |v| all_in_sync(v, 1));
 }
 
+/// Runs `args` through node `a` and `b` at the same moment (both CLI
+/// processes start once both threads are ready); returns both outcomes.
+fn cli_at_once(c: &Cluster, a: (usize, &[&str]), b: (usize, &[&str])) -> [CmdOutput; 2] {
+    let barrier = std::sync::Barrier::new(2);
+    std::thread::scope(|s| {
+        let handles = [a, b].map(|(i, args)| {
+            let (barrier, node) = (&barrier, &c.nodes[i]);
+            s.spawn(move || {
+                barrier.wait();
+                node.cli(args)
+            })
+        });
+        handles.map(|h| h.join().expect("CLI thread"))
+    })
+}
+
+/// Creates and grows through different nodes at the same moment are
+/// checked one after the other (the cluster's provisioning lock in etcd),
+/// and a create counts the volumes created just before it that are not
+/// placed yet: of two that fit only one at a time, exactly one succeeds,
+/// and every volume that was accepted gets placed in full.
+#[test]
+fn concurrent_creates_and_grows_through_different_nodes_fit_the_nodes() {
+    const MIB: u64 = 1 << 20;
+    let c = Cluster::start(3, &[]);
+    // Every RF3 volume has a replica on each of the 3 nodes, so each node
+    // has the same room left: the smallest limit, less what it holds.
+    let nodes = c.nodes[0].cli_json(&["node", "list"]);
+    let limit = nodes["nodes"]
+        .as_array()
+        .expect("node list")
+        .iter()
+        .map(|n| n["capacity_bytes"].as_u64().expect("capacity") * 2)
+        .min()
+        .expect("nodes");
+    let mut room = limit / MIB;
+    let mut accepted = Vec::new();
+    for round in 0..2 {
+        // Each fits alone; both together do not.
+        let size = format!("{}M", room * 6 / 10);
+        let (x, y) = (format!("c{round}x"), format!("c{round}y"));
+        let outs = cli_at_once(
+            &c,
+            (
+                1,
+                &["volume", "create", &x, "--size", &size, "--replicas", "3"],
+            ),
+            (
+                2,
+                &["volume", "create", &y, "--size", &size, "--replicas", "3"],
+            ),
+        );
+        let ok: Vec<&str> = [&x, &y]
+            .iter()
+            .zip(&outs)
+            .filter(|(_, o)| o.code() == Some(0))
+            .map(|(n, _)| n.as_str())
+            .collect();
+        assert_eq!(
+            ok.len(),
+            1,
+            "create round {round} ({size} twice, {room} MiB of room): {}\n{}",
+            outs[0].describe(),
+            outs[1].describe()
+        );
+        let refused = outs.iter().find(|o| o.code() != Some(0)).expect("refused");
+        assert!(
+            refused.stderr.contains("can provision it"),
+            "{}",
+            refused.describe()
+        );
+        accepted.push(ok[0].to_string());
+        room -= room * 6 / 10;
+    }
+    // Two small volumes, then both grown at once by more than half the room.
+    for name in ["g0", "g1"] {
+        c.nodes[0]
+            .cli(&["volume", "create", name, "--size", "4M", "--replicas", "3"])
+            .ok();
+        accepted.push(name.to_string());
+        room -= 4;
+    }
+    for name in &accepted {
+        c.wait_volume(0, name, "placed in full", |v| all_in_sync(v, 3));
+    }
+    let size = format!("{}M", 4 + room * 6 / 10);
+    let outs = cli_at_once(
+        &c,
+        (1, &["volume", "resize", "g0", "--size", &size]),
+        (2, &["volume", "resize", "g1", "--size", &size]),
+    );
+    let grown = outs.iter().filter(|o| o.code() == Some(0)).count();
+    assert_eq!(
+        grown,
+        1,
+        "grows to {size} ({room} MiB of room): {}\n{}",
+        outs[0].describe(),
+        outs[1].describe()
+    );
+    let refused = outs.iter().find(|o| o.code() != Some(0)).expect("refused");
+    assert!(
+        refused.stderr.contains("exceeds its limit"),
+        "{}",
+        refused.describe()
+    );
+    // Nothing was accepted beyond any node's limit.
+    let mut total = 0;
+    for name in &accepted {
+        total += c.show(0, name)["size_bytes"].as_u64().expect("size");
+    }
+    assert!(
+        total <= limit,
+        "{total} bytes accepted on nodes that may hold {limit}"
+    );
+}
+
 /// An NVMe/TCP host connected to a replicated volume sees it grow: the
 /// namespace reports the new size while connected, and blocks beyond the
 /// old end are written and read back over the same queue.

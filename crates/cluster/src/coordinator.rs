@@ -21,7 +21,7 @@
 
 use crate::member::Inner;
 use crate::meta::{CasOutcome, ClusterMeta, NodeState, NodeStatus};
-use crate::placement::{self, Candidate};
+use crate::placement::{self, Candidate, Placement};
 use crate::ClusterError;
 use basalt_catalog::{Versioned, VolumeRecord};
 use basalt_replication::{
@@ -219,6 +219,65 @@ fn catalog_sizes(catalog: &[Versioned<VolumeRecord>]) -> HashMap<VolumeId, u64> 
         .collect()
 }
 
+/// The replicas a volume is to have.
+pub(crate) fn wanted_replicas(record: &VolumeRecord) -> usize {
+    record.replicas.unwrap_or(1).max(1) as usize
+}
+
+/// The nodes' load as the placement of new volumes sees it: bytes of
+/// volume sizes provisioned and primaries held, per node.
+pub(crate) struct Load {
+    pub(crate) provisioned: HashMap<NodeId, u64>,
+    primaries: HashMap<NodeId, usize>,
+}
+
+impl Load {
+    /// The load of the placed volumes (`records`), at their catalog sizes.
+    pub(crate) fn of(records: &[Membership], catalog: &[Versioned<VolumeRecord>]) -> Load {
+        let mut primaries = HashMap::new();
+        for r in records {
+            *primaries.entry(r.primary).or_default() += 1;
+        }
+        Load {
+            provisioned: placement::provisioned_by_node(records, &catalog_sizes(catalog)),
+            primaries,
+        }
+    }
+
+    /// Where a new volume of `size` bytes with `want` replicas goes now, on
+    /// alive, active nodes with room for it; `None` if none has.
+    pub(crate) fn place(
+        &self,
+        nodes: &[NodeStatus],
+        size: u64,
+        want: usize,
+        coordinator: Option<NodeId>,
+    ) -> Option<Placement> {
+        let candidates: Vec<Candidate> = nodes
+            .iter()
+            .filter(|n| n.alive && n.state == NodeState::Active)
+            .filter(|n| {
+                placement::node_has_room(&self.provisioned, n.id, n.info.provision_limit(), size)
+            })
+            .map(|n| Candidate {
+                id: n.id,
+                zone: n.info.zone.clone(),
+                free_bytes: n.info.free_bytes,
+                primaries: self.primaries.get(&n.id).copied().unwrap_or(0),
+            })
+            .collect();
+        placement::place(&candidates, want, coordinator)
+    }
+
+    /// Counts a volume of `size` bytes just placed as `p`.
+    pub(crate) fn add(&mut self, p: &Placement, size: u64) {
+        *self.primaries.entry(p.primary).or_default() += 1;
+        for n in &p.nodes {
+            placement::provision(&mut self.provisioned, *n, size);
+        }
+    }
+}
+
 /// Creates records for catalog volumes that have none, and deletes records
 /// whose volume left the catalog. A node takes a replica only while it has
 /// room for it (see [`placement`]); a replica that fits nowhere is missing
@@ -238,32 +297,15 @@ fn place_new_volumes(
         tracing::info!(volume = %uuid::Uuid::from_u128(rec.volume.0), "volume deleted: dropping its membership record");
         inner.meta.delete_membership(rec.volume)?;
     }
-    let mut primaries = std::collections::HashMap::<NodeId, usize>::new();
-    for r in &records {
-        *primaries.entry(r.primary).or_default() += 1;
-    }
-    let mut provisioned = placement::provisioned_by_node(&records, &catalog_sizes(catalog));
+    let mut load = Load::of(&records, catalog);
     for v in catalog {
         let vol = VolumeId(v.record.id.as_u128());
         if placed.contains(&vol) {
             continue;
         }
         let size = v.record.size_bytes;
-        let candidates: Vec<Candidate> = nodes
-            .iter()
-            .filter(|n| n.alive && n.state == NodeState::Active)
-            .filter(|n| {
-                placement::node_has_room(&provisioned, n.id, n.info.provision_limit(), size)
-            })
-            .map(|n| Candidate {
-                id: n.id,
-                zone: n.info.zone.clone(),
-                free_bytes: n.info.free_bytes,
-                primaries: primaries.get(&n.id).copied().unwrap_or(0),
-            })
-            .collect();
-        let want = v.record.replicas.unwrap_or(1).max(1) as usize;
-        let Some(p) = placement::place(&candidates, want, Some(inner.me)) else {
+        let want = wanted_replicas(&v.record);
+        let Some(p) = load.place(nodes, size, want, Some(inner.me)) else {
             tracing::warn!(volume = %v.record.name, "no node can take a replica yet");
             continue;
         };
@@ -274,10 +316,7 @@ fn place_new_volumes(
             info.boot = nodes.iter().find(|n| n.id == *id).map_or(0, |n| n.boot);
         }
         if inner.meta.create_membership(&rec)? {
-            *primaries.entry(p.primary).or_default() += 1;
-            for n in &p.nodes {
-                placement::provision(&mut provisioned, *n, size);
-            }
+            load.add(&p, size);
             if p.missing > 0 {
                 tracing::warn!(volume = %v.record.name, placed = p.nodes.len(), missing = p.missing,
                     "volume placed degraded: too few nodes");
@@ -337,7 +376,7 @@ fn reconfigure(
         else {
             continue;
         };
-        let wanted = v.record.replicas.unwrap_or(1).max(1) as usize;
+        let wanted = wanted_replicas(&v.record);
         let mut new = rec.clone();
         // The catalog's size is the volume's: a grow whose record step was
         // lost (or a record from before sizes were recorded) catches up.

@@ -22,7 +22,7 @@
 //! - the coordinator (at most one, by etcd election) changes records only by
 //!   compare-and-swap, with the rules of `basalt_replication`.
 
-use crate::coordinator::CoordinatorTask;
+use crate::coordinator::{wanted_replicas, CoordinatorTask, Load};
 use crate::meta::{
     CasOutcome, ClusterMeta, EtcdConfig, NodeInfo, NodeState, NodeStatus, Registration,
 };
@@ -36,7 +36,9 @@ use basalt_replication::{
     ClientReply, ClientReq, Config, Membership, Msg, NodeId, ReplicaState, SavedLogs, VolumeId,
 };
 use basalt_store::{DataKind, DataOp, IoError, Store, StoreError, BLOCK_SIZE};
-use basalt_volume::{BlockIo, ClusterVolumes, NodeView, ReplicaStatus, VolumeError, WriteAck};
+use basalt_volume::{
+    BlockIo, ClusterVolumes, NodeView, ProvisioningGuard, ReplicaStatus, VolumeError, WriteAck,
+};
 use parking_lot::{Mutex, RwLock};
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -1494,21 +1496,31 @@ fn state_name(s: ReplicaState) -> &'static str {
 
 impl ClusterMember {
     /// Every node, and the bytes of volume sizes each holds replicas of.
+    ///
+    /// Volumes in the catalog that are not placed yet (created a moment ago,
+    /// or waiting for room) count too, on the nodes the coordinator's rules
+    /// would place them on now: a create checked right after another must
+    /// leave room for it.
     fn provisioning(&self) -> Result<(Vec<NodeStatus>, HashMap<NodeId, u64>), VolumeError> {
         let unavailable = |e: &dyn std::fmt::Display| VolumeError::Cluster(e.to_string());
         let nodes = self.inner.meta.nodes().map_err(|e| unavailable(&e))?;
-        let sizes: HashMap<VolumeId, u64> = self
-            .inner
-            .catalog
-            .list()
-            .map_err(|e| unavailable(&e))?
-            .into_iter()
-            .map(|v| (vol_of(v.record.id), v.record.size_bytes))
-            .collect();
+        let catalog = self.inner.catalog.list().map_err(|e| unavailable(&e))?;
         // From etcd, not this node's copy: a volume placed a moment ago
         // through another node counts even before this node's watch sees it.
         let records = self.inner.meta.memberships().map_err(|e| unavailable(&e))?;
-        Ok((nodes, placement::provisioned_by_node(&records, &sizes)))
+        let mut load = Load::of(&records, &catalog);
+        let coordinator = *self.inner.coordinator_id.read();
+        for v in &catalog {
+            let vol = vol_of(v.record.id);
+            if records.iter().any(|r| r.volume == vol) {
+                continue;
+            }
+            let size = v.record.size_bytes;
+            if let Some(p) = load.place(&nodes, size, wanted_replicas(&v.record), coordinator) {
+                load.add(&p, size);
+            }
+        }
+        Ok((nodes, load.provisioned))
     }
 }
 
@@ -1583,6 +1595,15 @@ impl ClusterVolumes for ClusterMember {
                 api_addr: n.info.api_addr.map(|a| a.to_string()),
             })
             .collect())
+    }
+
+    fn lock_provisioning(&self) -> Result<ProvisioningGuard, VolumeError> {
+        match self.inner.meta.lock_provisioning() {
+            Ok(lock) => Ok(Box::new(lock)),
+            Err(e) => Err(VolumeError::Cluster(format!(
+                "cannot take the cluster's provisioning lock (another create or grow may be holding it; try again): {e}"
+            ))),
+        }
     }
 
     fn set_node_state(&self, name: &str, state: &str) -> Result<(), VolumeError> {

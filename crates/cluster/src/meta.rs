@@ -8,7 +8,9 @@
 //! - `P/nodes/<name>` — a node's record (JSON: id, boot, state, info);
 //! - `P/alive/<name>` — present while the node's lease is kept alive;
 //! - `P/membership/<volume uuid>` — a volume's membership record (JSON);
-//! - `P/coordinator` — the elected coordinator's name, bound to its lease.
+//! - `P/coordinator` — the elected coordinator's name, bound to its lease;
+//! - `P/locks/provisioning` — etcd's lock service's name for the lock that
+//!   serialises creates and grows ([`ClusterMeta::lock_provisioning`]).
 //!
 //! Invariants:
 //! - a node name keeps its id for ever; its boot grows by one at every
@@ -31,7 +33,9 @@
 //! channel, as in `basalt_catalog::EtcdCatalog`.
 
 use basalt_replication::{Membership, NodeId, VolumeId};
-use etcd_client::{Client, Compare, CompareOp, ConnectOptions, GetOptions, PutOptions, Txn, TxnOp};
+use etcd_client::{
+    Client, Compare, CompareOp, ConnectOptions, GetOptions, LockOptions, PutOptions, Txn, TxnOp,
+};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -364,6 +368,25 @@ pub struct ClusterMeta {
 /// The coordinator key's lease.
 const COORDINATOR_TTL: Duration = Duration::from_secs(3);
 
+/// The provisioning lock's lease: what a holder that dies keeps the lock
+/// for. Holders keep it for a few etcd round trips.
+const PROVISIONING_LOCK_TTL: Duration = Duration::from_secs(10);
+
+/// Held while a create or grow checks the nodes' provisioning limits and
+/// records its outcome, so that two of them through different nodes cannot
+/// both pass a check only one of them fits. Released when dropped (its
+/// lease is revoked), or by etcd when the lease runs out.
+pub struct ProvisioningLock {
+    core: Arc<Core>,
+    lease: i64,
+}
+
+impl Drop for ProvisioningLock {
+    fn drop(&mut self) {
+        self.core.revoke(self.lease);
+    }
+}
+
 /// This node's registration; see [`ClusterMeta::register_node`].
 pub struct Registration {
     name: String,
@@ -508,6 +531,28 @@ impl ClusterMeta {
                 runtime: parking_lot::Mutex::new(Some(runtime)),
             }),
         })
+    }
+
+    /// Waits (up to the request timeout) for the cluster's provisioning
+    /// lock, through etcd's lock service.
+    pub fn lock_provisioning(&self) -> Result<ProvisioningLock, MetaError> {
+        let lease = self.core.grant(PROVISIONING_LOCK_TTL)?;
+        let key = self.core.key("locks/provisioning");
+        let err = self.core.request_error(&key);
+        let name = key.clone();
+        let locked = self.core.call(&key, move |mut c| async move {
+            c.lock(name, Some(LockOptions::new().with_lease(lease)))
+                .await
+                .map_err(&err)?;
+            Ok(())
+        });
+        // From here the lease is released either way: by the guard, or now
+        // (which also withdraws a lock request still waiting in etcd).
+        let lock = ProvisioningLock {
+            core: self.core.clone(),
+            lease,
+        };
+        locked.map(|()| lock)
     }
 
     /// The cluster's id, created by whichever node asks first.

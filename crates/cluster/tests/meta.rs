@@ -1,6 +1,7 @@
 //! `cluster::meta` against a real etcd: registration (stable ids, growing
 //! boots, liveness), node states, membership compare-and-swap with the
-//! protocol's change rules, and the coordinator election's failover.
+//! protocol's change rules, the coordinator election's failover, and the
+//! provisioning lock.
 
 use basalt_cluster::meta::{CasOutcome, ClusterMeta, EtcdConfig, MetaError, NodeInfo, NodeState};
 use basalt_etcd_fixture::EtcdServer;
@@ -185,4 +186,31 @@ fn exactly_one_coordinator_and_failover_when_it_dies() {
     assert!(!e1.load(Ordering::SeqCst));
     drop(r1);
     drop(r2);
+}
+
+#[test]
+fn provisioning_lock_has_one_holder_at_a_time() {
+    let etcd = EtcdServer::start().unwrap();
+    let (m1, m2) = (connect(&etcd, "/t4/"), connect(&etcd, "/t4/"));
+    let held = m1.lock_provisioning().unwrap();
+    // A second holder waits for the first to let go...
+    let (tx, rx) = std::sync::mpsc::channel();
+    let waiter = std::thread::spawn(move || {
+        let lock = m2.lock_provisioning();
+        let _ = tx.send(Instant::now());
+        lock.map(drop)
+    });
+    assert!(
+        rx.recv_timeout(Duration::from_millis(500)).is_err(),
+        "a second holder got the provisioning lock while the first held it"
+    );
+    let released = Instant::now();
+    drop(held);
+    let got = rx
+        .recv_timeout(Duration::from_secs(5))
+        .expect("the waiting holder gets the lock once it is released");
+    assert!(got >= released);
+    waiter.join().unwrap().unwrap();
+    // ...and the lock is free again once that one is dropped too.
+    drop(m1.lock_provisioning().unwrap());
 }

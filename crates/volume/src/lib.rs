@@ -12,7 +12,7 @@ pub use error::VolumeError;
 pub use handle::{BlockIo, VolumeHandle, WriteAck};
 pub use service::{
     validate_host_nqn, validate_volume_name, validate_volume_size, ClusterVolumes, NodeView,
-    ReconcileReport, ReplicaStatus, StoreStatus, VolumeInfo, VolumeService,
+    ProvisioningGuard, ReconcileReport, ReplicaStatus, StoreStatus, VolumeInfo, VolumeService,
     DEFAULT_OVERCOMMIT_RATIO,
 };
 pub use size::{format_size, parse_size, ParseSizeError};

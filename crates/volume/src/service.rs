@@ -118,6 +118,10 @@ impl ReconcileReport {
     }
 }
 
+/// Holds the cluster's provisioning lock until dropped
+/// ([`ClusterVolumes::lock_provisioning`]).
+pub type ProvisioningGuard = Box<dyn Send>;
+
 /// What the cluster layer provides to the volume service of a clustered
 /// node: the replicated data path and replica placement. In a cluster the
 /// service only keeps the catalog; the cluster layer places replicas and
@@ -141,6 +145,12 @@ pub trait ClusterVolumes: Send + Sync {
     /// replicas move away online) or `removed` (its replicas are rebuilt
     /// elsewhere; the node may not rejoin).
     fn set_node_state(&self, name: &str, state: &str) -> Result<(), VolumeError>;
+    /// Waits for the cluster-wide provisioning lock, held until the guard is
+    /// dropped. A create or grow holds it from its check
+    /// ([`ClusterVolumes::check_create`], [`ClusterVolumes::check_grow`])
+    /// until its new size is in the catalog, so that creates and grows
+    /// through different nodes are checked one after the other.
+    fn lock_provisioning(&self) -> Result<ProvisioningGuard, VolumeError>;
     /// Fails unless every node holding a replica of `record`'s volume can
     /// provision it at `size` bytes (growth within the node's limit of
     /// capacity × overcommit ratio, as on a single node).
@@ -148,8 +158,9 @@ pub trait ClusterVolumes: Send + Sync {
     /// Fails unless enough nodes can provision a new volume of `size` bytes
     /// for its `replicas` copies (or for one copy per active node when the
     /// cluster has fewer; a node that is down counts, so creation while a
-    /// node is down succeeds degraded). Placement applies the same limits,
-    /// so concurrent creates that both passed cannot overfill a node.
+    /// node is down succeeds degraded), after the volumes already in the
+    /// catalog but not placed yet took their room. Placement applies the
+    /// same limits, so a node is never overfilled either way.
     fn check_create(&self, name: &str, size: u64, replicas: u32) -> Result<(), VolumeError>;
     /// Grows the volume's replicas to `size` bytes (already the catalog's
     /// size): every node holding a replica grows its local copy, and the
@@ -510,6 +521,7 @@ impl VolumeService {
         let mut record = VolumeRecord::new(VolumeId::new_v4(), name, size, SystemTime::now());
         if let Some(cluster) = &self.cluster {
             let n = replicas.unwrap_or_else(|| cluster.default_replicas());
+            let _provisioning = cluster.lock_provisioning()?;
             cluster.check_create(name, size, n)?;
             record.replicas = Some(n);
             self.catalog.insert(&record).map_err(catalog_error)?;
@@ -622,6 +634,7 @@ impl VolumeService {
         }
         let mut record = current.record.clone();
         if size > old_size {
+            let _provisioning = cluster.lock_provisioning()?;
             cluster.check_grow(&current.record, size)?;
             record.size_bytes = size;
             self.catalog
@@ -1440,6 +1453,9 @@ mod tests {
         }
         fn set_node_state(&self, _: &str, _: &str) -> Result<(), VolumeError> {
             Ok(())
+        }
+        fn lock_provisioning(&self) -> Result<ProvisioningGuard, VolumeError> {
+            Ok(Box::new(()))
         }
         fn check_create(&self, _: &str, _: u64, _: u32) -> Result<(), VolumeError> {
             Ok(())
