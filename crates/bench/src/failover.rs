@@ -4,15 +4,19 @@
 //! The bench starts its own cluster on 127.0.0.1 — a real etcd and `nodes`
 //! `basalt server` processes (one more than the replica count, so there is
 //! a node to rebuild on) — creates one volume, fills part of it, and runs
-//! fio's nbd engine (4 KiB random writes) through a node that does not hold
-//! the primary, so the client's connection outlives the kill and what is
-//! measured is the cluster's failover, not a client reconnect.
+//! fio's nbd engine (4 KiB random writes) through a node that is neither
+//! the primary nor the one killed, so the client's connection outlives the
+//! kill and what is measured is the cluster's failover, not a client
+//! reconnect.
 //!
-//! - Phase 1, failover: SIGKILL of the primary's process `kill_at` into the
-//!   run. From fio's per-second IOPS log: the baseline (mean of the seconds
-//!   before the kill, the first one skipped), the outage (seconds after the
-//!   kill below 10% of the baseline) and the IOPS once recovered (the last
-//!   third of the run after the kill, at most 10 s).
+//! - Phase 1, failover: SIGKILL of a node's process `kill_at` into the run:
+//!   the primary's ([`Victim::Primary`], the default), the coordinator's
+//!   (a node holding a secondary, or no replica, while the coordinator
+//!   role moves) or a secondary's that is not the coordinator. From fio's
+//!   per-second IOPS log: the baseline (mean of the seconds before the
+//!   kill, the first one skipped), the outage (seconds after the kill below
+//!   10% of the baseline) and the IOPS once recovered (the last third of
+//!   the run after the kill, at most 10 s).
 //! - Phase 2, rebuild: `basalt node remove` of the killed node while fio
 //!   writes again; the rebuild time runs from the removal until the volume
 //!   has all its replicas in sync again, its throughput is the data filled
@@ -90,7 +94,9 @@ pub struct FailoverConfig {
     /// Bytes written sequentially before phase 1 (what a rebuild copies).
     pub fill: u64,
     pub iodepth: u32,
-    /// When phase 1 kills the primary.
+    /// Which node phase 1 kills.
+    pub victim: Victim,
+    /// When phase 1 kills it.
     pub kill_at: Duration,
     /// Length of phase 1.
     pub runtime: Duration,
@@ -152,6 +158,61 @@ pub struct Outage {
     pub recovered_iops: f64,
 }
 
+/// Which node phase 1 kills.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Victim {
+    /// The volume's primary (a failover with epoch + 1).
+    Primary,
+    /// The coordinator's node, which does not hold the primary (every
+    /// primary's lease waits for a new coordinator).
+    Coordinator,
+    /// A node holding a secondary, not the coordinator (the primary marks
+    /// it out of sync and goes on).
+    Secondary,
+}
+
+/// The node `victim` names for a volume as `volume show` reports it, given
+/// `node list`'s report: its index (node names are `n<index>`) and name.
+pub fn choose_victim(
+    victim: Victim,
+    volume: &Value,
+    nodes: &Value,
+) -> Result<(usize, String), FailoverError> {
+    let replicas = volume["replicas"].as_array().cloned().unwrap_or_default();
+    let primary = replicas
+        .iter()
+        .find(|r| r["primary"] == true)
+        .and_then(|r| r["node"].as_str())
+        .ok_or_else(|| FailoverError::Config(format!("no primary in {volume}")))?;
+    let coordinator = nodes["nodes"]
+        .as_array()
+        .and_then(|n| n.iter().find(|n| n["coordinator"] == true))
+        .and_then(|n| n["name"].as_str())
+        .ok_or_else(|| FailoverError::Config(format!("no coordinator in {nodes}")))?;
+    let name = match victim {
+        Victim::Primary => primary,
+        Victim::Coordinator if coordinator == primary => {
+            return Err(FailoverError::Config(format!(
+                "the coordinator ({coordinator}) holds the volume's primary: that is --victim primary"
+            )))
+        }
+        Victim::Coordinator => coordinator,
+        Victim::Secondary => replicas
+            .iter()
+            .filter_map(|r| r["node"].as_str())
+            .find(|n| *n != primary && *n != coordinator)
+            .ok_or_else(|| {
+                FailoverError::Config(format!(
+                    "every secondary of the volume is on the coordinator's node ({coordinator})"
+                ))
+            })?,
+    };
+    let index = node_index(name)
+        .ok_or_else(|| FailoverError::Config(format!("unexpected node name {name}")))?;
+    Ok((index, name.to_string()))
+}
+
 /// Everything the run measured.
 #[derive(Debug, Clone, Serialize)]
 pub struct FailoverReport {
@@ -159,10 +220,17 @@ pub struct FailoverReport {
     pub replicas: usize,
     pub iodepth: u32,
     pub fill_bytes: u64,
-    /// The killed node (the volume's primary).
+    /// Which node phase 1 killed.
+    pub victim: Victim,
+    /// The killed node (removed in phase 2).
+    pub killed: String,
+    /// Whether the killed node held a replica of the volume (the
+    /// coordinator's node may hold none).
+    pub killed_held_replica: bool,
+    /// The volume's primary before the kill.
     pub primary: String,
-    /// Whether the coordinator ran on the killed node (the slower case:
-    /// a new coordinator is elected before it promotes).
+    /// Whether the coordinator ran on the killed node (with the primary,
+    /// the slower case: a new coordinator is elected before it promotes).
     pub coordinator_killed: bool,
     /// The node fio connected to.
     pub client_node: String,
@@ -530,22 +598,20 @@ fn run_in(cfg: &FailoverConfig, dir: &Path) -> Result<FailoverReport, FailoverEr
         volume = c.cli_json(0, &["volume", "show", VOLUME])?;
         Ok(all_in_sync(&volume, cfg.replicas))
     })?;
-    let primary = volume["replicas"]
+    let nodes = cluster.cli_json(0, &["node", "list"])?;
+    let (_, primary) = choose_victim(Victim::Primary, &volume, &nodes)?;
+    let (v, killed) = choose_victim(cfg.victim, &volume, &nodes)?;
+    let p = node_index(&primary).unwrap_or(v);
+    let via = (0..cfg.nodes).find(|i| *i != p && *i != v).unwrap_or(0);
+    let killed_held_replica = volume["replicas"]
         .as_array()
-        .and_then(|r| r.iter().find(|r| r["primary"] == true))
-        .and_then(|r| r["node"].as_str())
-        .map(str::to_string)
-        .ok_or_else(|| FailoverError::Config(format!("no primary in {volume}")))?;
-    let p = node_index(&primary)
-        .ok_or_else(|| FailoverError::Config(format!("unexpected node name {primary}")))?;
-    let via = (0..cfg.nodes).find(|i| *i != p).unwrap_or(0);
-    let nodes = cluster.cli_json(via, &["node", "list"])?;
+        .is_some_and(|r| r.iter().any(|r| r["node"] == killed.as_str()));
     let coordinator_killed = nodes["nodes"].as_array().is_some_and(|n| {
         n.iter()
-            .any(|n| n["name"] == primary.as_str() && n["coordinator"] == true)
+            .any(|n| n["name"] == killed.as_str() && n["coordinator"] == true)
     });
     let uri = cluster.uri(via)?;
-    tracing::info!(%primary, client = via, coordinator_killed, "filling the volume");
+    tracing::info!(%primary, %killed, client = via, coordinator_killed, "filling the volume");
     let fill = format!(
         "[fill]\nioengine=nbd\nuri={uri}\nrw=write\nbs=1M\niodepth=8\nsize={}\n",
         cfg.fill
@@ -559,14 +625,14 @@ fn run_in(cfg: &FailoverConfig, dir: &Path) -> Result<FailoverReport, FailoverEr
         &mut |_, _| {},
     )?;
 
-    // Phase 1: the primary dies under the client.
+    // Phase 1: the victim dies under the client.
     let job = randwrite_job("failover", &uri, cfg, cfg.runtime);
-    let mut killed = false;
+    let mut done = false;
     let timeout = cfg.runtime + Duration::from_secs(120);
     run_fio(cfg, dir, "failover", &job, timeout, &mut |elapsed, _| {
-        if !killed && elapsed >= cfg.kill_at {
-            cluster.kill9(p);
-            killed = true;
+        if !done && elapsed >= cfg.kill_at {
+            cluster.kill9(v);
+            done = true;
         }
     })?;
     let failover_iops = read_iops_log(dir, "failover")?;
@@ -593,7 +659,7 @@ fn run_in(cfg: &FailoverConfig, dir: &Path) -> Result<FailoverReport, FailoverEr
         }
         match removed_at {
             None if elapsed >= REMOVE_AFTER => {
-                match cluster.cli(via, &["node", "remove", &primary], false) {
+                match cluster.cli(via, &["node", "remove", &killed], false) {
                     Ok(_) => removed_at = Some(elapsed),
                     Err(e) => {
                         failure = Some(e);
@@ -606,7 +672,7 @@ fn run_in(cfg: &FailoverConfig, dir: &Path) -> Result<FailoverReport, FailoverEr
                 if let Ok(v) = cluster.cli_json(via, &["volume", "show", VOLUME]) {
                     let placed_elsewhere = v["replicas"]
                         .as_array()
-                        .is_some_and(|r| r.iter().all(|r| r["node"] != primary.as_str()));
+                        .is_some_and(|r| r.iter().all(|r| r["node"] != killed.as_str()));
                     if placed_elsewhere && all_in_sync(&v, cfg.replicas) {
                         rebuilt_at = Some(elapsed);
                         stop.store(true, Ordering::Relaxed);
@@ -646,6 +712,9 @@ fn run_in(cfg: &FailoverConfig, dir: &Path) -> Result<FailoverReport, FailoverEr
         replicas: cfg.replicas,
         iodepth: cfg.iodepth,
         fill_bytes: cfg.fill,
+        victim: cfg.victim,
+        killed,
+        killed_held_replica,
         primary,
         coordinator_killed,
         client_node: format!("n{via}"),
@@ -691,6 +760,34 @@ mod tests {
     }
 
     #[test]
+    fn victims_are_the_primary_the_coordinator_or_another_secondary() {
+        let volume = serde_json::json!({"replicas": [
+            {"node": "n2", "primary": true},
+            {"node": "n0", "primary": false},
+            {"node": "n1", "primary": false},
+        ]});
+        let nodes = |coordinator: &str| {
+            let list = ["n0", "n1", "n2", "n3"]
+                .map(|n| serde_json::json!({"name": n, "coordinator": n == coordinator}));
+            serde_json::json!({ "nodes": list })
+        };
+        let pick = |v, c: &str| choose_victim(v, &volume, &nodes(c)).map_err(|e| e.to_string());
+        assert_eq!(pick(Victim::Primary, "n0"), Ok((2, "n2".into())));
+        assert_eq!(pick(Victim::Coordinator, "n0"), Ok((0, "n0".into())));
+        // The coordinator may hold no replica at all.
+        assert_eq!(pick(Victim::Coordinator, "n3"), Ok((3, "n3".into())));
+        assert_eq!(pick(Victim::Secondary, "n0"), Ok((1, "n1".into())));
+        assert_eq!(pick(Victim::Secondary, "n3"), Ok((0, "n0".into())));
+        let e = pick(Victim::Coordinator, "n2").unwrap_err();
+        assert!(e.contains("holds the volume's primary"), "{e}");
+        let lone = serde_json::json!({"replicas": [
+            {"node": "n2", "primary": true}, {"node": "n0", "primary": false},
+        ]});
+        let e = choose_victim(Victim::Secondary, &lone, &nodes("n0")).unwrap_err();
+        assert!(e.to_string().contains("on the coordinator's node"), "{e}");
+    }
+
+    #[test]
     fn free_ports_are_distinct() {
         let mut p = free_ports(16).unwrap();
         p.sort_unstable();
@@ -715,6 +812,7 @@ mod tests {
             volume_size: 1 << 30,
             fill: 1 << 20,
             iodepth: 16,
+            victim: Victim::Primary,
             kill_at: Duration::from_secs(10),
             runtime: Duration::from_secs(40),
             rebuild_timeout: Duration::from_secs(60),

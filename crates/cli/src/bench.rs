@@ -6,14 +6,14 @@
 use crate::client::{ApiClient, ClientArgs, ConnArgs, Output};
 use crate::output::{table, Align};
 use anyhow::{anyhow, bail, Context, Result};
-use basalt_bench::failover::FailoverConfig;
+use basalt_bench::failover::{FailoverConfig, Victim};
 use basalt_bench::fio::process::Fio;
 use basalt_bench::floor::{FloorFiles, FloorResult};
 use basalt_bench::profiles::{ProfileOptions, PROFILES};
 use basalt_bench::runner::{self, RunConfig};
 use basalt_bench::targets::BasaltServer;
 use basalt_volume::parse_size;
-use clap::{Args, Subcommand};
+use clap::{Args, Subcommand, ValueEnum};
 use serde_json::json;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -48,6 +48,16 @@ enum BenchCommand {
     Failover(FailoverArgs),
 }
 
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum VictimArg {
+    /// The volume's primary.
+    Primary,
+    /// The coordinator's node (not the primary's).
+    Coordinator,
+    /// A secondary's node that is not the coordinator's.
+    Secondary,
+}
+
 #[derive(Args, Debug)]
 struct FailoverArgs {
     /// Node processes to start (at least one more than --replicas).
@@ -71,7 +81,11 @@ struct FailoverArgs {
     #[arg(long, default_value_t = 16, value_name = "N")]
     iodepth: u32,
 
-    /// Seconds into the failover phase at which the primary is killed.
+    /// The node the failover phase kills.
+    #[arg(long, value_enum, default_value_t = VictimArg::Primary)]
+    victim: VictimArg,
+
+    /// Seconds into the failover phase at which the node is killed.
     #[arg(long, default_value_t = 10, value_name = "S")]
     kill_at: u64,
 
@@ -355,6 +369,11 @@ fn failover(args: FailoverArgs, output: Output) -> Result<()> {
         volume_size: size("size", &args.size)?,
         fill: size("fill", &args.fill)?,
         iodepth: args.iodepth,
+        victim: match args.victim {
+            VictimArg::Primary => Victim::Primary,
+            VictimArg::Coordinator => Victim::Coordinator,
+            VictimArg::Secondary => Victim::Secondary,
+        },
         kill_at: Duration::from_secs(args.kill_at),
         runtime: Duration::from_secs(args.runtime),
         rebuild_timeout: Duration::from_secs(args.rebuild_timeout),
@@ -365,8 +384,15 @@ fn failover(args: FailoverArgs, output: Output) -> Result<()> {
     cfg.check()?;
     if output != Output::Json {
         eprintln!(
-            "starting etcd and {} nodes; the primary dies {} s into a {} s run, then its node is removed",
-            cfg.nodes, args.kill_at, args.runtime
+            "starting etcd and {} nodes; the {} dies {} s into a {} s run, then its node is removed",
+            cfg.nodes,
+            match cfg.victim {
+                Victim::Primary => "primary",
+                Victim::Coordinator => "coordinator's node",
+                Victim::Secondary => "node of a secondary",
+            },
+            args.kill_at,
+            args.runtime
         );
     }
     let r = basalt_bench::failover::run(&cfg)?;
@@ -383,17 +409,24 @@ fn failover(args: FailoverArgs, output: Output) -> Result<()> {
     let o = &r.outage;
     let rows = vec![
         vec![
-            "killed primary".into(),
+            "killed node".into(),
             format!(
-                "{}{}",
-                r.primary,
-                if r.coordinator_killed {
-                    " (the coordinator)"
-                } else {
-                    ""
+                "{} ({})",
+                r.killed,
+                match (
+                    r.killed == r.primary,
+                    r.coordinator_killed,
+                    r.killed_held_replica,
+                ) {
+                    (true, true, _) => "the primary and the coordinator",
+                    (true, false, _) => "the primary",
+                    (false, true, true) => "the coordinator and a secondary",
+                    (false, true, false) => "the coordinator, no replica",
+                    (false, false, _) => "a secondary",
                 }
             ),
         ],
+        vec!["primary before".into(), r.primary.clone()],
         vec!["client through".into(), r.client_node.clone()],
         vec![
             "IOPS before the kill".into(),

@@ -689,6 +689,8 @@ fn failover_kills_the_primary_and_times_the_rebuild() {
     assert!(!r["rebuild_iops"].as_array().unwrap().is_empty(), "{r:#}");
     assert_eq!(r["replicas"], 3);
     assert_ne!(r["primary"], r["client_node"]);
+    assert_eq!(r["victim"], "primary");
+    assert_eq!(r["killed"], r["primary"]);
     assert_eq!(
         std::fs::read_dir(&work).unwrap().count(),
         0,
