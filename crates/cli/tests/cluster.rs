@@ -789,6 +789,23 @@ fn cli_at_once(c: &Cluster, a: (usize, &[&str]), b: (usize, &[&str])) -> [CmdOut
     })
 }
 
+/// Of two outcomes, exactly one succeeded and the other was refused with
+/// `refusal` in its message; returns the index of the one that succeeded.
+#[track_caller]
+fn exactly_one_accepted(outs: &[CmdOutput; 2], refusal: &str, what: &str) -> usize {
+    let ok: Vec<usize> = (0..2).filter(|i| outs[*i].code() == Some(0)).collect();
+    assert_eq!(
+        ok.len(),
+        1,
+        "{what}: {}\n{}",
+        outs[0].describe(),
+        outs[1].describe()
+    );
+    let refused = &outs[1 - ok[0]];
+    assert!(refused.stderr.contains(refusal), "{}", refused.describe());
+    ok[0]
+}
+
 /// Creates and grows through different nodes at the same moment are
 /// checked one after the other (the cluster's provisioning lock in etcd),
 /// and a create counts the volumes created just before it that are not
@@ -799,7 +816,8 @@ fn concurrent_creates_and_grows_through_different_nodes_fit_the_nodes() {
     const MIB: u64 = 1 << 20;
     let c = Cluster::start(3, &[]);
     // Every RF3 volume has a replica on each of the 3 nodes, so each node
-    // has the same room left: the smallest limit, less what it holds.
+    // has the same room left: the smallest limit (capacity × the default
+    // overcommit ratio, 2), less what it holds.
     let nodes = c.nodes[0].cli_json(&["node", "list"]);
     let limit = nodes["nodes"]
         .as_array()
@@ -825,26 +843,9 @@ fn concurrent_creates_and_grows_through_different_nodes_fit_the_nodes() {
                 &["volume", "create", &y, "--size", &size, "--replicas", "3"],
             ),
         );
-        let ok: Vec<&str> = [&x, &y]
-            .iter()
-            .zip(&outs)
-            .filter(|(_, o)| o.code() == Some(0))
-            .map(|(n, _)| n.as_str())
-            .collect();
-        assert_eq!(
-            ok.len(),
-            1,
-            "create round {round} ({size} twice, {room} MiB of room): {}\n{}",
-            outs[0].describe(),
-            outs[1].describe()
-        );
-        let refused = outs.iter().find(|o| o.code() != Some(0)).expect("refused");
-        assert!(
-            refused.stderr.contains("can provision it"),
-            "{}",
-            refused.describe()
-        );
-        accepted.push(ok[0].to_string());
+        let what = format!("create round {round} ({size} twice, {room} MiB of room)");
+        let won = exactly_one_accepted(&outs, "can provision it", &what);
+        accepted.push(if won == 0 { x } else { y });
         room -= room * 6 / 10;
     }
     // Two small volumes, then both grown at once by more than half the room.
@@ -864,20 +865,8 @@ fn concurrent_creates_and_grows_through_different_nodes_fit_the_nodes() {
         (1, &["volume", "resize", "g0", "--size", &size]),
         (2, &["volume", "resize", "g1", "--size", &size]),
     );
-    let grown = outs.iter().filter(|o| o.code() == Some(0)).count();
-    assert_eq!(
-        grown,
-        1,
-        "grows to {size} ({room} MiB of room): {}\n{}",
-        outs[0].describe(),
-        outs[1].describe()
-    );
-    let refused = outs.iter().find(|o| o.code() != Some(0)).expect("refused");
-    assert!(
-        refused.stderr.contains("exceeds its limit"),
-        "{}",
-        refused.describe()
-    );
+    let what = format!("grows to {size} ({room} MiB of room)");
+    exactly_one_accepted(&outs, "exceeds its limit", &what);
     // Nothing was accepted beyond any node's limit.
     let mut total = 0;
     for name in &accepted {

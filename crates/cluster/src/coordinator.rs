@@ -227,7 +227,7 @@ pub(crate) fn wanted_replicas(record: &VolumeRecord) -> usize {
 /// The nodes' load as the placement of new volumes sees it: bytes of
 /// volume sizes provisioned and primaries held, per node.
 pub(crate) struct Load {
-    pub(crate) provisioned: HashMap<NodeId, u64>,
+    provisioned: HashMap<NodeId, u64>,
     primaries: HashMap<NodeId, usize>,
 }
 
@@ -267,6 +267,11 @@ impl Load {
             })
             .collect();
         placement::place(&candidates, want, coordinator)
+    }
+
+    /// Bytes of volume sizes provisioned per node.
+    pub(crate) fn into_provisioned(self) -> HashMap<NodeId, u64> {
+        self.provisioned
     }
 
     /// Counts a volume of `size` bytes just placed as `p`.

@@ -1520,7 +1520,7 @@ impl ClusterMember {
                 load.add(&p, size);
             }
         }
-        Ok((nodes, load.provisioned))
+        Ok((nodes, load.into_provisioned()))
     }
 }
 
