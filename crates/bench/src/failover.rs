@@ -18,7 +18,8 @@
 //!   10% of the baseline) and the IOPS once recovered (the last third of
 //!   the run after the kill, at most 10 s).
 //! - Phase 2, rebuild: `basalt node remove` of the killed node while fio
-//!   writes again; the rebuild time runs from the removal until the volume
+//!   writes again (skipped when it held no replica of the volume, which the
+//!   coordinator's node may not); the rebuild time runs from the removal until the volume
 //!   has all its replicas in sync again, its throughput is the data filled
 //!   before phase 1 over that time (a rebuild copies allocated regions
 //!   only), and the client's IOPS meanwhile are compared with phase 1's
@@ -213,6 +214,19 @@ pub fn choose_victim(
     Ok((index, name.to_string()))
 }
 
+/// What phase 2 measured.
+#[derive(Debug, Clone, Serialize)]
+pub struct Rebuild {
+    pub rebuild_s: f64,
+    pub rebuild_mib_per_s: f64,
+    /// Mean client IOPS while the rebuild ran.
+    pub rebuild_client_iops: f64,
+    /// Phase 2's IOPS, one value per second; the node was removed after
+    /// `removed_at_s`.
+    pub rebuild_iops: Vec<f64>,
+    pub removed_at_s: f64,
+}
+
 /// Everything the run measured.
 #[derive(Debug, Clone, Serialize)]
 pub struct FailoverReport {
@@ -239,14 +253,10 @@ pub struct FailoverReport {
     pub outage: Outage,
     /// Phase 1's IOPS, one value per second from the first.
     pub failover_iops: Vec<f64>,
-    pub rebuild_s: f64,
-    pub rebuild_mib_per_s: f64,
-    /// Mean client IOPS while the rebuild ran.
-    pub rebuild_client_iops: f64,
-    /// Phase 2's IOPS, one value per second; the node was removed after
-    /// `removed_at_s`.
-    pub rebuild_iops: Vec<f64>,
-    pub removed_at_s: f64,
+    /// Phase 2; `None` when the killed node held no replica of the volume
+    /// (nothing to rebuild).
+    #[serde(flatten)]
+    pub rebuild: Option<Rebuild>,
     /// The work directory, when kept.
     pub kept: Option<PathBuf>,
 }
@@ -642,9 +652,43 @@ fn run_in(cfg: &FailoverConfig, dir: &Path) -> Result<FailoverReport, FailoverEr
     })?;
 
     // Phase 2: the killed node is removed; its replica is rebuilt elsewhere.
+    let rebuild = if killed_held_replica {
+        Some(rebuild_phase(cfg, dir, &cluster, &uri, via, &killed)?)
+    } else {
+        None
+    };
+    Ok(FailoverReport {
+        nodes: cfg.nodes,
+        replicas: cfg.replicas,
+        iodepth: cfg.iodepth,
+        fill_bytes: cfg.fill,
+        victim: cfg.victim,
+        killed,
+        killed_held_replica,
+        primary,
+        coordinator_killed,
+        client_node: format!("n{via}"),
+        kill_at_s,
+        outage,
+        failover_iops,
+        rebuild,
+        kept: None,
+    })
+}
+
+/// Phase 2: `basalt node remove` of `killed` while fio writes through node
+/// `via`, timed until the volume has all its replicas in sync elsewhere.
+fn rebuild_phase(
+    cfg: &FailoverConfig,
+    dir: &Path,
+    cluster: &LocalCluster,
+    uri: &str,
+    via: usize,
+    killed: &str,
+) -> Result<Rebuild, FailoverError> {
     let job = randwrite_job(
         "rebuild",
-        &uri,
+        uri,
         cfg,
         REMOVE_AFTER + cfg.rebuild_timeout + Duration::from_secs(10),
     );
@@ -659,7 +703,7 @@ fn run_in(cfg: &FailoverConfig, dir: &Path) -> Result<FailoverReport, FailoverEr
         }
         match removed_at {
             None if elapsed >= REMOVE_AFTER => {
-                match cluster.cli(via, &["node", "remove", &killed], false) {
+                match cluster.cli(via, &["node", "remove", killed], false) {
                     Ok(_) => removed_at = Some(elapsed),
                     Err(e) => {
                         failure = Some(e);
@@ -672,7 +716,7 @@ fn run_in(cfg: &FailoverConfig, dir: &Path) -> Result<FailoverReport, FailoverEr
                 if let Ok(v) = cluster.cli_json(via, &["volume", "show", VOLUME]) {
                     let placed_elsewhere = v["replicas"]
                         .as_array()
-                        .is_some_and(|r| r.iter().all(|r| r["node"] != killed.as_str()));
+                        .is_some_and(|r| r.iter().all(|r| r["node"] != killed));
                     if placed_elsewhere && all_in_sync(&v, cfg.replicas) {
                         rebuilt_at = Some(elapsed);
                         stop.store(true, Ordering::Relaxed);
@@ -707,26 +751,12 @@ fn run_in(cfg: &FailoverConfig, dir: &Path) -> Result<FailoverReport, FailoverEr
         .and_then(mean)
         .or_else(|| rebuild_iops.get(from.saturating_sub(1)).copied())
         .unwrap_or(0.0);
-    Ok(FailoverReport {
-        nodes: cfg.nodes,
-        replicas: cfg.replicas,
-        iodepth: cfg.iodepth,
-        fill_bytes: cfg.fill,
-        victim: cfg.victim,
-        killed,
-        killed_held_replica,
-        primary,
-        coordinator_killed,
-        client_node: format!("n{via}"),
-        kill_at_s,
-        outage,
-        failover_iops,
+    Ok(Rebuild {
         rebuild_s,
         rebuild_mib_per_s: cfg.fill as f64 / (1u64 << 20) as f64 / rebuild_s.max(1e-3),
         rebuild_client_iops,
         rebuild_iops,
         removed_at_s: removed.as_secs_f64(),
-        kept: None,
     })
 }
 

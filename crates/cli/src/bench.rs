@@ -407,7 +407,7 @@ fn failover(args: FailoverArgs, output: Output) -> Result<()> {
             .join(" ")
     };
     let o = &r.outage;
-    let rows = vec![
+    let mut rows = vec![
         vec![
             "killed node".into(),
             format!(
@@ -441,24 +441,32 @@ fn failover(args: FailoverArgs, output: Output) -> Result<()> {
                 o.recovered_iops / o.baseline_iops.max(1.0)
             ),
         ],
-        vec!["rebuild time".into(), format!("{:.1} s", r.rebuild_s)],
-        vec![
-            "rebuild throughput".into(),
-            format!(
-                "{:.0} MiB/s ({} MiB filled)",
-                r.rebuild_mib_per_s,
-                r.fill_bytes >> 20
-            ),
-        ],
-        vec![
-            "IOPS during the rebuild".into(),
-            format!(
-                "{:.0} ({:.2}x the baseline)",
-                r.rebuild_client_iops,
-                r.rebuild_client_iops / o.baseline_iops.max(1.0)
-            ),
-        ],
     ];
+    match &r.rebuild {
+        Some(b) => rows.extend([
+            vec!["rebuild time".into(), format!("{:.1} s", b.rebuild_s)],
+            vec![
+                "rebuild throughput".into(),
+                format!(
+                    "{:.0} MiB/s ({} MiB filled)",
+                    b.rebuild_mib_per_s,
+                    r.fill_bytes >> 20
+                ),
+            ],
+            vec![
+                "IOPS during the rebuild".into(),
+                format!(
+                    "{:.0} ({:.2}x the baseline)",
+                    b.rebuild_client_iops,
+                    b.rebuild_client_iops / o.baseline_iops.max(1.0)
+                ),
+            ],
+        ]),
+        None => rows.push(vec![
+            "rebuild".into(),
+            "none: the killed node held no replica".into(),
+        ]),
+    }
     print!(
         "{}",
         table(&[("MEASURE", Align::Left), ("VALUE", Align::Left)], &rows)
@@ -468,11 +476,13 @@ fn failover(args: FailoverArgs, output: Output) -> Result<()> {
         r.kill_at_s,
         series(&r.failover_iops)
     );
-    println!(
-        "rebuild IOPS per second (node removed at {:.1} s): {}",
-        r.removed_at_s,
-        series(&r.rebuild_iops)
-    );
+    if let Some(b) = &r.rebuild {
+        println!(
+            "rebuild IOPS per second (node removed at {:.1} s): {}",
+            b.removed_at_s,
+            series(&b.rebuild_iops)
+        );
+    }
     if let Some(dir) = &r.kept {
         println!("kept {}", dir.display());
     }
