@@ -166,23 +166,44 @@ impl Cluster {
 
     /// `volume local-digest` of `volume` on each of `nodes`.
     pub fn digests(&self, nodes: &[usize], volume: &str) -> Vec<u64> {
+        self.sized_digests(nodes, volume)
+            .into_iter()
+            .map(|(crc, _)| crc)
+            .collect()
+    }
+
+    /// `volume local-digest` of `volume` on each of `nodes`: (CRC32C, size
+    /// of the local copy).
+    fn sized_digests(&self, nodes: &[usize], volume: &str) -> Vec<(u64, u64)> {
         nodes
             .iter()
             .map(|i| {
-                self.nodes[*i].cli_json(&["volume", "local-digest", volume])["crc32c"]
-                    .as_u64()
-                    .expect("local-digest JSON has a numeric crc32c")
+                let d = self.nodes[*i].cli_json(&["volume", "local-digest", volume]);
+                let field = |f: &str| {
+                    d[f].as_u64()
+                        .unwrap_or_else(|| panic!("local-digest JSON has a numeric {f}: {d}"))
+                };
+                (field("crc32c"), field("size_bytes"))
             })
             .collect()
     }
 
     /// Asserts that every one of `nodes` holds an identical copy of `volume`.
+    /// A replica that grew only as far as a write beyond its old end needed
+    /// reaches the volume's size when it sees the grown record (within a
+    /// poll or so), so copies of different sizes are read again, for up to
+    /// 10 s, before they are compared.
     #[track_caller]
     pub fn assert_replicas_equal(&self, nodes: &[usize], volume: &str) {
-        let d = self.digests(nodes, volume);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut d = self.sized_digests(nodes, volume);
+        while d.iter().any(|x| x.1 != d[0].1) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(200));
+            d = self.sized_digests(nodes, volume);
+        }
         assert!(
             d.iter().all(|x| *x == d[0]),
-            "replicas of {volume} on nodes {nodes:?} differ: {d:?}\n{}",
+            "replicas of {volume} on nodes {nodes:?} differ (crc32c, size): {d:?}\n{}",
             self.logs()
         );
     }
