@@ -609,9 +609,8 @@ fn run_in(cfg: &FailoverConfig, dir: &Path) -> Result<FailoverReport, FailoverEr
         Ok(all_in_sync(&volume, cfg.replicas))
     })?;
     let nodes = cluster.cli_json(0, &["node", "list"])?;
-    let (_, primary) = choose_victim(Victim::Primary, &volume, &nodes)?;
+    let (p, primary) = choose_victim(Victim::Primary, &volume, &nodes)?;
     let (v, killed) = choose_victim(cfg.victim, &volume, &nodes)?;
-    let p = node_index(&primary).unwrap_or(v);
     let via = (0..cfg.nodes).find(|i| *i != p && *i != v).unwrap_or(0);
     let killed_held_replica = volume["replicas"]
         .as_array()

@@ -123,18 +123,7 @@ fn replicated_volume_survives_killed_nodes_and_resyncs() {
         epoch(&v) >= 4,
         "every round replaced the primary at least once: {v:#}"
     );
-    let digests: Vec<u64> = (0..3)
-        .map(|i| {
-            c.nodes[i].cli_json(&["volume", "local-digest", "r3"])["crc32c"]
-                .as_u64()
-                .expect("crc")
-        })
-        .collect();
-    assert!(
-        digests.iter().all(|d| *d == digests[0]),
-        "replicas differ: {digests:?}\n{}",
-        c.logs()
-    );
+    c.assert_replicas_equal(&[0, 1, 2], "r3");
     drop(c.etcd);
 }
 
@@ -348,12 +337,7 @@ fn degraded_creation_completes_and_removed_replica_is_rebuilt() {
         "rebuilt replica allocated {allocated} bytes for 8 MiB of data"
     );
     let live: Vec<usize> = (0..4).filter(|i| *i != gi).collect();
-    let d = c.digests(&live, "deg");
-    assert!(
-        d.iter().all(|x| *x == d[0]),
-        "replicas differ: {d:?}\n{}",
-        c.logs()
-    );
+    c.assert_replicas_equal(&live, "deg");
 
     // Drain: a fifth node joins and node3 is drained; its replica moves
     // there online, and the data follows.
@@ -424,12 +408,7 @@ fn frozen_primary_is_replaced_and_fenced() {
     let v = c.wait_volume(old, "fence", "in sync again", |v| all_in_sync(v, 3));
     assert_ne!(primary(&v).map(|p| node_index(&p)), Some(old), "{v:#}");
     assert!(epoch(&v) >= 2);
-    let d = c.digests(&[0, 1, 2], "fence");
-    assert!(
-        d.iter().all(|x| *x == d[0]),
-        "replicas differ: {d:?}\n{}",
-        c.logs()
-    );
+    c.assert_replicas_equal(&[0, 1, 2], "fence");
 
     // Deleting the volume frees its replica on every node.
     c.nodes[other].cli(&["volume", "delete", "fence"]).ok();
@@ -512,12 +491,7 @@ fn fio_verify_survives_etcd_restart_and_node_kill() {
     c.wait_volume(via, "fiov", "in sync after the node returned", |v| {
         all_in_sync(v, 3)
     });
-    let d = c.digests(&[0, 1, 2], "fiov");
-    assert!(
-        d.iter().all(|x| *x == d[0]),
-        "replicas differ: {d:?}\n{}",
-        c.logs()
-    );
+    c.assert_replicas_equal(&[0, 1, 2], "fiov");
 }
 
 /// A node stopped with SIGTERM saves its replicas' logs and restores them

@@ -164,17 +164,9 @@ impl Cluster {
             .map(node_index)
     }
 
-    /// `volume local-digest` of `volume` on each of `nodes`.
-    pub fn digests(&self, nodes: &[usize], volume: &str) -> Vec<u64> {
-        self.sized_digests(nodes, volume)
-            .into_iter()
-            .map(|(crc, _)| crc)
-            .collect()
-    }
-
     /// `volume local-digest` of `volume` on each of `nodes`: (CRC32C, size
     /// of the local copy).
-    fn sized_digests(&self, nodes: &[usize], volume: &str) -> Vec<(u64, u64)> {
+    fn digests(&self, nodes: &[usize], volume: &str) -> Vec<(u64, u64)> {
         nodes
             .iter()
             .map(|i| {
@@ -196,10 +188,10 @@ impl Cluster {
     #[track_caller]
     pub fn assert_replicas_equal(&self, nodes: &[usize], volume: &str) {
         let deadline = Instant::now() + Duration::from_secs(10);
-        let mut d = self.sized_digests(nodes, volume);
+        let mut d = self.digests(nodes, volume);
         while d.iter().any(|x| x.1 != d[0].1) && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(200));
-            d = self.sized_digests(nodes, volume);
+            d = self.digests(nodes, volume);
         }
         assert!(
             d.iter().all(|x| *x == d[0]),
