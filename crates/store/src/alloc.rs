@@ -1,6 +1,7 @@
-//! Free-extent allocator: a bitmap of physical extents that are free, zeroed
-//! and safe to hand out. Extents just unmapped are not in it: the engine adds
-//! them back only after their unmap is durable and they were zeroed.
+//! Free-extent set: a bitmap of physical extents that are free and durably
+//! zero. Extents just released are not in it: the engine adds them back
+//! only after their release is durable and their zeroing is flushed, and
+//! takes extents out of it only to reserve them (space.rs).
 
 pub(crate) struct FreeExtents {
     bits: Vec<u64>,
@@ -19,9 +20,12 @@ impl FreeExtents {
         }
     }
 
-    #[cfg(test)]
     pub fn count(&self) -> u64 {
         self.count
+    }
+
+    pub fn contains(&self, phys: u32) -> bool {
+        phys < self.total && self.bits[phys as usize / 64] & (1 << (phys % 64)) != 0
     }
 
     pub fn release(&mut self, phys: u32) {
@@ -53,20 +57,6 @@ impl FreeExtents {
         }
         None
     }
-
-    /// Contiguous runs of free extents, as (first, count).
-    pub fn runs(&self) -> Vec<(u32, u32)> {
-        let mut runs: Vec<(u32, u32)> = Vec::new();
-        for phys in 0..self.total {
-            if self.bits[phys as usize / 64] & (1 << (phys % 64)) != 0 {
-                match runs.last_mut() {
-                    Some((start, n)) if *start + *n == phys => *n += 1,
-                    _ => runs.push((phys, 1)),
-                }
-            }
-        }
-        runs
-    }
 }
 
 #[cfg(test)]
@@ -82,7 +72,6 @@ mod tests {
         assert_eq!(f.count(), 130);
         assert_eq!(f.take(), Some(0));
         assert_eq!(f.take(), Some(1));
-        assert_eq!(f.runs(), vec![(2, 128)]);
         let mut n = 0;
         while f.take().is_some() {
             n += 1;

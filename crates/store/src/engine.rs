@@ -1,26 +1,35 @@
-//! `Store`: formats, opens (with crash recovery), commits and checkpoints the
-//! metadata, and creates, resizes and deletes volumes. The data path lives in
-//! `volume.rs`.
+//! `Store`: formats and opens a store, commits metadata (group commit),
+//! checkpoints the tables, and creates, resizes and deletes volumes. Opening
+//! (replay, upgrade) lives in `recovery.rs`, allocation and zeroing in
+//! `space.rs`, the data path in `volume.rs`.
 //!
-//! Lock order, always: a volume's map lock, then `journal`, then `meta`.
-//! Durability: every metadata change is applied in memory first and queued
-//! in `Meta::pending`; `commit` writes the queue to the journal and flushes
-//! the device, which also makes every completed data write durable. A
-//! checkpoint writes the changed table pages in place and advances the
-//! journal tail in the superblock.
+//! Lock order, always: a volume's map lock, then `durable`, then `meta`.
+//!
+//! Durability (docs/format.md states the rules and why they suffice):
+//! - A metadata change is queued in `Meta::pending` and applied to the
+//!   journaled state (`Durable::state`) only when `commit` writes it to the
+//!   journal, so a checkpoint never writes tables the journal does not lead
+//!   to. `commit` then flushes the device, which also makes every completed
+//!   data write durable.
+//! - Concurrent commits share one journal write and one flush: a caller
+//!   whose request was covered by a flush that started after it asked
+//!   returns without I/O (`flush_requests` / `flushes_done`).
+//! - A failed commit fails the store: `failed` is checked under the
+//!   `durable` lock, so no later commit can report its entries durable.
 
 use crate::alloc::FreeExtents;
 use crate::buf::AlignedBuf;
 use crate::device::{BlockDevice, IoOp};
 use crate::error::StoreError;
 use crate::format::{
-    decode_journal_block, ExtentOwner, FormatError, JournalEntry, Layout, Superblock, VolumeSlot,
-    DEFAULT_EXTENT_SIZE, EXTENT_ENTRY_SIZE, FORMAT_VERSION, PAGE, SUPERBLOCK_COPIES,
-    VOLUME_SLOT_SIZE,
+    ExtentState, JournalEntry, Layout, SlotState, Superblock, DEFAULT_EXTENT_SIZE,
+    FORMAT_VERSION, PAGE, SUPERBLOCK_COPIES,
 };
 use crate::journal::Journal;
 use crate::meta::MetaState;
-use crate::volume::{LocalVolume, MapEntry, VolumeState};
+use crate::recovery;
+use crate::space::Zeroer;
+use crate::volume::{LocalVolume, VolumeState};
 use crate::{VolumeId, BLOCK_SIZE};
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -33,6 +42,26 @@ use std::time::{SystemTime, UNIX_EPOCH};
 pub struct FormatOptions {
     /// Allocation unit of thin provisioning; default 1 MiB (see docs/format.md).
     pub extent_size: Option<u32>,
+    /// Journal ring size in 4 KiB blocks; default device size / 512,
+    /// clamped to 1–64 MiB. Tests use tiny rings so that they wrap.
+    pub journal_blocks: Option<u64>,
+}
+
+/// Choices made at every open.
+#[derive(Debug, Clone)]
+pub struct OpenOptions {
+    /// Zero freed extents on a background thread (default). Without it,
+    /// they are zeroed only by `Store::zero_freed` and when an allocation
+    /// finds nothing else free: the deterministic mode the crash tests use.
+    pub background_zeroing: bool,
+}
+
+impl Default for OpenOptions {
+    fn default() -> Self {
+        OpenOptions {
+            background_zeroing: true,
+        }
+    }
 }
 
 /// Space accounting of the whole store.
@@ -54,68 +83,149 @@ pub struct VolumeUsage {
     pub created_unix: u64,
 }
 
-pub(crate) struct Meta {
+/// What the last open found and did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RecoveryReport {
+    /// The store had not been closed cleanly.
+    pub unclean: bool,
+    /// The store was upgraded from format version 1 by this open.
+    pub upgraded_from_v1: bool,
+    pub replayed_entries: u64,
+    /// Free extents that may hold data (freed or reserved when the store
+    /// stopped), zeroed before reuse: the whole of an unclean start's work.
+    pub dirty_extents: u64,
+    /// Table entries that failed their checksum and were set aside.
+    pub quarantined_extents: u64,
+    pub quarantined_slots: u64,
+    /// Extents owned by no live volume, or a second copy of a logical
+    /// extent: never produced by this engine; freed with a warning.
+    pub stray_extents: u64,
+}
+
+/// The journal and the state it leads to, under one lock: only a commit
+/// (or a checkpoint) changes either.
+pub(crate) struct Durable {
+    pub journal: Journal,
     pub state: MetaState,
-    pub free: FreeExtents,
-    /// Changes applied in memory, not yet written to the journal.
+}
+
+pub(crate) struct Meta {
+    /// Changes made in memory, not yet written to the journal.
     pub pending: Vec<JournalEntry>,
-    /// Unmapped extents waiting for their unmap to be durable.
-    pub pending_free: Vec<u32>,
     /// Entries ever queued; shared with `Store::queued_entries` so the data
     /// path can ask "is everything durable?" without taking this lock.
     pub appended: Arc<AtomicU64>,
+    /// Free, durably zero, not reserved.
+    pub free: FreeExtents,
+    /// Durably marked dirty: may be handed to a volume.
+    pub reserved: Vec<u32>,
+    /// Marked dirty by a queued entry; reserved once it is committed.
+    pub reserving: Vec<u32>,
+    /// Freed by a committed entry; zeroed (and flushed) before reuse.
+    pub to_zero: Vec<u32>,
     pub volumes: HashMap<VolumeId, Arc<VolumeState>>,
+    /// Indexed by slot - 1: held by a live (or quarantined) volume.
+    pub slots_used: Vec<bool>,
 }
 
 impl Meta {
-    pub fn push(&mut self, entry: JournalEntry) -> Result<(), StoreError> {
-        let mut freed = Vec::new();
-        self.state
-            .apply(&entry, &mut freed)
-            .map_err(StoreError::Format)?;
-        self.pending_free.extend(freed);
+    pub fn push(&mut self, entry: JournalEntry) {
         self.pending.push(entry);
         self.appended.fetch_add(1, Ordering::AcqRel);
-        Ok(())
+    }
+
+    fn free_slot(&self) -> Option<u32> {
+        self.slots_used
+            .iter()
+            .position(|used| !used)
+            .map(|i| i as u32 + 1)
     }
 }
 
 pub struct Store {
     pub(crate) device: Arc<dyn BlockDevice>,
     pub(crate) layout: Layout,
-    pub(crate) journal: Mutex<Journal>,
+    pub(crate) durable: Mutex<Durable>,
     pub(crate) meta: Mutex<Meta>,
     pub(crate) failed: AtomicBool,
     /// Journal entries ever queued, and how many of them are durable. Both
-    /// only grow; `durable_entries` is advanced under the journal lock.
+    /// only grow; `durable_entries` is advanced under the durable lock.
     queued_entries: Arc<AtomicU64>,
     durable_entries: AtomicU64,
+    /// Group commit: flush requests ever made, and the highest request
+    /// number a completed flush covered.
+    flush_requests: AtomicU64,
+    flushes_done: AtomicU64,
     /// Serialises read-modify-write of partial blocks, striped by block.
     pub(crate) rmw_locks: Vec<Mutex<()>>,
+    /// One zeroing pass at a time.
+    pub(crate) zeroing: Mutex<()>,
+    pub(crate) zeroer: Zeroer,
     closed: AtomicBool,
     superblock: Mutex<Superblock>,
+    recovery: RecoveryReport,
 }
 
-fn now_unix() -> u64 {
+pub(crate) fn now_unix() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or(0)
 }
 
-fn read_region(device: &dyn BlockDevice, offset: u64, len: u64) -> Result<AlignedBuf, StoreError> {
-    let mut buf = AlignedBuf::zeroed(len as usize);
-    const CHUNK: usize = 8 << 20;
-    let mut ops: Vec<IoOp<'_>> = buf
-        .chunks_mut(CHUNK)
-        .enumerate()
-        .map(|(i, c)| IoOp::read(offset + (i * CHUNK) as u64, c))
+/// Writes the table pages `state` marked dirty (without flushing).
+pub(crate) fn write_dirty_pages(
+    device: &dyn BlockDevice,
+    state: &mut MetaState,
+) -> Result<u64, StoreError> {
+    let layout = state.layout;
+    let ext: Vec<u64> = std::mem::take(&mut state.dirty_extent_pages)
+        .into_iter()
         .collect();
-    device.submit(&mut ops);
-    for op in ops {
-        op.result?;
+    let vol: Vec<u64> = std::mem::take(&mut state.dirty_slot_pages)
+        .into_iter()
+        .collect();
+    let pages: Vec<(u64, bool)> = ext
+        .iter()
+        .map(|p| (*p, true))
+        .chain(vol.iter().map(|p| (*p, false)))
+        .collect();
+    // Bounded batches: a format or an upgrade writes every page.
+    const BATCH: usize = 2048;
+    let mut buf = AlignedBuf::zeroed(0);
+    for group in pages.chunks(BATCH) {
+        buf.set_len(group.len() * PAGE as usize);
+        let mut offsets = Vec::with_capacity(group.len());
+        for (i, (p, is_extent)) in group.iter().enumerate() {
+            let out = &mut buf[i * PAGE as usize..(i + 1) * PAGE as usize];
+            if *is_extent {
+                state.encode_extent_page(*p, out);
+                offsets.push(layout.extent_table_offset + p * PAGE);
+            } else {
+                state.encode_slot_page(*p, out);
+                offsets.push(layout.volume_table_offset + p * PAGE);
+            }
+        }
+        let mut ops: Vec<IoOp<'_>> = buf
+            .chunks(PAGE as usize)
+            .zip(&offsets)
+            .map(|(chunk, off)| IoOp::write(*off, chunk, false))
+            .collect();
+        device.submit(&mut ops);
+        for op in ops {
+            op.result?;
+        }
     }
-    Ok(buf)
+    Ok(pages.len() as u64)
+}
+
+/// Writes `sb` to the copy its generation selects, then flushes.
+pub(crate) fn write_superblock(device: &dyn BlockDevice, sb: &Superblock) -> Result<(), StoreError> {
+    let mut page = AlignedBuf::zeroed(PAGE as usize);
+    page.copy_from_slice(&sb.encode());
+    device.write_at(&page, SUPERBLOCK_COPIES[(sb.generation % 2) as usize], false)?;
+    device.flush()?;
+    Ok(())
 }
 
 impl Store {
@@ -124,15 +234,37 @@ impl Store {
         device: Arc<dyn BlockDevice>,
         options: &FormatOptions,
     ) -> Result<Arc<Store>, StoreError> {
+        Self::create_with(device, options, &OpenOptions::default())
+    }
+
+    pub fn create_with(
+        device: Arc<dyn BlockDevice>,
+        options: &FormatOptions,
+        open: &OpenOptions,
+    ) -> Result<Arc<Store>, StoreError> {
         let size = device.size();
-        let layout = Layout::plan(size, options.extent_size.unwrap_or(DEFAULT_EXTENT_SIZE))
-            .map_err(StoreError::DeviceTooSmall)?;
-        // Tables and journal start as zeros; so does all data space.
+        let layout = Layout::plan(
+            size,
+            options.extent_size.unwrap_or(DEFAULT_EXTENT_SIZE),
+            options.journal_blocks,
+        )
+        .map_err(StoreError::DeviceTooSmall)?;
+        // Whatever was there must not look like a store while we format.
+        device.zero_range(0, 2 * PAGE)?;
         device.zero_range(
-            layout.volume_table_offset,
-            layout.data_offset - layout.volume_table_offset,
+            layout.journal_offset,
+            layout.journal_blocks * PAGE,
         )?;
         device.discard_zeroes(layout.data_offset, layout.capacity_bytes())?;
+        // Every table entry is written, with its checksum: a zeroed entry
+        // does not verify.
+        let mut state = MetaState::new(
+            layout,
+            vec![ExtentState::CLEAN; layout.extent_count as usize],
+            vec![SlotState::Free; layout.volume_slots as usize],
+        );
+        state.mark_all_dirty();
+        write_dirty_pages(device.as_ref(), &mut state)?;
         device.flush()?;
         let sb = Superblock {
             version: FORMAT_VERSION,
@@ -146,23 +278,27 @@ impl Store {
             journal_tail_position: 1 % layout.journal_blocks,
             clean: true,
             created_unix: now_unix(),
+            journal_epoch: 1,
         };
-        let mut page = AlignedBuf::zeroed(PAGE as usize);
-        for (i, at) in SUPERBLOCK_COPIES.iter().enumerate() {
-            let mut copy = sb.clone();
-            copy.generation = 1 - i as u64; // copy B starts older
-            page.copy_from_slice(&copy.encode());
-            device.write_at(&page, *at, false)?;
-        }
-        device.flush()?;
+        let mut older = sb.clone();
+        older.generation = 0;
+        write_superblock(device.as_ref(), &older)?;
+        write_superblock(device.as_ref(), &sb)?;
         tracing::info!(store = %sb.store_id, capacity = layout.capacity_bytes(), extent_size = layout.extent_size, "formatted store");
-        Store::open(device)
+        Store::open_with(device, open)
     }
 
-    /// Opens a formatted device, replaying the journal after a crash.
+    /// Opens a formatted device, replaying the journal after a crash and
+    /// upgrading a version-1 store in place.
     pub fn open(device: Arc<dyn BlockDevice>) -> Result<Arc<Store>, StoreError> {
-        let sb = Self::read_superblock(device.as_ref())?;
-        let layout = sb.layout;
+        Self::open_with(device, &OpenOptions::default())
+    }
+
+    pub fn open_with(
+        device: Arc<dyn BlockDevice>,
+        options: &OpenOptions,
+    ) -> Result<Arc<Store>, StoreError> {
+        let mut sb = recovery::read_superblock(device.as_ref())?;
         if device.size() < sb.device_size {
             return Err(StoreError::Format(format!(
                 "the device has {} bytes but the store was formatted for {}",
@@ -170,174 +306,87 @@ impl Store {
                 sb.device_size
             )));
         }
-        // Tables as of the last checkpoint.
-        let vt = read_region(
-            device.as_ref(),
-            layout.volume_table_offset,
-            layout.volume_table_pages() * PAGE,
-        )?;
-        let slots: Vec<Option<VolumeSlot>> = (0..layout.volume_slots as usize)
-            .map(|i| VolumeSlot::decode(&vt[i * VOLUME_SLOT_SIZE as usize..]))
-            .collect();
-        let et = read_region(
-            device.as_ref(),
-            layout.extent_table_offset,
-            layout.extent_table_pages() * PAGE,
-        )?;
-        let owners: Vec<ExtentOwner> = (0..layout.extent_count as usize)
-            .map(|i| ExtentOwner::decode(&et[i * EXTENT_ENTRY_SIZE as usize..]))
-            .collect();
-        let mut state = MetaState::new(layout, owners, slots);
-
-        // Replay the journal from the tail.
-        let mut seq = sb.journal_tail_seq;
-        let mut block = AlignedBuf::zeroed(PAGE as usize);
-        let mut replayed = 0u64;
-        let mut ignored = Vec::new();
-        while seq - sb.journal_tail_seq < layout.journal_blocks {
-            device.read_at(&mut block, layout.journal_block_offset(seq))?;
-            let Some(entries) = decode_journal_block(sb.store_id, seq, &block) else {
-                break;
-            };
-            for e in &entries {
-                state
-                    .apply(e, &mut ignored)
-                    .map_err(|m| StoreError::Format(format!("corrupt journal: {m}")))?;
-            }
-            replayed += entries.len() as u64;
-            seq += 1;
+        let mut upgraded_from_v1 = false;
+        if sb.version == 1 {
+            recovery::upgrade_v1(device.as_ref(), &sb)?;
+            sb = recovery::read_superblock(device.as_ref())?;
+            upgraded_from_v1 = true;
         }
-        let head_seq = seq;
-
-        let volumes = Self::build_volumes(&mut state)?;
-        let mut free = FreeExtents::new(layout.extent_count);
-        for (phys, o) in state.owners.iter().enumerate() {
-            if o.is_free() {
-                free.release(phys as u32);
-            }
-        }
-        if !sb.clean {
-            // Data written into extents whose mapping never became durable
-            // may sit in free extents: zero them all before reuse.
-            for (first, n) in free.runs() {
-                device.discard_zeroes(
-                    layout.extent_offset(first),
-                    n as u64 * layout.extent_size as u64,
-                )?;
-            }
-        }
+        let layout = sb.layout;
+        let loaded = recovery::load(device.as_ref(), &sb)?;
+        let mut state = loaded.state;
+        let built = recovery::build_runtime(&mut state);
+        let report = RecoveryReport {
+            unclean: !sb.clean,
+            upgraded_from_v1,
+            replayed_entries: loaded.replayed_entries,
+            dirty_extents: built.to_zero.len() as u64,
+            quarantined_extents: loaded.quarantined_extents,
+            quarantined_slots: loaded.quarantined_slots,
+            stray_extents: built.stray_extents,
+        };
         tracing::info!(
             store = %sb.store_id,
             clean = sb.clean,
-            replayed_entries = replayed,
-            volumes = volumes.len(),
+            replayed_entries = report.replayed_entries,
+            volumes = built.volumes.len(),
+            dirty_extents = report.dirty_extents,
             "opened store"
         );
         let queued_entries = Arc::new(AtomicU64::new(0));
+        let journal = Journal {
+            store_id: sb.store_id,
+            ring_blocks: layout.journal_blocks,
+            head_seq: loaded.head_seq,
+            tail_seq: sb.journal_tail_seq,
+            // A new epoch: blocks this run writes are told apart from any a
+            // torn commit of an earlier run left in the ring.
+            epoch: sb.journal_epoch + 1,
+            generation: sb.generation,
+        };
         let store = Arc::new(Store {
             device,
             layout,
-            journal: Mutex::new(Journal {
-                store_id: sb.store_id,
-                ring_blocks: layout.journal_blocks,
-                head_seq,
-                tail_seq: sb.journal_tail_seq,
-                generation: sb.generation,
-            }),
+            durable: Mutex::new(Durable { journal, state }),
             meta: Mutex::new(Meta {
-                state,
-                free,
                 pending: Vec::new(),
-                pending_free: Vec::new(),
                 appended: queued_entries.clone(),
-                volumes,
+                free: built.free,
+                reserved: Vec::new(),
+                reserving: Vec::new(),
+                to_zero: built.to_zero,
+                volumes: built.volumes,
+                slots_used: built.slots_used,
             }),
             failed: AtomicBool::new(false),
             queued_entries,
             durable_entries: AtomicU64::new(0),
+            flush_requests: AtomicU64::new(0),
+            flushes_done: AtomicU64::new(0),
             rmw_locks: (0..64).map(|_| Mutex::new(())).collect(),
+            zeroing: Mutex::new(()),
+            zeroer: Zeroer::default(),
             closed: AtomicBool::new(false),
             superblock: Mutex::new(sb),
+            recovery: report,
         });
-        // Fold the replayed journal into the tables and mark the store open.
+        // Fold the replayed journal into the tables and start the new epoch
+        // before anything is written to the journal.
         {
-            let mut j = store.journal.lock();
+            let mut d = store.durable.lock();
             store
-                .checkpoint_locked(&mut j, false)
+                .checkpoint_locked(&mut d, false)
                 .map_err(|e| store.fail(e))?;
+        }
+        if options.background_zeroing {
+            Zeroer::spawn(&store);
         }
         Ok(store)
     }
 
-    fn read_superblock(device: &dyn BlockDevice) -> Result<Superblock, StoreError> {
-        let mut page = AlignedBuf::zeroed(PAGE as usize);
-        let mut best: Option<Superblock> = None;
-        let mut first_err: Option<FormatError> = None;
-        for at in SUPERBLOCK_COPIES {
-            device.read_at(&mut page, at)?;
-            match Superblock::decode(&page) {
-                Ok(sb) => {
-                    if best.as_ref().is_none_or(|b| sb.generation > b.generation) {
-                        best = Some(sb);
-                    }
-                }
-                Err(e) => {
-                    // A newer format in either copy must refuse, not fall back.
-                    if matches!(
-                        e,
-                        FormatError::UnsupportedVersion { .. } | FormatError::UnknownFeatures(_)
-                    ) {
-                        return Err(StoreError::Format(e.to_string()));
-                    }
-                    first_err.get_or_insert(e);
-                }
-            }
-        }
-        best.ok_or_else(|| StoreError::Format(first_err.map(|e| e.to_string()).unwrap_or_default()))
-    }
-
-    /// Builds each live volume's logical→physical map from the extent table.
-    fn build_volumes(
-        state: &mut MetaState,
-    ) -> Result<HashMap<VolumeId, Arc<VolumeState>>, StoreError> {
-        let mut by_slot: HashMap<u32, Arc<VolumeState>> = HashMap::new();
-        let mut volumes = HashMap::new();
-        for (i, s) in state.slots.iter().enumerate() {
-            if let Some(s) = s {
-                let extents = state.extents_for_size(s.size);
-                let v = Arc::new(VolumeState::new(
-                    s.id,
-                    i as u32 + 1,
-                    s.size,
-                    extents as usize,
-                ));
-                by_slot.insert(i as u32 + 1, v.clone());
-                volumes.insert(s.id, v);
-            }
-        }
-        let mut stray = Vec::new();
-        for (phys, o) in state.owners.iter().enumerate() {
-            if o.is_free() {
-                continue;
-            }
-            let mapped = by_slot
-                .get(&o.slot)
-                .is_some_and(|v| v.set_mapping_at_open(o.logical, phys as u32));
-            if !mapped {
-                stray.push(phys as u32);
-            }
-        }
-        if !stray.is_empty() {
-            // Not produced by this engine; free rather than refuse to open.
-            tracing::warn!(extents = stray.len(), "freeing extents with no valid owner");
-            let mut ignored = Vec::new();
-            for phys in stray {
-                state
-                    .apply(&JournalEntry::Unmap { phys }, &mut ignored)
-                    .map_err(StoreError::Format)?;
-            }
-        }
-        Ok(volumes)
+    /// What the last open found (recovery work, quarantined entries).
+    pub fn recovery(&self) -> &RecoveryReport {
+        &self.recovery
     }
 
     pub(crate) fn fail(&self, e: StoreError) -> StoreError {
@@ -348,7 +397,7 @@ impl Store {
     }
 
     pub(crate) fn check_usable(&self) -> Result<(), StoreError> {
-        if self.failed.load(Ordering::Relaxed) {
+        if self.failed.load(Ordering::SeqCst) {
             return Err(StoreError::Failed);
         }
         Ok(())
@@ -365,150 +414,132 @@ impl Store {
         self.durable_entries.load(Ordering::Acquire) < self.queued_entries.load(Ordering::Acquire)
     }
 
+    /// Writes every queued entry to the journal and flushes the device.
     pub(crate) fn commit(&self) -> Result<(), StoreError> {
+        // Taken before anything else: every write and entry this caller
+        // completed happened before its request number.
+        let ticket = self.flush_requests.fetch_add(1, Ordering::SeqCst) + 1;
+        let mut d = self.durable.lock();
         self.check_usable()?;
-        let mut j = self.journal.lock();
-        let (entries, freed, upto) = {
+        if self.flushes_done.load(Ordering::SeqCst) >= ticket {
+            return Ok(()); // a flush that started after we asked covered us
+        }
+        let covered = self.flush_requests.load(Ordering::SeqCst);
+        let (entries, reserving, upto) = {
             let mut m = self.meta.lock();
             (
                 std::mem::take(&mut m.pending),
-                std::mem::take(&mut m.pending_free),
+                std::mem::take(&mut m.reserving),
                 m.appended.load(Ordering::Acquire),
             )
         };
-        tracing::debug!(
-            entries = entries.len(),
-            freed = freed.len(),
-            head = j.head_seq,
-            "commit"
-        );
-        let result = if entries.is_empty() {
-            self.device.flush().map_err(StoreError::from)
-        } else if !j.fits(Journal::blocks_for(entries.len()))
-            || j.used_blocks() * 4 > j.ring_blocks * 3
-        {
-            // The tables on disk will include these entries.
-            self.checkpoint_locked(&mut j, false)
-        } else {
-            self.write_journal(&mut j, &entries)
-        };
+        tracing::debug!(entries = entries.len(), head = d.journal.head_seq, "commit");
+        let mut freed = Vec::new();
+        let result = self
+            .write_entries(&mut d, &entries, &mut freed)
+            .and_then(|()| Ok(self.device.flush()?))
+            .and_then(|()| {
+                let j = &d.journal;
+                if j.used_blocks() * 4 > j.ring_blocks * 3 {
+                    self.checkpoint_locked(&mut d, false)
+                } else {
+                    Ok(())
+                }
+            });
         result.map_err(|e| self.fail(e))?;
         self.durable_entries.fetch_max(upto, Ordering::AcqRel);
-        drop(j);
-        self.release_extents(freed)
-    }
-
-    fn write_journal(&self, j: &mut Journal, entries: &[JournalEntry]) -> Result<(), StoreError> {
-        let mut buf = AlignedBuf::zeroed(0);
-        let writes = j.encode(entries, self.layout.journal_offset, &mut buf);
-        let mut ops: Vec<IoOp<'_>> = writes
-            .iter()
-            .map(|(off, r)| IoOp::write(*off, &buf[r.clone()], false))
-            .collect();
-        self.device.submit(&mut ops);
-        for op in ops {
-            op.result?;
-        }
-        self.device.flush()?;
-        j.head_seq += Journal::blocks_for(entries.len());
-        Ok(())
-    }
-
-    /// Zeroes extents whose unmap is now durable and makes them allocatable.
-    fn release_extents(&self, mut freed: Vec<u32>) -> Result<(), StoreError> {
-        if freed.is_empty() {
-            return Ok(());
-        }
-        freed.sort_unstable();
-        let es = self.layout.extent_size as u64;
-        let mut i = 0;
-        while i < freed.len() {
-            let mut n = 1;
-            while i + n < freed.len() && freed[i + n] == freed[i] + n as u32 {
-                n += 1;
-            }
-            if let Err(e) = self
-                .device
-                .discard_zeroes(self.layout.extent_offset(freed[i]), n as u64 * es)
-            {
-                // The extents stay out of the free set; a restart re-zeroes them.
-                return Err(self.fail(e.into()));
-            }
-            i += n;
-        }
-        let mut m = self.meta.lock();
-        for p in freed {
-            m.free.release(p);
-        }
-        Ok(())
-    }
-
-    /// Writes every changed table page in place, then advances the journal
-    /// tail in the superblock. Called with the journal lock held.
-    fn checkpoint_locked(&self, j: &mut Journal, clean: bool) -> Result<(), StoreError> {
-        let (pages, mut buf) = {
+        self.flushes_done.fetch_max(covered, Ordering::SeqCst);
+        drop(d);
+        let wake = !freed.is_empty();
+        {
             let mut m = self.meta.lock();
-            let state = &mut m.state;
-            let ext: Vec<u64> = std::mem::take(&mut state.dirty_extent_pages)
-                .into_iter()
-                .collect();
-            let vol: Vec<u64> = std::mem::take(&mut state.dirty_slot_pages)
-                .into_iter()
-                .collect();
-            let mut buf = AlignedBuf::zeroed((ext.len() + vol.len()) * PAGE as usize);
-            let mut pages = Vec::with_capacity(ext.len() + vol.len());
-            for (i, p) in ext.iter().enumerate() {
-                state.encode_extent_page(*p, &mut buf[i * PAGE as usize..(i + 1) * PAGE as usize]);
-                pages.push(self.layout.extent_table_offset + p * PAGE);
+            // Handed out in ascending order (popped from the end).
+            m.reserved.extend(reserving.into_iter().rev());
+            m.to_zero.extend(freed);
+        }
+        if wake {
+            self.zeroer.wake();
+        }
+        Ok(())
+    }
+
+    /// Writes `entries` as journal blocks (unflushed) and applies them to
+    /// the journaled state; checkpoints first whenever the ring is full.
+    fn write_entries(
+        &self,
+        d: &mut Durable,
+        entries: &[JournalEntry],
+        freed: &mut Vec<u32>,
+    ) -> Result<(), StoreError> {
+        let mut rest = entries;
+        let mut buf = AlignedBuf::zeroed(0);
+        while !rest.is_empty() {
+            let room = d.journal.room();
+            if room == 0 {
+                self.checkpoint_locked(d, false)?;
+                continue;
             }
-            for (k, p) in vol.iter().enumerate() {
-                let i = ext.len() + k;
-                state.encode_slot_page(*p, &mut buf[i * PAGE as usize..(i + 1) * PAGE as usize]);
-                pages.push(self.layout.volume_table_offset + p * PAGE);
-            }
-            // Everything queued so far is in these pages.
-            m.pending.clear();
-            (pages, buf)
-        };
-        if !pages.is_empty() {
-            let mut ops: Vec<IoOp<'_>> = buf
-                .chunks_mut(PAGE as usize)
-                .zip(&pages)
-                .map(|(chunk, off)| IoOp::write(*off, chunk, false))
+            let n = rest
+                .len()
+                .min(room as usize * crate::format::JOURNAL_ENTRIES_PER_BLOCK);
+            let (chunk, tail) = rest.split_at(n);
+            let writes = d
+                .journal
+                .encode(chunk, self.layout.journal_offset, &mut buf);
+            let mut ops: Vec<IoOp<'_>> = writes
+                .iter()
+                .map(|(off, r)| IoOp::write(*off, &buf[r.clone()], false))
                 .collect();
             self.device.submit(&mut ops);
             for op in ops {
                 op.result?;
             }
+            d.journal.head_seq += Journal::blocks_for(chunk.len());
+            for e in chunk {
+                d.state
+                    .apply(e, freed)
+                    .map_err(|m| StoreError::Format(format!("metadata change refused: {m}")))?;
+            }
+            rest = tail;
         }
+        Ok(())
+    }
+
+    /// Writes every changed table page in place, then advances the journal
+    /// tail in the superblock. Called with the durable lock held.
+    pub(crate) fn checkpoint_locked(&self, d: &mut Durable, clean: bool) -> Result<(), StoreError> {
+        write_dirty_pages(self.device.as_ref(), &mut d.state)?;
         self.device.flush()?;
         let mut sb = self.superblock.lock();
-        sb.generation = j.generation + 1;
-        sb.journal_tail_seq = j.head_seq;
-        sb.journal_tail_position = j.head_seq % j.ring_blocks;
-        sb.clean = clean;
-        buf.set_len(PAGE as usize);
-        buf.copy_from_slice(&sb.encode());
-        self.device.write_at(
-            &buf[..PAGE as usize],
-            SUPERBLOCK_COPIES[(sb.generation % 2) as usize],
-            false,
-        )?;
-        self.device.flush()?;
+        let j = &mut d.journal;
+        let mut next = sb.clone();
+        next.generation = j.generation + 1;
+        next.journal_tail_seq = j.head_seq;
+        next.journal_tail_position = j.head_seq % j.ring_blocks;
+        next.journal_epoch = j.epoch;
+        next.clean = clean;
+        write_superblock(self.device.as_ref(), &next)?;
+        *sb = next;
         j.generation = sb.generation;
         j.tail_seq = j.head_seq;
         Ok(())
     }
 
-    /// Clean shutdown: commits, checkpoints and marks the store clean, so the
-    /// next open needs no recovery. Later calls to the store fail.
+    /// Clean shutdown: finishes zeroing, commits, checkpoints and marks the
+    /// store clean, so the next open has no work. Later calls to the store
+    /// fail.
     pub fn close(&self) -> Result<(), StoreError> {
         if self.closed.swap(true, Ordering::SeqCst) {
             return Ok(());
         }
+        self.zeroer.stop();
         self.commit()?;
-        let mut j = self.journal.lock();
-        let r = self.checkpoint_locked(&mut j, true);
+        self.zero_freed()?;
+        self.release_reserved();
+        self.commit()?;
+        let mut d = self.durable.lock();
+        self.check_usable()?;
+        let r = self.checkpoint_locked(&mut d, true);
         self.failed.store(true, Ordering::SeqCst);
         tracing::info!("store closed cleanly");
         r
@@ -517,8 +548,8 @@ impl Store {
     pub fn usage(&self) -> StoreUsage {
         let m = self.meta.lock();
         let es = self.layout.extent_size as u64;
-        let allocated: u64 = m.state.allocated.iter().sum();
-        let provisioned = m.state.slots.iter().flatten().map(|s| s.size).sum();
+        let allocated: u64 = m.volumes.values().map(|v| v.allocated_extents()).sum();
+        let provisioned = m.volumes.values().map(|v| v.size()).sum();
         StoreUsage {
             capacity_bytes: self.layout.capacity_bytes(),
             allocated_bytes: allocated * es,
@@ -532,17 +563,13 @@ impl Store {
         let m = self.meta.lock();
         let es = self.layout.extent_size as u64;
         let mut v: Vec<VolumeUsage> = m
-            .state
-            .slots
-            .iter()
-            .zip(&m.state.allocated)
-            .filter_map(|(s, a)| {
-                s.map(|s| VolumeUsage {
-                    id: s.id,
-                    size: s.size,
-                    allocated_bytes: a * es,
-                    created_unix: s.created_unix,
-                })
+            .volumes
+            .values()
+            .map(|v| VolumeUsage {
+                id: v.id,
+                size: v.size(),
+                allocated_bytes: v.allocated_extents() * es,
+                created_unix: v.created_unix,
             })
             .collect();
         v.sort_by_key(|u| u.id);
@@ -555,7 +582,7 @@ impl Store {
                 "{size} bytes is not a positive multiple of {BLOCK_SIZE}"
             )));
         }
-        if size.div_ceil(self.layout.extent_size as u64) > u32::MAX as u64 {
+        if self.layout.extents_for_size(size) > u32::MAX as u64 {
             return Err(StoreError::InvalidSize(format!(
                 "{size} bytes exceeds the largest volume this store holds"
             )));
@@ -573,18 +600,21 @@ impl Store {
                 return Err(StoreError::Exists(id));
             }
             let slot = m
-                .state
                 .free_slot()
                 .ok_or(StoreError::TooManyVolumes(self.layout.volume_slots))?;
+            let created_unix = now_unix();
             m.push(JournalEntry::CreateVolume {
                 slot,
                 id,
                 size,
-                created_unix: now_unix(),
-            })?;
-            let extents = m.state.extents_for_size(size) as usize;
-            m.volumes
-                .insert(id, Arc::new(VolumeState::new(id, slot, size, extents)));
+                created_unix,
+            });
+            m.slots_used[slot as usize - 1] = true;
+            let extents = self.layout.extents_for_size(size) as usize;
+            m.volumes.insert(
+                id,
+                Arc::new(VolumeState::new(id, slot, size, extents, created_unix)),
+            );
         }
         self.commit()
     }
@@ -599,24 +629,29 @@ impl Store {
         {
             // Exclusive: no I/O may be in flight on extents about to be freed.
             let mut map = vol.map.write();
-            let mut m = self.meta.lock();
             let old = vol.size();
-            if size < old && !size.is_multiple_of(es) {
-                // The tail of the last kept extent must read zeros if grown back.
-                if let Some(phys) = map.get((size / es) as usize).and_then(|p| p.get()) {
-                    let start = self.layout.extent_offset(phys) + size % es;
-                    let end = self.layout.extent_offset(phys) + es;
-                    self.device
-                        .discard_zeroes(start, end - start)
-                        .map_err(|e| self.fail(e.into()))?;
+            let keep = self.layout.extents_for_size(size) as usize;
+            if size < old {
+                if !size.is_multiple_of(es) {
+                    // The tail of the last kept extent must read zeros if
+                    // grown back: zeroed, and durably so before the smaller
+                    // size can be.
+                    if let Some(phys) = map.get(keep - 1).and_then(|p| p.get()) {
+                        let start = self.layout.extent_offset(phys) + size % es;
+                        let end = self.layout.extent_offset(phys) + es;
+                        self.device
+                            .discard_zeroes(start, end - start)
+                            .and_then(|()| self.device.flush())
+                            .map_err(|e| self.fail(e.into()))?;
+                    }
                 }
+                vol.forget_mapped_from(&map, keep);
             }
-            m.push(JournalEntry::ResizeVolume {
+            self.meta.lock().push(JournalEntry::ResizeVolume {
                 slot: vol.slot,
                 size,
-            })?;
-            let extents = m.state.extents_for_size(size) as usize;
-            map.resize(extents);
+            });
+            map.resize(keep);
             vol.set_size(size);
         }
         self.commit()
@@ -630,8 +665,9 @@ impl Store {
         {
             let mut map = vol.map.write();
             let mut m = self.meta.lock();
-            m.push(JournalEntry::DeleteVolume { slot: vol.slot })?;
+            m.push(JournalEntry::DeleteVolume { slot: vol.slot });
             m.volumes.remove(&id);
+            m.slots_used[vol.slot as usize - 1] = false;
             vol.mark_deleted();
             map.resize(0);
         }
@@ -656,52 +692,13 @@ impl Store {
         self.layout.extent_size as u64
     }
 
-    /// Extents allocated to the volume in `slot` (slots count from 1; 0
-    /// for an unused slot).
-    pub(crate) fn allocated_extents(&self, slot: u32) -> u64 {
-        let m = self.meta.lock();
-        (slot as usize)
-            .checked_sub(1)
-            .and_then(|i| m.state.allocated.get(i))
-            .copied()
-            .unwrap_or(0)
-    }
-
     pub fn store_id(&self) -> uuid::Uuid {
         self.superblock.lock().store_id
     }
+}
 
-    /// Takes a zeroed free extent and maps it at `logical` of the volume in
-    /// `slot`, unless another writer mapped `entry` first. Called with the
-    /// volume's map lock held.
-    pub(crate) fn allocate(
-        &self,
-        slot: u32,
-        logical: u32,
-        entry: &MapEntry,
-    ) -> Result<u32, StoreError> {
-        for attempt in 0..2 {
-            {
-                let mut m = self.meta.lock();
-                if let Some(phys) = entry.get() {
-                    return Ok(phys);
-                }
-                if let Some(phys) = m.free.take() {
-                    m.push(JournalEntry::Map {
-                        phys,
-                        slot,
-                        logical,
-                    })?;
-                    entry.set(Some(phys));
-                    return Ok(phys);
-                }
-                if attempt == 1 || m.pending_free.is_empty() {
-                    break;
-                }
-            }
-            // Extents are waiting for their unmap to be durable: commit.
-            self.commit()?;
-        }
-        Err(StoreError::NoSpace)
+impl Drop for Store {
+    fn drop(&mut self) {
+        self.zeroer.stop();
     }
 }

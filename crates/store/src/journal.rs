@@ -2,9 +2,10 @@
 //! up to `JOURNAL_ENTRIES_PER_BLOCK` entries under its own sequence number
 //! and CRC. Block `seq` lives at ring position `seq % journal_blocks`.
 //!
-//! Invariant: blocks `tail_seq .. head_seq` are on disk and not yet covered
-//! by the tables; the superblock's tail is only advanced by a checkpoint
-//! after the tables it covers are durable.
+//! Invariant: blocks `tail_seq .. head_seq` are on disk (durable once the
+//! commit writing them flushed) and not yet covered by the tables; the
+//! superblock's tail is only advanced by a checkpoint after the tables it
+//! covers are durable. Every block of this open carries `epoch`.
 
 use crate::buf::AlignedBuf;
 use crate::format::{encode_journal_block, JournalEntry, JOURNAL_ENTRIES_PER_BLOCK, PAGE};
@@ -14,6 +15,7 @@ pub(crate) struct Journal {
     pub ring_blocks: u64,
     pub head_seq: u64,
     pub tail_seq: u64,
+    pub epoch: u64,
     /// Generation of the last superblock written.
     pub generation: u64,
 }
@@ -23,10 +25,10 @@ impl Journal {
         self.head_seq - self.tail_seq
     }
 
-    /// Whether `blocks` more fit without overwriting blocks the tables do
+    /// How many more blocks fit without overwriting blocks the tables do
     /// not cover yet.
-    pub fn fits(&self, blocks: u64) -> bool {
-        self.used_blocks() + blocks < self.ring_blocks
+    pub fn room(&self) -> u64 {
+        self.ring_blocks - 1 - self.used_blocks()
     }
 
     pub fn blocks_for(entries: usize) -> u64 {
@@ -48,6 +50,7 @@ impl Journal {
             let at = i * PAGE as usize;
             encode_journal_block(
                 self.store_id,
+                self.epoch,
                 self.head_seq + i as u64,
                 chunk,
                 &mut buf[at..at + PAGE as usize],

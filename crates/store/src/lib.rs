@@ -14,17 +14,22 @@
 
 mod alloc;
 mod buf;
+mod check;
 pub mod device;
 mod engine;
 mod error;
 pub mod format;
 mod journal;
 mod meta;
+mod recovery;
+mod space;
 mod volume;
 
 pub use buf::AlignedBuf;
+pub use check::CheckReport;
 pub use device::{BlockDevice, FileDevice, IoKind, IoOp, MemDevice, SimDevice};
-pub use engine::{FormatOptions, Store, StoreUsage, VolumeUsage};
+pub use engine::{FormatOptions, OpenOptions, RecoveryReport, Store, StoreUsage, VolumeUsage};
+pub use recovery::{inspect, StoreInfo};
 pub use error::{IoError, StoreError};
 pub use volume::{DataKind, DataOp, LocalVolume, MappingRun};
 

@@ -1,134 +1,128 @@
-//! The store's metadata as a pure state machine: who owns each physical
-//! extent and which volumes exist. The same `apply` runs at runtime and when
-//! the journal is replayed, so both reach the same state; it also records
-//! which table pages changed, for the next checkpoint.
+//! The store's journaled metadata as a pure state machine: what each
+//! physical extent is (owned, free and clean, free and dirty) and which
+//! volume slots exist. It holds exactly what the tables on disk plus the
+//! journal up to its head say: the engine applies an entry only when it
+//! writes it to the journal, so a checkpoint (which writes these tables)
+//! never puts on disk a state the journal does not lead to. The same
+//! `apply` runs at runtime and at replay; it records the table pages it
+//! changed, for the next checkpoint.
 //!
-//! Invariant: `allocated[slot]` equals the number of extents whose owner is
-//! `slot`, and every owned extent's slot holds a live volume.
+//! Invariant (the replay rule, docs/format.md): what an entry does to a
+//! field depends only on that field and the entry, and a stale entry is a
+//! no-op, never an error. An entry naming an extent or slot outside the
+//! tables is corruption and is refused.
 
 use crate::format::{
-    ExtentOwner, JournalEntry, Layout, VolumeSlot, EXTENT_ENTRY_SIZE, PAGE, VOLUME_SLOT_SIZE,
+    ExtentState, JournalEntry, Layout, SlotState, VolumeSlot, EXTENT_ENTRY_SIZE, PAGE,
+    VOLUME_SLOT_SIZE,
 };
 use std::collections::BTreeSet;
 
 pub(crate) struct MetaState {
     pub layout: Layout,
     /// Indexed by physical extent.
-    pub owners: Vec<ExtentOwner>,
+    pub extents: Vec<ExtentState>,
     /// Indexed by slot - 1.
-    pub slots: Vec<Option<VolumeSlot>>,
-    /// Extents owned, indexed by slot - 1.
-    pub allocated: Vec<u64>,
+    pub slots: Vec<SlotState>,
     pub dirty_extent_pages: BTreeSet<u64>,
     pub dirty_slot_pages: BTreeSet<u64>,
 }
 
 impl MetaState {
-    pub fn new(
-        layout: Layout,
-        owners: Vec<ExtentOwner>,
-        slots: Vec<Option<VolumeSlot>>,
-    ) -> MetaState {
-        let mut allocated = vec![0u64; slots.len()];
-        for o in &owners {
-            if let Some(a) = (o.slot as usize)
-                .checked_sub(1)
-                .and_then(|i| allocated.get_mut(i))
-            {
-                *a += 1;
-            }
-        }
+    pub fn new(layout: Layout, extents: Vec<ExtentState>, slots: Vec<SlotState>) -> MetaState {
         MetaState {
             layout,
-            owners,
+            extents,
             slots,
-            allocated,
             dirty_extent_pages: BTreeSet::new(),
             dirty_slot_pages: BTreeSet::new(),
         }
     }
 
-    pub fn extents_for_size(&self, size: u64) -> u64 {
-        size.div_ceil(self.layout.extent_size as u64)
+    /// Marks every page of both tables for the next checkpoint (format, upgrade).
+    pub fn mark_all_dirty(&mut self) {
+        self.dirty_extent_pages = (0..self.layout.extent_table_pages()).collect();
+        self.dirty_slot_pages = (0..self.layout.volume_table_pages()).collect();
     }
 
     pub fn slot(&self, slot: u32) -> Option<&VolumeSlot> {
-        self.slots.get((slot as usize).checked_sub(1)?)?.as_ref()
+        self.slots.get((slot as usize).checked_sub(1)?)?.live()
     }
 
-    pub fn free_slot(&self) -> Option<u32> {
-        self.slots
-            .iter()
-            .position(|s| s.is_none())
-            .map(|i| i as u32 + 1)
-    }
-
-    fn set_owner(&mut self, phys: u32, owner: ExtentOwner, freed: &mut Vec<u32>) {
-        let old = self.owners[phys as usize];
-        if old == owner {
+    /// Sets extent `phys`; reports it in `freed` when an owned extent
+    /// becomes free (its old owner's data must be zeroed before reuse).
+    fn set_extent(&mut self, phys: u32, value: ExtentState, freed: &mut Vec<u32>) {
+        let old = self.extents[phys as usize];
+        if old == value {
             return;
         }
-        if let Some(a) = (old.slot as usize)
-            .checked_sub(1)
-            .and_then(|i| self.allocated.get_mut(i))
-        {
-            *a -= 1;
-        }
-        if let Some(a) = (owner.slot as usize)
-            .checked_sub(1)
-            .and_then(|i| self.allocated.get_mut(i))
-        {
-            *a += 1;
-        }
-        if owner.is_free() && !old.is_free() {
+        if matches!(old, ExtentState::Owned { .. }) && matches!(value, ExtentState::Free { .. }) {
             freed.push(phys);
         }
-        self.owners[phys as usize] = owner;
+        self.extents[phys as usize] = value;
         self.dirty_extent_pages
             .insert(phys as u64 * EXTENT_ENTRY_SIZE / PAGE);
     }
 
-    fn set_slot(&mut self, slot: u32, value: Option<VolumeSlot>) {
+    fn set_slot(&mut self, slot: u32, value: SlotState) {
         let i = slot as usize - 1;
+        if self.slots[i] == value {
+            return;
+        }
         self.slots[i] = value;
         self.dirty_slot_pages
             .insert(i as u64 * VOLUME_SLOT_SIZE / PAGE);
     }
 
-    /// Frees every extent of `slot` whose logical index is `>= first_gone`.
+    /// Frees (dirty) every extent of `slot` whose logical index is `>= first_gone`.
     fn free_from(&mut self, slot: u32, first_gone: u64, freed: &mut Vec<u32>) {
-        for phys in 0..self.owners.len() {
-            let o = self.owners[phys];
-            if o.slot == slot && o.logical as u64 >= first_gone {
-                self.set_owner(phys as u32, ExtentOwner::FREE, freed);
+        for phys in 0..self.extents.len() {
+            if let ExtentState::Owned { slot: s, logical } = self.extents[phys] {
+                if s == slot && logical as u64 >= first_gone {
+                    self.set_extent(phys as u32, ExtentState::DIRTY, freed);
+                }
             }
         }
     }
 
-    /// Applies one change; extents it frees are appended to `freed`. An
-    /// entry that does not fit the tables (a corrupt journal) is an error.
+    fn extent_range(&self, first: u32, count: u32) -> Result<std::ops::Range<u32>, String> {
+        let end = first
+            .checked_add(count)
+            .filter(|&e| e as usize <= self.extents.len())
+            .ok_or_else(|| format!("extents {first}+{count} are out of range"))?;
+        Ok(first..end)
+    }
+
+    /// Applies one entry; extents it takes from an owner are appended to
+    /// `freed`.
     pub fn apply(&mut self, entry: &JournalEntry, freed: &mut Vec<u32>) -> Result<(), String> {
-        let n_ext = self.owners.len() as u32;
         let n_slots = self.slots.len() as u32;
-        let valid_slot = |s: u32| s >= 1 && s <= n_slots;
+        let check_slot = |s: u32| {
+            if s >= 1 && s <= n_slots {
+                Ok(s)
+            } else {
+                Err(format!("slot {s} is out of range"))
+            }
+        };
         match *entry {
             JournalEntry::Map {
                 phys,
                 slot,
                 logical,
             } => {
-                if phys >= n_ext || !valid_slot(slot) {
-                    return Err(format!(
-                        "journal maps extent {phys} to slot {slot}: out of range"
-                    ));
-                }
-                self.set_owner(phys, ExtentOwner { slot, logical }, freed);
+                self.extent_range(phys, 1)?;
+                check_slot(slot)?;
+                self.set_extent(phys, ExtentState::Owned { slot, logical }, freed);
             }
-            JournalEntry::Unmap { phys } => {
-                if phys >= n_ext {
-                    return Err(format!("journal unmaps extent {phys}: out of range"));
+            JournalEntry::Free { first, count } => {
+                for phys in self.extent_range(first, count)? {
+                    self.set_extent(phys, ExtentState::DIRTY, freed);
                 }
-                self.set_owner(phys, ExtentOwner::FREE, freed);
+            }
+            JournalEntry::Clean { first, count } => {
+                for phys in self.extent_range(first, count)? {
+                    self.set_extent(phys, ExtentState::CLEAN, freed);
+                }
             }
             JournalEntry::CreateVolume {
                 slot,
@@ -136,11 +130,7 @@ impl MetaState {
                 size,
                 created_unix,
             } => {
-                if !valid_slot(slot) {
-                    return Err(format!(
-                        "journal creates volume in slot {slot}: out of range"
-                    ));
-                }
+                check_slot(slot)?;
                 let vs = VolumeSlot {
                     id,
                     size,
@@ -149,22 +139,22 @@ impl MetaState {
                     flags: 0,
                     epoch: 0,
                 };
-                self.set_slot(slot, Some(vs));
+                self.set_slot(slot, SlotState::Live(vs));
             }
             JournalEntry::ResizeVolume { slot, size } => {
-                let Some(mut vs) = self.slot(slot).copied() else {
-                    return Err(format!("journal resizes missing volume slot {slot}"));
-                };
-                vs.size = size;
-                self.set_slot(slot, Some(vs));
-                let keep = self.extents_for_size(size);
+                check_slot(slot)?;
+                if let Some(mut vs) = self.slot(slot).copied() {
+                    vs.size = size;
+                    self.set_slot(slot, SlotState::Live(vs));
+                }
+                // Regardless of the slot (the replay rule): an extent's fate
+                // depends on the extent alone.
+                let keep = self.layout.extents_for_size(size);
                 self.free_from(slot, keep, freed);
             }
             JournalEntry::DeleteVolume { slot } => {
-                if !valid_slot(slot) {
-                    return Err(format!("journal deletes volume slot {slot}: out of range"));
-                }
-                self.set_slot(slot, None);
+                check_slot(slot)?;
+                self.set_slot(slot, SlotState::Free);
                 self.free_from(slot, 0, freed);
             }
         }
@@ -176,9 +166,9 @@ impl MetaState {
         out.fill(0);
         let per_page = (PAGE / EXTENT_ENTRY_SIZE) as usize;
         let first = page as usize * per_page;
-        for (i, o) in self.owners.iter().skip(first).take(per_page).enumerate() {
+        for (i, e) in self.extents.iter().skip(first).take(per_page).enumerate() {
             let at = i * EXTENT_ENTRY_SIZE as usize;
-            out[at..at + EXTENT_ENTRY_SIZE as usize].copy_from_slice(&o.encode());
+            out[at..at + EXTENT_ENTRY_SIZE as usize].copy_from_slice(&e.encode((first + i) as u32));
         }
     }
 
@@ -189,8 +179,7 @@ impl MetaState {
         let first = page as usize * per_page;
         for (i, s) in self.slots.iter().skip(first).take(per_page).enumerate() {
             let at = i * VOLUME_SLOT_SIZE as usize;
-            out[at..at + VOLUME_SLOT_SIZE as usize]
-                .copy_from_slice(&VolumeSlot::encode(s.as_ref()));
+            out[at..at + VOLUME_SLOT_SIZE as usize].copy_from_slice(&s.encode((first + i) as u32));
         }
     }
 }

@@ -40,6 +40,9 @@ impl ExtentMap {
     pub fn get(&self, logical: usize) -> Option<&MapEntry> {
         self.0.get(logical)
     }
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
     pub fn resize(&mut self, extents: usize) {
         self.0.resize_with(extents, MapEntry::default);
     }
@@ -48,22 +51,42 @@ impl ExtentMap {
 pub(crate) struct VolumeState {
     pub id: VolumeId,
     pub slot: u32,
+    pub created_unix: u64,
     size: AtomicU64,
+    /// Extents mapped (including mappings not yet journaled).
+    allocated: AtomicU64,
     pub map: RwLock<ExtentMap>,
     deleted: AtomicBool,
 }
 
 impl VolumeState {
-    pub fn new(id: VolumeId, slot: u32, size: u64, extents: usize) -> VolumeState {
+    pub fn new(id: VolumeId, slot: u32, size: u64, extents: usize, created_unix: u64) -> VolumeState {
         let mut map = ExtentMap(Vec::new());
         map.resize(extents);
         VolumeState {
             id,
             slot,
+            created_unix,
             size: AtomicU64::new(size),
+            allocated: AtomicU64::new(0),
             map: RwLock::new(map),
             deleted: AtomicBool::new(false),
         }
+    }
+    pub fn allocated_extents(&self) -> u64 {
+        self.allocated.load(Ordering::Acquire)
+    }
+    pub fn add_allocated(&self, n: u64) {
+        self.allocated.fetch_add(n, Ordering::AcqRel);
+    }
+    fn remove_allocated(&self, n: u64) {
+        self.allocated.fetch_sub(n, Ordering::AcqRel);
+    }
+    /// Before a shrink to `keep` extents: stops counting the mapped extents
+    /// beyond it (the journal frees them).
+    pub fn forget_mapped_from(&self, map: &ExtentMap, keep: usize) {
+        let gone = map.0.iter().skip(keep).filter(|e| e.get().is_some()).count();
+        self.remove_allocated(gone as u64);
     }
     pub fn size(&self) -> u64 {
         self.size.load(Ordering::Acquire)
@@ -84,6 +107,7 @@ impl VolumeState {
         match map.get(logical as usize) {
             Some(e) if e.get().is_none() => {
                 e.set(Some(phys));
+                self.add_allocated(1);
                 true
             }
             _ => false,
@@ -171,8 +195,8 @@ impl LocalVolume {
     /// Bytes of the volume held by allocated extents (at most its size;
     /// includes allocations not yet committed to the journal).
     pub fn allocated_bytes(&self) -> u64 {
-        let extents = self.store.allocated_extents(self.vol.slot);
-        extents
+        self.vol
+            .allocated_extents()
             .saturating_mul(self.store.extent_size())
             .min(self.vol.size())
     }
@@ -281,7 +305,7 @@ impl LocalVolume {
                                 Some(p) => Ok(p),
                                 None => self
                                     .store
-                                    .allocate(self.vol.slot, logical, entry)
+                                    .allocate(&self.vol, logical, entry)
                                     .map_err(IoError::from),
                             },
                             None => Err(IoError::OutOfRange {
@@ -458,7 +482,7 @@ impl LocalVolume {
                 }
                 // NO_HOLE on a hole: reserve the (already zero) space.
                 None if !may_unmap => {
-                    self.store.allocate(self.vol.slot, logical as u32, entry)?;
+                    self.store.allocate(&self.vol, logical as u32, entry)?;
                 }
                 None => {}
             }
@@ -466,8 +490,12 @@ impl LocalVolume {
         }
         if !unmap.is_empty() {
             let mut m = self.store.meta.lock();
+            self.vol.remove_allocated(unmap.len() as u64);
             for (entry, phys) in unmap {
-                m.push(JournalEntry::Unmap { phys })?;
+                m.push(JournalEntry::Free {
+                    first: phys,
+                    count: 1,
+                });
                 entry.set(None);
             }
         }

@@ -7,7 +7,15 @@
 //!
 //! Seeded by proptest; a failure prints the minimal sequence and replays.
 
-use basalt_store::{BlockDevice, FormatOptions, IoError, SimDevice, Store};
+use basalt_store::{BlockDevice, FormatOptions, IoError, OpenOptions, SimDevice, Store};
+
+/// No background zeroing: a simulated crash must not race a thread of the
+/// store it replaces.
+fn quiet() -> OpenOptions {
+    OpenOptions {
+        background_zeroing: false,
+    }
+}
 use proptest::prelude::*;
 use std::collections::HashMap;
 use std::hash::{DefaultHasher, Hash, Hasher};
@@ -108,12 +116,7 @@ struct Harness {
 impl Harness {
     fn new(seed: u64) -> Harness {
         let dev = SimDevice::new(8 << 20, seed);
-        let store = Store::create(
-            dev.clone(),
-            &FormatOptions {
-                extent_size: Some(EXTENT),
-            },
-        )
+        let store = Store::create_with(dev.clone(), &FormatOptions { extent_size: Some(EXTENT), ..Default::default() }, &quiet())
         .expect("format");
         let capacity_blocks = store.usage().capacity_bytes / BLOCK;
         Harness {
@@ -303,13 +306,13 @@ impl Harness {
             }
             Op::Crash => {
                 self.dev.crash();
-                self.store = Store::open(self.dev.clone()).expect("open after crash");
+                self.store = Store::open_with(self.dev.clone(), &quiet()).expect("open after crash");
                 self.check_after_crash();
             }
             Op::CleanRestart => {
                 self.store.close().expect("close");
                 self.all_durable();
-                self.store = Store::open(self.dev.clone()).expect("open after clean close");
+                self.store = Store::open_with(self.dev.clone(), &quiet()).expect("open after clean close");
                 for i in 0..self.model.len() {
                     self.check_current(i);
                 }
@@ -334,12 +337,7 @@ proptest! {
 #[test]
 fn full_store_returns_no_space_and_recovers_space() {
     let dev = SimDevice::new(8 << 20, 1);
-    let store = Store::create(
-        dev.clone(),
-        &FormatOptions {
-            extent_size: Some(EXTENT),
-        },
-    )
+    let store = Store::create_with(dev.clone(), &FormatOptions { extent_size: Some(EXTENT), ..Default::default() }, &quiet())
     .unwrap();
     let cap = store.usage().capacity_bytes;
     let a = uuid::Uuid::new_v4();
@@ -382,7 +380,7 @@ fn full_store_returns_no_space_and_recovers_space() {
     vb.write(off + EXTENT as u64, &data, false).unwrap();
     store.flush().unwrap();
     dev.crash();
-    let store = Store::open(dev).unwrap();
+    let store = Store::open_with(dev, &quiet()).unwrap();
     let vb = store.volume(b).unwrap();
     vb.read(off + EXTENT as u64, &mut buf).unwrap();
     assert_eq!(buf, data);
@@ -391,12 +389,7 @@ fn full_store_returns_no_space_and_recovers_space() {
 #[test]
 fn fresh_volume_is_one_hole_and_overwrites_allocate_nothing() {
     let dev = SimDevice::new(8 << 20, 2);
-    let store = Store::create(
-        dev.clone(),
-        &FormatOptions {
-            extent_size: Some(EXTENT),
-        },
-    )
+    let store = Store::create_with(dev.clone(), &FormatOptions { extent_size: Some(EXTENT), ..Default::default() }, &quiet())
     .unwrap();
     let id = uuid::Uuid::new_v4();
     store.create_volume(id, 1 << 20).unwrap();
@@ -417,7 +410,7 @@ fn fresh_volume_is_one_hole_and_overwrites_allocate_nothing() {
     );
     assert_eq!(store.usage().allocated_bytes, allocated);
     dev.crash();
-    let store = Store::open(dev).unwrap();
+    let store = Store::open_with(dev, &quiet()).unwrap();
     let mut b = [0u8; 4096];
     store.volume(id).unwrap().read(4096, &mut b).unwrap();
     assert_eq!(b, [8u8; 4096]);
@@ -426,12 +419,7 @@ fn fresh_volume_is_one_hole_and_overwrites_allocate_nothing() {
 #[test]
 fn unknown_format_version_is_refused_clearly() {
     let dev = SimDevice::new(8 << 20, 3);
-    let store = Store::create(
-        dev.clone(),
-        &FormatOptions {
-            extent_size: Some(EXTENT),
-        },
-    )
+    let store = Store::create_with(dev.clone(), &FormatOptions { extent_size: Some(EXTENT), ..Default::default() }, &quiet())
     .unwrap();
     store.close().unwrap();
     drop(store);
@@ -441,26 +429,21 @@ fn unknown_format_version_is_refused_clearly() {
         page[8..12].copy_from_slice(&9u32.to_le_bytes());
         dev.write_at(&page, at, true).unwrap();
     }
-    let err = Store::open(dev.clone()).err().expect("must refuse");
+    let err = Store::open_with(dev.clone(), &quiet()).err().expect("must refuse");
     assert!(
         err.to_string()
             .contains("unsupported store format version 9"),
         "{err}"
     );
     let blank = SimDevice::new(8 << 20, 4);
-    let err = Store::open(blank).err().expect("must refuse");
+    let err = Store::open_with(blank, &quiet()).err().expect("must refuse");
     assert!(err.to_string().contains("no Basalt store"), "{err}");
 }
 
 #[test]
 fn a_failing_disk_stops_writes_and_loses_nothing_flushed() {
     let dev = SimDevice::new(8 << 20, 5);
-    let store = Store::create(
-        dev.clone(),
-        &FormatOptions {
-            extent_size: Some(EXTENT),
-        },
-    )
+    let store = Store::create_with(dev.clone(), &FormatOptions { extent_size: Some(EXTENT), ..Default::default() }, &quiet())
     .unwrap();
     let id = uuid::Uuid::new_v4();
     store.create_volume(id, 1 << 20).unwrap();
@@ -490,7 +473,7 @@ fn a_failing_disk_stops_writes_and_loses_nothing_flushed() {
     // the never-durable write is not.
     dev.set_fail_writes(false);
     dev.crash();
-    let store = Store::open(dev).unwrap();
+    let store = Store::open_with(dev, &quiet()).unwrap();
     let v = store.volume(id).unwrap();
     v.read(0, &mut b).unwrap();
     assert_eq!(b, [1u8; 4096]);

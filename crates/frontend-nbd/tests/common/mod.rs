@@ -43,9 +43,7 @@ impl StoreExports {
     pub fn on_device(device: Arc<dyn BlockDevice>) -> Arc<StoreExports> {
         let store = Store::create(
             device,
-            &FormatOptions {
-                extent_size: Some(EXTENT as u32),
-            },
+            &FormatOptions { extent_size: Some(EXTENT as u32), ..Default::default() },
         )
         .expect("format test store");
         Arc::new(StoreExports {

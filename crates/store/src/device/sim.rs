@@ -3,8 +3,15 @@
 //! Reads see every completed write. Writes stay volatile until `flush` (or
 //! until they were FUA); `crash` then keeps a random subset of the volatile
 //! writes, decided per 512-byte sector, so a crash can drop any unflushed
-//! write and tear one at sector granularity, exactly what a real disk may do.
-//! Seeded, so a failing sequence replays.
+//! write, keep a later one without an earlier one (reordering) and tear one
+//! at sector granularity, exactly what a real disk may do. How much survives
+//! varies from crash to crash (nothing, everything, or any mix).
+//!
+//! A power cut can be armed to strike after the next N device operations
+//! (each write, zeroing and flush counts one): from then on every
+//! operation fails with EIO and changes nothing, until `crash` applies the
+//! power loss and brings the disk back. Crash tests sweep N over every
+//! operation of a history. Seeded, so a failing sequence replays.
 
 use super::{BlockDevice, IoKind, IoOp};
 use parking_lot::Mutex;
@@ -36,6 +43,26 @@ struct SimState {
     rng: StdRng,
     fail_writes: bool,
     flushes: u64,
+    /// Device operations so far, and the count at which power is lost.
+    ops: u64,
+    power_cut_at: Option<u64>,
+}
+
+impl SimState {
+    /// Counts one operation that can change the disk (reads change
+    /// nothing, so a cut before a read equals a cut before the next write);
+    /// false once the power is cut.
+    fn powered(&mut self, counts: bool) -> bool {
+        if self.power_cut_at.is_some_and(|at| self.ops >= at) {
+            return false;
+        }
+        self.ops += counts as u64;
+        true
+    }
+}
+
+fn power_lost() -> io::Error {
+    io::Error::new(io::ErrorKind::Other, "sim device: power lost")
 }
 
 pub struct SimDevice {
@@ -55,20 +82,25 @@ impl SimDevice {
                 rng: StdRng::seed_from_u64(seed),
                 fail_writes: false,
                 flushes: 0,
+                ops: 0,
+                power_cut_at: None,
             }),
         })
     }
 
     /// Simulates power loss: every volatile write survives or not, sector by
-    /// sector, at random; FUA writes always survive.
+    /// sector, at random; FUA writes always survive. The disk then works
+    /// again (a pending power cut is disarmed).
     pub fn crash(&self) {
         let mut guard = self.state.lock();
         let st = &mut *guard;
+        st.power_cut_at = None;
+        let keep = [0.0, 0.1, 0.5, 0.9, 1.0][st.rng.gen_range(0..5)];
         for v in std::mem::take(&mut st.volatile) {
             match v {
                 Volatile::Write { offset, data, fua } => {
                     for (i, sector) in data.chunks(SECTOR).enumerate() {
-                        if fua || st.rng.gen_bool(0.5) {
+                        if fua || st.rng.gen_bool(keep) {
                             let at = offset as usize + i * SECTOR;
                             st.durable[at..at + sector.len()].copy_from_slice(sector);
                         }
@@ -79,7 +111,7 @@ impl SimDevice {
                     let end = (offset + len) as usize;
                     while at < end {
                         let n = SECTOR.min(end - at);
-                        if st.rng.gen_bool(0.5) {
+                        if st.rng.gen_bool(keep) {
                             st.durable[at..at + n].fill(0);
                         }
                         at += n;
@@ -88,6 +120,25 @@ impl SimDevice {
             }
         }
         st.current.clone_from(&st.durable);
+    }
+
+    /// Cuts the power after `ops` more device operations (0: the next one
+    /// fails). `crash` applies the loss and restores power.
+    pub fn cut_power_after(&self, ops: u64) {
+        let mut st = self.state.lock();
+        st.power_cut_at = Some(st.ops + ops);
+    }
+
+    /// Whether an armed power cut has struck.
+    pub fn power_is_cut(&self) -> bool {
+        let st = self.state.lock();
+        st.power_cut_at.is_some_and(|at| st.ops >= at)
+    }
+
+    /// Device operations that could change the disk so far (each write,
+    /// zeroing and flush; reads are not counted).
+    pub fn op_count(&self) -> u64 {
+        self.state.lock().ops
     }
 
     /// Makes every later write fail with EIO (a dying disk) until cleared.
@@ -118,6 +169,9 @@ impl SimDevice {
     fn zero(&self, offset: u64, len: u64) -> io::Result<()> {
         self.check(offset, len as usize)?;
         let mut st = self.state.lock();
+        if !st.powered(true) {
+            return Err(power_lost());
+        }
         if st.fail_writes {
             return Err(io::Error::from_raw_os_error(libc::EIO));
         }
@@ -139,6 +193,9 @@ impl BlockDevice for SimDevice {
                 let at = op.offset as usize;
                 let fua = matches!(op.kind, IoKind::WriteFua(_));
                 let mut st = self.state.lock();
+                if !st.powered(!matches!(op.kind, IoKind::Read(_))) {
+                    return Err(power_lost());
+                }
                 match &mut op.kind {
                     IoKind::Read(buf) => {
                         buf.copy_from_slice(&st.current[at..at + len]);
@@ -164,6 +221,9 @@ impl BlockDevice for SimDevice {
     fn flush(&self) -> io::Result<()> {
         let mut guard = self.state.lock();
         let st = &mut *guard;
+        if !st.powered(true) {
+            return Err(power_lost());
+        }
         for v in std::mem::take(&mut st.volatile) {
             match v {
                 Volatile::Write { offset, data, .. } => {

@@ -1,0 +1,212 @@
+//! The on-disk format, version 2, as pure encode/decode functions (no I/O).
+//! `docs/format.md` is the prose version of this module and states the
+//! durability rules the engine follows; change both together and bump
+//! `FORMAT_VERSION` on any incompatible change.
+//!
+//! Every metadata structure carries a CRC32C: the superblock and each
+//! journal block over the whole 4 KiB block, table pages per entry (each
+//! extent entry and each volume slot, salted with its index). Table pages
+//! are rewritten in place, and a power cut tears a page at sector
+//! boundaries: a per-entry checksum keeps every entry of a torn page either
+//! its old or its new value, both verifiable, where a per-page checksum
+//! would make the whole page unreadable.
+//!
+//! Version 1 structures are still decoded here (superblock, table entries
+//! without checksums, journal blocks without an epoch) for the upgrade.
+
+mod journal;
+mod superblock;
+mod tables;
+
+pub use journal::{
+    decode_journal_block, decode_journal_block_v1, encode_journal_block, JournalEntry,
+    JOURNAL_ENTRIES_PER_BLOCK, JOURNAL_ENTRY_SIZE, JOURNAL_HEADER_SIZE,
+};
+pub use superblock::Superblock;
+pub use tables::{ExtentState, SlotState, VolumeSlot, QUARANTINE_SLOT};
+
+pub const FORMAT_VERSION: u32 = 2;
+pub const SUPERBLOCK_MAGIC: &[u8; 8] = b"BASALTSB";
+pub const PAGE: u64 = 4096;
+pub const SUPERBLOCK_COPIES: [u64; 2] = [0, PAGE];
+pub const VOLUME_SLOT_SIZE: u64 = 128;
+pub const MAX_VOLUMES: u32 = 16384;
+pub const EXTENT_ENTRY_SIZE: u64 = 16;
+pub const DEFAULT_EXTENT_SIZE: u32 = 1 << 20;
+/// The smallest journal ring a store may be formatted with (tests use it,
+/// so that the ring wraps and checkpoints often).
+pub const MIN_JOURNAL_BLOCKS: u64 = 4;
+
+/// Feature bits a reader must understand to open the store, by name.
+/// Version 2 defines none yet; snapshots, data checksums, compression and
+/// encryption add theirs.
+pub const INCOMPAT_FEATURES: &[(u64, &str)] = &[];
+
+pub fn known_incompat_features() -> u64 {
+    INCOMPAT_FEATURES.iter().fold(0, |a, (bit, _)| a | bit)
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FormatError {
+    #[error("no Basalt store on this device (bad superblock magic)")]
+    NotAStore,
+    #[error("superblock checksum mismatch")]
+    BadChecksum,
+    #[error("unsupported store format version {found}; this build reads versions 1 (upgraded at open) and {FORMAT_VERSION}")]
+    UnsupportedVersion { found: u32 },
+    #[error(
+        "the store uses features this build does not know (incompat bits {0:#x}); upgrade Basalt"
+    )]
+    UnknownFeatures(u64),
+    #[error("inconsistent superblock: {0}")]
+    Inconsistent(String),
+    #[error("journal block {seq} holds entry kind {kind}, which this build does not know; upgrade Basalt")]
+    UnknownJournalEntry { seq: u64, kind: u8 },
+}
+
+/// Where each region lives; derived from device size and extent size at
+/// format time and recorded in the superblock. Version 2 keeps version 1's
+/// geometry, so an upgrade rewrites metadata in place and moves no data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Layout {
+    pub extent_size: u32,
+    pub volume_table_offset: u64,
+    pub volume_slots: u32,
+    pub extent_table_offset: u64,
+    pub extent_count: u32,
+    pub journal_offset: u64,
+    pub journal_blocks: u64,
+    pub data_offset: u64,
+}
+
+impl Layout {
+    /// Plans the regions of a device of `device_size` bytes, or says why it
+    /// cannot hold a store. `journal_blocks` overrides the journal's size
+    /// (default: device size / 512, clamped to 1–64 MiB).
+    pub fn plan(
+        device_size: u64,
+        extent_size: u32,
+        journal_blocks: Option<u64>,
+    ) -> Result<Layout, String> {
+        let es = extent_size as u64;
+        if extent_size < 64 * 1024 || !extent_size.is_power_of_two() || extent_size > 64 << 20 {
+            return Err(format!(
+                "extent size {extent_size} must be a power of two from 64 KiB to 64 MiB"
+            ));
+        }
+        let volume_table_offset = 2 * PAGE;
+        let volume_table_len = MAX_VOLUMES as u64 * VOLUME_SLOT_SIZE;
+        let extent_table_offset = volume_table_offset + volume_table_len;
+        let max_extents = device_size / es;
+        let extent_table_len = (max_extents * EXTENT_ENTRY_SIZE).div_ceil(PAGE) * PAGE;
+        let journal_offset = extent_table_offset + extent_table_len;
+        let journal_len = match journal_blocks {
+            Some(b) if b < MIN_JOURNAL_BLOCKS => {
+                return Err(format!(
+                    "a journal of {b} blocks is below the minimum of {MIN_JOURNAL_BLOCKS}"
+                ))
+            }
+            Some(b) => b * PAGE,
+            None => (device_size / 512).clamp(1 << 20, 64 << 20) / PAGE * PAGE,
+        };
+        let data_offset = (journal_offset + journal_len).div_ceil(es) * es;
+        if data_offset >= device_size {
+            return Err(format!(
+                "{device_size} bytes cannot hold the metadata and one extent"
+            ));
+        }
+        let extent_count = (device_size - data_offset) / es;
+        if extent_count < 4 {
+            return Err(format!(
+                "{device_size} bytes leave fewer than 4 data extents of {es} bytes"
+            ));
+        }
+        let extent_count = u32::try_from(extent_count)
+            .map_err(|_| "device too large for this extent size".to_string())?;
+        Ok(Layout {
+            extent_size,
+            volume_table_offset,
+            volume_slots: MAX_VOLUMES,
+            extent_table_offset,
+            extent_count,
+            journal_offset,
+            journal_blocks: journal_len / PAGE,
+            data_offset,
+        })
+    }
+
+    pub fn extent_offset(&self, phys: u32) -> u64 {
+        self.data_offset + phys as u64 * self.extent_size as u64
+    }
+
+    pub fn capacity_bytes(&self) -> u64 {
+        self.extent_count as u64 * self.extent_size as u64
+    }
+
+    pub fn extent_table_pages(&self) -> u64 {
+        (self.extent_count as u64 * EXTENT_ENTRY_SIZE).div_ceil(PAGE)
+    }
+
+    pub fn volume_table_pages(&self) -> u64 {
+        (self.volume_slots as u64 * VOLUME_SLOT_SIZE).div_ceil(PAGE)
+    }
+
+    pub fn journal_block_offset(&self, seq: u64) -> u64 {
+        self.journal_offset + (seq % self.journal_blocks) * PAGE
+    }
+
+    /// Extents needed to hold `size` bytes of a volume.
+    pub fn extents_for_size(&self, size: u64) -> u64 {
+        size.div_ceil(self.extent_size as u64)
+    }
+}
+
+pub(crate) fn put_u32(b: &mut [u8], at: usize, v: u32) {
+    b[at..at + 4].copy_from_slice(&v.to_le_bytes());
+}
+pub(crate) fn put_u64(b: &mut [u8], at: usize, v: u64) {
+    b[at..at + 8].copy_from_slice(&v.to_le_bytes());
+}
+pub(crate) fn get_u32(b: &[u8], at: usize) -> u32 {
+    let mut a = [0u8; 4];
+    a.copy_from_slice(&b[at..at + 4]);
+    u32::from_le_bytes(a)
+}
+pub(crate) fn get_u64(b: &[u8], at: usize) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[at..at + 8]);
+    u64::from_le_bytes(a)
+}
+pub(crate) fn get_uuid(b: &[u8], at: usize) -> uuid::Uuid {
+    let mut a = [0u8; 16];
+    a.copy_from_slice(&b[at..at + 16]);
+    uuid::Uuid::from_bytes(a)
+}
+
+/// CRC32C of a block with its 4-byte checksum field (at `crc_at`) taken as zero.
+pub(crate) fn block_crc(block: &[u8], crc_at: usize) -> u32 {
+    let c = crc32c::crc32c(&block[..crc_at]);
+    let c = crc32c::crc32c_append(c, &[0u8; 4]);
+    crc32c::crc32c_append(c, &block[crc_at + 4..])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layout_regions_do_not_overlap() {
+        for size in [32u64 << 20, 64 << 20, 1 << 30, 20 << 30, 4 << 40] {
+            let l = Layout::plan(size, DEFAULT_EXTENT_SIZE, None).unwrap();
+            assert!(l.extent_table_offset >= l.volume_table_offset + l.volume_table_pages() * PAGE);
+            assert!(l.journal_offset >= l.extent_table_offset + l.extent_table_pages() * PAGE);
+            assert!(l.data_offset >= l.journal_offset + l.journal_blocks * PAGE);
+            assert_eq!(l.data_offset % DEFAULT_EXTENT_SIZE as u64, 0);
+            assert!(l.data_offset + l.capacity_bytes() <= size);
+        }
+        assert!(Layout::plan(2 << 20, DEFAULT_EXTENT_SIZE, None).is_err());
+        assert!(Layout::plan(64 << 20, DEFAULT_EXTENT_SIZE, Some(2)).is_err());
+        let small = Layout::plan(8 << 20, 64 << 10, Some(6)).unwrap();
+        assert_eq!(small.journal_blocks, 6);
+    }
+}

@@ -1,0 +1,361 @@
+//! Opening a store: the superblock, the tables (each entry verified, a bad
+//! one quarantined rather than trusted), the journal replay of this epoch,
+//! the in-place upgrade of a version-1 store, and the runtime structures
+//! (volume maps, free and dirty extents) built from the result.
+//!
+//! Invariants: nothing here writes except `upgrade_v1`, which leaves the
+//! version-1 superblock authoritative until every table page is rewritten
+//! and flushed, so an upgrade interrupted at any point is simply done again;
+//! an entry that fails to verify is never read as a valid owner or as free.
+
+use crate::alloc::FreeExtents;
+use crate::buf::AlignedBuf;
+use crate::device::{BlockDevice, IoOp};
+use crate::engine::{write_dirty_pages, write_superblock};
+use crate::error::StoreError;
+use crate::format::{
+    decode_journal_block, decode_journal_block_v1, ExtentState, FormatError, JournalEntry,
+    Layout, SlotState, Superblock, EXTENT_ENTRY_SIZE, PAGE, SUPERBLOCK_COPIES, VOLUME_SLOT_SIZE,
+};
+use crate::meta::MetaState;
+use crate::volume::VolumeState;
+use crate::VolumeId;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+fn read_region(device: &dyn BlockDevice, offset: u64, len: u64) -> Result<AlignedBuf, StoreError> {
+    let mut buf = AlignedBuf::zeroed(len as usize);
+    const CHUNK: usize = 8 << 20;
+    let mut ops: Vec<IoOp<'_>> = buf
+        .chunks_mut(CHUNK)
+        .enumerate()
+        .map(|(i, c)| IoOp::read(offset + (i * CHUNK) as u64, c))
+        .collect();
+    device.submit(&mut ops);
+    for op in ops {
+        op.result?;
+    }
+    Ok(buf)
+}
+
+/// The valid superblock copy with the highest generation, of either version.
+pub(crate) fn read_superblock(device: &dyn BlockDevice) -> Result<Superblock, StoreError> {
+    let mut page = AlignedBuf::zeroed(PAGE as usize);
+    let mut best: Option<Superblock> = None;
+    let mut first_err: Option<FormatError> = None;
+    for at in SUPERBLOCK_COPIES {
+        device.read_at(&mut page, at)?;
+        match Superblock::decode(&page) {
+            Ok(sb) => {
+                if best.as_ref().is_none_or(|b| sb.generation > b.generation) {
+                    best = Some(sb);
+                }
+            }
+            Err(e) => {
+                // A newer format in either copy must refuse, not fall back.
+                if matches!(
+                    e,
+                    FormatError::UnsupportedVersion { .. } | FormatError::UnknownFeatures(_)
+                ) {
+                    return Err(StoreError::Format(e.to_string()));
+                }
+                first_err.get_or_insert(e);
+            }
+        }
+    }
+    best.ok_or_else(|| StoreError::Format(first_err.map(|e| e.to_string()).unwrap_or_default()))
+}
+
+/// The tables as read, with entries that failed to verify quarantined (and
+/// their pages marked, so the quarantine is written back).
+struct Tables {
+    state: MetaState,
+    quarantined_extents: u64,
+    quarantined_slots: u64,
+}
+
+fn read_tables(device: &dyn BlockDevice, layout: Layout, any_version: bool) -> Result<Tables, StoreError> {
+    let vt = read_region(
+        device,
+        layout.volume_table_offset,
+        layout.volume_table_pages() * PAGE,
+    )?;
+    let et = read_region(
+        device,
+        layout.extent_table_offset,
+        layout.extent_table_pages() * PAGE,
+    )?;
+    let mut bad_slots = Vec::new();
+    let slots: Vec<SlotState> = (0..layout.volume_slots)
+        .map(|i| {
+            let b = &vt[i as usize * VOLUME_SLOT_SIZE as usize..];
+            let s = if any_version {
+                SlotState::decode_any(i, b)
+            } else {
+                SlotState::decode(i, b)
+            };
+            s.unwrap_or_else(|| {
+                bad_slots.push(i);
+                SlotState::Quarantined
+            })
+        })
+        .collect();
+    let mut bad_extents = Vec::new();
+    let extents: Vec<ExtentState> = (0..layout.extent_count)
+        .map(|p| {
+            let b = &et[p as usize * EXTENT_ENTRY_SIZE as usize..];
+            let e = if any_version {
+                ExtentState::decode_any(p, b)
+            } else {
+                ExtentState::decode(p, b)
+            };
+            e.unwrap_or_else(|| {
+                bad_extents.push(p);
+                ExtentState::QUARANTINED
+            })
+        })
+        .collect();
+    let mut state = MetaState::new(layout, extents, slots);
+    for &i in &bad_slots {
+        tracing::error!(slot = i + 1, "volume table entry fails its checksum; quarantined (the slot is not reused and its extents are kept)");
+        state
+            .dirty_slot_pages
+            .insert(i as u64 * VOLUME_SLOT_SIZE / PAGE);
+    }
+    for (n, &p) in bad_extents.iter().enumerate() {
+        if n < 16 {
+            tracing::error!(extent = p, "extent table entry fails its checksum; quarantined (never reused)");
+        }
+        state
+            .dirty_extent_pages
+            .insert(p as u64 * EXTENT_ENTRY_SIZE / PAGE);
+    }
+    if bad_extents.len() > 16 {
+        tracing::error!(count = bad_extents.len(), "extent table entries quarantined in all");
+    }
+    Ok(Tables {
+        state,
+        quarantined_extents: bad_extents.len() as u64,
+        quarantined_slots: bad_slots.len() as u64,
+    })
+}
+
+/// Applies the journal from the superblock's tail until the first block
+/// that is not of this store, sequence and epoch; returns the head and the
+/// number of entries applied.
+fn replay(
+    device: &dyn BlockDevice,
+    sb: &Superblock,
+    state: &mut MetaState,
+) -> Result<(u64, u64), StoreError> {
+    let layout = sb.layout;
+    let mut seq = sb.journal_tail_seq;
+    let mut block = AlignedBuf::zeroed(PAGE as usize);
+    let mut replayed = 0u64;
+    let mut freed = Vec::new();
+    while seq - sb.journal_tail_seq < layout.journal_blocks {
+        device.read_at(&mut block, layout.journal_block_offset(seq))?;
+        let decoded = if sb.version == 1 {
+            decode_journal_block_v1(sb.store_id, seq, &block)
+        } else {
+            decode_journal_block(sb.store_id, sb.journal_epoch, seq, &block)
+        };
+        let Some(entries) = decoded.map_err(|e| StoreError::Format(e.to_string()))? else {
+            break;
+        };
+        for e in &entries {
+            state
+                .apply(e, &mut freed)
+                .map_err(|m| StoreError::Format(format!("corrupt journal block {seq}: {m}")))?;
+        }
+        replayed += entries.len() as u64;
+        seq += 1;
+    }
+    Ok((seq, replayed))
+}
+
+/// A version-2 store's journaled state after replay.
+pub(crate) struct Loaded {
+    pub state: MetaState,
+    pub head_seq: u64,
+    pub replayed_entries: u64,
+    pub quarantined_extents: u64,
+    pub quarantined_slots: u64,
+}
+
+pub(crate) fn load(device: &dyn BlockDevice, sb: &Superblock) -> Result<Loaded, StoreError> {
+    let tables = read_tables(device, sb.layout, false)?;
+    let mut state = tables.state;
+    let (head_seq, replayed_entries) = replay(device, sb, &mut state)?;
+    Ok(Loaded {
+        state,
+        head_seq,
+        replayed_entries,
+        quarantined_extents: tables.quarantined_extents,
+        quarantined_slots: tables.quarantined_slots,
+    })
+}
+
+/// What an upgrade of this device would do (or did), for a dry run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoreInfo {
+    pub version: u32,
+    pub store_id: uuid::Uuid,
+    pub clean: bool,
+    pub capacity_bytes: u64,
+    pub extent_size: u64,
+    pub volumes: u64,
+    /// Table pages an upgrade to the current version rewrites (0: none needed).
+    pub upgrade_pages: u64,
+}
+
+/// Reads a store without changing it: its version, and what an upgrade
+/// would rewrite.
+pub fn inspect(device: &dyn BlockDevice) -> Result<StoreInfo, StoreError> {
+    let sb = read_superblock(device)?;
+    let tables = read_tables(device, sb.layout, sb.version == 1)?;
+    let volumes = tables.state.slots.iter().filter(|s| s.live().is_some()).count() as u64;
+    let l = sb.layout;
+    Ok(StoreInfo {
+        version: sb.version,
+        store_id: sb.store_id,
+        clean: sb.clean,
+        capacity_bytes: l.capacity_bytes(),
+        extent_size: l.extent_size as u64,
+        volumes,
+        upgrade_pages: if sb.version == 1 {
+            l.extent_table_pages() + l.volume_table_pages()
+        } else {
+            0
+        },
+    })
+}
+
+/// Upgrades a version-1 store in place: replays its journal, rewrites every
+/// table entry with its checksum (free extents of a store that was not
+/// closed cleanly become dirty, so they are zeroed before reuse), flushes,
+/// and only then writes a version-2 superblock with a fresh journal epoch.
+/// Data extents do not move.
+pub(crate) fn upgrade_v1(device: &dyn BlockDevice, sb: &Superblock) -> Result<(), StoreError> {
+    let layout = sb.layout;
+    let pages = layout.extent_table_pages() + layout.volume_table_pages();
+    tracing::info!(
+        store = %sb.store_id,
+        table_pages = pages,
+        clean = sb.clean,
+        "upgrading store format v1 -> v2 in place (table entries gain checksums, the journal an epoch; data does not move)"
+    );
+    let tables = read_tables(device, layout, true)?;
+    let mut state = tables.state;
+    let (head_seq, _) = replay(device, sb, &mut state)?;
+    if !sb.clean {
+        // Version 1 zeroed every free extent after a crash; version 2 zeroes
+        // the dirty ones.
+        for e in state.extents.iter_mut() {
+            if matches!(e, ExtentState::Free { .. }) {
+                *e = ExtentState::DIRTY;
+            }
+        }
+    }
+    state.mark_all_dirty();
+    write_dirty_pages(device, &mut state)?;
+    device.flush()?;
+    let next = Superblock {
+        version: crate::format::FORMAT_VERSION,
+        generation: sb.generation + 1,
+        journal_tail_seq: head_seq,
+        journal_tail_position: head_seq % layout.journal_blocks,
+        clean: false,
+        journal_epoch: 1,
+        ..sb.clone()
+    };
+    write_superblock(device, &next)?;
+    tracing::info!(store = %sb.store_id, "store upgraded to format v2");
+    Ok(())
+}
+
+/// The runtime view of a journaled state.
+pub(crate) struct Built {
+    pub volumes: HashMap<VolumeId, Arc<VolumeState>>,
+    pub slots_used: Vec<bool>,
+    pub free: FreeExtents,
+    pub to_zero: Vec<u32>,
+    pub stray_extents: u64,
+}
+
+/// Builds each live volume's logical→physical map, the free set and the
+/// extents to zero. Extents that belong to no live volume's range are
+/// freed (dirty) in `state` with a warning: this engine never leaves any.
+pub(crate) fn build_runtime(state: &mut MetaState) -> Built {
+    let layout = state.layout;
+    let mut by_slot: HashMap<u32, Arc<VolumeState>> = HashMap::new();
+    let mut volumes = HashMap::new();
+    let mut slots_used = vec![false; state.slots.len()];
+    for (i, s) in state.slots.iter().enumerate() {
+        match s {
+            SlotState::Free => {}
+            SlotState::Quarantined => slots_used[i] = true,
+            SlotState::Live(s) => {
+                slots_used[i] = true;
+                let extents = layout.extents_for_size(s.size) as usize;
+                let v = Arc::new(VolumeState::new(
+                    s.id,
+                    i as u32 + 1,
+                    s.size,
+                    extents,
+                    s.created_unix,
+                ));
+                by_slot.insert(i as u32 + 1, v.clone());
+                volumes.insert(s.id, v);
+            }
+        }
+    }
+    let mut free = FreeExtents::new(layout.extent_count);
+    let mut to_zero = Vec::new();
+    let mut stray = Vec::new();
+    for (phys, e) in state.extents.iter().enumerate() {
+        let phys = phys as u32;
+        match *e {
+            ExtentState::Free { dirty: false } => free.release(phys),
+            ExtentState::Free { dirty: true } => to_zero.push(phys),
+            ExtentState::Owned { slot, logical } => {
+                let quarantined = slot == crate::format::QUARANTINE_SLOT
+                    || state
+                        .slots
+                        .get((slot as usize).wrapping_sub(1))
+                        .is_some_and(|s| *s == SlotState::Quarantined);
+                if quarantined {
+                    continue;
+                }
+                let mapped = by_slot
+                    .get(&slot)
+                    .is_some_and(|v| v.set_mapping_at_open(logical, phys));
+                if !mapped {
+                    stray.push(phys);
+                }
+            }
+        }
+    }
+    if !stray.is_empty() {
+        tracing::warn!(extents = stray.len(), "freeing extents with no valid owner");
+        let mut ignored = Vec::new();
+        for &phys in &stray {
+            // Cannot fail: phys is in range.
+            let _ = state.apply(
+                &JournalEntry::Free {
+                    first: phys,
+                    count: 1,
+                },
+                &mut ignored,
+            );
+            to_zero.push(phys);
+        }
+    }
+    Built {
+        volumes,
+        slots_used,
+        free,
+        to_zero,
+        stray_extents: stray.len() as u64,
+    }
+}

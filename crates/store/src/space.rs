@@ -1,0 +1,218 @@
+//! Space: handing extents to volumes and taking them back.
+//!
+//! Invariants (each is a rule of docs/format.md):
+//! - An extent is handed to a volume only from the reserved pool: extents
+//!   whose "free, dirty" entry is durable. Should the store stop before the
+//!   volume's mapping is durable, recovery finds the extent dirty and zeroes
+//!   it, so data written into it never shows up in another volume — and the
+//!   work of an unclean start is bounded by the pool and the pending frees,
+//!   not by capacity.
+//! - An extent taken from a volume (TRIM, shrink, delete) is zeroed only
+//!   after that release is durable, and returns to the free set only after
+//!   the zeroing is flushed. Its "clean" entry may be lost in a crash; the
+//!   extent is then zeroed again.
+//! - Zeroing runs on a background thread (or on the allocating thread when
+//!   nothing else is free), never inside a client's FLUSH.
+
+use crate::engine::Store;
+use crate::error::StoreError;
+use crate::format::JournalEntry;
+use crate::volume::{MapEntry, VolumeState};
+use parking_lot::{Condvar, Mutex};
+use std::sync::{Arc, Weak};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+/// Extents reserved at a time: one commit per this many first writes.
+const RESERVE_BATCH: u64 = 64;
+
+/// Consecutive runs of sorted extent numbers, as (first, count).
+fn runs(sorted: &[u32]) -> Vec<(u32, u32)> {
+    let mut out: Vec<(u32, u32)> = Vec::new();
+    for &p in sorted {
+        match out.last_mut() {
+            Some((first, n)) if *first + *n == p => *n += 1,
+            _ => out.push((p, 1)),
+        }
+    }
+    out
+}
+
+impl Store {
+    /// Maps a reserved extent at `logical` of `vol`, unless another writer
+    /// mapped `entry` first. Called with the volume's map lock held.
+    pub(crate) fn allocate(
+        &self,
+        vol: &VolumeState,
+        logical: u32,
+        entry: &MapEntry,
+    ) -> Result<u32, StoreError> {
+        for _ in 0..4 {
+            let reserving = {
+                let mut m = self.meta.lock();
+                if let Some(phys) = entry.get() {
+                    return Ok(phys);
+                }
+                if let Some(phys) = m.reserved.pop() {
+                    m.push(JournalEntry::Map {
+                        phys,
+                        slot: vol.slot,
+                        logical,
+                    });
+                    entry.set(Some(phys));
+                    vol.add_allocated(1);
+                    return Ok(phys);
+                }
+                let want = RESERVE_BATCH.min(m.free.count()).max(1);
+                let mut taken = Vec::new();
+                while (taken.len() as u64) < want {
+                    match m.free.take() {
+                        Some(p) => taken.push(p),
+                        None => break,
+                    }
+                }
+                taken.sort_unstable();
+                for (first, count) in runs(&taken) {
+                    m.push(JournalEntry::Free { first, count });
+                }
+                let got = !taken.is_empty();
+                m.reserving.extend(taken);
+                got
+            };
+            // Makes the reservation durable (or, with nothing free, the
+            // pending releases, so they can be zeroed).
+            self.commit()?;
+            if !reserving {
+                self.zero_freed()?;
+            }
+        }
+        Err(StoreError::NoSpace)
+    }
+
+    /// Zeroes every extent whose release is durable, flushes, and returns
+    /// them to the free set; the number zeroed.
+    pub fn zero_freed(&self) -> Result<usize, StoreError> {
+        let _pass = self.zeroing.lock();
+        let mut batch = std::mem::take(&mut self.meta.lock().to_zero);
+        if batch.is_empty() {
+            return Ok(0);
+        }
+        if let Err(e) = self.check_usable() {
+            return Err(e);
+        }
+        batch.sort_unstable();
+        let es = self.layout.extent_size as u64;
+        let runs = runs(&batch);
+        for &(first, count) in &runs {
+            // On failure the extents stay out of the free set (and dirty on
+            // disk): a restart zeroes them.
+            self.device
+                .discard_zeroes(self.layout.extent_offset(first), count as u64 * es)
+                .map_err(|e| self.fail(e.into()))?;
+        }
+        self.device.flush().map_err(|e| self.fail(e.into()))?;
+        let mut m = self.meta.lock();
+        for (first, count) in runs {
+            m.push(JournalEntry::Clean { first, count });
+        }
+        for &p in &batch {
+            m.free.release(p);
+        }
+        Ok(batch.len())
+    }
+
+    /// At a clean close: reserved extents were never handed out, so they
+    /// are still zero; mark them clean again.
+    pub(crate) fn release_reserved(&self) {
+        let mut m = self.meta.lock();
+        let mut reserved = std::mem::take(&mut m.reserved);
+        reserved.sort_unstable();
+        for (first, count) in runs(&reserved) {
+            m.push(JournalEntry::Clean { first, count });
+        }
+        for p in reserved {
+            m.free.release(p);
+        }
+    }
+}
+
+#[derive(Default)]
+struct Signal {
+    wake: bool,
+    stop: bool,
+}
+
+/// The background zeroing thread of a store.
+#[derive(Default)]
+pub(crate) struct Zeroer {
+    signal: Arc<(Mutex<Signal>, Condvar)>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Zeroer {
+    pub fn spawn(store: &Arc<Store>) {
+        let weak: Weak<Store> = Arc::downgrade(store);
+        let signal = store.zeroer.signal.clone();
+        let pending = !store.meta.lock().to_zero.is_empty();
+        let spawned = std::thread::Builder::new()
+            .name("basalt-zeroer".into())
+            .spawn(move || loop {
+                {
+                    let (lock, cv) = &*signal;
+                    let mut s = lock.lock();
+                    while !s.wake && !s.stop {
+                        // Wake now and then to notice a dropped store.
+                        if cv.wait_for(&mut s, Duration::from_secs(1)).timed_out()
+                            && weak.strong_count() == 0
+                        {
+                            return;
+                        }
+                    }
+                    if s.stop {
+                        return;
+                    }
+                    s.wake = false;
+                }
+                let Some(store) = weak.upgrade() else { return };
+                if let Err(e) = store.zero_freed() {
+                    tracing::warn!(error = %e, "zeroing freed extents failed");
+                }
+            });
+        match spawned {
+            Ok(handle) => *store.zeroer.thread.lock() = Some(handle),
+            Err(e) => tracing::warn!(error = %e, "no background zeroing thread; freed extents are zeroed when space runs out"),
+        }
+        if pending {
+            store.zeroer.wake();
+        }
+    }
+
+    pub fn wake(&self) {
+        let (lock, cv) = &*self.signal;
+        lock.lock().wake = true;
+        cv.notify_one();
+    }
+
+    /// Stops the thread and waits for it (unless called on it).
+    pub fn stop(&self) {
+        let (lock, cv) = &*self.signal;
+        lock.lock().stop = true;
+        cv.notify_one();
+        if let Some(handle) = self.thread.lock().take() {
+            if handle.thread().id() != std::thread::current().id() {
+                let _ = handle.join();
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::runs;
+
+    #[test]
+    fn runs_of_sorted_extents() {
+        assert_eq!(runs(&[]), vec![]);
+        assert_eq!(runs(&[1, 2, 3, 7, 9, 10]), vec![(1, 3), (7, 1), (9, 2)]);
+    }
+}

@@ -1,0 +1,439 @@
+//! Power loss at every device operation. For each seeded history of store
+//! calls (creates, deletes, resizes, aligned and unaligned writes, FUA,
+//! zeroing and TRIM, flushes, zeroing passes, clean restarts), the history
+//! is run once to count its device operations, then once per operation k
+//! with the power cut after op k: the device fails from then on, and the
+//! crash drops, reorders and tears (per 512 B sector) every write that was
+//! not flushed — journal, tables and superblock included. The store is
+//! reopened, checked, and the history goes on to a second cut at a seeded
+//! random point (so a tear left by the first crash meets a later commit),
+//! then to the end and a final crash.
+//!
+//! After every crash: the store opens; the volumes are the ones whose
+//! create or delete completed (the one in flight may have happened or
+//! not); every byte acknowledged durable (flush, FUA, a completed
+//! create/resize/delete/close) reads back; every other byte holds a value
+//! written to that volume (data patterns are per volume, so another
+//! volume's bytes never match) or zero; `Store::check` finds every extent
+//! in exactly one place and every free extent zero; nothing was stray.
+//!
+//! The journal holds 6 blocks, so it wraps and checkpoints constantly.
+//! `BASALT_POWER_SEEDS=a..b` picks the seeds; `BASALT_POWER_CUTS` caps the
+//! cuts tried per history (default 250, spread over the history).
+
+use basalt_store::{FormatOptions, IoError, OpenOptions, SimDevice, Store};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use std::collections::HashMap;
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::sync::Arc;
+
+const SECTOR: usize = 512;
+const EXTENT: u64 = 64 * 1024;
+const BLOCK: u64 = 4096;
+const DEVICE: u64 = 4 << 20;
+const JOURNAL_BLOCKS: u64 = 6;
+
+#[derive(Debug, Clone)]
+enum Op {
+    Create { blocks: u64 },
+    Delete { vol: usize },
+    Resize { vol: usize, blocks: u64 },
+    Write { vol: usize, at: u64, len: u64, aligned: bool, seed: u8, fua: bool },
+    Zeroes { vol: usize, at: u64, len: u64, may_unmap: bool, fua: bool },
+    Flush,
+    ZeroFreed,
+    CleanRestart,
+}
+
+fn history(seed: u64) -> Vec<Op> {
+    let mut rng = StdRng::seed_from_u64(seed ^ 0x5eed);
+    let len = rng.gen_range(20..45);
+    (0..len)
+        .map(|_| match rng.gen_range(0..30) {
+            0..=3 => Op::Create { blocks: rng.gen_range(1..48) },
+            4 => Op::Delete { vol: rng.gen() },
+            5..=6 => Op::Resize { vol: rng.gen(), blocks: rng.gen_range(1..48) },
+            7..=18 => Op::Write {
+                vol: rng.gen(),
+                at: rng.gen(),
+                len: rng.gen_range(1..40_000),
+                aligned: rng.gen_bool(0.7),
+                seed: rng.gen(),
+                fua: rng.gen_bool(0.2),
+            },
+            19..=22 => Op::Zeroes {
+                vol: rng.gen(),
+                at: rng.gen(),
+                len: rng.gen_range(1..200_000),
+                may_unmap: rng.gen_bool(0.7),
+                fua: rng.gen_bool(0.2),
+            },
+            23..=25 => Op::Flush,
+            26..=27 => Op::ZeroFreed,
+            _ => Op::CleanRestart,
+        })
+        .collect()
+}
+
+fn hash(b: &[u8]) -> u64 {
+    let mut h = DefaultHasher::new();
+    b.hash(&mut h);
+    h.finish()
+}
+
+/// What one volume must hold.
+struct ModelVolume {
+    id: uuid::Uuid,
+    /// Distinguishes this volume's data from every other volume's.
+    tag: u8,
+    current: Vec<u8>,
+    /// Content as of the last point it was known durable.
+    stable: Vec<u8>,
+    /// Sectors written since: every content they held (any may survive).
+    since: HashMap<usize, Vec<u64>>,
+}
+
+impl ModelVolume {
+    fn new(id: uuid::Uuid, tag: u8, size: u64) -> ModelVolume {
+        let zeros = vec![0u8; size as usize];
+        ModelVolume { id, tag, current: zeros.clone(), stable: zeros, since: HashMap::new() }
+    }
+    fn write(&mut self, at: usize, data: &[u8]) {
+        self.current[at..at + data.len()].copy_from_slice(data);
+        for s in at / SECTOR..(at + data.len()).div_ceil(SECTOR) {
+            let sector = &self.current[s * SECTOR..(s + 1) * SECTOR];
+            self.since.entry(s).or_default().push(hash(sector));
+        }
+    }
+    fn make_durable(&mut self, at: usize, len: usize) {
+        for s in at / SECTOR..(at + len).div_ceil(SECTOR) {
+            let r = s * SECTOR..(s + 1) * SECTOR;
+            self.stable[r.clone()].copy_from_slice(&self.current[r]);
+            self.since.remove(&s);
+        }
+    }
+    fn everything_durable(&mut self) {
+        self.stable.clone_from(&self.current);
+        self.since.clear();
+    }
+}
+
+/// A store call that was in flight when the power was cut, and may or may
+/// not have taken effect.
+enum InFlight {
+    None,
+    Create { id: uuid::Uuid, tag: u8, size: u64 },
+    Delete { index: usize },
+    Resize { index: usize, old: u64, new: u64 },
+}
+
+/// The power was cut during the call.
+struct Cut;
+
+struct Harness {
+    dev: Arc<SimDevice>,
+    store: Arc<Store>,
+    model: Vec<ModelVolume>,
+    capacity_blocks: u64,
+    next_tag: u8,
+    in_flight: InFlight,
+    crashes: u32,
+}
+
+fn open_options() -> OpenOptions {
+    OpenOptions { background_zeroing: false }
+}
+
+impl Harness {
+    fn new(seed: u64) -> Harness {
+        let dev = SimDevice::new(DEVICE, seed);
+        let store = Store::create_with(
+            dev.clone(),
+            &FormatOptions { extent_size: Some(EXTENT as u32), journal_blocks: Some(JOURNAL_BLOCKS) },
+            &open_options(),
+        )
+        .expect("format");
+        let capacity_blocks = store.usage().capacity_bytes / BLOCK;
+        Harness { dev, store, model: Vec::new(), capacity_blocks, next_tag: 1, in_flight: InFlight::None, crashes: 0 }
+    }
+
+    fn provisioned_blocks(&self) -> u64 {
+        self.model.iter().map(|v| v.current.len() as u64 / BLOCK).sum()
+    }
+
+    fn all_durable(&mut self) {
+        for v in &mut self.model {
+            v.everything_durable();
+        }
+    }
+
+    fn pick(&self, vol: usize) -> Option<usize> {
+        (!self.model.is_empty()).then(|| vol % self.model.len())
+    }
+
+    /// Turns a failed call into `Cut` if the power is cut; any other
+    /// failure is a bug.
+    fn cut<T, E: std::fmt::Debug>(&self, r: Result<T, E>, what: &str) -> Result<T, Cut> {
+        match r {
+            Ok(v) => Ok(v),
+            Err(_) if self.dev.power_is_cut() => Err(Cut),
+            Err(e) => panic!("{what} failed with the device healthy: {e:?}"),
+        }
+    }
+
+    fn check_current(&self, i: usize) -> Result<(), Cut> {
+        let v = &self.model[i];
+        let h = self.store.volume(v.id).expect("volume exists");
+        assert_eq!(h.size(), v.current.len() as u64, "size");
+        let mut buf = vec![0u8; v.current.len()];
+        self.cut(h.read(0, &mut buf), "read")?;
+        if let Some(first) = buf.iter().zip(&v.current).position(|(a, b)| a != b) {
+            panic!("volume {i}: content differs from the model at byte {first}");
+        }
+        Ok(())
+    }
+
+    fn run(&mut self, op: &Op) -> Result<(), Cut> {
+        match *op {
+            Op::Create { blocks } => {
+                if self.provisioned_blocks() + blocks > self.capacity_blocks || self.model.len() >= 6 {
+                    return Ok(());
+                }
+                let id = uuid::Uuid::new_v4();
+                let tag = self.next_tag;
+                self.next_tag = self.next_tag.wrapping_add(1).max(1);
+                self.in_flight = InFlight::Create { id, tag, size: blocks * BLOCK };
+                let r = self.store.create_volume(id, blocks * BLOCK);
+                self.cut(r, "create")?;
+                self.in_flight = InFlight::None;
+                self.all_durable();
+                self.model.push(ModelVolume::new(id, tag, blocks * BLOCK));
+            }
+            Op::Delete { vol } => {
+                let Some(i) = self.pick(vol) else { return Ok(()) };
+                let h = self.store.volume(self.model[i].id).expect("volume");
+                self.in_flight = InFlight::Delete { index: i };
+                let r = self.store.delete_volume(self.model[i].id);
+                self.cut(r, "delete")?;
+                self.in_flight = InFlight::None;
+                assert!(matches!(h.read(0, &mut [0u8; 4096]), Err(IoError::Gone)));
+                self.model.remove(i);
+                self.all_durable();
+            }
+            Op::Resize { vol, blocks } => {
+                let Some(i) = self.pick(vol) else { return Ok(()) };
+                let old = self.model[i].current.len() as u64;
+                let new = blocks * BLOCK;
+                if self.provisioned_blocks() - old / BLOCK + blocks > self.capacity_blocks {
+                    return Ok(());
+                }
+                self.in_flight = InFlight::Resize { index: i, old, new };
+                let r = self.store.resize_volume(self.model[i].id, new);
+                self.cut(r, "resize")?;
+                self.in_flight = InFlight::None;
+                self.all_durable();
+                let v = &mut self.model[i];
+                v.current.resize(new as usize, 0);
+                v.stable.resize(new as usize, 0);
+                v.since.retain(|s, _| (*s as u64) < new / SECTOR as u64);
+                self.check_current(i)?;
+            }
+            Op::Write { vol, at, len, aligned, seed, fua } => {
+                let Some(i) = self.pick(vol) else { return Ok(()) };
+                let size = self.model[i].current.len() as u64;
+                let (mut at, mut len) = (at % size, len.min(size));
+                if aligned {
+                    at = at / BLOCK * BLOCK;
+                    len = len.div_ceil(BLOCK) * BLOCK;
+                }
+                let len = len.min(size - at);
+                let tag = self.model[i].tag;
+                let data: Vec<u8> = (0..len)
+                    .map(|k| (tag.wrapping_mul(37)).wrapping_add(seed).wrapping_add((k * 7 + k / 511) as u8) | 1)
+                    .collect();
+                self.model[i].write(at as usize, &data);
+                let h = self.store.volume(self.model[i].id).expect("volume");
+                self.cut(h.write(at, &data, fua), "write")?;
+                if fua {
+                    self.model[i].make_durable(at as usize, len as usize);
+                }
+                assert!(matches!(h.write(size - 1, &[1, 2], false), Err(IoError::OutOfRange { .. })));
+                self.check_current(i)?;
+            }
+            Op::Zeroes { vol, at, len, may_unmap, fua } => {
+                let Some(i) = self.pick(vol) else { return Ok(()) };
+                let size = self.model[i].current.len() as u64;
+                let at = at % size;
+                let len = len.min(size - at);
+                self.model[i].write(at as usize, &vec![0u8; len as usize]);
+                let h = self.store.volume(self.model[i].id).expect("volume");
+                self.cut(h.write_zeroes(at, len, may_unmap, fua), "write zeroes")?;
+                if fua {
+                    self.all_durable();
+                }
+                self.check_current(i)?;
+            }
+            Op::Flush => {
+                self.cut(self.store.flush(), "flush")?;
+                self.all_durable();
+            }
+            Op::ZeroFreed => {
+                self.cut(self.store.zero_freed(), "zeroing")?;
+            }
+            Op::CleanRestart => {
+                self.cut(self.store.close(), "close")?;
+                self.all_durable();
+                let r = Store::open_with(self.dev.clone(), &open_options());
+                self.store = self.cut(r, "open after a clean close")?;
+                assert!(!self.store.recovery().unclean);
+                assert_eq!(self.store.recovery().dirty_extents, 0, "a clean close leaves nothing to zero");
+                for i in 0..self.model.len() {
+                    self.check_current(i)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Power loss: the disk keeps an arbitrary part of what was not
+    /// flushed; the store must reopen and hold what it acknowledged.
+    fn crash_and_recover(&mut self) {
+        self.crashes += 1;
+        self.dev.crash();
+        let store = Store::open_with(self.dev.clone(), &open_options())
+            .unwrap_or_else(|e| panic!("open after crash {}: {e}", self.crashes));
+        self.store = store;
+        let report = self.store.recovery().clone();
+        assert_eq!(report.stray_extents, 0, "stray extents after crash: {report:?}");
+        assert_eq!(report.quarantined_extents + report.quarantined_slots, 0, "{report:?}");
+
+        let in_flight = std::mem::replace(&mut self.in_flight, InFlight::None);
+        let mut present: HashMap<uuid::Uuid, u64> =
+            self.store.volumes().into_iter().map(|u| (u.id, u.size)).collect();
+        match in_flight {
+            InFlight::Create { id, tag, size } => {
+                if let Some(got) = present.get(&id) {
+                    assert_eq!(*got, size, "size of a volume created during the crash");
+                    self.model.push(ModelVolume::new(id, tag, size));
+                }
+            }
+            InFlight::Delete { index } => {
+                if !present.contains_key(&self.model[index].id) {
+                    self.model.remove(index);
+                }
+            }
+            _ => {}
+        }
+        let mut resized = None;
+        if let InFlight::Resize { index, old, new } = in_flight {
+            let got = present[&self.model[index].id];
+            assert!(got == old || got == new, "size {got} after a crash during a resize {old} -> {new}");
+            let v = &mut self.model[index];
+            if got == new {
+                v.current.resize(new as usize, 0);
+                v.stable.resize(new as usize, 0);
+                v.since.retain(|s, _| (*s as u64) < new / SECTOR as u64);
+            } else if new < old {
+                // The shrink zeroed the tail of its last kept extent first.
+                let tail_end = (new.div_ceil(EXTENT) * EXTENT).min(old);
+                resized = Some((index, new as usize..tail_end as usize));
+            }
+        }
+        for v in &self.model {
+            let got = present.remove(&v.id).unwrap_or_else(|| panic!("volume {} lost in the crash", v.id));
+            assert_eq!(got, v.current.len() as u64, "size after crash");
+        }
+        assert!(present.is_empty(), "volumes that were never created: {present:?}");
+
+        for (i, v) in self.model.iter_mut().enumerate() {
+            let h = self.store.volume(v.id).expect("volume");
+            let mut buf = vec![0u8; v.current.len()];
+            h.read(0, &mut buf).expect("read after crash");
+            for s in 0..buf.len() / SECTOR {
+                let got = &buf[s * SECTOR..(s + 1) * SECTOR];
+                let stable = &v.stable[s * SECTOR..(s + 1) * SECTOR];
+                let zeroed_tail = resized.as_ref().is_some_and(|(index, r)| {
+                    *index == i && r.contains(&(s * SECTOR)) && got.iter().all(|&b| b == 0)
+                });
+                let ok = got == stable
+                    || zeroed_tail
+                    || v.since.get(&s).is_some_and(|c| c.contains(&hash(got)));
+                assert!(ok, "volume {i} sector {s}: content after crash {} was never written there", self.crashes);
+            }
+            v.current.clone_from(&buf);
+            v.everything_durable();
+        }
+        self.store.check().unwrap_or_else(|e| panic!("after crash {}: {e}", self.crashes));
+    }
+}
+
+/// Runs `ops`, cutting the power after device op `cut` (counted from the
+/// end of the format) and once more at a seeded point after recovering;
+/// returns the device ops the history took (without cuts).
+fn run_history(seed: u64, ops: &[Op], cut: Option<u64>) -> u64 {
+    let mut h = Harness::new(seed);
+    let mut rng = StdRng::seed_from_u64(seed ^ cut.unwrap_or(u64::MAX));
+    let start = h.dev.op_count();
+    if let Some(k) = cut {
+        h.dev.cut_power_after(k);
+    }
+    let mut cuts_left = u32::from(cut.is_some());
+    for op in ops {
+        if h.run(op).is_err() {
+            h.crash_and_recover();
+            if cuts_left > 0 {
+                cuts_left -= 1;
+                h.dev.cut_power_after(rng.gen_range(0..80));
+            }
+        } else if h.dev.power_is_cut() {
+            // Struck after the call's last device op: nothing was in flight.
+            h.in_flight = InFlight::None;
+            h.crash_and_recover();
+        }
+    }
+    let total = h.dev.op_count() - start;
+    // The end: zero what was freed, check, and lose power once more.
+    let end = h.store.zero_freed().and_then(|_| h.store.check());
+    if let Err(e) = end {
+        assert!(h.dev.power_is_cut(), "at the end: {e}");
+    }
+    h.crash_and_recover();
+    total
+}
+
+fn seeds() -> std::ops::Range<u64> {
+    let spec = std::env::var("BASALT_POWER_SEEDS").unwrap_or_else(|_| "0..24".into());
+    let (a, b) = spec.split_once("..").expect("BASALT_POWER_SEEDS=a..b");
+    a.parse().expect("seed")..b.parse().expect("seed")
+}
+
+#[test]
+fn power_cut_at_every_device_operation() {
+    let max_cuts: u64 = std::env::var("BASALT_POWER_CUTS").ok().and_then(|v| v.parse().ok()).unwrap_or(250);
+    let mut runs = 0u64;
+    for seed in seeds() {
+        let ops = history(seed);
+        let total = run_history(seed, &ops, None);
+        let step = total.div_ceil(max_cuts).max(1);
+        let mut k = seed % step;
+        while k <= total {
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_history(seed, &ops, Some(k))));
+            if let Err(e) = r {
+                let msg = e
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
+                    .unwrap_or_default();
+                panic!(
+                    "seed {seed}, power cut after device op {k} of {total}: {msg}\n\
+                     replay: BASALT_POWER_SEEDS={seed}..{} cargo test --release -p basalt-store --test power_loss",
+                    seed + 1
+                );
+            }
+            runs += 1;
+            k += step;
+        }
+    }
+    eprintln!("{runs} power cuts tried");
+}
