@@ -102,7 +102,10 @@ impl Store {
             report.to_zero_extents += 1;
         }
         if !m.pending.is_empty() {
-            return bad(format!("{} entries are queued after a commit: the store is not quiescent", m.pending.len()));
+            return bad(format!(
+                "{} entries are queued after a commit: the store is not quiescent",
+                m.pending.len()
+            ));
         }
         // With nothing queued, the journaled state and the runtime agree
         // on every extent.
@@ -131,7 +134,9 @@ impl Store {
         drop(m);
         drop(d);
         if let Some(phys) = place.iter().position(|p| *p == Place::Nowhere) {
-            return bad(format!("extent {phys} is leaked (in no map and no free list)"));
+            return bad(format!(
+                "extent {phys} is leaked (in no map and no free list)"
+            ));
         }
         // Free extents read as zeros.
         let es = self.layout.extent_size as usize;

@@ -22,8 +22,8 @@ use crate::buf::AlignedBuf;
 use crate::device::{BlockDevice, IoOp};
 use crate::error::StoreError;
 use crate::format::{
-    ExtentState, JournalEntry, Layout, SlotState, Superblock, DEFAULT_EXTENT_SIZE,
-    FORMAT_VERSION, PAGE, SUPERBLOCK_COPIES,
+    ExtentState, JournalEntry, Layout, SlotState, Superblock, DEFAULT_EXTENT_SIZE, FORMAT_VERSION,
+    PAGE, SUPERBLOCK_COPIES,
 };
 use crate::journal::Journal;
 use crate::meta::MetaState;
@@ -81,6 +81,14 @@ pub struct VolumeUsage {
     pub size: u64,
     pub allocated_bytes: u64,
     pub created_unix: u64,
+}
+
+/// Flushes asked for and commits done; requests / commits is how many
+/// flushes one journal write and device flush served on average.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FlushStats {
+    pub requests: u64,
+    pub commits: u64,
 }
 
 /// What the last open found and did.
@@ -156,6 +164,8 @@ pub struct Store {
     /// number a completed flush covered.
     flush_requests: AtomicU64,
     flushes_done: AtomicU64,
+    /// Commits that wrote and flushed (the leaders of group commits).
+    commits: AtomicU64,
     /// Serialises read-modify-write of partial blocks, striped by block.
     pub(crate) rmw_locks: Vec<Mutex<()>>,
     /// One zeroing pass at a time.
@@ -220,10 +230,17 @@ pub(crate) fn write_dirty_pages(
 }
 
 /// Writes `sb` to the copy its generation selects, then flushes.
-pub(crate) fn write_superblock(device: &dyn BlockDevice, sb: &Superblock) -> Result<(), StoreError> {
+pub(crate) fn write_superblock(
+    device: &dyn BlockDevice,
+    sb: &Superblock,
+) -> Result<(), StoreError> {
     let mut page = AlignedBuf::zeroed(PAGE as usize);
     page.copy_from_slice(&sb.encode());
-    device.write_at(&page, SUPERBLOCK_COPIES[(sb.generation % 2) as usize], false)?;
+    device.write_at(
+        &page,
+        SUPERBLOCK_COPIES[(sb.generation % 2) as usize],
+        false,
+    )?;
     device.flush()?;
     Ok(())
 }
@@ -251,10 +268,7 @@ impl Store {
         .map_err(StoreError::DeviceTooSmall)?;
         // Whatever was there must not look like a store while we format.
         device.zero_range(0, 2 * PAGE)?;
-        device.zero_range(
-            layout.journal_offset,
-            layout.journal_blocks * PAGE,
-        )?;
+        device.zero_range(layout.journal_offset, layout.journal_blocks * PAGE)?;
         device.discard_zeroes(layout.data_offset, layout.capacity_bytes())?;
         // Every table entry is written, with its checksum: a zeroed entry
         // does not verify.
@@ -363,6 +377,7 @@ impl Store {
             durable_entries: AtomicU64::new(0),
             flush_requests: AtomicU64::new(0),
             flushes_done: AtomicU64::new(0),
+            commits: AtomicU64::new(0),
             rmw_locks: (0..64).map(|_| Mutex::new(())).collect(),
             zeroing: Mutex::new(()),
             zeroer: Zeroer::default(),
@@ -382,6 +397,15 @@ impl Store {
             Zeroer::spawn(&store);
         }
         Ok(store)
+    }
+
+    /// Group commit at work: flushes asked for (FLUSH, FUA with metadata,
+    /// control operations) and commits that did the I/O for them.
+    pub fn flush_stats(&self) -> FlushStats {
+        FlushStats {
+            requests: self.flush_requests.load(Ordering::Relaxed),
+            commits: self.commits.load(Ordering::Relaxed),
+        }
     }
 
     /// What the last open found (recovery work, quarantined entries).
@@ -425,6 +449,7 @@ impl Store {
             return Ok(()); // a flush that started after we asked covered us
         }
         let covered = self.flush_requests.load(Ordering::SeqCst);
+        self.commits.fetch_add(1, Ordering::Relaxed);
         let (entries, reserving, upto) = {
             let mut m = self.meta.lock();
             (

@@ -28,9 +28,11 @@ mod volume;
 pub use buf::AlignedBuf;
 pub use check::CheckReport;
 pub use device::{BlockDevice, FileDevice, IoKind, IoOp, MemDevice, SimDevice};
-pub use engine::{FormatOptions, OpenOptions, RecoveryReport, Store, StoreUsage, VolumeUsage};
-pub use recovery::{inspect, StoreInfo};
+pub use engine::{
+    FlushStats, FormatOptions, OpenOptions, RecoveryReport, Store, StoreUsage, VolumeUsage,
+};
 pub use error::{IoError, StoreError};
+pub use recovery::{inspect, StoreInfo};
 pub use volume::{DataKind, DataOp, LocalVolume, MappingRun};
 
 /// Identifies a volume in the store; the control plane's volume UUID.

@@ -14,8 +14,8 @@ use crate::device::{BlockDevice, IoOp};
 use crate::engine::{write_dirty_pages, write_superblock};
 use crate::error::StoreError;
 use crate::format::{
-    decode_journal_block, decode_journal_block_v1, ExtentState, FormatError, JournalEntry,
-    Layout, SlotState, Superblock, EXTENT_ENTRY_SIZE, PAGE, SUPERBLOCK_COPIES, VOLUME_SLOT_SIZE,
+    decode_journal_block, decode_journal_block_v1, ExtentState, FormatError, JournalEntry, Layout,
+    SlotState, Superblock, EXTENT_ENTRY_SIZE, PAGE, SUPERBLOCK_COPIES, VOLUME_SLOT_SIZE,
 };
 use crate::meta::MetaState;
 use crate::volume::VolumeState;
@@ -74,7 +74,11 @@ struct Tables {
     quarantined_slots: u64,
 }
 
-fn read_tables(device: &dyn BlockDevice, layout: Layout, any_version: bool) -> Result<Tables, StoreError> {
+fn read_tables(
+    device: &dyn BlockDevice,
+    layout: Layout,
+    any_version: bool,
+) -> Result<Tables, StoreError> {
     let vt = read_region(
         device,
         layout.volume_table_offset,
@@ -124,14 +128,20 @@ fn read_tables(device: &dyn BlockDevice, layout: Layout, any_version: bool) -> R
     }
     for (n, &p) in bad_extents.iter().enumerate() {
         if n < 16 {
-            tracing::error!(extent = p, "extent table entry fails its checksum; quarantined (never reused)");
+            tracing::error!(
+                extent = p,
+                "extent table entry fails its checksum; quarantined (never reused)"
+            );
         }
         state
             .dirty_extent_pages
             .insert(p as u64 * EXTENT_ENTRY_SIZE / PAGE);
     }
     if bad_extents.len() > 16 {
-        tracing::error!(count = bad_extents.len(), "extent table entries quarantined in all");
+        tracing::error!(
+            count = bad_extents.len(),
+            "extent table entries quarantined in all"
+        );
     }
     Ok(Tables {
         state,
@@ -214,7 +224,12 @@ pub struct StoreInfo {
 pub fn inspect(device: &dyn BlockDevice) -> Result<StoreInfo, StoreError> {
     let sb = read_superblock(device)?;
     let tables = read_tables(device, sb.layout, sb.version == 1)?;
-    let volumes = tables.state.slots.iter().filter(|s| s.live().is_some()).count() as u64;
+    let volumes = tables
+        .state
+        .slots
+        .iter()
+        .filter(|s| s.live().is_some())
+        .count() as u64;
     let l = sb.layout;
     Ok(StoreInfo {
         version: sb.version,

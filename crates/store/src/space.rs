@@ -180,7 +180,9 @@ impl Zeroer {
             });
         match spawned {
             Ok(handle) => *store.zeroer.thread.lock() = Some(handle),
-            Err(e) => tracing::warn!(error = %e, "no background zeroing thread; freed extents are zeroed when space runs out"),
+            Err(e) => {
+                tracing::warn!(error = %e, "no background zeroing thread; freed extents are zeroed when space runs out")
+            }
         }
         if pending {
             store.zeroer.wake();

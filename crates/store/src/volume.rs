@@ -60,7 +60,13 @@ pub(crate) struct VolumeState {
 }
 
 impl VolumeState {
-    pub fn new(id: VolumeId, slot: u32, size: u64, extents: usize, created_unix: u64) -> VolumeState {
+    pub fn new(
+        id: VolumeId,
+        slot: u32,
+        size: u64,
+        extents: usize,
+        created_unix: u64,
+    ) -> VolumeState {
         let mut map = ExtentMap(Vec::new());
         map.resize(extents);
         VolumeState {
@@ -85,7 +91,12 @@ impl VolumeState {
     /// Before a shrink to `keep` extents: stops counting the mapped extents
     /// beyond it (the journal frees them).
     pub fn forget_mapped_from(&self, map: &ExtentMap, keep: usize) {
-        let gone = map.0.iter().skip(keep).filter(|e| e.get().is_some()).count();
+        let gone = map
+            .0
+            .iter()
+            .skip(keep)
+            .filter(|e| e.get().is_some())
+            .count();
         self.remove_allocated(gone as u64);
     }
     pub fn size(&self) -> u64 {

@@ -116,7 +116,14 @@ struct Harness {
 impl Harness {
     fn new(seed: u64) -> Harness {
         let dev = SimDevice::new(8 << 20, seed);
-        let store = Store::create_with(dev.clone(), &FormatOptions { extent_size: Some(EXTENT), ..Default::default() }, &quiet())
+        let store = Store::create_with(
+            dev.clone(),
+            &FormatOptions {
+                extent_size: Some(EXTENT),
+                ..Default::default()
+            },
+            &quiet(),
+        )
         .expect("format");
         let capacity_blocks = store.usage().capacity_bytes / BLOCK;
         Harness {
@@ -306,13 +313,15 @@ impl Harness {
             }
             Op::Crash => {
                 self.dev.crash();
-                self.store = Store::open_with(self.dev.clone(), &quiet()).expect("open after crash");
+                self.store =
+                    Store::open_with(self.dev.clone(), &quiet()).expect("open after crash");
                 self.check_after_crash();
             }
             Op::CleanRestart => {
                 self.store.close().expect("close");
                 self.all_durable();
-                self.store = Store::open_with(self.dev.clone(), &quiet()).expect("open after clean close");
+                self.store =
+                    Store::open_with(self.dev.clone(), &quiet()).expect("open after clean close");
                 for i in 0..self.model.len() {
                     self.check_current(i);
                 }
@@ -337,7 +346,14 @@ proptest! {
 #[test]
 fn full_store_returns_no_space_and_recovers_space() {
     let dev = SimDevice::new(8 << 20, 1);
-    let store = Store::create_with(dev.clone(), &FormatOptions { extent_size: Some(EXTENT), ..Default::default() }, &quiet())
+    let store = Store::create_with(
+        dev.clone(),
+        &FormatOptions {
+            extent_size: Some(EXTENT),
+            ..Default::default()
+        },
+        &quiet(),
+    )
     .unwrap();
     let cap = store.usage().capacity_bytes;
     let a = uuid::Uuid::new_v4();
@@ -389,7 +405,14 @@ fn full_store_returns_no_space_and_recovers_space() {
 #[test]
 fn fresh_volume_is_one_hole_and_overwrites_allocate_nothing() {
     let dev = SimDevice::new(8 << 20, 2);
-    let store = Store::create_with(dev.clone(), &FormatOptions { extent_size: Some(EXTENT), ..Default::default() }, &quiet())
+    let store = Store::create_with(
+        dev.clone(),
+        &FormatOptions {
+            extent_size: Some(EXTENT),
+            ..Default::default()
+        },
+        &quiet(),
+    )
     .unwrap();
     let id = uuid::Uuid::new_v4();
     store.create_volume(id, 1 << 20).unwrap();
@@ -419,7 +442,14 @@ fn fresh_volume_is_one_hole_and_overwrites_allocate_nothing() {
 #[test]
 fn unknown_format_version_is_refused_clearly() {
     let dev = SimDevice::new(8 << 20, 3);
-    let store = Store::create_with(dev.clone(), &FormatOptions { extent_size: Some(EXTENT), ..Default::default() }, &quiet())
+    let store = Store::create_with(
+        dev.clone(),
+        &FormatOptions {
+            extent_size: Some(EXTENT),
+            ..Default::default()
+        },
+        &quiet(),
+    )
     .unwrap();
     store.close().unwrap();
     drop(store);
@@ -429,21 +459,32 @@ fn unknown_format_version_is_refused_clearly() {
         page[8..12].copy_from_slice(&9u32.to_le_bytes());
         dev.write_at(&page, at, true).unwrap();
     }
-    let err = Store::open_with(dev.clone(), &quiet()).err().expect("must refuse");
+    let err = Store::open_with(dev.clone(), &quiet())
+        .err()
+        .expect("must refuse");
     assert!(
         err.to_string()
             .contains("unsupported store format version 9"),
         "{err}"
     );
     let blank = SimDevice::new(8 << 20, 4);
-    let err = Store::open_with(blank, &quiet()).err().expect("must refuse");
+    let err = Store::open_with(blank, &quiet())
+        .err()
+        .expect("must refuse");
     assert!(err.to_string().contains("no Basalt store"), "{err}");
 }
 
 #[test]
 fn a_failing_disk_stops_writes_and_loses_nothing_flushed() {
     let dev = SimDevice::new(8 << 20, 5);
-    let store = Store::create_with(dev.clone(), &FormatOptions { extent_size: Some(EXTENT), ..Default::default() }, &quiet())
+    let store = Store::create_with(
+        dev.clone(),
+        &FormatOptions {
+            extent_size: Some(EXTENT),
+            ..Default::default()
+        },
+        &quiet(),
+    )
     .unwrap();
     let id = uuid::Uuid::new_v4();
     store.create_volume(id, 1 << 20).unwrap();

@@ -17,9 +17,12 @@
 //! volume's bytes never match) or zero; `Store::check` finds every extent
 //! in exactly one place and every free extent zero; nothing was stray.
 //!
-//! The journal holds 6 blocks, so it wraps and checkpoints constantly.
-//! `BASALT_POWER_SEEDS=a..b` picks the seeds; `BASALT_POWER_CUTS` caps the
-//! cuts tried per history (default 250, spread over the history).
+//! The journal holds 6 (or 16) blocks, so it wraps and checkpoints
+//! constantly. Two shapes of history: small volumes, and bulk writes and
+//! TRIMs whose commits span several journal blocks (and can tear between
+//! them). `BASALT_POWER_SEEDS=a..b` picks the seeds; `BASALT_POWER_CUTS`
+//! caps the cuts tried per history (default 250 small, 100 bulk, spread
+//! over it).
 
 use basalt_store::{FormatOptions, IoError, OpenOptions, SimDevice, Store};
 use rand::rngs::StdRng;
@@ -31,33 +34,92 @@ use std::sync::Arc;
 const SECTOR: usize = 512;
 const EXTENT: u64 = 64 * 1024;
 const BLOCK: u64 = 4096;
-const DEVICE: u64 = 4 << 20;
-const JOURNAL_BLOCKS: u64 = 6;
+
+/// The size of things in a history.
+#[derive(Clone, Copy)]
+struct Shape {
+    device: u64,
+    journal_blocks: u64,
+    /// Largest volume, write and zeroing, in 4 KiB blocks.
+    volume_blocks: u64,
+    write_blocks: u64,
+    zero_blocks: u64,
+    /// Compare each volume with the model after every call (not only after
+    /// crashes): cheap for small volumes.
+    check_every_call: bool,
+}
+
+/// Small volumes: every call is a handful of device operations.
+const SMALL: Shape = Shape {
+    device: 4 << 20,
+    journal_blocks: 6,
+    volume_blocks: 48,
+    write_blocks: 10,
+    zero_blocks: 50,
+    check_every_call: true,
+};
+
+/// Writes and TRIMs of many extents between flushes, so that one commit
+/// spans several journal blocks (84 entries each) and can be torn between
+/// them.
+const BULK: Shape = Shape {
+    device: 24 << 20,
+    journal_blocks: 16,
+    volume_blocks: 1536,
+    write_blocks: 640,
+    zero_blocks: 1536,
+    check_every_call: false,
+};
 
 #[derive(Debug, Clone)]
 enum Op {
-    Create { blocks: u64 },
-    Delete { vol: usize },
-    Resize { vol: usize, blocks: u64 },
-    Write { vol: usize, at: u64, len: u64, aligned: bool, seed: u8, fua: bool },
-    Zeroes { vol: usize, at: u64, len: u64, may_unmap: bool, fua: bool },
+    Create {
+        blocks: u64,
+    },
+    Delete {
+        vol: usize,
+    },
+    Resize {
+        vol: usize,
+        blocks: u64,
+    },
+    Write {
+        vol: usize,
+        at: u64,
+        len: u64,
+        aligned: bool,
+        seed: u8,
+        fua: bool,
+    },
+    Zeroes {
+        vol: usize,
+        at: u64,
+        len: u64,
+        may_unmap: bool,
+        fua: bool,
+    },
     Flush,
     ZeroFreed,
     CleanRestart,
 }
 
-fn history(seed: u64) -> Vec<Op> {
+fn history(seed: u64, shape: Shape) -> Vec<Op> {
     let mut rng = StdRng::seed_from_u64(seed ^ 0x5eed);
     let len = rng.gen_range(20..45);
     (0..len)
         .map(|_| match rng.gen_range(0..30) {
-            0..=3 => Op::Create { blocks: rng.gen_range(1..48) },
+            0..=3 => Op::Create {
+                blocks: rng.gen_range(1..shape.volume_blocks),
+            },
             4 => Op::Delete { vol: rng.gen() },
-            5..=6 => Op::Resize { vol: rng.gen(), blocks: rng.gen_range(1..48) },
+            5..=6 => Op::Resize {
+                vol: rng.gen(),
+                blocks: rng.gen_range(1..shape.volume_blocks),
+            },
             7..=18 => Op::Write {
                 vol: rng.gen(),
                 at: rng.gen(),
-                len: rng.gen_range(1..40_000),
+                len: rng.gen_range(1..shape.write_blocks * BLOCK),
                 aligned: rng.gen_bool(0.7),
                 seed: rng.gen(),
                 fua: rng.gen_bool(0.2),
@@ -65,7 +127,7 @@ fn history(seed: u64) -> Vec<Op> {
             19..=22 => Op::Zeroes {
                 vol: rng.gen(),
                 at: rng.gen(),
-                len: rng.gen_range(1..200_000),
+                len: rng.gen_range(1..shape.zero_blocks * BLOCK),
                 may_unmap: rng.gen_bool(0.7),
                 fua: rng.gen_bool(0.2),
             },
@@ -97,7 +159,13 @@ struct ModelVolume {
 impl ModelVolume {
     fn new(id: uuid::Uuid, tag: u8, size: u64) -> ModelVolume {
         let zeros = vec![0u8; size as usize];
-        ModelVolume { id, tag, current: zeros.clone(), stable: zeros, since: HashMap::new() }
+        ModelVolume {
+            id,
+            tag,
+            current: zeros.clone(),
+            stable: zeros,
+            since: HashMap::new(),
+        }
     }
     fn write(&mut self, at: usize, data: &[u8]) {
         self.current[at..at + data.len()].copy_from_slice(data);
@@ -139,27 +207,45 @@ struct Harness {
     next_tag: u8,
     in_flight: InFlight,
     crashes: u32,
+    shape: Shape,
 }
 
 fn open_options() -> OpenOptions {
-    OpenOptions { background_zeroing: false }
+    OpenOptions {
+        background_zeroing: false,
+    }
 }
 
 impl Harness {
-    fn new(seed: u64) -> Harness {
-        let dev = SimDevice::new(DEVICE, seed);
+    fn new(seed: u64, shape: Shape) -> Harness {
+        let dev = SimDevice::new(shape.device, seed);
         let store = Store::create_with(
             dev.clone(),
-            &FormatOptions { extent_size: Some(EXTENT as u32), journal_blocks: Some(JOURNAL_BLOCKS) },
+            &FormatOptions {
+                extent_size: Some(EXTENT as u32),
+                journal_blocks: Some(shape.journal_blocks),
+            },
             &open_options(),
         )
         .expect("format");
         let capacity_blocks = store.usage().capacity_bytes / BLOCK;
-        Harness { dev, store, model: Vec::new(), capacity_blocks, next_tag: 1, in_flight: InFlight::None, crashes: 0 }
+        Harness {
+            dev,
+            store,
+            model: Vec::new(),
+            capacity_blocks,
+            next_tag: 1,
+            in_flight: InFlight::None,
+            crashes: 0,
+            shape,
+        }
     }
 
     fn provisioned_blocks(&self) -> u64 {
-        self.model.iter().map(|v| v.current.len() as u64 / BLOCK).sum()
+        self.model
+            .iter()
+            .map(|v| v.current.len() as u64 / BLOCK)
+            .sum()
     }
 
     fn all_durable(&mut self) {
@@ -183,6 +269,9 @@ impl Harness {
     }
 
     fn check_current(&self, i: usize) -> Result<(), Cut> {
+        if !self.shape.check_every_call {
+            return Ok(());
+        }
         let v = &self.model[i];
         let h = self.store.volume(v.id).expect("volume exists");
         assert_eq!(h.size(), v.current.len() as u64, "size");
@@ -197,13 +286,19 @@ impl Harness {
     fn run(&mut self, op: &Op) -> Result<(), Cut> {
         match *op {
             Op::Create { blocks } => {
-                if self.provisioned_blocks() + blocks > self.capacity_blocks || self.model.len() >= 6 {
+                if self.provisioned_blocks() + blocks > self.capacity_blocks
+                    || self.model.len() >= 6
+                {
                     return Ok(());
                 }
                 let id = uuid::Uuid::new_v4();
                 let tag = self.next_tag;
                 self.next_tag = self.next_tag.wrapping_add(1).max(1);
-                self.in_flight = InFlight::Create { id, tag, size: blocks * BLOCK };
+                self.in_flight = InFlight::Create {
+                    id,
+                    tag,
+                    size: blocks * BLOCK,
+                };
                 let r = self.store.create_volume(id, blocks * BLOCK);
                 self.cut(r, "create")?;
                 self.in_flight = InFlight::None;
@@ -211,7 +306,9 @@ impl Harness {
                 self.model.push(ModelVolume::new(id, tag, blocks * BLOCK));
             }
             Op::Delete { vol } => {
-                let Some(i) = self.pick(vol) else { return Ok(()) };
+                let Some(i) = self.pick(vol) else {
+                    return Ok(());
+                };
                 let h = self.store.volume(self.model[i].id).expect("volume");
                 self.in_flight = InFlight::Delete { index: i };
                 let r = self.store.delete_volume(self.model[i].id);
@@ -222,7 +319,9 @@ impl Harness {
                 self.all_durable();
             }
             Op::Resize { vol, blocks } => {
-                let Some(i) = self.pick(vol) else { return Ok(()) };
+                let Some(i) = self.pick(vol) else {
+                    return Ok(());
+                };
                 let old = self.model[i].current.len() as u64;
                 let new = blocks * BLOCK;
                 if self.provisioned_blocks() - old / BLOCK + blocks > self.capacity_blocks {
@@ -239,8 +338,17 @@ impl Harness {
                 v.since.retain(|s, _| (*s as u64) < new / SECTOR as u64);
                 self.check_current(i)?;
             }
-            Op::Write { vol, at, len, aligned, seed, fua } => {
-                let Some(i) = self.pick(vol) else { return Ok(()) };
+            Op::Write {
+                vol,
+                at,
+                len,
+                aligned,
+                seed,
+                fua,
+            } => {
+                let Some(i) = self.pick(vol) else {
+                    return Ok(());
+                };
                 let size = self.model[i].current.len() as u64;
                 let (mut at, mut len) = (at % size, len.min(size));
                 if aligned {
@@ -250,7 +358,12 @@ impl Harness {
                 let len = len.min(size - at);
                 let tag = self.model[i].tag;
                 let data: Vec<u8> = (0..len)
-                    .map(|k| (tag.wrapping_mul(37)).wrapping_add(seed).wrapping_add((k * 7 + k / 511) as u8) | 1)
+                    .map(|k| {
+                        (tag.wrapping_mul(37))
+                            .wrapping_add(seed)
+                            .wrapping_add((k * 7 + k / 511) as u8)
+                            | 1
+                    })
                     .collect();
                 self.model[i].write(at as usize, &data);
                 let h = self.store.volume(self.model[i].id).expect("volume");
@@ -258,11 +371,22 @@ impl Harness {
                 if fua {
                     self.model[i].make_durable(at as usize, len as usize);
                 }
-                assert!(matches!(h.write(size - 1, &[1, 2], false), Err(IoError::OutOfRange { .. })));
+                assert!(matches!(
+                    h.write(size - 1, &[1, 2], false),
+                    Err(IoError::OutOfRange { .. })
+                ));
                 self.check_current(i)?;
             }
-            Op::Zeroes { vol, at, len, may_unmap, fua } => {
-                let Some(i) = self.pick(vol) else { return Ok(()) };
+            Op::Zeroes {
+                vol,
+                at,
+                len,
+                may_unmap,
+                fua,
+            } => {
+                let Some(i) = self.pick(vol) else {
+                    return Ok(());
+                };
                 let size = self.model[i].current.len() as u64;
                 let at = at % size;
                 let len = len.min(size - at);
@@ -287,7 +411,11 @@ impl Harness {
                 let r = Store::open_with(self.dev.clone(), &open_options());
                 self.store = self.cut(r, "open after a clean close")?;
                 assert!(!self.store.recovery().unclean);
-                assert_eq!(self.store.recovery().dirty_extents, 0, "a clean close leaves nothing to zero");
+                assert_eq!(
+                    self.store.recovery().dirty_extents,
+                    0,
+                    "a clean close leaves nothing to zero"
+                );
                 for i in 0..self.model.len() {
                     self.check_current(i)?;
                 }
@@ -305,12 +433,23 @@ impl Harness {
             .unwrap_or_else(|e| panic!("open after crash {}: {e}", self.crashes));
         self.store = store;
         let report = self.store.recovery().clone();
-        assert_eq!(report.stray_extents, 0, "stray extents after crash: {report:?}");
-        assert_eq!(report.quarantined_extents + report.quarantined_slots, 0, "{report:?}");
+        assert_eq!(
+            report.stray_extents, 0,
+            "stray extents after crash: {report:?}"
+        );
+        assert_eq!(
+            report.quarantined_extents + report.quarantined_slots,
+            0,
+            "{report:?}"
+        );
 
         let in_flight = std::mem::replace(&mut self.in_flight, InFlight::None);
-        let mut present: HashMap<uuid::Uuid, u64> =
-            self.store.volumes().into_iter().map(|u| (u.id, u.size)).collect();
+        let mut present: HashMap<uuid::Uuid, u64> = self
+            .store
+            .volumes()
+            .into_iter()
+            .map(|u| (u.id, u.size))
+            .collect();
         match in_flight {
             InFlight::Create { id, tag, size } => {
                 if let Some(got) = present.get(&id) {
@@ -328,7 +467,10 @@ impl Harness {
         let mut resized = None;
         if let InFlight::Resize { index, old, new } = in_flight {
             let got = present[&self.model[index].id];
-            assert!(got == old || got == new, "size {got} after a crash during a resize {old} -> {new}");
+            assert!(
+                got == old || got == new,
+                "size {got} after a crash during a resize {old} -> {new}"
+            );
             let v = &mut self.model[index];
             if got == new {
                 v.current.resize(new as usize, 0);
@@ -341,10 +483,15 @@ impl Harness {
             }
         }
         for v in &self.model {
-            let got = present.remove(&v.id).unwrap_or_else(|| panic!("volume {} lost in the crash", v.id));
+            let got = present
+                .remove(&v.id)
+                .unwrap_or_else(|| panic!("volume {} lost in the crash", v.id));
             assert_eq!(got, v.current.len() as u64, "size after crash");
         }
-        assert!(present.is_empty(), "volumes that were never created: {present:?}");
+        assert!(
+            present.is_empty(),
+            "volumes that were never created: {present:?}"
+        );
 
         for (i, v) in self.model.iter_mut().enumerate() {
             let h = self.store.volume(v.id).expect("volume");
@@ -359,20 +506,26 @@ impl Harness {
                 let ok = got == stable
                     || zeroed_tail
                     || v.since.get(&s).is_some_and(|c| c.contains(&hash(got)));
-                assert!(ok, "volume {i} sector {s}: content after crash {} was never written there", self.crashes);
+                assert!(
+                    ok,
+                    "volume {i} sector {s}: content after crash {} was never written there",
+                    self.crashes
+                );
             }
             v.current.clone_from(&buf);
             v.everything_durable();
         }
-        self.store.check().unwrap_or_else(|e| panic!("after crash {}: {e}", self.crashes));
+        self.store
+            .check()
+            .unwrap_or_else(|e| panic!("after crash {}: {e}", self.crashes));
     }
 }
 
 /// Runs `ops`, cutting the power after device op `cut` (counted from the
 /// end of the format) and once more at a seeded point after recovering;
 /// returns the device ops the history took (without cuts).
-fn run_history(seed: u64, ops: &[Op], cut: Option<u64>) -> u64 {
-    let mut h = Harness::new(seed);
+fn run_history(seed: u64, shape: Shape, ops: &[Op], cut: Option<u64>) -> u64 {
+    let mut h = Harness::new(seed, shape);
     let mut rng = StdRng::seed_from_u64(seed ^ cut.unwrap_or(u64::MAX));
     let start = h.dev.op_count();
     if let Some(k) = cut {
@@ -384,7 +537,7 @@ fn run_history(seed: u64, ops: &[Op], cut: Option<u64>) -> u64 {
             h.crash_and_recover();
             if cuts_left > 0 {
                 cuts_left -= 1;
-                h.dev.cut_power_after(rng.gen_range(0..80));
+                h.dev.cut_power_after(rng.gen_range(0..40));
             }
         } else if h.dev.power_is_cut() {
             // Struck after the call's last device op: nothing was in flight.
@@ -402,23 +555,47 @@ fn run_history(seed: u64, ops: &[Op], cut: Option<u64>) -> u64 {
     total
 }
 
-fn seeds() -> std::ops::Range<u64> {
-    let spec = std::env::var("BASALT_POWER_SEEDS").unwrap_or_else(|_| "0..24".into());
+fn seeds(default: &str) -> std::ops::Range<u64> {
+    let spec = std::env::var("BASALT_POWER_SEEDS").unwrap_or_else(|_| default.into());
     let (a, b) = spec.split_once("..").expect("BASALT_POWER_SEEDS=a..b");
     a.parse().expect("seed")..b.parse().expect("seed")
 }
 
 #[test]
 fn power_cut_at_every_device_operation() {
-    let max_cuts: u64 = std::env::var("BASALT_POWER_CUTS").ok().and_then(|v| v.parse().ok()).unwrap_or(250);
+    sweep_capped(
+        SMALL,
+        seeds("0..40"),
+        250,
+        "power_cut_at_every_device_operation",
+    );
+}
+
+#[test]
+fn power_cut_at_every_device_operation_of_multi_block_commits() {
+    sweep_capped(
+        BULK,
+        seeds("1000..1006"),
+        100,
+        "power_cut_at_every_device_operation_of_multi_block_commits",
+    );
+}
+
+fn sweep_capped(shape: Shape, seeds: std::ops::Range<u64>, default_cuts: u64, test: &str) {
+    let max_cuts: u64 = std::env::var("BASALT_POWER_CUTS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default_cuts);
     let mut runs = 0u64;
-    for seed in seeds() {
-        let ops = history(seed);
-        let total = run_history(seed, &ops, None);
+    for seed in seeds {
+        let ops = history(seed, shape);
+        let total = run_history(seed, shape, &ops, None);
         let step = total.div_ceil(max_cuts).max(1);
         let mut k = seed % step;
         while k <= total {
-            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_history(seed, &ops, Some(k))));
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                run_history(seed, shape, &ops, Some(k))
+            }));
             if let Err(e) = r {
                 let msg = e
                     .downcast_ref::<String>()
@@ -427,7 +604,7 @@ fn power_cut_at_every_device_operation() {
                     .unwrap_or_default();
                 panic!(
                     "seed {seed}, power cut after device op {k} of {total}: {msg}\n\
-                     replay: BASALT_POWER_SEEDS={seed}..{} cargo test --release -p basalt-store --test power_loss",
+                     replay: BASALT_POWER_SEEDS={seed}..{} cargo test --release -p basalt-store --test power_loss {test}",
                     seed + 1
                 );
             }
@@ -436,4 +613,66 @@ fn power_cut_at_every_device_operation() {
         }
     }
     eprintln!("{runs} power cuts tried");
+}
+
+/// The tear the journal epoch exists for: a commit spanning two journal
+/// blocks loses its first block and keeps its second; recovery stops at the
+/// first, and the next run's first commit rewrites only that position.
+/// After a second crash, replay must stop there too: the second block is a
+/// stale leftover whose entries (a TRIM that was never acknowledged) must
+/// not free extents holding durable data.
+#[test]
+fn stale_journal_blocks_past_a_torn_commit_are_never_replayed() {
+    let dev = SimDevice::new(16 << 20, 7);
+    let format = FormatOptions {
+        extent_size: Some(EXTENT as u32),
+        journal_blocks: Some(64),
+    };
+    let layout = basalt_store::format::Layout::plan(16 << 20, EXTENT as u32, Some(64)).unwrap();
+    let store = Store::create_with(dev.clone(), &format, &open_options()).expect("format");
+    let a = uuid::Uuid::from_u128(1);
+    let extents = 100u64;
+    store.create_volume(a, extents * EXTENT).unwrap();
+    let va = store.volume(a).unwrap();
+    let data: Vec<u8> = (0..EXTENT * extents)
+        .map(|i| (i / 4096) as u8 | 1)
+        .collect();
+    va.write(0, &data, false).unwrap();
+    store.flush().unwrap();
+    // One commit of 100 Free entries: two journal blocks, 84 + 16.
+    va.trim(0, extents * EXTENT, false).unwrap();
+    dev.cut_power_after(1); // the journal write lands in the cache; its flush fails
+    assert!(store.flush().is_err());
+    drop(va);
+    drop(store);
+    let journal = layout.journal_offset..layout.journal_offset + layout.journal_blocks * BLOCK;
+    // The failed commit's journal write: lose its first block only.
+    let (first_torn, len) = dev
+        .volatile_writes()
+        .into_iter()
+        .find(|(off, _)| journal.contains(off))
+        .expect("the commit wrote the journal");
+    assert_eq!(len, 2 * BLOCK, "the commit spans two journal blocks");
+    dev.crash_keeping(|off| {
+        !journal.contains(&off) || !(first_torn..first_torn + BLOCK).contains(&off)
+    });
+
+    let store = Store::open_with(dev.clone(), &open_options()).expect("open after the tear");
+    let va = store.volume(a).unwrap();
+    let mut back = vec![0u8; data.len()];
+    va.read(0, &mut back).unwrap();
+    assert!(back == data, "the unacknowledged TRIM was half applied");
+    // The next commit rewrites only the torn block's position.
+    store
+        .create_volume(uuid::Uuid::from_u128(2), EXTENT)
+        .unwrap();
+    drop(va);
+    drop(store);
+    dev.crash();
+    let store =
+        Store::open_with(dev.clone(), &open_options()).expect("open after the second crash");
+    let va = store.volume(a).unwrap();
+    va.read(0, &mut back).unwrap();
+    assert!(back == data, "stale journal entries freed durable data");
+    store.check().unwrap();
 }

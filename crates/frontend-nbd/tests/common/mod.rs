@@ -43,7 +43,10 @@ impl StoreExports {
     pub fn on_device(device: Arc<dyn BlockDevice>) -> Arc<StoreExports> {
         let store = Store::create(
             device,
-            &FormatOptions { extent_size: Some(EXTENT as u32), ..Default::default() },
+            &FormatOptions {
+                extent_size: Some(EXTENT as u32),
+                ..Default::default()
+            },
         )
         .expect("format test store");
         Arc::new(StoreExports {

@@ -42,7 +42,10 @@ impl StoreSubsystems {
     pub fn sim(device_size: u64, allowed: &[&str]) -> Arc<StoreSubsystems> {
         let store = Store::create(
             SimDevice::new(device_size, 7),
-            &FormatOptions { extent_size: Some(64 * KIB as u32), ..Default::default() },
+            &FormatOptions {
+                extent_size: Some(64 * KIB as u32),
+                ..Default::default()
+            },
         )
         .expect("format test store");
         Arc::new(StoreSubsystems {

@@ -96,30 +96,81 @@ impl SimDevice {
         let st = &mut *guard;
         st.power_cut_at = None;
         let keep = [0.0, 0.1, 0.5, 0.9, 1.0][st.rng.gen_range(0..5)];
+        // Whole writes (reordered, not torn) or sector by sector (torn).
+        let whole_writes = st.rng.gen_bool(0.5);
         for v in std::mem::take(&mut st.volatile) {
-            match v {
+            let (offset, len, data) = match &v {
                 Volatile::Write { offset, data, fua } => {
-                    for (i, sector) in data.chunks(SECTOR).enumerate() {
-                        if fua || st.rng.gen_bool(keep) {
-                            let at = offset as usize + i * SECTOR;
-                            st.durable[at..at + sector.len()].copy_from_slice(sector);
-                        }
+                    if *fua {
+                        let at = *offset as usize;
+                        st.durable[at..at + data.len()].copy_from_slice(data);
+                        continue;
+                    }
+                    (*offset as usize, data.len(), Some(data))
+                }
+                Volatile::Zero { offset, len } => (*offset as usize, *len as usize, None),
+            };
+            let kept_whole = whole_writes && st.rng.gen_bool(keep);
+            let mut at = 0;
+            while at < len {
+                let n = SECTOR.min(len - at);
+                let kept = if whole_writes {
+                    kept_whole
+                } else {
+                    st.rng.gen_bool(keep)
+                };
+                if kept {
+                    let dst = &mut st.durable[offset + at..offset + at + n];
+                    match data {
+                        Some(d) => dst.copy_from_slice(&d[at..at + n]),
+                        None => dst.fill(0),
                     }
                 }
-                Volatile::Zero { offset, len } => {
-                    let mut at = offset as usize;
-                    let end = (offset + len) as usize;
-                    while at < end {
-                        let n = SECTOR.min(end - at);
-                        if st.rng.gen_bool(keep) {
-                            st.durable[at..at + n].fill(0);
-                        }
-                        at += n;
+                at += n;
+            }
+        }
+        st.current.clone_from(&st.durable);
+    }
+
+    /// Simulates power loss keeping exactly the volatile sectors at whose
+    /// device offset `keep` says yes (FUA writes always survive): a chosen
+    /// tear, for tests that need one particular crash state.
+    pub fn crash_keeping(&self, keep: impl Fn(u64) -> bool) {
+        let mut guard = self.state.lock();
+        let st = &mut *guard;
+        st.power_cut_at = None;
+        for v in std::mem::take(&mut st.volatile) {
+            let (offset, len, data, fua) = match &v {
+                Volatile::Write { offset, data, fua } => (*offset, data.len(), Some(data), *fua),
+                Volatile::Zero { offset, len } => (*offset, *len as usize, None, false),
+            };
+            for at in (0..len).step_by(SECTOR) {
+                let n = SECTOR.min(len - at);
+                if fua || keep(offset + at as u64) {
+                    let dst = offset as usize + at;
+                    let dst = &mut st.durable[dst..dst + n];
+                    match data {
+                        Some(d) => dst.copy_from_slice(&d[at..at + n]),
+                        None => dst.fill(0),
                     }
                 }
             }
         }
         st.current.clone_from(&st.durable);
+    }
+
+    /// The writes and zeroings not yet flushed, as (offset, length), in
+    /// the order they were issued.
+    pub fn volatile_writes(&self) -> Vec<(u64, u64)> {
+        self.state
+            .lock()
+            .volatile
+            .iter()
+            .map(|v| match v {
+                Volatile::Write { offset, data, .. } => (*offset, data.len() as u64),
+                Volatile::Zero { offset, len } => (*offset, *len),
+            })
+            .collect()
     }
 
     /// Cuts the power after `ops` more device operations (0: the next one

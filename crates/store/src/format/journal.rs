@@ -8,9 +8,7 @@
 //! field): replaying any suffix of the journal over tables that already
 //! hold part of it reaches the same state (see docs/format.md).
 
-use super::{
-    block_crc, get_u32, get_u64, get_uuid, put_u32, put_u64, FormatError, PAGE,
-};
+use super::{block_crc, get_u32, get_u64, get_uuid, put_u32, put_u64, FormatError, PAGE};
 use crate::VolumeId;
 
 pub const JOURNAL_MAGIC_V2: u32 = u32::from_le_bytes(*b"BJN2");
@@ -184,12 +182,12 @@ fn decode_block(
     (0..count)
         .map(|i| {
             let at = JOURNAL_HEADER_SIZE + i * JOURNAL_ENTRY_SIZE;
-            JournalEntry::decode(&b[at..at + JOURNAL_ENTRY_SIZE], epoch.is_none()).map_err(
-                |kind| FormatError::UnknownJournalEntry {
+            JournalEntry::decode(&b[at..at + JOURNAL_ENTRY_SIZE], epoch.is_none()).map_err(|kind| {
+                FormatError::UnknownJournalEntry {
                     seq: expected_seq,
                     kind,
-                },
-            )
+                }
+            })
         })
         .collect::<Result<Vec<_>, _>>()
         .map(Some)
@@ -249,7 +247,10 @@ mod tests {
         assert_eq!(decode_journal_block(id, 3, 11, &b), Ok(Some(entries)));
         assert_eq!(decode_journal_block(id, 3, 12, &b), Ok(None));
         assert_eq!(decode_journal_block(id, 2, 11, &b), Ok(None), "old epoch");
-        assert_eq!(decode_journal_block(uuid::Uuid::from_u128(8), 3, 11, &b), Ok(None));
+        assert_eq!(
+            decode_journal_block(uuid::Uuid::from_u128(8), 3, 11, &b),
+            Ok(None)
+        );
         assert_eq!(decode_journal_block_v1(id, 11, &b), Ok(None));
         let mut torn = b.clone();
         torn[100] ^= 0xff;

@@ -5,8 +5,8 @@
 //! interrupted after writing one version-2 copy finds it there).
 
 use super::{
-    block_crc, get_u32, get_u64, get_uuid, known_incompat_features, put_u32, put_u64,
-    FormatError, Layout, FORMAT_VERSION, MAX_VOLUMES, PAGE, SUPERBLOCK_MAGIC,
+    block_crc, get_u32, get_u64, get_uuid, known_incompat_features, put_u32, put_u64, FormatError,
+    Layout, FORMAT_VERSION, MAX_VOLUMES, PAGE, SUPERBLOCK_MAGIC,
 };
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -121,27 +121,29 @@ impl Superblock {
             return bad("table sizes");
         }
         let overflow = |a: Option<u64>, limit: u64| a.is_none_or(|e| e > limit);
-        if overflow(l.data_offset.checked_add(l.capacity_bytes()), self.device_size)
-            || overflow(
-                (l.volume_slots as u64 * super::VOLUME_SLOT_SIZE)
-                    .checked_add(l.volume_table_offset),
-                l.extent_table_offset,
-            )
-            || overflow(
-                (l.extent_table_pages() * PAGE).checked_add(l.extent_table_offset),
-                l.journal_offset,
-            )
-            || overflow(
-                l.journal_blocks
-                    .checked_mul(PAGE)
-                    .and_then(|j| j.checked_add(l.journal_offset)),
-                l.data_offset,
-            )
-            || l.volume_table_offset < 2 * PAGE
+        if overflow(
+            l.data_offset.checked_add(l.capacity_bytes()),
+            self.device_size,
+        ) || overflow(
+            (l.volume_slots as u64 * super::VOLUME_SLOT_SIZE).checked_add(l.volume_table_offset),
+            l.extent_table_offset,
+        ) || overflow(
+            (l.extent_table_pages() * PAGE).checked_add(l.extent_table_offset),
+            l.journal_offset,
+        ) || overflow(
+            l.journal_blocks
+                .checked_mul(PAGE)
+                .and_then(|j| j.checked_add(l.journal_offset)),
+            l.data_offset,
+        ) || l.volume_table_offset < 2 * PAGE
         {
             return bad("regions overlap or exceed the device");
         }
-        if self.journal_tail_seq.checked_add(l.journal_blocks).is_none() {
+        if self
+            .journal_tail_seq
+            .checked_add(l.journal_blocks)
+            .is_none()
+        {
             return bad("journal tail");
         }
         Ok(())

@@ -7,9 +7,7 @@
 //! A version-1 entry has zeros where version 2 keeps the checksum; the
 //! upgrade reads either form (`decode_any`).
 
-use super::{
-    get_u32, get_u64, get_uuid, put_u32, put_u64, EXTENT_ENTRY_SIZE, VOLUME_SLOT_SIZE,
-};
+use super::{get_u32, get_u64, get_uuid, put_u32, put_u64, EXTENT_ENTRY_SIZE, VOLUME_SLOT_SIZE};
 use crate::VolumeId;
 
 const SLOT_CRC_AT: usize = 124;
@@ -210,7 +208,10 @@ mod tests {
         for e in [
             ExtentState::CLEAN,
             ExtentState::DIRTY,
-            ExtentState::Owned { slot: 3, logical: 9 },
+            ExtentState::Owned {
+                slot: 3,
+                logical: 9,
+            },
             ExtentState::QUARANTINED,
         ] {
             let b = e.encode(17);
@@ -228,7 +229,10 @@ mod tests {
         v1[8..16].copy_from_slice(&7u64.to_le_bytes());
         assert_eq!(
             ExtentState::decode_any(0, &v1),
-            Some(ExtentState::Owned { slot: 5, logical: 7 })
+            Some(ExtentState::Owned {
+                slot: 5,
+                logical: 7
+            })
         );
         let s = SlotState::Live(VolumeSlot {
             id: uuid::Uuid::from_u128(1),
