@@ -219,17 +219,13 @@ pub struct StoreInfo {
     pub upgrade_pages: u64,
 }
 
-/// Reads a store without changing it: its version, and what an upgrade
-/// would rewrite.
+/// Reads a store without changing it (the journal is replayed in memory):
+/// its version, and what an upgrade would rewrite.
 pub fn inspect(device: &dyn BlockDevice) -> Result<StoreInfo, StoreError> {
     let sb = read_superblock(device)?;
-    let tables = read_tables(device, sb.layout, sb.version == 1)?;
-    let volumes = tables
-        .state
-        .slots
-        .iter()
-        .filter(|s| s.live().is_some())
-        .count() as u64;
+    let mut state = read_tables(device, sb.layout, sb.version == 1)?.state;
+    replay(device, &sb, &mut state)?;
+    let volumes = state.slots.iter().filter(|s| s.live().is_some()).count() as u64;
     let l = sb.layout;
     Ok(StoreInfo {
         version: sb.version,
