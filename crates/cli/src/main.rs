@@ -1,6 +1,7 @@
 //! `basalt`: the one binary of Basalt. `basalt server` runs a node;
 //! `basalt volume …` and `basalt status` manage one over its REST API;
-//! `basalt bench …` measures it (and its peers) with fio.
+//! `basalt bench …` measures it (and its peers) with fio; `basalt store …`
+//! works on a stopped node's store.
 //!
 //! Exit status: 0 on success, 1 on an error (printed as one `error: …` line
 //! on stderr), 2 on a usage error.
@@ -12,6 +13,7 @@ mod datadir;
 mod exports;
 mod output;
 mod server;
+mod store_cmd;
 mod subsystems;
 
 use clap::parser::ValueSource;
@@ -63,6 +65,11 @@ enum Command {
     Node(NodeArgs),
     /// Benchmark Basalt and its peers with the published fio methodologies.
     Bench(bench::BenchArgs),
+    /// Offline operations on this node's store (no server running).
+    Store {
+        #[command(subcommand)]
+        command: store_cmd::StoreCommand,
+    },
 }
 
 #[derive(clap::Args, Debug)]
@@ -122,6 +129,7 @@ fn main() -> ExitCode {
             commands::run_node(command, &ClientArgs::new(cli.data_dir, conn))
         }
         Command::Bench(args) => bench::run(args, &cli.data_dir, data_dir_given),
+        Command::Store { command } => store_cmd::run(command, &cli.data_dir),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -278,7 +278,8 @@ fn open_store(
         Some(path) => {
             let device = FileDevice::open(path)
                 .with_context(|| format!("cannot open device {}", path.display()))?;
-            if Store::open(device.clone()).is_ok() {
+            // Read-only: opening would write (and upgrade) the store.
+            if basalt_store::inspect(device.as_ref()).is_ok() {
                 bail!(
                     "{} already holds a basalt store, but {} has no node.json; refusing to format it. \
                      Start with the data directory it was set up with, or wipe its first MiB to reuse it",

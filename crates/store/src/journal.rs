@@ -52,6 +52,7 @@ impl Journal {
                 self.store_id,
                 self.epoch,
                 self.head_seq + i as u64,
+                self.head_seq,
                 chunk,
                 &mut buf[at..at + PAGE as usize],
             );

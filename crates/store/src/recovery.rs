@@ -14,8 +14,9 @@ use crate::device::{BlockDevice, IoOp};
 use crate::engine::{write_dirty_pages, write_superblock};
 use crate::error::StoreError;
 use crate::format::{
-    decode_journal_block, decode_journal_block_v1, ExtentState, FormatError, JournalEntry, Layout,
-    SlotState, Superblock, EXTENT_ENTRY_SIZE, PAGE, SUPERBLOCK_COPIES, VOLUME_SLOT_SIZE,
+    decode_journal_block, decode_journal_block_v1, ExtentState, FormatError, JournalBlock,
+    JournalEntry, Layout, SlotState, Superblock, EXTENT_ENTRY_SIZE, PAGE, SUPERBLOCK_COPIES,
+    VOLUME_SLOT_SIZE,
 };
 use crate::meta::MetaState;
 use crate::volume::VolumeState;
@@ -170,7 +171,12 @@ fn replay(
         } else {
             decode_journal_block(sb.store_id, sb.journal_epoch, seq, &block)
         };
-        let Some(entries) = decoded.map_err(|e| StoreError::Format(e.to_string()))? else {
+        let Some(JournalBlock { entries, .. }) =
+            decoded.map_err(|e| StoreError::Format(e.to_string()))?
+        else {
+            if sb.version >= 2 {
+                refuse_corrupt_journal(device, sb, seq)?;
+            }
             break;
         };
         for e in &entries {
@@ -182,6 +188,31 @@ fn replay(
         seq += 1;
     }
     Ok((seq, replayed))
+}
+
+/// Replay stopped at block `stop`. A crash can only tear the last commit,
+/// so if a block of a later commit verifies, `stop` was durable once and
+/// has been corrupted since: replaying past it is impossible and stopping
+/// there would silently drop acknowledged changes, so the open is refused.
+fn refuse_corrupt_journal(
+    device: &dyn BlockDevice,
+    sb: &Superblock,
+    stop: u64,
+) -> Result<(), StoreError> {
+    let layout = sb.layout;
+    let mut block = AlignedBuf::zeroed(PAGE as usize);
+    for seq in stop + 1..sb.journal_tail_seq + layout.journal_blocks {
+        device.read_at(&mut block, layout.journal_block_offset(seq))?;
+        if let Ok(Some(later)) = decode_journal_block(sb.store_id, sb.journal_epoch, seq, &block) {
+            if later.commit_first > stop {
+                return Err(StoreError::Format(format!(
+                    "journal block {stop} (at byte {}) fails its checksum, but block {seq} of a later                      commit verifies: the journal was corrupted after it was written, not torn by a                      crash; refusing to open rather than lose acknowledged changes",
+                    layout.journal_block_offset(stop)
+                )));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// A version-2 store's journaled state after replay.

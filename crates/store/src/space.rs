@@ -93,12 +93,10 @@ impl Store {
     /// them to the free set; the number zeroed.
     pub fn zero_freed(&self) -> Result<usize, StoreError> {
         let _pass = self.zeroing.lock();
+        self.check_usable()?;
         let mut batch = std::mem::take(&mut self.meta.lock().to_zero);
         if batch.is_empty() {
             return Ok(0);
-        }
-        if let Err(e) = self.check_usable() {
-            return Err(e);
         }
         batch.sort_unstable();
         let es = self.layout.extent_size as u64;

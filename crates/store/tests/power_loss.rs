@@ -457,10 +457,8 @@ impl Harness {
                     self.model.push(ModelVolume::new(id, tag, size));
                 }
             }
-            InFlight::Delete { index } => {
-                if !present.contains_key(&self.model[index].id) {
-                    self.model.remove(index);
-                }
+            InFlight::Delete { index } if !present.contains_key(&self.model[index].id) => {
+                self.model.remove(index);
             }
             _ => {}
         }

@@ -902,6 +902,34 @@ impl VolumeService {
                 "# HELP {metric} {help}\n# TYPE {metric} gauge\n{metric} {value}"
             );
         }
+        let flush = self.store.flush_stats();
+        let recovery = self.store.recovery();
+        let store_metrics: [(&str, &str, &str, u64); 3] = [
+            (
+                "basalt_store_flush_requests_total",
+                "counter",
+                "Flushes asked of the store (FLUSH, FUA writes with metadata, control operations).",
+                flush.requests,
+            ),
+            (
+                "basalt_store_commits_total",
+                "counter",
+                "Journal writes with a device flush; flush requests per commit is how much group commit shares.",
+                flush.commits,
+            ),
+            (
+                "basalt_store_quarantined_entries",
+                "gauge",
+                "Store table entries that failed their checksum at the last open (logged; see docs/format.md).",
+                recovery.quarantined_extents + recovery.quarantined_slots,
+            ),
+        ];
+        for (metric, kind, help, value) in store_metrics {
+            let _ = writeln!(
+                out,
+                "# HELP {metric} {help}\n# TYPE {metric} {kind}\n{metric} {value}"
+            );
+        }
 
         let per_volume: [VolumeGauge; 2] = [
             (

@@ -62,7 +62,7 @@ impl SimState {
 }
 
 fn power_lost() -> io::Error {
-    io::Error::new(io::ErrorKind::Other, "sim device: power lost")
+    io::Error::other("sim device: power lost")
 }
 
 pub struct SimDevice {

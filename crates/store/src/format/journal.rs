@@ -133,12 +133,24 @@ impl JournalEntry {
     }
 }
 
+/// A verified journal block.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JournalBlock {
+    pub entries: Vec<JournalEntry>,
+    /// Sequence number of the first block of the commit that wrote this
+    /// one: a block that fails to verify although a block of a *later*
+    /// commit verifies was corrupted after it was durable, not torn.
+    pub commit_first: u64,
+}
+
 /// Encodes one journal block holding `entries` (at most
-/// `JOURNAL_ENTRIES_PER_BLOCK`).
+/// `JOURNAL_ENTRIES_PER_BLOCK`), written by the commit whose first block
+/// is `commit_first`.
 pub fn encode_journal_block(
     store_id: uuid::Uuid,
     epoch: u64,
     seq: u64,
+    commit_first: u64,
     entries: &[JournalEntry],
     out: &mut [u8],
 ) {
@@ -151,6 +163,7 @@ pub fn encode_journal_block(
     out[16..32].copy_from_slice(store_id.as_bytes());
     put_u32(out, 32, entries.len() as u32);
     put_u64(out, 40, epoch);
+    put_u64(out, 48, commit_first);
     for (i, e) in entries.iter().enumerate() {
         let at = JOURNAL_HEADER_SIZE + i * JOURNAL_ENTRY_SIZE;
         e.encode_into(&mut out[at..at + JOURNAL_ENTRY_SIZE]);
@@ -165,7 +178,7 @@ fn decode_block(
     epoch: Option<u64>,
     expected_seq: u64,
     b: &[u8],
-) -> Result<Option<Vec<JournalEntry>>, FormatError> {
+) -> Result<Option<JournalBlock>, FormatError> {
     if b.len() < PAGE as usize
         || get_u32(b, 0) != magic
         || get_u64(b, 8) != expected_seq
@@ -176,7 +189,12 @@ fn decode_block(
         return Ok(None);
     }
     let count = get_u32(b, 32) as usize;
-    if count > JOURNAL_ENTRIES_PER_BLOCK {
+    let commit_first = if epoch.is_some() {
+        get_u64(b, 48)
+    } else {
+        expected_seq
+    };
+    if count > JOURNAL_ENTRIES_PER_BLOCK || commit_first > expected_seq {
         return Ok(None);
     }
     (0..count)
@@ -190,7 +208,12 @@ fn decode_block(
             })
         })
         .collect::<Result<Vec<_>, _>>()
-        .map(Some)
+        .map(|entries| {
+            Some(JournalBlock {
+                entries,
+                commit_first,
+            })
+        })
 }
 
 /// Decodes a version-2 journal block: `Ok(None)` where replay ends (not a
@@ -202,7 +225,7 @@ pub fn decode_journal_block(
     epoch: u64,
     expected_seq: u64,
     b: &[u8],
-) -> Result<Option<Vec<JournalEntry>>, FormatError> {
+) -> Result<Option<JournalBlock>, FormatError> {
     decode_block(JOURNAL_MAGIC_V2, store_id, Some(epoch), expected_seq, b)
 }
 
@@ -211,7 +234,7 @@ pub fn decode_journal_block_v1(
     store_id: uuid::Uuid,
     expected_seq: u64,
     b: &[u8],
-) -> Result<Option<Vec<JournalEntry>>, FormatError> {
+) -> Result<Option<JournalBlock>, FormatError> {
     decode_block(JOURNAL_MAGIC_V1, store_id, None, expected_seq, b)
 }
 
@@ -243,8 +266,14 @@ mod tests {
             JournalEntry::DeleteVolume { slot: 1 },
         ];
         let mut b = vec![0u8; 4096];
-        encode_journal_block(id, 3, 11, &entries, &mut b);
-        assert_eq!(decode_journal_block(id, 3, 11, &b), Ok(Some(entries)));
+        encode_journal_block(id, 3, 11, 10, &entries, &mut b);
+        assert_eq!(
+            decode_journal_block(id, 3, 11, &b),
+            Ok(Some(JournalBlock {
+                entries,
+                commit_first: 10
+            }))
+        );
         assert_eq!(decode_journal_block(id, 3, 12, &b), Ok(None));
         assert_eq!(decode_journal_block(id, 2, 11, &b), Ok(None), "old epoch");
         assert_eq!(

@@ -19,8 +19,8 @@ mod superblock;
 mod tables;
 
 pub use journal::{
-    decode_journal_block, decode_journal_block_v1, encode_journal_block, JournalEntry,
-    JOURNAL_ENTRIES_PER_BLOCK, JOURNAL_ENTRY_SIZE, JOURNAL_HEADER_SIZE,
+    decode_journal_block, decode_journal_block_v1, encode_journal_block, JournalBlock,
+    JournalEntry, JOURNAL_ENTRIES_PER_BLOCK, JOURNAL_ENTRY_SIZE, JOURNAL_HEADER_SIZE,
 };
 pub use superblock::Superblock;
 pub use tables::{ExtentState, SlotState, VolumeSlot, QUARANTINE_SLOT};
