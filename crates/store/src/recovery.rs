@@ -153,30 +153,32 @@ fn read_tables(
 
 /// Applies the journal from the superblock's tail until the first block
 /// that is not of this store, sequence and epoch; returns the head and the
-/// number of entries applied.
+/// number of entries applied. The ring is read in one pass (at most 64 MiB).
 fn replay(
     device: &dyn BlockDevice,
     sb: &Superblock,
     state: &mut MetaState,
 ) -> Result<(u64, u64), StoreError> {
     let layout = sb.layout;
+    let ring = read_region(device, layout.journal_offset, layout.journal_blocks * PAGE)?;
+    let block_at = |seq: u64| {
+        let at = ((seq % layout.journal_blocks) * PAGE) as usize;
+        &ring[at..at + PAGE as usize]
+    };
+    let decode = |seq: u64| {
+        if sb.version == 1 {
+            decode_journal_block_v1(sb.store_id, seq, block_at(seq))
+        } else {
+            decode_journal_block(sb.store_id, sb.journal_epoch, seq, block_at(seq))
+        }
+        .map_err(|e| StoreError::Format(e.to_string()))
+    };
+    let end = sb.journal_tail_seq + layout.journal_blocks;
     let mut seq = sb.journal_tail_seq;
-    let mut block = AlignedBuf::zeroed(PAGE as usize);
     let mut replayed = 0u64;
     let mut freed = Vec::new();
-    while seq - sb.journal_tail_seq < layout.journal_blocks {
-        device.read_at(&mut block, layout.journal_block_offset(seq))?;
-        let decoded = if sb.version == 1 {
-            decode_journal_block_v1(sb.store_id, seq, &block)
-        } else {
-            decode_journal_block(sb.store_id, sb.journal_epoch, seq, &block)
-        };
-        let Some(JournalBlock { entries, .. }) =
-            decoded.map_err(|e| StoreError::Format(e.to_string()))?
-        else {
-            if sb.version >= 2 {
-                refuse_corrupt_journal(device, sb, seq)?;
-            }
+    while seq < end {
+        let Some(JournalBlock { entries, .. }) = decode(seq)? else {
             break;
         };
         for e in &entries {
@@ -187,32 +189,26 @@ fn replay(
         replayed += entries.len() as u64;
         seq += 1;
     }
-    Ok((seq, replayed))
-}
-
-/// Replay stopped at block `stop`. A crash can only tear the last commit,
-/// so if a block of a later commit verifies, `stop` was durable once and
-/// has been corrupted since: replaying past it is impossible and stopping
-/// there would silently drop acknowledged changes, so the open is refused.
-fn refuse_corrupt_journal(
-    device: &dyn BlockDevice,
-    sb: &Superblock,
-    stop: u64,
-) -> Result<(), StoreError> {
-    let layout = sb.layout;
-    let mut block = AlignedBuf::zeroed(PAGE as usize);
-    for seq in stop + 1..sb.journal_tail_seq + layout.journal_blocks {
-        device.read_at(&mut block, layout.journal_block_offset(seq))?;
-        if let Ok(Some(later)) = decode_journal_block(sb.store_id, sb.journal_epoch, seq, &block) {
-            if later.commit_first > stop {
-                return Err(StoreError::Format(format!(
-                    "journal block {stop} (at byte {}) fails its checksum, but block {seq} of a later                      commit verifies: the journal was corrupted after it was written, not torn by a                      crash; refusing to open rather than lose acknowledged changes",
-                    layout.journal_block_offset(stop)
-                )));
+    // A crash can only tear the last commit. If a block of a later commit
+    // verifies, the block replay stopped at was durable once and has been
+    // corrupted since: stopping there would silently drop acknowledged
+    // changes, so the open is refused. (Version 1 blocks do not say which
+    // commit wrote them.)
+    if sb.version >= 2 {
+        for later in seq + 1..end {
+            if let Ok(Some(block)) = decode(later) {
+                if block.commit_first > seq {
+                    return Err(StoreError::Format(format!(
+                        "journal block {seq} (at byte {}) fails its checksum, but block {later} of a \
+                         later commit verifies: the journal was corrupted after it was written, not \
+                         torn by a crash; refusing to open rather than lose acknowledged changes",
+                        layout.journal_block_offset(seq)
+                    )));
+                }
             }
         }
     }
-    Ok(())
+    Ok((seq, replayed))
 }
 
 /// A version-2 store's journaled state after replay.
