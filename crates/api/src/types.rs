@@ -95,6 +95,9 @@ pub struct Status {
     /// In a cluster: volumes with a replica being resynced or rebuilt.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub volumes_resyncing: Option<usize>,
+    /// Store table entries that failed their checksum at the last open.
+    #[serde(default)]
+    pub quarantined_entries: u64,
 }
 
 impl From<StoreStatus> for Status {
@@ -108,6 +111,7 @@ impl From<StoreStatus> for Status {
             extent_size: s.extent_size,
             volumes_degraded: s.volumes_degraded,
             volumes_resyncing: s.volumes_resyncing,
+            quarantined_entries: s.quarantined_entries,
         }
     }
 }

@@ -355,6 +355,15 @@ pub fn run_status(client: &ClientArgs) -> Result<()> {
             format!("{degraded} volumes degraded, {resyncing} resyncing"),
         ));
     }
+    if s.quarantined_entries > 0 {
+        pairs.push((
+            "metadata",
+            format!(
+                "{} store entries failed their checksum at the last start and were set aside (see the server log)",
+                s.quarantined_entries
+            ),
+        ));
+    }
     print!("{}", fields(&pairs));
     Ok(())
 }

@@ -1,16 +1,19 @@
 //! Basalt's local store engine: thin-provisioned volumes kept in fixed-size
-//! extents on one block device (a data file or a raw device), with a metadata
-//! journal that makes every flushed write survive a crash.
+//! extents on one block device (a data file or a raw device), with a
+//! checksummed metadata journal that makes every flushed write survive a
+//! crash or a power loss (on-disk format version 2, `docs/format.md`).
 //!
-//! Invariants (see `docs/format.md` for the on-disk side):
+//! Invariants (docs/format.md states the on-disk rules behind them):
 //! - A physical extent is owned by at most one (volume, logical extent).
-//! - A free physical extent reads as zeros; so does every logical extent that
-//!   is not mapped. Both hold after a crash too.
+//! - A free clean extent reads as zeros; so does every logical extent that
+//!   is not mapped. Both hold after a power loss too: an extent that may
+//!   hold data while free is marked dirty on disk and zeroed before reuse.
 //! - A write is durable once it carried FUA or a later `flush` completed; the
 //!   mapping it needed is journaled no later than that.
 //! - An extent unmapped by TRIM, shrink or delete is reused only after the
-//!   unmap is durable and the extent has been zeroed, and only after every I/O
-//!   that could still reach it has finished.
+//!   unmap is durable and the extent's zeroing was flushed, and only after
+//!   every I/O that could still reach it has finished.
+//! - After a failed commit no flush reports success.
 
 mod alloc;
 mod buf;

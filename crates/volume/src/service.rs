@@ -93,6 +93,9 @@ pub struct StoreStatus {
     pub volumes_degraded: Option<usize>,
     /// In a cluster: volumes with a replica being copied to.
     pub volumes_resyncing: Option<usize>,
+    /// Store table entries that failed their checksum at the last open
+    /// (quarantined: never trusted, never reused).
+    pub quarantined_entries: u64,
 }
 
 /// What [`VolumeService::reconcile`] changed in the store.
@@ -802,6 +805,10 @@ impl VolumeService {
             extent_size: usage.extent_size,
             volumes_degraded: degraded,
             volumes_resyncing: resyncing,
+            quarantined_entries: {
+                let r = self.store.recovery();
+                r.quarantined_extents + r.quarantined_slots
+            },
         })
     }
 
