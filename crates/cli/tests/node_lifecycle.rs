@@ -363,3 +363,39 @@ fn client_explains_a_missing_or_dead_server() {
         "{err}"
     );
 }
+
+/// `basalt store check` and `basalt store upgrade` work on a stopped node
+/// only, and report in one line of error otherwise.
+#[test]
+fn store_commands_check_and_upgrade_a_stopped_node() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("node");
+    let err = fails(basalt(&dir, &["store", "check"]));
+    assert!(err.contains("no node"), "{err}");
+    let mut server =
+        ServerProcess::spawn(&dir, &["--capacity", "256M", "--demo-volume", "demo:64M"]);
+    server.wait_ready();
+    let err = fails(basalt(&dir, &["store", "check"]));
+    assert!(
+        err.contains("server.json") && err.contains("stop it"),
+        "{err}"
+    );
+    assert_eq!(server.terminate().code(), Some(0), "{}", server.stderr());
+
+    let out = ok(basalt(&dir, &["store", "upgrade", "--dry-run"]));
+    assert!(
+        out.contains("format version 2") && out.contains("nothing to do"),
+        "{out}"
+    );
+    let out = ok(basalt(&dir, &["store", "check"]));
+    assert!(
+        out.contains("closed cleanly") && out.contains("consistent"),
+        "{out}"
+    );
+    // The checked store is closed cleanly and serves again.
+    let mut again = ServerProcess::spawn(&dir, &[]);
+    again.wait_ready();
+    let list = ok(basalt(&dir, &["volume", "list"]));
+    assert!(list.contains("demo"), "{list}");
+    assert_eq!(again.terminate().code(), Some(0), "{}", again.stderr());
+}
