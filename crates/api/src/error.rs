@@ -39,7 +39,8 @@ impl ApiError {
 
 /// The status code for a control-plane error:
 /// 400 the request is invalid, 404 no such volume, 409 it conflicts with the
-/// volume's state, 507 the store has no room for it, 500 the node failed.
+/// volume's state, 507 the store has no room for it, 503 the cluster or its
+/// metadata store (etcd) is unavailable for now, 500 the node failed.
 pub fn status_for(err: &VolumeError) -> StatusCode {
     match err {
         VolumeError::InvalidName { .. }
@@ -49,6 +50,7 @@ pub fn status_for(err: &VolumeError) -> StatusCode {
         | VolumeError::InvalidNodeState(_)
         | VolumeError::NotSupported(_) => StatusCode::BAD_REQUEST,
         VolumeError::Cluster(_) => StatusCode::SERVICE_UNAVAILABLE,
+        VolumeError::Catalog(e) if e.is_unavailable() => StatusCode::SERVICE_UNAVAILABLE,
         VolumeError::NotFound(_) | VolumeError::NoSuchNode(_) => StatusCode::NOT_FOUND,
         VolumeError::AlreadyExists(_)
         | VolumeError::InUse { .. }
@@ -87,5 +89,26 @@ impl IntoResponse for ApiError {
                 .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         }
         response
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unavailable_metadata_store_is_503() {
+        let timeout = VolumeError::Catalog(CatalogError::Timeout {
+            endpoints: "http://127.0.0.1:2379".into(),
+            key: "/basalt/volumes/".into(),
+            timeout: std::time::Duration::from_secs(2),
+        });
+        assert_eq!(status_for(&timeout), StatusCode::SERVICE_UNAVAILABLE);
+        assert!(timeout.to_string().contains("metadata store unreachable"));
+        let corrupt = VolumeError::Catalog(CatalogError::Corrupt {
+            key: "k".into(),
+            reason: "r".into(),
+        });
+        assert_eq!(status_for(&corrupt), StatusCode::INTERNAL_SERVER_ERROR);
     }
 }

@@ -36,8 +36,9 @@ pub enum CatalogError {
 
     /// A request to a remote backend failed (no endpoint reachable, no
     /// leader, refused, ...). A failed mutation may still have been applied:
-    /// re-read before retrying.
-    #[error("catalog request for {key:?} to {endpoints} failed: {source}")]
+    /// re-read before retrying. Displayed as one line without the gRPC
+    /// client's debug text.
+    #[error("{}", crate::etcd_catalog::describe_request_failure(endpoints, key, source.as_ref()))]
     Request {
         endpoints: String,
         key: String,
@@ -48,7 +49,7 @@ pub enum CatalogError {
     /// A remote backend did not answer within the configured time. As with
     /// [`CatalogError::Request`], a mutation may still have been applied.
     #[error(
-        "catalog request for {key:?} to {endpoints} got no answer within {timeout:?} (is etcd running, reachable and with a leader?)"
+        "metadata store unreachable: etcd at {endpoints} did not answer for {key:?} within {timeout:?} (is it running, reachable and with a leader?)"
     )]
     Timeout {
         endpoints: String,
@@ -64,6 +65,15 @@ pub enum CatalogError {
 }
 
 impl CatalogError {
+    /// The remote metadata store failed or could not be reached: the request
+    /// may succeed later (HTTP 503), it is not the caller's mistake.
+    pub fn is_unavailable(&self) -> bool {
+        matches!(
+            self,
+            CatalogError::Request { .. } | CatalogError::Timeout { .. }
+        )
+    }
+
     /// Wraps a backend-specific failure.
     pub fn backend(err: impl std::error::Error + Send + Sync + 'static) -> Self {
         CatalogError::Backend(Box::new(err))

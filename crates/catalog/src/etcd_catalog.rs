@@ -475,6 +475,50 @@ fn failure_error(
     }
 }
 
+/// Why an etcd request failed, in one line without the gRPC client's debug
+/// text, and whether it means etcd could not be reached at all.
+pub fn etcd_failure(e: &etcd_client::Error) -> (bool, String) {
+    fn innermost(mut e: &(dyn std::error::Error + 'static)) -> String {
+        while let Some(next) = e.source() {
+            e = next;
+        }
+        e.to_string()
+    }
+    let (unreachable, reason) = match e {
+        etcd_client::Error::GRpcStatus(status) => match status.code() {
+            tonic::Code::Unavailable => (true, innermost(status)),
+            tonic::Code::DeadlineExceeded => (true, "no answer in time".to_string()),
+            code => (
+                false,
+                format!("{}: {}", code.description(), status.message()),
+            ),
+        },
+        etcd_client::Error::TransportError(t) => (true, innermost(t)),
+        etcd_client::Error::IoError(io) => (true, io.to_string()),
+        other => (false, other.to_string()),
+    };
+    let one_line = reason.lines().next().unwrap_or_default().to_string();
+    (unreachable, one_line)
+}
+
+/// The text of `CatalogError::Request` (and of the cluster's metadata
+/// errors): "metadata store unreachable: …" when etcd could not be reached.
+pub fn describe_request_failure(
+    endpoints: &str,
+    key: &str,
+    source: &(dyn std::error::Error + Send + Sync + 'static),
+) -> String {
+    let (unreachable, reason) = match source.downcast_ref::<etcd_client::Error>() {
+        Some(e) => etcd_failure(e),
+        None => (false, source.to_string()),
+    };
+    if unreachable {
+        format!("metadata store unreachable: etcd at {endpoints}: {reason}")
+    } else {
+        format!("metadata store request for {key:?} to etcd at {endpoints} failed: {reason}")
+    }
+}
+
 /// The smallest key greater than every key starting with `prefix`.
 fn prefix_end(prefix: &[u8]) -> Vec<u8> {
     let mut end = prefix.to_vec();

@@ -899,3 +899,50 @@ fn nvme_host_sees_a_replicated_volume_grow_while_connected() {
     c.wait_volume(0, "nv", "in sync", healthy);
     c.assert_replicas_equal(&[0, 1, 2], "nv");
 }
+
+/// With etcd down, every command that needs it fails with one line naming
+/// the metadata store (the API answers 503), never the gRPC client's debug
+/// text; once etcd is back, the same commands work again.
+#[test]
+fn an_unreachable_etcd_gets_one_clear_line() {
+    let mut c = Cluster::start(1, &[]);
+    c.nodes[0]
+        .cli(&["volume", "create", "v", "--size", "16M"])
+        .ok();
+    c.etcd.kill().expect("kill etcd");
+    let commands: [&[&str]; 5] = [
+        &["volume", "list"],
+        &["node", "list"],
+        &["status"],
+        &["volume", "show", "v"],
+        &["volume", "create", "w", "--size", "16M"],
+    ];
+    for args in commands {
+        let line = c.nodes[0].cli(args).cli_error(1);
+        assert!(
+            line.contains("metadata store unreachable: etcd at"),
+            "{args:?}: {line}"
+        );
+        for raw in ["grpc", "tonic", "Status {", "MetadataMap", "source:"] {
+            assert!(
+                !line.contains(raw),
+                "{args:?} prints raw client text: {line}"
+            );
+        }
+    }
+    c.etcd.restart().expect("restart etcd");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let out = c.nodes[0].cli(&["volume", "list"]);
+        if out.code() == Some(0) {
+            assert!(out.ok().contains('v'));
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "etcd is back but: {}",
+            out.describe()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}

@@ -50,13 +50,13 @@ pub use basalt_catalog::EtcdConfig;
 /// Why a metadata call failed.
 #[derive(Debug, thiserror::Error)]
 pub enum MetaError {
-    #[error("etcd at {endpoints} did not answer for {key:?} within {timeout:?}")]
+    #[error("metadata store unreachable: etcd at {endpoints} did not answer for {key:?} within {timeout:?}")]
     Timeout {
         endpoints: String,
         key: String,
         timeout: Duration,
     },
-    #[error("etcd request for {key:?} to {endpoints} failed: {source}")]
+    #[error("{}", basalt_catalog::describe_request_failure(endpoints, key, source))]
     Request {
         endpoints: String,
         key: String,
