@@ -512,8 +512,10 @@ pub fn describe_request_failure(
         Some(e) => etcd_failure(e),
         None => (false, source.to_string()),
     };
-    if unreachable {
+    if unreachable && key.is_empty() {
         format!("metadata store unreachable: etcd at {endpoints}: {reason}")
+    } else if unreachable {
+        format!("metadata store unreachable: etcd at {endpoints} (for {key:?}): {reason}")
     } else {
         format!("metadata store request for {key:?} to etcd at {endpoints} failed: {reason}")
     }
