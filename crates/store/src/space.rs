@@ -25,6 +25,9 @@ use std::time::Duration;
 
 /// Extents reserved at a time: one commit per this many first writes.
 const RESERVE_BATCH: u64 = 64;
+/// With background zeroing on, the pool is topped up by the background
+/// thread when it holds fewer than this many extents.
+const REFILL_BELOW: usize = 16;
 
 /// Consecutive runs of sorted extent numbers, as (first, count).
 fn runs(sorted: &[u32]) -> Vec<(u32, u32)> {
@@ -61,23 +64,15 @@ impl Store {
                     });
                     entry.set(Some(phys));
                     vol.add_allocated(1);
+                    let low = m.reserved.len() + m.reserving.len() < REFILL_BELOW;
+                    drop(m);
+                    if low {
+                        // Top the pool up off the write path.
+                        self.zeroer.wake();
+                    }
                     return Ok(phys);
                 }
-                let want = RESERVE_BATCH.min(m.free.count()).max(1);
-                let mut taken = Vec::new();
-                while (taken.len() as u64) < want {
-                    match m.free.take() {
-                        Some(p) => taken.push(p),
-                        None => break,
-                    }
-                }
-                taken.sort_unstable();
-                for (first, count) in runs(&taken) {
-                    m.push(JournalEntry::Free { first, count });
-                }
-                let got = !taken.is_empty();
-                m.reserving.extend(taken);
-                got
+                Self::reserve_batch(&mut m)
             };
             // Makes the reservation durable (or, with nothing free, the
             // pending releases, so they can be zeroed).
@@ -87,6 +82,42 @@ impl Store {
             }
         }
         Err(StoreError::NoSpace)
+    }
+
+    /// Takes up to a batch of free extents into `reserving`, queueing the
+    /// entries that mark them dirty; whether it took any.
+    fn reserve_batch(m: &mut crate::engine::Meta) -> bool {
+        let want = RESERVE_BATCH.min(m.free.count()).max(1);
+        let mut taken = Vec::new();
+        while (taken.len() as u64) < want {
+            match m.free.take() {
+                Some(p) => taken.push(p),
+                None => break,
+            }
+        }
+        taken.sort_unstable();
+        for (first, count) in runs(&taken) {
+            m.push(JournalEntry::Free { first, count });
+        }
+        let got = !taken.is_empty();
+        m.reserving.extend(taken);
+        got
+    }
+
+    /// Background: when the reserved pool runs low, reserves another batch
+    /// and commits it, so that first writes rarely wait for a commit.
+    pub(crate) fn refill_reserved(&self) -> Result<(), StoreError> {
+        let reserving = {
+            let mut m = self.meta.lock();
+            if m.reserved.len() + m.reserving.len() >= REFILL_BELOW {
+                return Ok(());
+            }
+            Self::reserve_batch(&mut m)
+        };
+        if reserving {
+            self.commit()?;
+        }
+        Ok(())
     }
 
     /// Zeroes every extent whose release is durable, flushes, and returns
@@ -151,7 +182,6 @@ impl Zeroer {
     pub fn spawn(store: &Arc<Store>) {
         let weak: Weak<Store> = Arc::downgrade(store);
         let signal = store.zeroer.signal.clone();
-        let pending = !store.meta.lock().to_zero.is_empty();
         let spawned = std::thread::Builder::new()
             .name("basalt-zeroer".into())
             .spawn(move || loop {
@@ -172,8 +202,8 @@ impl Zeroer {
                     s.wake = false;
                 }
                 let Some(store) = weak.upgrade() else { return };
-                if let Err(e) = store.zero_freed() {
-                    tracing::warn!(error = %e, "zeroing freed extents failed");
+                if let Err(e) = store.zero_freed().and_then(|_| store.refill_reserved()) {
+                    tracing::warn!(error = %e, "zeroing or reserving extents failed");
                 }
             });
         match spawned {
@@ -182,9 +212,9 @@ impl Zeroer {
                 tracing::warn!(error = %e, "no background zeroing thread; freed extents are zeroed when space runs out")
             }
         }
-        if pending {
-            store.zeroer.wake();
-        }
+        // At once: dirty extents from the last run, and a first batch of
+        // reserved extents.
+        store.zeroer.wake();
     }
 
     pub fn wake(&self) {
