@@ -16,10 +16,9 @@ fn quiet() -> OpenOptions {
     }
 }
 
-#[test]
-fn full_store_returns_no_space_and_recovers_space() {
-    let dev = SimDevice::new(8 << 20, 1);
-    let store = Store::create_with(
+/// A fresh store with 64 KiB extents on `dev`.
+fn format(dev: &std::sync::Arc<SimDevice>) -> std::sync::Arc<Store> {
+    Store::create_with(
         dev.clone(),
         &FormatOptions {
             extent_size: Some(EXTENT),
@@ -27,7 +26,13 @@ fn full_store_returns_no_space_and_recovers_space() {
         },
         &quiet(),
     )
-    .unwrap();
+    .unwrap()
+}
+
+#[test]
+fn full_store_returns_no_space_and_recovers_space() {
+    let dev = SimDevice::new(8 << 20, 1);
+    let store = format(&dev);
     let cap = store.usage().capacity_bytes;
     let a = uuid::Uuid::new_v4();
     let b = uuid::Uuid::new_v4();
@@ -78,15 +83,7 @@ fn full_store_returns_no_space_and_recovers_space() {
 #[test]
 fn fresh_volume_is_one_hole_and_overwrites_allocate_nothing() {
     let dev = SimDevice::new(8 << 20, 2);
-    let store = Store::create_with(
-        dev.clone(),
-        &FormatOptions {
-            extent_size: Some(EXTENT),
-            ..Default::default()
-        },
-        &quiet(),
-    )
-    .unwrap();
+    let store = format(&dev);
     let id = uuid::Uuid::new_v4();
     store.create_volume(id, 1 << 20).unwrap();
     let v = store.volume(id).unwrap();
@@ -115,15 +112,7 @@ fn fresh_volume_is_one_hole_and_overwrites_allocate_nothing() {
 #[test]
 fn unknown_format_version_is_refused_clearly() {
     let dev = SimDevice::new(8 << 20, 3);
-    let store = Store::create_with(
-        dev.clone(),
-        &FormatOptions {
-            extent_size: Some(EXTENT),
-            ..Default::default()
-        },
-        &quiet(),
-    )
-    .unwrap();
+    let store = format(&dev);
     store.close().unwrap();
     drop(store);
     for at in [0u64, 4096] {
@@ -150,15 +139,7 @@ fn unknown_format_version_is_refused_clearly() {
 #[test]
 fn a_failing_disk_stops_writes_and_loses_nothing_flushed() {
     let dev = SimDevice::new(8 << 20, 5);
-    let store = Store::create_with(
-        dev.clone(),
-        &FormatOptions {
-            extent_size: Some(EXTENT),
-            ..Default::default()
-        },
-        &quiet(),
-    )
-    .unwrap();
+    let store = format(&dev);
     let id = uuid::Uuid::new_v4();
     store.create_volume(id, 1 << 20).unwrap();
     let v = store.volume(id).unwrap();
@@ -202,15 +183,7 @@ fn a_failing_disk_stops_writes_and_loses_nothing_flushed() {
 #[test]
 fn unaligned_write_after_a_crash_lost_an_unflushed_write() {
     let dev = SimDevice::new(8 << 20, 0);
-    let store = Store::create_with(
-        dev.clone(),
-        &FormatOptions {
-            extent_size: Some(EXTENT),
-            ..Default::default()
-        },
-        &quiet(),
-    )
-    .unwrap();
+    let store = format(&dev);
     let id = uuid::Uuid::from_u128(1);
     store.create_volume(id, 10 * 4096).unwrap();
     let data = vec![0x5bu8; 20480];
