@@ -1,15 +1,23 @@
 //! The coordinator task: runs on the node that won the etcd election, and
 //! only while it holds it.
 //!
-//! Job: answer heartbeats (the primaries' leases), apply
-//! [`basalt_replication::Coordinator`]'s decisions (faulty secondaries,
-//! failover with a new epoch) to the membership records in etcd, place new
-//! volumes, and drop the records of deleted volumes.
+//! Job: drive [`basalt_replication::Coordinator`] with real I/O: feed it
+//! heartbeats (the primaries' leases) and the records the member's watch
+//! sees, write its decisions (faulty secondaries, failover with a new epoch)
+//! to the membership records in etcd and feed their outcomes back; place new
+//! volumes, rebuild and drain replicas, and drop the records of deleted
+//! volumes.
 //!
 //! Invariants:
-//! - every record change is a compare-and-swap on the version this task
-//!   read, so a second coordinator (during an election change) can never
-//!   overwrite a newer decision;
+//! - every write is fenced by this tenure's [`CoordinatorTerm`] (the
+//!   election key's create revision) in the same etcd transaction, and is a
+//!   compare-and-swap on the version this task decided from (a delete: on
+//!   the record's `mod_revision`), so a coordinator that lost its role (a
+//!   paused process, a partition) changes nothing, and none overwrites a
+//!   newer decision; a fenced write ends the task;
+//! - the state machine's view includes this task's own successful writes at
+//!   once, so heartbeats are never answered from a record older than what
+//!   it wrote;
 //! - a task that starts considers every registered node heard when the
 //!   previous coordinator may last have extended a lease (one third of the
 //!   role's TTL before this task's election: see
@@ -20,12 +28,13 @@
 //!   each node takes part.
 
 use crate::member::Inner;
-use crate::meta::{CasOutcome, ClusterMeta, NodeState, NodeStatus};
+use crate::meta::{CasOutcome, ClusterMeta, CoordinatorTerm, MetaError, NodeState, NodeStatus};
 use crate::placement::{self, Candidate, Placement};
 use crate::ClusterError;
 use basalt_catalog::{Versioned, VolumeRecord};
 use basalt_replication::{
-    Coordinator, Membership, NodeId, ReplicaInfo, ReplicaState, VolumeId, BLOCK_SIZE,
+    Change, ChangeOutcome, Coordinator, Membership, NodeId, ReplicaInfo, ReplicaState, VolumeId,
+    BLOCK_SIZE,
 };
 use std::collections::{HashMap, HashSet};
 use std::sync::mpsc::{self, RecvTimeoutError, Sender};
@@ -90,6 +99,9 @@ impl CoordinatorTask {
 
 fn run(weak: Weak<Inner>, rx: mpsc::Receiver<CoordEvent>) {
     let Some(inner) = weak.upgrade() else { return };
+    let Some(term) = inner.meta.coordinator_term() else {
+        return;
+    };
     let t = inner.timing().clone();
     // Every registered node counts as heard when the previous coordinator
     // may last have extended its lease (see the module docs).
@@ -101,6 +113,20 @@ fn run(weak: Weak<Inner>, rx: mpsc::Receiver<CoordEvent>) {
         .now_ms()
         .saturating_sub(ClusterMeta::role_handover_credit_ms());
     let mut coord = Coordinator::new(t.lease_ms, t.grace_ms, &known, heard);
+    // The records as etcd has them after the election (the member's watched
+    // copy may lag behind the previous coordinator's last writes).
+    match inner.meta.memberships() {
+        Ok(records) => records.into_iter().for_each(|r| coord.observe(r)),
+        Err(e) => {
+            tracing::warn!(error = %e, "coordinator starts from the watched records");
+            inner
+                .records
+                .read()
+                .values()
+                .for_each(|r| coord.observe(r.clone()));
+        }
+    }
+    tracing::info!(term = term.0, "coordinator tenure starts");
     drop(inner);
     let tick = Duration::from_millis((t.heartbeat_ms / 2).clamp(10, 500));
     let mut next_tick = Instant::now();
@@ -118,97 +144,131 @@ fn run(weak: Weak<Inner>, rx: mpsc::Receiver<CoordEvent>) {
                 boot,
                 sent_at,
             }) => {
-                let rec = inner.records.read().get(&vol).cloned();
-                if let Some(rec) = rec {
-                    // The node is alive either way; but an unanswered
-                    // heartbeat lets the primary's lease lapse: the safe side
-                    // when the role may have passed to another node.
-                    let (_, reply) = coord.on_heartbeat(inner.now_ms(), from, boot, sent_at, &rec);
-                    if inner.meta.coordinator_role_current() {
-                        inner.send_heartbeat_ack(from, vol, reply);
-                    }
+                // The node is alive either way; but an unanswered heartbeat
+                // lets the primary's lease lapse: the safe side when the
+                // role may have passed to another node.
+                let answer = coord.on_heartbeat(inner.now_ms(), from, boot, sent_at, vol);
+                if let (Some((_, reply)), true) = (answer, inner.meta.coordinator_role_current()) {
+                    inner.send_heartbeat_ack(from, vol, reply);
                 }
             }
             Err(RecvTimeoutError::Timeout) => {}
         }
-        if Instant::now() >= next_tick {
-            next_tick = Instant::now() + tick;
-            let now = inner.now_ms();
-            let records: Vec<Membership> = inner.records.read().values().cloned().collect();
-            // Nodes without replicas send no heartbeats: their registry
-            // lease vouches for them, so a volume placed on a long-idle node
-            // is not failed over before its replica could speak.
-            for n in inner.nodes.read().iter() {
-                if n.alive && !records.iter().any(|r| r.replicas.contains_key(&n.id)) {
-                    coord.vouch(n.id, now);
-                } else {
-                    coord.know(n.id, now);
-                }
-            }
-            for rec in records {
-                if let Some(new) = coord.tick(inner.now_ms(), &rec) {
-                    apply(&inner, &rec, new);
-                }
-            }
-        }
-        if Instant::now() >= next_placement {
-            next_placement = Instant::now() + Duration::from_secs(1);
-            // One read of the catalog and the node list serves the round.
-            let state = inner
-                .catalog
-                .list()
-                .map_err(ClusterError::from)
-                .and_then(|c| Ok((c, inner.meta.nodes()?)));
-            match state {
-                Ok(_) if !still_coordinator(&inner) => {}
-                Ok((catalog, nodes)) => {
-                    if let Err(e) = place_new_volumes(&inner, &catalog, &nodes) {
-                        tracing::warn!(error = %e, "placement round failed; retrying");
-                    }
-                    if let Err(e) = reconfigure(&inner, &catalog, &nodes, &mut faulty_since) {
-                        tracing::warn!(error = %e, "replica reconfiguration round failed; retrying");
+        let result = (|| -> Result<(), ClusterError> {
+            if Instant::now() >= next_tick {
+                next_tick = Instant::now() + tick;
+                let now = inner.now_ms();
+                follow_watch(&inner, &mut coord);
+                // Nodes without replicas send no heartbeats: their registry
+                // lease vouches for them, so a volume placed on a long-idle
+                // node is not failed over before its replica could speak.
+                for n in inner.nodes.read().iter() {
+                    if n.alive && !coord.records().any(|r| r.replicas.contains_key(&n.id)) {
+                        coord.vouch(n.id, now);
+                    } else {
+                        coord.know(n.id, now);
                     }
                 }
-                Err(e) => tracing::warn!(error = %e, "could not read the cluster state; retrying"),
+                if inner.meta.coordinator_role_current() {
+                    for change in coord.tick(now) {
+                        let outcome = write(&inner, term, &change)?;
+                        coord.on_outcome(&change, outcome);
+                    }
+                }
             }
+            if Instant::now() >= next_placement {
+                next_placement = Instant::now() + Duration::from_secs(1);
+                // One read of the catalog and the node list serves the round.
+                let catalog = inner.catalog.list()?;
+                let nodes = inner.meta.nodes()?;
+                if let Err(e) = place_new_volumes(&inner, term, &mut coord, &catalog, &nodes) {
+                    if matches!(e, ClusterError::Meta(MetaError::Fenced(_))) {
+                        return Err(e);
+                    }
+                    tracing::warn!(error = %e, "placement round failed; retrying");
+                }
+                reconfigure(
+                    &inner,
+                    term,
+                    &mut coord,
+                    &catalog,
+                    &nodes,
+                    &mut faulty_since,
+                )?;
+            }
+            Ok(())
+        })();
+        match result {
+            Ok(()) => {}
+            Err(ClusterError::Meta(MetaError::Fenced(rev))) => {
+                tracing::warn!(
+                    term = rev,
+                    "coordinator write fenced: the role has moved on; this tenure ends"
+                );
+                return;
+            }
+            Err(e) => tracing::warn!(error = %e, "coordinator round failed; retrying"),
         }
     }
 }
 
-/// Whether the election key still names this node: checked before every
-/// change, so that a coordinator that lost its role without noticing yet
-/// (a frozen process waking up) changes nothing.
-fn still_coordinator(inner: &Inner) -> bool {
-    let mine = inner
-        .nodes
-        .read()
-        .iter()
-        .find(|n| n.id == inner.me)
-        .map(|n| n.info.name.clone());
-    matches!((inner.meta.coordinator(), mine), (Ok(Some(c)), Some(m)) if c == m)
+/// Takes the records the member's watch saw since the last round into the
+/// state machine's view (newer versions only), and forgets deleted ones.
+fn follow_watch(inner: &Inner, coord: &mut Coordinator) {
+    let records = inner.records.read();
+    let gone: Vec<VolumeId> = coord
+        .records()
+        .map(|r| r.volume)
+        .filter(|v| !records.contains_key(v))
+        .collect();
+    for v in gone {
+        coord.forget(v);
+    }
+    for rec in records.values() {
+        if coord
+            .record(rec.volume)
+            .is_none_or(|r| rec.version > r.version)
+        {
+            coord.observe(rec.clone());
+        }
+    }
 }
 
-fn apply(inner: &Inner, old: &Membership, new: Membership) {
-    if !still_coordinator(inner) {
-        return;
-    }
-    match inner.meta.cas_membership(old.version, new.clone()) {
+/// Writes `change` to etcd, fenced by `term`; Err only when fenced.
+fn write(
+    inner: &Inner,
+    term: CoordinatorTerm,
+    change: &Change,
+) -> Result<ChangeOutcome, ClusterError> {
+    let before = inner.records.read().get(&change.record.volume).cloned();
+    let vol = uuid::Uuid::from_u128(change.record.volume.0);
+    let outcome = inner
+        .meta
+        .cas_membership_fenced(term, change.expected, change.record.clone());
+    Ok(match outcome {
         Ok(CasOutcome::Applied(rec)) => {
-            if rec.epoch != old.epoch {
-                tracing::warn!(volume = %uuid::Uuid::from_u128(rec.volume.0), epoch = rec.epoch.0,
-                    primary = rec.primary.0, "failover: new primary");
+            if before.as_ref().is_some_and(|b| b.epoch != rec.epoch) {
+                tracing::warn!(volume = %vol, epoch = rec.epoch.0, primary = rec.primary.0,
+                    "failover: new primary");
             } else {
-                tracing::info!(volume = %uuid::Uuid::from_u128(rec.volume.0), version = rec.version,
-                    before = ?old.replicas, after = ?rec.replicas, min_in_sync = rec.min_in_sync,
-                    "replica states changed");
+                tracing::info!(volume = %vol, version = rec.version,
+                    before = ?before.map(|b| b.replicas), after = ?rec.replicas,
+                    min_in_sync = rec.min_in_sync, "replica states changed");
             }
+            ChangeOutcome::Applied(rec)
         }
-        Ok(CasOutcome::Conflict(_)) | Ok(CasOutcome::Missing) => {}
+        Ok(CasOutcome::Conflict(rec)) => ChangeOutcome::Conflict(rec),
+        Ok(CasOutcome::Missing) => ChangeOutcome::Missing,
         Ok(CasOutcome::Invalid(reason)) => {
-            tracing::error!(%reason, "coordinator produced an invalid membership change")
+            tracing::error!(volume = %vol, %reason, "coordinator produced an invalid membership change");
+            ChangeOutcome::Failed
         }
-        Err(e) => tracing::warn!(error = %e, "could not update a membership record"),
-    }
+        Err(MetaError::Fenced(rev)) => return Err(MetaError::Fenced(rev).into()),
+        Err(e) => {
+            tracing::warn!(volume = %vol, error = %e, "could not update a membership record");
+            ChangeOutcome::Failed
+        }
+    })
 }
 
 /// Each catalog volume's size.
@@ -289,19 +349,29 @@ impl Load {
 /// until one has.
 fn place_new_volumes(
     inner: &Inner,
+    term: CoordinatorTerm,
+    coord: &mut Coordinator,
     catalog: &[Versioned<VolumeRecord>],
     nodes: &[NodeStatus],
 ) -> Result<(), ClusterError> {
-    let records = inner.meta.memberships()?;
-    let placed: HashSet<VolumeId> = records.iter().map(|r| r.volume).collect();
+    let listed = inner.meta.memberships_at()?;
+    let placed: HashSet<VolumeId> = listed.iter().map(|(r, _)| r.volume).collect();
     let in_catalog: HashSet<VolumeId> = catalog
         .iter()
         .map(|v| VolumeId(v.record.id.as_u128()))
         .collect();
-    for rec in records.iter().filter(|r| !in_catalog.contains(&r.volume)) {
-        tracing::info!(volume = %uuid::Uuid::from_u128(rec.volume.0), "volume deleted: dropping its membership record");
-        inner.meta.delete_membership(rec.volume)?;
+    // Only the record as listed is deleted: one changed since (placed
+    // again by another coordinator, failed over) is left for the next round.
+    for (rec, rev) in listed
+        .iter()
+        .filter(|(r, _)| !in_catalog.contains(&r.volume))
+    {
+        if inner.meta.delete_membership(term, rec.volume, *rev)? {
+            tracing::info!(volume = %uuid::Uuid::from_u128(rec.volume.0), "volume deleted: dropped its membership record");
+            coord.forget(rec.volume);
+        }
     }
+    let records: Vec<Membership> = listed.into_iter().map(|(r, _)| r).collect();
     let mut load = Load::of(&records, catalog);
     for v in catalog {
         let vol = VolumeId(v.record.id.as_u128());
@@ -320,7 +390,8 @@ fn place_new_volumes(
         for (id, info) in rec.replicas.iter_mut() {
             info.boot = nodes.iter().find(|n| n.id == *id).map_or(0, |n| n.boot);
         }
-        if inner.meta.create_membership(&rec)? {
+        if inner.meta.create_membership(term, &rec)? {
+            coord.observe(rec.clone());
             load.add(&p, size);
             if p.missing > 0 {
                 tracing::warn!(volume = %v.record.name, placed = p.nodes.len(), missing = p.missing,
@@ -348,12 +419,20 @@ fn place_new_volumes(
 /// leave, raised only once that many are InSync.
 fn reconfigure(
     inner: &Inner,
+    term: CoordinatorTerm,
+    coord: &mut Coordinator,
     catalog: &[Versioned<VolumeRecord>],
     nodes: &[NodeStatus],
     faulty_since: &mut HashMap<(VolumeId, NodeId), Instant>,
 ) -> Result<(), ClusterError> {
     let replace_after = inner.timing().replace_after;
-    let records: Vec<Membership> = inner.records.read().values().cloned().collect();
+    // From the state machine's view, leaving alone the volumes it has a
+    // change in flight for.
+    let records: Vec<Membership> = coord
+        .records()
+        .filter(|r| !coord.has_pending(r.volume))
+        .cloned()
+        .collect();
     let mut provisioned = placement::provisioned_by_node(&records, &catalog_sizes(catalog));
     let mut primaries = HashMap::<NodeId, usize>::new();
     for r in &records {
@@ -458,7 +537,12 @@ fn reconfigure(
         }
         new.min_in_sync = new.min_in_sync.clamp(1, new.replicas.len().max(1));
         if new != rec {
-            apply(inner, &rec, new);
+            let change = Change {
+                expected: rec.version,
+                record: new,
+            };
+            let outcome = write(inner, term, &change)?;
+            coord.on_outcome(&change, outcome);
         }
     }
     Ok(())

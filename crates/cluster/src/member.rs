@@ -268,7 +268,8 @@ pub(crate) struct Inner {
     cfg: MemberConfig,
     pub(crate) me: NodeId,
     boot: u64,
-    clock: Instant,
+    /// CLOCK_BOOTTIME at start, in milliseconds (see [`boottime_ms`]).
+    clock: u64,
     pub(crate) meta: Arc<ClusterMeta>,
     registration: Mutex<Option<Registration>>,
     peers: PeerNet,
@@ -384,7 +385,7 @@ impl ClusterMember {
             cfg,
             me,
             boot,
-            clock: Instant::now(),
+            clock: boottime_ms(),
             meta,
             registration: Mutex::new(Some(registration)),
             peers,
@@ -546,8 +547,10 @@ fn housekeeping(weak: Weak<Inner>) {
 }
 
 impl Inner {
+    /// Milliseconds since this member started, on CLOCK_BOOTTIME: the clock
+    /// of leases (the replicas' and the coordinator's).
     pub(crate) fn now_ms(&self) -> u64 {
-        self.clock.elapsed().as_millis() as u64
+        boottime_ms().saturating_sub(self.clock)
     }
 
     pub(crate) fn timing(&self) -> &Timing {
@@ -1148,6 +1151,29 @@ impl Inner {
             .collect()
     }
 }
+
+/// CLOCK_BOOTTIME in milliseconds. Leases are measured on it rather than on
+/// CLOCK_MONOTONIC (`Instant`), which stops while the host is suspended: a
+/// primary resumed after a suspend must find its lease expired, as the
+/// coordinator on another host did.
+fn boottime_ms() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec; CLOCK_BOOTTIME exists on
+    // every Linux since 2.6.39.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) };
+    if rc != 0 {
+        // Not reachable on Linux; the monotonic clock is the next best.
+        return std::time::Instant::now()
+            .duration_since(*START.get_or_init(std::time::Instant::now))
+            .as_millis() as u64;
+    }
+    ts.tv_sec as u64 * 1000 + ts.tv_nsec as u64 / 1_000_000
+}
+
+static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
 
 /// The replica drivers' view of the member.
 struct Env(Weak<Inner>);

@@ -19,6 +19,12 @@
 //! - a membership record changes only through [`ClusterMeta::cas_membership`]:
 //!   one transaction comparing the key's `mod_revision` with the one whose
 //!   `version` was checked, applying `Membership::check_change`;
+//! - every write of the coordinator (record changes, creates, deletes) is
+//!   fenced by its [`CoordinatorTerm`]: the same transaction compares the
+//!   coordinator key's create revision with the term, so a coordinator that
+//!   lost its role without noticing (a paused process) changes nothing; a
+//!   delete also compares the record's `mod_revision` with the one the
+//!   coordinator decided from;
 //! - at most one `P/coordinator` key exists (created only if absent), and it
 //!   disappears when its holder's lease ends;
 //! - no call waits longer than the request timeout.
@@ -73,6 +79,8 @@ pub enum MetaError {
     UnknownNode(String),
     #[error("{0:?} changed concurrently too often; giving up")]
     Contention(String),
+    #[error("no longer the coordinator: the election key is not at revision {0} any more")]
+    Fenced(i64),
     #[error("cluster metadata client failed: {0}")]
     Internal(String),
 }
@@ -122,6 +130,11 @@ pub struct NodeStatus {
     pub alive: bool,
     pub boot: u64,
 }
+
+/// The coordinator role as this node won it: the election key's create
+/// revision, which fences every write of its tenure.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CoordinatorTerm(pub i64);
 
 /// The outcome of [`ClusterMeta::cas_membership`].
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -244,6 +257,46 @@ impl Core {
         self.txn_put(vec![(rest.to_string(), expected, value)])
     }
 
+    /// The fence of a coordinator's write: its election key still exists
+    /// with the create revision of `term`.
+    fn fence(&self, term: CoordinatorTerm) -> Compare {
+        Compare::create_revision(self.key("coordinator"), CompareOp::Equal, term.0)
+    }
+
+    /// Runs `then` if every compare in `when` holds; whether it did.
+    fn txn(&self, first: &str, when: Vec<Compare>, then: Vec<TxnOp>) -> Result<bool, MetaError> {
+        let key = self.key(first);
+        let err = self.request_error(&key);
+        self.call(&key, move |mut c| async move {
+            let resp = c
+                .txn(Txn::new().when(when).and_then(then))
+                .await
+                .map_err(&err)?;
+            Ok(resp.succeeded())
+        })
+    }
+
+    /// The create revision of a key (None: absent).
+    fn create_revision(&self, rest: &str) -> Result<Option<i64>, MetaError> {
+        let key = self.key(rest);
+        let err = self.request_error(&key);
+        let k = key.clone();
+        self.call(&key, move |mut c| async move {
+            let resp = c.get(k, None).await.map_err(&err)?;
+            Ok(resp.kvs().first().map(|kv| kv.create_revision()))
+        })
+    }
+
+    /// After a fenced transaction failed: Err(Fenced) if the fence is what
+    /// failed.
+    fn check_fence(&self, term: CoordinatorTerm) -> Result<(), MetaError> {
+        if self.create_revision("coordinator")? == Some(term.0) {
+            Ok(())
+        } else {
+            Err(MetaError::Fenced(term.0))
+        }
+    }
+
     /// Puts every `(key, expected mod_revision, value)` atomically if every
     /// key is at its expected revision (0: absent).
     fn txn_put(&self, puts: Vec<(String, i64, Vec<u8>)>) -> Result<bool, MetaError> {
@@ -273,16 +326,6 @@ impl Core {
                 .await
                 .map_err(&err)?;
             Ok(resp.succeeded())
-        })
-    }
-
-    fn delete(&self, rest: &str) -> Result<(), MetaError> {
-        let key = self.key(rest);
-        let err = self.request_error(&key);
-        let k = key.clone();
-        self.call(&key, move |mut c| async move {
-            c.delete(k, None).await.map_err(&err)?;
-            Ok(())
         })
     }
 
@@ -327,8 +370,14 @@ impl Core {
         })
     }
 
-    /// Creates `rest` bound to `lease` if absent; whether it was created.
-    fn create_with_lease(&self, rest: &str, value: Vec<u8>, lease: i64) -> Result<bool, MetaError> {
+    /// Creates `rest` bound to `lease` if absent; its create revision if it
+    /// was created.
+    fn create_with_lease(
+        &self,
+        rest: &str,
+        value: Vec<u8>,
+        lease: i64,
+    ) -> Result<Option<i64>, MetaError> {
         let key = self.key(rest);
         let err = self.request_error(&key);
         let k = key.clone();
@@ -340,7 +389,10 @@ impl Core {
                     value,
                     Some(PutOptions::new().with_lease(lease)),
                 )]);
-            Ok(c.txn(txn).await.map_err(&err)?.succeeded())
+            let resp = c.txn(txn).await.map_err(&err)?;
+            Ok(resp
+                .succeeded()
+                .then(|| resp.header().map_or(0, |h| h.revision())))
         })
     }
 }
@@ -363,6 +415,8 @@ pub struct ClusterMeta {
     /// When etcd last confirmed that this node holds the coordinator role
     /// (the time the confirming keep-alive was sent); None while not held.
     role_confirmed: Arc<parking_lot::Mutex<Option<std::time::Instant>>>,
+    /// The term of the role this node holds (None while not held).
+    role_term: Arc<parking_lot::Mutex<Option<CoordinatorTerm>>>,
 }
 
 /// The coordinator key's lease.
@@ -522,6 +576,7 @@ impl ClusterMeta {
         let handle = runtime.handle().clone();
         Ok(ClusterMeta {
             role_confirmed: Default::default(),
+            role_term: Default::default(),
             core: Arc::new(Core {
                 client,
                 prefix: cfg.prefix,
@@ -801,25 +856,71 @@ impl ClusterMeta {
     }
 
     pub fn memberships(&self) -> Result<Vec<Membership>, MetaError> {
+        Ok(self
+            .memberships_at()?
+            .into_iter()
+            .map(|(rec, _)| rec)
+            .collect())
+    }
+
+    /// Every record with its key's `mod_revision` (what a fenced delete
+    /// compares).
+    pub fn memberships_at(&self) -> Result<Vec<(Membership, i64)>, MetaError> {
         self.core
             .list("membership/")?
             .into_iter()
-            .map(|(k, v, _)| serde_json::from_slice(&v).map_err(|e| corrupt(&k, e)))
+            .map(|(k, v, rev)| {
+                serde_json::from_slice(&v)
+                    .map(|rec| (rec, rev))
+                    .map_err(|e| corrupt(&k, e))
+            })
             .collect()
     }
 
-    /// Put-if-absent; false if the volume has a record already.
-    pub fn create_membership(&self, rec: &Membership) -> Result<bool, MetaError> {
+    /// Put-if-absent by the coordinator of `term`; false if the volume has
+    /// a record already, Err(Fenced) if the role has moved on.
+    pub fn create_membership(
+        &self,
+        term: CoordinatorTerm,
+        rec: &Membership,
+    ) -> Result<bool, MetaError> {
         let key = vol_key(rec.volume);
         let json = serde_json::to_vec(rec).map_err(|e| corrupt(&key, e))?;
-        self.core.put_if(&key, 0, json)
+        let full = self.core.key(&key);
+        let when = vec![
+            Compare::create_revision(full.clone(), CompareOp::Equal, 0),
+            self.core.fence(term),
+        ];
+        let created = self
+            .core
+            .txn(&key, when, vec![TxnOp::put(full, json, None)])?;
+        if !created {
+            self.core.check_fence(term)?;
+        }
+        Ok(created)
     }
 
     /// Replaces the record if its version is still `expected` and the change
     /// is allowed (`Membership::check_change`); the stored record gets
     /// version `expected + 1`.
-    pub fn cas_membership(
+    pub fn cas_membership(&self, expected: u64, rec: Membership) -> Result<CasOutcome, MetaError> {
+        self.cas(None, expected, rec)
+    }
+
+    /// [`ClusterMeta::cas_membership`] by the coordinator of `term`:
+    /// Err(Fenced) if the role has moved on.
+    pub fn cas_membership_fenced(
         &self,
+        term: CoordinatorTerm,
+        expected: u64,
+        rec: Membership,
+    ) -> Result<CasOutcome, MetaError> {
+        self.cas(Some(term), expected, rec)
+    }
+
+    fn cas(
+        &self,
+        term: Option<CoordinatorTerm>,
         expected: u64,
         mut rec: Membership,
     ) -> Result<CasOutcome, MetaError> {
@@ -837,8 +938,17 @@ impl ClusterMeta {
             }
             rec.version = expected + 1;
             let json = serde_json::to_vec(&rec).map_err(|e| corrupt(&key, e))?;
-            if self.core.put_if(&key, rev, json)? {
+            let full = self.core.key(&key);
+            let mut when = vec![Compare::mod_revision(full.clone(), CompareOp::Equal, rev)];
+            when.extend(term.map(|t| self.core.fence(t)));
+            if self
+                .core
+                .txn(&key, when, vec![TxnOp::put(full, json, None)])?
+            {
                 return Ok(CasOutcome::Applied(rec));
+            }
+            if let Some(t) = term {
+                self.core.check_fence(t)?;
             }
             // The key changed between the read and the transaction: read
             // again (it is a conflict unless only its bytes were rewritten).
@@ -846,8 +956,26 @@ impl ClusterMeta {
         Err(MetaError::Contention(key))
     }
 
-    pub fn delete_membership(&self, vol: VolumeId) -> Result<(), MetaError> {
-        self.core.delete(&vol_key(vol))
+    /// Deletes the record of `vol` by the coordinator of `term` if it is
+    /// still at `mod_revision` (the one the coordinator decided from);
+    /// whether it was deleted. Err(Fenced) if the role has moved on.
+    pub fn delete_membership(
+        &self,
+        term: CoordinatorTerm,
+        vol: VolumeId,
+        mod_revision: i64,
+    ) -> Result<bool, MetaError> {
+        let key = vol_key(vol);
+        let full = self.core.key(&key);
+        let when = vec![
+            Compare::mod_revision(full.clone(), CompareOp::Equal, mod_revision),
+            self.core.fence(term),
+        ];
+        let deleted = self.core.txn(&key, when, vec![TxnOp::delete(full, None)])?;
+        if !deleted {
+            self.core.check_fence(term)?;
+        }
+        Ok(deleted)
     }
 
     /// Calls `f` with every record now, then with every newer version seen,
@@ -902,6 +1030,7 @@ impl ClusterMeta {
         let core = self.core.clone();
         let name = reg.name.clone();
         let confirmed = self.role_confirmed.clone();
+        let role_term = self.role_term.clone();
         // The coordinator key lives on a lease of its own, so that losing
         // the role and the node's liveness are independent.
         let ttl = COORDINATOR_TTL;
@@ -922,9 +1051,10 @@ impl ClusterMeta {
                                     name.clone().into_bytes(),
                                     lease,
                                 ) {
-                                    Ok(true) => {
+                                    Ok(Some(rev)) => {
                                         held = Some(lease);
                                         last_ok = std::time::Instant::now();
+                                        *role_term.lock() = Some(CoordinatorTerm(rev));
                                         *confirmed.lock() = Some(last_ok);
                                         f(true);
                                     }
@@ -961,6 +1091,7 @@ impl ClusterMeta {
                             tracing::warn!(node = %name, "lost the coordinator role");
                             held = None;
                             *confirmed.lock() = None;
+                            *role_term.lock() = None;
                             f(false);
                         }
                     }
@@ -968,6 +1099,7 @@ impl ClusterMeta {
             }
             if let Some(lease) = held {
                 *confirmed.lock() = None;
+                *role_term.lock() = None;
                 core.revoke(lease);
                 f(false);
             }
@@ -998,6 +1130,11 @@ impl ClusterMeta {
     /// node as heard this long before its start.
     pub fn role_handover_credit_ms() -> u64 {
         (COORDINATOR_TTL / 3).as_millis() as u64
+    }
+
+    /// The term of the coordinator role this node holds, if it holds it.
+    pub fn coordinator_term(&self) -> Option<CoordinatorTerm> {
+        *self.role_term.lock()
     }
 
     /// The current coordinator's node name, if any.

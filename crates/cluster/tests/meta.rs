@@ -1,9 +1,12 @@
 //! `cluster::meta` against a real etcd: registration (stable ids, growing
 //! boots, liveness), node states, membership compare-and-swap with the
-//! protocol's change rules, the coordinator election's failover, and the
-//! provisioning lock.
+//! protocol's change rules, the coordinator election's failover, fencing of
+//! a deposed coordinator's writes, and the provisioning lock.
 
-use basalt_cluster::meta::{CasOutcome, ClusterMeta, EtcdConfig, MetaError, NodeInfo, NodeState};
+use basalt_cluster::meta::{
+    CasOutcome, ClusterMeta, CoordinatorTerm, ElectionGuard, EtcdConfig, MetaError, NodeInfo,
+    NodeState, Registration,
+};
 use basalt_etcd_fixture::EtcdServer;
 use basalt_replication::{Epoch, Membership, NodeId, VolumeId};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -26,6 +29,17 @@ fn info(name: &str) -> NodeInfo {
 
 fn connect(etcd: &EtcdServer, prefix: &str) -> ClusterMeta {
     ClusterMeta::connect(EtcdConfig::new([etcd.endpoint()]).with_prefix(prefix)).unwrap()
+}
+
+/// Registers `name` and campaigns until it holds the coordinator role.
+fn elected(meta: &ClusterMeta, name: &str) -> (Registration, ElectionGuard, CoordinatorTerm) {
+    let reg = meta
+        .register_node(info(name), Duration::from_secs(2))
+        .unwrap();
+    let guard = meta.campaign(&reg, Box::new(|_| {})).unwrap();
+    wait_until("the election", || meta.coordinator_term().is_some());
+    let term = meta.coordinator_term().unwrap();
+    (reg, guard, term)
 }
 
 fn wait_until(what: &str, mut ok: impl FnMut() -> bool) {
@@ -86,8 +100,12 @@ fn membership_cas_follows_the_protocol_rules() {
     let vol = VolumeId(0xfeed_u128 << 64);
     let (a, b, c) = (NodeId(1), NodeId(2), NodeId(3));
     let rec = Membership::new(vol, &[a, b, c], a, 2);
-    assert!(meta.create_membership(&rec).unwrap());
-    assert!(!meta.create_membership(&rec).unwrap(), "put-if-absent");
+    let (_reg, _guard, term) = elected(&meta, "c");
+    assert!(meta.create_membership(term, &rec).unwrap());
+    assert!(
+        !meta.create_membership(term, &rec).unwrap(),
+        "put-if-absent"
+    );
     assert_eq!(meta.membership(vol).unwrap(), Some(rec.clone()));
 
     // A new epoch with a new primary: applied, version + 1.
@@ -139,7 +157,13 @@ fn membership_cas_follows_the_protocol_rules() {
     wait_until("the watch to report version 3", || seen.lock().contains(&3));
     assert_eq!(seen.lock().first(), Some(&2));
 
-    meta.delete_membership(vol).unwrap();
+    // A delete compares the record's mod_revision: one decided from an
+    // older listing leaves the record alone.
+    let listed = meta.memberships_at().unwrap();
+    let (_, rev) = listed.iter().find(|(r, _)| r.volume == vol).unwrap();
+    assert!(!meta.delete_membership(term, vol, rev - 1).unwrap());
+    assert!(meta.membership(vol).unwrap().is_some());
+    assert!(meta.delete_membership(term, vol, *rev).unwrap());
     assert_eq!(meta.membership(vol).unwrap(), None);
     wait_until("the watch to report the deletion", || {
         deleted.lock().contains(&vol)
@@ -186,6 +210,53 @@ fn exactly_one_coordinator_and_failover_when_it_dies() {
     assert!(!e1.load(Ordering::SeqCst));
     drop(r1);
     drop(r2);
+}
+
+/// The pause the issue describes: a coordinator loses its role without
+/// noticing (here it resigns; a frozen process is the same to etcd), a
+/// successor is elected and places the volume again; every write of the
+/// old tenure — CAS, create, delete — is refused, and changes nothing.
+#[test]
+fn a_deposed_coordinators_writes_are_fenced() {
+    let etcd = EtcdServer::start().unwrap();
+    let (m1, m2) = (connect(&etcd, "/t5/"), connect(&etcd, "/t5/"));
+    let vol = VolumeId(0xabcd_u128 << 64);
+    let (a, b) = (NodeId(1), NodeId(2));
+    let (r1, g1, old_term) = elected(&m1, "old");
+    let rec = Membership::new(vol, &[a, b], a, 1);
+    assert!(m1.create_membership(old_term, &rec).unwrap());
+    let (_, rev) = m1.memberships_at().unwrap()[0];
+    drop(g1);
+    drop(r1);
+    let (_r2, _g2, new_term) = elected(&m2, "new");
+    assert_ne!(old_term, new_term);
+
+    let mut failover = rec.clone();
+    failover.epoch = Epoch(2);
+    failover.primary = b;
+    assert!(matches!(
+        m1.cas_membership_fenced(old_term, 1, failover.clone()),
+        Err(MetaError::Fenced(t)) if t == old_term.0
+    ));
+    assert!(matches!(
+        m1.delete_membership(old_term, vol, rev),
+        Err(MetaError::Fenced(_))
+    ));
+    let other = Membership::new(VolumeId(vol.0 + 1), &[a], a, 1);
+    assert!(matches!(
+        m1.create_membership(old_term, &other),
+        Err(MetaError::Fenced(_))
+    ));
+    assert_eq!(
+        m2.memberships().unwrap(),
+        vec![rec.clone()],
+        "nothing changed"
+    );
+    // The current coordinator's writes go through.
+    assert!(matches!(
+        m2.cas_membership_fenced(new_term, 1, failover).unwrap(),
+        CasOutcome::Applied(r) if r.version == 2
+    ));
 }
 
 #[test]

@@ -148,6 +148,7 @@ fn every_kind(tag: u64) -> Vec<Msg> {
             vol: VOL,
             epoch: Epoch(tag),
             primary: NodeId(1),
+            lease_ms: 1500,
         },
         Msg::ClientReq {
             id: tag,

@@ -46,8 +46,9 @@ pub const MAGIC: [u8; 4] = *b"BSPW";
 /// version 1 peer would refuse those mid-stream, so the versions refuse each
 /// other at `Hello` instead. Version 3 added `commit` and `floor` to
 /// `Repl` and the `ReplStarted` kind (9), the acknowledgement of a `Start`
-/// with the secondary's uncertain regions of the epoch before.
-pub const VERSION: u8 = 3;
+/// with the secondary's uncertain regions of the epoch before. Version 4
+/// added the coordinator's `lease_ms` to `HeartbeatAck`.
+pub const VERSION: u8 = 4;
 /// Bytes in a frame header.
 pub const HEADER_LEN: usize = 20;
 /// The largest payload a decoder accepts (and an encoder produces).
@@ -306,7 +307,7 @@ fn fields_len(frame: &Frame) -> usize {
         }
         Msg::Fenced { .. } => 8,
         Msg::Heartbeat { .. } => 16,
-        Msg::HeartbeatAck { .. } => 20,
+        Msg::HeartbeatAck { .. } => 28,
         Msg::ClientReq { req, .. } => {
             8 + 1
                 + match req {
@@ -425,11 +426,13 @@ fn write_fields(frame: &Frame, data: &[u8], out: &mut Vec<u8>) {
             sent_at,
             epoch,
             primary,
+            lease_ms,
             ..
         } => {
             u64le(out, *sent_at);
             u64le(out, epoch.0);
             u32le(out, primary.0);
+            u64le(out, *lease_ms);
         }
         Msg::ClientReq { id, req } => {
             u64le(out, *id);
@@ -760,6 +763,7 @@ fn decode_payload(kind: u8, payload: &[u8]) -> Result<Frame, DecodeError> {
             sent_at: r.u64("sent_at")?,
             epoch: Epoch(r.u64("epoch")?),
             primary: NodeId(r.u32("primary")?),
+            lease_ms: r.u64("lease_ms")?,
             vol,
         },
         kind::CLIENT_REQ => {

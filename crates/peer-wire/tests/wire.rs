@@ -464,11 +464,14 @@ fn msg(vol: VolumeId) -> impl Strategy<Value = Msg> {
             epoch: Epoch(e)
         }),
         (n(), n()).prop_map(|(boot, sent_at)| Msg::Heartbeat { boot, sent_at }),
-        (n(), n(), any::<u32>()).prop_map(move |(sent_at, e, p)| Msg::HeartbeatAck {
-            sent_at,
-            vol,
-            epoch: Epoch(e),
-            primary: NodeId(p)
+        (n(), n(), any::<u32>(), n()).prop_map(move |(sent_at, e, p, lease_ms)| {
+            Msg::HeartbeatAck {
+                sent_at,
+                vol,
+                epoch: Epoch(e),
+                primary: NodeId(p),
+                lease_ms,
+            }
         }),
         (n(), client_req()).prop_map(|(id, req)| Msg::ClientReq { id, req }),
         (n(), client_reply()).prop_map(|(id, reply)| Msg::ClientReply { id, reply }),

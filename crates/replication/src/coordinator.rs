@@ -1,9 +1,13 @@
-//! The elected coordinator of the cluster.
+//! The elected coordinator of the cluster, as a sans-I/O state machine.
 //!
 //! Job: track node liveness through heartbeats (leases) and restarts (boot
-//! ids), and change the membership record accordingly: mark lost secondaries
-//! Faulty, returning ones OutOfSync, and promote an InSync secondary with
-//! epoch + 1 when the primary is lost or restarted.
+//! ids), and change the membership records accordingly: mark lost
+//! secondaries Faulty, returning ones OutOfSync, and promote an InSync
+//! secondary with epoch + 1 when the primary is lost or restarted. It keeps
+//! its own view of the records (what it read, and what it wrote itself),
+//! answers heartbeats from that view, and asks for changes as [`Change`]s
+//! that the driver writes to the metadata store, fenced by the
+//! coordinator's election revision, and whose outcome it feeds back.
 //!
 //! Invariants:
 //! - only a replica that is InSync in the current record (and has not
@@ -11,14 +15,22 @@
 //!   re-appointed; otherwise nobody is (the volume waits);
 //! - a primary is declared lost only once `lease + grace` has passed since its
 //!   last heartbeat arrived; a primary stops acknowledging at
-//!   `heartbeat sent_at + lease`, so the old primary's last acknowledgement
-//!   precedes the promotion (no clock skew assumed beyond `grace`);
-//! - a heartbeat is answered with the record's current epoch and primary, so a
-//!   deposed primary never extends its lease;
-//! - every change goes through CAS on the record version.
+//!   `heartbeat sent_at + lease` (the lease this coordinator states in its
+//!   answer), so the old primary's last acknowledgement precedes the
+//!   promotion (no clock rate difference assumed beyond `grace`);
+//! - a heartbeat is answered from the view, which includes this
+//!   coordinator's own successful writes at once; while a promotion it asked
+//!   for is unanswered (or its outcome unknown), the answer names the
+//!   proposed epoch and primary, so a primary it declared lost is never
+//!   renewed until the store shows that the promotion did not happen;
+//! - at most one change per volume is in flight, and every change is a CAS
+//!   on the version of the record the decision was made from;
+//! - a coordinator that did not run for longer than `grace` (a process
+//!   pause, a stalled host) counts every node as heard when it runs again:
+//!   its own silence is not the nodes' (it replaces nobody for that).
 
 use crate::msg::{Endpoint, Msg};
-use crate::types::{Epoch, Membership, NodeId, ReplicaState};
+use crate::types::{Epoch, Membership, NodeId, ReplicaState, VolumeId};
 use std::collections::BTreeMap;
 
 #[derive(Clone, Copy, Debug)]
@@ -27,10 +39,64 @@ struct Liveness {
     boot: u64,
 }
 
+/// A record change the coordinator asks for: replace the record at version
+/// `expected` with `record`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Change {
+    pub expected: u64,
+    pub record: Membership,
+}
+
+/// What became of a [`Change`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ChangeOutcome {
+    /// Written; the record as stored.
+    Applied(Membership),
+    /// Not written: the record is at another version (this one) now.
+    Conflict(Membership),
+    /// Not written: the record no longer exists.
+    Missing,
+    /// Not written: refused, fenced (the role moved on) or the store did not
+    /// answer. Whether it was applied may be unknown: the view stays as it
+    /// was until the store shows a newer record.
+    Failed,
+}
+
+/// A change asked for and not yet settled.
+#[derive(Clone, Debug)]
+struct Pending {
+    change: Change,
+    /// Sent to the store and not answered yet (else: answered `Failed`,
+    /// outcome unknown; the next tick decides again).
+    in_flight: bool,
+    /// The newest epoch and primary asked for since the record at
+    /// `change.expected`: what heartbeats are answered with until the store
+    /// shows a newer record (a settling write does not lower it).
+    announce: (Epoch, NodeId),
+}
+
 pub struct Coordinator {
     lease_ms: u64,
     grace_ms: u64,
     nodes: BTreeMap<NodeId, Liveness>,
+    view: BTreeMap<VolumeId, Membership>,
+    pending: BTreeMap<VolumeId, Pending>,
+    /// When the coordinator last ran (handled any input).
+    last_run: Option<u64>,
+    stalls: u64,
+    bug: Option<CoordinatorBug>,
+}
+
+/// Test-only: a coordinator deliberately broken in one way, to prove the
+/// simulator catches it.
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CoordinatorBug {
+    /// Its own successful writes do not update its view (heartbeats are
+    /// answered from the record it read before them).
+    IgnoreOwnWrites,
+    /// After a stall it fails over every node it did not hear meanwhile.
+    NoStallCredit,
 }
 
 impl Coordinator {
@@ -51,7 +117,45 @@ impl Coordinator {
                     )
                 })
                 .collect(),
+            view: BTreeMap::new(),
+            pending: BTreeMap::new(),
+            last_run: None,
+            stalls: 0,
+            bug: None,
         }
+    }
+
+    #[doc(hidden)]
+    pub fn with_bug(mut self, bug: CoordinatorBug) -> Self {
+        self.bug = Some(bug);
+        self
+    }
+
+    /// The lease length this coordinator grants (sent in every answer).
+    pub fn lease_ms(&self) -> u64 {
+        self.lease_ms
+    }
+
+    /// How many times the coordinator found it had not run for longer than
+    /// `grace` (and counted every node as heard again).
+    pub fn stalls(&self) -> u64 {
+        self.stalls
+    }
+
+    /// Notes that the coordinator runs at `now`; after a stall, every known
+    /// node counts as heard now (see the module docs).
+    fn run(&mut self, now: u64) {
+        if self.bug != Some(CoordinatorBug::NoStallCredit)
+            && self
+                .last_run
+                .is_some_and(|t| now > t.saturating_add(self.grace_ms))
+        {
+            self.stalls += 1;
+            for l in self.nodes.values_mut() {
+                l.last_heard = l.last_heard.max(now);
+            }
+        }
+        self.last_run = Some(self.last_run.map_or(now, |t| t.max(now)));
     }
 
     /// Makes `node` known as heard at `now` if it is not known yet: for a
@@ -77,30 +181,79 @@ impl Coordinator {
         l.last_heard = l.last_heard.max(now);
     }
 
-    /// A heartbeat arrived; returns the answer.
+    /// A record read from the store (a list, a watch event, a node's
+    /// answer): taken into the view if newer than what it holds. A record
+    /// newer than the base of a pending change settles that change (it was
+    /// applied, or superseded: the next tick decides from the new record).
+    pub fn observe(&mut self, rec: Membership) {
+        let vol = rec.volume;
+        if self
+            .pending
+            .get(&vol)
+            .is_some_and(|p| rec.version > p.change.expected)
+        {
+            self.pending.remove(&vol);
+        }
+        if self.view.get(&vol).is_none_or(|r| rec.version > r.version) {
+            self.view.insert(vol, rec);
+        }
+    }
+
+    /// The volume's record was deleted.
+    pub fn forget(&mut self, vol: VolumeId) {
+        self.view.remove(&vol);
+        self.pending.remove(&vol);
+    }
+
+    /// The record of `vol` as this coordinator knows it.
+    pub fn record(&self, vol: VolumeId) -> Option<&Membership> {
+        self.view.get(&vol)
+    }
+
+    /// Every record as this coordinator knows it.
+    pub fn records(&self) -> impl Iterator<Item = &Membership> {
+        self.view.values()
+    }
+
+    /// Whether a change of `vol` is asked for and not settled.
+    pub fn has_pending(&self, vol: VolumeId) -> bool {
+        self.pending.contains_key(&vol)
+    }
+
+    /// A heartbeat arrived from `from` for volume `vol`; returns the answer
+    /// (None for a volume the coordinator has no record of).
     pub fn on_heartbeat(
         &mut self,
         now: u64,
         from: NodeId,
         boot: u64,
         sent_at: u64,
-        rec: &Membership,
-    ) -> (Endpoint, Msg) {
+        vol: VolumeId,
+    ) -> Option<(Endpoint, Msg)> {
+        self.run(now);
         let l = self.nodes.entry(from).or_insert(Liveness {
             last_heard: now,
             boot,
         });
         l.last_heard = l.last_heard.max(now);
         l.boot = l.boot.max(boot);
-        (
+        let rec = self.view.get(&vol)?;
+        // A promotion asked for and not settled answers for the record: the
+        // primary it replaces must not extend its lease meanwhile.
+        let (epoch, primary) = match self.pending.get(&vol) {
+            Some(p) if p.announce.0 > rec.epoch => p.announce,
+            _ => (rec.epoch, rec.primary),
+        };
+        Some((
             Endpoint::Node(from),
             Msg::HeartbeatAck {
                 sent_at,
-                vol: rec.volume,
-                epoch: rec.epoch,
-                primary: rec.primary,
+                vol,
+                epoch,
+                primary,
+                lease_ms: self.lease_ms,
             },
-        )
+        ))
     }
 
     fn alive(&self, now: u64, n: NodeId) -> bool {
@@ -109,9 +262,75 @@ impl Coordinator {
             .is_some_and(|l| now <= l.last_heard + self.lease_ms + self.grace_ms)
     }
 
-    /// Returns the record the coordinator wants (to CAS at `rec.version`),
-    /// or None when `rec` is fine.
-    pub fn tick(&self, now: u64, rec: &Membership) -> Option<Membership> {
+    /// The changes to ask for at `now`: one per volume whose record (in the
+    /// view) needs one and has none in flight.
+    pub fn tick(&mut self, now: u64) -> Vec<Change> {
+        self.run(now);
+        let mut changes = Vec::new();
+        for (vol, rec) in &self.view {
+            let unsettled = match self.pending.get(vol) {
+                Some(p) if p.in_flight => continue,
+                Some(_) => true,
+                None => false,
+            };
+            // A change whose outcome is unknown is settled by a write at
+            // the same version: the decision again, or the record as it is
+            // (which only bumps its version, so the lost write can never
+            // land afterwards).
+            let record = match self.decide(now, rec) {
+                Some(r) => r,
+                None if unsettled => rec.clone(),
+                None => continue,
+            };
+            changes.push(Change {
+                expected: rec.version,
+                record,
+            });
+        }
+        for c in &changes {
+            let asked = (c.record.epoch, c.record.primary);
+            let announce = match self.pending.get(&c.record.volume) {
+                Some(p) if p.announce.0 > asked.0 => p.announce,
+                _ => asked,
+            };
+            self.pending.insert(
+                c.record.volume,
+                Pending {
+                    change: c.clone(),
+                    in_flight: true,
+                    announce,
+                },
+            );
+        }
+        changes
+    }
+
+    /// What became of `change`.
+    pub fn on_outcome(&mut self, change: &Change, outcome: ChangeOutcome) {
+        let vol = change.record.volume;
+        let ours = self
+            .pending
+            .get(&vol)
+            .is_some_and(|p| p.change.expected == change.expected);
+        match outcome {
+            ChangeOutcome::Applied(_) if self.bug == Some(CoordinatorBug::IgnoreOwnWrites) => {
+                self.pending.remove(&vol);
+            }
+            ChangeOutcome::Applied(rec) | ChangeOutcome::Conflict(rec) => self.observe(rec),
+            ChangeOutcome::Missing => self.forget(vol),
+            ChangeOutcome::Failed => {
+                if ours {
+                    if let Some(p) = self.pending.get_mut(&vol) {
+                        p.in_flight = false;
+                    }
+                }
+            }
+        }
+    }
+
+    /// The record the coordinator wants instead of `rec`, or None when
+    /// `rec` is fine.
+    fn decide(&self, now: u64, rec: &Membership) -> Option<Membership> {
         let mut m = rec.clone();
         let mut failover = false;
         let mut restarted = Vec::new();
@@ -176,21 +395,34 @@ mod tests {
     use super::*;
     use crate::types::VolumeId;
 
+    const VOL: VolumeId = VolumeId(7);
+
+    fn with(rec: &Membership, c: &mut Coordinator) {
+        c.observe(rec.clone());
+    }
+
     #[test]
     fn idle_node_vouched_for_is_not_lost_when_a_volume_lands_on_it() {
         let (a, b) = (NodeId(1), NodeId(2));
         let mut c = Coordinator::new(100, 50, &[a, b], 0);
-        // Long idle: neither node held a replica, so neither heartbeated.
+        // Long idle: neither node held a replica, so neither heartbeated
+        // (the coordinator ran meanwhile, so it did not stall).
+        for t in (0..=10_000).step_by(40) {
+            assert!(c.tick(t).is_empty());
+        }
         c.vouch(a, 10_000);
         c.vouch(b, 10_000);
-        let rec = Membership::new(VolumeId(7), &[a, b], a, 1);
-        assert_eq!(
-            c.tick(10_010, &rec),
-            None,
+        let rec = Membership::new(VOL, &[a, b], a, 1);
+        with(&rec, &mut c);
+        assert!(
+            c.tick(10_010).is_empty(),
             "freshly placed volume left alone"
         );
         // Without heartbeats the primary is lost after lease + grace.
-        assert!(c.tick(10_151, &rec).is_some());
+        for t in (10_050..10_150).step_by(40) {
+            assert!(c.tick(t).is_empty());
+        }
+        assert_eq!(c.tick(10_151).len(), 1);
     }
 
     #[test]
@@ -199,16 +431,16 @@ mod tests {
         let mut rec = Membership::new(VolumeId(1), &nodes, NodeId(0), 2);
         rec.replicas.get_mut(&NodeId(1)).unwrap().state = ReplicaState::OutOfSync;
         let mut c = Coordinator::new(100, 20, &nodes, 0);
-        for t in [50, 100] {
-            c.on_heartbeat(t, NodeId(1), 0, t, &rec);
-            c.on_heartbeat(t, NodeId(2), 0, t, &rec);
+        with(&rec, &mut c);
+        for t in [10, 30, 50, 70, 90, 100] {
+            c.on_heartbeat(t, NodeId(1), 0, t, VolumeId(1));
+            c.on_heartbeat(t, NodeId(2), 0, t, VolumeId(1));
         }
-        assert_eq!(
-            c.tick(120, &rec),
-            None,
-            "primary still within lease + grace"
-        );
-        let m = c.tick(121, &rec).unwrap();
+        assert!(c.tick(110).is_empty());
+        assert!(c.tick(120).is_empty(), "primary still within lease + grace");
+        let changes = c.tick(121);
+        let m = &changes[0].record;
+        assert_eq!(changes[0].expected, rec.version);
         assert_eq!(m.epoch, Epoch(2));
         assert_eq!(m.primary, NodeId(2), "only InSync secondaries are promoted");
         assert_eq!(m.state(NodeId(1)), Some(ReplicaState::OutOfSync));
@@ -220,10 +452,112 @@ mod tests {
         let nodes = [NodeId(0), NodeId(1)];
         let rec = Membership::new(VolumeId(1), &nodes, NodeId(0), 1);
         let mut c = Coordinator::new(100, 20, &nodes, 0);
-        c.on_heartbeat(10, NodeId(1), 7, 10, &rec);
-        let m = c.tick(10, &rec).unwrap();
+        with(&rec, &mut c);
+        c.on_heartbeat(10, NodeId(1), 7, 10, VolumeId(1));
+        let changes = c.tick(10);
+        let m = &changes[0].record;
         assert_eq!(m.epoch, Epoch(1));
         assert_eq!(m.replicas[&NodeId(1)].boot, 7);
         assert_eq!(m.state(NodeId(1)), Some(ReplicaState::OutOfSync));
+    }
+
+    /// The primary `NodeId(0)` of a 2-replica record falls silent; the
+    /// coordinator asks to promote `NodeId(1)` at `t = 121`.
+    fn failover_asked() -> (Coordinator, Change) {
+        let nodes = [NodeId(0), NodeId(1)];
+        let rec = Membership::new(VOL, &nodes, NodeId(0), 1);
+        let mut c = Coordinator::new(100, 20, &nodes, 0);
+        with(&rec, &mut c);
+        for t in (10..=120).step_by(10) {
+            c.on_heartbeat(t, NodeId(1), 0, t, VOL);
+            assert!(c.tick(t).is_empty());
+        }
+        let mut changes = c.tick(121);
+        assert_eq!(changes.len(), 1);
+        (c, changes.remove(0))
+    }
+
+    fn answer(c: &mut Coordinator, now: u64, from: NodeId) -> (Epoch, NodeId, u64) {
+        match c.on_heartbeat(now, from, 0, now, VOL) {
+            Some((
+                _,
+                Msg::HeartbeatAck {
+                    epoch,
+                    primary,
+                    lease_ms,
+                    ..
+                },
+            )) => (epoch, primary, lease_ms),
+            other => panic!("unexpected answer {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_deposed_primary_is_not_renewed_once_its_successor_is_written() {
+        let (mut c, change) = failover_asked();
+        // The promotion is in flight: the old primary wakes and heartbeats.
+        assert_eq!(answer(&mut c, 122, NodeId(0)), (Epoch(2), NodeId(1), 100));
+        let mut applied = change.record.clone();
+        applied.version = change.expected + 1;
+        c.on_outcome(&change, ChangeOutcome::Applied(applied));
+        // No watch event yet: the view has the coordinator's own write.
+        assert_eq!(answer(&mut c, 123, NodeId(0)), (Epoch(2), NodeId(1), 100));
+        assert_eq!(c.record(VOL).map(|r| r.version), Some(change.expected + 1));
+        // It is alive again: back as a secondary to resync, in epoch 2.
+        let back = c.tick(124);
+        assert_eq!(back[0].record.epoch, Epoch(2));
+        assert_eq!(
+            back[0].record.state(NodeId(0)),
+            Some(ReplicaState::OutOfSync)
+        );
+    }
+
+    #[test]
+    fn a_promotion_of_unknown_outcome_is_settled_before_anyone_is_renewed() {
+        let (mut c, change) = failover_asked();
+        c.on_outcome(&change, ChangeOutcome::Failed);
+        // The old primary comes back; it is alive again, but whether the
+        // promotion landed is unknown: no renewal.
+        assert_eq!(answer(&mut c, 130, NodeId(0)).0, Epoch(2));
+        let settle = c.tick(131);
+        assert_eq!(settle.len(), 1, "a settling write at the same version");
+        assert_eq!(settle[0].expected, change.expected);
+        assert_eq!(
+            answer(&mut c, 132, NodeId(0)).0,
+            Epoch(2),
+            "still unsettled"
+        );
+        let mut stored = settle[0].record.clone();
+        stored.version = settle[0].expected + 1;
+        c.on_outcome(&settle[0], ChangeOutcome::Applied(stored.clone()));
+        assert_eq!(
+            answer(&mut c, 133, NodeId(0)),
+            (stored.epoch, stored.primary, 100)
+        );
+    }
+
+    #[test]
+    fn a_stalled_coordinator_fails_nobody_over_for_its_own_silence() {
+        let nodes = [NodeId(0), NodeId(1)];
+        let rec = Membership::new(VOL, &nodes, NodeId(0), 1);
+        let mut c = Coordinator::new(100, 20, &nodes, 0);
+        with(&rec, &mut c);
+        for t in (10..=100).step_by(10) {
+            c.on_heartbeat(t, NodeId(0), 0, t, VOL);
+            c.on_heartbeat(t, NodeId(1), 0, t, VOL);
+            assert!(c.tick(t).is_empty());
+        }
+        // Paused for 5 s: heartbeats queued meanwhile arrive after the tick.
+        assert!(c.tick(5_100).is_empty(), "no failover after a stall");
+        assert_eq!(c.stalls(), 1);
+        // A primary that really is gone is still replaced, lease + grace
+        // after the stall.
+        for t in (5_110..=5_220).step_by(10) {
+            c.on_heartbeat(t, NodeId(1), 0, t, VOL);
+            assert!(c.tick(t).is_empty(), "t={t}");
+        }
+        c.on_heartbeat(5_230, NodeId(1), 0, 5_230, VOL);
+        assert_eq!(c.tick(5_230).len(), 1);
+        assert!(c.has_pending(VOL), "the silent primary is replaced");
     }
 }

@@ -23,7 +23,7 @@ mod secondary;
 pub mod types;
 mod uncertain;
 
-pub use coordinator::Coordinator;
+pub use coordinator::{Change, ChangeOutcome, Coordinator, CoordinatorBug};
 pub use msg::{
     Action, ClientReply, ClientReq, DiskOp, DiskResult, Endpoint, Input, IoId, Msg, Prior, ReplOp,
 };

@@ -136,13 +136,15 @@ pub enum Msg {
         sent_at: u64,
     },
     /// Coordinator → node: the record's epoch and primary at answer time; a
-    /// primary extends its lease to `sent_at + lease` only if it is still the
-    /// primary of its epoch.
+    /// primary extends its lease to `sent_at + lease_ms` only if it is still
+    /// the primary of its epoch. `lease_ms` is the coordinator's (0: not
+    /// stated, by an older coordinator; the node's own setting applies).
     HeartbeatAck {
         sent_at: u64,
         vol: VolumeId,
         epoch: Epoch,
         primary: NodeId,
+        lease_ms: u64,
     },
     /// Node → metadata service.
     MetaGet {

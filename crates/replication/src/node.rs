@@ -409,6 +409,12 @@ impl Node {
         }
     }
 
+    /// Until when (on this node's clock) it may acknowledge as primary: the
+    /// last heartbeat answer's `sent_at + lease`.
+    pub fn lease_until(&self) -> u64 {
+        self.lease_until
+    }
+
     pub fn role(&self) -> RoleKind {
         match &self.role {
             Role::Idle => RoleKind::Idle,
@@ -731,10 +737,18 @@ impl Node {
                 vol,
                 epoch,
                 primary,
+                lease_ms,
             } if vol == self.vol => {
                 if let Role::Primary(p) = &self.role {
                     if epoch == p.epoch && primary == self.me {
-                        self.lease_until = self.lease_until.max(sent_at + self.cfg.lease_ms);
+                        // The coordinator's lease: it waits `lease + grace`
+                        // of its own before replacing this primary.
+                        let lease = if lease_ms == 0 {
+                            self.cfg.lease_ms
+                        } else {
+                            lease_ms
+                        };
+                        self.lease_until = self.lease_until.max(sent_at + lease);
                     } else if epoch > p.epoch {
                         out.sends
                             .push((Endpoint::Control, Msg::MetaGet { vol: self.vol }));
@@ -909,6 +923,7 @@ mod tests {
                     vol,
                     epoch: Epoch(1),
                     primary: p,
+                    lease_ms: 0,
                 },
             },
         )

@@ -32,9 +32,9 @@
 //! and writes travel as `WriteZeroes` as well as data.
 
 use basalt_replication::{
-    Action, ClientReply, ClientReq, Config, Coordinator, DiskOp, DiskResult, Endpoint, Input, IoId,
-    Membership, MetaStore, Msg, Node, NodeId, ReplOp, ReplicaInfo, ReplicaState, RoleKind,
-    SavedLogs, VolumeId,
+    Action, CasError, Change, ChangeOutcome, ClientReply, ClientReq, Config, Coordinator,
+    CoordinatorBug, DiskOp, DiskResult, Endpoint, Input, IoId, Membership, MetaStore, Msg, Node,
+    NodeId, ReplOp, ReplicaInfo, ReplicaState, RoleKind, SavedLogs, VolumeId,
 };
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap};
@@ -227,9 +227,89 @@ enum Ev {
         node: usize,
         inc: u64,
     },
-    CoordTick,
+    /// Coordinator candidate `c`'s periodic step: keep its election lease
+    /// (or campaign), then decide.
+    CoordTick {
+        c: usize,
+    },
+    /// A heartbeat reaches coordinator candidate `c`.
+    CoordHeartbeat {
+        c: usize,
+        from: NodeId,
+        boot: u64,
+        sent_at: u64,
+    },
+    /// A coordinator's change reaches etcd (fenced by `term`).
+    EtcdWrite {
+        c: usize,
+        inc: u64,
+        term: u64,
+        change: Change,
+        /// When the coordinator decided it (simulation time).
+        decided: u64,
+    },
+    /// etcd's answer to a change reaches its coordinator.
+    CoordOutcome {
+        c: usize,
+        inc: u64,
+        change: Change,
+        outcome: ChangeOutcome,
+    },
+    /// A watch event reaches coordinator `c`.
+    Watch {
+        c: usize,
+        inc: u64,
+        rec: Membership,
+    },
+    /// Node `node`'s watch of etcd delivers `rec`.
+    NodeWatch {
+        node: usize,
+        rec: Membership,
+    },
+    /// Node `node` learns that `c` is the coordinator (it reads the
+    /// election key).
+    Learn {
+        node: usize,
+        c: usize,
+    },
     ClientTick,
     Fault,
+}
+
+/// The coordinator role's lease in etcd (ms); a coordinator answers
+/// heartbeats only within two thirds of it after its last confirmed
+/// keep-alive, and a new one counts every node heard a third of it before
+/// its election (as `basalt-cluster` does with its 3 s role TTL).
+const ROLE_TTL: u64 = 300;
+const GRACE: u64 = 20;
+
+/// The coordinator role as etcd holds it.
+struct Election {
+    holder: usize,
+    /// The election key's create revision: the holder's fencing token.
+    rev: u64,
+    /// When the holder's lease runs out (etcd's clock).
+    expires: u64,
+}
+
+/// A process that campaigns for the coordinator role.
+struct CoordProc {
+    /// While it believes it holds the role.
+    coord: Option<Coordinator>,
+    term: u64,
+    /// Its last confirmed keep-alive (its clock).
+    confirmed: u64,
+    paused_until: u64,
+    /// Freeze for this long at the next tick, after deciding and before
+    /// sending the changes (a pause between a check and the write it
+    /// guards).
+    freeze_mid_tick: Option<u64>,
+    etcd_cut: bool,
+    /// Bumped when it loses the role: answers to an earlier tenure are
+    /// dropped.
+    inc: u64,
+    /// Its clock's offset from the simulation's.
+    skew: u64,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -249,6 +329,8 @@ struct Req {
     floor: Vec<Option<usize>>,
     /// Flushes: writes acknowledged in this epoch before the flush was sent.
     covers: Vec<(usize, usize)>,
+    /// When it was sent.
+    issued: u64,
 }
 
 #[derive(Default)]
@@ -269,6 +351,22 @@ struct Model {
     durable_acks: u64,
 }
 
+/// A deliberately broken protocol or control plane, to prove the checks
+/// can fail.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Bug {
+    /// Primaries acknowledge after the local disk alone.
+    AckBeforeSecondaries,
+    /// etcd applies a coordinator's change without checking its election
+    /// revision.
+    Unfenced,
+    /// The coordinator answers heartbeats from a view its own writes do not
+    /// update.
+    CoordinatorIgnoresOwnWrites,
+    /// A coordinator that stalled fails over every node it did not hear.
+    NoStallCredit,
+}
+
 pub struct Params {
     /// Replicas in the volume's initial record (nodes `0..nodes`).
     pub nodes: usize,
@@ -278,7 +376,7 @@ pub struct Params {
     pub min_in_sync: usize,
     pub fault_ms: u64,
     pub heal_ms: u64,
-    pub broken: bool,
+    pub bug: Option<Bug>,
     /// Region copies in flight per replica being resynced.
     pub resync_inflight: usize,
     /// Resync rate cap in bytes per simulated second (0: none).
@@ -328,7 +426,7 @@ impl Params {
             min_in_sync,
             fault_ms: 2_000,
             heal_ms: 3_000,
-            broken: false,
+            bug: None,
             resync_inflight,
             resync_rate,
             uncertain_limit,
@@ -348,7 +446,24 @@ pub struct Sim {
     procs: Vec<Proc>,
     cfg: Config,
     meta: MetaStore,
-    coord: Coordinator,
+    coords: Vec<CoordProc>,
+    election: Option<Election>,
+    /// etcd's revision: bumped by every record change and election.
+    rev: u64,
+    /// Per node: the newest record its watch delivered.
+    watched: Vec<Membership>,
+    /// Per node: the coordinator it sends heartbeats to, as it last read.
+    believed: Vec<Option<usize>>,
+    /// Per node: its process is frozen until then.
+    node_paused: Vec<u64>,
+    /// Per node: its clock's offset from the simulation's.
+    skew: Vec<u64>,
+    /// Per node: until when it was last in trouble (crashed, restarted,
+    /// paused, cut from the control plane), for the spurious-failover check.
+    trouble: Vec<u64>,
+    /// Until when the control plane was last in trouble (an election, a
+    /// node slow to learn of one, lossy network).
+    ctl_trouble: u64,
     cuts: BTreeSet<(Endpoint, Endpoint)>,
     loss_per_mille: u64,
     p: Params,
@@ -386,6 +501,15 @@ pub struct Sim {
     /// Resizes applied, and writes acknowledged beyond the initial size.
     grows: u64,
     acks_beyond: u64,
+    /// Coverage of the control plane: elections, coordinator and node
+    /// pauses, coordinator changes refused by fencing, coordinator stalls
+    /// credited, reads sent to a deposed primary, messages delayed long.
+    elections: u64,
+    coord_pauses: u64,
+    node_pauses: u64,
+    fenced: u64,
+    stale_reads: u64,
+    long_delays: u64,
 }
 
 fn pair(a: Endpoint, b: Endpoint) -> (Endpoint, Endpoint) {
@@ -402,7 +526,7 @@ impl Sim {
             block_len: BL as u64,
             volume_blocks: INITIAL_BLOCKS,
             region_blocks: REGION_BLOCKS,
-            ack_before_secondaries: p.broken,
+            ack_before_secondaries: p.bug == Some(Bug::AckBeforeSecondaries),
             resync_inflight: p.resync_inflight,
             resync_rate: p.resync_rate,
             uncertain_limit: p.uncertain_limit,
@@ -431,6 +555,21 @@ impl Sim {
             })
             .collect();
         let seen = all.iter().map(|id| u64::from(ids.contains(id))).collect();
+        // Clocks differ by a constant offset (up to 30 ms) per process.
+        let mut rng = Rng(seed);
+        let skew: Vec<u64> = all.iter().map(|_| rng.below(31)).collect();
+        let coords = (0..2)
+            .map(|_| CoordProc {
+                coord: None,
+                term: 0,
+                confirmed: 0,
+                paused_until: 0,
+                freeze_mid_tick: None,
+                etcd_cut: false,
+                inc: 0,
+                skew: rng.below(31),
+            })
+            .collect();
         let m = Model {
             writes: vec![Vec::new(); BLOCKS as usize],
             token: vec![(usize::MAX, 0)],
@@ -440,13 +579,21 @@ impl Sim {
         };
         let mut sim = Sim {
             seed,
-            rng: Rng(seed),
+            rng,
             now: 0,
             seq: 0,
             queue: BinaryHeap::new(),
             events: HashMap::new(),
             procs,
-            coord: Coordinator::new(cfg.lease_ms, 20, &all, 0),
+            coords,
+            election: None,
+            rev: 1,
+            believed: vec![None; all.len()],
+            watched: vec![rec.clone(); all.len()],
+            node_paused: vec![0; all.len()],
+            skew,
+            trouble: vec![0; all.len()],
+            ctl_trouble: 0,
             cfg,
             meta,
             cuts: BTreeSet::new(),
@@ -470,6 +617,12 @@ impl Sim {
             crash_restores: 0,
             grows: 0,
             acks_beyond: 0,
+            elections: 0,
+            coord_pauses: 0,
+            node_pauses: 0,
+            fenced: 0,
+            stale_reads: 0,
+            long_delays: 0,
         };
         for i in 0..sim.procs.len() {
             if let Some(RoleKind::Primary(e)) = sim.procs[i].node.as_ref().map(Node::role) {
@@ -477,7 +630,9 @@ impl Sim {
             }
             sim.at(1, Ev::NodeTick { node: i, inc: 0 });
         }
-        sim.at(1, Ev::CoordTick);
+        for c in 0..sim.coords.len() {
+            sim.at(1 + c as u64, Ev::CoordTick { c });
+        }
         sim.at(1, Ev::ClientTick);
         sim.at(10, Ev::Fault);
         sim
@@ -533,7 +688,11 @@ impl Sim {
         if !client && self.rng.chance(self.loss_per_mille) {
             return;
         }
-        let delay = 1 + self.rng.below(8);
+        let delay = if client {
+            1 + self.rng.below(8)
+        } else {
+            self.net_delay()
+        };
         self.at(delay, Ev::Deliver { to, from, msg });
     }
 
@@ -573,7 +732,7 @@ impl Sim {
     }
 
     fn input(&mut self, i: usize, input: Input) {
-        let now = self.now;
+        let now = self.now + self.skew[i];
         if let (
             Some(_),
             Input::Msg {
@@ -623,26 +782,277 @@ impl Sim {
             .node
             .as_ref()
             .map_or(0, Node::unmetered_copy_bytes);
+        // `since` is on the node's clock.
+        let elapsed = (self.now + self.skew[i]).saturating_sub(since);
         let allowed = u128::from(burst) * 1000
-            + u128::from(rate) * u128::from(self.now - since)
+            + u128::from(rate) * u128::from(elapsed)
             + u128::from(unmetered) * 1000;
         if rate > 0 && u128::from(bytes) * 1000 > allowed {
             self.violation.get_or_insert_with(|| {
                 format!(
-                    "n{i} shipped {bytes} bytes of resync copies in {} ms as primary of epoch {e}, over the {rate} B/s cap (burst {burst})",
-                    self.now - since
+                    "n{i} shipped {bytes} bytes of resync copies in {elapsed} ms as primary of epoch {e}, over the {rate} B/s cap (burst {burst})"
                 )
             });
         }
     }
 
+    /// A new record reaches each node's watch of etcd (as the cluster's
+    /// member polls it, every 100 ms): after 1–100 ms, or 100–600 ms for
+    /// one node in twenty. The node's answers to its own `MetaGet` come
+    /// from what its watch has seen, as the member answers them.
     fn broadcast(&mut self, rec: &Membership) {
-        for i in 0..self.procs.len() {
-            let msg = Msg::MetaReply {
-                record: rec.clone(),
-                cas_ok: None,
+        for node in 0..self.procs.len() {
+            let d = if self.rng.chance(50) {
+                100 + self.rng.below(500)
+            } else {
+                1 + self.rng.below(100)
             };
-            self.send(Endpoint::Control, Endpoint::Node(NodeId(i as u32)), msg);
+            let rec = rec.clone();
+            self.at(d, Ev::NodeWatch { node, rec });
+        }
+    }
+
+    /// etcd accepted `new`: it joins the history and reaches every
+    /// coordinator's watch (which polls, as the cluster's member does every
+    /// 100 ms) after 1–100 ms, or 100–800 ms one time in twenty.
+    fn committed(&mut self, new: &Membership, decided: u64) {
+        let old = self.history.last().cloned();
+        self.history.push(new.clone());
+        self.rev += 1;
+        for c in 0..self.coords.len() {
+            let d = if self.rng.chance(50) {
+                100 + self.rng.below(700)
+            } else {
+                1 + self.rng.below(100)
+            };
+            let inc = self.coords[c].inc;
+            let rec = new.clone();
+            self.at(d, Ev::Watch { c, inc, rec });
+        }
+        // A failover replaces a primary that was in trouble: crashed,
+        // restarted, paused or cut from the control plane, or one the
+        // control plane lost track of. Never a healthy one.
+        let Some(old) = old.filter(|o| o.epoch < new.epoch) else {
+            return;
+        };
+        let p = old.primary.0 as usize;
+        // The primary it replaces holds no lease any more: it was last
+        // renewed lease + grace before the decision, and not since.
+        if let Some(n) = self.procs[p].node.as_ref() {
+            let until = n.lease_until().saturating_sub(self.skew[p]);
+            if n.role() == RoleKind::Primary(old.epoch) && until > self.now {
+                self.violation.get_or_insert_with(|| {
+                    format!(
+                        "epoch {} appointed n{} while n{p}, primary of epoch {}, holds a lease until t={until}",
+                        new.epoch.0, new.primary.0, old.epoch.0
+                    )
+                });
+            }
+        }
+        let cut = self
+            .cuts
+            .contains(&pair(Endpoint::Node(old.primary), Endpoint::Control));
+        let calm = self.trouble[p].max(self.ctl_trouble) + 2 * (self.cfg.lease_ms + GRACE) + 100;
+        let restarted = new.replicas.get(&old.primary).map(|i| i.boot)
+            != old.replicas.get(&old.primary).map(|i| i.boot);
+        if self.procs[p].node.is_some() && !cut && !restarted && decided > calm {
+            self.violation.get_or_insert_with(|| {
+                format!(
+                    "healthy primary n{p} of epoch {} failed over to n{} (epoch {})",
+                    old.epoch.0, new.primary.0, new.epoch.0
+                )
+            });
+        }
+    }
+
+    /// The election key's lease ran out: etcd deletes the key.
+    fn expire_election(&mut self) {
+        if self
+            .election
+            .as_ref()
+            .is_some_and(|e| e.expires <= self.now)
+        {
+            self.election = None;
+        }
+    }
+
+    fn lose_role(&mut self, c: usize) {
+        self.trace(format!("coordinator c{c} lost its role"));
+        let cp = &mut self.coords[c];
+        cp.coord = None;
+        cp.inc += 1;
+    }
+
+    /// Coordinator candidate `c` runs: keep-alive (or campaign), then decide
+    /// and send its changes to etcd, fenced by its election revision.
+    fn coord_tick(&mut self, c: usize) -> Result<(), String> {
+        self.expire_election();
+        let now = self.now + self.coords[c].skew;
+        let cut = self.coords[c].etcd_cut;
+        if self.coords[c].coord.is_some() {
+            let term = self.coords[c].term;
+            let mine = self
+                .election
+                .as_ref()
+                .is_some_and(|e| e.holder == c && e.rev == term);
+            if !cut && mine {
+                if let Some(e) = self.election.as_mut() {
+                    e.expires = self.now + ROLE_TTL;
+                }
+                self.coords[c].confirmed = now;
+            } else if !cut || now >= self.coords[c].confirmed + ROLE_TTL * 2 / 3 {
+                // Told the lease is gone, or unconfirmed for too long.
+                self.lose_role(c);
+            }
+        } else if self.election.is_none() && !cut {
+            self.campaign(c, now);
+        }
+        let current = now < self.coords[c].confirmed + ROLE_TTL * 2 / 3;
+        let (inc, term) = (self.coords[c].inc, self.coords[c].term);
+        let changes = match self.coords[c].coord.as_mut() {
+            Some(co) if current => co.tick(now),
+            _ => return Ok(()),
+        };
+        // Frozen after deciding: the changes leave when it runs again.
+        let frozen = self.coords[c].freeze_mid_tick.take().unwrap_or(0);
+        if frozen > 0 {
+            self.coords[c].paused_until = self.now + frozen;
+        }
+        for change in changes {
+            if cut {
+                let outcome = ChangeOutcome::Failed;
+                self.at(
+                    50,
+                    Ev::CoordOutcome {
+                        c,
+                        inc,
+                        change,
+                        outcome,
+                    },
+                );
+                continue;
+            }
+            let d = frozen + self.net_delay();
+            let decided = self.now;
+            self.at(
+                d,
+                Ev::EtcdWrite {
+                    c,
+                    inc,
+                    term,
+                    change,
+                    decided,
+                },
+            );
+        }
+        Ok(())
+    }
+
+    /// `c` wins the election: a key with a new revision, a coordinator that
+    /// counts every node heard a third of the role's TTL ago (when the
+    /// previous one may last have extended a lease) and starts from the
+    /// record as etcd has it; nodes learn of it over the next 1–30 ms
+    /// (sometimes 100–600 ms).
+    fn campaign(&mut self, c: usize, now: u64) {
+        self.rev += 1;
+        let rev = self.rev;
+        self.election = Some(Election {
+            holder: c,
+            rev,
+            expires: self.now + ROLE_TTL,
+        });
+        let all: Vec<NodeId> = (0..self.procs.len() as u32).map(NodeId).collect();
+        let mut co = Coordinator::new(
+            self.cfg.lease_ms,
+            GRACE,
+            &all,
+            now.saturating_sub(ROLE_TTL / 3),
+        );
+        match self.p.bug {
+            Some(Bug::CoordinatorIgnoresOwnWrites) => {
+                co = co.with_bug(CoordinatorBug::IgnoreOwnWrites)
+            }
+            Some(Bug::NoStallCredit) => co = co.with_bug(CoordinatorBug::NoStallCredit),
+            _ => {}
+        }
+        co.observe(self.rec());
+        let cp = &mut self.coords[c];
+        cp.coord = Some(co);
+        cp.term = rev;
+        cp.confirmed = now;
+        cp.inc += 1;
+        self.elections += 1;
+        self.trace(format!("coordinator c{c} elected at revision {rev}"));
+        let mut last = self.now;
+        for node in 0..self.procs.len() {
+            let d = if self.rng.chance(100) {
+                100 + self.rng.below(500)
+            } else {
+                1 + self.rng.below(30)
+            };
+            last = last.max(self.now + d);
+            self.at(d, Ev::Learn { node, c });
+        }
+        self.ctl_trouble = self.ctl_trouble.max(last);
+    }
+
+    /// A coordinator's change reaches etcd: applied only if `term` is still
+    /// the election key's revision and the record is at `expected`.
+    fn etcd_write(
+        &mut self,
+        c: usize,
+        inc: u64,
+        term: u64,
+        change: Change,
+        decided: u64,
+    ) -> Result<(), String> {
+        self.expire_election();
+        let fenced = self.election.as_ref().is_none_or(|e| e.rev != term);
+        let mut outcome = if fenced && self.p.bug != Some(Bug::Unfenced) {
+            self.fenced += 1;
+            self.trace(format!("etcd: c{c}'s change fenced (term {term})"));
+            ChangeOutcome::Failed
+        } else {
+            match self.meta.cas(change.expected, change.record.clone()) {
+                Ok(new) => {
+                    self.trace(format!("coordinator c{c}: {new:?}"));
+                    self.committed(&new, decided);
+                    self.broadcast(&new);
+                    ChangeOutcome::Applied(new)
+                }
+                Err(CasError::Conflict { current, .. }) => ChangeOutcome::Conflict(*current),
+                Err(CasError::NoSuchVolume) => ChangeOutcome::Missing,
+                Err(e) => {
+                    return Err(self.fail(format!(
+                        "coordinator c{c} asked for an invalid change: {e}: {change:?}"
+                    )))
+                }
+            }
+        };
+        // The answer is sometimes lost: the outcome is unknown to it.
+        if self.rng.chance(30) {
+            outcome = ChangeOutcome::Failed;
+        }
+        let d = self.net_delay();
+        self.at(
+            d,
+            Ev::CoordOutcome {
+                c,
+                inc,
+                change,
+                outcome,
+            },
+        );
+        Ok(())
+    }
+
+    /// A network delay: 1–8 ms, and 200–2000 ms for 3 messages in 1000.
+    fn net_delay(&mut self) -> u64 {
+        if self.rng.chance(3) {
+            self.long_delays += 1;
+            200 + self.rng.below(1800)
+        } else {
+            1 + self.rng.below(8)
         }
     }
 
@@ -650,21 +1060,35 @@ impl Sim {
         let Endpoint::Node(n) = from else { return };
         let rec = self.rec();
         match msg {
+            // To the coordinator the node believes in; a paused one gets it
+            // when it runs again.
             Msg::Heartbeat { boot, sent_at } => {
-                let (to, reply) = self.coord.on_heartbeat(self.now, n, boot, sent_at, &rec);
-                self.send(Endpoint::Control, to, reply);
+                if let Some(c) = self.believed[n.0 as usize] {
+                    self.at(
+                        0,
+                        Ev::CoordHeartbeat {
+                            c,
+                            from: n,
+                            boot,
+                            sent_at,
+                        },
+                    );
+                }
             }
-            Msg::MetaGet { .. } => self.send(
-                Endpoint::Control,
-                from,
-                Msg::MetaReply {
-                    record: rec,
-                    cas_ok: None,
-                },
-            ),
+            Msg::MetaGet { .. } => {
+                let record = self.watched[n.0 as usize].clone();
+                self.send(
+                    Endpoint::Control,
+                    from,
+                    Msg::MetaReply {
+                        record,
+                        cas_ok: None,
+                    },
+                )
+            }
             Msg::MetaCas { expected, record } => match self.meta.cas(expected, record) {
                 Ok(new) => {
-                    self.history.push(new.clone());
+                    self.committed(&new, self.now);
                     self.send(
                         Endpoint::Control,
                         from,
@@ -695,23 +1119,36 @@ impl Sim {
                 *l = None;
             }
         }
+        // Requests of an older epoch are given up on, except reads, which
+        // are judged when they are answered (a reader still connected to a
+        // deposed primary) or given up on after a second.
+        let now = self.now;
         let stale: Vec<u64> = self
             .m
             .outstanding
             .iter()
-            .filter(|(_, r)| r.epoch < rec.epoch.0)
+            .filter(|(_, r)| {
+                r.epoch < rec.epoch.0 && (r.kind != ReqKind::Read || now > r.issued + 1000)
+            })
             .map(|(id, _)| *id)
             .collect();
         for id in stale {
             self.m.outstanding.remove(&id);
         }
-        if !active || self.m.outstanding.len() >= 4 {
+        let current = self
+            .m
+            .outstanding
+            .values()
+            .filter(|r| r.epoch == rec.epoch.0)
+            .count();
+        if !active || current >= 4 {
             return;
         }
         let roll = self.rng.below(100);
         let id = self.m.next_id;
         self.m.next_id += 1;
         let epoch = rec.epoch.0;
+        let (mut target, mut req_epoch) = (rec.primary, epoch);
         // Within the volume's size as the record has it now (the client
         // reconnected after every resize); the primary may not serve it yet.
         let size = rec.blocks;
@@ -749,6 +1186,7 @@ impl Sim {
                     fua,
                     floor: vec![],
                     covers: vec![],
+                    issued: now,
                 },
                 ClientReq::Write { lba, data, fua },
             )
@@ -768,19 +1206,37 @@ impl Sim {
                     fua: false,
                     floor: vec![],
                     covers,
+                    issued: now,
                 },
                 ClientReq::Flush,
             )
         } else {
             let floor = range.clone().map(|b| self.m.durable[b]).collect();
+            // A third of reads go to a node that still believes itself the
+            // primary of an older epoch (a reader that stayed connected to
+            // it), when there is one: it must not answer once a newer
+            // primary may have acknowledged writes.
+            let deposed: Vec<(usize, u64)> = (0..self.procs.len())
+                .filter_map(|i| match self.procs[i].node.as_ref().map(Node::role) {
+                    Some(RoleKind::Primary(e)) if e.0 < epoch => Some((i, e.0)),
+                    _ => None,
+                })
+                .collect();
+            if !deposed.is_empty() && self.rng.chance(333) {
+                let (i, e) = deposed[self.rng.below(deposed.len() as u64) as usize];
+                target = NodeId(i as u32);
+                req_epoch = e;
+                self.stale_reads += 1;
+            }
             (
                 Req {
                     kind: ReqKind::Read,
-                    epoch,
+                    epoch: req_epoch,
                     blocks: vec![(lba as usize, count as usize)],
                     fua: false,
                     floor,
                     covers: vec![],
+                    issued: now,
                 },
                 ClientReq::Read { lba, blocks: count },
             )
@@ -788,7 +1244,7 @@ impl Sim {
         self.m.outstanding.insert(id, req);
         self.send(
             Endpoint::Client,
-            Endpoint::Node(rec.primary),
+            Endpoint::Node(target),
             Msg::ClientReq { id, req: msgreq },
         );
     }
@@ -823,6 +1279,23 @@ impl Sim {
                         "request of epoch {} answered in epoch {}",
                         req.epoch, epoch.0
                     )));
+                }
+                // Lease windows never overlap: no node that still acts as
+                // primary of an older epoch holds a lease (on its own
+                // clock) past this acknowledgement by a newer one.
+                for (j, q) in self.procs.iter().enumerate() {
+                    let Some(n) = q.node.as_ref().filter(|_| j != by.0 as usize) else {
+                        continue;
+                    };
+                    if let RoleKind::Primary(e) = n.role() {
+                        let until = n.lease_until().saturating_sub(self.skew[j]);
+                        if e < epoch && until > self.now {
+                            return Err(self.fail(format!(
+                                "n{} acknowledged in epoch {} while n{j}, primary of epoch {}, holds a lease until t={until}",
+                                by.0, epoch.0, e.0
+                            )));
+                        }
+                    }
                 }
                 if let Some(prev) = self.m.acked_by.insert(epoch.0, by) {
                     if prev != by {
@@ -1020,6 +1493,10 @@ impl Sim {
             self.resize();
             return;
         }
+        if self.rng.chance(80) {
+            self.control_fault();
+            return;
+        }
         let n = self.procs.len();
         let roll = self.rng.below(100);
         let i = self.rng.below(n as u64) as usize;
@@ -1029,6 +1506,7 @@ impl Sim {
                 self.stop_cleanly(i);
             } else if self.procs[i].node.is_some() {
                 self.trace(format!("crash n{i}"));
+                self.trouble[i] = self.now;
                 self.procs[i].node = None;
                 self.procs[i].inc += 1;
                 self.procs[i].disk.crash(&mut self.rng);
@@ -1057,7 +1535,7 @@ impl Sim {
                 }
             }
         } else if roll < 80 {
-            self.cuts.clear();
+            self.clear_cuts();
         } else if roll < 90 {
             self.loss_per_mille = if self.loss_per_mille == 0 { 20 } else { 0 };
         } else {
@@ -1151,7 +1629,7 @@ impl Sim {
             Ok(new) => {
                 self.trace(format!("membership: {what}: {new:?}"));
                 self.membership_changes += 1;
-                self.history.push(new.clone());
+                self.committed(&new, self.now);
                 self.broadcast(&new);
             }
             Err(e) => self.trace(format!("membership: {what} refused: {e}")),
@@ -1214,19 +1692,8 @@ impl Sim {
             Ok(new) => {
                 self.trace(format!("resize to {blocks} blocks: {new:?}"));
                 self.grows += 1;
-                self.history.push(new.clone());
-                // Nodes learn of it at different times (etcd is polled):
-                // each misses the push with probability 1/2 and finds the
-                // record at its next poll or with a later record.
-                for i in 0..self.procs.len() {
-                    if self.rng.chance(500) {
-                        let msg = Msg::MetaReply {
-                            record: new.clone(),
-                            cas_ok: None,
-                        };
-                        self.send(Endpoint::Control, Endpoint::Node(NodeId(i as u32)), msg);
-                    }
-                }
+                self.committed(&new, self.now);
+                self.broadcast(&new);
             }
             Err(e) => self.trace(format!("resize to {blocks} refused: {e}")),
         }
@@ -1235,6 +1702,10 @@ impl Sim {
     fn restart(&mut self, i: usize) {
         self.trace(format!("restart n{i}"));
         self.seen[i] = 0;
+        self.trouble[i] = self.now;
+        // It lists the records and reads the election key as it starts.
+        self.watched[i] = self.rec();
+        self.believed[i] = self.election.as_ref().map(|e| e.holder);
         let p = &mut self.procs[i];
         p.boot += 1;
         p.inc += 1;
@@ -1250,7 +1721,7 @@ impl Sim {
             VOL,
             cfg,
             None,
-            self.now,
+            self.now + self.skew[i],
         ));
         // A clean stop's logs, else (after a crash) the crash-safe copy.
         let (saved, from_crash_log) = match p.saved.take() {
@@ -1265,8 +1736,54 @@ impl Sim {
         self.at(1, Ev::NodeTick { node: i, inc });
     }
 
+    /// Faults of the control plane and of process scheduling: a coordinator
+    /// frozen for 50–800 ms (past its role's TTL or not), a coordinator cut
+    /// from etcd or reconnected, a node frozen for 50–500 ms.
+    fn control_fault(&mut self) {
+        let roll = self.rng.below(100);
+        let c = self.rng.below(self.coords.len() as u64) as usize;
+        if roll < 40 {
+            let d = 50 + self.rng.below(750);
+            self.coord_pauses += 1;
+            if self.rng.chance(500) {
+                self.trace(format!(
+                    "freeze coordinator c{c} for {d} ms after it decides"
+                ));
+                self.coords[c].freeze_mid_tick = Some(d);
+            } else {
+                self.trace(format!("freeze coordinator c{c} for {d} ms"));
+                self.coords[c].paused_until = self.now + d;
+            }
+        } else if roll < 60 {
+            let cut = !self.coords[c].etcd_cut;
+            self.trace(format!("coordinator c{c} cut from etcd: {cut}"));
+            self.coords[c].etcd_cut = cut;
+        } else {
+            let i = self.rng.below(self.procs.len() as u64) as usize;
+            let d = 50 + self.rng.below(450);
+            self.trace(format!("freeze n{i} for {d} ms"));
+            self.node_paused[i] = self.now + d;
+            self.trouble[i] = self.trouble[i].max(self.now + d);
+            self.node_pauses += 1;
+        }
+    }
+
+    /// Partitions heal: nodes that were cut count as in trouble until now.
+    fn clear_cuts(&mut self) {
+        for (a, b) in std::mem::take(&mut self.cuts) {
+            if let (Endpoint::Node(n), Endpoint::Control) | (Endpoint::Control, Endpoint::Node(n)) =
+                (a, b)
+            {
+                self.trouble[n.0 as usize] = self.now;
+            }
+        }
+    }
+
     fn heal(&mut self) {
-        self.cuts.clear();
+        self.clear_cuts();
+        for c in &mut self.coords {
+            c.etcd_cut = false;
+        }
         self.loss_per_mille = 0;
         for i in 0..self.procs.len() {
             self.procs[i].disk.err_per_mille = 0;
@@ -1333,16 +1850,67 @@ impl Sim {
                     self.at(5, Ev::NodeTick { node, inc });
                 }
             }
-            Ev::CoordTick => {
-                let rec = self.rec();
-                if let Some(want) = self.coord.tick(self.now, &rec) {
-                    if let Ok(new) = self.meta.cas(rec.version, want) {
-                        self.history.push(new.clone());
-                        self.trace(format!("coordinator: {new:?}"));
-                        self.broadcast(&new);
+            Ev::CoordTick { c } => {
+                self.coord_tick(c)?;
+                self.at(10, Ev::CoordTick { c });
+            }
+            Ev::CoordHeartbeat {
+                c,
+                from,
+                boot,
+                sent_at,
+            } => {
+                let now = self.now + self.coords[c].skew;
+                let current = now < self.coords[c].confirmed + ROLE_TTL * 2 / 3;
+                if let Some(co) = self.coords[c].coord.as_mut() {
+                    let answer = co.on_heartbeat(now, from, boot, sent_at, VOL);
+                    // An unanswered heartbeat lets the primary's lease
+                    // lapse: the safe side when the role may have moved.
+                    if let (true, Some((to, reply))) = (current, answer) {
+                        self.send(Endpoint::Control, to, reply);
                     }
                 }
-                self.at(10, Ev::CoordTick);
+            }
+            Ev::EtcdWrite {
+                c,
+                inc,
+                term,
+                change,
+                decided,
+            } => self.etcd_write(c, inc, term, change, decided)?,
+            Ev::CoordOutcome {
+                c,
+                inc,
+                change,
+                outcome,
+            } => {
+                if self.coords[c].inc == inc {
+                    if let Some(co) = self.coords[c].coord.as_mut() {
+                        co.on_outcome(&change, outcome);
+                    }
+                }
+            }
+            Ev::Watch { c, inc, rec } => {
+                if self.coords[c].inc == inc {
+                    if let Some(co) = self.coords[c].coord.as_mut() {
+                        co.observe(rec);
+                    }
+                }
+            }
+            Ev::NodeWatch { node, rec } => {
+                if rec.version > self.watched[node].version {
+                    self.watched[node] = rec.clone();
+                    let msg = Msg::MetaReply {
+                        record: rec,
+                        cas_ok: None,
+                    };
+                    self.send(Endpoint::Control, Endpoint::Node(NodeId(node as u32)), msg);
+                }
+            }
+            Ev::Learn { node, c } => {
+                let holder = self.election.as_ref().map(|e| e.holder);
+                // A node reads the key as it is when the read arrives.
+                self.believed[node] = holder.or(Some(c));
             }
             Ev::ClientTick => {
                 self.client_tick(active);
@@ -1372,6 +1940,11 @@ impl Sim {
             let Some(ev) = self.events.remove(&s) else {
                 continue;
             };
+            // A frozen process gets its input when it runs again.
+            if let Some(until) = self.frozen_until(&ev).filter(|u| *u > t) {
+                self.at(until - t, ev);
+                continue;
+            }
             // The client only talks to a node that is primary of the epoch it
             // addressed: a request arriving elsewhere finds its connection
             // reset (answered NotPrimary, outcome unknown).
@@ -1405,7 +1978,35 @@ impl Sim {
             crash_restores: self.crash_restores,
             grows: self.grows,
             acks_beyond: self.acks_beyond,
+            elections: self.elections,
+            coord_pauses: self.coord_pauses,
+            node_pauses: self.node_pauses,
+            fenced: self.fenced,
+            stale_reads: self.stale_reads,
+            long_delays: self.long_delays,
+            stalls: self
+                .coords
+                .iter()
+                .filter_map(|c| c.coord.as_ref())
+                .map(Coordinator::stalls)
+                .sum(),
         })
+    }
+
+    /// When the process `ev` is for runs again, if it is frozen.
+    fn frozen_until(&self, ev: &Ev) -> Option<u64> {
+        match ev {
+            Ev::Deliver {
+                to: Endpoint::Node(n),
+                ..
+            } => Some(self.node_paused[n.0 as usize]),
+            Ev::Disk { node, .. } | Ev::NodeTick { node, .. } => Some(self.node_paused[*node]),
+            Ev::CoordTick { c }
+            | Ev::CoordHeartbeat { c, .. }
+            | Ev::CoordOutcome { c, .. }
+            | Ev::Watch { c, .. } => Some(self.coords[*c].paused_until),
+            _ => None,
+        }
     }
 
     fn check_converged(&self) -> Result<(), String> {
@@ -1463,6 +2064,13 @@ pub struct Summary {
     pub crash_restores: u64,
     pub grows: u64,
     pub acks_beyond: u64,
+    pub elections: u64,
+    pub coord_pauses: u64,
+    pub node_pauses: u64,
+    pub fenced: u64,
+    pub stale_reads: u64,
+    pub long_delays: u64,
+    pub stalls: u64,
 }
 
 trait Swap<A, B> {
@@ -1475,9 +2083,9 @@ impl<A, B> Swap<A, B> for (A, B) {
     }
 }
 
-fn run_seed(seed: u64, broken: bool) -> Result<Summary, String> {
+fn run_seed(seed: u64, bug: Option<Bug>) -> Result<Summary, String> {
     let mut p = Params::for_seed(seed);
-    p.broken = broken;
+    p.bug = bug;
     Sim::new(seed, p).run()
 }
 
@@ -1496,8 +2104,10 @@ fn seeds() {
     let (mut zero_ops, mut multi, mut capped) = (0, 0, 0);
     let (mut narrowed, mut not_narrowed, mut clean_stops, mut crash_restores) = (0, 0, 0, 0);
     let (mut grows, mut acks_beyond) = (0, 0);
+    let (mut elections, mut coord_pauses, mut node_pauses, mut fenced) = (0, 0, 0, 0);
+    let (mut stale_reads, mut long_delays, mut stalls) = (0, 0, 0);
     for seed in base..base + n {
-        match run_seed(seed, false) {
+        match run_seed(seed, None) {
             Ok(s) => {
                 steps += s.steps;
                 acks += s.acks;
@@ -1513,6 +2123,13 @@ fn seeds() {
                 crash_restores += s.crash_restores;
                 grows += s.grows;
                 acks_beyond += s.acks_beyond;
+                elections += s.elections;
+                coord_pauses += s.coord_pauses;
+                node_pauses += s.node_pauses;
+                fenced += s.fenced;
+                stale_reads += s.stale_reads;
+                long_delays += s.long_delays;
+                stalls += s.stalls;
             }
             Err(e) => panic!("{e}"),
         }
@@ -1520,6 +2137,9 @@ fn seeds() {
     eprintln!(
         "{n} seeds from {base}: {steps} steps, {acks} acks ({durable} durable), {failovers} failovers, {changes} membership changes, {zero_ops} WriteZeroes, {multi} seeds with >1 copy in flight, {capped} with a rate cap, {narrowed} failover resyncs narrowed ({not_narrowed} full), {clean_stops} clean stops, {crash_restores} restarts with a crash log, {grows} resizes, {acks_beyond} writes acknowledged beyond the initial size, {:?}",
         start.elapsed()
+    );
+    eprintln!(
+        "control plane: {elections} elections, {coord_pauses} coordinator freezes, {node_pauses} node freezes, {fenced} coordinator changes fenced, {stalls} coordinator stalls credited (in the final tenures), {stale_reads} reads sent to deposed primaries, {long_delays} messages delayed 0.2-2 s"
     );
     assert!(
         durable > 0 && failovers > 0 && changes > 0,
@@ -1537,6 +2157,10 @@ fn seeds() {
         n < 100 || (grows > 0 && acks_beyond > 0),
         "the volume must grow and be written beyond its initial size"
     );
+    assert!(
+        n < 100 || (elections > n && fenced > 0 && stale_reads > 0 && node_pauses > 0),
+        "the control plane must change hands, fence stale coordinators, and face readers of deposed primaries"
+    );
 }
 
 #[test]
@@ -1545,25 +2169,52 @@ fn replay_seed() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(7);
-    let a = run_seed(seed, false);
+    let bug = match std::env::var("BASALT_SIM_BUG").ok().as_deref() {
+        Some("ack") => Some(Bug::AckBeforeSecondaries),
+        Some("unfenced") => Some(Bug::Unfenced),
+        Some("own-writes") => Some(Bug::CoordinatorIgnoresOwnWrites),
+        Some("stall") => Some(Bug::NoStallCredit),
+        _ => None,
+    };
+    let a = run_seed(seed, bug);
     if let Err(e) = &a {
         panic!("{e}");
     }
-    let b = run_seed(seed, false).map(|s| s.steps);
+    let b = run_seed(seed, bug).map(|s| s.steps);
     assert_eq!(a.map(|s| s.steps), b, "a seed replays exactly");
 }
 
-#[test]
-fn broken_protocol_is_caught() {
-    let caught = (0..50).find_map(|seed| {
-        let p = Params::for_seed(seed);
-        if p.nodes < 2 {
+/// The first seed below `limit` whose run with `bug` fails, with its error.
+fn first_catch(bug: Bug, limit: u64) -> Option<(u64, String)> {
+    (0..limit).find_map(|seed| {
+        if Params::for_seed(seed).nodes < 2 {
             return None;
         }
-        run_seed(seed, true).err()
-    });
-    let Some(e) = caught else {
-        panic!("acknowledging before the secondaries went unnoticed for 50 seeds")
-    };
-    eprintln!("caught as expected: {e}");
+        run_seed(seed, Some(bug)).err().map(|e| (seed, e))
+    })
 }
+
+fn assert_caught(bug: Bug, limit: u64) {
+    match first_catch(bug, limit) {
+        Some((seed, e)) => eprintln!("{bug:?} caught by seed {seed}: {e}"),
+        None => panic!("{bug:?} went unnoticed for {limit} seeds"),
+    }
+}
+
+#[test]
+fn acknowledging_before_the_secondaries_is_caught() {
+    assert_caught(Bug::AckBeforeSecondaries, 50);
+}
+
+#[test]
+fn a_coordinator_ignoring_its_own_writes_is_caught() {
+    assert_caught(Bug::CoordinatorIgnoresOwnWrites, BUG_SEEDS);
+}
+
+#[test]
+fn a_coordinator_without_stall_credit_is_caught() {
+    assert_caught(Bug::NoStallCredit, BUG_SEEDS);
+}
+
+/// How many seeds a control-plane bug may take to be caught.
+const BUG_SEEDS: u64 = 3000;
