@@ -35,7 +35,7 @@ fn hello_literal() {
         boot: 0x0102_0304_0506_0708,
     };
     let bytes = hex("
-        42 53 50 57  03  01  00 00  1c 00 00 00  00 7e 6c 7b  d0 43 2f 05
+        42 53 50 57  04  01  00 00  1c 00 00 00  00 7e 6c 7b  40 6f 7a 93
         11 11 11 11 11 11 11 11 11 11 11 11 11 11 11 11  07 00 00 00  08 07 06 05 04 03 02 01");
     assert_literal(&frame, &bytes);
 }
@@ -60,7 +60,7 @@ fn repl_write_literal() {
         },
     };
     let bytes = hex("
-        42 53 50 57  03  02  00 00  56 00 00 00  95 00 1d 92  3e 0a ab e6
+        42 53 50 57  04  02  00 00  56 00 00 00  95 00 1d 92  ae 26 fe 70
         ff ee dd cc bb aa 99 88 77 66 55 44 33 22 11 00
         02 00 00 00 00 00 00 00  03 00 00 00 00 00 00 00
         04 00 00 00 00 00 00 00  05 00 00 00 00 00 00 00
@@ -96,7 +96,7 @@ fn repl_write_zeroes_literal() {
         },
     };
     let bytes = hex("
-        42 53 50 57  03  02  00 00  52 00 00 00  b3 3f c9 60  ba e1 5f 6e
+        42 53 50 57  04  02  00 00  52 00 00 00  b3 3f c9 60  2a cd 0a f8
         ff ee dd cc bb aa 99 88 77 66 55 44 33 22 11 00
         02 00 00 00 00 00 00 00  03 00 00 00 00 00 00 00
         04 00 00 00 00 00 00 00  05 00 00 00 00 00 00 00
@@ -125,7 +125,7 @@ fn repl_started_literal() {
         },
     };
     let bytes = hex("
-        42 53 50 57  03  09  00 00  3c 00 00 00  19 b4 b0 e6  68 7f 07 98
+        42 53 50 57  04  09  00 00  3c 00 00 00  19 b4 b0 e6  f8 53 52 0e
         ff ee dd cc bb aa 99 88 77 66 55 44 33 22 11 00
         02 00 00 00 00 00 00 00  03 00 00 00 00 00 00 00
         01 00 00 00 00 00 00 00  20 00 00 00 00 00 00 00
@@ -178,7 +178,7 @@ fn client_write_of_zeros_literal() {
         },
     };
     let bytes = hex("
-        42 53 50 57  03  07  00 00  26 00 00 00  0a 17 b7 81  fd 0c 76 d9
+        42 53 50 57  04  07  00 00  26 00 00 00  0a 17 b7 81  6d 20 23 4f
         ff ee dd cc bb aa 99 88 77 66 55 44 33 22 11 00
         0b 00 00 00 00 00 00 00  03  06 00 00 00 00 00 00 00  01  00 30 00 00");
     assert_literal(&frame, &bytes);
@@ -260,7 +260,7 @@ fn heartbeat_literal() {
         },
     };
     let bytes = hex("
-        42 53 50 57  03  05  00 00  20 00 00 00  23 35 8e d5  e1 9d 54 4b
+        42 53 50 57  04  05  00 00  20 00 00 00  23 35 8e d5  71 b1 01 dd
         ff ee dd cc bb aa 99 88 77 66 55 44 33 22 11 00
         09 00 00 00 00 00 00 00  0a 00 00 00 00 00 00 00");
     assert_literal(&frame, &bytes);
@@ -280,9 +280,9 @@ fn typed_errors_name_the_problem() {
 
     assert!(matches!(decode(b"BSX"), Err(DecodeError::BadMagic { .. })));
     assert_eq!(decode(b"BSP"), Ok(None));
-    // A version 1 peer (no zero forms) or 2 (no failover watermarks) is
-    // refused, as is a future one.
-    for v in [1, 2, 4] {
+    // A version 1 peer (no zero forms), 2 (no failover watermarks) or 3
+    // (no lease in heartbeat answers) is refused, as is a future one.
+    for v in [1, 2, 3, 5] {
         let mut b = good.clone();
         b[4] = v;
         assert_eq!(decode(&b), Err(DecodeError::UnsupportedVersion(v)));
