@@ -171,7 +171,7 @@ fn run(weak: Weak<Inner>, rx: mpsc::Receiver<CoordEvent>) {
                 }
                 if inner.meta.coordinator_role_current() {
                     for change in coord.tick(now) {
-                        let outcome = write(&inner, term, &change)?;
+                        let outcome = write(&inner, term, &coord, &change)?;
                         coord.on_outcome(&change, outcome);
                     }
                 }
@@ -234,13 +234,15 @@ fn follow_watch(inner: &Inner, coord: &mut Coordinator) {
     }
 }
 
-/// Writes `change` to etcd, fenced by `term`; Err only when fenced.
+/// Writes `change` (decided from `coord`'s view) to etcd, fenced by `term`;
+/// Err only when fenced.
 fn write(
     inner: &Inner,
     term: CoordinatorTerm,
+    coord: &Coordinator,
     change: &Change,
 ) -> Result<ChangeOutcome, ClusterError> {
-    let before = inner.records.read().get(&change.record.volume).cloned();
+    let before = coord.record(change.record.volume);
     let vol = uuid::Uuid::from_u128(change.record.volume.0);
     let outcome = inner
         .meta
@@ -252,7 +254,7 @@ fn write(
                     "failover: new primary");
             } else {
                 tracing::info!(volume = %vol, version = rec.version,
-                    before = ?before.map(|b| b.replicas), after = ?rec.replicas,
+                    before = ?before.map(|b| &b.replicas), after = ?rec.replicas,
                     min_in_sync = rec.min_in_sync, "replica states changed");
             }
             ChangeOutcome::Applied(rec)
@@ -541,7 +543,7 @@ fn reconfigure(
                 expected: rec.version,
                 record: new,
             };
-            let outcome = write(inner, term, &change)?;
+            let outcome = write(inner, term, coord, &change)?;
             coord.on_outcome(&change, outcome);
         }
     }

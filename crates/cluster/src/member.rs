@@ -1161,19 +1161,12 @@ fn boottime_ms() -> u64 {
         tv_sec: 0,
         tv_nsec: 0,
     };
-    // SAFETY: `ts` is a valid, writable timespec; CLOCK_BOOTTIME exists on
-    // every Linux since 2.6.39.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) };
-    if rc != 0 {
-        // Not reachable on Linux; the monotonic clock is the next best.
-        return std::time::Instant::now()
-            .duration_since(*START.get_or_init(std::time::Instant::now))
-            .as_millis() as u64;
-    }
+    // SAFETY: `ts` is a valid, writable timespec. CLOCK_BOOTTIME exists on
+    // every Linux since 2.6.39, and clock_gettime fails only for an unknown
+    // clock id, so `ts` is always set.
+    unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) };
     ts.tv_sec as u64 * 1000 + ts.tv_nsec as u64 / 1_000_000
 }
-
-static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
 
 /// The replica drivers' view of the member.
 struct Env(Weak<Inner>);

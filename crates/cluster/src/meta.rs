@@ -300,33 +300,18 @@ impl Core {
     /// Puts every `(key, expected mod_revision, value)` atomically if every
     /// key is at its expected revision (0: absent).
     fn txn_put(&self, puts: Vec<(String, i64, Vec<u8>)>) -> Result<bool, MetaError> {
-        let first = puts.first().map(|p| self.key(&p.0)).unwrap_or_default();
-        let err = self.request_error(&first);
-        let puts: Vec<(String, i64, Vec<u8>)> = puts
-            .into_iter()
-            .map(|(k, r, v)| (self.key(&k), r, v))
-            .collect();
-        self.call(&first, move |mut c| async move {
-            let when: Vec<Compare> = puts
-                .iter()
-                .map(|(k, r, _)| {
-                    if *r == 0 {
-                        Compare::create_revision(k.clone(), CompareOp::Equal, 0)
-                    } else {
-                        Compare::mod_revision(k.clone(), CompareOp::Equal, *r)
-                    }
-                })
-                .collect();
-            let then: Vec<TxnOp> = puts
-                .iter()
-                .map(|(k, _, v)| TxnOp::put(k.clone(), v.clone(), None))
-                .collect();
-            let resp = c
-                .txn(Txn::new().when(when).and_then(then))
-                .await
-                .map_err(&err)?;
-            Ok(resp.succeeded())
-        })
+        let first = puts.first().map(|p| p.0.clone()).unwrap_or_default();
+        let (mut when, mut then) = (Vec::new(), Vec::new());
+        for (rest, rev, value) in puts {
+            let k = self.key(&rest);
+            when.push(if rev == 0 {
+                Compare::create_revision(k.clone(), CompareOp::Equal, 0)
+            } else {
+                Compare::mod_revision(k.clone(), CompareOp::Equal, rev)
+            });
+            then.push(TxnOp::put(k, value, None));
+        }
+        self.txn(&first, when, then)
     }
 
     fn grant(&self, ttl: Duration) -> Result<i64, MetaError> {

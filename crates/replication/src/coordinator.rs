@@ -65,12 +65,13 @@ pub enum ChangeOutcome {
 /// A change asked for and not yet settled.
 #[derive(Clone, Debug)]
 struct Pending {
-    change: Change,
+    /// The version the change was decided from (its CAS token).
+    expected: u64,
     /// Sent to the store and not answered yet (else: answered `Failed`,
     /// outcome unknown; the next tick decides again).
     in_flight: bool,
     /// The newest epoch and primary asked for since the record at
-    /// `change.expected`: what heartbeats are answered with until the store
+    /// `expected`: what heartbeats are answered with until the store
     /// shows a newer record (a settling write does not lower it).
     announce: (Epoch, NodeId),
 }
@@ -190,7 +191,7 @@ impl Coordinator {
         if self
             .pending
             .get(&vol)
-            .is_some_and(|p| rec.version > p.change.expected)
+            .is_some_and(|p| rec.version > p.expected)
         {
             self.pending.remove(&vol);
         }
@@ -296,7 +297,7 @@ impl Coordinator {
             self.pending.insert(
                 c.record.volume,
                 Pending {
-                    change: c.clone(),
+                    expected: c.expected,
                     in_flight: true,
                     announce,
                 },
@@ -308,10 +309,6 @@ impl Coordinator {
     /// What became of `change`.
     pub fn on_outcome(&mut self, change: &Change, outcome: ChangeOutcome) {
         let vol = change.record.volume;
-        let ours = self
-            .pending
-            .get(&vol)
-            .is_some_and(|p| p.change.expected == change.expected);
         match outcome {
             ChangeOutcome::Applied(_) if self.bug == Some(CoordinatorBug::IgnoreOwnWrites) => {
                 self.pending.remove(&vol);
@@ -319,10 +316,9 @@ impl Coordinator {
             ChangeOutcome::Applied(rec) | ChangeOutcome::Conflict(rec) => self.observe(rec),
             ChangeOutcome::Missing => self.forget(vol),
             ChangeOutcome::Failed => {
-                if ours {
-                    if let Some(p) = self.pending.get_mut(&vol) {
-                        p.in_flight = false;
-                    }
+                let ours = self.pending.get_mut(&vol);
+                if let Some(p) = ours.filter(|p| p.expected == change.expected) {
+                    p.in_flight = false;
                 }
             }
         }
@@ -397,10 +393,6 @@ mod tests {
 
     const VOL: VolumeId = VolumeId(7);
 
-    fn with(rec: &Membership, c: &mut Coordinator) {
-        c.observe(rec.clone());
-    }
-
     #[test]
     fn idle_node_vouched_for_is_not_lost_when_a_volume_lands_on_it() {
         let (a, b) = (NodeId(1), NodeId(2));
@@ -413,7 +405,7 @@ mod tests {
         c.vouch(a, 10_000);
         c.vouch(b, 10_000);
         let rec = Membership::new(VOL, &[a, b], a, 1);
-        with(&rec, &mut c);
+        c.observe(rec.clone());
         assert!(
             c.tick(10_010).is_empty(),
             "freshly placed volume left alone"
@@ -431,7 +423,7 @@ mod tests {
         let mut rec = Membership::new(VolumeId(1), &nodes, NodeId(0), 2);
         rec.replicas.get_mut(&NodeId(1)).unwrap().state = ReplicaState::OutOfSync;
         let mut c = Coordinator::new(100, 20, &nodes, 0);
-        with(&rec, &mut c);
+        c.observe(rec.clone());
         for t in [10, 30, 50, 70, 90, 100] {
             c.on_heartbeat(t, NodeId(1), 0, t, VolumeId(1));
             c.on_heartbeat(t, NodeId(2), 0, t, VolumeId(1));
@@ -452,7 +444,7 @@ mod tests {
         let nodes = [NodeId(0), NodeId(1)];
         let rec = Membership::new(VolumeId(1), &nodes, NodeId(0), 1);
         let mut c = Coordinator::new(100, 20, &nodes, 0);
-        with(&rec, &mut c);
+        c.observe(rec.clone());
         c.on_heartbeat(10, NodeId(1), 7, 10, VolumeId(1));
         let changes = c.tick(10);
         let m = &changes[0].record;
@@ -467,7 +459,7 @@ mod tests {
         let nodes = [NodeId(0), NodeId(1)];
         let rec = Membership::new(VOL, &nodes, NodeId(0), 1);
         let mut c = Coordinator::new(100, 20, &nodes, 0);
-        with(&rec, &mut c);
+        c.observe(rec.clone());
         for t in (10..=120).step_by(10) {
             c.on_heartbeat(t, NodeId(1), 0, t, VOL);
             assert!(c.tick(t).is_empty());
@@ -541,7 +533,7 @@ mod tests {
         let nodes = [NodeId(0), NodeId(1)];
         let rec = Membership::new(VOL, &nodes, NodeId(0), 1);
         let mut c = Coordinator::new(100, 20, &nodes, 0);
-        with(&rec, &mut c);
+        c.observe(rec.clone());
         for t in (10..=100).step_by(10) {
             c.on_heartbeat(t, NodeId(0), 0, t, VOL);
             c.on_heartbeat(t, NodeId(1), 0, t, VOL);

@@ -1968,7 +1968,7 @@ impl Sim {
             steps: self.steps,
             acks: self.m.acks,
             durable_acks: self.m.durable_acks,
-            epoch: self.rec().epoch.0,
+            failovers: self.rec().epoch.0 - 1,
             membership_changes: self.membership_changes,
             zero_ops: self.zero_ops,
             max_copies: self.max_copies,
@@ -2050,11 +2050,14 @@ impl Sim {
     }
 }
 
+/// What one seed exercised; summed over seeds by [`Summary::add`]
+/// (`max_copies` is per seed: the sum counts seeds with more than one).
+#[derive(Default)]
 pub struct Summary {
     pub steps: u64,
     pub acks: u64,
     pub durable_acks: u64,
-    pub epoch: u64,
+    pub failovers: u64,
     pub membership_changes: u64,
     pub zero_ops: u64,
     pub max_copies: usize,
@@ -2071,6 +2074,31 @@ pub struct Summary {
     pub stale_reads: u64,
     pub long_delays: u64,
     pub stalls: u64,
+}
+
+impl Summary {
+    fn add(&mut self, s: &Summary) {
+        self.steps += s.steps;
+        self.acks += s.acks;
+        self.durable_acks += s.durable_acks;
+        self.failovers += s.failovers;
+        self.membership_changes += s.membership_changes;
+        self.zero_ops += s.zero_ops;
+        self.max_copies += usize::from(s.max_copies > 1);
+        self.narrowed += s.narrowed;
+        self.not_narrowed += s.not_narrowed;
+        self.clean_stops += s.clean_stops;
+        self.crash_restores += s.crash_restores;
+        self.grows += s.grows;
+        self.acks_beyond += s.acks_beyond;
+        self.elections += s.elections;
+        self.coord_pauses += s.coord_pauses;
+        self.node_pauses += s.node_pauses;
+        self.fenced += s.fenced;
+        self.stale_reads += s.stale_reads;
+        self.long_delays += s.long_delays;
+        self.stalls += s.stalls;
+    }
 }
 
 trait Swap<A, B> {
@@ -2100,65 +2128,45 @@ fn seeds() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(0);
     let start = std::time::Instant::now();
-    let (mut steps, mut acks, mut durable, mut failovers, mut changes) = (0, 0, 0, 0, 0);
-    let (mut zero_ops, mut multi, mut capped) = (0, 0, 0);
-    let (mut narrowed, mut not_narrowed, mut clean_stops, mut crash_restores) = (0, 0, 0, 0);
-    let (mut grows, mut acks_beyond) = (0, 0);
-    let (mut elections, mut coord_pauses, mut node_pauses, mut fenced) = (0, 0, 0, 0);
-    let (mut stale_reads, mut long_delays, mut stalls) = (0, 0, 0);
+    let mut t = Summary::default();
+    let mut capped = 0;
     for seed in base..base + n {
         match run_seed(seed, None) {
-            Ok(s) => {
-                steps += s.steps;
-                acks += s.acks;
-                durable += s.durable_acks;
-                failovers += s.epoch - 1;
-                changes += s.membership_changes;
-                zero_ops += s.zero_ops;
-                multi += u64::from(s.max_copies > 1);
-                capped += u64::from(Params::for_seed(seed).resync_rate > 0);
-                narrowed += s.narrowed;
-                not_narrowed += s.not_narrowed;
-                clean_stops += s.clean_stops;
-                crash_restores += s.crash_restores;
-                grows += s.grows;
-                acks_beyond += s.acks_beyond;
-                elections += s.elections;
-                coord_pauses += s.coord_pauses;
-                node_pauses += s.node_pauses;
-                fenced += s.fenced;
-                stale_reads += s.stale_reads;
-                long_delays += s.long_delays;
-                stalls += s.stalls;
-            }
+            Ok(s) => t.add(&s),
             Err(e) => panic!("{e}"),
         }
+        capped += u64::from(Params::for_seed(seed).resync_rate > 0);
     }
+    let multi = t.max_copies;
     eprintln!(
-        "{n} seeds from {base}: {steps} steps, {acks} acks ({durable} durable), {failovers} failovers, {changes} membership changes, {zero_ops} WriteZeroes, {multi} seeds with >1 copy in flight, {capped} with a rate cap, {narrowed} failover resyncs narrowed ({not_narrowed} full), {clean_stops} clean stops, {crash_restores} restarts with a crash log, {grows} resizes, {acks_beyond} writes acknowledged beyond the initial size, {:?}",
+        "{n} seeds from {base}: {} steps, {} acks ({} durable), {} failovers, {} membership changes, {} WriteZeroes, {multi} seeds with >1 copy in flight, {capped} with a rate cap, {} failover resyncs narrowed ({} full), {} clean stops, {} restarts with a crash log, {} resizes, {} writes acknowledged beyond the initial size, {:?}",
+        t.steps, t.acks, t.durable_acks, t.failovers, t.membership_changes, t.zero_ops,
+        t.narrowed, t.not_narrowed, t.clean_stops, t.crash_restores, t.grows, t.acks_beyond,
         start.elapsed()
     );
     eprintln!(
-        "control plane: {elections} elections, {coord_pauses} coordinator freezes, {node_pauses} node freezes, {fenced} coordinator changes fenced, {stalls} coordinator stalls credited (in the final tenures), {stale_reads} reads sent to deposed primaries, {long_delays} messages delayed 0.2-2 s"
+        "control plane: {} elections, {} coordinator freezes, {} node freezes, {} coordinator changes fenced, {} coordinator stalls credited (in the final tenures), {} reads sent to deposed primaries, {} messages delayed 0.2-2 s",
+        t.elections, t.coord_pauses, t.node_pauses, t.fenced, t.stalls, t.stale_reads, t.long_delays
     );
     assert!(
-        durable > 0 && failovers > 0 && changes > 0,
+        t.durable_acks > 0 && t.failovers > 0 && t.membership_changes > 0,
         "the workload must exercise durability, failover and membership changes"
     );
     assert!(
-        n < 100 || (zero_ops > 0 && multi > 0 && capped > 0),
+        n < 100 || (t.zero_ops > 0 && multi > 0 && capped > 0),
         "the workload must exercise zeroing, several copies in flight and the rate cap"
     );
     assert!(
-        n < 100 || (narrowed > 0 && not_narrowed > 0 && clean_stops > 0 && crash_restores > 0),
+        n < 100
+            || (t.narrowed > 0 && t.not_narrowed > 0 && t.clean_stops > 0 && t.crash_restores > 0),
         "failovers must resync both narrowed (usable reports) and fully, nodes stop cleanly, and crashed nodes restart with crash logs"
     );
     assert!(
-        n < 100 || (grows > 0 && acks_beyond > 0),
+        n < 100 || (t.grows > 0 && t.acks_beyond > 0),
         "the volume must grow and be written beyond its initial size"
     );
     assert!(
-        n < 100 || (elections > n && fenced > 0 && stale_reads > 0 && node_pauses > 0),
+        n < 100 || (t.elections > n && t.fenced > 0 && t.stale_reads > 0 && t.node_pauses > 0),
         "the control plane must change hands, fence stale coordinators, and face readers of deposed primaries"
     );
 }

@@ -75,6 +75,28 @@ struct Tables {
     quarantined_slots: u64,
 }
 
+/// Decodes `count` table entries of `size` bytes each from `table`; an
+/// entry that fails to verify becomes `quarantined`, and its index is
+/// returned with the others.
+fn decode_entries<T: Clone>(
+    table: &[u8],
+    count: u32,
+    size: u64,
+    quarantined: T,
+    decode: fn(u32, &[u8]) -> Option<T>,
+) -> (Vec<T>, Vec<u32>) {
+    let mut bad = Vec::new();
+    let entries = (0..count)
+        .map(|i| {
+            decode(i, &table[i as usize * size as usize..]).unwrap_or_else(|| {
+                bad.push(i);
+                quarantined.clone()
+            })
+        })
+        .collect();
+    (entries, bad)
+}
+
 fn read_tables(
     device: &dyn BlockDevice,
     layout: Layout,
@@ -90,36 +112,28 @@ fn read_tables(
         layout.extent_table_offset,
         layout.extent_table_pages() * PAGE,
     )?;
-    let mut bad_slots = Vec::new();
-    let slots: Vec<SlotState> = (0..layout.volume_slots)
-        .map(|i| {
-            let b = &vt[i as usize * VOLUME_SLOT_SIZE as usize..];
-            let s = if any_version {
-                SlotState::decode_any(i, b)
-            } else {
-                SlotState::decode(i, b)
-            };
-            s.unwrap_or_else(|| {
-                bad_slots.push(i);
-                SlotState::Quarantined
-            })
-        })
-        .collect();
-    let mut bad_extents = Vec::new();
-    let extents: Vec<ExtentState> = (0..layout.extent_count)
-        .map(|p| {
-            let b = &et[p as usize * EXTENT_ENTRY_SIZE as usize..];
-            let e = if any_version {
-                ExtentState::decode_any(p, b)
-            } else {
-                ExtentState::decode(p, b)
-            };
-            e.unwrap_or_else(|| {
-                bad_extents.push(p);
-                ExtentState::QUARANTINED
-            })
-        })
-        .collect();
+    let (slots, bad_slots) = decode_entries(
+        &vt,
+        layout.volume_slots,
+        VOLUME_SLOT_SIZE,
+        SlotState::Quarantined,
+        if any_version {
+            SlotState::decode_any
+        } else {
+            SlotState::decode
+        },
+    );
+    let (extents, bad_extents) = decode_entries(
+        &et,
+        layout.extent_count,
+        EXTENT_ENTRY_SIZE,
+        ExtentState::QUARANTINED,
+        if any_version {
+            ExtentState::decode_any
+        } else {
+            ExtentState::decode
+        },
+    );
     let mut state = MetaState::new(layout, extents, slots);
     for &i in &bad_slots {
         tracing::error!(slot = i + 1, "volume table entry fails its checksum; quarantined (the slot is not reused and its extents are kept)");
