@@ -31,30 +31,67 @@ use crate::member::Inner;
 use crate::meta::{CasOutcome, ClusterMeta, CoordinatorTerm, MetaError, NodeState, NodeStatus};
 use crate::placement::{self, Candidate, Placement};
 use crate::ClusterError;
-use basalt_catalog::{Versioned, VolumeRecord};
+use basalt_catalog::VolumeRecord;
+use basalt_replication::Msg;
 use basalt_replication::{
     Change, ChangeOutcome, Coordinator, Membership, NodeId, ReplicaInfo, ReplicaState, VolumeId,
     BLOCK_SIZE,
 };
+use parking_lot::{Condvar, Mutex};
 use std::collections::{HashMap, HashSet};
-use std::sync::mpsc::{self, RecvTimeoutError, Sender};
-use std::sync::Weak;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-enum CoordEvent {
-    Heartbeat {
+/// What the task's thread and the threads answering heartbeats share.
+struct Shared {
+    /// The state machine.
+    coord: Mutex<Coordinator>,
+    /// Set once the state machine holds the task's first view; until then
+    /// heartbeats go unanswered (the safe side).
+    ready: AtomicBool,
+    stop: Mutex<bool>,
+    wake: Condvar,
+}
+
+/// The running coordinator task; see the module docs.
+pub(crate) struct CoordinatorTask {
+    shared: Arc<Shared>,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// Answers heartbeats from the coordinator's view, on the caller's thread:
+/// never behind an etcd write.
+#[derive(Clone)]
+pub(crate) struct Responder(Arc<Shared>);
+
+impl Responder {
+    /// The answer to node `from`'s heartbeat for `vol`, if one is due:
+    /// none while this node's role is not confirmed current (an unanswered
+    /// heartbeat lets the primary's lease lapse: the safe side when the
+    /// role may have passed to another node).
+    pub(crate) fn answer(
+        &self,
+        inner: &Inner,
         from: NodeId,
         vol: VolumeId,
         boot: u64,
         sent_at: u64,
-    },
-    Stop,
-}
-
-pub(crate) struct CoordinatorTask {
-    tx: Sender<CoordEvent>,
-    thread: Option<JoinHandle<()>>,
+    ) -> Option<Msg> {
+        if !self.0.ready.load(Ordering::Acquire) {
+            return None;
+        }
+        let now = inner.now_ms();
+        let answer = self
+            .0
+            .coord
+            .lock()
+            .on_heartbeat(now, from, boot, sent_at, vol);
+        answer
+            .filter(|_| inner.meta.coordinator_role_current())
+            .map(|(_, msg)| msg)
+    }
 }
 
 /// Writes need this many in-sync replicas (primary included) by default: a
@@ -69,42 +106,43 @@ pub(crate) fn default_min_in_sync(replicas: usize) -> usize {
 
 impl CoordinatorTask {
     pub(crate) fn start(inner: Weak<Inner>) -> Result<CoordinatorTask, ClusterError> {
-        let (tx, rx) = mpsc::channel();
+        let shared = Arc::new(Shared {
+            coord: Mutex::new(Coordinator::new(0, 0, &[], 0)),
+            ready: AtomicBool::new(false),
+            stop: Mutex::new(false),
+            wake: Condvar::new(),
+        });
+        let s = shared.clone();
         let thread = std::thread::Builder::new()
             .name("coordinator".into())
-            .spawn(move || run(inner, rx))
+            .spawn(move || run(inner, &s))
             .map_err(|e| ClusterError::Thread(e.to_string()))?;
         Ok(CoordinatorTask {
-            tx,
+            shared,
             thread: Some(thread),
         })
     }
 
-    pub(crate) fn heartbeat(&self, from: NodeId, vol: VolumeId, boot: u64, sent_at: u64) {
-        let _ = self.tx.send(CoordEvent::Heartbeat {
-            from,
-            vol,
-            boot,
-            sent_at,
-        });
+    pub(crate) fn responder(&self) -> Responder {
+        Responder(self.shared.clone())
     }
 
     pub(crate) fn stop(mut self) {
-        let _ = self.tx.send(CoordEvent::Stop);
+        *self.shared.stop.lock() = true;
+        self.shared.wake.notify_all();
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
     }
 }
 
-fn run(weak: Weak<Inner>, rx: mpsc::Receiver<CoordEvent>) {
-    let Some(inner) = weak.upgrade() else { return };
-    let Some(term) = inner.meta.coordinator_term() else {
-        return;
-    };
-    let t = inner.timing().clone();
-    // Every registered node counts as heard when the previous coordinator
-    // may last have extended its lease (see the module docs).
+/// The state machine's first view: every registered node counts as heard
+/// when the previous coordinator may last have extended its lease (see the
+/// module docs); the records as etcd has them after the election (the
+/// member's watched copy may lag behind the previous coordinator's last
+/// writes).
+fn first_view(inner: &Inner) -> Coordinator {
+    let t = inner.timing();
     let known: Vec<NodeId> = match inner.meta.nodes() {
         Ok(nodes) => nodes.iter().map(|n| n.id).collect(),
         Err(_) => inner.nodes.read().iter().map(|n| n.id).collect(),
@@ -113,8 +151,6 @@ fn run(weak: Weak<Inner>, rx: mpsc::Receiver<CoordEvent>) {
         .now_ms()
         .saturating_sub(ClusterMeta::role_handover_credit_ms());
     let mut coord = Coordinator::new(t.lease_ms, t.grace_ms, &known, heard);
-    // The records as etcd has them after the election (the member's watched
-    // copy may lag behind the previous coordinator's last writes).
     match inner.meta.memberships() {
         Ok(records) => records.into_iter().for_each(|r| coord.observe(r)),
         Err(e) => {
@@ -126,6 +162,18 @@ fn run(weak: Weak<Inner>, rx: mpsc::Receiver<CoordEvent>) {
                 .for_each(|r| coord.observe(r.clone()));
         }
     }
+    coord
+}
+
+fn run(weak: Weak<Inner>, shared: &Shared) {
+    let Some(inner) = weak.upgrade() else { return };
+    let Some(term) = inner.meta.coordinator_term() else {
+        return;
+    };
+    let t = inner.timing().clone();
+    *shared.coord.lock() = first_view(&inner);
+    shared.ready.store(true, Ordering::Release);
+    let coord = &shared.coord;
     tracing::info!(term = term.0, "coordinator tenure starts");
     drop(inner);
     let tick = Duration::from_millis((t.heartbeat_ms / 2).clamp(10, 500));
@@ -133,68 +181,56 @@ fn run(weak: Weak<Inner>, rx: mpsc::Receiver<CoordEvent>) {
     let mut next_placement = Instant::now();
     let mut faulty_since: HashMap<(VolumeId, NodeId), Instant> = HashMap::new();
     loop {
-        let wait = next_tick.saturating_duration_since(Instant::now());
-        let ev = rx.recv_timeout(wait);
-        let Some(inner) = weak.upgrade() else { return };
-        match ev {
-            Ok(CoordEvent::Stop) | Err(RecvTimeoutError::Disconnected) => return,
-            Ok(CoordEvent::Heartbeat {
-                from,
-                vol,
-                boot,
-                sent_at,
-            }) => {
-                // The node is alive either way; but an unanswered heartbeat
-                // lets the primary's lease lapse: the safe side when the
-                // role may have passed to another node.
-                let answer = coord.on_heartbeat(inner.now_ms(), from, boot, sent_at, vol);
-                if let (Some((_, reply)), true) = (answer, inner.meta.coordinator_role_current()) {
-                    inner.send_heartbeat_ack(from, vol, reply);
-                }
+        {
+            let mut stop = shared.stop.lock();
+            let wait = next_tick.saturating_duration_since(Instant::now());
+            if !*stop && !wait.is_zero() {
+                shared.wake.wait_for(&mut stop, wait);
             }
-            Err(RecvTimeoutError::Timeout) => {}
+            if *stop {
+                return;
+            }
         }
+        let Some(inner) = weak.upgrade() else { return };
         let result = (|| -> Result<(), ClusterError> {
             if Instant::now() >= next_tick {
                 next_tick = Instant::now() + tick;
                 let now = inner.now_ms();
-                follow_watch(&inner, &mut coord);
-                // Nodes without replicas send no heartbeats: their registry
-                // lease vouches for them, so a volume placed on a long-idle
-                // node is not failed over before its replica could speak.
-                for n in inner.nodes.read().iter() {
-                    if n.alive && !coord.records().any(|r| r.replicas.contains_key(&n.id)) {
-                        coord.vouch(n.id, now);
+                let changes = {
+                    let mut c = coord.lock();
+                    follow_watch(&inner, &mut c);
+                    // Nodes without replicas send no heartbeats: their
+                    // registry lease vouches for them, so a volume placed
+                    // on a long-idle node is not failed over before its
+                    // replica could speak.
+                    for n in inner.nodes.read().iter() {
+                        if n.alive && !c.records().any(|r| r.replicas.contains_key(&n.id)) {
+                            c.vouch(n.id, now);
+                        } else {
+                            c.know(n.id, now);
+                        }
+                    }
+                    if inner.meta.coordinator_role_current() {
+                        c.tick(now)
                     } else {
-                        coord.know(n.id, now);
+                        Vec::new()
                     }
-                }
-                if inner.meta.coordinator_role_current() {
-                    for change in coord.tick(now) {
-                        let outcome = write(&inner, term, &coord, &change)?;
-                        coord.on_outcome(&change, outcome);
-                    }
-                }
+                };
+                write(&inner, term, coord, changes)?;
             }
             if Instant::now() >= next_placement {
                 next_placement = Instant::now() + Duration::from_secs(1);
-                // One read of the catalog and the node list serves the round.
-                let catalog = inner.catalog.list()?;
-                let nodes = inner.meta.nodes()?;
-                if let Err(e) = place_new_volumes(&inner, term, &mut coord, &catalog, &nodes) {
+                // The member's watched copies: a round costs etcd nothing
+                // unless it changes something.
+                let catalog: Vec<VolumeRecord> = inner.volumes.read().values().cloned().collect();
+                let nodes = inner.nodes.read().clone();
+                if let Err(e) = place_new_volumes(&inner, term, coord, &catalog, &nodes) {
                     if matches!(e, ClusterError::Meta(MetaError::Fenced(_))) {
                         return Err(e);
                     }
                     tracing::warn!(error = %e, "placement round failed; retrying");
                 }
-                reconfigure(
-                    &inner,
-                    term,
-                    &mut coord,
-                    &catalog,
-                    &nodes,
-                    &mut faulty_since,
-                )?;
+                reconfigure(&inner, term, coord, &catalog, &nodes, &mut faulty_since)?;
             }
             Ok(())
         })();
@@ -234,50 +270,77 @@ fn follow_watch(inner: &Inner, coord: &mut Coordinator) {
     }
 }
 
-/// Writes `change` (decided from `coord`'s view) to etcd, fenced by `term`;
-/// Err only when fenced.
+/// Writes `changes` (decided from `coord`'s view) to etcd, fenced by
+/// `term`, all at once and without holding the state machine (heartbeats
+/// are answered meanwhile, from the view with the changes pending), then
+/// feeds each outcome back. Err only when fenced.
 fn write(
     inner: &Inner,
     term: CoordinatorTerm,
-    coord: &Coordinator,
-    change: &Change,
-) -> Result<ChangeOutcome, ClusterError> {
-    let before = coord.record(change.record.volume);
-    let vol = uuid::Uuid::from_u128(change.record.volume.0);
-    let outcome = inner
-        .meta
-        .cas_membership_fenced(term, change.expected, change.record.clone());
-    Ok(match outcome {
-        Ok(CasOutcome::Applied(rec)) => {
-            if before.as_ref().is_some_and(|b| b.epoch != rec.epoch) {
-                tracing::warn!(volume = %vol, epoch = rec.epoch.0, primary = rec.primary.0,
-                    "failover: new primary");
-            } else {
-                tracing::info!(volume = %vol, version = rec.version,
-                    before = ?before.map(|b| &b.replicas), after = ?rec.replicas,
-                    min_in_sync = rec.min_in_sync, "replica states changed");
+    coord: &Mutex<Coordinator>,
+    changes: Vec<Change>,
+) -> Result<(), ClusterError> {
+    if changes.is_empty() {
+        return Ok(());
+    }
+    let before: Vec<Option<Membership>> = {
+        let c = coord.lock();
+        changes
+            .iter()
+            .map(|ch| c.record(ch.record.volume).cloned())
+            .collect()
+    };
+    let outcomes = inner.meta.cas_memberships_fenced(
+        term,
+        changes
+            .iter()
+            .map(|ch| (ch.expected, ch.record.clone()))
+            .collect(),
+    );
+    let mut fenced = None;
+    let mut c = coord.lock();
+    for ((change, before), outcome) in changes.iter().zip(before).zip(outcomes) {
+        let vol = uuid::Uuid::from_u128(change.record.volume.0);
+        let outcome = match outcome {
+            Ok(CasOutcome::Applied(rec)) => {
+                if before.as_ref().is_some_and(|b| b.epoch != rec.epoch) {
+                    tracing::warn!(volume = %vol, epoch = rec.epoch.0, primary = rec.primary.0,
+                        "failover: new primary");
+                } else {
+                    tracing::info!(volume = %vol, version = rec.version,
+                        before = ?before.map(|b| b.replicas), after = ?rec.replicas,
+                        min_in_sync = rec.min_in_sync, "replica states changed");
+                }
+                ChangeOutcome::Applied(rec)
             }
-            ChangeOutcome::Applied(rec)
-        }
-        Ok(CasOutcome::Conflict(rec)) => ChangeOutcome::Conflict(rec),
-        Ok(CasOutcome::Missing) => ChangeOutcome::Missing,
-        Ok(CasOutcome::Invalid(reason)) => {
-            tracing::error!(volume = %vol, %reason, "coordinator produced an invalid membership change");
-            ChangeOutcome::Failed
-        }
-        Err(MetaError::Fenced(rev)) => return Err(MetaError::Fenced(rev).into()),
-        Err(e) => {
-            tracing::warn!(volume = %vol, error = %e, "could not update a membership record");
-            ChangeOutcome::Failed
-        }
-    })
+            Ok(CasOutcome::Conflict(rec)) => ChangeOutcome::Conflict(rec),
+            Ok(CasOutcome::Missing) => ChangeOutcome::Missing,
+            Ok(CasOutcome::Invalid(reason)) => {
+                tracing::error!(volume = %vol, %reason, "coordinator produced an invalid membership change");
+                ChangeOutcome::Failed
+            }
+            Err(MetaError::Fenced(rev)) => {
+                fenced = Some(rev);
+                ChangeOutcome::Failed
+            }
+            Err(e) => {
+                tracing::warn!(volume = %vol, error = %e, "could not update a membership record");
+                ChangeOutcome::Failed
+            }
+        };
+        c.on_outcome(change, outcome);
+    }
+    match fenced {
+        Some(rev) => Err(MetaError::Fenced(rev).into()),
+        None => Ok(()),
+    }
 }
 
 /// Each catalog volume's size.
-fn catalog_sizes(catalog: &[Versioned<VolumeRecord>]) -> HashMap<VolumeId, u64> {
+fn catalog_sizes(catalog: &[VolumeRecord]) -> HashMap<VolumeId, u64> {
     catalog
         .iter()
-        .map(|v| (VolumeId(v.record.id.as_u128()), v.record.size_bytes))
+        .map(|v| (VolumeId(v.id.as_u128()), v.size_bytes))
         .collect()
 }
 
@@ -295,7 +358,7 @@ pub(crate) struct Load {
 
 impl Load {
     /// The load of the placed volumes (`records`), at their catalog sizes.
-    pub(crate) fn of(records: &[Membership], catalog: &[Versioned<VolumeRecord>]) -> Load {
+    pub(crate) fn of(records: &[Membership], catalog: &[VolumeRecord]) -> Load {
         let mut primaries = HashMap::new();
         for r in records {
             *primaries.entry(r.primary).or_default() += 1;
@@ -352,55 +415,62 @@ impl Load {
 fn place_new_volumes(
     inner: &Inner,
     term: CoordinatorTerm,
-    coord: &mut Coordinator,
-    catalog: &[Versioned<VolumeRecord>],
+    coord: &Mutex<Coordinator>,
+    catalog: &[VolumeRecord],
     nodes: &[NodeStatus],
 ) -> Result<(), ClusterError> {
-    let listed = inner.meta.memberships_at()?;
-    let placed: HashSet<VolumeId> = listed.iter().map(|(r, _)| r.volume).collect();
-    let in_catalog: HashSet<VolumeId> = catalog
+    let in_catalog: HashSet<VolumeId> = catalog.iter().map(|v| VolumeId(v.id.as_u128())).collect();
+    let records: Vec<Membership> = coord.lock().records().cloned().collect();
+    let gone: Vec<VolumeId> = records
         .iter()
-        .map(|v| VolumeId(v.record.id.as_u128()))
+        .map(|r| r.volume)
+        .filter(|v| !in_catalog.contains(v))
         .collect();
-    // Only the record as listed is deleted: one changed since (placed
-    // again by another coordinator, failed over) is left for the next round.
-    for (rec, rev) in listed
-        .iter()
-        .filter(|(r, _)| !in_catalog.contains(&r.volume))
-    {
-        if inner.meta.delete_membership(term, rec.volume, *rev)? {
-            tracing::info!(volume = %uuid::Uuid::from_u128(rec.volume.0), "volume deleted: dropped its membership record");
-            coord.forget(rec.volume);
+    // Only the record as read now is deleted, by its mod_revision: one
+    // changed since (placed again by another coordinator, failed over) is
+    // left for the next round.
+    for vol in gone {
+        match inner.meta.membership_at(vol)? {
+            Some((_, rev)) => {
+                if inner.meta.delete_membership(term, vol, rev)? {
+                    tracing::info!(volume = %uuid::Uuid::from_u128(vol.0), "volume deleted: dropped its membership record");
+                    coord.lock().forget(vol);
+                }
+            }
+            None => coord.lock().forget(vol),
         }
     }
-    let records: Vec<Membership> = listed.into_iter().map(|(r, _)| r).collect();
+    let placed: HashSet<VolumeId> = records.iter().map(|r| r.volume).collect();
     let mut load = Load::of(&records, catalog);
     for v in catalog {
-        let vol = VolumeId(v.record.id.as_u128());
+        let vol = VolumeId(v.id.as_u128());
         if placed.contains(&vol) {
             continue;
         }
-        let size = v.record.size_bytes;
-        let want = wanted_replicas(&v.record);
+        let size = v.size_bytes;
+        let want = wanted_replicas(v);
         let Some(p) = load.place(nodes, size, want, Some(inner.me)) else {
-            tracing::warn!(volume = %v.record.name, "no node can take a replica yet");
+            tracing::warn!(volume = %v.name, "no node can take a replica yet");
             continue;
         };
         let min = default_min_in_sync(want).min(p.nodes.len());
-        let mut rec = Membership::new(vol, &p.nodes, p.primary, min)
-            .with_blocks(v.record.size_bytes / BLOCK_SIZE);
+        let mut rec =
+            Membership::new(vol, &p.nodes, p.primary, min).with_blocks(v.size_bytes / BLOCK_SIZE);
         for (id, info) in rec.replicas.iter_mut() {
             info.boot = nodes.iter().find(|n| n.id == *id).map_or(0, |n| n.boot);
         }
         if inner.meta.create_membership(term, &rec)? {
-            coord.observe(rec.clone());
+            coord.lock().observe(rec.clone());
             load.add(&p, size);
             if p.missing > 0 {
-                tracing::warn!(volume = %v.record.name, placed = p.nodes.len(), missing = p.missing,
+                tracing::warn!(volume = %v.name, placed = p.nodes.len(), missing = p.missing,
                     "volume placed degraded: too few nodes");
             } else {
-                tracing::info!(volume = %v.record.name, nodes = ?p.nodes, primary = p.primary.0, "volume placed");
+                tracing::info!(volume = %v.name, nodes = ?p.nodes, primary = p.primary.0, "volume placed");
             }
+        } else if let Some(rec) = inner.meta.membership(vol)? {
+            // Placed already, and this view had not seen it yet.
+            coord.lock().observe(rec);
         }
     }
     Ok(())
@@ -422,27 +492,30 @@ fn place_new_volumes(
 fn reconfigure(
     inner: &Inner,
     term: CoordinatorTerm,
-    coord: &mut Coordinator,
-    catalog: &[Versioned<VolumeRecord>],
+    coord: &Mutex<Coordinator>,
+    catalog: &[VolumeRecord],
     nodes: &[NodeStatus],
     faulty_since: &mut HashMap<(VolumeId, NodeId), Instant>,
 ) -> Result<(), ClusterError> {
     let replace_after = inner.timing().replace_after;
     // From the state machine's view, leaving alone the volumes it has a
     // change in flight for.
-    let records: Vec<Membership> = coord
-        .records()
-        .filter(|r| !coord.has_pending(r.volume))
-        .cloned()
-        .collect();
+    let records: Vec<Membership> = {
+        let c = coord.lock();
+        c.records()
+            .filter(|r| !c.has_pending(r.volume))
+            .cloned()
+            .collect()
+    };
     let mut provisioned = placement::provisioned_by_node(&records, &catalog_sizes(catalog));
     let mut primaries = HashMap::<NodeId, usize>::new();
     for r in &records {
         *primaries.entry(r.primary).or_default() += 1;
     }
-    let state_of = |n: NodeId| nodes.iter().find(|s| s.id == n).map(|s| s.state);
+    let nodes_by_id: HashMap<NodeId, &NodeStatus> = nodes.iter().map(|n| (n.id, n)).collect();
+    let state_of = |n: NodeId| nodes_by_id.get(&n).map(|s| s.state);
     let candidate = |id: NodeId| {
-        nodes.iter().find(|s| s.id == id).map(|s| Candidate {
+        nodes_by_id.get(&id).map(|s| Candidate {
             id,
             zone: s.info.zone.clone(),
             free_bytes: s.info.free_bytes,
@@ -450,25 +523,32 @@ fn reconfigure(
         })
     };
     let now = Instant::now();
-    faulty_since.retain(|(v, n), _| {
-        records
-            .iter()
-            .any(|r| r.volume == *v && r.state(*n) == Some(ReplicaState::Faulty))
-    });
+    let faulty: HashSet<(VolumeId, NodeId)> = records
+        .iter()
+        .flat_map(|r| {
+            r.replicas
+                .iter()
+                .filter(|(_, i)| i.state == ReplicaState::Faulty)
+                .map(|(n, _)| (r.volume, *n))
+        })
+        .collect();
+    faulty_since.retain(|key, _| faulty.contains(key));
+    let mut changes = Vec::new();
+    let by_id: HashMap<VolumeId, &VolumeRecord> = catalog
+        .iter()
+        .map(|v| (VolumeId(v.id.as_u128()), v))
+        .collect();
     for rec in records {
-        let Some(v) = catalog
-            .iter()
-            .find(|v| v.record.id.as_u128() == rec.volume.0)
-        else {
+        let Some(v) = by_id.get(&rec.volume).copied() else {
             continue;
         };
-        let wanted = wanted_replicas(&v.record);
+        let wanted = wanted_replicas(v);
         let mut new = rec.clone();
         // The catalog's size is the volume's: a grow whose record step was
         // lost (or a record from before sizes were recorded) catches up.
-        let blocks = v.record.size_bytes / BLOCK_SIZE;
+        let blocks = v.size_bytes / BLOCK_SIZE;
         if blocks > new.blocks {
-            tracing::info!(volume = %v.record.name, from = new.blocks, to = blocks, "recording the volume's size for its replicas");
+            tracing::info!(volume = %v.name, from = new.blocks, to = blocks, "recording the volume's size for its replicas");
             new.blocks = blocks;
         }
         for (n, info) in &rec.replicas {
@@ -480,7 +560,7 @@ fn reconfigure(
                 && now.duration_since(*faulty_since.entry((rec.volume, *n)).or_insert(now))
                     >= replace_after;
             if removed || faulty_long {
-                tracing::warn!(volume = %v.record.name, node = n.0, removed, "replica given up: it will be rebuilt elsewhere");
+                tracing::warn!(volume = %v.name, node = n.0, removed, "replica given up: it will be rebuilt elsewhere");
                 new.replicas.remove(n);
             }
         }
@@ -496,7 +576,7 @@ fn reconfigure(
                         &provisioned,
                         s.id,
                         s.info.provision_limit(),
-                        v.record.size_bytes,
+                        v.size_bytes,
                     )
                 })
                 .filter_map(|s| candidate(s.id))
@@ -505,8 +585,8 @@ fn reconfigure(
                 new.replicas.keys().filter_map(|n| candidate(*n)).collect();
             for id in placement::choose(&pool, &existing, wanted - active) {
                 let boot = nodes.iter().find(|s| s.id == id).map_or(0, |s| s.boot);
-                tracing::info!(volume = %v.record.name, node = id.0, "adding a replica");
-                placement::provision(&mut provisioned, id, v.record.size_bytes);
+                tracing::info!(volume = %v.name, node = id.0, "adding a replica");
+                placement::provision(&mut provisioned, id, v.size_bytes);
                 new.replicas.insert(
                     id,
                     ReplicaInfo {
@@ -529,7 +609,7 @@ fn reconfigure(
                 .filter(|n| draining(n) && *n != rec.primary)
                 .collect();
             for n in leaving {
-                tracing::info!(volume = %v.record.name, node = n.0, "replica moved off a draining node");
+                tracing::info!(volume = %v.name, node = n.0, "replica moved off a draining node");
                 new.replicas.remove(&n);
             }
         }
@@ -539,13 +619,11 @@ fn reconfigure(
         }
         new.min_in_sync = new.min_in_sync.clamp(1, new.replicas.len().max(1));
         if new != rec {
-            let change = Change {
+            changes.push(Change {
                 expected: rec.version,
                 record: new,
-            };
-            let outcome = write(inner, term, coord, &change)?;
-            coord.on_outcome(&change, outcome);
+            });
         }
     }
-    Ok(())
+    write(inner, term, coord, changes)
 }

@@ -27,6 +27,7 @@ pub mod peer;
 pub mod placement;
 mod replica;
 mod saved_logs;
+mod ticker;
 
 pub use member::{ClusterMember, MemberConfig, Timing};
 

@@ -29,6 +29,7 @@ use crate::meta::{
 use crate::peer::{PeerConfig, PeerHandler, PeerNet};
 use crate::placement;
 use crate::replica::{Event, Origin, Replica, ReplicaEnv, ReplicaSpec};
+use crate::ticker::{Tick, Ticker};
 use crate::ClusterError;
 use crate::{crash_logs, saved_logs};
 use basalt_catalog::{Catalog, VolumeRecord};
@@ -155,26 +156,25 @@ impl MemberConfig {
 
 struct ReplicaHandle {
     replica: Arc<Replica<Env>>,
-    /// The replica's ticker.
-    thread: Option<JoinHandle<()>>,
 }
 
+/// How long a stop waits for a replica's work in progress (a disk batch)
+/// to finish.
+const REPLICA_STOP_WAIT: Duration = Duration::from_secs(10);
+
 impl ReplicaHandle {
-    fn stop(mut self) {
-        self.replica.stop();
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
+    fn stop(self) {
+        if !self.replica.stop_and_wait(REPLICA_STOP_WAIT) {
+            tracing::warn!(
+                "a stopped replica still had work in progress after {REPLICA_STOP_WAIT:?}"
+            );
         }
     }
 
     /// Stops for a clean restart: the logs to save (see
     /// `Replica::stop_for_restart`).
-    fn stop_for_restart(mut self) -> Option<SavedLogs> {
-        let saved = self.replica.stop_for_restart();
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-        saved
+    fn stop_for_restart(self) -> Option<SavedLogs> {
+        self.replica.stop_for_restart()
     }
 }
 
@@ -277,7 +277,12 @@ pub(crate) struct Inner {
     pub(crate) catalog: Arc<dyn Catalog>,
     pub(crate) records: RwLock<HashMap<VolumeId, Membership>>,
     pub(crate) nodes: RwLock<Vec<NodeStatus>>,
+    /// The catalog's volume records by name, as the catalog watch last
+    /// saw them.
+    pub(crate) volumes: RwLock<std::collections::BTreeMap<String, VolumeRecord>>,
     replicas: Mutex<HashMap<VolumeId, ReplicaHandle>>,
+    /// Drives every replica's clock on a fixed set of threads.
+    ticker: Ticker,
     /// Each copying volume's share of the node's resync rate, as last set.
     resync_share: Mutex<u64>,
     /// Logs saved at the last clean stop, until each replica's driver
@@ -393,7 +398,10 @@ impl ClusterMember {
             catalog,
             records: RwLock::new(HashMap::new()),
             nodes: RwLock::new(Vec::new()),
+            volumes: RwLock::new(Default::default()),
             replicas: Mutex::new(HashMap::new()),
+            ticker: Ticker::start(Ticker::default_threads())
+                .map_err(|e| ClusterError::Thread(e.to_string()))?,
             resync_share: Mutex::new(resync_rate),
             pending: Mutex::new(Pending::default()),
             coordinator_id: RwLock::new(None),
@@ -413,6 +421,16 @@ impl ClusterMember {
     fn wire(&self) -> Result<(), ClusterError> {
         let inner = &self.inner;
         let weak = Arc::downgrade(inner);
+        let w = weak.clone();
+        let catalog_guard = inner.meta.watch_catalog(Box::new(move |name, record| {
+            if let Some(inner) = w.upgrade() {
+                let mut volumes = inner.volumes.write();
+                match record {
+                    Some(r) => volumes.insert(name.to_string(), r),
+                    None => volumes.remove(name),
+                };
+            }
+        }))?;
         let w = weak.clone();
         let nodes_guard = inner.meta.watch_nodes(Box::new(move |nodes| {
             if let Some(inner) = w.upgrade() {
@@ -450,6 +468,7 @@ impl ClusterMember {
         };
         {
             let mut guards = inner.guards.lock();
+            guards.push(Box::new(catalog_guard));
             guards.push(Box::new(nodes_guard));
             guards.push(Box::new(records_guard));
             guards.push(Box::new(election));
@@ -744,8 +763,13 @@ impl Inner {
         }
     }
 
+    /// The catalog's record of `vol`: from the watched copy, or from etcd
+    /// if that has not seen the volume yet.
     fn volume_record(&self, vol: VolumeId) -> Result<Option<VolumeRecord>, ClusterError> {
         let id = uuid_of(vol);
+        if let Some(r) = self.volumes.read().values().find(|r| r.id == id) {
+            return Ok(Some(r.clone()));
+        }
         Ok(self
             .catalog
             .list()?
@@ -877,15 +901,9 @@ impl Inner {
                 cas_ok: None,
             }));
         }
-        let ticker = replica.clone();
-        let thread = std::thread::Builder::new()
-            .name(format!("replica-{}", &id.simple().to_string()[..8]))
-            .spawn(move || ticker.run_ticks())
-            .map_err(|e| ClusterError::Thread(e.to_string()))?;
-        Ok(ReplicaHandle {
-            replica,
-            thread: Some(thread),
-        })
+        let as_tick: Arc<dyn Tick> = replica.clone();
+        replica.attach_ticker(self.ticker.register(Arc::downgrade(&as_tick)));
+        Ok(ReplicaHandle { replica })
     }
 
     /// Frames that arrived together: each replica gets its share as one
@@ -902,8 +920,13 @@ impl Inner {
                 },
                 Msg::HeartbeatAck { .. } => Event::Control(msg),
                 Msg::Heartbeat { boot, sent_at } => {
-                    if let Some(c) = self.coordinator.lock().as_ref() {
-                        c.heartbeat(from, vol, boot, sent_at);
+                    // Answered here, on the peer's reader: never behind
+                    // the coordinator's etcd writes.
+                    let responder = self.coordinator.lock().as_ref().map(|c| c.responder());
+                    if let Some(ack) =
+                        responder.and_then(|r| r.answer(self, from, vol, boot, sent_at))
+                    {
+                        self.peers.send(from, vol, ack);
                     }
                     continue;
                 }
@@ -947,15 +970,6 @@ impl Inner {
     fn to_replica(&self, vol: VolumeId, ev: Event) {
         if let Some(replica) = self.replica(vol) {
             replica.deliver(vec![ev]);
-        }
-    }
-
-    /// Delivers a coordinator's heartbeat answer to node `to`.
-    pub(crate) fn send_heartbeat_ack(&self, to: NodeId, vol: VolumeId, msg: Msg) {
-        if to == self.me {
-            self.to_replica(vol, Event::Control(msg));
-        } else {
-            self.peers.send(to, vol, msg);
         }
     }
 
@@ -1184,8 +1198,14 @@ impl ReplicaEnv for Env {
         };
         match msg {
             Msg::Heartbeat { boot, sent_at } => {
-                if let Some(c) = inner.coordinator.lock().as_ref() {
-                    c.heartbeat(inner.me, vol, boot, sent_at);
+                let responder = inner.coordinator.lock().as_ref().map(|c| c.responder());
+                if let Some(responder) = responder {
+                    // Posted: this runs while the replica carries out its
+                    // actions, and the same round takes it in.
+                    let ack = responder.answer(&inner, inner.me, vol, boot, sent_at);
+                    if let (Some(ack), Some(replica)) = (ack, inner.replica(vol)) {
+                        replica.post(Event::Control(ack));
+                    }
                     return;
                 }
                 let coordinator = *inner.coordinator_id.read();
@@ -1523,19 +1543,27 @@ impl ClusterMember {
     fn provisioning(&self) -> Result<(Vec<NodeStatus>, HashMap<NodeId, u64>), VolumeError> {
         let unavailable = |e: &dyn std::fmt::Display| VolumeError::Cluster(e.to_string());
         let nodes = self.inner.meta.nodes().map_err(|e| unavailable(&e))?;
-        let catalog = self.inner.catalog.list().map_err(|e| unavailable(&e))?;
+        let catalog: Vec<VolumeRecord> = self
+            .inner
+            .catalog
+            .list()
+            .map_err(|e| unavailable(&e))?
+            .into_iter()
+            .map(|v| v.record)
+            .collect();
         // From etcd, not this node's copy: a volume placed a moment ago
         // through another node counts even before this node's watch sees it.
         let records = self.inner.meta.memberships().map_err(|e| unavailable(&e))?;
         let mut load = Load::of(&records, &catalog);
         let coordinator = *self.inner.coordinator_id.read();
+        let placed: std::collections::HashSet<VolumeId> =
+            records.iter().map(|r| r.volume).collect();
         for v in &catalog {
-            let vol = vol_of(v.record.id);
-            if records.iter().any(|r| r.volume == vol) {
+            if placed.contains(&vol_of(v.id)) {
                 continue;
             }
-            let size = v.record.size_bytes;
-            if let Some(p) = load.place(&nodes, size, wanted_replicas(&v.record), coordinator) {
+            let size = v.size_bytes;
+            if let Some(p) = load.place(&nodes, size, wanted_replicas(v), coordinator) {
                 load.add(&p, size);
             }
         }

@@ -4,8 +4,8 @@
 //!
 //! The state machine sits behind a mutex and is driven by whichever thread
 //! has something for it: a frontend lane with client requests, a peer
-//! connection's reader with replication messages, the replica's ticker with
-//! the clock. That thread feeds its events in, carries out the actions
+//! connection's reader with replication messages, one of the node's ticker
+//! threads (`crate::ticker`) with the clock. That thread feeds its events in, carries out the actions
 //! outside the lock (sends go to the [`ReplicaEnv`]; disk operations run as
 //! one batch on the local store: one device submission for reads and writes,
 //! then zeroing, then flushes) and feeds the completions back, until no disk
@@ -16,7 +16,7 @@
 //! flushes wait for what they must follow), so parallel executors are safe.
 //!
 //! Background disk operations (resync reads) are the exception: the thread
-//! that received them leaves them to the replica's ticker, so a region copy
+//! that received them leaves them to the ticker, so a region copy
 //! never stalls the client requests or replication messages of the thread
 //! that happened to bring its turn.
 //!
@@ -38,14 +38,15 @@
 //!   to the volume's new size (the state machine's `Grow`, which it issues
 //!   alone, before anything beyond the old end).
 
+use crate::ticker::{Tick, TickSlot};
 use basalt_replication::{
     Action, ClientReply, ClientReq, Config, DiskOp, DiskResult, Endpoint, Input, Membership, Msg,
     Node, NodeId, RoleKind, SavedLogs, VolumeId,
 };
 use basalt_store::{DataOp, LocalVolume};
-use parking_lot::{Condvar, Mutex, RwLock};
+use parking_lot::{Mutex, RwLock};
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 /// Where a client request came from, to route its reply.
@@ -113,8 +114,9 @@ pub(crate) struct Replica<E: ReplicaEnv> {
     block_len: u64,
     tick_ms: u64,
     state: Mutex<State>,
-    /// Wakes the ticker early (stop, background work).
-    wake: Condvar,
+    /// This replica's place in the node's [`Ticker`](crate::ticker::Ticker): wakes it early
+    /// (stop, background work). Set once, right after registration.
+    ticker: OnceLock<TickSlot>,
     /// Read-held by every `deliver` in progress (see `stop`).
     running: RwLock<()>,
 }
@@ -239,7 +241,7 @@ impl<E: ReplicaEnv> Replica<E> {
                 mailbox: Vec::new(),
                 background: Vec::new(),
             }),
-            wake: Condvar::new(),
+            ticker: OnceLock::new(),
             running: RwLock::new(()),
         }
     }
@@ -306,7 +308,7 @@ impl<E: ReplicaEnv> Replica<E> {
                         .partition(|(id, _)| st.node.is_background(*id));
                     round.disk = fg;
                     st.background.extend(bg);
-                    self.wake.notify_one();
+                    self.wake_ticker();
                 }
                 for (replica, decided) in st.node.take_failover_resyncs() {
                     let volume = uuid::Uuid::from_u128(self.vol.0);
@@ -345,7 +347,7 @@ impl<E: ReplicaEnv> Replica<E> {
                     "local disk keeps failing; this replica stops (the coordinator will mark it faulty)");
                 let owed = st.stop();
                 drop(st);
-                self.wake.notify_all();
+                self.wake_ticker();
                 self.carry_out(Vec::new(), owed);
                 return;
             }
@@ -378,33 +380,32 @@ impl<E: ReplicaEnv> Replica<E> {
         }
     }
 
-    /// The clock: drives a round every tick until [`Replica::stop`]. Runs on
-    /// the replica's own thread.
-    pub(crate) fn run_ticks(&self) {
-        loop {
-            self.drive(Vec::new(), true);
-            let mut st = self.state.lock();
-            if st.stopped {
-                return;
-            }
-            if !st.background.is_empty() {
-                continue;
-            }
-            let now = self.env.now_ms();
-            let wait = st.next_tick.saturating_sub(now).max(1);
-            self.wake.wait_for(&mut st, Duration::from_millis(wait));
-            if st.stopped {
-                return;
-            }
+    /// Joins the node's ticker, which drives this replica's clock and its
+    /// background disk work from then on (once; later calls are ignored).
+    pub(crate) fn attach_ticker(&self, slot: TickSlot) {
+        let _ = self.ticker.set(slot);
+    }
+
+    fn wake_ticker(&self) {
+        if let Some(slot) = self.ticker.get() {
+            slot.wake();
         }
     }
 
     /// Stops the replica: pending client requests are answered NotPrimary
-    /// and the ticker ends.
+    /// and it leaves the ticker.
     pub(crate) fn stop(&self) {
         let owed = self.state.lock().stop();
-        self.wake.notify_all();
+        self.wake_ticker();
         self.carry_out(Vec::new(), owed);
+    }
+
+    /// Stops the replica and waits (up to `bound`) until no thread carries
+    /// out any of its work; whether that happened in time. Not to be
+    /// called from a thread delivering to this replica.
+    pub(crate) fn stop_and_wait(&self, bound: Duration) -> bool {
+        self.stop();
+        self.running.try_write_for(bound).is_some()
     }
 
     /// Stops the replica for a clean restart of this process: returns the
@@ -413,8 +414,9 @@ impl<E: ReplicaEnv> Replica<E> {
     /// happen in time (the next start then goes without, which is safe).
     /// Not to be called from a thread delivering to this replica.
     pub(crate) fn stop_for_restart(&self) -> Option<SavedLogs> {
-        self.stop();
-        let _idle = self.running.try_write_for(Duration::from_secs(10))?;
+        if !self.stop_and_wait(Duration::from_secs(10)) {
+            return None;
+        }
         if let Err(e) = self.local.flush() {
             tracing::warn!(volume = %uuid::Uuid::from_u128(self.vol.0), error = %e,
                 "cannot flush the replica at shutdown; its logs are not saved");
@@ -552,5 +554,22 @@ impl<E: ReplicaEnv> Replica<E> {
             out.push((id, r));
         }
         out
+    }
+}
+
+/// The clock: the node's [`Ticker`](crate::ticker::Ticker) drives a round when the next tick is
+/// due, running the background disk operations left for it too.
+impl<E: ReplicaEnv> Tick for Replica<E> {
+    fn tick(&self) -> Option<Duration> {
+        self.drive(Vec::new(), true);
+        let st = self.state.lock();
+        if st.stopped {
+            return None;
+        }
+        if !st.background.is_empty() {
+            return Some(Duration::ZERO);
+        }
+        let wait = st.next_tick.saturating_sub(self.env.now_ms()).max(1);
+        Some(Duration::from_millis(wait))
     }
 }

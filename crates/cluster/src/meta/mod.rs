@@ -29,25 +29,26 @@
 //!   disappears when its holder's lease ends;
 //! - no call waits longer than the request timeout.
 //!
-//! Watches poll (node list every 500 ms, membership records every 100 ms)
-//! rather than use etcd's watch stream: polling survives etcd restarts and
-//! compactions with no resume logic, at a cost that is small for the
-//! record counts of one cluster.
+//! Node, membership and catalog changes arrive by etcd watches that resume
+//! from their last revision after a broken stream and list again only
+//! after a compaction (`watch`): idle, they cost etcd nothing per record.
 //!
 //! Threading: a small tokio runtime (one worker) keeps etcd-client's
 //! connections; calls from any thread run on it and are waited for on a std
 //! channel, as in `basalt_catalog::EtcdCatalog`.
 
+mod core;
+mod watch;
+
+use self::core::Core;
+use basalt_catalog::VolumeRecord;
 use basalt_replication::{Membership, NodeId, VolumeId};
-use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, GetOptions, LockOptions, PutOptions, Txn, TxnOp,
-};
+use etcd_client::{Client, Compare, CompareOp, ConnectOptions, LockOptions, Txn, TxnOp};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
-use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -153,240 +154,99 @@ struct NodeRecord {
     info: NodeInfo,
 }
 
-struct Core {
-    client: Client,
-    prefix: String,
-    endpoints: String,
-    timeout: Duration,
-    handle: tokio::runtime::Handle,
-    runtime: parking_lot::Mutex<Option<tokio::runtime::Runtime>>,
-}
-
-impl Drop for Core {
-    fn drop(&mut self) {
-        if let Some(rt) = self.runtime.lock().take() {
-            rt.shutdown_background();
-        }
-    }
-}
-
-impl Core {
-    fn key(&self, rest: &str) -> String {
-        format!("{}{rest}", self.prefix)
-    }
-
-    /// Runs `f` on the runtime and waits for it, bounded by the timeout.
-    fn call<T, F, Fut>(&self, key: &str, f: F) -> Result<T, MetaError>
-    where
-        T: Send + 'static,
-        F: FnOnce(Client) -> Fut,
-        Fut: Future<Output = Result<T, MetaError>> + Send + 'static,
-    {
-        let fut = f(self.client.clone());
-        let (tx, rx) = mpsc::sync_channel(1);
-        let timeout = self.timeout;
-        self.handle.spawn(async move {
-            let r = tokio::time::timeout(timeout, fut).await.ok();
-            let _ = tx.send(r);
-        });
-        let timed_out = || MetaError::Timeout {
-            endpoints: self.endpoints.clone(),
-            key: key.to_string(),
-            timeout,
-        };
-        match rx.recv_timeout(timeout + Duration::from_secs(1)) {
-            Ok(Some(r)) => r,
-            Ok(None) | Err(_) => Err(timed_out()),
-        }
-    }
-
-    fn request_error(
-        &self,
-        key: &str,
-    ) -> impl Fn(etcd_client::Error) -> MetaError + Send + 'static {
-        let endpoints = self.endpoints.clone();
-        let key = key.to_string();
-        move |source| MetaError::Request {
-            endpoints: endpoints.clone(),
-            key: key.clone(),
-            source,
-        }
-    }
-
-    /// Every key/value under `prefix`, with each key's mod_revision.
-    fn list(&self, prefix: &str) -> Result<Vec<(String, Vec<u8>, i64)>, MetaError> {
-        let key = self.key(prefix);
-        let err = self.request_error(&key);
-        let k = key.clone();
-        self.call(&key, move |mut c| async move {
-            let resp = c
-                .get(k, Some(GetOptions::new().with_prefix()))
-                .await
-                .map_err(&err)?;
-            Ok(resp
-                .kvs()
-                .iter()
-                .map(|kv| {
-                    (
-                        String::from_utf8_lossy(kv.key()).into_owned(),
-                        kv.value().to_vec(),
-                        kv.mod_revision(),
-                    )
-                })
-                .collect())
-        })
-    }
-
-    /// The value and mod_revision of one key.
-    fn get(&self, rest: &str) -> Result<Option<(Vec<u8>, i64)>, MetaError> {
-        let key = self.key(rest);
-        let err = self.request_error(&key);
-        let k = key.clone();
-        self.call(&key, move |mut c| async move {
-            let resp = c.get(k, None).await.map_err(&err)?;
-            Ok(resp
-                .kvs()
-                .first()
-                .map(|kv| (kv.value().to_vec(), kv.mod_revision())))
-        })
-    }
-
-    /// Puts `value` at `rest` if the key's mod_revision is `expected` (0:
-    /// absent). Returns whether it was applied.
-    fn put_if(&self, rest: &str, expected: i64, value: Vec<u8>) -> Result<bool, MetaError> {
-        self.txn_put(vec![(rest.to_string(), expected, value)])
-    }
-
-    /// The fence of a coordinator's write: its election key still exists
-    /// with the create revision of `term`.
-    fn fence(&self, term: CoordinatorTerm) -> Compare {
-        Compare::create_revision(self.key("coordinator"), CompareOp::Equal, term.0)
-    }
-
-    /// Runs `then` if every compare in `when` holds; whether it did.
-    fn txn(&self, first: &str, when: Vec<Compare>, then: Vec<TxnOp>) -> Result<bool, MetaError> {
-        let key = self.key(first);
-        let err = self.request_error(&key);
-        self.call(&key, move |mut c| async move {
-            let resp = c
-                .txn(Txn::new().when(when).and_then(then))
-                .await
-                .map_err(&err)?;
-            Ok(resp.succeeded())
-        })
-    }
-
-    /// The create revision of a key (None: absent).
-    fn create_revision(&self, rest: &str) -> Result<Option<i64>, MetaError> {
-        let key = self.key(rest);
-        let err = self.request_error(&key);
-        let k = key.clone();
-        self.call(&key, move |mut c| async move {
-            let resp = c.get(k, None).await.map_err(&err)?;
-            Ok(resp.kvs().first().map(|kv| kv.create_revision()))
-        })
-    }
-
-    /// After a fenced transaction failed: Err(Fenced) if the fence is what
-    /// failed.
-    fn check_fence(&self, term: CoordinatorTerm) -> Result<(), MetaError> {
-        if self.create_revision("coordinator")? == Some(term.0) {
-            Ok(())
-        } else {
-            Err(MetaError::Fenced(term.0))
-        }
-    }
-
-    /// Puts every `(key, expected mod_revision, value)` atomically if every
-    /// key is at its expected revision (0: absent).
-    fn txn_put(&self, puts: Vec<(String, i64, Vec<u8>)>) -> Result<bool, MetaError> {
-        let first = puts.first().map(|p| p.0.clone()).unwrap_or_default();
-        let (mut when, mut then) = (Vec::new(), Vec::new());
-        for (rest, rev, value) in puts {
-            let k = self.key(&rest);
-            when.push(if rev == 0 {
-                Compare::create_revision(k.clone(), CompareOp::Equal, 0)
-            } else {
-                Compare::mod_revision(k.clone(), CompareOp::Equal, rev)
-            });
-            then.push(TxnOp::put(k, value, None));
-        }
-        self.txn(&first, when, then)
-    }
-
-    fn grant(&self, ttl: Duration) -> Result<i64, MetaError> {
-        let err = self.request_error("lease");
-        let secs = ttl.as_secs().max(1) as i64;
-        self.call("lease", move |mut c| async move {
-            Ok(c.lease_grant(secs, None).await.map_err(&err)?.id())
-        })
-    }
-
-    /// One keep-alive of `lease`; false if it no longer exists.
-    fn keep_alive(&self, lease: i64) -> Result<bool, MetaError> {
-        let err = self.request_error("lease keep-alive");
-        self.call("lease keep-alive", move |mut c| async move {
-            let (mut keeper, mut stream) = c.lease_keep_alive(lease).await.map_err(&err)?;
-            keeper.keep_alive().await.map_err(&err)?;
-            match stream.message().await.map_err(&err)? {
-                Some(resp) => Ok(resp.ttl() > 0),
-                None => Ok(false),
-            }
-        })
-    }
-
-    fn revoke(&self, lease: i64) {
-        let err = self.request_error("lease revoke");
-        let _ = self.call("lease revoke", move |mut c| async move {
-            c.lease_revoke(lease).await.map_err(&err)?;
-            Ok(())
-        });
-    }
-
-    fn put_with_lease(&self, rest: &str, value: Vec<u8>, lease: i64) -> Result<(), MetaError> {
-        let key = self.key(rest);
-        let err = self.request_error(&key);
-        let k = key.clone();
-        self.call(&key, move |mut c| async move {
-            c.put(k, value, Some(PutOptions::new().with_lease(lease)))
-                .await
-                .map_err(&err)?;
-            Ok(())
-        })
-    }
-
-    /// Creates `rest` bound to `lease` if absent; its create revision if it
-    /// was created.
-    fn create_with_lease(
-        &self,
-        rest: &str,
-        value: Vec<u8>,
-        lease: i64,
-    ) -> Result<Option<i64>, MetaError> {
-        let key = self.key(rest);
-        let err = self.request_error(&key);
-        let k = key.clone();
-        self.call(&key, move |mut c| async move {
-            let txn = Txn::new()
-                .when([Compare::create_revision(k.clone(), CompareOp::Equal, 0)])
-                .and_then([TxnOp::put(
-                    k,
-                    value,
-                    Some(PutOptions::new().with_lease(lease)),
-                )]);
-            let resp = c.txn(txn).await.map_err(&err)?;
-            Ok(resp
-                .succeeded()
-                .then(|| resp.header().map_or(0, |h| h.revision())))
-        })
-    }
-}
-
 fn corrupt(key: &str, e: impl std::fmt::Display) -> MetaError {
     MetaError::Corrupt {
         key: key.to_string(),
         reason: e.to_string(),
     }
+}
+
+/// Told of a catalog change: the volume's name and its record (None:
+/// deleted).
+pub type OnVolume = Box<dyn Fn(&str, Option<VolumeRecord>) + Send + Sync>;
+
+/// One compare-and-swap of a membership record, runnable on the runtime;
+/// see [`ClusterMeta::cas_membership`].
+struct CasJob {
+    key: String,
+    full: String,
+    err: Box<dyn Fn(etcd_client::Error) -> MetaError + Send + Sync>,
+    /// The coordinator's fence, its key and term.
+    fence: Option<(Compare, String, CoordinatorTerm)>,
+    expected: u64,
+    rec: Membership,
+}
+
+impl CasJob {
+    async fn run(self, mut c: Client) -> Result<CasOutcome, MetaError> {
+        let CasJob {
+            key,
+            full,
+            err,
+            fence,
+            expected,
+            mut rec,
+        } = self;
+        for _ in 0..10 {
+            let resp = c.get(full.clone(), None).await.map_err(&err)?;
+            let Some(kv) = resp.kvs().first() else {
+                return Ok(CasOutcome::Missing);
+            };
+            let rev = kv.mod_revision();
+            let cur: Membership =
+                serde_json::from_slice(kv.value()).map_err(|e| corrupt(&key, e))?;
+            if cur.version != expected {
+                return Ok(CasOutcome::Conflict(cur));
+            }
+            if let Err(e) = cur.check_change(&rec) {
+                return Ok(CasOutcome::Invalid(e.to_string()));
+            }
+            rec.version = expected + 1;
+            let json = serde_json::to_vec(&rec).map_err(|e| corrupt(&key, e))?;
+            let mut when = vec![Compare::mod_revision(full.clone(), CompareOp::Equal, rev)];
+            when.extend(fence.as_ref().map(|(f, _, _)| f.clone()));
+            let txn = Txn::new()
+                .when(when)
+                .and_then(vec![TxnOp::put(full.clone(), json, None)]);
+            if c.txn(txn).await.map_err(&err)?.succeeded() {
+                return Ok(CasOutcome::Applied(rec));
+            }
+            if let Some((_, coordinator_key, term)) = &fence {
+                let resp = c.get(coordinator_key.clone(), None).await.map_err(&err)?;
+                if resp.kvs().first().map(|kv| kv.create_revision()) != Some(term.0) {
+                    return Err(MetaError::Fenced(term.0));
+                }
+            }
+            // The key changed between the read and the transaction: read
+            // again (it is a conflict unless only its bytes were rewritten).
+        }
+        Err(MetaError::Contention(key))
+    }
+}
+
+/// The node list from the registry's records (`(key, JSON)`) and the keys
+/// of the liveness leases (`alive_prefix` + name), by id.
+fn node_list<'a>(
+    records: impl Iterator<Item = (&'a str, &'a [u8])>,
+    alive_keys: impl Iterator<Item = &'a str>,
+    alive_prefix: &str,
+) -> Result<Vec<NodeStatus>, MetaError> {
+    let alive: std::collections::HashSet<&str> = alive_keys
+        .filter_map(|k| k.strip_prefix(alive_prefix))
+        .collect();
+    let mut out = Vec::new();
+    for (k, v) in records {
+        let r: NodeRecord = serde_json::from_slice(v).map_err(|e| corrupt(k, e))?;
+        out.push(NodeStatus {
+            id: r.id,
+            alive: alive.contains(r.info.name.as_str()),
+            info: r.info,
+            state: r.state,
+            boot: r.boot,
+        });
+    }
+    out.sort_by_key(|n| n.id);
+    Ok(out)
 }
 
 fn vol_key(vol: VolumeId) -> String {
@@ -768,24 +628,11 @@ impl ClusterMeta {
     pub fn nodes(&self) -> Result<Vec<NodeStatus>, MetaError> {
         let records = self.core.list("nodes/")?;
         let alive = self.core.list("alive/")?;
-        let alive_prefix = self.core.key("alive/");
-        let alive: std::collections::HashSet<String> = alive
-            .into_iter()
-            .filter_map(|(k, _, _)| k.strip_prefix(&alive_prefix).map(str::to_string))
-            .collect();
-        let mut out = Vec::with_capacity(records.len());
-        for (k, v, _) in records {
-            let r: NodeRecord = serde_json::from_slice(&v).map_err(|e| corrupt(&k, e))?;
-            out.push(NodeStatus {
-                id: r.id,
-                alive: alive.contains(&r.info.name),
-                info: r.info,
-                state: r.state,
-                boot: r.boot,
-            });
-        }
-        out.sort_by_key(|n| n.id);
-        Ok(out)
+        node_list(
+            records.iter().map(|(k, v, _)| (k.as_str(), v.as_slice())),
+            alive.iter().map(|(k, _, _)| k.as_str()),
+            &self.core.key("alive/"),
+        )
     }
 
     pub fn set_node_state(&self, name: &str, state: NodeState) -> Result<(), MetaError> {
@@ -806,28 +653,34 @@ impl ClusterMeta {
         Err(MetaError::Contention(key))
     }
 
-    /// Calls `f` with the node list now and after every change (polled
-    /// every 500 ms).
+    /// Calls `f` with the node list now and after every change (an etcd
+    /// watch: see `watch`).
     pub fn watch_nodes(
         &self,
         f: Box<dyn Fn(Vec<NodeStatus>) + Send + Sync>,
     ) -> Result<WatchGuard, MetaError> {
-        let meta = self.clone();
-        let first = self.nodes()?;
-        f(first.clone());
-        let mut last = first;
-        spawn_loop("watch-nodes", move |stop| {
-            while nap(stop, Duration::from_millis(500)) {
-                match meta.nodes() {
-                    Ok(nodes) if nodes != last => {
-                        last = nodes.clone();
+        let (records, alive) = (self.core.key("nodes/"), self.core.key("alive/"));
+        let mut last: Option<Vec<NodeStatus>> = None;
+        watch::watch_prefixes(
+            self.core.clone(),
+            "watch-nodes",
+            &["nodes/", "alive/"],
+            Box::new(move |mirror, _| {
+                let nodes = node_list(
+                    mirror.under(&records).map(|(k, v, _)| (k, v)),
+                    mirror.under(&alive).map(|(k, _, _)| k),
+                    &alive,
+                );
+                match nodes {
+                    Ok(nodes) if last.as_ref() != Some(&nodes) => {
+                        last = Some(nodes.clone());
                         f(nodes);
                     }
                     Ok(_) => {}
-                    Err(e) => tracing::debug!(error = %e, "node list poll failed"),
+                    Err(e) => tracing::error!(error = %e, "unreadable node record"),
                 }
-            }
-        })
+            }),
+        )
     }
 
     pub fn membership(&self, vol: VolumeId) -> Result<Option<Membership>, MetaError> {
@@ -836,6 +689,18 @@ impl ClusterMeta {
             None => Ok(None),
             Some((v, _)) => serde_json::from_slice(&v)
                 .map(Some)
+                .map_err(|e| corrupt(&key, e)),
+        }
+    }
+
+    /// One record with its key's `mod_revision` (what a fenced delete
+    /// compares).
+    pub fn membership_at(&self, vol: VolumeId) -> Result<Option<(Membership, i64)>, MetaError> {
+        let key = vol_key(vol);
+        match self.core.get(&key)? {
+            None => Ok(None),
+            Some((v, rev)) => serde_json::from_slice(&v)
+                .map(|rec| Some((rec, rev)))
                 .map_err(|e| corrupt(&key, e)),
         }
     }
@@ -907,38 +772,76 @@ impl ClusterMeta {
         &self,
         term: Option<CoordinatorTerm>,
         expected: u64,
-        mut rec: Membership,
+        rec: Membership,
     ) -> Result<CasOutcome, MetaError> {
         let key = vol_key(rec.volume);
-        for _ in 0..10 {
-            let Some((v, rev)) = self.core.get(&key)? else {
-                return Ok(CasOutcome::Missing);
-            };
-            let cur: Membership = serde_json::from_slice(&v).map_err(|e| corrupt(&key, e))?;
-            if cur.version != expected {
-                return Ok(CasOutcome::Conflict(cur));
-            }
-            if let Err(e) = cur.check_change(&rec) {
-                return Ok(CasOutcome::Invalid(e.to_string()));
-            }
-            rec.version = expected + 1;
-            let json = serde_json::to_vec(&rec).map_err(|e| corrupt(&key, e))?;
-            let full = self.core.key(&key);
-            let mut when = vec![Compare::mod_revision(full.clone(), CompareOp::Equal, rev)];
-            when.extend(term.map(|t| self.core.fence(t)));
-            if self
-                .core
-                .txn(&key, when, vec![TxnOp::put(full, json, None)])?
-            {
-                return Ok(CasOutcome::Applied(rec));
-            }
-            if let Some(t) = term {
-                self.core.check_fence(t)?;
-            }
-            // The key changed between the read and the transaction: read
-            // again (it is a conflict unless only its bytes were rewritten).
+        let job = self.cas_job(term, expected, rec);
+        self.core.call(&key, move |c| job.run(c))
+    }
+
+    /// Every change `(expected version, record)` by the coordinator of
+    /// `term`, as [`ClusterMeta::cas_membership_fenced`] would make it one
+    /// by one, but all sent at once (etcd commits concurrent proposals
+    /// together, so a failover of many volumes costs a few fsyncs, not one
+    /// per volume). One outcome per change, in order; all are bounded by one
+    /// request timeout together.
+    pub fn cas_memberships_fenced(
+        &self,
+        term: CoordinatorTerm,
+        changes: Vec<(u64, Membership)>,
+    ) -> Vec<Result<CasOutcome, MetaError>> {
+        let n = changes.len();
+        if n == 0 {
+            return Vec::new();
         }
-        Err(MetaError::Contention(key))
+        let jobs: Vec<CasJob> = changes
+            .into_iter()
+            .map(|(expected, rec)| self.cas_job(Some(term), expected, rec))
+            .collect();
+        let all = self.core.call("membership/", move |c| async move {
+            let mut set = tokio::task::JoinSet::new();
+            for (i, job) in jobs.into_iter().enumerate() {
+                let c = c.clone();
+                set.spawn(async move { (i, job.run(c).await) });
+            }
+            let mut out: Vec<Option<Result<CasOutcome, MetaError>>> =
+                (0..n).map(|_| None).collect();
+            while let Some(done) = set.join_next().await {
+                if let Ok((i, r)) = done {
+                    out[i] = Some(r);
+                }
+            }
+            Ok(out)
+        });
+        match all {
+            Ok(out) => out
+                .into_iter()
+                .map(|r| {
+                    r.unwrap_or_else(|| {
+                        Err(MetaError::Internal("a membership change was lost".into()))
+                    })
+                })
+                .collect(),
+            Err(e) => {
+                let msg = e.to_string();
+                (0..n)
+                    .map(|_| Err(MetaError::Internal(msg.clone())))
+                    .collect()
+            }
+        }
+    }
+
+    fn cas_job(&self, term: Option<CoordinatorTerm>, expected: u64, rec: Membership) -> CasJob {
+        let key = vol_key(rec.volume);
+        let full = self.core.key(&key);
+        CasJob {
+            err: Box::new(self.core.request_error(&full)),
+            fence: term.map(|t| (self.core.fence(t), self.core.key("coordinator"), t)),
+            key,
+            full,
+            expected,
+            rec,
+        }
     }
 
     /// Deletes the record of `vol` by the coordinator of `term` if it is
@@ -964,45 +867,85 @@ impl ClusterMeta {
     }
 
     /// Calls `f` with every record now, then with every newer version seen,
-    /// and `gone` with every volume whose record was deleted (polled every
-    /// 100 ms).
+    /// and `gone` with every volume whose record was deleted (an etcd
+    /// watch: see `watch`).
     pub fn watch_memberships(
         &self,
         f: Box<dyn Fn(Membership) + Send + Sync>,
         gone: Box<dyn Fn(VolumeId) + Send + Sync>,
     ) -> Result<WatchGuard, MetaError> {
-        let meta = self.clone();
+        let prefix = self.core.key("membership/");
         let mut seen: BTreeMap<VolumeId, u64> = BTreeMap::new();
-        for rec in self.memberships()? {
-            seen.insert(rec.volume, rec.version);
-            f(rec);
-        }
-        spawn_loop("watch-membership", move |stop| {
-            while nap(stop, Duration::from_millis(100)) {
-                match meta.memberships() {
-                    Ok(records) => {
-                        let present: std::collections::HashSet<VolumeId> =
-                            records.iter().map(|r| r.volume).collect();
-                        let deleted: Vec<VolumeId> = seen
-                            .keys()
-                            .filter(|v| !present.contains(v))
-                            .copied()
-                            .collect();
-                        for v in deleted {
-                            seen.remove(&v);
-                            gone(v);
+        watch::watch_prefixes(
+            self.core.clone(),
+            "watch-membership",
+            &["membership/"],
+            Box::new(move |_, changes| {
+                for change in changes {
+                    match change {
+                        watch::Change::Put { key, value, .. } => {
+                            match serde_json::from_slice::<Membership>(value) {
+                                Ok(rec) => {
+                                    if seen.get(&rec.volume).is_none_or(|v| rec.version > *v) {
+                                        seen.insert(rec.volume, rec.version);
+                                        f(rec);
+                                    }
+                                }
+                                Err(e) => {
+                                    tracing::error!(key, error = %e, "unreadable membership record")
+                                }
+                            }
                         }
-                        for rec in records {
-                            if seen.get(&rec.volume).is_none_or(|v| rec.version > *v) {
-                                seen.insert(rec.volume, rec.version);
-                                f(rec);
+                        watch::Change::Delete { key } => {
+                            let id = key.strip_prefix(&prefix).and_then(|id| id.parse().ok());
+                            if let Some(vol) = id.map(|id: uuid::Uuid| VolumeId(id.as_u128())) {
+                                seen.remove(&vol);
+                                gone(vol);
                             }
                         }
                     }
-                    Err(e) => tracing::debug!(error = %e, "membership poll failed"),
                 }
-            }
-        })
+            }),
+        )
+    }
+
+    /// Calls `f` with every volume record of the catalog now, then with
+    /// every change: `Some(record)` when a volume appears or changes,
+    /// `None` with its name when it is deleted (an etcd watch on the
+    /// catalog's keys: see `watch`).
+    pub fn watch_catalog(
+        &self,
+        f: OnVolume,
+    ) -> Result<WatchGuard, MetaError> {
+        let prefix = self.core.key("volumes/");
+        watch::watch_prefixes(
+            self.core.clone(),
+            "watch-catalog",
+            &["volumes/"],
+            Box::new(move |_, changes| {
+                for change in changes {
+                    let Some(name) = change.key().strip_prefix(&prefix) else {
+                        continue;
+                    };
+                    match change {
+                        watch::Change::Put { key, value, .. } => {
+                            let record = std::str::from_utf8(value)
+                                .map_err(|e| e.to_string())
+                                .and_then(|json| {
+                                    VolumeRecord::from_json(key, json).map_err(|e| e.to_string())
+                                });
+                            match record {
+                                Ok(record) => f(name, Some(record)),
+                                Err(e) => {
+                                    tracing::error!(key, error = %e, "unreadable volume record")
+                                }
+                            }
+                        }
+                        watch::Change::Delete { .. } => f(name, None),
+                    }
+                }
+            }),
+        )
     }
 
     /// Campaigns for the coordinator role in the background; `f(true)` when
