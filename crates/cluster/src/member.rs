@@ -283,6 +283,9 @@ pub(crate) struct Inner {
     replicas: Mutex<HashMap<VolumeId, ReplicaHandle>>,
     /// Drives every replica's clock on a fixed set of threads.
     ticker: Ticker,
+    /// The replicas' heartbeats to a coordinator on another node, until
+    /// the heartbeat sender sends them as one batch.
+    heartbeats: Mutex<Vec<(VolumeId, Msg)>>,
     /// Each copying volume's share of the node's resync rate, as last set.
     resync_share: Mutex<u64>,
     /// Logs saved at the last clean stop, until each replica's driver
@@ -305,7 +308,8 @@ pub(crate) struct Inner {
 /// A running cluster member; see the module docs.
 pub struct ClusterMember {
     inner: Arc<Inner>,
-    housekeeping: Mutex<Option<JoinHandle<()>>>,
+    /// Housekeeping and the heartbeat sender.
+    threads: Mutex<Vec<JoinHandle<()>>>,
 }
 
 /// What this node publishes about itself in the registry.
@@ -402,6 +406,7 @@ impl ClusterMember {
             replicas: Mutex::new(HashMap::new()),
             ticker: Ticker::start(Ticker::default_threads())
                 .map_err(|e| ClusterError::Thread(e.to_string()))?,
+            heartbeats: Mutex::new(Vec::new()),
             resync_share: Mutex::new(resync_rate),
             pending: Mutex::new(Pending::default()),
             coordinator_id: RwLock::new(None),
@@ -412,7 +417,7 @@ impl ClusterMember {
         let _ = router.0.set(Arc::downgrade(&inner));
         let member = ClusterMember {
             inner,
-            housekeeping: Mutex::new(None),
+            threads: Mutex::new(Vec::new()),
         };
         member.wire()?;
         Ok(member)
@@ -473,12 +478,19 @@ impl ClusterMember {
             guards.push(Box::new(records_guard));
             guards.push(Box::new(election));
         }
-        let w = weak;
-        let thread = std::thread::Builder::new()
-            .name("cluster-housekeeping".into())
-            .spawn(move || housekeeping(w))
-            .map_err(|e| ClusterError::Thread(e.to_string()))?;
-        *self.housekeeping.lock() = Some(thread);
+        type Loop = fn(Weak<Inner>);
+        let loops: [(&str, Loop); 2] = [
+            ("cluster-housekeeping", housekeeping),
+            ("heartbeat-sender", send_heartbeats),
+        ];
+        for (name, body) in loops {
+            let w = weak.clone();
+            let thread = std::thread::Builder::new()
+                .name(name.into())
+                .spawn(move || body(w))
+                .map_err(|e| ClusterError::Thread(e.to_string()))?;
+            self.threads.lock().push(thread);
+        }
         Ok(())
     }
 
@@ -522,7 +534,7 @@ impl ClusterMember {
             }
         }
         inner.save_logs(saved);
-        if let Some(t) = self.housekeeping.lock().take() {
+        for t in self.threads.lock().drain(..) {
             let _ = t.join();
         }
         inner.peers.shutdown();
@@ -538,6 +550,46 @@ impl Drop for ClusterMember {
             .load(std::sync::atomic::Ordering::SeqCst)
         {
             self.shutdown();
+        }
+    }
+}
+
+/// How long a replica's heartbeat waits for the node's others, at most.
+const HEARTBEAT_BATCH: Duration = Duration::from_millis(10);
+
+/// Sends the replicas' heartbeats to the coordinator together: one batch
+/// (one system call, one wake-up of the coordinator's reader, answered with
+/// one batch) per node every few milliseconds, however many replicas the
+/// node holds. A heartbeat waits [`HEARTBEAT_BATCH`] at most; its lease
+/// counts from when the replica stamped it (`sent_at`), so the wait only
+/// eats into the lease's margin, and never extends it.
+fn send_heartbeats(weak: Weak<Inner>) {
+    loop {
+        std::thread::sleep(HEARTBEAT_BATCH);
+        let Some(inner) = weak.upgrade() else { return };
+        if inner.stopping.load(std::sync::atomic::Ordering::SeqCst) {
+            return;
+        }
+        let batch = std::mem::take(&mut *inner.heartbeats.lock());
+        if batch.is_empty() {
+            continue;
+        }
+        let responder = inner.coordinator.lock().as_ref().map(|c| c.responder());
+        if let Some(responder) = responder {
+            // This node became the coordinator since they were queued.
+            for (vol, msg) in batch {
+                if let Msg::Heartbeat { boot, sent_at } = msg {
+                    let ack = responder.answer(&inner, inner.me, vol, boot, sent_at);
+                    if let Some(ack) = ack {
+                        inner.to_replica(vol, Event::Control(ack));
+                    }
+                }
+            }
+            continue;
+        }
+        let coordinator = *inner.coordinator_id.read();
+        if let Some(c) = coordinator.filter(|c| *c != inner.me) {
+            inner.peers.send_many(c, batch);
         }
     }
 }
@@ -911,6 +963,12 @@ impl Inner {
     /// device submission), in arrival order.
     fn on_peer_batch(&self, from: NodeId, batch: Vec<(VolumeId, Msg)>) {
         let mut by_volume: Vec<(VolumeId, Vec<Event>)> = Vec::new();
+        let mut index: HashMap<VolumeId, usize> = HashMap::new();
+        // Heartbeats are answered here, on the peer's reader (never behind
+        // the coordinator's etcd writes), all answers to one batch in one
+        // send.
+        let mut acks: Vec<(VolumeId, Msg)> = Vec::new();
+        let mut responder = None;
         for (vol, msg) in batch {
             let ev = match msg {
                 Msg::ClientReq { id, req } => Event::Client {
@@ -920,13 +978,14 @@ impl Inner {
                 },
                 Msg::HeartbeatAck { .. } => Event::Control(msg),
                 Msg::Heartbeat { boot, sent_at } => {
-                    // Answered here, on the peer's reader: never behind
-                    // the coordinator's etcd writes.
-                    let responder = self.coordinator.lock().as_ref().map(|c| c.responder());
-                    if let Some(ack) =
-                        responder.and_then(|r| r.answer(self, from, vol, boot, sent_at))
+                    let r = responder.get_or_insert_with(|| {
+                        self.coordinator.lock().as_ref().map(|c| c.responder())
+                    });
+                    if let Some(ack) = r
+                        .as_ref()
+                        .and_then(|r| r.answer(self, from, vol, boot, sent_at))
                     {
-                        self.peers.send(from, vol, ack);
+                        acks.push((vol, ack));
                     }
                     continue;
                 }
@@ -936,10 +995,16 @@ impl Inner {
                 }
                 msg => Event::Peer { from, msg },
             };
-            match by_volume.iter_mut().find(|(v, _)| *v == vol) {
-                Some((_, events)) => events.push(ev),
-                None => by_volume.push((vol, vec![ev])),
+            match index.get(&vol) {
+                Some(&i) => by_volume[i].1.push(ev),
+                None => {
+                    index.insert(vol, by_volume.len());
+                    by_volume.push((vol, vec![ev]));
+                }
             }
+        }
+        if !acks.is_empty() {
+            self.peers.send_many(from, acks);
         }
         for (vol, events) in by_volume {
             match self.replica(vol) {
@@ -1208,10 +1273,12 @@ impl ReplicaEnv for Env {
                     }
                     return;
                 }
-                let coordinator = *inner.coordinator_id.read();
-                if let Some(c) = coordinator.filter(|c| *c != inner.me) {
-                    inner.peers.send(c, vol, Msg::Heartbeat { boot, sent_at });
-                }
+                // Left for the heartbeat sender, which sends the node's
+                // heartbeats to the coordinator together.
+                inner
+                    .heartbeats
+                    .lock()
+                    .push((vol, Msg::Heartbeat { boot, sent_at }));
             }
             // Answered from the watched copy: the watch delivers every new
             // version anyway; this closes the gap of a missed one.

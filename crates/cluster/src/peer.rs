@@ -310,15 +310,27 @@ impl PeerNet {
     /// writes (or of their acknowledgements) costs one system call and
     /// wakes the receiver once instead of once per message.
     pub fn send_batch(&self, to: NodeId, vol: VolumeId, msgs: Vec<Msg>) {
+        let n = msgs.len();
+        self.send_frames(to, n, msgs.into_iter().map(|msg| (vol, msg)));
+    }
+
+    /// [`PeerNet::send_batch`] for messages of several volumes (a node's
+    /// heartbeats, or the coordinator's answers to them), in order.
+    pub fn send_many(&self, to: NodeId, msgs: Vec<(VolumeId, Msg)>) {
+        let n = msgs.len();
+        self.send_frames(to, n, msgs.into_iter());
+    }
+
+    fn send_frames(&self, to: NodeId, n: usize, msgs: impl Iterator<Item = (VolumeId, Msg)>) {
         let inner = &self.inner;
         if to == inner.cfg.me {
-            for _ in &msgs {
+            for _ in 0..n {
                 inner.dropped(to, "addressed to this node");
             }
             return;
         }
-        let mut frames: Vec<(Frame, usize)> = Vec::with_capacity(msgs.len());
-        for msg in msgs {
+        let mut frames: Vec<(Frame, usize)> = Vec::with_capacity(n);
+        for (vol, msg) in msgs {
             let frame = Frame::Msg { vol, msg };
             match wire::encoded_len(&frame) {
                 Ok(len) => frames.push((frame, len)),

@@ -63,14 +63,54 @@ struct Queue {
     heap: BinaryHeap<Reverse<(Instant, u64)>>,
     next_key: u64,
     stopping: bool,
+    /// The deadline the one thread waiting for the next due slot sleeps
+    /// until (None: no thread waits for a time; the others wait to be
+    /// told).
+    timer: Option<Instant>,
+    /// Threads waiting on `ready`.
+    idle: usize,
 }
+
+/// How late a tick may run so that ticks due close together are run in one
+/// wake-up: thousands of replicas ticking every 50 ms cost a few hundred
+/// wake-ups a second, not thousands.
+const SLACK: Duration = Duration::from_millis(5);
 
 struct Shared {
     queue: Mutex<Queue>,
+    /// Idle threads with nothing to wait for but work.
     ready: Condvar,
+    /// The thread waiting for the next due slot.
+    timer: Condvar,
 }
 
 impl Shared {
+    /// Puts `key` in line at `due`, and makes sure a thread will run it
+    /// then (`worker`: the caller is a ticker thread about to look for work
+    /// itself).
+    fn schedule(&self, q: &mut Queue, key: u64, due: Instant, worker: bool) {
+        q.heap.push(Reverse((due, key)));
+        let now = Instant::now();
+        if due <= now {
+            if !worker && q.idle > 0 {
+                self.ready.notify_one();
+            } else if !worker {
+                self.timer.notify_one();
+            }
+            return;
+        }
+        match q.timer {
+            Some(deadline) if due + SLACK < deadline => {
+                self.timer.notify_one();
+            }
+            Some(_) => {}
+            None if !worker && q.idle > 0 => {
+                self.ready.notify_one();
+            }
+            None => {}
+        }
+    }
+
     fn wake(&self, key: u64) {
         let mut q = self.queue.lock();
         let now = Instant::now();
@@ -85,9 +125,7 @@ impl Shared {
             return;
         }
         slot.due = now;
-        q.heap.push(Reverse((now, key)));
-        drop(q);
-        self.ready.notify_one();
+        self.schedule(&mut q, key, now, false);
     }
 
     /// The next slot due, marked running; waits for one. `None` when the
@@ -108,20 +146,34 @@ impl Shared {
                     if slot.running || slot.due != due {
                         continue;
                     }
-                    match slot.target.upgrade() {
-                        Some(target) => {
-                            slot.running = true;
-                            return Some((key, target));
-                        }
-                        None => {
-                            q.slots.remove(&key);
-                        }
+                    let Some(target) = slot.target.upgrade() else {
+                        q.slots.remove(&key);
+                        continue;
+                    };
+                    slot.running = true;
+                    // More is due than this thread can run now: another
+                    // idle thread takes it.
+                    let more = q.heap.peek().is_some_and(|Reverse((d, _))| *d <= now);
+                    if more && q.idle > 0 {
+                        self.ready.notify_one();
+                    }
+                    return Some((key, target));
+                }
+                Some(Reverse((due, _))) if q.timer.is_none() => {
+                    let deadline = due + SLACK;
+                    q.timer = Some(deadline);
+                    self.timer.wait_until(&mut q, deadline);
+                    q.timer = None;
+                    // Another thread may wait for the next deadline now.
+                    if q.idle > 0 {
+                        self.ready.notify_one();
                     }
                 }
-                Some(Reverse((due, _))) => {
-                    self.ready.wait_until(&mut q, due);
+                _ => {
+                    q.idle += 1;
+                    self.ready.wait(&mut q);
+                    q.idle -= 1;
                 }
-                None => self.ready.wait(&mut q),
             }
         }
     }
@@ -144,9 +196,7 @@ impl Shared {
             now + next
         };
         let due = slot.due;
-        q.heap.push(Reverse((due, key)));
-        drop(q);
-        self.ready.notify_one();
+        self.schedule(&mut q, key, due, true);
     }
 }
 
@@ -162,6 +212,7 @@ impl Ticker {
         let shared = Arc::new(Shared {
             queue: Mutex::new(Queue::default()),
             ready: Condvar::new(),
+            timer: Condvar::new(),
         });
         let mut handles = Vec::new();
         for i in 0..threads.max(1) {
@@ -214,9 +265,8 @@ impl Ticker {
                 rewake: false,
             },
         );
-        q.heap.push(Reverse((now, key)));
+        self.shared.schedule(&mut q, key, now, false);
         drop(q);
-        self.shared.ready.notify_one();
         TickSlot {
             shared: Arc::downgrade(&self.shared),
             key,
@@ -234,6 +284,7 @@ impl Drop for Ticker {
     fn drop(&mut self) {
         self.shared.queue.lock().stopping = true;
         self.shared.ready.notify_all();
+        self.shared.timer.notify_all();
         for t in self.threads.drain(..) {
             if t.thread().id() != std::thread::current().id() {
                 let _ = t.join();

@@ -913,10 +913,7 @@ impl ClusterMeta {
     /// every change: `Some(record)` when a volume appears or changes,
     /// `None` with its name when it is deleted (an etcd watch on the
     /// catalog's keys: see `watch`).
-    pub fn watch_catalog(
-        &self,
-        f: OnVolume,
-    ) -> Result<WatchGuard, MetaError> {
+    pub fn watch_catalog(&self, f: OnVolume) -> Result<WatchGuard, MetaError> {
         let prefix = self.core.key("volumes/");
         watch::watch_prefixes(
             self.core.clone(),
