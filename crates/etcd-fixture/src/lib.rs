@@ -193,6 +193,17 @@ impl EtcdServer {
         self.cluster.last_start_duration()
     }
 
+    /// What clients have cost etcd since it started: gRPC messages it
+    /// received (every request, and each message on a stream: lease
+    /// keep-alives, watch requests) and bytes it received and sent.
+    pub fn traffic(&self) -> Result<Traffic, FixtureError> {
+        let addr = SocketAddr::new(self.cluster.net.host, self.client_port());
+        self.cluster
+            .net
+            .run(|| traffic(addr))?
+            .map_err(io_err(format!("read etcd's metrics at {addr}")))
+    }
+
     /// Kills etcd with SIGKILL (as a crash would) and reaps it. Everything
     /// etcd acknowledged is on disk already (it fsyncs its WAL before
     /// answering), so [`EtcdServer::restart`] finds it. A no-op if stopped.
@@ -553,6 +564,44 @@ fn proposals_committed(addr: SocketAddr) -> io::Result<u64> {
                 "no etcd_server_proposals_committed_total in /metrics",
             )
         })
+}
+
+/// Counters of [`EtcdServer::traffic`].
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Traffic {
+    pub messages: f64,
+    pub bytes: f64,
+}
+
+impl std::ops::Sub for Traffic {
+    type Output = Traffic;
+    fn sub(self, o: Traffic) -> Traffic {
+        Traffic {
+            messages: self.messages - o.messages,
+            bytes: self.bytes - o.bytes,
+        }
+    }
+}
+
+/// The client traffic counters from the Prometheus metrics at `addr`.
+fn traffic(addr: SocketAddr) -> io::Result<Traffic> {
+    let metrics = http_get(addr, "/metrics")?;
+    let value = |l: &str| {
+        l.rsplit(' ')
+            .next()
+            .and_then(|v| v.trim().parse::<f64>().ok())
+    };
+    let mut t = Traffic::default();
+    for l in metrics.lines() {
+        if l.starts_with("grpc_server_msg_received_total{") {
+            t.messages += value(l).unwrap_or(0.0);
+        } else if l.starts_with("etcd_network_client_grpc_received_bytes_total ")
+            || l.starts_with("etcd_network_client_grpc_sent_bytes_total ")
+        {
+            t.bytes += value(l).unwrap_or(0.0);
+        }
+    }
+    Ok(t)
 }
 
 /// The last few KiB of etcd's log, for error messages.
