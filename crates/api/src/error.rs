@@ -55,6 +55,7 @@ pub fn status_for(err: &VolumeError) -> StatusCode {
         VolumeError::AlreadyExists(_)
         | VolumeError::InUse { .. }
         | VolumeError::ShrinkRefused { .. }
+        | VolumeError::TooFewNodes { .. }
         | VolumeError::Catalog(CatalogError::Conflict { .. }) => StatusCode::CONFLICT,
         VolumeError::Overcommit { .. }
         | VolumeError::ReplicaNodeFull { .. }

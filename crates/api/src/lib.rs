@@ -176,7 +176,7 @@ async fn create_volume(
 ) -> Result<Response, ApiError> {
     let info = blocking(move || {
         app.service
-            .create_replicated(&req.name, req.size.0, req.replicas)
+            .create_replicated(&req.name, req.size.0, req.replicas, req.allow_degraded)
     })
     .await?;
     // Validated names are URL- and header-safe.

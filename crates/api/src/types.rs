@@ -160,6 +160,10 @@ pub struct CreateVolume {
     /// Replicas in a cluster (default: 3, or the node count if smaller).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replicas: Option<u32>,
+    /// Accept more replicas than the cluster has active nodes: the volume
+    /// is placed degraded (see docs/cluster.md, "Write quorum").
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub allow_degraded: bool,
 }
 
 /// `POST /api/v1/volumes/{name}/resize`.

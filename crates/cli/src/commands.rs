@@ -23,6 +23,12 @@ pub enum VolumeCommand {
         /// the node count if smaller).
         #[arg(long, value_parser = clap::value_parser!(u32).range(1..=5))]
         replicas: Option<u32>,
+        /// Accept more replicas than the cluster has nodes: the volume is
+        /// placed on the nodes there are, with the write quorum it would
+        /// have at full strength capped at that (the refusal without this
+        /// flag says what that costs).
+        #[arg(long)]
+        allow_degraded: bool,
     },
     /// List volumes.
     List,
@@ -163,12 +169,16 @@ pub fn run_volume(command: VolumeCommand, client: &ClientArgs) -> Result<()> {
             name,
             size,
             replicas,
+            allow_degraded,
         } => {
             let size = parse_size(&size)?;
             let api = ApiClient::discover(client)?;
             let mut body = json!({"name": name, "size": size});
             if let Some(n) = replicas {
                 body["replicas"] = json!(n);
+            }
+            if allow_degraded {
+                body["allow_degraded"] = json!(true);
             }
             let value = api.post("/api/v1/volumes", body)?;
             if client.output == Output::Json {

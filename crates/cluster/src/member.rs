@@ -22,9 +22,9 @@
 //! - the coordinator (at most one, by etcd election) changes records only by
 //!   compare-and-swap, with the rules of `basalt_replication`.
 
-use crate::coordinator::{wanted_replicas, CoordinatorTask, Load};
+use crate::coordinator::{default_min_in_sync, wanted_replicas, CoordinatorTask, Load};
 use crate::meta::{
-    CasOutcome, ClusterMeta, EtcdConfig, NodeInfo, NodeState, NodeStatus, Registration,
+    CasOutcome, ClusterMeta, EtcdConfig, NodeInfo, NodeState, NodeStatus, Registration, WatchGuard,
 };
 use crate::peer::{PeerConfig, PeerHandler, PeerNet};
 use crate::placement;
@@ -300,7 +300,10 @@ pub(crate) struct Inner {
     /// The coordinator's node id as last looked up.
     coordinator_id: RwLock<Option<NodeId>>,
     coordinator: Mutex<Option<CoordinatorTask>>,
-    /// Keeps the watches and the campaign alive.
+    /// The watches of the catalog, the node registry and the membership
+    /// records (kept alive here; see `caught_up`).
+    watches: Mutex<Vec<WatchGuard>>,
+    /// Keeps the campaign alive.
     guards: Mutex<Vec<Box<dyn std::any::Any + Send>>>,
     stopping: std::sync::atomic::AtomicBool,
 }
@@ -411,6 +414,7 @@ impl ClusterMember {
             pending: Mutex::new(Pending::default()),
             coordinator_id: RwLock::new(None),
             coordinator: Mutex::new(None),
+            watches: Mutex::new(Vec::new()),
             guards: Mutex::new(Vec::new()),
             stopping: std::sync::atomic::AtomicBool::new(false),
         });
@@ -471,13 +475,11 @@ impl ClusterMember {
                 }),
             )?
         };
-        {
-            let mut guards = inner.guards.lock();
-            guards.push(Box::new(catalog_guard));
-            guards.push(Box::new(nodes_guard));
-            guards.push(Box::new(records_guard));
-            guards.push(Box::new(election));
-        }
+        inner
+            .watches
+            .lock()
+            .extend([catalog_guard, nodes_guard, records_guard]);
+        inner.guards.lock().push(Box::new(election));
         type Loop = fn(Weak<Inner>);
         let loops: [(&str, Loop); 2] = [
             ("cluster-housekeeping", housekeeping),
@@ -523,6 +525,7 @@ impl ClusterMember {
             .stopping
             .store(true, std::sync::atomic::Ordering::SeqCst);
         inner.guards.lock().clear();
+        inner.watches.lock().clear();
         if let Some(c) = inner.coordinator.lock().take() {
             c.stop();
         }
@@ -622,6 +625,20 @@ impl Inner {
     /// of leases (the replicas' and the coordinator's).
     pub(crate) fn now_ms(&self) -> u64 {
         boottime_ms().saturating_sub(self.clock)
+    }
+
+    /// Waits until this node's watched copies (catalog, nodes, records)
+    /// hold every change up to etcd revision `revision`.
+    fn caught_up(&self, revision: i64) -> Result<(), VolumeError> {
+        let timeout = self.cfg.etcd.request_timeout;
+        for w in self.watches.lock().iter() {
+            if !w.wait_caught_up(revision, timeout) {
+                return Err(VolumeError::Cluster(format!(
+                    "metadata store unreachable: this node's view of etcd did not reach revision {revision} within {timeout:?}"
+                )));
+            }
+        }
+        Ok(())
     }
 
     pub(crate) fn timing(&self) -> &Timing {
@@ -1609,18 +1626,18 @@ impl ClusterMember {
     /// leave room for it.
     fn provisioning(&self) -> Result<(Vec<NodeStatus>, HashMap<NodeId, u64>), VolumeError> {
         let unavailable = |e: &dyn std::fmt::Display| VolumeError::Cluster(e.to_string());
-        let nodes = self.inner.meta.nodes().map_err(|e| unavailable(&e))?;
-        let catalog: Vec<VolumeRecord> = self
+        // This node's watched copies, once they hold everything etcd had
+        // when asked: a volume created or placed a moment ago through
+        // another node counts even before it shows up here otherwise.
+        let revision = self
             .inner
-            .catalog
-            .list()
-            .map_err(|e| unavailable(&e))?
-            .into_iter()
-            .map(|v| v.record)
-            .collect();
-        // From etcd, not this node's copy: a volume placed a moment ago
-        // through another node counts even before this node's watch sees it.
-        let records = self.inner.meta.memberships().map_err(|e| unavailable(&e))?;
+            .meta
+            .current_revision()
+            .map_err(|e| unavailable(&e))?;
+        self.inner.caught_up(revision)?;
+        let nodes = self.inner.nodes.read().clone();
+        let catalog: Vec<VolumeRecord> = self.inner.volumes.read().values().cloned().collect();
+        let records: Vec<Membership> = self.inner.records.read().values().cloned().collect();
         let mut load = Load::of(&records, &catalog);
         let coordinator = *self.inner.coordinator_id.read();
         let placed: std::collections::HashSet<VolumeId> =
@@ -1786,14 +1803,29 @@ impl ClusterVolumes for ClusterMember {
             .collect()
     }
 
-    fn check_create(&self, name: &str, size: u64, replicas: u32) -> Result<(), VolumeError> {
+    fn check_create(
+        &self,
+        name: &str,
+        size: u64,
+        replicas: u32,
+        allow_degraded: bool,
+    ) -> Result<(), VolumeError> {
         let (nodes, provisioned) = self.provisioning()?;
         // Nodes that may take replicas, up or down: a node that is down now
-        // still counts, so a degraded create succeeds.
+        // still counts, so a create while a node is away succeeds.
         let active: Vec<_> = nodes
             .iter()
             .filter(|n| n.state == NodeState::Active)
             .collect();
+        let wanted = replicas as usize;
+        if wanted > active.len() && !allow_degraded {
+            return Err(VolumeError::TooFewNodes {
+                volume: name.to_string(),
+                replicas: wanted,
+                nodes: active.len(),
+                quorum: default_min_in_sync(wanted).min(active.len()).max(1),
+            });
+        }
         let with_room = active
             .iter()
             .filter(|n| {

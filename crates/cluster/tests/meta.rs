@@ -285,3 +285,43 @@ fn provisioning_lock_has_one_holder_at_a_time() {
     // ...and the lock is free again once that one is dropped too.
     drop(m1.lock_provisioning().unwrap());
 }
+
+/// etcd down for longer than the role's margin: the coordinator stops
+/// counting on its role (no lease is extended) but, as nobody else could
+/// take it, finds it again with the same term as soon as etcd is back (no
+/// new election, so primaries' leases resume at once).
+#[test]
+fn the_coordinator_role_outlives_an_etcd_outage_with_its_term() {
+    let mut etcd = EtcdServer::start().unwrap();
+    let meta = connect(&etcd, "/t9/");
+    let lost = Arc::new(AtomicBool::new(false));
+    let l = lost.clone();
+    let reg = meta
+        .register_node(info("n1"), Duration::from_secs(5))
+        .unwrap();
+    let _guard = meta
+        .campaign(
+            &reg,
+            Box::new(move |elected| {
+                if !elected {
+                    l.store(true, Ordering::SeqCst);
+                }
+            }),
+        )
+        .unwrap();
+    wait_until("the election", || meta.coordinator_role_current());
+    let term = meta.coordinator_term().unwrap();
+    etcd.kill().unwrap();
+    wait_until("the role to lapse", || !meta.coordinator_role_current());
+    std::thread::sleep(Duration::from_secs(3));
+    etcd.restart().unwrap();
+    let back = Instant::now();
+    wait_until("the role to resume", || meta.coordinator_role_current());
+    assert!(
+        back.elapsed() < Duration::from_secs(2),
+        "the role resumed {:?} after etcd returned",
+        back.elapsed()
+    );
+    assert_eq!(meta.coordinator_term(), Some(term));
+    assert!(!lost.load(Ordering::SeqCst), "the role was given up");
+}

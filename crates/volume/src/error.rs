@@ -70,6 +70,19 @@ pub enum VolumeError {
     },
 
     #[error(
+        "volume {volume:?} wants {replicas} replicas but the cluster has {nodes} active node(s): placed on {nodes}, its write quorum is {quorum} of them, so writes stop whenever {} node(s) are down until more nodes join; pass allow_degraded (CLI: --allow-degraded) to create it anyway",
+        nodes + 1 - quorum
+    )]
+    TooFewNodes {
+        volume: String,
+        replicas: usize,
+        /// Active nodes in the cluster.
+        nodes: usize,
+        /// The write quorum (`min_in_sync`) it would have while degraded.
+        quorum: usize,
+    },
+
+    #[error(
         "refusing to shrink volume {name:?} from {} to {}: data beyond the new size would be lost; pass allow_shrink (CLI: --allow-shrink) to shrink anyway",
         format_size(*current), format_size(*requested)
     )]

@@ -164,7 +164,16 @@ pub trait ClusterVolumes: Send + Sync {
     /// node is down succeeds degraded), after the volumes already in the
     /// catalog but not placed yet took their room. Placement applies the
     /// same limits, so a node is never overfilled either way.
-    fn check_create(&self, name: &str, size: u64, replicas: u32) -> Result<(), VolumeError>;
+    /// `allow_degraded`: more replicas than active nodes are accepted (the
+    /// missing ones are placed when nodes join); else refused with
+    /// [`VolumeError::TooFewNodes`], which states the consequence.
+    fn check_create(
+        &self,
+        name: &str,
+        size: u64,
+        replicas: u32,
+        allow_degraded: bool,
+    ) -> Result<(), VolumeError>;
     /// Grows the volume's replicas to `size` bytes (already the catalog's
     /// size): every node holding a replica grows its local copy, and the
     /// new blocks are served once the primary has grown (see
@@ -497,17 +506,19 @@ impl VolumeService {
     /// Creates volume `name` of `size` bytes (thin: nothing is allocated
     /// until written).
     pub fn create(&self, name: &str, size: u64) -> Result<VolumeInfo, VolumeError> {
-        self.create_replicated(name, size, None)
+        self.create_replicated(name, size, None, false)
     }
 
     /// Creates volume `name` with `replicas` copies (a cluster's default when
     /// `None`). Single-node: only 1 is possible. In a cluster the record is
-    /// all this does; the cluster layer places the replicas.
+    /// all this does; the cluster layer places the replicas. More replicas
+    /// than the cluster has active nodes only with `allow_degraded`.
     pub fn create_replicated(
         &self,
         name: &str,
         size: u64,
         replicas: Option<u32>,
+        allow_degraded: bool,
     ) -> Result<VolumeInfo, VolumeError> {
         validate_volume_name(name)?;
         validate_volume_size(size)?;
@@ -517,15 +528,14 @@ impl VolumeService {
             }
         }
         let _control = self.control.lock();
-        let records = self.catalog.list().map_err(catalog_error)?;
-        if records.iter().any(|v| v.record.name == name) {
+        if self.catalog.get(name).map_err(catalog_error)?.is_some() {
             return Err(VolumeError::AlreadyExists(name.to_string()));
         }
         let mut record = VolumeRecord::new(VolumeId::new_v4(), name, size, SystemTime::now());
         if let Some(cluster) = &self.cluster {
             let n = replicas.unwrap_or_else(|| cluster.default_replicas());
             let _provisioning = cluster.lock_provisioning()?;
-            cluster.check_create(name, size, n)?;
+            cluster.check_create(name, size, n, allow_degraded)?;
             record.replicas = Some(n);
             self.catalog.insert(&record).map_err(catalog_error)?;
             tracing::info!(volume = name, id = %record.id, size = %format_size(size), replicas = n, "created replicated volume");
@@ -536,6 +546,7 @@ impl VolumeService {
                 "more than one replica needs a cluster (basalt server --etcd ...)".into(),
             ));
         }
+        let records = self.catalog.list().map_err(catalog_error)?;
         self.check_capacity(Self::provisioned(&records), size)?;
 
         let revision = self.catalog.insert(&record).map_err(catalog_error)?;
@@ -1492,7 +1503,7 @@ mod tests {
         fn lock_provisioning(&self) -> Result<ProvisioningGuard, VolumeError> {
             Ok(Box::new(()))
         }
-        fn check_create(&self, _: &str, _: u64, _: u32) -> Result<(), VolumeError> {
+        fn check_create(&self, _: &str, _: u64, _: u32, _: bool) -> Result<(), VolumeError> {
             Ok(())
         }
         fn check_grow(&self, record: &VolumeRecord, size: u64) -> Result<(), VolumeError> {
@@ -1523,7 +1534,9 @@ mod tests {
         let service = VolumeService::new(n.catalog.clone(), n.store.clone(), 2.0)
             .unwrap()
             .with_cluster(fake.clone());
-        service.create_replicated("r", 4 * MIB, Some(3)).unwrap();
+        service
+            .create_replicated("r", 4 * MIB, Some(3), false)
+            .unwrap();
         let grown = service.resize("r", 8 * MIB, false).unwrap();
         assert_eq!(grown.size_bytes, 8 * MIB);
         assert_eq!(service.get("r").unwrap().size_bytes, 8 * MIB);
@@ -1583,7 +1596,9 @@ mod tests {
                 ],
             })));
         for name in ["rebuilding", "short", "fine"] {
-            service.create_replicated(name, 4 * MIB, Some(3)).unwrap();
+            service
+                .create_replicated(name, 4 * MIB, Some(3), false)
+                .unwrap();
         }
         let status = service.status().unwrap();
         assert_eq!(

@@ -145,6 +145,37 @@ impl Core {
         })
     }
 
+    /// etcd's current revision (a linearizable read of one key).
+    pub(super) fn current_revision(&self) -> Result<i64, MetaError> {
+        let key = self.key("cluster/id");
+        let err = self.request_error(&key);
+        let k = key.clone();
+        self.call(&key, move |mut c| async move {
+            let resp = c
+                .get(k, Some(GetOptions::new().with_count_only()))
+                .await
+                .map_err(&err)?;
+            Ok(resp.header().map_or(0, |h| h.revision()))
+        })
+    }
+
+    /// The value and create revision of one key.
+    pub(super) fn get_with_create_revision(
+        &self,
+        rest: &str,
+    ) -> Result<Option<(Vec<u8>, i64)>, MetaError> {
+        let key = self.key(rest);
+        let err = self.request_error(&key);
+        let k = key.clone();
+        self.call(&key, move |mut c| async move {
+            let resp = c.get(k, None).await.map_err(&err)?;
+            Ok(resp
+                .kvs()
+                .first()
+                .map(|kv| (kv.value().to_vec(), kv.create_revision())))
+        })
+    }
+
     /// The create revision of a key (None: absent).
     pub(super) fn create_revision(&self, rest: &str) -> Result<Option<i64>, MetaError> {
         let key = self.key(rest);

@@ -267,6 +267,10 @@ pub struct ClusterMeta {
 /// The coordinator key's lease.
 const COORDINATOR_TTL: Duration = Duration::from_secs(3);
 
+/// How often a coordinator whose role etcd has not confirmed lately asks
+/// again (an etcd outage ends within this of etcd answering).
+const RECONFIRM_RETRY: Duration = Duration::from_millis(200);
+
 /// The provisioning lock's lease: what a holder that dies keeps the lock
 /// for. Holders keep it for a few etcd round trips.
 const PROVISIONING_LOCK_TTL: Duration = Duration::from_secs(10);
@@ -336,10 +340,23 @@ impl Drop for Registration {
     }
 }
 
-/// Stops a polling watch or a campaign when dropped.
+/// Stops a watch or a campaign when dropped.
 pub struct WatchGuard {
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
+    /// A watch's progress (None: a campaign).
+    progress: Option<Arc<watch::Progress>>,
+}
+
+impl WatchGuard {
+    /// Waits until the watch has handed its owner every change up to etcd
+    /// revision `revision` (from [`ClusterMeta::current_revision`]);
+    /// whether it did within `timeout`. False for a campaign.
+    pub fn wait_caught_up(&self, revision: i64, timeout: Duration) -> bool {
+        self.progress
+            .as_ref()
+            .is_some_and(|p| p.wait_for(revision, timeout))
+    }
 }
 
 impl Drop for WatchGuard {
@@ -385,6 +402,7 @@ fn spawn_loop(
     Ok(WatchGuard {
         stop,
         thread: Some(thread),
+        progress: None,
     })
 }
 
@@ -962,6 +980,7 @@ impl ClusterMeta {
         spawn_loop("coordinator-election", move |stop| {
             let mut held: Option<i64> = None;
             let mut last_ok = std::time::Instant::now();
+            let mut warned = false;
             loop {
                 match held {
                     None => {
@@ -992,27 +1011,50 @@ impl ClusterMeta {
                         }
                     }
                     Some(lease) => {
-                        if !nap(stop, ttl / 3) {
+                        // While etcd does not answer, ask again often: the
+                        // role resumes as soon as it does.
+                        let pause = if last_ok.elapsed() > ttl / 3 {
+                            RECONFIRM_RETRY
+                        } else {
+                            ttl / 3
+                        };
+                        if !nap(stop, pause) {
                             break;
                         }
                         // An unanswered keep-alive is not a lost role: the
                         // lease lasts `ttl` after the last one that worked
-                        // (etcd cannot elect anyone else before that).
+                        // (etcd cannot elect anyone else before that), and
+                        // an etcd that was down for everyone renews it when
+                        // it comes back. Until a keep-alive is answered
+                        // again, `coordinator_role_current` is false (no
+                        // lease is extended); the role is lost only when
+                        // etcd says so: the lease or the key is gone, or the
+                        // key is not this tenure's.
                         let sent = std::time::Instant::now();
-                        let (lost, ok) = match core.keep_alive(lease) {
-                            Ok(true) => match core.get("coordinator") {
-                                Ok(Some((v, _))) => (v != name.as_bytes(), v == name.as_bytes()),
-                                Ok(None) => (true, false),
-                                Err(_) => (false, false),
-                            },
-                            Ok(false) => (true, false),
-                            Err(_) => (false, false),
-                        };
+                        // The key is read whatever the keep-alive said: a
+                        // keep-alive of a lease etcd let expire fails
+                        // rather than answering "gone", and only the key
+                        // tells a lost role from an unreachable etcd.
+                        let kept = core.keep_alive(lease);
+                        let key = core.get_with_create_revision("coordinator");
+                        let ours = matches!(&key, Ok(Some((v, rev)))
+                            if v.as_slice() == name.as_bytes()
+                                && role_term.lock().is_some_and(|t| t.0 == *rev));
+                        let lost = matches!(kept, Ok(false))
+                            || matches!(&key, Ok(None))
+                            || (key.is_ok() && !ours);
+                        let ok = matches!(kept, Ok(true)) && ours;
                         if ok {
+                            if last_ok.elapsed() >= ttl * 2 / 3 {
+                                tracing::info!(node = %name, "etcd answers again: the coordinator role resumes");
+                            }
                             last_ok = sent;
                             *confirmed.lock() = Some(sent);
+                        } else if !lost && last_ok.elapsed() >= ttl * 2 / 3 && !warned {
+                            tracing::warn!(node = %name, "etcd does not confirm the coordinator role: leases are not extended until it does");
                         }
-                        if lost || last_ok.elapsed() >= ttl * 2 / 3 {
+                        warned = !ok && last_ok.elapsed() >= ttl * 2 / 3;
+                        if lost {
                             tracing::warn!(node = %name, "lost the coordinator role");
                             held = None;
                             *confirmed.lock() = None;
@@ -1060,6 +1102,12 @@ impl ClusterMeta {
     /// The term of the coordinator role this node holds, if it holds it.
     pub fn coordinator_term(&self) -> Option<CoordinatorTerm> {
         *self.role_term.lock()
+    }
+
+    /// etcd's current revision, read linearizably: every write etcd had
+    /// acknowledged to anyone when this was asked is at or below it.
+    pub fn current_revision(&self) -> Result<i64, MetaError> {
+        self.core.current_revision()
     }
 
     /// The current coordinator's node name, if any.

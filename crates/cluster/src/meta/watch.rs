@@ -171,6 +171,55 @@ impl Mirror {
             self.advance(i, revision);
         }
     }
+
+    /// The revision up to which every change under every prefix is
+    /// applied.
+    pub(crate) fn applied(&self) -> i64 {
+        self.revisions.iter().copied().min().unwrap_or(0)
+    }
+}
+
+/// How far a watch has brought its owner: every change up to `revision`
+/// has been applied to the mirror and handed to the owner's callback. A
+/// reader that needs the owner's copy as current as a revision it read
+/// from etcd waits for it ([`Progress::wait_for`]), which asks etcd for a
+/// progress notification so that a quiet prefix answers at once.
+pub(crate) struct Progress {
+    revision: parking_lot::Mutex<i64>,
+    changed: parking_lot::Condvar,
+    ask: tokio::sync::Notify,
+}
+
+impl Progress {
+    fn new() -> Progress {
+        Progress {
+            revision: parking_lot::Mutex::new(0),
+            changed: parking_lot::Condvar::new(),
+            ask: tokio::sync::Notify::new(),
+        }
+    }
+
+    fn set(&self, revision: i64) {
+        let mut r = self.revision.lock();
+        if revision > *r {
+            *r = revision;
+            self.changed.notify_all();
+        }
+    }
+
+    /// Waits until every change up to `revision` reached the owner;
+    /// whether it did within `timeout`.
+    pub(crate) fn wait_for(&self, revision: i64, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let mut r = self.revision.lock();
+        while *r < revision {
+            self.ask.notify_one();
+            if self.changed.wait_until(&mut r, deadline).timed_out() {
+                return *r >= revision;
+            }
+        }
+        true
+    }
 }
 
 /// A listed key, its value and `mod_revision`.
@@ -185,8 +234,12 @@ const LIST_PAGE: i64 = 1000;
 /// of many records, well past gRPC's default 4 MiB.
 const MAX_MESSAGE: usize = 64 << 20;
 /// Silence on a stream after which it is probed, and again after which it
-/// is replaced.
-const PROBE_AFTER: Duration = Duration::from_secs(5);
+/// is replaced: a stream stalled by a network cut (its TCP connection in
+/// retransmission backoff after the cut heals) is replaced within twice
+/// this, so a node's view is never stale for longer after a partition.
+/// A quiet healthy stream answers the probe at once (one small request per
+/// interval).
+const PROBE_AFTER: Duration = Duration::from_secs(2);
 /// Wait before retrying after a failure to list or to open a stream.
 const RETRY: Duration = Duration::from_millis(250);
 
@@ -278,6 +331,7 @@ fn follow(
     core: &Core,
     mirror: &mut Mirror,
     on_change: &mut dyn FnMut(&Mirror, &[Change]),
+    progress: &Progress,
     stop: &AtomicBool,
 ) -> StreamEnd {
     let watches: Vec<(String, i64)> = mirror
@@ -321,10 +375,21 @@ fn follow(
             return StreamEnd::Stopped;
         }
         let msg = core.handle.block_on(async {
-            tokio::time::timeout(Duration::from_millis(200), stream.message()).await
+            tokio::select! {
+                m = stream.message() => Ok(m),
+                _ = progress.ask.notified() => {
+                    // A reader waits for this watch: etcd answers a
+                    // progress request with the revision every watch of
+                    // the stream has sent everything up to.
+                    let _ = stream.request_progress().await;
+                    Err(true)
+                }
+                _ = tokio::time::sleep(Duration::from_millis(200)) => Err(false),
+            }
         });
         let resp = match msg {
-            Err(_) => {
+            Err(true) => continue,
+            Err(false) => {
                 if last_heard.elapsed() >= PROBE_AFTER * 2 {
                     tracing::debug!("etcd watch stream silent; reopening it");
                     return StreamEnd::Resume;
@@ -361,6 +426,7 @@ fn follow(
             // The answer to a progress request: every watch of the stream
             // has sent everything up to the header's revision.
             mirror.advance_all(header);
+            progress.set(mirror.applied());
             continue;
         }
         let i = (resp.watch_id() - 1) as usize;
@@ -400,6 +466,7 @@ fn follow(
         if !applied.is_empty() {
             on_change(mirror, &applied);
         }
+        progress.set(mirror.applied());
     }
 }
 
@@ -418,7 +485,10 @@ pub(crate) fn watch_prefixes(
     let (first, revision) = list(&core, &prefixes)?;
     let changes = mirror.reset(first, revision);
     on_change(&mirror, &changes);
-    super::spawn_loop(name, move |stop| {
+    let progress = Arc::new(Progress::new());
+    progress.set(mirror.applied());
+    let p = progress.clone();
+    let mut guard = super::spawn_loop(name, move |stop| {
         let mut relist = false;
         while !stop.load(Ordering::SeqCst) {
             if relist {
@@ -428,6 +498,7 @@ pub(crate) fn watch_prefixes(
                         if !changes.is_empty() {
                             on_change(&mirror, &changes);
                         }
+                        p.set(mirror.applied());
                         relist = false;
                     }
                     Err(e) => {
@@ -439,7 +510,7 @@ pub(crate) fn watch_prefixes(
                     }
                 }
             }
-            match follow(&core, &mut mirror, &mut *on_change, stop) {
+            match follow(&core, &mut mirror, &mut *on_change, &p, stop) {
                 StreamEnd::Stopped => return,
                 StreamEnd::Relist => relist = true,
                 StreamEnd::Resume => {
@@ -449,7 +520,9 @@ pub(crate) fn watch_prefixes(
                 }
             }
         }
-    })
+    })?;
+    guard.progress = Some(progress);
+    Ok(guard)
 }
 
 #[cfg(test)]
@@ -576,10 +649,12 @@ mod tests {
             .unwrap();
         let stop = AtomicBool::new(false);
         let mut seen = Vec::new();
+        let progress = Progress::new();
         let end = follow(
             &core,
             &mut mirror,
             &mut |_, ch| seen.extend_from_slice(ch),
+            &progress,
             &stop,
         );
         assert!(matches!(end, StreamEnd::Relist));
@@ -612,6 +687,7 @@ mod tests {
                     s2.store(true, Ordering::SeqCst);
                 }
             },
+            &progress,
             &stopper,
         );
         assert!(matches!(end, StreamEnd::Stopped));
