@@ -27,7 +27,6 @@
 //!   boot ids the nodes registered with, so only the current incarnation of
 //!   each node takes part.
 
-use crate::member::Inner;
 use crate::meta::{CasOutcome, ClusterMeta, CoordinatorTerm, MetaError, NodeState, NodeStatus};
 use crate::placement::{self, Candidate, Placement};
 use crate::ClusterError;
@@ -43,6 +42,34 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+
+/// What the coordinator task needs of the node it runs on (the cluster
+/// member): its metadata client, its clock, and the copies its watches keep
+/// of the node registry, the membership records and the catalog.
+pub(crate) trait Host: Send + Sync + 'static {
+    fn meta(&self) -> &ClusterMeta;
+    /// This node's id.
+    fn node(&self) -> NodeId;
+    /// Milliseconds on the node's lease clock (CLOCK_BOOTTIME).
+    fn now_ms(&self) -> u64;
+    fn settings(&self) -> Settings;
+    /// The node registry as last watched.
+    fn nodes(&self) -> Vec<NodeStatus>;
+    /// Calls `f` with the membership records as last watched.
+    fn with_records(&self, f: &mut dyn FnMut(&HashMap<VolumeId, Membership>));
+    /// The catalog's volumes as last watched.
+    fn volumes(&self) -> Vec<VolumeRecord>;
+}
+
+/// The protocol timing the coordinator works with (milliseconds).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Settings {
+    pub lease_ms: u64,
+    pub grace_ms: u64,
+    pub heartbeat_ms: u64,
+    /// A replica Faulty this long is rebuilt on another node.
+    pub replace_after: Duration,
+}
 
 /// What the task's thread and the threads answering heartbeats share.
 struct Shared {
@@ -73,7 +100,7 @@ impl Responder {
     /// role may have passed to another node).
     pub(crate) fn answer(
         &self,
-        inner: &Inner,
+        host: &dyn Host,
         from: NodeId,
         vol: VolumeId,
         boot: u64,
@@ -82,14 +109,14 @@ impl Responder {
         if !self.0.ready.load(Ordering::Acquire) {
             return None;
         }
-        let now = inner.now_ms();
+        let now = host.now_ms();
         let answer = self
             .0
             .coord
             .lock()
             .on_heartbeat(now, from, boot, sent_at, vol);
         answer
-            .filter(|_| inner.meta.coordinator_role_current())
+            .filter(|_| host.meta().coordinator_role_current())
             .map(|(_, msg)| msg)
     }
 }
@@ -105,7 +132,7 @@ pub(crate) fn default_min_in_sync(replicas: usize) -> usize {
 }
 
 impl CoordinatorTask {
-    pub(crate) fn start(inner: Weak<Inner>) -> Result<CoordinatorTask, ClusterError> {
+    pub(crate) fn start(host: Weak<dyn Host>) -> Result<CoordinatorTask, ClusterError> {
         let shared = Arc::new(Shared {
             coord: Mutex::new(Coordinator::new(0, 0, &[], 0)),
             ready: AtomicBool::new(false),
@@ -115,7 +142,7 @@ impl CoordinatorTask {
         let s = shared.clone();
         let thread = std::thread::Builder::new()
             .name("coordinator".into())
-            .spawn(move || run(inner, &s))
+            .spawn(move || run(host, &s))
             .map_err(|e| ClusterError::Thread(e.to_string()))?;
         Ok(CoordinatorTask {
             shared,
@@ -141,41 +168,39 @@ impl CoordinatorTask {
 /// module docs); the records as etcd has them after the election (the
 /// member's watched copy may lag behind the previous coordinator's last
 /// writes).
-fn first_view(inner: &Inner) -> Coordinator {
-    let t = inner.timing();
-    let known: Vec<NodeId> = match inner.meta.nodes() {
+fn first_view(host: &dyn Host) -> Coordinator {
+    let t = host.settings();
+    let known: Vec<NodeId> = match host.meta().nodes() {
         Ok(nodes) => nodes.iter().map(|n| n.id).collect(),
-        Err(_) => inner.nodes.read().iter().map(|n| n.id).collect(),
+        Err(_) => host.nodes().iter().map(|n| n.id).collect(),
     };
-    let heard = inner
+    let heard = host
         .now_ms()
         .saturating_sub(ClusterMeta::role_handover_credit_ms());
     let mut coord = Coordinator::new(t.lease_ms, t.grace_ms, &known, heard);
-    match inner.meta.memberships() {
+    match host.meta().memberships() {
         Ok(records) => records.into_iter().for_each(|r| coord.observe(r)),
         Err(e) => {
             tracing::warn!(error = %e, "coordinator starts from the watched records");
-            inner
-                .records
-                .read()
-                .values()
-                .for_each(|r| coord.observe(r.clone()));
+            host.with_records(&mut |records| {
+                records.values().for_each(|r| coord.observe(r.clone()))
+            });
         }
     }
     coord
 }
 
-fn run(weak: Weak<Inner>, shared: &Shared) {
-    let Some(inner) = weak.upgrade() else { return };
-    let Some(term) = inner.meta.coordinator_term() else {
+fn run(weak: Weak<dyn Host>, shared: &Shared) {
+    let Some(host) = weak.upgrade() else { return };
+    let Some(term) = host.meta().coordinator_term() else {
         return;
     };
-    let t = inner.timing().clone();
-    *shared.coord.lock() = first_view(&inner);
+    let t = host.settings();
+    *shared.coord.lock() = first_view(&*host);
     shared.ready.store(true, Ordering::Release);
     let coord = &shared.coord;
     tracing::info!(term = term.0, "coordinator tenure starts");
-    drop(inner);
+    drop(host);
     let tick = Duration::from_millis((t.heartbeat_ms / 2).clamp(10, 500));
     let mut next_tick = Instant::now();
     let mut next_placement = Instant::now();
@@ -191,46 +216,47 @@ fn run(weak: Weak<Inner>, shared: &Shared) {
                 return;
             }
         }
-        let Some(inner) = weak.upgrade() else { return };
+        let Some(host) = weak.upgrade() else { return };
+        let host = &*host;
         let result = (|| -> Result<(), ClusterError> {
             if Instant::now() >= next_tick {
                 next_tick = Instant::now() + tick;
-                let now = inner.now_ms();
+                let now = host.now_ms();
                 let changes = {
                     let mut c = coord.lock();
-                    follow_watch(&inner, &mut c);
+                    follow_watch(host, &mut c);
                     // Nodes without replicas send no heartbeats: their
                     // registry lease vouches for them, so a volume placed
                     // on a long-idle node is not failed over before its
                     // replica could speak.
-                    for n in inner.nodes.read().iter() {
+                    for n in host.nodes().iter() {
                         if n.alive && !c.records().any(|r| r.replicas.contains_key(&n.id)) {
                             c.vouch(n.id, now);
                         } else {
                             c.know(n.id, now);
                         }
                     }
-                    if inner.meta.coordinator_role_current() {
+                    if host.meta().coordinator_role_current() {
                         c.tick(now)
                     } else {
                         Vec::new()
                     }
                 };
-                write(&inner, term, coord, changes)?;
+                write(host, term, coord, changes)?;
             }
             if Instant::now() >= next_placement {
                 next_placement = Instant::now() + Duration::from_secs(1);
                 // The member's watched copies: a round costs etcd nothing
                 // unless it changes something.
-                let catalog: Vec<VolumeRecord> = inner.volumes.read().values().cloned().collect();
-                let nodes = inner.nodes.read().clone();
-                if let Err(e) = place_new_volumes(&inner, term, coord, &catalog, &nodes) {
+                let catalog = host.volumes();
+                let nodes = host.nodes();
+                if let Err(e) = place_new_volumes(host, term, coord, &catalog, &nodes) {
                     if matches!(e, ClusterError::Meta(MetaError::Fenced(_))) {
                         return Err(e);
                     }
                     tracing::warn!(error = %e, "placement round failed; retrying");
                 }
-                reconfigure(&inner, term, coord, &catalog, &nodes, &mut faulty_since)?;
+                reconfigure(host, term, coord, &catalog, &nodes, &mut faulty_since)?;
             }
             Ok(())
         })();
@@ -250,24 +276,25 @@ fn run(weak: Weak<Inner>, shared: &Shared) {
 
 /// Takes the records the member's watch saw since the last round into the
 /// state machine's view (newer versions only), and forgets deleted ones.
-fn follow_watch(inner: &Inner, coord: &mut Coordinator) {
-    let records = inner.records.read();
-    let gone: Vec<VolumeId> = coord
-        .records()
-        .map(|r| r.volume)
-        .filter(|v| !records.contains_key(v))
-        .collect();
-    for v in gone {
-        coord.forget(v);
-    }
-    for rec in records.values() {
-        if coord
-            .record(rec.volume)
-            .is_none_or(|r| rec.version > r.version)
-        {
-            coord.observe(rec.clone());
+fn follow_watch(host: &dyn Host, coord: &mut Coordinator) {
+    host.with_records(&mut |records| {
+        let gone: Vec<VolumeId> = coord
+            .records()
+            .map(|r| r.volume)
+            .filter(|v| !records.contains_key(v))
+            .collect();
+        for v in gone {
+            coord.forget(v);
         }
-    }
+        for rec in records.values() {
+            if coord
+                .record(rec.volume)
+                .is_none_or(|r| rec.version > r.version)
+            {
+                coord.observe(rec.clone());
+            }
+        }
+    });
 }
 
 /// Writes `changes` (decided from `coord`'s view) to etcd, fenced by
@@ -275,7 +302,7 @@ fn follow_watch(inner: &Inner, coord: &mut Coordinator) {
 /// are answered meanwhile, from the view with the changes pending), then
 /// feeds each outcome back. Err only when fenced.
 fn write(
-    inner: &Inner,
+    host: &dyn Host,
     term: CoordinatorTerm,
     coord: &Mutex<Coordinator>,
     changes: Vec<Change>,
@@ -290,7 +317,7 @@ fn write(
             .map(|ch| c.record(ch.record.volume).cloned())
             .collect()
     };
-    let outcomes = inner.meta.cas_memberships_fenced(
+    let outcomes = host.meta().cas_memberships_fenced(
         term,
         changes
             .iter()
@@ -413,7 +440,7 @@ impl Load {
 /// room for it (see [`placement`]); a replica that fits nowhere is missing
 /// until one has.
 fn place_new_volumes(
-    inner: &Inner,
+    host: &dyn Host,
     term: CoordinatorTerm,
     coord: &Mutex<Coordinator>,
     catalog: &[VolumeRecord],
@@ -430,9 +457,9 @@ fn place_new_volumes(
     // changed since (placed again by another coordinator, failed over) is
     // left for the next round.
     for vol in gone {
-        match inner.meta.membership_at(vol)? {
+        match host.meta().membership_at(vol)? {
             Some((_, rev)) => {
-                if inner.meta.delete_membership(term, vol, rev)? {
+                if host.meta().delete_membership(term, vol, rev)? {
                     tracing::info!(volume = %uuid::Uuid::from_u128(vol.0), "volume deleted: dropped its membership record");
                     coord.lock().forget(vol);
                 }
@@ -449,7 +476,7 @@ fn place_new_volumes(
         }
         let size = v.size_bytes;
         let want = wanted_replicas(v);
-        let Some(p) = load.place(nodes, size, want, Some(inner.me)) else {
+        let Some(p) = load.place(nodes, size, want, Some(host.node())) else {
             tracing::warn!(volume = %v.name, "no node can take a replica yet");
             continue;
         };
@@ -459,7 +486,7 @@ fn place_new_volumes(
         for (id, info) in rec.replicas.iter_mut() {
             info.boot = nodes.iter().find(|n| n.id == *id).map_or(0, |n| n.boot);
         }
-        if inner.meta.create_membership(term, &rec)? {
+        if host.meta().create_membership(term, &rec)? {
             coord.lock().observe(rec.clone());
             load.add(&p, size);
             if p.missing > 0 {
@@ -468,7 +495,7 @@ fn place_new_volumes(
             } else {
                 tracing::info!(volume = %v.name, nodes = ?p.nodes, primary = p.primary.0, "volume placed");
             }
-        } else if let Some(rec) = inner.meta.membership(vol)? {
+        } else if let Some(rec) = host.meta().membership(vol)? {
             // Placed already, and this view had not seen it yet.
             coord.lock().observe(rec);
         }
@@ -490,14 +517,14 @@ fn place_new_volumes(
 /// `min_in_sync` follows the replica count: lowered at once when replicas
 /// leave, raised only once that many are InSync.
 fn reconfigure(
-    inner: &Inner,
+    host: &dyn Host,
     term: CoordinatorTerm,
     coord: &Mutex<Coordinator>,
     catalog: &[VolumeRecord],
     nodes: &[NodeStatus],
     faulty_since: &mut HashMap<(VolumeId, NodeId), Instant>,
 ) -> Result<(), ClusterError> {
-    let replace_after = inner.timing().replace_after;
+    let replace_after = host.settings().replace_after;
     // From the state machine's view, leaving alone the volumes it has a
     // change in flight for.
     let records: Vec<Membership> = {
@@ -625,5 +652,5 @@ fn reconfigure(
             });
         }
     }
-    write(inner, term, coord, changes)
+    write(host, term, coord, changes)
 }
