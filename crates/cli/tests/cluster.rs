@@ -426,10 +426,34 @@ fn frozen_primary_is_replaced_and_fenced() {
     });
     // Generation 2 written through the new primary while the old one sleeps.
     write_pattern(None, &c.nodes[other].uri("fence"), 11, 2, 0, 4 << 20);
+    // A reader of the frozen node, queued before it wakes: its first reads
+    // reach the node the moment it runs again, with its stale view (its old
+    // epoch, a lease that ran out meanwhile). It must never be served the
+    // data of generation 1.
+    let mut reader = python_cmd("nbdtool.py");
+    reader.args([
+        "verify",
+        &c.nodes[old].uri("fence"),
+        "--seed",
+        "11",
+        "--gen",
+        "2",
+        "--offset",
+        "0",
+        "--length",
+        &(4u64 << 20).to_string(),
+    ]);
+    let reader = Background::spawn(reader);
+    std::thread::sleep(Duration::from_millis(300));
     c.nodes[old].signal(libc::SIGCONT);
-    // The woken node serves (forwards) correctly and never overwrites the
-    // newer data with its stale view.
-    std::thread::sleep(Duration::from_secs(2));
+    let (st, out, err) = reader.finish(Duration::from_secs(120));
+    assert!(
+        st.success(),
+        "a reader of the woken node read stale data:\n{out}\n{err}\n{}",
+        c.logs()
+    );
+    // Later readers too: the woken node serves (forwards) correctly and
+    // never overwrites the newer data with its stale view.
     verify_pattern(None, &c.nodes[old].uri("fence"), 11, 2, 0, 4 << 20);
     let v = c.wait_volume(old, "fence", "in sync again", |v| all_in_sync(v, 3));
     assert_ne!(primary(&v).map(|p| node_index(&p)), Some(old), "{v:#}");

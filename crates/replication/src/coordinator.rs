@@ -27,7 +27,13 @@
 //!   on the version of the record the decision was made from;
 //! - a coordinator that did not run for longer than `grace` (a process
 //!   pause, a stalled host) counts every node as heard when it runs again:
-//!   its own silence is not the nodes' (it replaces nobody for that).
+//!   its own silence is not the nodes' (it replaces nobody for that);
+//! - liveness is per node, and per replica once a replica has been heard:
+//!   a replica that heartbeated and then fell silent for `lease + grace`
+//!   while its node's other replicas kept heartbeating (a replica that
+//!   stopped: its disk kept failing) is lost like a lost node's (failed
+//!   over if primary, Faulty if secondary); one never heard yet (still
+//!   starting) is judged by its node alone.
 
 use crate::msg::{Endpoint, Msg};
 use crate::types::{Epoch, Membership, NodeId, ReplicaState, VolumeId};
@@ -80,6 +86,8 @@ pub struct Coordinator {
     lease_ms: u64,
     grace_ms: u64,
     nodes: BTreeMap<NodeId, Liveness>,
+    /// When each replica's last heartbeat arrived (see the module docs).
+    replicas_heard: BTreeMap<(VolumeId, NodeId), u64>,
     view: BTreeMap<VolumeId, Membership>,
     pending: BTreeMap<VolumeId, Pending>,
     /// When the coordinator last ran (handled any input).
@@ -118,6 +126,7 @@ impl Coordinator {
                     )
                 })
                 .collect(),
+            replicas_heard: BTreeMap::new(),
             view: BTreeMap::new(),
             pending: BTreeMap::new(),
             last_run: None,
@@ -154,6 +163,9 @@ impl Coordinator {
             self.stalls += 1;
             for l in self.nodes.values_mut() {
                 l.last_heard = l.last_heard.max(now);
+            }
+            for t in self.replicas_heard.values_mut() {
+                *t = (*t).max(now);
             }
         }
         self.last_run = Some(self.last_run.map_or(now, |t| t.max(now)));
@@ -204,6 +216,7 @@ impl Coordinator {
     pub fn forget(&mut self, vol: VolumeId) {
         self.view.remove(&vol);
         self.pending.remove(&vol);
+        self.replicas_heard.retain(|(v, _), _| *v != vol);
     }
 
     /// The record of `vol` as this coordinator knows it.
@@ -239,6 +252,10 @@ impl Coordinator {
         l.last_heard = l.last_heard.max(now);
         l.boot = l.boot.max(boot);
         let rec = self.view.get(&vol)?;
+        if rec.replicas.contains_key(&from) {
+            let t = self.replicas_heard.entry((vol, from)).or_insert(now);
+            *t = (*t).max(now);
+        }
         // A promotion asked for and not settled answers for the record: the
         // primary it replaces must not extend its lease meanwhile.
         let (epoch, primary) = match self.pending.get(&vol) {
@@ -261,6 +278,16 @@ impl Coordinator {
         self.nodes
             .get(&n)
             .is_some_and(|l| now <= l.last_heard + self.lease_ms + self.grace_ms)
+    }
+
+    /// Whether the replica of `vol` on `n` counts as alive: its node is,
+    /// and the replica did not fall silent after it was heard.
+    fn replica_alive(&self, now: u64, vol: VolumeId, n: NodeId) -> bool {
+        self.alive(now, n)
+            && self
+                .replicas_heard
+                .get(&(vol, n))
+                .is_none_or(|t| now <= t + self.lease_ms + self.grace_ms)
     }
 
     /// The changes to ask for at `now`: one per volume whose record (in the
@@ -324,14 +351,31 @@ impl Coordinator {
         }
     }
 
+    /// Whether [`Coordinator::decide`] may change `rec`: a replica
+    /// restarted, one lost that is the primary or not yet Faulty, or a
+    /// Faulty one alive again. False means it changes nothing.
+    fn may_change(&self, now: u64, rec: &Membership) -> bool {
+        rec.replicas.iter().any(|(n, info)| {
+            let restarted = self.nodes.get(n).is_some_and(|l| l.boot > info.boot);
+            let alive = self.replica_alive(now, rec.volume, *n);
+            let faulty = info.state == ReplicaState::Faulty;
+            restarted || (!alive && (*n == rec.primary || !faulty)) || (alive && faulty)
+        })
+    }
+
     /// The record the coordinator wants instead of `rec`, or None when
     /// `rec` is fine.
     fn decide(&self, now: u64, rec: &Membership) -> Option<Membership> {
+        // Most records need nothing: tell without copying them (this runs
+        // for every record at every tick).
+        if !self.may_change(now, rec) {
+            return None;
+        }
         let mut m = rec.clone();
         let mut failover = false;
         let mut restarted = Vec::new();
         for (n, info) in m.replicas.iter_mut() {
-            let alive = self.alive(now, *n);
+            let alive = self.replica_alive(now, rec.volume, *n);
             let boot = self.nodes.get(n).map(|l| l.boot);
             // Boot ids only grow, so a higher one is a restart; a coordinator
             // that has not heard a node yet knows boot 0 and changes nothing.
@@ -360,13 +404,14 @@ impl Coordinator {
                 .find(|(n, info)| {
                     **n != rec.primary
                         && info.state == ReplicaState::InSync
-                        && self.alive(now, **n)
+                        && self.replica_alive(now, rec.volume, **n)
                         && !restarted.contains(n)
                 })
                 .map(|(n, _)| *n)
                 .or_else(|| {
-                    (restarted.contains(&rec.primary) && self.alive(now, rec.primary))
-                        .then_some(rec.primary)
+                    (restarted.contains(&rec.primary)
+                        && self.replica_alive(now, rec.volume, rec.primary))
+                    .then_some(rec.primary)
                 });
             if let Some(c) = candidate {
                 m.epoch = Epoch(rec.epoch.0 + 1);
@@ -374,7 +419,7 @@ impl Coordinator {
                 for (n, info) in m.replicas.iter_mut() {
                     info.state = if *n == c {
                         ReplicaState::InSync
-                    } else if self.alive(now, *n) {
+                    } else if self.replica_alive(now, rec.volume, *n) {
                         ReplicaState::OutOfSync
                     } else {
                         ReplicaState::Faulty
@@ -551,5 +596,43 @@ mod tests {
         c.on_heartbeat(5_230, NodeId(1), 0, 5_230, VOL);
         assert_eq!(c.tick(5_230).len(), 1);
         assert!(c.has_pending(VOL), "the silent primary is replaced");
+    }
+
+    /// Node 1 holds two volumes' replicas and keeps heartbeating for one;
+    /// the other's replica stopped (its disk kept failing): as primary it is
+    /// failed over, as secondary marked Faulty, while the node stays alive
+    /// for the volume it still serves.
+    #[test]
+    fn a_stopped_replica_on_a_live_node_is_lost_alone() {
+        let (a, b) = (NodeId(1), NodeId(2));
+        let (served, stopped_p, stopped_s) = (VolumeId(1), VolumeId(2), VolumeId(3));
+        let mut c = Coordinator::new(100, 20, &[a, b], 0);
+        c.observe(Membership::new(served, &[a, b], a, 1));
+        c.observe(Membership::new(stopped_p, &[a, b], a, 1));
+        c.observe(Membership::new(stopped_s, &[a, b], b, 1));
+        for t in (0..=40).step_by(10) {
+            for v in [served, stopped_p, stopped_s] {
+                c.on_heartbeat(t, a, 0, t, v);
+                c.on_heartbeat(t, b, 0, t, v);
+            }
+        }
+        // From 40 on, node 1 heartbeats only for `served`.
+        for t in (50..=160).step_by(10) {
+            c.on_heartbeat(t, a, 0, t, served);
+            for v in [served, stopped_p, stopped_s] {
+                c.on_heartbeat(t, b, 0, t, v);
+            }
+            assert!(c.tick(t).is_empty(), "at {t}: within lease + grace");
+        }
+        c.on_heartbeat(161, a, 0, 161, served);
+        let changes = c.tick(161);
+        let by_vol = |v: VolumeId| changes.iter().find(|ch| ch.record.volume == v);
+        assert!(by_vol(served).is_none(), "{changes:?}");
+        let p = &by_vol(stopped_p).expect("failover").record;
+        assert_eq!((p.epoch, p.primary), (Epoch(2), b));
+        assert_eq!(p.state(a), Some(ReplicaState::Faulty));
+        let s = &by_vol(stopped_s).expect("marked faulty").record;
+        assert_eq!((s.epoch, s.primary), (Epoch(1), b));
+        assert_eq!(s.state(a), Some(ReplicaState::Faulty));
     }
 }
