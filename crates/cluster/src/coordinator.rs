@@ -187,6 +187,7 @@ fn first_view(host: &dyn Host) -> Coordinator {
             });
         }
     }
+    coord.expect_replicas(heard);
     coord
 }
 

@@ -32,8 +32,10 @@
 //!   a replica that heartbeated and then fell silent for `lease + grace`
 //!   while its node's other replicas kept heartbeating (a replica that
 //!   stopped: its disk kept failing) is lost like a lost node's (failed
-//!   over if primary, Faulty if secondary); one never heard yet (still
-//!   starting) is judged by its node alone.
+//!   over if primary, Faulty if secondary); one placed during this tenure
+//!   and never heard yet (still starting) is judged by its node alone,
+//!   while the replicas of the records a tenure starts from count as heard
+//!   when the nodes do ([`Coordinator::expect_replicas`]).
 
 use crate::msg::{Endpoint, Msg};
 use crate::types::{Epoch, Membership, NodeId, ReplicaState, VolumeId};
@@ -209,6 +211,19 @@ impl Coordinator {
         }
         if self.view.get(&vol).is_none_or(|r| rec.version > r.version) {
             self.view.insert(vol, rec);
+        }
+    }
+
+    /// Counts every replica of every record in the view as heard at `now`
+    /// unless heard since: for a tenure's start, whose records' replicas
+    /// are running (or stopped) already, so that one that never heartbeats
+    /// to this coordinator is lost like a silent node, not kept alive by
+    /// its node's other replicas.
+    pub fn expect_replicas(&mut self, now: u64) {
+        for rec in self.view.values() {
+            for n in rec.replicas.keys() {
+                self.replicas_heard.entry((rec.volume, *n)).or_insert(now);
+            }
         }
     }
 
@@ -634,5 +649,29 @@ mod tests {
         let s = &by_vol(stopped_s).expect("marked faulty").record;
         assert_eq!((s.epoch, s.primary), (Epoch(1), b));
         assert_eq!(s.state(a), Some(ReplicaState::Faulty));
+    }
+
+    /// A tenure that starts from records whose replica on a live node
+    /// never heartbeats to it (it stopped before) fails that replica over
+    /// after lease + grace from the start, as it would a silent node.
+    #[test]
+    fn a_replica_silent_since_the_tenure_began_is_lost() {
+        let (a, b) = (NodeId(1), NodeId(2));
+        let (served, stopped) = (VolumeId(1), VolumeId(2));
+        let mut c = Coordinator::new(100, 20, &[a, b], 0);
+        c.observe(Membership::new(served, &[a, b], a, 1));
+        c.observe(Membership::new(stopped, &[a, b], a, 1));
+        c.expect_replicas(0);
+        for t in (0..=120).step_by(10) {
+            c.on_heartbeat(t, a, 0, t, served);
+            c.on_heartbeat(t, b, 0, t, served);
+            c.on_heartbeat(t, b, 0, t, stopped);
+            assert!(c.tick(t).is_empty(), "at {t}");
+        }
+        c.on_heartbeat(121, a, 0, 121, served);
+        let changes = c.tick(121);
+        assert_eq!(changes.len(), 1, "{changes:?}");
+        assert_eq!(changes[0].record.volume, stopped);
+        assert_eq!(changes[0].record.primary, b);
     }
 }

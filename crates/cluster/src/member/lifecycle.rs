@@ -15,7 +15,9 @@ use crate::ticker::Tick;
 use crate::ClusterError;
 use crate::{crash_logs, saved_logs};
 use basalt_catalog::VolumeRecord;
-use basalt_replication::{ClientReply, Config, Membership, Msg, NodeId, SavedLogs, VolumeId};
+use basalt_replication::{
+    ClientReply, Config, Membership, Msg, NodeId, ReplicaState, SavedLogs, VolumeId,
+};
 use basalt_store::{StoreError, BLOCK_SIZE};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
@@ -296,7 +298,9 @@ impl Inner {
     /// Starts again the replicas that stopped on their own (their disk kept
     /// failing): a stopped replica sends no heartbeats, so the coordinator
     /// has failed it over or marked it Faulty; started again from the
-    /// current record, it heartbeats, is marked OutOfSync and resynced. If
+    /// current record once that marks it Faulty or OutOfSync (never while
+    /// the record counts on it), it heartbeats, is marked OutOfSync and
+    /// resynced. If
     /// the disk still fails it stops again; the waits between attempts
     /// double from [`FIRST_RESTART`] up to [`LAST_RESTART`] (until then,
     /// or for good, the coordinator replaces it after `--replace-after`).
@@ -321,7 +325,16 @@ impl Inner {
             let Some(rec) = self.records.read().get(&vol).cloned() else {
                 continue;
             };
-            if !rec.replicas.contains_key(&self.me) {
+            // Only once the cluster has reacted: a replica the record
+            // still counts on (the primary, or an InSync secondary) would
+            // come back with its state machine's memory lost under the
+            // same boot; one marked Faulty or OutOfSync is resynced.
+            let reacted = rec.primary != self.me
+                && rec
+                    .replicas
+                    .get(&self.me)
+                    .is_some_and(|r| r.state != ReplicaState::InSync);
+            if !reacted {
                 continue;
             }
             let next = (wait * 2).min(LAST_RESTART);
