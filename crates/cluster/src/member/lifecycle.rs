@@ -449,7 +449,7 @@ impl Inner {
             },
             local,
             Arc::new(Env(Arc::downgrade(self))),
-            Duration::from_millis(t.heartbeat_ms.clamp(5, 1000) / 2),
+            Duration::from_millis(t.heartbeat_ms.clamp(5, 1000)),
         ));
         // Posted, not delivered: the caller holds the replica map, which
         // the replica's callbacks take. The ticker's first round feeds it.
