@@ -310,6 +310,9 @@ struct CoordProc {
     inc: u64,
     /// Its clock's offset from the simulation's.
     skew: u64,
+    /// Heartbeats held back by `Bug::HeartbeatsBehindWrites`: (from, boot,
+    /// sent_at).
+    deferred: Vec<(NodeId, u64, u64)>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -365,6 +368,11 @@ pub enum Bug {
     CoordinatorIgnoresOwnWrites,
     /// A coordinator that stalled fails over every node it did not hear.
     NoStallCredit,
+    /// The coordinator takes in heartbeats only between its etcd writes
+    /// (one thread answering leases and making blocking writes): those that
+    /// arrive while a write is in flight wait until it is answered and the
+    /// coordinator's next round has run.
+    HeartbeatsBehindWrites,
 }
 
 pub struct Params {
@@ -565,6 +573,7 @@ impl Sim {
                 confirmed: 0,
                 paused_until: 0,
                 freeze_mid_tick: None,
+                deferred: Vec::new(),
                 etcd_cut: false,
                 inc: 0,
                 skew: rng.below(31),
@@ -881,6 +890,21 @@ impl Sim {
         let cp = &mut self.coords[c];
         cp.coord = None;
         cp.inc += 1;
+        cp.deferred.clear();
+    }
+
+    /// Coordinator `c` takes in a heartbeat and answers it.
+    fn coord_heartbeat(&mut self, c: usize, from: NodeId, boot: u64, sent_at: u64) {
+        let now = self.now + self.coords[c].skew;
+        let current = now < self.coords[c].confirmed + ROLE_TTL * 2 / 3;
+        if let Some(co) = self.coords[c].coord.as_mut() {
+            let answer = co.on_heartbeat(now, from, boot, sent_at, VOL);
+            // An unanswered heartbeat lets the primary's lease lapse: the
+            // safe side when the role may have moved.
+            if let (true, Some((to, reply))) = (current, answer) {
+                self.send(Endpoint::Control, to, reply);
+            }
+        }
     }
 
     /// Coordinator candidate `c` runs: keep-alive (or campaign), then decide
@@ -900,8 +924,11 @@ impl Sim {
                     e.expires = self.now + ROLE_TTL;
                 }
                 self.coords[c].confirmed = now;
-            } else if !cut || now >= self.coords[c].confirmed + ROLE_TTL * 2 / 3 {
-                // Told the lease is gone, or unconfirmed for too long.
+            } else if !cut {
+                // Told the lease is gone (or the key is another tenure's).
+                // Cut off from etcd, it keeps the role, unconfirmed: it
+                // extends no lease until etcd confirms it again (as the
+                // production election does).
                 self.lose_role(c);
             }
         } else if self.election.is_none() && !cut {
@@ -1853,6 +1880,15 @@ impl Sim {
             Ev::CoordTick { c } => {
                 self.coord_tick(c)?;
                 self.at(10, Ev::CoordTick { c });
+                let held_back = self.coords[c]
+                    .coord
+                    .as_ref()
+                    .is_some_and(|co| co.has_pending(VOL));
+                if !held_back {
+                    for (from, boot, sent_at) in std::mem::take(&mut self.coords[c].deferred) {
+                        self.coord_heartbeat(c, from, boot, sent_at);
+                    }
+                }
             }
             Ev::CoordHeartbeat {
                 c,
@@ -1860,15 +1896,16 @@ impl Sim {
                 boot,
                 sent_at,
             } => {
-                let now = self.now + self.coords[c].skew;
-                let current = now < self.coords[c].confirmed + ROLE_TTL * 2 / 3;
-                if let Some(co) = self.coords[c].coord.as_mut() {
-                    let answer = co.on_heartbeat(now, from, boot, sent_at, VOL);
-                    // An unanswered heartbeat lets the primary's lease
-                    // lapse: the safe side when the role may have moved.
-                    if let (true, Some((to, reply))) = (current, answer) {
-                        self.send(Endpoint::Control, to, reply);
-                    }
+                let writing = self.coords[c]
+                    .coord
+                    .as_ref()
+                    .is_some_and(|co| co.has_pending(VOL));
+                if self.p.bug == Some(Bug::HeartbeatsBehindWrites)
+                    && (writing || !self.coords[c].deferred.is_empty())
+                {
+                    self.coords[c].deferred.push((from, boot, sent_at));
+                } else {
+                    self.coord_heartbeat(c, from, boot, sent_at);
                 }
             }
             Ev::EtcdWrite {
@@ -2182,6 +2219,7 @@ fn replay_seed() {
         Some("unfenced") => Some(Bug::Unfenced),
         Some("own-writes") => Some(Bug::CoordinatorIgnoresOwnWrites),
         Some("stall") => Some(Bug::NoStallCredit),
+        Some("blocking") => Some(Bug::HeartbeatsBehindWrites),
         _ => None,
     };
     let a = run_seed(seed, bug);
@@ -2222,6 +2260,11 @@ fn a_coordinator_ignoring_its_own_writes_is_caught() {
 #[test]
 fn a_coordinator_without_stall_credit_is_caught() {
     assert_caught(Bug::NoStallCredit, BUG_SEEDS);
+}
+
+#[test]
+fn a_coordinator_answering_heartbeats_behind_its_writes_is_caught() {
+    assert_caught(Bug::HeartbeatsBehindWrites, BUG_SEEDS);
 }
 
 /// How many seeds a control-plane bug may take to be caught.
