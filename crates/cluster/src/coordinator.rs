@@ -6,7 +6,15 @@
 //! sees, write its decisions (faulty secondaries, failover with a new epoch)
 //! to the membership records in etcd and feed their outcomes back; place new
 //! volumes, rebuild and drain replicas, and drop the records of deleted
-//! volumes.
+//! volumes. It sees the node it runs on only through [`Host`].
+//!
+//! Threads: the state machine sits behind a mutex. Heartbeats are answered
+//! by the thread that received them ([`Responder`]: a peer reader, a local
+//! replica's ticker, the heartbeat sender), holding the mutex only for the
+//! answer; the task's own thread decides under the mutex and writes to etcd
+//! without it, a round's changes all at once. So no heartbeat waits behind
+//! an etcd round trip (the simulator's `HeartbeatsBehindWrites` shows what
+//! that costs).
 //!
 //! Invariants:
 //! - every write is fenced by this tenure's [`CoordinatorTerm`] (the
