@@ -356,7 +356,7 @@ mod tests {
     }
 
     #[test]
-    fn a_wake_ticks_at_once_and_a_wake_during_a_tick_is_not_lost() {
+    fn a_wake_ticks_at_once_and_a_dropped_target_leaves() {
         let ticker = Ticker::start(3).unwrap();
         let slow = Counter::new(Duration::from_secs(3600), u32::MAX);
         let as_tick: Arc<dyn Tick> = slow.clone();
@@ -372,5 +372,43 @@ mod tests {
         drop(slow);
         slot.wake();
         wait_for(|| ticker.registered() == 0);
+    }
+
+    /// Ticks once, telling the test it is inside the tick and waiting to be
+    /// let go; asks for its next tick in an hour.
+    struct Gated {
+        entered: parking_lot::Mutex<std::sync::mpsc::Sender<()>>,
+        release: parking_lot::Mutex<std::sync::mpsc::Receiver<()>>,
+        ticks: AtomicU32,
+    }
+
+    impl Tick for Gated {
+        fn tick(&self) -> Option<Duration> {
+            let n = self.ticks.fetch_add(1, Ordering::SeqCst);
+            if n == 0 {
+                let _ = self.entered.lock().send(());
+                let _ = self.release.lock().recv();
+            }
+            Some(Duration::from_secs(3600))
+        }
+    }
+
+    #[test]
+    fn a_wake_that_arrives_during_the_tick_ticks_again() {
+        let ticker = Ticker::start(2).unwrap();
+        let (entered_tx, entered) = std::sync::mpsc::channel();
+        let (release, release_rx) = std::sync::mpsc::channel();
+        let gated = Arc::new(Gated {
+            entered: parking_lot::Mutex::new(entered_tx),
+            release: parking_lot::Mutex::new(release_rx),
+            ticks: AtomicU32::new(0),
+        });
+        let as_tick: Arc<dyn Tick> = gated.clone();
+        let slot = ticker.register(Arc::downgrade(&as_tick));
+        entered.recv().unwrap();
+        slot.wake();
+        release.send(()).unwrap();
+        // Without the wake it would not run again for an hour.
+        wait_for(|| gated.ticks.load(Ordering::SeqCst) >= 2);
     }
 }
