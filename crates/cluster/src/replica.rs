@@ -425,12 +425,6 @@ impl<E: ReplicaEnv> Replica<E> {
         Some(self.state.lock().node.save_logs())
     }
 
-    /// Whether the replica stopped (its disk kept failing, or it was
-    /// stopped).
-    pub(crate) fn stopped(&self) -> bool {
-        self.state.lock().stopped
-    }
-
     /// Whether this replica, as primary, is copying regions to a replica.
     pub(crate) fn copying(&self) -> bool {
         self.state.lock().node.copying()

@@ -65,7 +65,6 @@ pub(super) fn housekeeping(weak: Weak<Inner>) {
         let Some(inner) = weak.upgrade() else { return };
         inner.refresh_coordinator();
         inner.remove_orphans();
-        inner.restart_stopped_replicas();
         inner.share_resync_rate();
         if last_info.elapsed() >= Duration::from_secs(10) {
             last_info = Instant::now();

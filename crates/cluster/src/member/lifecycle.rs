@@ -15,12 +15,10 @@ use crate::ticker::Tick;
 use crate::ClusterError;
 use crate::{crash_logs, saved_logs};
 use basalt_catalog::VolumeRecord;
-use basalt_replication::{
-    ClientReply, Config, Membership, Msg, NodeId, ReplicaState, SavedLogs, VolumeId,
-};
+use basalt_replication::{ClientReply, Config, Membership, Msg, NodeId, SavedLogs, VolumeId};
 use basalt_store::{StoreError, BLOCK_SIZE};
 use std::sync::{Arc, Weak};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 pub(super) struct ReplicaHandle {
     pub(super) replica: Arc<Replica<Env>>,
@@ -29,11 +27,6 @@ pub(super) struct ReplicaHandle {
 /// How long a stop waits for a replica's work in progress (a disk batch)
 /// to finish.
 const REPLICA_STOP_WAIT: Duration = Duration::from_secs(10);
-
-/// The first wait before a replica that stopped on its own is started
-/// again, and the longest.
-const FIRST_RESTART: Duration = Duration::from_secs(30);
-const LAST_RESTART: Duration = Duration::from_secs(600);
 
 impl ReplicaHandle {
     pub(super) fn stop(self) {
@@ -291,66 +284,6 @@ impl Inner {
             Ok(()) => tracing::info!(volumes = n, "saved the replication logs for the next start"),
             Err(e) => {
                 tracing::warn!(error = %e, "cannot save the replication logs; replicas here will be copied in full after a failover")
-            }
-        }
-    }
-
-    /// Starts again the replicas that stopped on their own (their disk kept
-    /// failing): a stopped replica sends no heartbeats, so the coordinator
-    /// has failed it over or marked it Faulty; started again from the
-    /// current record once that marks it Faulty or OutOfSync (never while
-    /// the record counts on it), it heartbeats, is marked OutOfSync and
-    /// resynced. If
-    /// the disk still fails it stops again; the waits between attempts
-    /// double from [`FIRST_RESTART`] up to [`LAST_RESTART`] (until then,
-    /// or for good, the coordinator replaces it after `--replace-after`).
-    pub(super) fn restart_stopped_replicas(self: &Arc<Self>) {
-        let stopped: Vec<VolumeId> = self
-            .replicas
-            .lock()
-            .iter()
-            .filter(|(_, h)| h.replica.stopped())
-            .map(|(v, _)| *v)
-            .collect();
-        let now = Instant::now();
-        let mut restarts = self.restarts.lock();
-        restarts.retain(|v, _| stopped.contains(v) || self.replicas.lock().contains_key(v));
-        for vol in stopped {
-            let (at, wait) = *restarts
-                .entry(vol)
-                .or_insert((now + FIRST_RESTART, FIRST_RESTART));
-            if now < at {
-                continue;
-            }
-            let Some(rec) = self.records.read().get(&vol).cloned() else {
-                continue;
-            };
-            // Only once the cluster has reacted: a replica the record
-            // still counts on (the primary, or an InSync secondary) would
-            // come back with its state machine's memory lost under the
-            // same boot; one marked Faulty or OutOfSync is resynced.
-            let reacted = rec.primary != self.me
-                && rec
-                    .replicas
-                    .get(&self.me)
-                    .is_some_and(|r| r.state != ReplicaState::InSync);
-            if !reacted {
-                continue;
-            }
-            let next = (wait * 2).min(LAST_RESTART);
-            restarts.insert(vol, (now + next, next));
-            let Some(old) = self.replicas.lock().remove(&vol) else {
-                continue;
-            };
-            old.stop();
-            tracing::warn!(volume = %uuid_of(vol), "starting a replica that stopped again (next attempt in {next:?} if it stops again)");
-            match self.start_replica(&rec) {
-                Ok(h) => {
-                    self.replicas.lock().insert(vol, h);
-                }
-                Err(e) => {
-                    tracing::error!(volume = %uuid_of(vol), error = %e, "could not start the replica again")
-                }
             }
         }
     }

@@ -48,7 +48,7 @@ use std::collections::HashMap;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 pub(crate) struct Inner {
     cfg: MemberConfig,
@@ -69,10 +69,6 @@ pub(crate) struct Inner {
     replicas: Mutex<HashMap<VolumeId, ReplicaHandle>>,
     /// Drives every replica's clock on a fixed set of threads.
     ticker: Ticker,
-    /// Replicas that stopped on their own (a failing disk): when each may
-    /// be started again, and the wait after that (see
-    /// `restart_stopped_replicas`).
-    restarts: Mutex<HashMap<VolumeId, (Instant, Duration)>>,
     /// The replicas' heartbeats to a coordinator on another node, until
     /// the heartbeat sender sends them as one batch.
     heartbeats: Mutex<Vec<(VolumeId, Msg)>>,
@@ -200,7 +196,6 @@ impl ClusterMember {
             ticker: Ticker::start(Ticker::default_threads())
                 .map_err(|e| ClusterError::Thread(e.to_string()))?,
             heartbeats: Mutex::new(Vec::new()),
-            restarts: Mutex::new(HashMap::new()),
             resync_share: Mutex::new(resync_rate),
             pending: Mutex::new(Pending::default()),
             coordinator_id: RwLock::new(None),
