@@ -19,7 +19,10 @@
 //!   mirror applied it, on the watch's own thread (never on the runtime, so
 //!   it may call etcd);
 //! - the first list completes before [`watch_prefixes`] returns, so the
-//!   owner starts from a full view.
+//!   owner starts from a full view;
+//! - a watch's [`Progress`] reaches a revision only once the owner's
+//!   callback has seen every change up to it, so a reader that waits for
+//!   etcd's current revision then reads the owner's copy as etcd had it.
 
 use super::core::Core;
 use super::{MetaError, WatchGuard};
