@@ -42,6 +42,10 @@ pub struct Config {
     pub volume_blocks: u64,
     /// Blocks per dirty-tracking region.
     pub region_blocks: u64,
+    /// How often a primary heartbeats (each answer extends its lease). A
+    /// replica that is not primary heartbeats every `lease_ms / 3` if that
+    /// is longer: it needs no lease, only to be heard (its node and itself
+    /// alive, its boot) within the coordinator's `lease + grace`.
     pub heartbeat_ms: u64,
     /// A primary acknowledges nothing after `heartbeat sent_at + lease_ms`.
     pub lease_ms: u64,

@@ -638,10 +638,11 @@ impl Node {
         let mut grows: Vec<u64> = Vec::new();
         match input {
             Input::Tick => {
-                if self
-                    .last_hb
-                    .is_none_or(|t| now >= t + self.cfg.heartbeat_ms)
-                {
+                let every = match self.role {
+                    Role::Primary(_) => self.cfg.heartbeat_ms,
+                    _ => self.cfg.heartbeat_ms.max(self.cfg.lease_ms / 3),
+                };
+                if self.last_hb.is_none_or(|t| now >= t + every) {
                     self.last_hb = Some(now);
                     out.sends.push((
                         Endpoint::Control,
