@@ -521,8 +521,9 @@ pub fn describe_request_failure(
     }
 }
 
-/// The smallest key greater than every key starting with `prefix`.
-fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+/// The smallest key greater than every key starting with `prefix` (the
+/// end of etcd's key range for that prefix).
+pub fn prefix_end(prefix: &[u8]) -> Vec<u8> {
     let mut end = prefix.to_vec();
     while let Some(last) = end.pop() {
         if last < 0xff {

@@ -25,7 +25,8 @@ mod redb_catalog;
 
 pub use error::CatalogError;
 pub use etcd_catalog::{
-    describe_request_failure, etcd_failure, EtcdCatalog, EtcdConfig, DEFAULT_ETCD_PREFIX,
+    describe_request_failure, etcd_failure, prefix_end, EtcdCatalog, EtcdConfig,
+    DEFAULT_ETCD_PREFIX,
 };
 pub use record::{VolumeRecord, MAX_VOLUME_NAME_LEN};
 pub use redb_catalog::RedbCatalog;

@@ -73,7 +73,7 @@ impl Core {
     }
 
     /// Every key/value under `prefix`, with each key's mod_revision.
-    pub(super) fn list(&self, prefix: &str) -> Result<Vec<(String, Vec<u8>, i64)>, MetaError> {
+    pub(super) fn list(&self, prefix: &str) -> Result<Vec<Listed>, MetaError> {
         let key = self.key(prefix);
         let err = self.request_error(&key);
         let k = key.clone();
@@ -82,17 +82,7 @@ impl Core {
                 .get(k, Some(GetOptions::new().with_prefix()))
                 .await
                 .map_err(&err)?;
-            Ok(resp
-                .kvs()
-                .iter()
-                .map(|kv| {
-                    (
-                        String::from_utf8_lossy(kv.key()).into_owned(),
-                        kv.value().to_vec(),
-                        kv.mod_revision(),
-                    )
-                })
-                .collect())
+            Ok(listed(resp.kvs()))
         })
     }
 
@@ -178,13 +168,7 @@ impl Core {
 
     /// The create revision of a key (None: absent).
     pub(super) fn create_revision(&self, rest: &str) -> Result<Option<i64>, MetaError> {
-        let key = self.key(rest);
-        let err = self.request_error(&key);
-        let k = key.clone();
-        self.call(&key, move |mut c| async move {
-            let resp = c.get(k, None).await.map_err(&err)?;
-            Ok(resp.kvs().first().map(|kv| kv.create_revision()))
-        })
+        Ok(self.get_with_create_revision(rest)?.map(|(_, rev)| rev))
     }
 
     /// After a fenced transaction failed: Err(Fenced) if the fence is what
@@ -285,4 +269,20 @@ impl Core {
                 .then(|| resp.header().map_or(0, |h| h.revision())))
         })
     }
+}
+
+/// A listed key, its value and `mod_revision`.
+pub(super) type Listed = (String, Vec<u8>, i64);
+
+/// The keys of an etcd answer with their values and `mod_revision`s.
+pub(super) fn listed(kvs: &[etcd_client::KeyValue]) -> Vec<Listed> {
+    kvs.iter()
+        .map(|kv| {
+            (
+                String::from_utf8_lossy(kv.key()).into_owned(),
+                kv.value().to_vec(),
+                kv.mod_revision(),
+            )
+        })
+        .collect()
 }

@@ -24,8 +24,9 @@
 //!   callback has seen every change up to it, so a reader that waits for
 //!   etcd's current revision then reads the owner's copy as etcd had it.
 
-use super::core::Core;
+use super::core::{listed, Core, Listed};
 use super::{MetaError, WatchGuard};
+use basalt_catalog::prefix_end;
 use etcd_client::{EventType, GetOptions, SortOrder, SortTarget, WatchOptions};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -225,9 +226,6 @@ impl Progress {
     }
 }
 
-/// A listed key, its value and `mod_revision`.
-type Listed = (String, Vec<u8>, i64);
-
 /// What a watch's owner is told: the mirror, and the changes just applied.
 pub(crate) type OnChange = Box<dyn FnMut(&Mirror, &[Change]) + Send>;
 
@@ -245,18 +243,6 @@ const MAX_MESSAGE: usize = 64 << 20;
 const PROBE_AFTER: Duration = Duration::from_secs(2);
 /// Wait before retrying after a failure to list or to open a stream.
 const RETRY: Duration = Duration::from_millis(250);
-
-/// The first key after every key under `prefix`.
-fn prefix_end(prefix: &[u8]) -> Vec<u8> {
-    let mut end = prefix.to_vec();
-    while let Some(last) = end.pop() {
-        if last < 0xff {
-            end.push(last + 1);
-            return end;
-        }
-    }
-    vec![0]
-}
 
 /// Every key under the `prefixes` (full keys), in pages pinned at one
 /// revision; with that revision.
@@ -285,18 +271,7 @@ fn list(core: &Core, prefixes: &[String]) -> Result<(Vec<Listed>, i64), MetaErro
                         .await
                         .map_err(&err)?;
                     let rev = resp.header().map_or(0, |h| h.revision());
-                    let page: Vec<Listed> = resp
-                        .kvs()
-                        .iter()
-                        .map(|kv| {
-                            (
-                                String::from_utf8_lossy(kv.key()).into_owned(),
-                                kv.value().to_vec(),
-                                kv.mod_revision(),
-                            )
-                        })
-                        .collect();
-                    Ok((page, resp.more(), rev))
+                    Ok((listed(resp.kvs()), resp.more(), rev))
                 })?;
             if revision == 0 {
                 revision = rev;
@@ -593,8 +568,6 @@ mod tests {
 
     #[test]
     fn prefixes_are_listed_by_key_range() {
-        assert_eq!(prefix_end(b"/p/a/"), b"/p/a0".to_vec());
-        assert_eq!(prefix_end(&[b'a', 0xff]), b"b".to_vec());
         let mut m = Mirror::new(vec!["/p/a/".into(), "/p/ab".into()]);
         m.reset(
             vec![
