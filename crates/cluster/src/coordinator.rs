@@ -10,8 +10,8 @@
 //!
 //! Threads: the state machine sits behind a mutex. Heartbeats are answered
 //! by the thread that received them ([`Responder`]: a peer reader, a local
-//! replica's ticker, the heartbeat sender), holding the mutex only for the
-//! answer; the task's own thread decides under the mutex and writes to etcd
+//! replica's ticker, the heartbeat sender), holding the mutex once per
+//! batch of a node's heartbeats; the task's own thread decides under the mutex and writes to etcd
 //! without it, a round's changes all at once. So no heartbeat waits behind
 //! an etcd round trip (the simulator's `HeartbeatsBehindWrites` shows what
 //! that costs).
@@ -101,31 +101,39 @@ pub(crate) struct CoordinatorTask {
 #[derive(Clone)]
 pub(crate) struct Responder(Arc<Shared>);
 
+/// A heartbeat as the coordinator takes it in: the volume, the sender's
+/// boot and when it stamped it.
+pub(crate) type Heartbeat = (VolumeId, u64, u64);
+
 impl Responder {
-    /// The answer to node `from`'s heartbeat for `vol`, if one is due:
-    /// none while this node's role is not confirmed current (an unanswered
-    /// heartbeat lets the primary's lease lapse: the safe side when the
-    /// role may have passed to another node).
+    /// The answers due to node `from`'s `heartbeats` (a node's batch),
+    /// taken in under one lock: none while this node's role is not
+    /// confirmed current (an unanswered heartbeat lets the primary's lease
+    /// lapse: the safe side when the role may have passed to another node).
     pub(crate) fn answer(
         &self,
         host: &dyn Host,
         from: NodeId,
-        vol: VolumeId,
-        boot: u64,
-        sent_at: u64,
-    ) -> Option<Msg> {
-        if !self.0.ready.load(Ordering::Acquire) {
-            return None;
+        heartbeats: &[Heartbeat],
+    ) -> Vec<(VolumeId, Msg)> {
+        if !self.0.ready.load(Ordering::Acquire) || heartbeats.is_empty() {
+            return Vec::new();
         }
         let now = host.now_ms();
-        let answer = self
-            .0
-            .coord
-            .lock()
-            .on_heartbeat(now, from, boot, sent_at, vol);
-        answer
-            .filter(|_| host.meta().coordinator_role_current())
-            .map(|(_, msg)| msg)
+        let mut coord = self.0.coord.lock();
+        let answers: Vec<(VolumeId, Msg)> = heartbeats
+            .iter()
+            .filter_map(|&(vol, boot, sent_at)| {
+                let (_, msg) = coord.on_heartbeat(now, from, boot, sent_at, vol)?;
+                Some((vol, msg))
+            })
+            .collect();
+        drop(coord);
+        if host.meta().coordinator_role_current() {
+            answers
+        } else {
+            Vec::new()
+        }
     }
 }
 

@@ -33,19 +33,18 @@ pub(super) fn send_heartbeats(weak: Weak<Inner>) {
         let responder = inner.coordinator.lock().as_ref().map(|c| c.responder());
         if let Some(responder) = responder {
             // This node became the coordinator since they were queued.
-            for (vol, msg) in batch {
-                if let Msg::Heartbeat { boot, sent_at } = msg {
-                    let ack = responder.answer(&*inner, inner.me, vol, boot, sent_at);
-                    if let Some(ack) = ack {
-                        inner.to_replica(vol, Event::Control(ack));
-                    }
-                }
+            for (vol, ack) in responder.answer(&*inner, inner.me, &batch) {
+                inner.to_replica(vol, Event::Control(ack));
             }
             continue;
         }
         let coordinator = *inner.coordinator_id.read();
         if let Some(c) = coordinator.filter(|c| *c != inner.me) {
-            inner.peers.send_many(c, batch);
+            let msgs = batch
+                .into_iter()
+                .map(|(vol, boot, sent_at)| (vol, Msg::Heartbeat { boot, sent_at }))
+                .collect();
+            inner.peers.send_many(c, msgs);
         }
     }
 }

@@ -64,18 +64,17 @@ impl ReplicaEnv for Env {
                 if let Some(responder) = responder {
                     // Posted: this runs while the replica carries out its
                     // actions, and the same round takes it in.
-                    let ack = responder.answer(&*inner, inner.me, vol, boot, sent_at);
-                    if let (Some(ack), Some(replica)) = (ack, inner.replica(vol)) {
-                        replica.post(Event::Control(ack));
+                    let acks = responder.answer(&*inner, inner.me, &[(vol, boot, sent_at)]);
+                    if let Some(replica) = inner.replica(vol) {
+                        for (_, ack) in acks {
+                            replica.post(Event::Control(ack));
+                        }
                     }
                     return;
                 }
                 // Left for the heartbeat sender, which sends the node's
                 // heartbeats to the coordinator together.
-                inner
-                    .heartbeats
-                    .lock()
-                    .push((vol, Msg::Heartbeat { boot, sent_at }));
+                inner.heartbeats.lock().push((vol, boot, sent_at));
             }
             // Answered from the watched copy: the watch delivers every new
             // version anyway; this closes the gap of a missed one.

@@ -71,7 +71,7 @@ pub(crate) struct Inner {
     ticker: Ticker,
     /// The replicas' heartbeats to a coordinator on another node, until
     /// the heartbeat sender sends them as one batch.
-    heartbeats: Mutex<Vec<(VolumeId, Msg)>>,
+    heartbeats: Mutex<Vec<coordinator::Heartbeat>>,
     /// Each copying volume's share of the node's resync rate, as last set.
     resync_share: Mutex<u64>,
     /// Logs saved at the last clean stop, until each replica's driver

@@ -10,6 +10,7 @@
 //! harmless; the client sees an error only after the deadline.
 
 use super::{Env, Inner};
+use crate::coordinator::Heartbeat;
 use crate::replica::{Event, Origin, Replica};
 use basalt_replication::{ClientReply, ClientReq, Membership, Msg, NodeId, VolumeId};
 use basalt_store::{DataKind, DataOp, IoError, BLOCK_SIZE};
@@ -118,6 +119,9 @@ pub(super) struct ClusterVolume {
     /// Serialises read-modify-write of partial blocks.
     pub(super) partial: Mutex<()>,
 }
+
+/// Volumes of a peer batch grouped by a scan before an index is built.
+const SCAN_VOLUMES: usize = 8;
 
 pub(super) fn gone() -> IoError {
     IoError::Gone
@@ -312,12 +316,14 @@ impl Inner {
     /// device submission), in arrival order.
     pub(super) fn on_peer_batch(&self, from: NodeId, batch: Vec<(VolumeId, Msg)>) {
         let mut by_volume: Vec<(VolumeId, Vec<Event>)> = Vec::new();
-        let mut index: HashMap<VolumeId, usize> = HashMap::new();
+        // Built only for a batch of many volumes (a node's heartbeat
+        // answers): a batch of replicated writes, one or a few volumes, is
+        // grouped by a scan without allocating.
+        let mut index: Option<HashMap<VolumeId, usize>> = None;
         // Heartbeats are answered here, on the peer's reader (never behind
         // the coordinator's etcd writes), all answers to one batch in one
         // send.
-        let mut acks: Vec<(VolumeId, Msg)> = Vec::new();
-        let mut responder = None;
+        let mut heartbeats: Vec<Heartbeat> = Vec::new();
         for (vol, msg) in batch {
             let ev = match msg {
                 Msg::ClientReq { id, req } => Event::Client {
@@ -327,15 +333,7 @@ impl Inner {
                 },
                 Msg::HeartbeatAck { .. } => Event::Control(msg),
                 Msg::Heartbeat { boot, sent_at } => {
-                    let r = responder.get_or_insert_with(|| {
-                        self.coordinator.lock().as_ref().map(|c| c.responder())
-                    });
-                    if let Some(ack) = r
-                        .as_ref()
-                        .and_then(|r| r.answer(self, from, vol, boot, sent_at))
-                    {
-                        acks.push((vol, ack));
-                    }
+                    heartbeats.push((vol, boot, sent_at));
                     continue;
                 }
                 Msg::ClientReply { id, reply } => {
@@ -344,16 +342,37 @@ impl Inner {
                 }
                 msg => Event::Peer { from, msg },
             };
-            match index.get(&vol) {
-                Some(&i) => by_volume[i].1.push(ev),
+            let at = match &index {
+                Some(index) => index.get(&vol).copied(),
+                None => by_volume.iter().position(|(v, _)| *v == vol),
+            };
+            match at {
+                Some(i) => by_volume[i].1.push(ev),
                 None => {
-                    index.insert(vol, by_volume.len());
+                    if let Some(index) = &mut index {
+                        index.insert(vol, by_volume.len());
+                    }
                     by_volume.push((vol, vec![ev]));
+                    if index.is_none() && by_volume.len() > SCAN_VOLUMES {
+                        index = Some(
+                            by_volume
+                                .iter()
+                                .enumerate()
+                                .map(|(i, (v, _))| (*v, i))
+                                .collect(),
+                        );
+                    }
                 }
             }
         }
-        if !acks.is_empty() {
-            self.peers.send_many(from, acks);
+        if !heartbeats.is_empty() {
+            let responder = self.coordinator.lock().as_ref().map(|c| c.responder());
+            if let Some(r) = responder {
+                let acks = r.answer(self, from, &heartbeats);
+                if !acks.is_empty() {
+                    self.peers.send_many(from, acks);
+                }
+            }
         }
         for (vol, events) in by_volume {
             match self.replica(vol) {

@@ -88,15 +88,21 @@ impl Core {
 
     /// The value and mod_revision of one key.
     pub(super) fn get(&self, rest: &str) -> Result<Option<(Vec<u8>, i64)>, MetaError> {
+        Ok(self.get_kv(rest)?.map(|kv| (kv.value, kv.mod_revision)))
+    }
+
+    /// One key with both its revisions.
+    fn get_kv(&self, rest: &str) -> Result<Option<StoredKey>, MetaError> {
         let key = self.key(rest);
         let err = self.request_error(&key);
         let k = key.clone();
         self.call(&key, move |mut c| async move {
             let resp = c.get(k, None).await.map_err(&err)?;
-            Ok(resp
-                .kvs()
-                .first()
-                .map(|kv| (kv.value().to_vec(), kv.mod_revision())))
+            Ok(resp.kvs().first().map(|kv| StoredKey {
+                value: kv.value().to_vec(),
+                mod_revision: kv.mod_revision(),
+                create_revision: kv.create_revision(),
+            }))
         })
     }
 
@@ -154,16 +160,7 @@ impl Core {
         &self,
         rest: &str,
     ) -> Result<Option<(Vec<u8>, i64)>, MetaError> {
-        let key = self.key(rest);
-        let err = self.request_error(&key);
-        let k = key.clone();
-        self.call(&key, move |mut c| async move {
-            let resp = c.get(k, None).await.map_err(&err)?;
-            Ok(resp
-                .kvs()
-                .first()
-                .map(|kv| (kv.value().to_vec(), kv.create_revision())))
-        })
+        Ok(self.get_kv(rest)?.map(|kv| (kv.value, kv.create_revision)))
     }
 
     /// The create revision of a key (None: absent).
@@ -269,6 +266,13 @@ impl Core {
                 .then(|| resp.header().map_or(0, |h| h.revision())))
         })
     }
+}
+
+/// One key as etcd holds it.
+struct StoredKey {
+    value: Vec<u8>,
+    mod_revision: i64,
+    create_revision: i64,
 }
 
 /// A listed key, its value and `mod_revision`.
