@@ -35,17 +35,14 @@
 //!   boot ids the nodes registered with, so only the current incarnation of
 //!   each node takes part.
 
-use crate::meta::{CasOutcome, ClusterMeta, CoordinatorTerm, MetaError, NodeState, NodeStatus};
-use crate::placement::{self, Candidate, Placement};
+use crate::meta::{CasOutcome, ClusterMeta, CoordinatorTerm, MetaError, NodeStatus};
+use crate::plan;
 use crate::ClusterError;
 use basalt_catalog::VolumeRecord;
 use basalt_replication::Msg;
-use basalt_replication::{
-    Change, ChangeOutcome, Coordinator, Membership, NodeId, ReplicaInfo, ReplicaState, VolumeId,
-    BLOCK_SIZE,
-};
+use basalt_replication::{Change, ChangeOutcome, Coordinator, Membership, NodeId, VolumeId};
 use parking_lot::{Condvar, Mutex};
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
@@ -67,6 +64,9 @@ pub(crate) trait Host: Send + Sync + 'static {
     fn with_records(&self, f: &mut dyn FnMut(&HashMap<VolumeId, Membership>));
     /// The catalog's volumes as last watched.
     fn volumes(&self) -> Vec<VolumeRecord>;
+    /// Waits (briefly) until the watched catalog holds every change up to
+    /// etcd revision `revision`; false if it did not get there.
+    fn catalog_caught_up(&self, revision: i64) -> bool;
 }
 
 /// The protocol timing the coordinator works with (milliseconds).
@@ -134,16 +134,6 @@ impl Responder {
         } else {
             Vec::new()
         }
-    }
-}
-
-/// Writes need this many in-sync replicas (primary included) by default: a
-/// majority from three replicas on, so one failure never stops writes.
-pub(crate) fn default_min_in_sync(replicas: usize) -> usize {
-    if replicas <= 2 {
-        1
-    } else {
-        replicas / 2 + 1
     }
 }
 
@@ -221,7 +211,7 @@ fn run(weak: Weak<dyn Host>, shared: &Shared) {
     let tick = Duration::from_millis((t.heartbeat_ms / 2).clamp(10, 500));
     let mut next_tick = Instant::now();
     let mut next_placement = Instant::now();
-    let mut faulty_since: HashMap<(VolumeId, NodeId), Instant> = HashMap::new();
+    let mut faulty_since: HashMap<(VolumeId, NodeId), u64> = HashMap::new();
     loop {
         {
             let mut stop = shared.stop.lock();
@@ -380,82 +370,8 @@ fn write(
     }
 }
 
-/// Each catalog volume's size.
-fn catalog_sizes(catalog: &[VolumeRecord]) -> HashMap<VolumeId, u64> {
-    catalog
-        .iter()
-        .map(|v| (VolumeId(v.id.as_u128()), v.size_bytes))
-        .collect()
-}
-
-/// The replicas a volume is to have.
-pub(crate) fn wanted_replicas(record: &VolumeRecord) -> usize {
-    record.replicas.unwrap_or(1).max(1) as usize
-}
-
-/// The nodes' load as the placement of new volumes sees it: bytes of
-/// volume sizes provisioned and primaries held, per node.
-pub(crate) struct Load {
-    provisioned: HashMap<NodeId, u64>,
-    primaries: HashMap<NodeId, usize>,
-}
-
-impl Load {
-    /// The load of the placed volumes (`records`), at their catalog sizes.
-    pub(crate) fn of(records: &[Membership], catalog: &[VolumeRecord]) -> Load {
-        let mut primaries = HashMap::new();
-        for r in records {
-            *primaries.entry(r.primary).or_default() += 1;
-        }
-        Load {
-            provisioned: placement::provisioned_by_node(records, &catalog_sizes(catalog)),
-            primaries,
-        }
-    }
-
-    /// Where a new volume of `size` bytes with `want` replicas goes now, on
-    /// alive, active nodes with room for it; `None` if none has.
-    pub(crate) fn place(
-        &self,
-        nodes: &[NodeStatus],
-        size: u64,
-        want: usize,
-        coordinator: Option<NodeId>,
-    ) -> Option<Placement> {
-        let candidates: Vec<Candidate> = nodes
-            .iter()
-            .filter(|n| n.alive && n.state == NodeState::Active)
-            .filter(|n| {
-                placement::node_has_room(&self.provisioned, n.id, n.info.provision_limit(), size)
-            })
-            .map(|n| Candidate {
-                id: n.id,
-                zone: n.info.zone.clone(),
-                free_bytes: n.info.free_bytes,
-                primaries: self.primaries.get(&n.id).copied().unwrap_or(0),
-            })
-            .collect();
-        placement::place(&candidates, want, coordinator)
-    }
-
-    /// Bytes of volume sizes provisioned per node.
-    pub(crate) fn into_provisioned(self) -> HashMap<NodeId, u64> {
-        self.provisioned
-    }
-
-    /// Counts a volume of `size` bytes just placed as `p`.
-    pub(crate) fn add(&mut self, p: &Placement, size: u64) {
-        *self.primaries.entry(p.primary).or_default() += 1;
-        for n in &p.nodes {
-            placement::provision(&mut self.provisioned, *n, size);
-        }
-    }
-}
-
 /// Creates records for catalog volumes that have none, and deletes records
-/// whose volume left the catalog. A node takes a replica only while it has
-/// room for it (see [`placement`]); a replica that fits nowhere is missing
-/// until one has.
+/// whose volume left the catalog (see [`plan`] for both rules).
 fn place_new_volumes(
     host: &dyn Host,
     term: CoordinatorTerm,
@@ -463,56 +379,23 @@ fn place_new_volumes(
     catalog: &[VolumeRecord],
     nodes: &[NodeStatus],
 ) -> Result<(), ClusterError> {
-    let in_catalog: HashSet<VolumeId> = catalog.iter().map(|v| VolumeId(v.id.as_u128())).collect();
     let records: Vec<Membership> = coord.lock().records().cloned().collect();
-    let gone: Vec<VolumeId> = records
-        .iter()
-        .map(|r| r.volume)
-        .filter(|v| !in_catalog.contains(v))
-        .collect();
-    // Only the record as read now is deleted, by its mod_revision: one
-    // changed since (placed again by another coordinator, failed over) is
-    // left for the next round.
-    for vol in gone {
-        match host.meta().membership_at(vol)? {
-            Some((_, rev)) => {
-                if host.meta().delete_membership(term, vol, rev)? {
-                    tracing::info!(volume = %uuid::Uuid::from_u128(vol.0), "volume deleted: dropped its membership record");
-                    coord.lock().forget(vol);
-                }
-            }
-            None => coord.lock().forget(vol),
-        }
+    for vol in plan::orphaned(catalog, &records) {
+        drop_orphan(host, term, coord, vol)?;
     }
-    let placed: HashSet<VolumeId> = records.iter().map(|r| r.volume).collect();
-    let mut load = Load::of(&records, catalog);
-    for v in catalog {
-        let vol = VolumeId(v.id.as_u128());
-        if placed.contains(&vol) {
-            continue;
-        }
-        let size = v.size_bytes;
-        let want = wanted_replicas(v);
-        let Some(p) = load.place(nodes, size, want, Some(host.node())) else {
-            tracing::warn!(volume = %v.name, "no node can take a replica yet");
-            continue;
-        };
-        let min = default_min_in_sync(want).min(p.nodes.len());
-        let mut rec =
-            Membership::new(vol, &p.nodes, p.primary, min).with_blocks(v.size_bytes / BLOCK_SIZE);
-        for (id, info) in rec.replicas.iter_mut() {
-            info.boot = nodes.iter().find(|n| n.id == *id).map_or(0, |n| n.boot);
-        }
+    let (placed, _) = plan::new_records(catalog, &records, nodes, Some(host.node()));
+    for new in placed {
+        let rec = new.record;
         if host.meta().create_membership(term, &rec)? {
             coord.lock().observe(rec.clone());
-            load.add(&p, size);
-            if p.missing > 0 {
-                tracing::warn!(volume = %v.name, placed = p.nodes.len(), missing = p.missing,
+            if new.missing > 0 {
+                tracing::warn!(volume = %new.name, placed = rec.replicas.len(), missing = new.missing,
                     "volume placed degraded: too few nodes");
             } else {
-                tracing::info!(volume = %v.name, nodes = ?p.nodes, primary = p.primary.0, "volume placed");
+                tracing::info!(volume = %new.name, nodes = ?rec.replicas.keys().collect::<Vec<_>>(),
+                    primary = rec.primary.0, "volume placed");
             }
-        } else if let Some(rec) = host.meta().membership(vol)? {
+        } else if let Some(rec) = host.meta().membership(rec.volume)? {
             // Placed already, and this view had not seen it yet.
             coord.lock().observe(rec);
         }
@@ -520,30 +403,52 @@ fn place_new_volumes(
     Ok(())
 }
 
-/// Keeps every volume at its wanted replica count on usable nodes:
-/// - a replica Faulty for longer than `replace_after`, or on a node that was
-///   removed, leaves the record (never the primary: failover handles that);
-/// - while fewer replicas than wanted sit on active nodes, new ones are
-///   added (OutOfSync: the primary resyncs them from its allocated data);
-/// - a replica on a draining node leaves once enough replicas on active
-///   nodes are InSync.
-///
-/// - the record's size (`blocks`) follows the catalog's when that is larger
-///   (volumes only grow).
-///
-/// `min_in_sync` follows the replica count: lowered at once when replicas
-/// leave, raised only once that many are InSync.
+/// Deletes the record of `vol`, which the catalog copy lacks, if that copy
+/// proves the volume deleted: only the record as read now is deleted (by
+/// its `mod_revision`, so one changed since is left for the next round),
+/// and only once the catalog copy holds every change up to that revision
+/// and still lacks the volume. A volume's catalog entry is written before
+/// its record, so a lagging copy (a watch that reconnects, a tenure that
+/// starts from records read straight from etcd) would otherwise drop the
+/// record of a live volume, which the next round would place again as a
+/// fresh record whose replicas all count as in sync.
+fn drop_orphan(
+    host: &dyn Host,
+    term: CoordinatorTerm,
+    coord: &Mutex<Coordinator>,
+    vol: VolumeId,
+) -> Result<(), ClusterError> {
+    let Some((_, rev)) = host.meta().membership_at(vol)? else {
+        coord.lock().forget(vol);
+        return Ok(());
+    };
+    if !host.catalog_caught_up(rev) {
+        tracing::debug!(volume = %uuid::Uuid::from_u128(vol.0), revision = rev,
+            "catalog copy behind a record it lacks; deciding next round");
+        return Ok(());
+    }
+    if host.volumes().iter().any(|v| v.id.as_u128() == vol.0) {
+        return Ok(());
+    }
+    if host.meta().delete_membership(term, vol, rev)? {
+        tracing::info!(volume = %uuid::Uuid::from_u128(vol.0), "volume deleted: dropped its membership record");
+        coord.lock().forget(vol);
+    }
+    Ok(())
+}
+
+/// Asks for the record changes [`plan::reconfigure`] calls for, from the
+/// state machine's view, leaving alone the volumes it has a change in
+/// flight for.
 fn reconfigure(
     host: &dyn Host,
     term: CoordinatorTerm,
     coord: &Mutex<Coordinator>,
     catalog: &[VolumeRecord],
     nodes: &[NodeStatus],
-    faulty_since: &mut HashMap<(VolumeId, NodeId), Instant>,
+    faulty_since: &mut HashMap<(VolumeId, NodeId), u64>,
 ) -> Result<(), ClusterError> {
-    let replace_after = host.settings().replace_after;
-    // From the state machine's view, leaving alone the volumes it has a
-    // change in flight for.
+    let replace_after_ms = host.settings().replace_after.as_millis() as u64;
     let records: Vec<Membership> = {
         let c = coord.lock();
         c.records()
@@ -551,123 +456,13 @@ fn reconfigure(
             .cloned()
             .collect()
     };
-    let mut provisioned = placement::provisioned_by_node(&records, &catalog_sizes(catalog));
-    let mut primaries = HashMap::<NodeId, usize>::new();
-    for r in &records {
-        *primaries.entry(r.primary).or_default() += 1;
-    }
-    let nodes_by_id: HashMap<NodeId, &NodeStatus> = nodes.iter().map(|n| (n.id, n)).collect();
-    let state_of = |n: NodeId| nodes_by_id.get(&n).map(|s| s.state);
-    let candidate = |id: NodeId| {
-        nodes_by_id.get(&id).map(|s| Candidate {
-            id,
-            zone: s.info.zone.clone(),
-            free_bytes: s.info.free_bytes,
-            primaries: primaries.get(&id).copied().unwrap_or(0),
-        })
-    };
-    let now = Instant::now();
-    let faulty: HashSet<(VolumeId, NodeId)> = records
-        .iter()
-        .flat_map(|r| {
-            r.replicas
-                .iter()
-                .filter(|(_, i)| i.state == ReplicaState::Faulty)
-                .map(|(n, _)| (r.volume, *n))
-        })
-        .collect();
-    faulty_since.retain(|key, _| faulty.contains(key));
-    let mut changes = Vec::new();
-    let by_id: HashMap<VolumeId, &VolumeRecord> = catalog
-        .iter()
-        .map(|v| (VolumeId(v.id.as_u128()), v))
-        .collect();
-    for rec in records {
-        let Some(v) = by_id.get(&rec.volume).copied() else {
-            continue;
-        };
-        let wanted = wanted_replicas(v);
-        let mut new = rec.clone();
-        // The catalog's size is the volume's: a grow whose record step was
-        // lost (or a record from before sizes were recorded) catches up.
-        let blocks = v.size_bytes / BLOCK_SIZE;
-        if blocks > new.blocks {
-            tracing::info!(volume = %v.name, from = new.blocks, to = blocks, "recording the volume's size for its replicas");
-            new.blocks = blocks;
-        }
-        for (n, info) in &rec.replicas {
-            if *n == rec.primary {
-                continue;
-            }
-            let removed = matches!(state_of(*n), None | Some(NodeState::Removed));
-            let faulty_long = info.state == ReplicaState::Faulty
-                && now.duration_since(*faulty_since.entry((rec.volume, *n)).or_insert(now))
-                    >= replace_after;
-            if removed || faulty_long {
-                tracing::warn!(volume = %v.name, node = n.0, removed, "replica given up: it will be rebuilt elsewhere");
-                new.replicas.remove(n);
-            }
-        }
-        let draining = |n: &NodeId| state_of(*n) == Some(NodeState::Draining);
-        let active = new.replicas.keys().filter(|n| !draining(n)).count();
-        if active < wanted {
-            let pool: Vec<Candidate> = nodes
-                .iter()
-                .filter(|s| s.alive && s.state == NodeState::Active)
-                .filter(|s| !new.replicas.contains_key(&s.id))
-                .filter(|s| {
-                    placement::node_has_room(
-                        &provisioned,
-                        s.id,
-                        s.info.provision_limit(),
-                        v.size_bytes,
-                    )
-                })
-                .filter_map(|s| candidate(s.id))
-                .collect();
-            let existing: Vec<Candidate> =
-                new.replicas.keys().filter_map(|n| candidate(*n)).collect();
-            for id in placement::choose(&pool, &existing, wanted - active) {
-                let boot = nodes.iter().find(|s| s.id == id).map_or(0, |s| s.boot);
-                tracing::info!(volume = %v.name, node = id.0, "adding a replica");
-                placement::provision(&mut provisioned, id, v.size_bytes);
-                new.replicas.insert(
-                    id,
-                    ReplicaInfo {
-                        state: ReplicaState::OutOfSync,
-                        boot,
-                    },
-                );
-            }
-        }
-        let settled = new
-            .replicas
-            .iter()
-            .filter(|(n, i)| !draining(n) && i.state == ReplicaState::InSync)
-            .count();
-        if settled >= wanted {
-            let leaving: Vec<NodeId> = new
-                .replicas
-                .keys()
-                .copied()
-                .filter(|n| draining(n) && *n != rec.primary)
-                .collect();
-            for n in leaving {
-                tracing::info!(volume = %v.name, node = n.0, "replica moved off a draining node");
-                new.replicas.remove(&n);
-            }
-        }
-        let target = default_min_in_sync(wanted).min(new.replicas.len()).max(1);
-        if target < new.min_in_sync || new.in_sync_count() >= target {
-            new.min_in_sync = target;
-        }
-        new.min_in_sync = new.min_in_sync.clamp(1, new.replicas.len().max(1));
-        if new != rec {
-            changes.push(Change {
-                expected: rec.version,
-                record: new,
-            });
-        }
-    }
+    let changes = plan::reconfigure(
+        &records,
+        catalog,
+        nodes,
+        host.now_ms(),
+        replace_after_ms,
+        faulty_since,
+    );
     write(host, term, coord, changes)
 }

@@ -3,6 +3,8 @@
 //!
 //! Modules by job:
 //! - [`placement`]: which nodes hold a volume's replicas (pure).
+//! - [`plan`]: the coordinator's placement round — records to create, drop
+//!   and change — from the catalog, the records and the registry (pure).
 //! - [`meta`]: the cluster's metadata in etcd — node registry with leases,
 //!   membership records with compare-and-swap, coordinator election.
 //! - [`peer`]: the node-to-node transport (TCP, frames of `basalt-peer-wire`).
@@ -25,6 +27,7 @@ pub mod member;
 pub mod meta;
 pub mod peer;
 pub mod placement;
+pub mod plan;
 mod replica;
 mod saved_logs;
 mod ticker;

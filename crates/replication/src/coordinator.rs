@@ -33,9 +33,10 @@
 //!   while its node's other replicas kept heartbeating (a replica that
 //!   stopped: its disk kept failing) is lost like a lost node's (failed
 //!   over if primary, Faulty if secondary); one placed during this tenure
-//!   and never heard yet (still starting) is judged by its node alone,
-//!   while the replicas of the records a tenure starts from count as heard
-//!   when the nodes do ([`Coordinator::expect_replicas`]).
+//!   counts as heard `lease + grace` after the coordinator first saw it in
+//!   a record (time to start), so one that stops before its first heartbeat
+//!   is lost too, while the replicas of the records a tenure starts from
+//!   count as heard when the nodes do ([`Coordinator::expect_replicas`]).
 
 use crate::msg::{Endpoint, Msg};
 use crate::types::{Epoch, Membership, NodeId, ReplicaState, VolumeId};
@@ -108,6 +109,9 @@ pub enum CoordinatorBug {
     IgnoreOwnWrites,
     /// After a stall it fails over every node it did not hear meanwhile.
     NoStallCredit,
+    /// Liveness per node only: a replica that fell silent while its node
+    /// kept heartbeating for others counts as alive.
+    NodeLivenessOnly,
 }
 
 impl Coordinator {
@@ -210,6 +214,28 @@ impl Coordinator {
             self.pending.remove(&vol);
         }
         if self.view.get(&vol).is_none_or(|r| rec.version > r.version) {
+            // A replica this coordinator has not heard yet (just placed:
+            // its node must see the record and open it) gets `lease +
+            // grace` on top of the usual `lease + grace` to be heard first;
+            // one that never heartbeats (it stopped while starting) is then
+            // lost like any silent replica, not kept alive by its node's
+            // other replicas. (Before the first run, a tenure's start:
+            // `expect_replicas` sets the clocks.)
+            // A replica that left the record is forgotten, so that one
+            // placed there again later starts afresh.
+            if let Some(old) = self.view.get(&vol) {
+                for n in old.replicas.keys() {
+                    if !rec.replicas.contains_key(n) {
+                        self.replicas_heard.remove(&(vol, *n));
+                    }
+                }
+            }
+            if let Some(t) = self.last_run {
+                let starting = t + self.lease_ms + self.grace_ms;
+                for n in rec.replicas.keys() {
+                    self.replicas_heard.entry((vol, *n)).or_insert(starting);
+                }
+            }
             self.view.insert(vol, rec);
         }
     }
@@ -299,10 +325,11 @@ impl Coordinator {
     /// and the replica did not fall silent after it was heard.
     fn replica_alive(&self, now: u64, vol: VolumeId, n: NodeId) -> bool {
         self.alive(now, n)
-            && self
-                .replicas_heard
-                .get(&(vol, n))
-                .is_none_or(|t| now <= t + self.lease_ms + self.grace_ms)
+            && (self.bug == Some(CoordinatorBug::NodeLivenessOnly)
+                || self
+                    .replicas_heard
+                    .get(&(vol, n))
+                    .is_none_or(|t| now <= t + self.lease_ms + self.grace_ms))
     }
 
     /// The changes to ask for at `now`: one per volume whose record (in the
@@ -428,6 +455,18 @@ impl Coordinator {
                         && self.replica_alive(now, rec.volume, rec.primary))
                     .then_some(rec.primary)
                 });
+            if candidate.is_none() {
+                // Nobody to appoint yet: the primary's restart stays
+                // unrecorded, so that it is handled — by a new epoch — once
+                // its replica is heard, never by a record that names the
+                // new incarnation primary of the old epoch.
+                if let (Some(info), Some(old)) = (
+                    m.replicas.get_mut(&rec.primary),
+                    rec.replicas.get(&rec.primary),
+                ) {
+                    info.boot = old.boot;
+                }
+            }
             if let Some(c) = candidate {
                 m.epoch = Epoch(rec.epoch.0 + 1);
                 m.primary = c;
@@ -452,6 +491,92 @@ mod tests {
     use crate::types::VolumeId;
 
     const VOL: VolumeId = VolumeId(7);
+
+    #[test]
+    fn a_replica_that_stops_before_its_first_heartbeat_is_lost() {
+        // Found by the control-plane simulator: a replica placed during the
+        // tenure that never heartbeated was judged by its node alone, so one
+        // that stopped while starting stayed "alive" as long as its node
+        // heartbeated for other volumes.
+        let (a, b) = (NodeId(1), NodeId(2));
+        let other = VolumeId(8);
+        let mut c = Coordinator::new(100, 50, &[a, b], 0);
+        c.observe(Membership::new(other, &[a, b], a, 1));
+        c.tick(0);
+        c.observe(Membership::new(VOL, &[a, b], a, 1));
+        // Both nodes keep heartbeating for the other volume; VOL's replica
+        // on b never speaks, a's does.
+        let mut changes = Vec::new();
+        for t in (10..=400).step_by(10) {
+            for n in [a, b] {
+                c.on_heartbeat(t, n, 0, t, other);
+            }
+            c.on_heartbeat(t, a, 0, t, VOL);
+            changes = c.tick(t);
+            if !changes.is_empty() {
+                assert!(t > 300, "given time to start: lease + grace, twice");
+                break;
+            }
+        }
+        let change = changes.first().expect("the silent replica is lost");
+        assert_eq!(change.record.replicas[&b].state, ReplicaState::Faulty);
+    }
+
+    #[test]
+    fn a_restarted_primary_is_never_recorded_in_its_old_epoch() {
+        // Found by the control-plane simulator: a primary restarted while
+        // its replica was not heard yet and no secondary could take over;
+        // the record got its new boot with the old epoch, so the restart
+        // counted as handled and the new incarnation was named primary of
+        // the epoch its predecessor served.
+        let (a, b) = (NodeId(1), NodeId(2));
+        let mut c = Coordinator::new(100, 50, &[a, b], 0);
+        let mut rec = Membership::new(VOL, &[a, b], a, 1);
+        rec.replicas.values_mut().for_each(|r| r.boot = 1);
+        c.observe(rec.clone());
+        let mut recorded = Vec::new();
+        let run = |c: &mut Coordinator, t: u64, recorded: &mut Vec<Membership>| {
+            for ch in c.tick(t) {
+                let applied = Membership {
+                    version: ch.expected + 1,
+                    ..ch.record.clone()
+                };
+                c.on_outcome(&ch, ChangeOutcome::Applied(applied.clone()));
+                recorded.push(applied);
+            }
+        };
+        // b falls silent and is marked Faulty while a serves.
+        for t in (0..=300).step_by(10) {
+            c.on_heartbeat(t, a, 1, t, VOL);
+            run(&mut c, t, &mut recorded);
+        }
+        assert_eq!(
+            recorded.last().map(|r| r.replicas[&b].state),
+            Some(ReplicaState::Faulty)
+        );
+        // a crashes, and restarts (boot 2) once lost: its node heartbeats
+        // for another volume, its replica of VOL is not heard yet
+        // (starting, or stuck).
+        for t in (310..=500).step_by(10) {
+            run(&mut c, t, &mut recorded);
+        }
+        for t in (510..=800).step_by(10) {
+            c.on_heartbeat(t, a, 2, t, VolumeId(8));
+            run(&mut c, t, &mut recorded);
+        }
+        for r in &recorded {
+            assert!(
+                r.epoch > rec.epoch || r.replicas[&a].boot == 1,
+                "new boot in the old epoch: {r:?}"
+            );
+        }
+        // Once its replica is heard, it is re-appointed in a new epoch.
+        c.on_heartbeat(810, a, 2, 810, VOL);
+        let ch = c.tick(810);
+        assert_eq!(ch[0].record.epoch, Epoch(2));
+        assert_eq!(ch[0].record.primary, a);
+        assert_eq!(ch[0].record.replicas[&a].boot, 2);
+    }
 
     #[test]
     fn idle_node_vouched_for_is_not_lost_when_a_volume_lands_on_it() {

@@ -4,11 +4,11 @@
 //! volume's replicas as the records show them.
 
 use super::{vol_of, ClusterMember, ClusterVolume};
-use crate::coordinator::{default_min_in_sync, wanted_replicas, Load};
 use crate::meta::{CasOutcome, NodeState, NodeStatus};
 use crate::placement;
+use crate::plan::{self, default_min_in_sync};
 use basalt_catalog::VolumeRecord;
-use basalt_replication::{Membership, NodeId, ReplicaState, VolumeId};
+use basalt_replication::{Membership, NodeId, ReplicaState};
 use basalt_store::BLOCK_SIZE;
 use basalt_volume::{
     BlockIo, ClusterVolumes, NodeView, ProvisioningGuard, ReplicaStatus, VolumeError,
@@ -314,19 +314,8 @@ impl ClusterMember {
         let nodes = self.inner.nodes.read().clone();
         let catalog: Vec<VolumeRecord> = self.inner.volumes.read().values().cloned().collect();
         let records: Vec<Membership> = self.inner.records.read().values().cloned().collect();
-        let mut load = Load::of(&records, &catalog);
         let coordinator = *self.inner.coordinator_id.read();
-        let placed: std::collections::HashSet<VolumeId> =
-            records.iter().map(|r| r.volume).collect();
-        for v in &catalog {
-            if placed.contains(&vol_of(v.id)) {
-                continue;
-            }
-            let size = v.size_bytes;
-            if let Some(p) = load.place(&nodes, size, wanted_replicas(v), coordinator) {
-                load.add(&p, size);
-            }
-        }
+        let (_, load) = plan::new_records(&catalog, &records, &nodes, coordinator);
         Ok((nodes, load.into_provisioned()))
     }
 }

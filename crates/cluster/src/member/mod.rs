@@ -87,7 +87,7 @@ pub(crate) struct Inner {
     coordinator_id: RwLock<Option<NodeId>>,
     coordinator: Mutex<Option<CoordinatorTask>>,
     /// The watches of the catalog, the node registry and the membership
-    /// records (kept alive here; see `caught_up`).
+    /// records, in that order (kept alive here; see `caught_up`).
     watches: Mutex<Vec<WatchGuard>>,
     /// Keeps the campaign alive.
     guards: Mutex<Vec<Box<dyn std::any::Any + Send>>>,
@@ -415,5 +415,18 @@ impl coordinator::Host for Inner {
 
     fn volumes(&self) -> Vec<VolumeRecord> {
         self.volumes.read().values().cloned().collect()
+    }
+
+    fn catalog_caught_up(&self, revision: i64) -> bool {
+        // The catalog's watch is the first (see `watches`).
+        let timeout = self
+            .cfg
+            .etcd
+            .request_timeout
+            .min(Duration::from_millis(500));
+        self.watches
+            .lock()
+            .first()
+            .is_some_and(|w| w.wait_caught_up(revision, timeout))
     }
 }

@@ -1,0 +1,381 @@
+//! The coordinator's placement round, pure: what the catalog, the
+//! membership records and the node registry call for, as records to create,
+//! records to drop and record changes to ask for.
+//!
+//! The coordinator task ([`crate::coordinator`]) runs these on its watched
+//! copies and writes their outcome to etcd, fenced; the control-plane
+//! simulator (`tests/control_sim/`) runs the same functions on simulated
+//! copies that lag, against a simulated etcd.
+//!
+//! Invariants:
+//! - a new record is proposed only for a catalog volume no record places,
+//!   on distinct alive, active nodes with room for it (see [`placement`]),
+//!   with the boot ids the nodes registered with;
+//! - an orphan is a record whose volume the catalog copy lacks; the caller
+//!   may drop it only once its catalog copy is known to hold every change up
+//!   to the record's revision (a catalog entry is written before any record
+//!   of its volume, so a copy that is caught up and lacks the volume proves
+//!   the volume was deleted, while a lagging copy proves nothing);
+//! - a reconfiguration never removes the primary (failover is the state
+//!   machine's), adds replicas as OutOfSync, lowers `min_in_sync` at once
+//!   when replicas leave and raises it only once that many are InSync.
+
+use crate::meta::{NodeState, NodeStatus};
+use crate::placement::{self, Candidate, Placement};
+use basalt_catalog::VolumeRecord;
+use basalt_replication::{
+    Change, Membership, NodeId, ReplicaInfo, ReplicaState, VolumeId, BLOCK_SIZE,
+};
+use std::collections::{HashMap, HashSet};
+
+/// Writes need this many in-sync replicas (primary included) by default: a
+/// majority from three replicas on, so one failure never stops writes.
+pub fn default_min_in_sync(replicas: usize) -> usize {
+    if replicas <= 2 {
+        1
+    } else {
+        replicas / 2 + 1
+    }
+}
+
+/// Each catalog volume's size.
+fn catalog_sizes(catalog: &[VolumeRecord]) -> HashMap<VolumeId, u64> {
+    catalog
+        .iter()
+        .map(|v| (VolumeId(v.id.as_u128()), v.size_bytes))
+        .collect()
+}
+
+/// The replicas a volume is to have.
+pub fn wanted_replicas(record: &VolumeRecord) -> usize {
+    record.replicas.unwrap_or(1).max(1) as usize
+}
+
+/// The nodes' load as the placement of new volumes sees it: bytes of
+/// volume sizes provisioned and primaries held, per node.
+pub struct Load {
+    provisioned: HashMap<NodeId, u64>,
+    primaries: HashMap<NodeId, usize>,
+}
+
+impl Load {
+    /// The load of the placed volumes (`records`), at their catalog sizes.
+    pub fn of(records: &[Membership], catalog: &[VolumeRecord]) -> Load {
+        let mut primaries = HashMap::new();
+        for r in records {
+            *primaries.entry(r.primary).or_default() += 1;
+        }
+        Load {
+            provisioned: placement::provisioned_by_node(records, &catalog_sizes(catalog)),
+            primaries,
+        }
+    }
+
+    /// Where a new volume of `size` bytes with `want` replicas goes now, on
+    /// alive, active nodes with room for it; `None` if none has.
+    pub fn place(
+        &self,
+        nodes: &[NodeStatus],
+        size: u64,
+        want: usize,
+        coordinator: Option<NodeId>,
+    ) -> Option<Placement> {
+        let candidates: Vec<Candidate> = nodes
+            .iter()
+            .filter(|n| n.alive && n.state == NodeState::Active)
+            .filter(|n| {
+                placement::node_has_room(&self.provisioned, n.id, n.info.provision_limit(), size)
+            })
+            .map(|n| Candidate {
+                id: n.id,
+                zone: n.info.zone.clone(),
+                free_bytes: n.info.free_bytes,
+                primaries: self.primaries.get(&n.id).copied().unwrap_or(0),
+            })
+            .collect();
+        placement::place(&candidates, want, coordinator)
+    }
+
+    /// Bytes of volume sizes provisioned per node.
+    pub fn into_provisioned(self) -> HashMap<NodeId, u64> {
+        self.provisioned
+    }
+
+    /// Counts a volume of `size` bytes just placed as `p`.
+    pub fn add(&mut self, p: &Placement, size: u64) {
+        *self.primaries.entry(p.primary).or_default() += 1;
+        for n in &p.nodes {
+            placement::provision(&mut self.provisioned, *n, size);
+        }
+    }
+}
+
+/// A record to create: a catalog volume placed now.
+#[derive(Clone, Debug)]
+pub struct NewRecord {
+    pub record: Membership,
+    /// The volume's name (for the log).
+    pub name: String,
+    /// Replicas it should have and no node could take yet.
+    pub missing: usize,
+}
+
+/// Records for the catalog volumes that no record in `records` places,
+/// placed on `nodes` one after the other (each counts in the load the next
+/// one sees); volumes that fit nowhere yet are left out. Returns the load
+/// with them added.
+pub fn new_records(
+    catalog: &[VolumeRecord],
+    records: &[Membership],
+    nodes: &[NodeStatus],
+    coordinator: Option<NodeId>,
+) -> (Vec<NewRecord>, Load) {
+    let placed: HashSet<VolumeId> = records.iter().map(|r| r.volume).collect();
+    let mut load = Load::of(records, catalog);
+    let mut out = Vec::new();
+    for v in catalog {
+        let vol = VolumeId(v.id.as_u128());
+        if placed.contains(&vol) {
+            continue;
+        }
+        let size = v.size_bytes;
+        let want = wanted_replicas(v);
+        let Some(p) = load.place(nodes, size, want, coordinator) else {
+            tracing::warn!(volume = %v.name, "no node can take a replica yet");
+            continue;
+        };
+        let min = default_min_in_sync(want).min(p.nodes.len());
+        let mut record =
+            Membership::new(vol, &p.nodes, p.primary, min).with_blocks(size / BLOCK_SIZE);
+        for (id, info) in record.replicas.iter_mut() {
+            info.boot = nodes.iter().find(|n| n.id == *id).map_or(0, |n| n.boot);
+        }
+        load.add(&p, size);
+        out.push(NewRecord {
+            record,
+            name: v.name.clone(),
+            missing: p.missing,
+        });
+    }
+    (out, load)
+}
+
+/// The volumes of `records` that `catalog` lacks (see the module docs for
+/// when one may be dropped).
+pub fn orphaned(catalog: &[VolumeRecord], records: &[Membership]) -> Vec<VolumeId> {
+    let in_catalog: HashSet<VolumeId> = catalog.iter().map(|v| VolumeId(v.id.as_u128())).collect();
+    records
+        .iter()
+        .map(|r| r.volume)
+        .filter(|v| !in_catalog.contains(v))
+        .collect()
+}
+
+/// The record changes that keep every volume at its wanted replica count
+/// on usable nodes, at `now_ms`:
+/// - a replica Faulty for `replace_after_ms` or longer (since `faulty_since`
+///   first saw it so, which this call keeps), or on a node that was
+///   removed, leaves the record (never the primary: failover handles that);
+///   its node is no candidate in the same change (a later one may place a
+///   fresh replica there);
+/// - while fewer replicas than wanted sit on active nodes, new ones are
+///   added (OutOfSync: the primary resyncs them from its allocated data);
+/// - a replica on a draining node leaves once enough replicas on active
+///   nodes are InSync;
+/// - the record's size (`blocks`) follows the catalog's when that is larger
+///   (volumes only grow).
+///
+/// `min_in_sync` follows the replica count: lowered at once when replicas
+/// leave, raised only once that many are InSync. `records` should leave out
+/// volumes with a change in flight.
+pub fn reconfigure(
+    records: &[Membership],
+    catalog: &[VolumeRecord],
+    nodes: &[NodeStatus],
+    now_ms: u64,
+    replace_after_ms: u64,
+    faulty_since: &mut HashMap<(VolumeId, NodeId), u64>,
+) -> Vec<Change> {
+    let mut provisioned = placement::provisioned_by_node(records, &catalog_sizes(catalog));
+    let mut primaries = HashMap::<NodeId, usize>::new();
+    for r in records {
+        *primaries.entry(r.primary).or_default() += 1;
+    }
+    let nodes_by_id: HashMap<NodeId, &NodeStatus> = nodes.iter().map(|n| (n.id, n)).collect();
+    let state_of = |n: NodeId| nodes_by_id.get(&n).map(|s| s.state);
+    let candidate = |id: NodeId| {
+        nodes_by_id.get(&id).map(|s| Candidate {
+            id,
+            zone: s.info.zone.clone(),
+            free_bytes: s.info.free_bytes,
+            primaries: primaries.get(&id).copied().unwrap_or(0),
+        })
+    };
+    let faulty: HashSet<(VolumeId, NodeId)> = records
+        .iter()
+        .flat_map(|r| {
+            r.replicas
+                .iter()
+                .filter(|(_, i)| i.state == ReplicaState::Faulty)
+                .map(|(n, _)| (r.volume, *n))
+        })
+        .collect();
+    faulty_since.retain(|key, _| faulty.contains(key));
+    let mut changes = Vec::new();
+    let by_id: HashMap<VolumeId, &VolumeRecord> = catalog
+        .iter()
+        .map(|v| (VolumeId(v.id.as_u128()), v))
+        .collect();
+    for rec in records {
+        let Some(v) = by_id.get(&rec.volume).copied() else {
+            continue;
+        };
+        let wanted = wanted_replicas(v);
+        let mut new = rec.clone();
+        // The catalog's size is the volume's: a grow whose record step was
+        // lost (or a record from before sizes were recorded) catches up.
+        let blocks = v.size_bytes / BLOCK_SIZE;
+        if blocks > new.blocks {
+            tracing::info!(volume = %v.name, from = new.blocks, to = blocks, "recording the volume's size for its replicas");
+            new.blocks = blocks;
+        }
+        // Nodes whose replica leaves now: not candidates in the same change
+        // (their member must see the record without them, which stops the
+        // old replica, before a later round may place a fresh one there;
+        // re-adding at once would only turn Faulty into OutOfSync with the
+        // stopped replica still in place, and back, for ever).
+        let mut given_up = Vec::new();
+        for (n, info) in &rec.replicas {
+            if *n == rec.primary {
+                continue;
+            }
+            let removed = matches!(state_of(*n), None | Some(NodeState::Removed));
+            let faulty_long = info.state == ReplicaState::Faulty
+                && now_ms.saturating_sub(*faulty_since.entry((rec.volume, *n)).or_insert(now_ms))
+                    >= replace_after_ms;
+            if removed || faulty_long {
+                tracing::warn!(volume = %v.name, node = n.0, removed, "replica given up: it will be rebuilt elsewhere");
+                new.replicas.remove(n);
+                given_up.push(*n);
+            }
+        }
+        let draining = |n: &NodeId| state_of(*n) == Some(NodeState::Draining);
+        let active = new.replicas.keys().filter(|n| !draining(n)).count();
+        if active < wanted {
+            let pool: Vec<Candidate> = nodes
+                .iter()
+                .filter(|s| s.alive && s.state == NodeState::Active)
+                .filter(|s| !new.replicas.contains_key(&s.id) && !given_up.contains(&s.id))
+                .filter(|s| {
+                    placement::node_has_room(
+                        &provisioned,
+                        s.id,
+                        s.info.provision_limit(),
+                        v.size_bytes,
+                    )
+                })
+                .filter_map(|s| candidate(s.id))
+                .collect();
+            let existing: Vec<Candidate> =
+                new.replicas.keys().filter_map(|n| candidate(*n)).collect();
+            for id in placement::choose(&pool, &existing, wanted - active) {
+                let boot = nodes.iter().find(|s| s.id == id).map_or(0, |s| s.boot);
+                tracing::info!(volume = %v.name, node = id.0, "adding a replica");
+                placement::provision(&mut provisioned, id, v.size_bytes);
+                new.replicas.insert(
+                    id,
+                    ReplicaInfo {
+                        state: ReplicaState::OutOfSync,
+                        boot,
+                    },
+                );
+            }
+        }
+        let settled = new
+            .replicas
+            .iter()
+            .filter(|(n, i)| !draining(n) && i.state == ReplicaState::InSync)
+            .count();
+        if settled >= wanted {
+            let leaving: Vec<NodeId> = new
+                .replicas
+                .keys()
+                .copied()
+                .filter(|n| draining(n) && *n != rec.primary)
+                .collect();
+            for n in leaving {
+                tracing::info!(volume = %v.name, node = n.0, "replica moved off a draining node");
+                new.replicas.remove(&n);
+            }
+        }
+        let target = default_min_in_sync(wanted).min(new.replicas.len()).max(1);
+        if target < new.min_in_sync || new.in_sync_count() >= target {
+            new.min_in_sync = target;
+        }
+        new.min_in_sync = new.min_in_sync.clamp(1, new.replicas.len().max(1));
+        if new != *rec {
+            changes.push(Change {
+                expected: rec.version,
+                record: new,
+            });
+        }
+    }
+    changes
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::meta::NodeInfo;
+
+    fn node(id: u32) -> NodeStatus {
+        NodeStatus {
+            id: NodeId(id),
+            info: NodeInfo {
+                name: format!("n{id}"),
+                peer_addr: "127.0.0.1:1".parse().expect("an address"),
+                nbd_addr: None,
+                nvme_addr: None,
+                api_addr: None,
+                zone: None,
+                capacity_bytes: 1 << 40,
+                free_bytes: 1 << 40,
+                provision_limit_bytes: None,
+            },
+            state: NodeState::Active,
+            alive: true,
+            boot: 1,
+        }
+    }
+
+    #[test]
+    fn a_replica_given_up_is_not_placed_back_on_its_node_in_the_same_change() {
+        // Found by the control-plane simulator: with three nodes and three
+        // replicas, the only candidate for a Faulty replica's replacement is
+        // its own node; re-adding it at once turned Faulty into OutOfSync
+        // with the stopped replica still running there, and the coordinator
+        // turned it Faulty again, for ever.
+        let id = uuid::Uuid::from_u128(5);
+        let mut v = VolumeRecord::new(id, "v", 16 * BLOCK_SIZE, std::time::UNIX_EPOCH);
+        v.replicas = Some(3);
+        let vol = VolumeId(5);
+        let nodes = [node(0), node(1), node(2)];
+        let mut rec =
+            Membership::new(vol, &[NodeId(0), NodeId(1), NodeId(2)], NodeId(0), 2).with_blocks(16);
+        if let Some(r) = rec.replicas.get_mut(&NodeId(2)) {
+            r.state = ReplicaState::Faulty;
+        }
+        let mut since = HashMap::from([((vol, NodeId(2)), 0)]);
+        let changes = reconfigure(&[rec.clone()], &[v.clone()], &nodes, 1_000, 500, &mut since);
+        let new = &changes[0].record;
+        assert!(!new.replicas.contains_key(&NodeId(2)), "{new:?}");
+        // A later round, from the record without it, places a fresh one.
+        let mut later = new.clone();
+        later.version += 1;
+        let changes = reconfigure(&[later], &[v], &nodes, 2_000, 500, &mut since);
+        assert_eq!(
+            changes[0].record.replicas[&NodeId(2)].state,
+            ReplicaState::OutOfSync
+        );
+    }
+}
