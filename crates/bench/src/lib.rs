@@ -11,4 +11,5 @@ pub mod profiles;
 pub mod render;
 pub mod runner;
 pub mod stats;
+pub mod switches;
 pub mod targets;

@@ -94,6 +94,13 @@ pub struct CellResult {
     /// started the server itself.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub server_cpu_seconds: Option<f64>,
+    /// The server's context switches and CPU migrations over the same span
+    /// (`perf stat`, every thread), when the bench started the server and
+    /// perf could count.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server_context_switches: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server_cpu_migrations: Option<u64>,
 }
 
 /// Aggregated over all jobs of a cell (fio group_reporting).

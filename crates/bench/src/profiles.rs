@@ -146,7 +146,7 @@ pub const PROFILES: &[ProfileInfo] = &[
     ProfileInfo {
         profile: Profile::DataPath,
         name: "datapath",
-        summary: "the data-path targets: 4k randread and randwrite at QD 1 and at numjobs 2 × QD 16, 8k randwrite QD 1 with fsync after each, 1 MiB sequential read and write at QD 8",
+        summary: "the data-path targets: 4k randread and randwrite at QD 1, at QD 32 and at numjobs 2 × QD 16, 8k randwrite QD 1 with fsync after each, 1 MiB sequential read and write at QD 8",
         params: &[Param::Runtime, Param::Precondition],
     },
     ProfileInfo {
@@ -694,9 +694,11 @@ pub fn expand(profile: Profile, o: &ProfileOptions) -> Result<Plan, ProfileError
         Profile::DataPath => {
             let duration = time_based(o, RUNTIME_SECS, RAMP_SECS);
             // (rw, block size, numjobs, iodepth, fsync)
-            let grid: [(&str, u64, u32, u32, Option<u32>); 7] = [
+            let grid: [(&str, u64, u32, u32, Option<u32>); 9] = [
                 ("randread", 4 * KIB, 1, 1, None),
                 ("randwrite", 4 * KIB, 1, 1, None),
+                ("randread", 4 * KIB, 1, 32, None),
+                ("randwrite", 4 * KIB, 1, 32, None),
                 ("randread", 4 * KIB, 2, 16, None),
                 ("randwrite", 4 * KIB, 2, 16, None),
                 ("randwrite", 8 * KIB, 1, 1, Some(1)),
@@ -968,7 +970,7 @@ mod tests {
     }
 
     #[test]
-    fn datapath_has_the_seven_target_cells() {
+    fn datapath_has_the_nine_target_cells() {
         let plan = expand_ok("datapath", &ProfileOptions::default());
         let ids: Vec<&str> = plan.cells.iter().map(|c| c.id.as_str()).collect();
         assert_eq!(
@@ -976,6 +978,8 @@ mod tests {
             [
                 "randread-4k-j1-qd1",
                 "randwrite-4k-j1-qd1",
+                "randread-4k-j1-qd32",
+                "randwrite-4k-j1-qd32",
                 "randread-4k-j2-qd16",
                 "randwrite-4k-j2-qd16",
                 "randwrite-8k-j1-qd1-fsync1",

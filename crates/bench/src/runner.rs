@@ -30,6 +30,7 @@ use crate::profiles::{
 };
 use crate::render::{self, RenderError};
 use crate::stats;
+use crate::switches::{SwitchProbe, Switches};
 use crate::targets::{self, BasaltServer, Target, TargetContext, TargetError, TargetSpec};
 use serde_json::json;
 use std::collections::BTreeMap;
@@ -409,6 +410,7 @@ struct JobRun {
     raw_output: String,
     outcome: Result<Metrics, String>,
     server_cpu_seconds: Option<f64>,
+    switches: Option<Switches>,
 }
 
 struct CellEnv<'a> {
@@ -443,6 +445,7 @@ fn run_job(
                 raw_output: relative(env.out_dir, &job_path),
                 outcome: Err(e.to_string()),
                 server_cpu_seconds: None,
+                switches: None,
             })
         }
     };
@@ -455,6 +458,8 @@ fn run_job(
         _ => Duration::ZERO,
     };
     let mut cpu_start: Option<f64> = None;
+    let mut probe: Option<SwitchProbe> = None;
+    let perf_path = dir.join(format!("{id}.perf.txt"));
     let finished = process::run(
         env.fio,
         &Invocation {
@@ -467,11 +472,15 @@ fn run_job(
         &mut |elapsed| {
             if cpu_start.is_none() && elapsed >= ramp {
                 cpu_start = target.server_cpu_seconds();
+                probe = target
+                    .server_pid()
+                    .and_then(|pid| SwitchProbe::attach(pid, &perf_path));
             }
             progress.tick();
         },
     )?;
     let cpu_end = target.server_cpu_seconds();
+    let switches = probe.and_then(SwitchProbe::finish);
 
     let split = parse::split_output(&finished.stdout);
     if let Some(json) = split.json {
@@ -528,10 +537,12 @@ fn run_job(
         (Ok(_), Some(a), Some(b)) => Some((b - a).max(0.0)),
         _ => None,
     };
+    let switches = switches.filter(|_| outcome.is_ok());
     Ok(JobRun {
         raw_output,
         outcome,
         server_cpu_seconds,
+        switches,
     })
 }
 
@@ -821,11 +832,16 @@ pub fn run(config: RunConfig) -> Result<RunOutcome, RunError> {
                 blocked[t] = Some("not run: the run was interrupted".to_string());
             }
             progress.begin(index, format!("{}  {}", target.name, label(cell)));
-            let (raw_output, outcome, server_cpu_seconds) = match &blocked[t] {
-                Some(reason) => (String::new(), Err(reason.clone()), None),
+            let (raw_output, outcome, server_cpu_seconds, switches) = match &blocked[t] {
+                Some(reason) => (String::new(), Err(reason.clone()), None, None),
                 None => {
                     let run = run_job(&env, target, &cell.job, &cell.id, &mut progress)?;
-                    (run.raw_output, run.outcome, run.server_cpu_seconds)
+                    (
+                        run.raw_output,
+                        run.outcome,
+                        run.server_cpu_seconds,
+                        run.switches,
+                    )
                 }
             };
             progress.end(
@@ -845,6 +861,8 @@ pub fn run(config: RunConfig) -> Result<RunOutcome, RunError> {
                     Err(error) => CellOutcome::Failed { error },
                 },
                 server_cpu_seconds,
+                server_context_switches: switches.map(|s| s.context_switches),
+                server_cpu_migrations: switches.map(|s| s.cpu_migrations),
             });
             index += 1;
         }
@@ -976,6 +994,8 @@ mod tests {
                 },
             },
             server_cpu_seconds: None,
+            server_context_switches: None,
+            server_cpu_migrations: None,
         }
     }
 

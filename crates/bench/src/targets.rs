@@ -43,8 +43,13 @@ const DEFAULT_NBD_PORT: u16 = 10809;
 pub enum TargetSpec {
     /// A Basalt volume (ephemeral server, or a running one).
     Basalt,
-    /// qemu-nbd serving a sparse file, started by the bench.
+    /// qemu-nbd serving a sparse file, started by the bench as its users
+    /// start it (no `--shared`: qemu-nbd's default).
     QemuNbd,
+    /// The same with `--shared=N` (N: the most connections a cell opens),
+    /// as earlier versions of the bench started it: a second row, since
+    /// qemu-nbd measured slower that way.
+    QemuNbdShared,
     /// nbdkit's file plugin serving a sparse file, started by the bench.
     Nbdkit,
     /// fio directly on a sparse file: the physical limit.
@@ -55,7 +60,8 @@ pub enum TargetSpec {
     Path(PathBuf),
 }
 
-const VALID_TARGETS: &str = "basalt, qemu-nbd, nbdkit, file, nbd://HOST:PORT/EXPORT, \
+const VALID_TARGETS: &str =
+    "basalt, qemu-nbd, qemu-nbd-shared, nbdkit, file, nbd://HOST:PORT/EXPORT, \
                              or the path of an existing file or block device";
 
 #[derive(Debug, thiserror::Error)]
@@ -101,6 +107,7 @@ impl TargetSpec {
         Ok(match text {
             "basalt" => TargetSpec::Basalt,
             "qemu-nbd" => TargetSpec::QemuNbd,
+            "qemu-nbd-shared" => TargetSpec::QemuNbdShared,
             "nbdkit" => TargetSpec::Nbdkit,
             "file" => TargetSpec::File,
             _ if text.starts_with("nbd://")
@@ -137,6 +144,7 @@ impl TargetSpec {
         match self {
             TargetSpec::Basalt => "basalt".into(),
             TargetSpec::QemuNbd => "qemu-nbd".into(),
+            TargetSpec::QemuNbdShared => "qemu-nbd-shared".into(),
             TargetSpec::Nbdkit => "nbdkit".into(),
             TargetSpec::File => "file".into(),
             TargetSpec::Nbd(uri) => uri.clone(),
@@ -149,7 +157,10 @@ impl TargetSpec {
     pub fn local_only(&self, basalt: &BasaltServer) -> bool {
         match self {
             TargetSpec::Basalt => matches!(basalt, BasaltServer::Ephemeral { .. }),
-            TargetSpec::QemuNbd | TargetSpec::Nbdkit | TargetSpec::File => true,
+            TargetSpec::QemuNbd
+            | TargetSpec::QemuNbdShared
+            | TargetSpec::Nbdkit
+            | TargetSpec::File => true,
             TargetSpec::Nbd(_) | TargetSpec::Path(_) => false,
         }
     }
@@ -846,9 +857,10 @@ pub fn start(spec: &TargetSpec, ctx: &TargetContext<'_>) -> Result<Target, Targe
                 }
             }
         },
-        TargetSpec::QemuNbd => {
+        TargetSpec::QemuNbd | TargetSpec::QemuNbdShared => {
+            let shared = (*spec == TargetSpec::QemuNbdShared).then_some(ctx.max_connections);
             let qemu = require("qemu-nbd", "qemu-utils")?;
-            let image = work.join("qemu-nbd.img");
+            let image = work.join(format!("{name}.img"));
             sparse_file(&image, ctx.size_bytes)?;
             let mut started = None;
             let mut last_error = None;
@@ -860,14 +872,13 @@ pub fn start(spec: &TargetSpec, ctx: &TargetContext<'_>) -> Result<Target, Targe
                     .args(["-x", EXPORT, "-b", "127.0.0.1"])
                     .arg("-p")
                     .arg(port.to_string())
-                    .arg("-t")
-                    .arg(format!("--shared={}", ctx.max_connections))
-                    .arg(&image);
-                let mut server = ServerProcess::spawn(
-                    "qemu-nbd",
-                    cmd,
-                    work.join(format!("qemu-nbd-{aio}.log")),
-                )?;
+                    .arg("-t");
+                if let Some(n) = shared {
+                    cmd.arg(format!("--shared={n}"));
+                }
+                cmd.arg(&image);
+                let mut server =
+                    ServerProcess::spawn("qemu-nbd", cmd, work.join(format!("{name}-{aio}.log")))?;
                 match wait_listening(&mut server, port) {
                     Ok(()) => {
                         started = Some((server, port, aio));
@@ -889,10 +900,14 @@ pub fn start(spec: &TargetSpec, ctx: &TargetContext<'_>) -> Result<Target, Targe
             target.version = crate::machine::tool_version(&qemu).map(|v| ("qemu-nbd", v));
             target.details.insert(
                 "server".into(),
-                json!(format!(
-                    "qemu-nbd -f raw --cache=none --aio={aio} -t --shared={} (sparse file)",
-                    ctx.max_connections
-                )),
+                json!(match shared {
+                    Some(n) => format!(
+                        "qemu-nbd -f raw --cache=none --aio={aio} -t --shared={n} (sparse file)"
+                    ),
+                    None => format!(
+                        "qemu-nbd -f raw --cache=none --aio={aio} -t (sparse file; qemu-nbd's defaults otherwise)"
+                    ),
+                }),
             );
             target.details.insert("aio".into(), json!(aio));
             TargetIo::Nbd {
@@ -1003,6 +1018,10 @@ mod tests {
     fn parses_targets() {
         assert_eq!(TargetSpec::parse("basalt").unwrap(), TargetSpec::Basalt);
         assert_eq!(TargetSpec::parse("qemu-nbd").unwrap(), TargetSpec::QemuNbd);
+        assert_eq!(
+            TargetSpec::parse("qemu-nbd-shared").unwrap(),
+            TargetSpec::QemuNbdShared
+        );
         assert_eq!(TargetSpec::parse("nbdkit").unwrap(), TargetSpec::Nbdkit);
         assert_eq!(TargetSpec::parse("file").unwrap(), TargetSpec::File);
         assert_eq!(
@@ -1015,7 +1034,7 @@ mod tests {
         );
         let err = TargetSpec::parse("qemu").unwrap_err().to_string();
         assert!(
-            err.contains("basalt, qemu-nbd, nbdkit, file, nbd://"),
+            err.contains("basalt, qemu-nbd, qemu-nbd-shared, nbdkit, file, nbd://"),
             "{err}"
         );
     }

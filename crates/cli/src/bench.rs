@@ -154,8 +154,9 @@ struct FloorArgs {
 #[derive(Args, Debug)]
 #[command(
     after_help = "Targets: basalt (default: an ephemeral server on a sparse file; with --url or \
---data-dir, a volume on that running server), qemu-nbd, nbdkit, file (peers the bench starts on \
-equal sparse files), nbd://HOST:PORT/EXPORT, or the path of a file or block device (written to!).\n\
+--data-dir, a volume on that running server), qemu-nbd (as its users start it), qemu-nbd-shared \
+(with --shared=N), nbdkit, file (peers the bench starts on equal sparse files), \
+nbd://HOST:PORT/EXPORT, or the path of a file or block device (written to!).\n\
 Example: basalt bench run matrix --quick --precondition --compare basalt,qemu-nbd,nbdkit,file"
 )]
 struct RunArgs {

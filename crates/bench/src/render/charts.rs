@@ -593,6 +593,8 @@ mod tests {
                 },
             },
             server_cpu_seconds: None,
+            server_context_switches: None,
+            server_cpu_migrations: None,
         }
     }
 

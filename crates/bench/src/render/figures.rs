@@ -41,6 +41,8 @@ pub(crate) enum Metric {
     LatencyP99_9,
     /// Server CPU (user + system) per completed I/O, over all directions.
     CpuPerIo,
+    /// Server context switches per completed I/O, over all directions.
+    SwitchesPerIo,
 }
 
 impl Metric {
@@ -54,6 +56,7 @@ impl Metric {
             Metric::LatencyP99 => "p99 lat (µs)",
             Metric::LatencyP99_9 => "p99.9 lat (µs)",
             Metric::CpuPerIo => "server CPU per I/O (µs)",
+            Metric::SwitchesPerIo => "server ctx switches per I/O",
         }
     }
 
@@ -67,13 +70,13 @@ impl Metric {
             | Metric::LatencyP50
             | Metric::LatencyP99
             | Metric::LatencyP99_9 => format::fixed(v, if v.abs() >= 100_000.0 { 0 } else { 1 }),
-            Metric::CpuPerIo => format::fixed(v, 2),
+            Metric::CpuPerIo | Metric::SwitchesPerIo => format::fixed(v, 2),
         }
     }
 
     /// Whether the metric belongs to a cell rather than to one direction.
     pub(crate) fn is_per_cell(self) -> bool {
-        self == Metric::CpuPerIo
+        matches!(self, Metric::CpuPerIo | Metric::SwitchesPerIo)
     }
 }
 
@@ -109,14 +112,18 @@ pub(crate) fn failure(cell: &CellResult) -> Option<&str> {
     metrics(cell).err()
 }
 
-/// `metric` of `direction` in `cell` (`CpuPerIo` ignores the direction).
+/// `metric` of `direction` in `cell` (per-cell metrics ignore the direction).
 pub(crate) fn figure(cell: &CellResult, direction: Direction, metric: Metric) -> Figure<'_> {
     let metrics = match metrics(cell) {
         Ok(metrics) => metrics,
         Err(error) => return Figure::Failed(error),
     };
-    if metric == Metric::CpuPerIo {
-        return cpu_per_io(cell, metrics);
+    match metric {
+        Metric::CpuPerIo => return per_io(cell.server_cpu_seconds.map(|s| s * 1e6), metrics),
+        Metric::SwitchesPerIo => {
+            return per_io(cell.server_context_switches.map(|n| n as f64), metrics)
+        }
+        _ => {}
     }
     let found = match direction {
         Direction::Read => metrics.read.as_ref().and_then(|d| of_direction(d, metric)),
@@ -196,8 +203,9 @@ fn of_latency(latency: &LatencyMetrics, metric: Metric) -> Option<f64> {
     }
 }
 
-fn cpu_per_io<'a>(cell: &CellResult, metrics: &Metrics) -> Figure<'a> {
-    let Some(cpu_seconds) = cell.server_cpu_seconds else {
+/// `amount` (of a cell) per completed I/O over every direction.
+fn per_io<'a>(amount: Option<f64>, metrics: &Metrics) -> Figure<'a> {
+    let Some(amount) = amount else {
         return Figure::Absent;
     };
     let ios: u64 = [&metrics.read, &metrics.write]
@@ -205,10 +213,10 @@ fn cpu_per_io<'a>(cell: &CellResult, metrics: &Metrics) -> Figure<'a> {
         .flatten()
         .map(|d| d.ios)
         .sum();
-    if ios == 0 || !cpu_seconds.is_finite() {
+    if ios == 0 || !amount.is_finite() {
         return Figure::Absent;
     }
-    Figure::Value(cpu_seconds * 1e6 / ios as f64)
+    Figure::Value(amount / ios as f64)
 }
 
 #[cfg(test)]
@@ -231,6 +239,8 @@ mod tests {
             raw_output: "raw/x.json".into(),
             outcome,
             server_cpu_seconds: cpu,
+            server_context_switches: None,
+            server_cpu_migrations: None,
         }
     }
 

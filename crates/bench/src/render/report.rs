@@ -108,6 +108,7 @@ impl Profile {
                 Metric::LatencyMean,
                 Metric::LatencyP99,
                 Metric::CpuPerIo,
+                Metric::SwitchesPerIo,
             ],
             Profile::DbLatency => &[
                 Metric::Iops,
@@ -116,12 +117,14 @@ impl Profile {
                 Metric::LatencyP99,
                 Metric::LatencyP99_9,
                 Metric::CpuPerIo,
+                Metric::SwitchesPerIo,
             ],
             Profile::Matrix | Profile::Parallel | Profile::FioSamples => &[
                 Metric::Iops,
                 Metric::LatencyMean,
                 Metric::LatencyP99,
                 Metric::CpuPerIo,
+                Metric::SwitchesPerIo,
             ],
             Profile::Other => &[
                 Metric::Iops,
@@ -130,6 +133,7 @@ impl Profile {
                 Metric::LatencyP99,
                 Metric::LatencyP99_9,
                 Metric::CpuPerIo,
+                Metric::SwitchesPerIo,
             ],
         }
     }

@@ -228,6 +228,9 @@ pub(crate) fn results(title: &str, cells: &[&CellResult], targets: &[String]) ->
     if with_cpu {
         metrics.push(Metric::CpuPerIo);
     }
+    if cells.iter().any(|c| c.server_context_switches.is_some()) {
+        metrics.push(Metric::SwitchesPerIo);
+    }
 
     let mut columns = workload_columns.headers();
     columns.push(Column::text("target"));

@@ -72,6 +72,8 @@ fn ok(target: &str, workload: Workload, iops: f64, mean_us: f64) -> CellResult {
             },
         },
         server_cpu_seconds: (target == "basalt").then_some(0.5),
+        server_context_switches: None,
+        server_cpu_migrations: None,
     }
 }
 
@@ -85,6 +87,8 @@ fn failed(target: &str, workload: Workload, error: &str) -> CellResult {
             error: error.into(),
         },
         server_cpu_seconds: None,
+        server_context_switches: None,
+        server_cpu_migrations: None,
     }
 }
 
