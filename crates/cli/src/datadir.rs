@@ -10,6 +10,10 @@
 //!
 //! Files other processes read (`node.json`, `server.json`) are replaced
 //! atomically (write to a temporary file, then rename).
+//!
+//! Invariant: once a server has started on it, the directory is 0700 and
+//! everything in it 0600 (directories 0700), so no other local user can
+//! read a volume's bytes or the credentials (see [`DataDir::create`]).
 
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
@@ -97,10 +101,16 @@ impl DataDir {
         self.root.join("server.json")
     }
 
-    /// Creates the directory (and parents) if missing.
+    /// Creates the directory (and parents) if missing, and makes it private:
+    /// the directory and every directory under it 0700, every file 0600
+    /// (a volume's bytes are in the data file, the admin token in
+    /// `api-token`). Modes that allowed more are fixed, each with a log line.
+    /// The server also sets its umask to 077 first, so that everything it
+    /// creates later (the store, the catalog, logs) is private from birth.
     pub fn create(&self) -> Result<()> {
         fs::create_dir_all(&self.root)
-            .with_context(|| format!("cannot create data directory {}", self.root.display()))
+            .with_context(|| format!("cannot create data directory {}", self.root.display()))?;
+        make_private(&self.root)
     }
 
     /// `node.json`, or `None` before the first start.
@@ -174,6 +184,48 @@ impl DataDir {
             Err(e) => Err(e).with_context(|| format!("cannot create {}", path.display())),
         }
     }
+}
+
+/// Restricts `path` (a directory: 0700; a file: 0600) and, for a
+/// directory, everything under it. Symbolic links are left alone (a link
+/// in the data directory may point at the store's device, whose mode is
+/// the administrator's), and so is a block device given as the store.
+fn make_private(path: &Path) -> Result<()> {
+    let meta =
+        fs::symlink_metadata(path).with_context(|| format!("cannot stat {}", path.display()))?;
+    let kind = meta.file_type();
+    let want = if kind.is_dir() {
+        0o700
+    } else if kind.is_file() {
+        0o600
+    } else {
+        return Ok(());
+    };
+    let mode = meta.permissions().mode() & 0o777;
+    if mode & 0o077 != 0 {
+        let fixed = mode & want;
+        fs::set_permissions(path, fs::Permissions::from_mode(fixed))
+            .with_context(|| format!("cannot restrict the mode of {}", path.display()))?;
+        tracing::warn!(path = %path.display(), from = format!("{mode:o}"), to = format!("{fixed:o}"),
+            "data directory entry was readable by other users; restricted it");
+    }
+    if kind.is_dir() {
+        let entries =
+            fs::read_dir(path).with_context(|| format!("cannot list {}", path.display()))?;
+        for entry in entries {
+            let entry = entry.with_context(|| format!("cannot list {}", path.display()))?;
+            make_private(&entry.path())?;
+        }
+    }
+    Ok(())
+}
+
+/// Makes every file and directory this process creates from now on private
+/// to its user (umask 077): the server's data directory holds volume bytes
+/// and credentials.
+pub fn private_umask() {
+    // SAFETY: umask(2) only sets the process's file mode creation mask.
+    unsafe { libc::umask(0o077) };
 }
 
 /// 32 bytes from the OS random number generator, as 64 hex digits.

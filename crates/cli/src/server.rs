@@ -15,7 +15,7 @@
 //! API, close the store (flush, mark clean), remove `server.json`. The store
 //! is closed whenever it was opened, even if a later step failed.
 
-use crate::datadir::{Backing, DataDir, NodeConfig, ServerInfo};
+use crate::datadir::{self, Backing, DataDir, NodeConfig, ServerInfo};
 use crate::exports::VolumeExports;
 use crate::subsystems::VolumeSubsystems;
 use anyhow::{anyhow, bail, Context, Result};
@@ -225,6 +225,7 @@ pub fn run(args: ServerArgs, data_dir: &Path) -> Result<()> {
             .context("--capacity")?,
         demo_volume: args.demo_volume.as_deref().map(parse_demo).transpose()?,
     };
+    datadir::private_umask();
     let data = DataDir::new(data_dir);
     data.create()?;
     let node = data.read_node()?;
