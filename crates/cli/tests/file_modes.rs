@@ -38,7 +38,13 @@ fn the_data_directory_is_private_from_the_first_start_and_fixed_on_later_ones() 
     let dir = s.data_dir().to_path_buf();
     // The test harness creates its server log in the directory before the
     // server starts; the server restricts that too.
-    for name in ["basalt.data", "catalog.redb", "node.json", "server.json", "api-token"] {
+    for name in [
+        "basalt.data",
+        "catalog.redb",
+        "node.json",
+        "server.json",
+        "api-token",
+    ] {
         let mode = fs::metadata(dir.join(name))
             .unwrap_or_else(|e| panic!("{name}: {e}"))
             .permissions()
@@ -58,7 +64,11 @@ fn the_data_directory_is_private_from_the_first_start_and_fixed_on_later_ones() 
     }
     assert!(!open_to_others(&dir).is_empty());
     s.restart();
-    assert_eq!(open_to_others(&dir), vec![], "after a start on an open directory");
+    assert_eq!(
+        open_to_others(&dir),
+        vec![],
+        "after a start on an open directory"
+    );
     let log = s.log();
     assert!(
         log.contains("readable by other users; restricted it") && log.contains("basalt.data"),
@@ -68,7 +78,9 @@ fn the_data_directory_is_private_from_the_first_start_and_fixed_on_later_ones() 
     let uri = s.uri("v");
     nbd_script(
         "nbdtool.py",
-        ["write", &uri, "--seed", "3", "--offset", "0", "--length", "65536", "--flush"],
+        [
+            "write", &uri, "--seed", "3", "--offset", "0", "--length", "65536", "--flush",
+        ],
     )
     .ok();
 }
