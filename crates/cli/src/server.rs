@@ -67,6 +67,21 @@ pub struct ServerArgs {
         value_parser = clap::value_parser!(u32).range(1..=16), value_name = "N")]
     pub nbd_lanes: u32,
 
+    /// Most connections one IP address may hold open at once, to NBD and to
+    /// NVMe/TCP each (default: 64 NBD, 256 NVMe/TCP queues; of 1024 in total
+    /// per frontend), so that one host cannot lock every other out. An NBD
+    /// client must also finish each step of its handshake, and send its
+    /// first request, within --handshake-timeout.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1024), value_name = "N")]
+    pub max_connections_per_address: Option<u32>,
+
+    /// Seconds a client has for each step of connecting: an NBD client for
+    /// each read of its handshake and then for its first request, an
+    /// NVMe/TCP host for ICReq and Connect. A connection that is slower is
+    /// closed, so idle sockets cannot hold places.
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3600), value_name = "SECS")]
+    pub handshake_timeout: u64,
+
     /// NVMe/TCP listen address (port 0 picks a free port; ":PORT" means 127.0.0.1:PORT).
     #[arg(long, default_value = "127.0.0.1:4420", value_parser = parse_listen, value_name = "ADDR")]
     pub nvme_listen: SocketAddr,
@@ -475,6 +490,11 @@ fn serve_frontends(
         let api_addr = client_addr(api_listener.local_addr()?);
         let limits = ServerLimits {
             lanes_per_connection: args.nbd_lanes as usize,
+            max_connections_per_address: args.max_connections_per_address.map_or(
+                basalt_frontend_nbd::DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
+                |n| n as usize,
+            ),
+            handshake_timeout: Duration::from_secs(args.handshake_timeout),
             ..ServerLimits::default()
         };
         let nbd = NbdServer::start_with_limits(
@@ -493,7 +513,14 @@ fn serve_frontends(
             TargetConfig {
                 advertise: args.nvme_advertise,
                 cntlid_range: node_id.map(cluster_cntlid_range),
-                ..TargetConfig::default()
+                limits: basalt_frontend_nvme::ServerLimits {
+                    max_connections_per_address: args.max_connections_per_address.map_or(
+                        basalt_frontend_nvme::DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
+                        |n| n as usize,
+                    ),
+                    connect_timeout: Duration::from_secs(args.handshake_timeout),
+                    ..basalt_frontend_nvme::ServerLimits::default()
+                },
             },
         ) {
             Ok(nvme) => nvme,

@@ -9,13 +9,20 @@
 //!   socket down with `shutdown(2)` — which wakes a thread blocked in `recv`
 //!   or `send` — and joins every thread.
 //! - Resources per client are bounded: at most `max_connections` live
-//!   connections (more are closed at once, with a log line), and a client
-//!   that does not finish the handshake within `handshake_timeout` is
-//!   disconnected, so idle or half-open sockets cannot pin threads forever.
+//!   connections, and `max_connections_per_address` from one IP address
+//!   (more are closed at once, with a log line per order of magnitude: see
+//!   `basalt_volume::admission`), so one host cannot lock the others out; a
+//!   client that does not finish each step of the handshake, or does not
+//!   send its first request, within `handshake_timeout` is disconnected, so
+//!   idle or half-open sockets cannot pin threads forever. A connection
+//!   that has sent a request may then stay idle as long as it likes: NBD
+//!   has no keep-alive, and a virtual machine's disk connection is idle for
+//!   hours between bursts.
 
 use crate::handshake::{self, HandshakeOutcome};
 use crate::transmission::{self, SessionEnd};
 use crate::Exports;
+use basalt_volume::admission::{Admission, AdmissionLimits, Admitted};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::io;
@@ -35,12 +42,19 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 /// and three in BENCHMARKS.md).
 pub const DEFAULT_LANES_PER_CONNECTION: usize = 2;
 
+/// Connections one IP address may hold unless configured: plenty for the
+/// hypervisors and tools of one host, a sixteenth of the total.
+pub const DEFAULT_MAX_CONNECTIONS_PER_ADDRESS: usize = 64;
+
 /// Per-server bounds on what clients can hold.
 #[derive(Debug, Clone, Copy)]
 pub struct ServerLimits {
     /// Live connections at most; further ones are closed on accept.
     pub max_connections: usize,
-    /// Time a client has to complete the handshake (each read of it).
+    /// Live connections from one IP address at most.
+    pub max_connections_per_address: usize,
+    /// Time a client has for each read of the handshake, and then to send
+    /// its first request.
     pub handshake_timeout: Duration,
     /// Threads serving one connection in transmission. With more than one,
     /// a lane gathers the next batch of requests while another waits for
@@ -52,6 +66,7 @@ impl Default for ServerLimits {
     fn default() -> Self {
         ServerLimits {
             max_connections: 1024,
+            max_connections_per_address: DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
             handshake_timeout: Duration::from_secs(30),
             lanes_per_connection: DEFAULT_LANES_PER_CONNECTION,
         }
@@ -61,6 +76,7 @@ impl Default for ServerLimits {
 struct Shared {
     exports: Arc<dyn Exports>,
     limits: ServerLimits,
+    admission: Arc<Admission>,
     stopping: AtomicBool,
     next_id: AtomicU64,
     /// Socket clones of live connections, to shut them down on stop.
@@ -92,9 +108,17 @@ impl NbdServer {
     ) -> io::Result<NbdServer> {
         let listener = Arc::new(TcpListener::bind(listen)?);
         let local_addr = listener.local_addr()?;
+        let admission = Admission::new(
+            "NBD",
+            AdmissionLimits {
+                max_total: limits.max_connections,
+                max_per_address: limits.max_connections_per_address,
+            },
+        );
         let shared = Arc::new(Shared {
             exports,
             limits,
+            admission,
             stopping: AtomicBool::new(false),
             next_id: AtomicU64::new(0),
             connections: Mutex::new(HashMap::new()),
@@ -208,12 +232,11 @@ fn accept_loop(listener: &TcpListener, shared: &Arc<Shared>) {
 }
 
 fn spawn_connection(shared: &Arc<Shared>, stream: TcpStream, peer: SocketAddr) {
-    let live = shared.connections.lock().len();
-    if live >= shared.limits.max_connections {
-        // Dropping the stream closes it before any greeting.
-        tracing::warn!(%peer, live, "NBD connection refused: connection limit reached");
+    // Refused: dropping the stream closes it before any greeting (the
+    // admission logs it).
+    let Ok(admitted) = shared.admission.admit(peer.ip()) else {
         return;
-    }
+    };
     let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
     let registered = match stream.try_clone() {
         Ok(clone) => clone,
@@ -232,6 +255,7 @@ fn spawn_connection(shared: &Arc<Shared>, stream: TcpStream, peer: SocketAddr) {
                     shared: &shared,
                     id,
                 };
+                let _admitted: Admitted = admitted;
                 serve_connection(&shared, stream, peer);
             }
         });
@@ -287,7 +311,28 @@ fn serve_connection(shared: &Shared, mut stream: TcpStream, peer: SocketAddr) {
             return;
         }
     };
-    // Transmission waits for requests as long as the client likes.
+    // The first request must come within the handshake timeout (which is
+    // still set): a connection that negotiated and then sends nothing is
+    // holding a place, not using a disk. After it, transmission waits for
+    // requests as long as the client likes.
+    let mut first = [0u8; 1];
+    match stream.peek(&mut first) {
+        Ok(_) => {}
+        Err(err)
+            if matches!(
+                err.kind(),
+                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+            ) =>
+        {
+            tracing::warn!(%peer, timeout = ?shared.limits.handshake_timeout,
+                "NBD client sent no request after the handshake; closed");
+            return;
+        }
+        Err(err) => {
+            tracing::debug!(%peer, "NBD connection lost before its first request: {err}");
+            return;
+        }
+    }
     if let Err(err) = stream.set_read_timeout(None) {
         tracing::warn!(%peer, "NBD connection closed, cannot clear the handshake timeout: {err}");
         return;

@@ -11,9 +11,12 @@
 //!   `shutdown(2)` — which wakes a thread blocked in `recv` or `send` — and
 //!   joins every thread.
 //! - Resources per client are bounded by [`ServerLimits`]: at most
-//!   `max_connections` live connections (more are closed at once, with a
-//!   log line), and a connection that has not completed ICReq and Connect
-//!   within `connect_timeout` is closed.
+//!   `max_connections` live connections, and `max_connections_per_address`
+//!   from one IP address (more are closed at once, with a log line per order
+//!   of magnitude: see `basalt_volume::admission`), so one host cannot lock
+//!   the others out; a connection that has not completed ICReq and Connect
+//!   within `connect_timeout` is closed, and after Connect the host's
+//!   keep-alive timeout (KATO) governs idleness.
 //! - The watchdog tears down a controller whose host sent no Keep Alive
 //!   within its KATO, and updates every I/O controller's size and ANA
 //!   state from the volume and [`Subsystems::path_state`] (each checked
@@ -22,6 +25,7 @@
 use crate::controller::Registry;
 use crate::queue;
 use crate::Subsystems;
+use basalt_volume::admission::{Admission, AdmissionLimits, Admitted};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::io;
@@ -34,6 +38,10 @@ use std::time::Duration;
 
 /// Pause after an accept error caused by resource exhaustion.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+/// Connections (queues) one IP address may hold unless configured: a host
+/// opens one per CPU and path, so this leaves room for large hosts.
+pub const DEFAULT_MAX_CONNECTIONS_PER_ADDRESS: usize = 256;
+
 /// How often the watchdog checks keep-alive deadlines and volume sizes.
 pub const WATCHDOG_TICK: Duration = Duration::from_millis(100);
 
@@ -42,6 +50,8 @@ pub const WATCHDOG_TICK: Duration = Duration::from_millis(100);
 pub struct ServerLimits {
     /// Live connections (queues) at most; further ones are closed on accept.
     pub max_connections: usize,
+    /// Live connections (queues) from one IP address at most.
+    pub max_connections_per_address: usize,
     /// Time a connection has to send ICReq and then a successful Connect
     /// (each read of them).
     pub connect_timeout: Duration,
@@ -68,6 +78,7 @@ impl Default for ServerLimits {
     fn default() -> Self {
         ServerLimits {
             max_connections: 1024,
+            max_connections_per_address: DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
             connect_timeout: Duration::from_secs(30),
             send_timeout: Duration::from_secs(60),
             max_queue_entries: 128,
@@ -116,6 +127,7 @@ pub(crate) struct Shared {
     pub limits: ServerLimits,
     pub advertise: SocketAddr,
     pub controllers: Registry,
+    admission: Arc<Admission>,
     stopping: AtomicBool,
     next_id: AtomicU64,
     connections: Mutex<HashMap<u64, TcpStream>>,
@@ -174,10 +186,18 @@ impl NvmeServer {
         let listener = Arc::new(TcpListener::bind(listen)?);
         let local_addr = listener.local_addr()?;
         let advertise = config.advertise.unwrap_or(wake_address(local_addr));
+        let admission = Admission::new(
+            "NVMe/TCP",
+            AdmissionLimits {
+                max_total: limits.max_connections,
+                max_per_address: limits.max_connections_per_address,
+            },
+        );
         let shared = Arc::new(Shared {
             subsystems,
             limits,
             advertise,
+            admission,
             controllers: match config.cntlid_range {
                 Some((first, last)) => Registry::with_range(first, last),
                 None => Registry::default(),
@@ -338,11 +358,10 @@ fn accept_loop(listener: &TcpListener, shared: &Arc<Shared>) {
 }
 
 fn spawn_connection(shared: &Arc<Shared>, stream: TcpStream, peer: SocketAddr) {
-    let live = shared.connections.lock().len();
-    if live >= shared.limits.max_connections {
-        tracing::warn!(%peer, live, "NVMe/TCP connection refused: connection limit reached");
+    // Refused: dropping the stream closes it (the admission logs it).
+    let Ok(admitted) = shared.admission.admit(peer.ip()) else {
         return;
-    }
+    };
     let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
     let registered = match stream.try_clone() {
         Ok(clone) => clone,
@@ -361,6 +380,7 @@ fn spawn_connection(shared: &Arc<Shared>, stream: TcpStream, peer: SocketAddr) {
                     shared: &shared,
                     id,
                 };
+                let _admitted: Admitted = admitted;
                 queue::serve(&shared, stream, peer);
             }
         });

@@ -1,6 +1,8 @@
 //! Basalt volumes on one node: the control plane that keeps the local store
-//! converged on the catalog, and the data-path handle frontends serve I/O on.
+//! converged on the catalog, the data-path handle frontends serve I/O on, and
+//! the admission of the frontends' client connections ([`admission`]).
 
+pub mod admission;
 mod error;
 mod handle;
 mod service;
