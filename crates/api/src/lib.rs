@@ -18,7 +18,7 @@ pub use auth::constant_time_eq;
 pub use error::ApiError;
 
 use axum::body::Bytes;
-use axum::extract::{FromRequest, Path, Request, State};
+use axum::extract::{FromRequest, Path, RawQuery, Request, State};
 use axum::handler::Handler;
 use axum::http::{header, Method, StatusCode, Uri};
 use axum::middleware::{self, Next};
@@ -29,6 +29,7 @@ use basalt_volume::{VolumeError, VolumeService};
 use serde::de::DeserializeOwned;
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 use types::{
     AttachHost, CreateVolume, Node, NodeList, ResizeVolume, SetNodeState, Status, Volume,
     VolumeList,
@@ -115,6 +116,7 @@ fn build(service: Arc<VolumeService>, token: String) -> (Router, Vec<RouteSpec>)
     .get("/api/v1/volumes/{name}", get_volume)
     .delete("/api/v1/volumes/{name}", delete_volume)
     .post("/api/v1/volumes/{name}/resize", resize_volume)
+    .post("/api/v1/volumes/{name}/disconnect", disconnect_volume)
     .get("/api/v1/volumes/{name}/local-digest", local_digest)
     .post("/api/v1/volumes/{name}/nvme-hosts", attach_host)
     .delete("/api/v1/volumes/{name}/nvme-hosts/{host_nqn}", detach_host)
@@ -197,12 +199,52 @@ async fn get_volume(
     Ok(Json(info.into()))
 }
 
+/// How long a disconnect waits for the closed connections to let go of
+/// the volume.
+const DISCONNECT_WAIT: Duration = Duration::from_secs(10);
+
 async fn delete_volume(
     State(app): State<AppState>,
     Path(name): Path<String>,
+    RawQuery(query): RawQuery,
 ) -> Result<StatusCode, ApiError> {
-    blocking(move || app.service.delete(&name)).await?;
+    let force = force_param(query.as_deref())?;
+    blocking(move || {
+        if force {
+            app.service
+                .delete_disconnecting(&name, DISCONNECT_WAIT)
+                .map(|_| ())
+        } else {
+            app.service.delete(&name)
+        }
+    })
+    .await?;
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// `force=true|false` (or `1|0`) from a query string; absent: false.
+fn force_param(query: Option<&str>) -> Result<bool, ApiError> {
+    let mut force = false;
+    for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+        force = match pair.split_once('=') {
+            Some(("force", "true" | "1")) => true,
+            Some(("force", "false" | "0")) => false,
+            _ => {
+                return Err(ApiError::bad_request(format!(
+                    "invalid query parameter {pair:?}: the only one is force=true|false"
+                )))
+            }
+        };
+    }
+    Ok(force)
+}
+
+async fn disconnect_volume(
+    State(app): State<AppState>,
+    Path(name): Path<String>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let closed = blocking(move || app.service.disconnect(&name, DISCONNECT_WAIT)).await?;
+    Ok(Json(serde_json::json!({ "disconnected": closed })))
 }
 
 async fn resize_volume(

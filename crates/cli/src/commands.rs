@@ -46,8 +46,19 @@ pub enum VolumeCommand {
         #[arg(long)]
         allow_shrink: bool,
     },
-    /// Delete a volume and its data (refused while clients are connected).
-    Delete { name: String },
+    /// Delete a volume and its data (refused while clients are connected,
+    /// unless --force).
+    Delete {
+        name: String,
+        /// Disconnect the volume's clients on this node first (as `volume
+        /// disconnect`), then delete.
+        #[arg(long)]
+        force: bool,
+    },
+    /// Close every NBD and NVMe/TCP connection this node serves a volume
+    /// on; clients see the connection drop, as after a server crash (writes
+    /// acknowledged with FUA or covered by a completed FLUSH stay).
+    Disconnect { name: String },
     /// Let an NVMe/TCP host (by host NQN) discover and connect to a volume.
     Attach {
         name: String,
@@ -255,13 +266,30 @@ pub fn run_volume(command: VolumeCommand, client: &ClientArgs) -> Result<()> {
                 format_size(volume.size_bytes)
             );
         }
-        VolumeCommand::Delete { name } => {
+        VolumeCommand::Delete { name, force } => {
             let api = ApiClient::discover(client)?;
-            let value = api.delete(&volume_path(&name))?;
+            let path = if force {
+                format!("{}?force=true", volume_path(&name))
+            } else {
+                volume_path(&name)
+            };
+            let value = api.delete(&path)?;
             if client.output == Output::Json {
                 return print_json(&value);
             }
             println!("deleted volume {name}");
+        }
+        VolumeCommand::Disconnect { name } => {
+            let api = ApiClient::discover(client)?;
+            let value = api.post(&format!("{}/disconnect", volume_path(&name)), json!({}))?;
+            if client.output == Output::Json {
+                return print_json(&value);
+            }
+            let n = value["disconnected"].as_u64().unwrap_or(0);
+            println!(
+                "disconnected {n} connection{} from volume {name}",
+                if n == 1 { "" } else { "s" }
+            );
         }
         VolumeCommand::LocalDigest { name } => {
             let api = ApiClient::discover(client)?;

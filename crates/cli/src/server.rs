@@ -504,6 +504,7 @@ fn serve_frontends(
         )
             .with_context(|| format!("cannot listen for NBD on {}", args.nbd_listen))?;
         let nbd_addr = client_addr(nbd.local_addr());
+        service.register_frontend(Arc::new(nbd.disconnector()));
         if args.nvme_allow_hosts.is_empty() {
             tracing::info!("no --nvme-allow-host given: no NVMe/TCP host may connect");
         }
@@ -523,7 +524,10 @@ fn serve_frontends(
                 },
             },
         ) {
-            Ok(nvme) => nvme,
+            Ok(nvme) => {
+                service.register_frontend(Arc::new(nvme.disconnector()));
+                nvme
+            }
             Err(e) => {
                 tokio::task::block_in_place(|| nbd.shutdown());
                 return Err(anyhow!(e).context(format!("cannot listen for NVMe/TCP on {}", args.nvme_listen)));

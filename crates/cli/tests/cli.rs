@@ -306,6 +306,44 @@ fn delete_refused_while_nbd_client_connected() {
 }
 
 #[test]
+fn disconnect_drops_a_volumes_clients_and_delete_force_goes_through() {
+    let s = Server::start("64M");
+    s.create_volume("busy", "16M");
+    s.create_volume("other", "16M");
+    let hold = |name: &str| {
+        let mut cmd = python_cmd("nbdtool.py");
+        cmd.args(["hold", &s.uri(name), "--length", "4096"]);
+        let mut holder = Background::spawn(cmd);
+        holder.wait_line("READY", Duration::from_secs(30));
+        holder
+    };
+    let busy = hold("busy");
+    let other = hold("other");
+
+    let out = s.cli(&["volume", "disconnect", "busy"]).ok().to_string();
+    assert_eq!(out.trim(), "disconnected 1 connection from volume busy");
+    // The disconnected client's next write fails; the other volume's
+    // client is untouched.
+    let (st, _, _) = busy.finish(Duration::from_secs(30));
+    assert!(!st.success(), "a write after the disconnect must fail");
+    let (st, out, err) = other.finish(Duration::from_secs(30));
+    assert!(st.success(), "the other volume's client: {out}\n{err}");
+    // JSON output.
+    let v = s.cli_json(&["volume", "disconnect", "busy"]);
+    assert_eq!(v["disconnected"], 0);
+    let e = s.cli(&["volume", "disconnect", "nosuch"]).cli_error(1);
+    assert!(e.contains("nosuch"), "{e}");
+
+    // delete --force with a client connected: disconnects, then deletes.
+    let held = hold("busy");
+    s.cli(&["volume", "delete", "busy"]).cli_error(1);
+    s.cli(&["volume", "delete", "busy", "--force"]).ok();
+    assert!(find_volume(&s.cli_json(&["volume", "list"]), "busy").is_none());
+    let (st, _, _) = held.finish(Duration::from_secs(30));
+    assert!(!st.success());
+}
+
+#[test]
 fn demo_volume_is_created_once_and_kept_across_restarts() {
     let mut s = Server::start_with("64M", &["--demo-volume", "demo:8M"]);
     let list = s.cli_json(&["volume", "list"]);

@@ -31,7 +31,8 @@ mod transmission;
 pub(crate) use error::{ConnectionError, HandshakeError};
 pub use handshake::{BASE_ALLOCATION_ID, BASE_TRANSMISSION_FLAGS, MAX_OPTIONS};
 pub use server::{
-    NbdServer, ServerLimits, DEFAULT_LANES_PER_CONNECTION, DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
+    Disconnector, NbdServer, ServerLimits, DEFAULT_LANES_PER_CONNECTION,
+    DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
 };
 pub use transmission::{
     MAX_BATCH_BYTES, MAX_BATCH_REQUESTS, MAX_DISCARDED_WRITE, RECV_BUFFER_BYTES, SPARSE_READ_MIN,

@@ -79,10 +79,35 @@ struct Shared {
     admission: Arc<Admission>,
     stopping: AtomicBool,
     next_id: AtomicU64,
-    /// Socket clones of live connections, to shut them down on stop.
-    connections: Mutex<HashMap<u64, TcpStream>>,
+    /// Live connections: a socket clone, to shut them down on stop, and
+    /// the export once negotiated, to disconnect a volume's clients.
+    connections: Mutex<HashMap<u64, LiveConnection>>,
     /// Connection threads not yet joined.
     workers: Mutex<Vec<JoinHandle<()>>>,
+}
+
+struct LiveConnection {
+    socket: TcpStream,
+    export: Option<String>,
+}
+
+/// Drops the NBD clients of one volume (see [`NbdServer::disconnector`]).
+pub struct Disconnector(Arc<Shared>);
+
+impl basalt_volume::ClientDisconnect for Disconnector {
+    /// Shuts down the socket of every connection that opened `volume`; their
+    /// threads then end and release the volume. Returns how many.
+    fn disconnect(&self, volume: &str) -> usize {
+        let connections = self.0.connections.lock();
+        let mut n = 0;
+        for c in connections.values() {
+            if c.export.as_deref() == Some(volume) {
+                let _ = c.socket.shutdown(Shutdown::Both);
+                n += 1;
+            }
+        }
+        n
+    }
 }
 
 /// A running NBD server.
@@ -148,6 +173,11 @@ impl NbdServer {
         self.shared.connections.lock().len()
     }
 
+    /// What the volume service calls to drop a volume's NBD clients.
+    pub fn disconnector(&self) -> Disconnector {
+        Disconnector(Arc::clone(&self.shared))
+    }
+
     /// Stops accepting, shuts down every client socket and joins every
     /// thread. In-flight requests are not answered: clients see the
     /// connection drop, as after a server crash, and keep every write that
@@ -173,8 +203,8 @@ impl NbdServer {
         if acceptor.join().is_err() {
             tracing::error!("NBD acceptor thread panicked");
         }
-        for stream in self.shared.connections.lock().values() {
-            let _ = stream.shutdown(Shutdown::Both);
+        for c in self.shared.connections.lock().values() {
+            let _ = c.socket.shutdown(Shutdown::Both);
         }
         let workers = std::mem::take(&mut *self.shared.workers.lock());
         for worker in workers {
@@ -245,7 +275,13 @@ fn spawn_connection(shared: &Arc<Shared>, stream: TcpStream, peer: SocketAddr) {
             return;
         }
     };
-    shared.connections.lock().insert(id, registered);
+    shared.connections.lock().insert(
+        id,
+        LiveConnection {
+            socket: registered,
+            export: None,
+        },
+    );
     let spawned = thread::Builder::new()
         .name(format!("nbd-conn-{id}"))
         .spawn({
@@ -256,7 +292,7 @@ fn spawn_connection(shared: &Arc<Shared>, stream: TcpStream, peer: SocketAddr) {
                     id,
                 };
                 let _admitted: Admitted = admitted;
-                serve_connection(&shared, stream, peer);
+                serve_connection(&shared, id, stream, peer);
             }
         });
     match spawned {
@@ -285,7 +321,7 @@ impl Drop for Registration<'_> {
     }
 }
 
-fn serve_connection(shared: &Shared, mut stream: TcpStream, peer: SocketAddr) {
+fn serve_connection(shared: &Shared, id: u64, mut stream: TcpStream, peer: SocketAddr) {
     // Replies are complete messages sent with one write; Nagle would only
     // delay them (the protocol asks for TCP_NODELAY).
     if let Err(err) = stream.set_nodelay(true) {
@@ -338,6 +374,9 @@ fn serve_connection(shared: &Shared, mut stream: TcpStream, peer: SocketAddr) {
         return;
     }
     let export = negotiated.handle.name().to_owned();
+    if let Some(c) = shared.connections.lock().get_mut(&id) {
+        c.export = Some(export.clone());
+    }
     tracing::info!(%peer, %export, structured_replies = negotiated.structured,
         block_status = negotiated.base_allocation.is_some(), "NBD client connected");
     match transmission::serve(stream, peer, negotiated, shared.limits.lanes_per_connection) {

@@ -59,7 +59,7 @@ mod server;
 pub use basalt_nvme_wire::NQN_MAX_LEN;
 pub use error::ConnectionError;
 pub use server::{
-    cluster_cntlid_range, NvmeServer, ServerLimits, TargetConfig,
+    cluster_cntlid_range, Disconnector, NvmeServer, ServerLimits, TargetConfig,
     DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
 };
 

@@ -140,6 +140,26 @@ impl Shared {
     }
 }
 
+/// Drops the NVMe/TCP hosts of one volume (see [`NvmeServer::disconnector`]).
+pub struct Disconnector(Arc<Shared>);
+
+impl basalt_volume::ClientDisconnect for Disconnector {
+    /// Tears down every controller (and so every queue) of `volume`'s
+    /// subsystem, as a keep-alive timeout would; returns how many.
+    fn disconnect(&self, volume: &str) -> usize {
+        let mut n = 0;
+        for ctrl in self.0.controllers.all() {
+            if ctrl.volume().is_some_and(|v| v.name() == volume) {
+                tracing::info!(cntlid = ctrl.cntlid, subnqn = %ctrl.subnqn, hostnqn = %ctrl.hostnqn,
+                    "NVMe controller torn down: its volume's clients are being disconnected");
+                self.0.controllers.remove(&ctrl);
+                n += 1;
+            }
+        }
+        n
+    }
+}
+
 /// A running NVMe/TCP target.
 pub struct NvmeServer {
     local_addr: SocketAddr,
@@ -253,6 +273,11 @@ impl NvmeServer {
     /// Connections (queues) currently open.
     pub fn connections(&self) -> usize {
         self.shared.connections.lock().len()
+    }
+
+    /// What the volume service calls to drop a volume's NVMe/TCP hosts.
+    pub fn disconnector(&self) -> Disconnector {
+        Disconnector(Arc::clone(&self.shared))
     }
 
     /// Controllers currently live.

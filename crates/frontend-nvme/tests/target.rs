@@ -666,6 +666,27 @@ fn resize_completes_an_async_event_request() {
 }
 
 #[test]
+fn disconnecting_a_volume_tears_down_its_controllers_only() {
+    use basalt_volume::ClientDisconnect;
+    let (server, subs) = target_with(&[("v", 16 * MIB), ("w", 16 * MIB)]);
+    let addr = server.local_addr();
+    let admin_v = Host::admin(addr, Digests::NONE, "v", 0);
+    let mut io_v = Host::io_queue(addr, Digests::NONE, &admin_v, "v", 1);
+    let admin_w = Host::admin(addr, Digests::NONE, "w", 0);
+    let mut io_w = Host::io_queue(addr, Digests::NONE, &admin_w, "w", 1);
+    io_v.write(0, &pattern(4096, 1), true).ok();
+    io_w.write(0, &pattern(4096, 2), true).ok();
+    assert_eq!(server.disconnector().disconnect("v"), 1);
+    io_v.wait_closed();
+    eventually("v closed", || subs.open_handles("v") == 0);
+    // Even with KATO 0 (no keep-alive), w's host is untouched.
+    io_w.write(1, &pattern(4096, 3), true).ok();
+    assert_eq!(server.controllers(), 1);
+    assert_eq!(server.disconnector().disconnect("v"), 0);
+    server.shutdown();
+}
+
+#[test]
 fn shutdown_closes_connections_and_ends_threads() {
     let (server, subs) = target_with(&[("v", 16 * MIB)]);
     let addr = server.local_addr();

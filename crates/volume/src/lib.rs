@@ -3,6 +3,7 @@
 //! the admission of the frontends' client connections ([`admission`]).
 
 pub mod admission;
+mod clients;
 mod error;
 mod handle;
 mod service;
@@ -10,6 +11,7 @@ pub mod size;
 mod stats;
 
 pub use basalt_store::{DataKind, DataOp, IoError, MappingRun};
+pub use clients::ClientDisconnect;
 pub use error::VolumeError;
 pub use handle::{BlockIo, VolumeHandle, WriteAck};
 pub use service::{

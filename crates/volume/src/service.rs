@@ -40,6 +40,7 @@
 //! coordinator converges the replicas' size on the catalog should that step
 //! be lost). Shrinking a replicated volume is refused.
 
+use crate::clients::{ClientDisconnect, Clients};
 use crate::error::VolumeError;
 use crate::size::format_size;
 use crate::{BlockIo, VolumeHandle, VolumeStats};
@@ -255,6 +256,8 @@ pub struct VolumeService {
     stats: Mutex<HashMap<VolumeId, Arc<VolumeStats>>>,
     /// Serialises mutations and opens; see the module invariants.
     control: Mutex<()>,
+    /// The frontends, to drop a volume's clients.
+    clients: Clients,
 }
 
 impl std::fmt::Debug for VolumeService {
@@ -365,7 +368,67 @@ impl VolumeService {
             overcommit_ratio,
             stats: Mutex::new(HashMap::new()),
             control: Mutex::new(()),
+            clients: Clients::default(),
         })
+    }
+
+    /// Registers a frontend whose clients [`VolumeService::disconnect`]
+    /// drops.
+    pub fn register_frontend(&self, frontend: Arc<dyn ClientDisconnect>) {
+        self.clients.register(frontend);
+    }
+
+    /// Closes every connection this node's frontends hold on `name`, then
+    /// waits (up to `wait`) until none has it open; returns how many were
+    /// closed. Clients see their connection drop, as after a server crash.
+    pub fn disconnect(&self, name: &str, wait: std::time::Duration) -> Result<usize, VolumeError> {
+        let _control = self.control.lock();
+        self.disconnect_locked(name, wait)
+    }
+
+    /// [`VolumeService::disconnect`] then [`VolumeService::delete`], under
+    /// one hold of the control lock, so no client can open the volume in
+    /// between.
+    pub fn delete_disconnecting(
+        &self,
+        name: &str,
+        wait: std::time::Duration,
+    ) -> Result<usize, VolumeError> {
+        let _control = self.control.lock();
+        let closed = self.disconnect_locked(name, wait)?;
+        self.delete_locked(name)?;
+        Ok(closed)
+    }
+
+    fn disconnect_locked(
+        &self,
+        name: &str,
+        wait: std::time::Duration,
+    ) -> Result<usize, VolumeError> {
+        let id = self.record(name)?.record.id;
+        let closed = self.clients.disconnect(name);
+        let deadline = std::time::Instant::now() + wait;
+        loop {
+            let handles = self.open_handles(id);
+            if handles == 0 {
+                break;
+            }
+            if std::time::Instant::now() >= deadline {
+                return Err(VolumeError::InUse {
+                    name: name.to_string(),
+                    handles,
+                });
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        if closed > 0 {
+            tracing::info!(
+                volume = name,
+                connections = closed,
+                "disconnected the volume's clients"
+            );
+        }
+        Ok(closed)
     }
 
     /// The same service as a member of a cluster: volumes are replicated by
@@ -709,6 +772,10 @@ impl VolumeService {
     /// Deletes `name` and its data. Refused while a frontend has it open.
     pub fn delete(&self, name: &str) -> Result<(), VolumeError> {
         let _control = self.control.lock();
+        self.delete_locked(name)
+    }
+
+    fn delete_locked(&self, name: &str) -> Result<(), VolumeError> {
         let current = self.record(name)?;
         let id = current.record.id;
         let handles = self.open_handles(id);
