@@ -372,6 +372,9 @@ impl LocalCluster {
                 .arg(format!("n{i}"))
                 .arg("--peer-listen")
                 .arg(format!("127.0.0.1:{}", port()?))
+                // The first node to start creates it; all share it.
+                .arg("--cluster-secret-file")
+                .arg(dir.join("cluster-secret"))
                 .args(EPHEMERAL_LISTENERS)
                 .args(&cfg.server_args);
             let node =

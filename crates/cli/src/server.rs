@@ -20,6 +20,7 @@ use crate::exports::VolumeExports;
 use crate::subsystems::VolumeSubsystems;
 use anyhow::{anyhow, bail, Context, Result};
 use basalt_catalog::{Catalog, EtcdCatalog, EtcdConfig, RedbCatalog};
+use basalt_cluster::secret::ClusterSecret;
 use basalt_cluster::{ClusterMember, MemberConfig};
 use basalt_frontend_nbd::{NbdServer, ServerLimits};
 use basalt_frontend_nvme::{cluster_cntlid_range, NvmeServer, TargetConfig};
@@ -107,8 +108,16 @@ pub struct ServerArgs {
     /// Join a cluster whose metadata lives in etcd at these client URLs
     /// (comma-separated, e.g. http://10.0.0.1:2379,http://10.0.0.2:2379).
     /// Without it the node is a single-node server with embedded metadata.
-    #[arg(long, value_name = "URL[,URL...]", value_delimiter = ',', requires_all = ["node_name", "peer_listen"])]
+    #[arg(long, value_name = "URL[,URL...]", value_delimiter = ',', requires_all = ["node_name", "peer_listen", "cluster_secret_file"])]
     pub etcd: Vec<String>,
+
+    /// File holding the secret every node of the cluster shares (64 hex
+    /// digits, mode 0600): peer connections prove both ends hold it, so a
+    /// process that can reach the peer port or read etcd cannot join the
+    /// replication stream. A missing file is created with a fresh secret;
+    /// copy it to every other node.
+    #[arg(long, value_name = "PATH")]
+    pub cluster_secret_file: Option<PathBuf>,
 
     /// Key prefix of this cluster in etcd (several clusters may share one etcd).
     #[arg(long, default_value = basalt_catalog::DEFAULT_ETCD_PREFIX, value_name = "PREFIX")]
@@ -449,8 +458,16 @@ fn join_cluster(
     };
     validate_volume_name(name)
         .map_err(|_| anyhow!("--node-name {name:?}: use 1-64 characters of A-Z a-z 0-9 . _ -"))?;
+    let Some(secret_file) = &args.cluster_secret_file else {
+        bail!("--etcd needs --cluster-secret-file (the secret every node shares; a missing file is created)");
+    };
+    let (secret, created) = ClusterSecret::load_or_create(secret_file)?;
+    if created {
+        tracing::warn!(path = %secret_file.display(),
+            "created a new cluster secret: copy this file to every other node of the cluster");
+    }
     let etcd = EtcdConfig::new(args.etcd.clone()).with_prefix(args.etcd_prefix.clone());
-    let mut cfg = MemberConfig::new(name.clone(), peer, etcd);
+    let mut cfg = MemberConfig::new(name.clone(), peer, etcd, secret);
     cfg.zone = args.zone.clone();
     cfg.peer_advertise = args.peer_advertise;
     cfg.nbd_addr = Some(client_addr(args.nbd_listen));

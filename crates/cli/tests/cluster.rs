@@ -331,6 +331,7 @@ fn degraded_creation_completes_and_removed_replica_is_rebuilt() {
     let pi = node_index(&p);
     c.nodes[pi].cli(&["node", "remove", gone]).ok();
     let endpoint = c.etcd.endpoint();
+    let secret = c.secrets.path("cluster-secret").display().to_string();
     let peer = format!("127.0.0.1:{}", free_port());
     c.nodes.push(Server::start_with(
         "512M",
@@ -341,6 +342,8 @@ fn degraded_creation_completes_and_removed_replica_is_rebuilt() {
             "node3",
             "--peer-listen",
             &peer,
+            "--cluster-secret-file",
+            &secret,
             "--lease-ms",
             "1000",
             "--resync-rate",
@@ -377,6 +380,8 @@ fn degraded_creation_completes_and_removed_replica_is_rebuilt() {
             "node4",
             "--peer-listen",
             &peer,
+            "--cluster-secret-file",
+            &secret,
             "--lease-ms",
             "1000",
         ],

@@ -7,7 +7,8 @@
 //!   and change — from the catalog, the records and the registry (pure).
 //! - [`meta`]: the cluster's metadata in etcd — node registry with leases,
 //!   membership records with compare-and-swap, coordinator election.
-//! - [`peer`]: the node-to-node transport (TCP, frames of `basalt-peer-wire`).
+//! - [`peer`]: the node-to-node transport (TCP, frames of `basalt-peer-wire`),
+//!   both ends authenticated with the cluster secret ([`secret`]).
 //! - `replica`: the driver that runs one volume's replication state machine
 //!   on the local store, the peer transport and etcd.
 //! - `saved_logs`: the replicas' uncertain-region logs kept across a clean
@@ -30,6 +31,7 @@ pub mod placement;
 pub mod plan;
 mod replica;
 mod saved_logs;
+pub mod secret;
 mod ticker;
 
 pub use member::{ClusterMember, MemberConfig, Timing};

@@ -36,7 +36,8 @@
 //!   affected.
 //! - After [`PeerNet::shutdown`] returns, every thread it started has ended.
 
-use basalt_peer_wire::{self as wire, DecodeError, Frame};
+use crate::secret::{self, ClusterSecret, HelloFields, Role};
+use basalt_peer_wire::{self as wire, DecodeError, Frame, NONCE_LEN, PROOF_LEN};
 use basalt_replication::{Msg, NodeId, VolumeId};
 use parking_lot::{Condvar, Mutex};
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -60,6 +61,9 @@ const READ_BUF_KEEP: usize = 4 << 20;
 pub struct PeerConfig {
     /// Cluster id; connections from another cluster are refused.
     pub cluster: [u8; 16],
+    /// The secret both ends of every connection prove they hold (see
+    /// `secret`); connections that cannot are refused.
+    pub secret: ClusterSecret,
     pub me: NodeId,
     /// This process's boot id, sent in every Hello.
     pub boot: u64,
@@ -654,9 +658,9 @@ fn serve_inbound(inner: &Inner, mut stream: TcpStream) {
                 }
                 inner.handler.on_batch(from, std::mem::take(&mut batch));
             }
-            Ok(Some((Frame::Hello { .. }, _))) => {
+            Ok(Some((Frame::Hello { .. } | Frame::Auth { .. }, _))) => {
                 bump(&inner.c.protocol_errors, 1);
-                tracing::warn!(peer = from.0, %addr, "closing peer connection: second Hello");
+                tracing::warn!(peer = from.0, %addr, "closing peer connection: a second Hello or Auth");
                 return;
             }
             Ok(None) => {
@@ -687,15 +691,25 @@ fn accept_hello(
     let timeout = Some(inner.cfg.connect_timeout.max(Duration::from_millis(1)));
     stream.set_read_timeout(timeout)?;
     stream.set_write_timeout(timeout)?;
-    let (node, boot) = read_hello(inner, stream, reader)?;
+    let (dialer, _) = read_hello(inner, stream, reader)?;
+    let (node, boot) = (NodeId(dialer.node), dialer.boot);
     if node == inner.cfg.me {
         return Err(HandshakeError::SameNode(node.0));
     }
+    let me = inner.hello_fields(secret::nonce());
+    let proof = inner.cfg.secret.proof(Role::Acceptor, &dialer, &me);
     let mut out = Vec::new();
-    let hello = inner.hello();
     // A Hello always encodes.
-    wire::encode(&hello, &mut out).map_err(|_| HandshakeError::NoHello)?;
+    wire::encode(&inner.hello(&me, proof), &mut out).map_err(|_| HandshakeError::NoHello)?;
     stream.write_all(&out)?;
+    // The dialer proves itself before anything it sends is taken.
+    match reader.next(stream)? {
+        Some((Frame::Auth { proof }, _))
+            if inner.cfg.secret.verify(Role::Dialer, &dialer, &me, &proof) => {}
+        Some((Frame::Auth { .. }, _)) => return Err(HandshakeError::AuthFailed("dialing")),
+        Some(_) => return Err(HandshakeError::NoAuth),
+        None => return Err(HandshakeError::Closed),
+    }
     stream.set_read_timeout(None)?;
     stream.set_write_timeout(None)?;
     tracing::trace!(peer = node.0, boot, "Hello accepted");
@@ -703,21 +717,31 @@ fn accept_hello(
 }
 
 /// Reads the peer's Hello (the first frame either side sends) and checks
-/// that it comes from this cluster; returns the peer's node id and boot.
+/// that it comes from this cluster; returns what it said and its proof.
 fn read_hello(
     inner: &Inner,
     stream: &mut TcpStream,
     reader: &mut FrameReader,
-) -> Result<(NodeId, u64), HandshakeError> {
+) -> Result<(HelloFields, [u8; PROOF_LEN]), HandshakeError> {
     match reader.next(stream)? {
         Some((
             Frame::Hello {
                 cluster,
                 node,
                 boot,
+                nonce,
+                proof,
             },
             _,
-        )) if cluster == inner.cfg.cluster => Ok((node, boot)),
+        )) if cluster == inner.cfg.cluster => Ok((
+            HelloFields {
+                cluster,
+                node: node.0,
+                boot,
+                nonce,
+            },
+            proof,
+        )),
         Some((Frame::Hello { cluster, .. }, _)) => Err(HandshakeError::WrongCluster(hex(&cluster))),
         Some(_) => Err(HandshakeError::NoHello),
         None => Err(HandshakeError::Closed),
@@ -725,11 +749,23 @@ fn read_hello(
 }
 
 impl Inner {
-    fn hello(&self) -> Frame {
-        Frame::Hello {
+    /// This end's Hello fields, with a fresh `nonce`.
+    fn hello_fields(&self, nonce: [u8; NONCE_LEN]) -> HelloFields {
+        HelloFields {
             cluster: self.cfg.cluster,
-            node: self.cfg.me,
+            node: self.cfg.me.0,
             boot: self.cfg.boot,
+            nonce,
+        }
+    }
+
+    fn hello(&self, fields: &HelloFields, proof: [u8; PROOF_LEN]) -> Frame {
+        Frame::Hello {
+            cluster: fields.cluster,
+            node: NodeId(fields.node),
+            boot: fields.boot,
+            nonce: fields.nonce,
+            proof,
         }
     }
 }
@@ -754,6 +790,10 @@ enum HandshakeError {
     SameNode(u32),
     #[error("Hello from node {got}, expected node {expected}")]
     WrongNode { expected: u32, got: u32 },
+    #[error("the {0} end failed authentication: its cluster secret differs (check --cluster-secret-file on both nodes)")]
+    AuthFailed(&'static str),
+    #[error("second frame is not an Auth")]
+    NoAuth,
 }
 
 impl From<ReadError> for HandshakeError {
@@ -1018,16 +1058,34 @@ fn dial(
         }
         st.conn = Some(Arc::new(stream.try_clone()?));
     }
+    let me = inner.hello_fields(secret::nonce());
     let mut out = Vec::new();
-    wire::encode(&inner.hello(), &mut out).map_err(|_| HandshakeError::NoHello)?;
+    // The dialer's Hello carries no proof: it cannot make one before it
+    // has the acceptor's nonce.
+    wire::encode(&inner.hello(&me, [0; PROOF_LEN]), &mut out)
+        .map_err(|_| HandshakeError::NoHello)?;
     stream.write_all(&out)?;
-    let (node, boot) = read_hello(inner, &mut stream, &mut FrameReader::new())?;
+    let (acceptor, proof) = read_hello(inner, &mut stream, &mut FrameReader::new())?;
+    let (node, boot) = (NodeId(acceptor.node), acceptor.boot);
     if node != dest.node {
         return Err(HandshakeError::WrongNode {
             expected: dest.node.0,
             got: node.0,
         });
     }
+    if !inner
+        .cfg
+        .secret
+        .verify(Role::Acceptor, &me, &acceptor, &proof)
+    {
+        return Err(HandshakeError::AuthFailed("accepting"));
+    }
+    out.clear();
+    let auth = Frame::Auth {
+        proof: inner.cfg.secret.proof(Role::Dialer, &me, &acceptor),
+    };
+    wire::encode(&auth, &mut out).map_err(|_| HandshakeError::NoAuth)?;
+    stream.write_all(&out)?;
     stream.set_read_timeout(None)?;
     stream.set_write_timeout(None)?;
     dest.state.lock().connected = true;

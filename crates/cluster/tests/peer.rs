@@ -4,6 +4,7 @@
 //! full-queue drop counter, and shutdown joining every thread.
 
 use basalt_cluster::peer::{PeerConfig, PeerHandler, PeerNet, PeerStats};
+use basalt_cluster::secret::ClusterSecret;
 use basalt_replication::{ClientReply, ClientReq, Epoch, Msg, NodeId, Prior, ReplOp, VolumeId};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -49,6 +50,7 @@ impl Inbox {
 fn config(me: u32, cluster: [u8; 16]) -> PeerConfig {
     PeerConfig {
         cluster,
+        secret: ClusterSecret::from_bytes([0x5e; 32]),
         me: NodeId(me),
         boot: 1000 + u64::from(me),
         listen: "127.0.0.1:0".parse().unwrap(),
@@ -411,6 +413,69 @@ fn another_cluster_is_refused_both_ways() {
 }
 
 #[test]
+fn a_node_without_the_cluster_secret_is_refused_both_ways() {
+    // Same cluster id (anyone who can read etcd knows it), another secret.
+    let (a, a_in) = node(1);
+    let intruder_in = Arc::new(Inbox::default());
+    let intruder = PeerNet::start(
+        PeerConfig {
+            secret: ClusterSecret::from_bytes([0x11; 32]),
+            ..config(2, CLUSTER)
+        },
+        intruder_in.clone(),
+    )
+    .unwrap();
+    intruder.set_peer_addr(NodeId(1), a.local_addr());
+    a.set_peer_addr(NodeId(2), intruder.local_addr());
+    intruder.send(
+        NodeId(1),
+        VOL,
+        Msg::Fenced {
+            vol: VOL,
+            epoch: Epoch(1),
+        },
+    );
+    a.send(
+        NodeId(2),
+        VOL,
+        Msg::Fenced {
+            vol: VOL,
+            epoch: Epoch(2),
+        },
+    );
+    wait_until("both refusals", || {
+        a.stats().protocol_errors >= 1 && intruder.stats().protocol_errors >= 1
+    });
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(a_in.len() + intruder_in.len(), 0);
+    for s in [a.stats(), intruder.stats()] {
+        assert_eq!((s.connects, s.accepts, s.frames_sent), (0, 0, 0));
+    }
+
+    // A raw client that knows the cluster id: its Hello is answered, but
+    // without the secret its Auth is refused and nothing it sends is taken.
+    let mut raw = TcpStream::connect(a.local_addr()).unwrap();
+    raw.write_all(&hello_bytes(5)).unwrap();
+    let mut frames = Vec::new();
+    for frame in [
+        basalt_peer_wire::Frame::Auth { proof: [0; 32] },
+        basalt_peer_wire::Frame::Msg {
+            vol: VOL,
+            msg: Msg::Heartbeat {
+                boot: 1,
+                sent_at: 2,
+            },
+        },
+    ] {
+        basalt_peer_wire::encode(&frame, &mut frames).unwrap();
+    }
+    raw.write_all(&frames).unwrap();
+    assert_closed_by_server(raw);
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(a_in.len(), 0);
+}
+
+#[test]
 fn dialer_checks_the_node_id() {
     let (a, _) = node(1);
     let (b, b_in) = node(2);
@@ -436,6 +501,8 @@ fn hello_bytes(node: u32) -> Vec<u8> {
             cluster: CLUSTER,
             node: NodeId(node),
             boot: 5,
+            nonce: [9; 16],
+            proof: [0; 32],
         },
         &mut out,
     )
@@ -590,10 +657,12 @@ fn shutdown_joins_every_thread() {
     wait_until("traffic", || {
         a_in.len() == 1 && b.stats().frames_received == 1
     });
-    // An idle inbound connection whose reader is blocked in read().
+    // An idle inbound connection whose reader is blocked in read() (it
+    // waits for the Auth the raw client never sends).
     let mut raw = TcpStream::connect(a.local_addr()).unwrap();
     raw.write_all(&hello_bytes(4)).unwrap();
-    wait_until("raw accepted", || a.stats().accepts == 2);
+    let mut reply = [0u8; 20];
+    raw.read_exact(&mut reply).unwrap();
 
     let addr = a.local_addr();
     let started = Instant::now();

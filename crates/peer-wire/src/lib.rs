@@ -47,8 +47,10 @@ pub const MAGIC: [u8; 4] = *b"BSPW";
 /// other at `Hello` instead. Version 3 added `commit` and `floor` to
 /// `Repl` and the `ReplStarted` kind (9), the acknowledgement of a `Start`
 /// with the secondary's uncertain regions of the epoch before. Version 4
-/// added the coordinator's `lease_ms` to `HeartbeatAck`.
-pub const VERSION: u8 = 4;
+/// added the coordinator's `lease_ms` to `HeartbeatAck`. Version 5 added the
+/// mutual authentication of the two ends: a `nonce` and a `proof` in
+/// `Hello`, and the `Auth` kind (10) the dialer proves itself with.
+pub const VERSION: u8 = 5;
 /// Bytes in a frame header.
 pub const HEADER_LEN: usize = 20;
 /// The largest payload a decoder accepts (and an encoder produces).
@@ -65,7 +67,13 @@ pub mod kind {
     pub const CLIENT_REQ: u8 = 7;
     pub const CLIENT_REPLY: u8 = 8;
     pub const REPL_STARTED: u8 = 9;
+    pub const AUTH: u8 = 10;
 }
+
+/// Bytes of a Hello's nonce.
+pub const NONCE_LEN: usize = 16;
+/// Bytes of an authentication proof (an HMAC-SHA256).
+pub const PROOF_LEN: usize = 32;
 
 /// One unit on a peer connection.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -77,7 +85,16 @@ pub enum Frame {
         node: NodeId,
         /// The sender's boot id (changes at every process start).
         boot: u64,
+        /// Fresh random bytes of this connection, which the other end's
+        /// proof covers (so no proof can be replayed).
+        nonce: [u8; NONCE_LEN],
+        /// The acceptor's proof that it holds the cluster secret (over both
+        /// Hellos); zeros in the dialer's Hello, which cannot prove yet.
+        proof: [u8; PROOF_LEN],
     },
+    /// The dialer's proof that it holds the cluster secret (over both
+    /// Hellos): its second frame, before any message.
+    Auth { proof: [u8; PROOF_LEN] },
     /// A replication message about volume `vol` (in the frame because
     /// `Msg::Heartbeat` carries none).
     Msg { vol: VolumeId, msg: Msg },
@@ -205,6 +222,7 @@ fn header_bytes(kind: u8, payload_len: u32, payload_crc: u32) -> [u8; HEADER_LEN
 fn check(frame: &Frame) -> Result<(u8, &[u8]), EncodeError> {
     let (vol, msg) = match frame {
         Frame::Hello { .. } => return Ok((kind::HELLO, &[])),
+        Frame::Auth { .. } => return Ok((kind::AUTH, &[])),
         Frame::Msg { vol, msg } => (*vol, msg),
     };
     let same = |inner: &VolumeId| {
@@ -289,7 +307,8 @@ fn check(frame: &Frame) -> Result<(u8, &[u8]), EncodeError> {
 fn fields_len(frame: &Frame) -> usize {
     const VOL: usize = 16;
     let msg = match frame {
-        Frame::Hello { .. } => return 16 + 4 + 8,
+        Frame::Hello { .. } => return 16 + 4 + 8 + NONCE_LEN + PROOF_LEN,
+        Frame::Auth { .. } => return PROOF_LEN,
         Frame::Msg { msg, .. } => msg,
     };
     VOL + match msg {
@@ -340,10 +359,18 @@ fn write_fields(frame: &Frame, data: &[u8], out: &mut Vec<u8>) {
             cluster,
             node,
             boot,
+            nonce,
+            proof,
         } => {
             out.extend_from_slice(cluster);
             u32le(out, node.0);
             u64le(out, *boot);
+            out.extend_from_slice(nonce);
+            out.extend_from_slice(proof);
+            return;
+        }
+        Frame::Auth { proof } => {
+            out.extend_from_slice(proof);
             return;
         }
         Frame::Msg { vol, msg } => (vol, msg),
@@ -516,7 +543,7 @@ pub fn decode_header(buf: &[u8]) -> Result<Option<Header>, DecodeError> {
         return Err(DecodeError::HeaderCrc { expected, actual });
     }
     let kind = h[5];
-    if !(kind::HELLO..=kind::REPL_STARTED).contains(&kind) {
+    if !(kind::HELLO..=kind::AUTH).contains(&kind) {
         return Err(DecodeError::UnknownKind(kind));
     }
     let flags = u16::from_le_bytes([h[6], h[7]]);
@@ -654,6 +681,7 @@ fn kind_name(kind: u8) -> &'static str {
         kind::CLIENT_REQ => "ClientReq",
         kind::CLIENT_REPLY => "ClientReply",
         kind::REPL_STARTED => "ReplStarted",
+        kind::AUTH => "Auth",
         _ => "unknown",
     }
 }
@@ -668,6 +696,15 @@ fn decode_payload(kind: u8, payload: &[u8]) -> Result<Frame, DecodeError> {
             cluster: r.array("cluster")?,
             node: NodeId(r.u32("node")?),
             boot: r.u64("boot")?,
+            nonce: r.array("nonce")?,
+            proof: r.array("proof")?,
+        };
+        r.finish()?;
+        return Ok(frame);
+    }
+    if kind == kind::AUTH {
+        let frame = Frame::Auth {
+            proof: r.array("proof")?,
         };
         r.finish()?;
         return Ok(frame);

@@ -33,10 +33,14 @@ fn hello_literal() {
         cluster: [0x11; 16],
         node: NodeId(7),
         boot: 0x0102_0304_0506_0708,
+        nonce: [0x22; 16],
+        proof: [0x33; 32],
     };
     let bytes = hex("
-        42 53 50 57  04  01  00 00  1c 00 00 00  00 7e 6c 7b  40 6f 7a 93
-        11 11 11 11 11 11 11 11 11 11 11 11 11 11 11 11  07 00 00 00  08 07 06 05 04 03 02 01");
+        42 53 50 57  05  01  00 00  4c 00 00 00  13 8a 7c 76  be 29 ac 74
+        11 11 11 11 11 11 11 11 11 11 11 11 11 11 11 11  07 00 00 00  08 07 06 05 04 03 02 01
+        22 22 22 22 22 22 22 22 22 22 22 22 22 22 22 22
+        33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33");
     assert_literal(&frame, &bytes);
 }
 
@@ -60,7 +64,7 @@ fn repl_write_literal() {
         },
     };
     let bytes = hex("
-        42 53 50 57  04  02  00 00  56 00 00 00  95 00 1d 92  ae 26 fe 70
+        42 53 50 57  05  02  00 00  56 00 00 00  95 00 1d 92  9e f2 8f 41
         ff ee dd cc bb aa 99 88 77 66 55 44 33 22 11 00
         02 00 00 00 00 00 00 00  03 00 00 00 00 00 00 00
         04 00 00 00 00 00 00 00  05 00 00 00 00 00 00 00
@@ -96,7 +100,7 @@ fn repl_write_zeroes_literal() {
         },
     };
     let bytes = hex("
-        42 53 50 57  04  02  00 00  52 00 00 00  b3 3f c9 60  2a cd 0a f8
+        42 53 50 57  05  02  00 00  52 00 00 00  b3 3f c9 60  1a 19 7b c9
         ff ee dd cc bb aa 99 88 77 66 55 44 33 22 11 00
         02 00 00 00 00 00 00 00  03 00 00 00 00 00 00 00
         04 00 00 00 00 00 00 00  05 00 00 00 00 00 00 00
@@ -125,7 +129,7 @@ fn repl_started_literal() {
         },
     };
     let bytes = hex("
-        42 53 50 57  04  09  00 00  3c 00 00 00  19 b4 b0 e6  f8 53 52 0e
+        42 53 50 57  05  09  00 00  3c 00 00 00  19 b4 b0 e6  c8 87 23 3f
         ff ee dd cc bb aa 99 88 77 66 55 44 33 22 11 00
         02 00 00 00 00 00 00 00  03 00 00 00 00 00 00 00
         01 00 00 00 00 00 00 00  20 00 00 00 00 00 00 00
@@ -178,7 +182,7 @@ fn client_write_of_zeros_literal() {
         },
     };
     let bytes = hex("
-        42 53 50 57  04  07  00 00  26 00 00 00  0a 17 b7 81  6d 20 23 4f
+        42 53 50 57  05  07  00 00  26 00 00 00  0a 17 b7 81  5d f4 52 7e
         ff ee dd cc bb aa 99 88 77 66 55 44 33 22 11 00
         0b 00 00 00 00 00 00 00  03  06 00 00 00 00 00 00 00  01  00 30 00 00");
     assert_literal(&frame, &bytes);
@@ -260,7 +264,7 @@ fn heartbeat_literal() {
         },
     };
     let bytes = hex("
-        42 53 50 57  04  05  00 00  20 00 00 00  23 35 8e d5  71 b1 01 dd
+        42 53 50 57  05  05  00 00  20 00 00 00  23 35 8e d5  41 65 70 ec
         ff ee dd cc bb aa 99 88 77 66 55 44 33 22 11 00
         09 00 00 00 00 00 00 00  0a 00 00 00 00 00 00 00");
     assert_literal(&frame, &bytes);
@@ -280,9 +284,10 @@ fn typed_errors_name_the_problem() {
 
     assert!(matches!(decode(b"BSX"), Err(DecodeError::BadMagic { .. })));
     assert_eq!(decode(b"BSP"), Ok(None));
-    // A version 1 peer (no zero forms), 2 (no failover watermarks) or 3
-    // (no lease in heartbeat answers) is refused, as is a future one.
-    for v in [1, 2, 3, 5] {
+    // A version 1 peer (no zero forms), 2 (no failover watermarks), 3 (no
+    // lease in heartbeat answers) or 4 (no authentication) is refused, as is
+    // a future one.
+    for v in [1, 2, 3, 4, 6] {
         let mut b = good.clone();
         b[4] = v;
         assert_eq!(decode(&b), Err(DecodeError::UnsupportedVersion(v)));
@@ -305,7 +310,7 @@ fn typed_errors_name_the_problem() {
         h.extend_from_slice(payload);
         h
     };
-    assert_eq!(decode(&rebuild(10, &[])), Err(DecodeError::UnknownKind(10)));
+    assert_eq!(decode(&rebuild(11, &[])), Err(DecodeError::UnknownKind(11)));
     assert!(matches!(
         decode(&rebuild(kind::HEARTBEAT, &good[20..good.len() - 1])),
         Err(DecodeError::Truncated {
@@ -344,6 +349,8 @@ fn frames_follow_each_other_in_one_buffer() {
         cluster: [1; 16],
         node: NodeId(1),
         boot: 1,
+        nonce: [2; 16],
+        proof: [0; 32],
     };
     let b = Frame::Msg {
         vol: VOL,
@@ -480,13 +487,21 @@ fn msg(vol: VolumeId) -> impl Strategy<Value = Msg> {
 
 fn frame() -> impl Strategy<Value = Frame> {
     prop_oneof![
-        (any::<[u8; 16]>(), any::<u32>(), any::<u64>()).prop_map(|(cluster, node, boot)| {
-            Frame::Hello {
+        (
+            any::<[u8; 16]>(),
+            any::<u32>(),
+            any::<u64>(),
+            any::<[u8; 16]>(),
+            any::<[u8; 32]>()
+        )
+            .prop_map(|(cluster, node, boot, nonce, proof)| Frame::Hello {
                 cluster,
                 node: NodeId(node),
                 boot,
-            }
-        }),
+                nonce,
+                proof,
+            }),
+        any::<[u8; 32]>().prop_map(|proof| Frame::Auth { proof }),
         any::<u128>().prop_flat_map(|v| msg(VolumeId(v)).prop_map(move |msg| Frame::Msg {
             vol: VolumeId(v),
             msg

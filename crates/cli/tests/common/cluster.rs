@@ -11,7 +11,9 @@
 //! Invariant: node `i` is named `node{i}` and is `nodes[i]`.
 
 use super::netns::TestNet;
-use super::{in_netns, python_cmd, require_tool, run_cmd, CmdOutput, Server};
+use super::{
+    in_netns, monotonic_secs, python_cmd, require_tool, run_cmd, CmdOutput, Scratch, Server,
+};
 use basalt_etcd_fixture::{EtcdNet, EtcdServer};
 use serde_json::Value;
 use std::net::TcpListener;
@@ -25,6 +27,32 @@ pub struct Cluster {
     pub nodes: Vec<Server>,
     /// The namespaces of a [`Cluster::start_in_netns`] cluster.
     pub net: Option<TestNet>,
+    /// Holds the cluster secret file every node is started with.
+    pub secrets: Scratch,
+}
+
+/// A cluster secret file (64 hex digits, mode 0600) in `dir`.
+pub fn cluster_secret_file(dir: &Scratch) -> String {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = dir.path("cluster-secret");
+    let seed = std::process::id() as u64 ^ monotonic_secs().to_bits();
+    let hex: String = (0..32u64)
+        .map(|i| {
+            format!(
+                "{:02x}",
+                (seed.rotate_left(i as u32 * 7) ^ i.wrapping_mul(0x9e)) as u8
+            )
+        })
+        .collect();
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&path)
+        .expect("cluster secret file");
+    writeln!(f, "{hex}").expect("write the cluster secret");
+    path.display().to_string()
 }
 
 pub fn free_port() -> u16 {
@@ -70,6 +98,8 @@ impl Cluster {
             .expect("start etcd in the switch namespace"),
         };
         let endpoint = etcd.endpoint();
+        let secrets = Scratch::new();
+        let secret = cluster_secret_file(&secrets);
         let nodes = (0..n)
             .map(|i| {
                 let host = net.as_ref().map(|net| net.host(i));
@@ -85,6 +115,8 @@ impl Cluster {
                     &name,
                     "--peer-listen",
                     &peer,
+                    "--cluster-secret-file",
+                    &secret,
                     "--lease-ms",
                     "1000",
                 ];
@@ -96,7 +128,12 @@ impl Cluster {
                 Server::start_on("512M", &args, host)
             })
             .collect();
-        Cluster { etcd, nodes, net }
+        Cluster {
+            etcd,
+            nodes,
+            net,
+            secrets,
+        }
     }
 
     /// The network of a [`Cluster::start_in_netns`] cluster.

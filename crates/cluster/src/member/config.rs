@@ -2,6 +2,7 @@
 //! protocol's timing.
 
 use crate::meta::EtcdConfig;
+use crate::secret::ClusterSecret;
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -74,6 +75,9 @@ pub struct MemberConfig {
     pub nvme_addr: Option<SocketAddr>,
     pub api_addr: Option<SocketAddr>,
     pub etcd: EtcdConfig,
+    /// The secret every node of the cluster holds; peer connections are
+    /// authenticated with it (see `secret`).
+    pub secret: ClusterSecret,
     /// Node liveness key TTL in etcd (for `node list`; replication uses
     /// its own heartbeats).
     pub node_ttl: Duration,
@@ -91,7 +95,12 @@ pub struct MemberConfig {
 }
 
 impl MemberConfig {
-    pub fn new(name: impl Into<String>, peer_listen: SocketAddr, etcd: EtcdConfig) -> Self {
+    pub fn new(
+        name: impl Into<String>,
+        peer_listen: SocketAddr,
+        etcd: EtcdConfig,
+        secret: ClusterSecret,
+    ) -> Self {
         MemberConfig {
             name: name.into(),
             zone: None,
@@ -101,6 +110,7 @@ impl MemberConfig {
             nvme_addr: None,
             api_addr: None,
             etcd,
+            secret,
             node_ttl: Duration::from_secs(3),
             timing: Timing::default(),
             request_deadline: Duration::from_secs(60),

@@ -163,6 +163,7 @@ impl ClusterMember {
         let peers = PeerNet::start(
             PeerConfig {
                 cluster,
+                secret: cfg.secret.clone(),
                 me,
                 boot,
                 listen: cfg.peer_listen,
