@@ -379,78 +379,48 @@ fn restarted_peer_is_reached_again() {
     b.shutdown();
 }
 
-#[test]
-fn another_cluster_is_refused_both_ways() {
+/// Node 1 (of this test's cluster) and `other` (node 2, configured with
+/// `cfg`) each send the other a frame; both must refuse the connection and
+/// neither may take a frame. Returns node 1 and its inbox.
+fn assert_refused_both_ways(cfg: PeerConfig) -> (PeerNet, Arc<Inbox>) {
     let (a, a_in) = node(1);
-    let stranger_in = Arc::new(Inbox::default());
-    let stranger = PeerNet::start(config(2, *b"another-cluster!"), stranger_in.clone()).unwrap();
-    stranger.set_peer_addr(NodeId(1), a.local_addr());
-    a.set_peer_addr(NodeId(2), stranger.local_addr());
-    stranger.send(
-        NodeId(1),
-        VOL,
-        Msg::Fenced {
-            vol: VOL,
-            epoch: Epoch(1),
-        },
-    );
-    a.send(
-        NodeId(2),
-        VOL,
-        Msg::Fenced {
-            vol: VOL,
-            epoch: Epoch(2),
-        },
-    );
+    let other_in = Arc::new(Inbox::default());
+    let other = PeerNet::start(cfg, other_in.clone()).unwrap();
+    other.set_peer_addr(NodeId(1), a.local_addr());
+    a.set_peer_addr(NodeId(2), other.local_addr());
+    for (from, to, epoch) in [(&other, NodeId(1), 1), (&a, NodeId(2), 2)] {
+        from.send(
+            to,
+            VOL,
+            Msg::Fenced {
+                vol: VOL,
+                epoch: Epoch(epoch),
+            },
+        );
+    }
     wait_until("both refusals", || {
-        a.stats().protocol_errors >= 1 && stranger.stats().protocol_errors >= 1
+        a.stats().protocol_errors >= 1 && other.stats().protocol_errors >= 1
     });
     std::thread::sleep(Duration::from_millis(200));
-    assert_eq!(a_in.len() + stranger_in.len(), 0);
-    for s in [a.stats(), stranger.stats()] {
+    assert_eq!(a_in.len() + other_in.len(), 0);
+    for s in [a.stats(), other.stats()] {
         assert_eq!((s.connects, s.accepts, s.frames_sent), (0, 0, 0));
     }
+    (a, a_in)
+}
+
+#[test]
+fn another_cluster_is_refused_both_ways() {
+    assert_refused_both_ways(config(2, *b"another-cluster!"));
 }
 
 #[test]
 fn a_node_without_the_cluster_secret_is_refused_both_ways() {
     // Same cluster id (anyone who can read etcd knows it), another secret.
-    let (a, a_in) = node(1);
-    let intruder_in = Arc::new(Inbox::default());
-    let intruder = PeerNet::start(
-        PeerConfig {
-            secret: ClusterSecret::from_bytes([0x11; 32]),
-            ..config(2, CLUSTER)
-        },
-        intruder_in.clone(),
-    )
-    .unwrap();
-    intruder.set_peer_addr(NodeId(1), a.local_addr());
-    a.set_peer_addr(NodeId(2), intruder.local_addr());
-    intruder.send(
-        NodeId(1),
-        VOL,
-        Msg::Fenced {
-            vol: VOL,
-            epoch: Epoch(1),
-        },
-    );
-    a.send(
-        NodeId(2),
-        VOL,
-        Msg::Fenced {
-            vol: VOL,
-            epoch: Epoch(2),
-        },
-    );
-    wait_until("both refusals", || {
-        a.stats().protocol_errors >= 1 && intruder.stats().protocol_errors >= 1
+    let (a, a_in) = assert_refused_both_ways(PeerConfig {
+        secret: ClusterSecret::from_bytes([0x11; 32]),
+        ..config(2, CLUSTER)
     });
-    std::thread::sleep(Duration::from_millis(200));
-    assert_eq!(a_in.len() + intruder_in.len(), 0);
-    for s in [a.stats(), intruder.stats()] {
-        assert_eq!((s.connects, s.accepts, s.frames_sent), (0, 0, 0));
-    }
 
     // A raw client that knows the cluster id: its Hello is answered, but
     // without the secret its Auth is refused and nothing it sends is taken.
