@@ -36,8 +36,6 @@ fn the_data_directory_is_private_from_the_first_start_and_fixed_on_later_ones() 
     let mut s = Server::start("64M");
     s.create_volume("v", "16M");
     let dir = s.data_dir().to_path_buf();
-    // The test harness creates its server log in the directory before the
-    // server starts; the server restricts that too.
     for name in [
         "basalt.data",
         "catalog.redb",

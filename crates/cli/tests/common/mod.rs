@@ -22,6 +22,7 @@ use std::fs;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
@@ -447,7 +448,13 @@ fn fresh_dir() -> PathBuf {
         std::process::id(),
         N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
     ));
-    fs::create_dir_all(&p).expect("create test dir");
+    // Private, as the server keeps its data directory (it would fix and
+    // log anything more open).
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&p)
+        .expect("create test dir");
     p
 }
 
@@ -531,6 +538,7 @@ impl Server {
         assert!(self.child.is_none(), "server already running");
         self.starts += 1;
         let log = fs::OpenOptions::new()
+            .mode(0o600)
             .create(true)
             .append(true)
             .open(self.log_path())
