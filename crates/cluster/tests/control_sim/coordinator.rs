@@ -8,7 +8,7 @@ use super::*;
 
 impl Sim {
     pub(super) fn heartbeats(&mut self, c: usize, from: usize, batch: Vec<(VolumeId, u64, u64)>) {
-        let now = self.now;
+        let now = self.clock(c);
         let Some(role) = self.nodes[c].coord.as_mut() else {
             return;
         };
@@ -59,7 +59,10 @@ impl Sim {
             expires: self.now + ROLE_TTL,
         });
         let known: Vec<NodeId> = (0..self.nodes.len() as u32).map(NodeId).collect();
-        let heard = self.now.saturating_sub(ROLE_TTL / 3);
+        // The coordinator's own clock: etcd's lease (`expires`) is on the
+        // simulation's.
+        let clock = self.clock(node);
+        let heard = clock.saturating_sub(ROLE_TTL / 3);
         let mut co = Coordinator::new(LEASE, GRACE, &known, heard);
         if self.bug == Some(Bug::NodeLivenessOnly) {
             co = co.with_bug(CoordinatorBug::NodeLivenessOnly);
@@ -73,10 +76,10 @@ impl Sim {
         n.coord = Some(CoordRole {
             co,
             term,
-            confirmed: self.now,
+            confirmed: clock,
             inc: n.coord_inc,
             faulty_since: HashMap::new(),
-            next_placement: self.now,
+            next_placement: clock,
             placing: 0,
         });
         self.elections += 1;
@@ -93,7 +96,7 @@ impl Sim {
 
     pub(super) fn coord_round(&mut self, node: usize) {
         self.expire_election();
-        let now = self.now;
+        let (etcd_now, now) = (self.now, self.clock(node));
         if let Some(role) = self.nodes[node].coord.as_mut() {
             let mine = self
                 .election
@@ -101,7 +104,7 @@ impl Sim {
                 .filter(|e| e.holder == node && e.rev == role.term);
             match mine {
                 Some(e) => {
-                    e.expires = now + ROLE_TTL;
+                    e.expires = etcd_now + ROLE_TTL;
                     role.confirmed = now;
                 }
                 None => {

@@ -94,10 +94,11 @@ impl Sim {
             if !n.up {
                 continue;
             }
+            // A lease is on its node's clock.
             for (vol, r) in &n.replicas {
                 if !r.stopped
                     && matches!(r.node.role(), RoleKind::Primary(_))
-                    && r.node.lease_until() > self.now
+                    && r.node.lease_until() > self.now + n.skew
                 {
                     holders.entry(*vol).or_default().push(i);
                 }
@@ -142,7 +143,8 @@ impl Sim {
             }
             let p = &self.nodes[rec.primary.0 as usize];
             let holds = p.replicas.get(vol).is_some_and(|r| {
-                r.node.role() == RoleKind::Primary(rec.epoch) && r.node.lease_until() > self.now
+                r.node.role() == RoleKind::Primary(rec.epoch)
+                    && r.node.lease_until() > self.now + p.skew
             });
             if !holds {
                 return Err(format!(

@@ -99,6 +99,8 @@ const ROUND: u64 = 10;
 const PLACEMENT_EVERY: u64 = 100;
 /// Most volumes in the catalog at once.
 const MAX_VOLUMES: usize = 12;
+/// Nodes' clocks differ from the simulation's by up to this (ms).
+const MAX_SKEW: u64 = 30;
 
 /// A deliberately broken control plane, to prove the checks can fail.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -232,6 +234,9 @@ struct CoordRole {
 }
 
 struct SimNode {
+    /// This node's clock runs this far ahead of the simulation's (constant:
+    /// the protocol assumes no rate difference beyond the grace).
+    skew: u64,
     up: bool,
     boot: u64,
     paused_until: u64,
@@ -323,8 +328,11 @@ impl Sim {
             lease_ms: LEASE,
             ..Config::default()
         };
-        let nodes = (0..n)
-            .map(|_| SimNode {
+        let skews: Vec<u64> = (0..n).map(|_| rng.below(MAX_SKEW + 1)).collect();
+        let nodes = skews
+            .into_iter()
+            .map(|skew| SimNode {
+                skew,
                 up: true,
                 boot: 1,
                 paused_until: 0,
@@ -377,6 +385,11 @@ impl Sim {
         sim.at(5, Ev::Api);
         sim.at(200, Ev::Fault);
         sim
+    }
+
+    /// Node `node`'s clock (its replicas' and its coordinator's `now`).
+    fn clock(&self, node: usize) -> u64 {
+        self.now + self.nodes[node].skew
     }
 
     fn at(&mut self, delay: u64, ev: Ev) {

@@ -88,7 +88,8 @@ impl Sim {
             volume_blocks: disk.len() as u64 / BL,
             ..self.cfg.clone()
         };
-        let replica = Node::new(me, n.boot, vol, cfg, fresh.then(|| rec.clone()), self.now);
+        let now = self.now + n.skew;
+        let replica = Node::new(me, n.boot, vol, cfg, fresh.then(|| rec.clone()), now);
         n.replicas.insert(
             vol,
             Replica {
@@ -120,7 +121,7 @@ impl Sim {
         input: Input,
         outbox: &mut Vec<(VolumeId, u64, u64)>,
     ) {
-        let now = self.now;
+        let now = self.clock(node);
         let Some(r) = self.nodes[node].replicas.get_mut(&vol) else {
             return;
         };
