@@ -29,7 +29,7 @@ use std::io;
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::thread::{self, JoinHandle};
 use std::time::Duration;
 
@@ -92,13 +92,18 @@ struct LiveConnection {
 }
 
 /// Drops the NBD clients of one volume (see [`NbdServer::disconnector`]).
-pub struct Disconnector(Arc<Shared>);
+/// Holds the server weakly: the volume service keeps it, and the server
+/// (through its exports) keeps the service.
+pub struct Disconnector(Weak<Shared>);
 
 impl basalt_volume::ClientDisconnect for Disconnector {
     /// Shuts down the socket of every connection that opened `volume`; their
     /// threads then end and release the volume. Returns how many.
     fn disconnect(&self, volume: &str) -> usize {
-        let connections = self.0.connections.lock();
+        let Some(shared) = self.0.upgrade() else {
+            return 0;
+        };
+        let connections = shared.connections.lock();
         let mut n = 0;
         for c in connections.values() {
             if c.export.as_deref() == Some(volume) {
@@ -175,7 +180,7 @@ impl NbdServer {
 
     /// What the volume service calls to drop a volume's NBD clients.
     pub fn disconnector(&self) -> Disconnector {
-        Disconnector(Arc::clone(&self.shared))
+        Disconnector(Arc::downgrade(&self.shared))
     }
 
     /// Stops accepting, shuts down every client socket and joins every

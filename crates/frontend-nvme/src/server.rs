@@ -32,7 +32,7 @@ use std::io;
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::thread::{self, JoinHandle};
 use std::time::Duration;
 
@@ -141,18 +141,23 @@ impl Shared {
 }
 
 /// Drops the NVMe/TCP hosts of one volume (see [`NvmeServer::disconnector`]).
-pub struct Disconnector(Arc<Shared>);
+/// Holds the server weakly: the volume service keeps it, and the server
+/// (through its exports) keeps the service.
+pub struct Disconnector(Weak<Shared>);
 
 impl basalt_volume::ClientDisconnect for Disconnector {
     /// Tears down every controller (and so every queue) of `volume`'s
     /// subsystem, as a keep-alive timeout would; returns how many.
     fn disconnect(&self, volume: &str) -> usize {
+        let Some(shared) = self.0.upgrade() else {
+            return 0;
+        };
         let mut n = 0;
-        for ctrl in self.0.controllers.all() {
+        for ctrl in shared.controllers.all() {
             if ctrl.volume().is_some_and(|v| v.name() == volume) {
                 tracing::info!(cntlid = ctrl.cntlid, subnqn = %ctrl.subnqn, hostnqn = %ctrl.hostnqn,
                     "NVMe controller torn down: its volume's clients are being disconnected");
-                self.0.controllers.remove(&ctrl);
+                shared.controllers.remove(&ctrl);
                 n += 1;
             }
         }
@@ -277,7 +282,7 @@ impl NvmeServer {
 
     /// What the volume service calls to drop a volume's NVMe/TCP hosts.
     pub fn disconnector(&self) -> Disconnector {
-        Disconnector(Arc::clone(&self.shared))
+        Disconnector(Arc::downgrade(&self.shared))
     }
 
     /// Controllers currently live.
