@@ -82,7 +82,7 @@ impl Sim {
             next_placement: clock,
             placing: 0,
         });
-        self.elections += 1;
+        self.seen.elections += 1;
         self.trace(format!("n{node} elected coordinator at revision {term}"));
         for other in 0..self.nodes.len() {
             let d = if self.rng.chance(50) {
@@ -170,7 +170,7 @@ impl Sim {
                     now >= n.stalled_until[s] && n.queue[s].front().is_none_or(|q| q.0 > *rev);
                 let proven_gone = caught_up && !n.catalog.contains_key(&vol);
                 if !proven_gone && self.bug != Some(Bug::OrphanFromStaleCatalog) {
-                    self.orphans_deferred += 1;
+                    self.seen.orphans_deferred += 1;
                     continue;
                 }
                 placing.push(Write::Delete { vol, mod_rev: *rev });

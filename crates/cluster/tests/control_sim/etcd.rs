@@ -58,7 +58,7 @@ impl Sim {
                                 rec.volume
                             ));
                         }
-                        self.creates += 1;
+                        self.seen.creates += 1;
                         self.trace(format!(
                             "etcd: record of {:?} created by n{node}",
                             rec.volume
@@ -76,7 +76,7 @@ impl Sim {
                                 "n{node} deleted the record of {vol:?}, which is still in the catalog"
                             ));
                         }
-                        self.deletes += 1;
+                        self.seen.deletes += 1;
                         self.rev += 1;
                         self.records.remove(vol);
                         let v = *vol;
@@ -113,7 +113,7 @@ impl Sim {
             return Outcome::Invalid;
         }
         if record.epoch != cur.epoch {
-            self.failovers += 1;
+            self.seen.failovers += 1;
         }
         record.version = expected + 1;
         self.put_record(record.clone());
@@ -177,19 +177,7 @@ impl Sim {
         };
         if let Some(record) = record {
             let d = self.net_delay();
-            self.at(
-                d,
-                Ev::Deliver {
-                    to: node,
-                    boot,
-                    vol,
-                    from: Endpoint::Control,
-                    msg: Msg::MetaReply {
-                        record,
-                        cas_ok: Some(ok),
-                    },
-                },
-            );
+            self.meta_reply(node, boot, record, Some(ok), d);
         }
     }
 }

@@ -13,7 +13,7 @@ impl Sim {
             15..=34 if self.nodes[node].up => {
                 // Past the leases, sometimes past the role's TTL.
                 let d = 100 + self.rng.below(900);
-                self.pauses += 1;
+                self.seen.pauses += 1;
                 self.trace(format!("n{node} pauses for {d} ms"));
                 self.nodes[node].paused_until = self.now + d;
             }
@@ -34,7 +34,7 @@ impl Sim {
                     let (i, vol) = running[self.rng.below(running.len() as u64) as usize];
                     if let Some(r) = self.nodes[i].replicas.get_mut(&vol) {
                         r.stopped = true;
-                        self.stops += 1;
+                        self.seen.stops += 1;
                         self.trace(format!("n{i}: replica of {vol:?} stops for good"));
                     }
                 }
@@ -46,7 +46,7 @@ impl Sim {
                     Stream::Records
                 } as usize;
                 let d = 300 + self.rng.below(1700);
-                self.stalls += 1;
+                self.seen.stalls += 1;
                 self.trace(format!("n{node}: watch stream {s} stalls for {d} ms"));
                 let until = self.now + d;
                 let x = &mut self.nodes[node];

@@ -285,16 +285,8 @@ struct Sim {
     nodes: Vec<SimNode>,
     violation: Option<String>,
     trace: bool,
-    // coverage
-    elections: u64,
-    stops: u64,
-    stalls: u64,
-    pauses: u64,
-    crashes: u64,
-    creates: u64,
-    deletes: u64,
-    failovers: u64,
-    orphans_deferred: u64,
+    /// What the run exercised.
+    seen: Summary,
 }
 
 fn node_status(id: usize, boot: u64, alive: bool) -> NodeStatus {
@@ -368,15 +360,7 @@ impl Sim {
             nodes,
             violation: None,
             trace: std::env::var_os("BASALT_SIM_TRACE").is_some(),
-            elections: 0,
-            stops: 0,
-            stalls: 0,
-            pauses: 0,
-            crashes: 0,
-            creates: 0,
-            deletes: 0,
-            failovers: 0,
-            orphans_deferred: 0,
+            seen: Summary::default(),
         };
         for node in 0..n {
             sim.at(1 + node as u64, Ev::NodeTick { node, boot: 1 });
@@ -540,20 +524,11 @@ impl Sim {
         }
         self.now = self.end;
         self.check_end()?;
-        Ok(Summary {
-            elections: self.elections,
-            stops: self.stops,
-            stalls: self.stalls,
-            pauses: self.pauses,
-            crashes: self.crashes,
-            creates: self.creates,
-            deletes: self.deletes,
-            failovers: self.failovers,
-            orphans_deferred: self.orphans_deferred,
-        })
+        Ok(self.seen)
     }
 }
 
+/// Coverage: how often each fault and decision happened.
 #[derive(Default, Debug)]
 struct Summary {
     elections: u64,

@@ -57,22 +57,52 @@ impl Sim {
         let me = NodeId(node as u32);
         let mine = rec.replicas.contains_key(&me);
         if mine && n.replicas.contains_key(&vol) {
-            self.input(
-                node,
-                vol,
-                Input::Msg {
-                    from: Endpoint::Control,
-                    msg: Msg::MetaReply {
-                        record: rec,
-                        cas_ok: None,
-                    },
-                },
-            );
+            self.feed_record(node, rec);
         } else if mine {
             self.start_replica(node, &rec);
         } else if n.replicas.remove(&vol).is_some() {
             self.trace(format!("n{node}: no longer holds {vol:?}"));
         }
+    }
+
+    /// The metadata service's answer (a record, and a CAS's outcome)
+    /// reaches incarnation `boot` of `node`'s replica after `delay`.
+    pub(super) fn meta_reply(
+        &mut self,
+        node: usize,
+        boot: u64,
+        record: Membership,
+        cas_ok: Option<bool>,
+        delay: u64,
+    ) {
+        let vol = record.volume;
+        self.at(
+            delay,
+            Ev::Deliver {
+                to: node,
+                boot,
+                vol,
+                from: Endpoint::Control,
+                msg: Msg::MetaReply { record, cas_ok },
+            },
+        );
+    }
+
+    /// Gives a running replica a record its node's watch delivered, as the
+    /// member does.
+    fn feed_record(&mut self, node: usize, record: Membership) {
+        let vol = record.volume;
+        self.input(
+            node,
+            vol,
+            Input::Msg {
+                from: Endpoint::Control,
+                msg: Msg::MetaReply {
+                    record,
+                    cas_ok: None,
+                },
+            },
+        );
     }
 
     pub(super) fn start_replica(&mut self, node: usize, rec: &Membership) {
@@ -98,17 +128,7 @@ impl Sim {
             },
         );
         if !fresh {
-            self.input(
-                node,
-                vol,
-                Input::Msg {
-                    from: Endpoint::Control,
-                    msg: Msg::MetaReply {
-                        record: rec.clone(),
-                        cas_ok: None,
-                    },
-                },
-            );
+            self.feed_record(node, rec.clone());
         }
     }
 
@@ -144,19 +164,7 @@ impl Sim {
                     // does.
                     if let Some(record) = self.nodes[node].records.get(&vol).cloned() {
                         let d = 1 + self.rng.below(3);
-                        self.at(
-                            d,
-                            Ev::Deliver {
-                                to: node,
-                                boot,
-                                vol,
-                                from: Endpoint::Control,
-                                msg: Msg::MetaReply {
-                                    record,
-                                    cas_ok: None,
-                                },
-                            },
-                        );
+                        self.meta_reply(node, boot, record, None, d);
                     }
                 }
                 Action::Send {
@@ -296,7 +304,7 @@ impl Sim {
     }
 
     pub(super) fn crash(&mut self, node: usize) {
-        self.crashes += 1;
+        self.seen.crashes += 1;
         self.trace(format!("n{node} crashes"));
         let n = &mut self.nodes[node];
         n.up = false;
