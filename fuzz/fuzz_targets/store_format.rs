@@ -1,5 +1,6 @@
 //! Feeds arbitrary bytes to the store's metadata decoders (superblock,
-//! volume slot, extent entry, journal block of both versions): raw, and
+//! volume slot, extent entry, journal block of both versions, checksum
+//! page): raw, and
 //! with magic and checksums fixed up so that the field parsers behind them
 //! are reached, which random bytes behind a CRC almost never do.
 //!
@@ -9,8 +10,8 @@
 #![no_main]
 
 use basalt_store::format::{
-    decode_journal_block, decode_journal_block_v1, encode_journal_block, ExtentState,
-    SlotState, Superblock, JOURNAL_ENTRIES_PER_BLOCK,
+    decode_checksum_page, decode_journal_block, decode_journal_block_v1, encode_checksum_page,
+    encode_journal_block, ExtentState, SlotState, Superblock, JOURNAL_ENTRIES_PER_BLOCK,
 };
 use libfuzzer_sys::fuzz_target;
 
@@ -39,7 +40,9 @@ fn superblock(data: &[u8]) {
     let mut page = page_of(data);
     page[..8].copy_from_slice(b"BASALTSB");
     page[8..12].copy_from_slice(&(1 + (data.first().copied().unwrap_or(0) % 2) as u32).to_le_bytes());
-    page[16..24].fill(0); // no incompatible features
+    // No incompatible features, or data checksums only.
+    let features = data.get(1).map_or(0u64, |b| (*b % 2) as u64);
+    page[16..24].copy_from_slice(&features.to_le_bytes());
     fix_crc(&mut page, 12);
     if let Ok(sb) = Superblock::decode(&page) {
         assert_eq!(Superblock::decode(&sb.encode()), Ok(sb));
@@ -101,8 +104,21 @@ fn journal_block(data: &[u8]) {
     }
 }
 
+fn checksum_page(data: &[u8]) {
+    let index = data.len() as u64;
+    let _ = decode_checksum_page(index, data);
+    let mut page = page_of(data);
+    let crc = crc32c::crc32c_append(crc32c::crc32c(&index.to_le_bytes()), &page[..PAGE - 4]);
+    page[PAGE - 4..].copy_from_slice(&crc.to_le_bytes());
+    let values = decode_checksum_page(index, &page).expect("a page with its checksum verifies");
+    let mut again = vec![0u8; PAGE];
+    encode_checksum_page(index, &values, &mut again);
+    assert_eq!(again, page);
+}
+
 fuzz_target!(|data: &[u8]| {
     superblock(data);
     table_entries(data);
     journal_block(data);
+    checksum_page(data);
 });

@@ -31,8 +31,8 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 use types::{
-    AttachHost, CreateVolume, Node, NodeList, ResizeVolume, SetNodeState, Status, Volume,
-    VolumeList,
+    AttachHost, CreateVolume, Node, NodeList, ResizeVolume, ScrubResult, ScrubVolume, SetNodeState,
+    Status, Volume, VolumeList,
 };
 
 /// The OpenAPI 3 document describing every route.
@@ -117,6 +117,7 @@ fn build(service: Arc<VolumeService>, token: String) -> (Router, Vec<RouteSpec>)
     .delete("/api/v1/volumes/{name}", delete_volume)
     .post("/api/v1/volumes/{name}/resize", resize_volume)
     .post("/api/v1/volumes/{name}/disconnect", disconnect_volume)
+    .post("/api/v1/volumes/{name}/scrub", scrub_volume)
     .get("/api/v1/volumes/{name}/local-digest", local_digest)
     .post("/api/v1/volumes/{name}/nvme-hosts", attach_host)
     .delete("/api/v1/volumes/{name}/nvme-hosts/{host_nqn}", detach_host)
@@ -245,6 +246,27 @@ async fn disconnect_volume(
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let closed = blocking(move || app.service.disconnect(&name, DISCONNECT_WAIT)).await?;
     Ok(Json(serde_json::json!({ "disconnected": closed })))
+}
+
+async fn scrub_volume(
+    State(app): State<AppState>,
+    Path(name): Path<String>,
+    JsonBody(req): JsonBody<ScrubVolume>,
+) -> Result<Json<ScrubResult>, ApiError> {
+    let volume = name.clone();
+    let offset = req.offset;
+    let end = req.length.map_or(u64::MAX, |l| offset.saturating_add(l.0));
+    let rate = req.rate.map(|r| r.0);
+    let report =
+        blocking(move || app.service.scrub(&name, offset..end, rate, &mut |_, _| {})).await?;
+    Ok(Json(ScrubResult {
+        volume,
+        offset,
+        length: end - offset,
+        bytes_checked: report.bytes_checked,
+        bad_blocks: report.bad_blocks,
+        data_checksums: report.checksums,
+    }))
 }
 
 async fn resize_volume(

@@ -98,6 +98,27 @@ pub struct Status {
     /// Store table entries that failed their checksum at the last open.
     #[serde(default)]
     pub quarantined_entries: u64,
+    /// The store checks a CRC32C of every 4 KiB block it reads.
+    #[serde(default)]
+    pub data_checksums: bool,
+    /// Reads answered with an error because a block failed its checksum.
+    #[serde(default)]
+    pub checksum_errors: u64,
+}
+
+/// What a scrub of a volume's local copy found.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ScrubResult {
+    pub volume: String,
+    /// The window scrubbed.
+    pub offset: u64,
+    pub length: u64,
+    /// Bytes read and checked (allocated extents).
+    pub bytes_checked: u64,
+    /// Volume offsets of 4 KiB blocks that fail their checksum.
+    pub bad_blocks: Vec<u64>,
+    /// False if the store keeps no data checksums (nothing was checked).
+    pub data_checksums: bool,
 }
 
 impl From<StoreStatus> for Status {
@@ -112,6 +133,8 @@ impl From<StoreStatus> for Status {
             volumes_degraded: s.volumes_degraded,
             volumes_resyncing: s.volumes_resyncing,
             quarantined_entries: s.quarantined_entries,
+            data_checksums: s.data_checksums,
+            checksum_errors: s.checksum_errors,
         }
     }
 }
@@ -173,6 +196,22 @@ pub struct ResizeVolume {
     pub size: Size,
     #[serde(default)]
     pub allow_shrink: bool,
+}
+
+/// `POST /api/v1/volumes/{name}/scrub`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScrubVolume {
+    /// Most bytes read per second; unlimited when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate: Option<Size>,
+    /// The window of the volume to scrub (whole extents overlapping it);
+    /// the whole volume when absent. A client scrubs a large volume window
+    /// by window, showing progress.
+    #[serde(default)]
+    pub offset: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub length: Option<Size>,
 }
 
 /// `POST /api/v1/volumes/{name}/nvme-hosts`.

@@ -80,6 +80,7 @@ pub fn run(command: StoreCommand, data_dir: &Path) -> Result<()> {
         device,
         &OpenOptions {
             background_zeroing: false,
+            ..Default::default()
         },
     )
     .with_context(|| format!("cannot upgrade the store on {}", path.display()))?;
@@ -98,6 +99,7 @@ fn check(device: std::sync::Arc<FileDevice>, path: &Path) -> Result<()> {
         device,
         &OpenOptions {
             background_zeroing: false,
+            ..Default::default()
         },
     )
     .with_context(|| format!("cannot open the store on {}", path.display()))?;

@@ -763,7 +763,7 @@ fn nbd_error(err: &IoError, command: Command) -> NbdError {
             _ => NbdError::Invalid,
         },
         IoError::NoSpace => NbdError::NoSpace,
-        IoError::Io(_) | IoError::Failed => NbdError::Io,
+        IoError::Io(_) | IoError::Failed | IoError::Corrupt { .. } => NbdError::Io,
         // The volume was deleted: the client must disconnect, which is what
         // ESHUTDOWN tells it.
         IoError::Gone => NbdError::Shutdown,

@@ -1193,6 +1193,7 @@ fn io_status(err: &IoError) -> Status {
         IoError::OutOfRange { .. } => Status::LBA_OUT_OF_RANGE.with_dnr(),
         IoError::NoSpace => Status::CAPACITY_EXCEEDED.with_dnr(),
         IoError::Io(_) => Status::WRITE_FAULT,
+        IoError::Corrupt { .. } => Status::UNRECOVERED_READ_ERROR,
         IoError::Gone => Status::INVALID_NAMESPACE.with_dnr(),
         IoError::Failed => Status::INTERNAL_ERROR.with_dnr(),
     }

@@ -4,12 +4,17 @@
 //! reserved, waiting to be zeroed, or quarantined), the journaled state
 //! agrees with the runtime on every extent once everything queued is
 //! committed, each volume's allocation count matches its map, and every
-//! free extent reads as zeros on the device.
+//! free extent reads as zeros on the device; with data checksums, every
+//! mapped block matches its checksum and every cold extent's checksums are
+//! durable.
 
 use crate::buf::AlignedBuf;
 use crate::engine::Store;
 use crate::error::StoreError;
-use crate::format::{ExtentState, SlotState, QUARANTINE_SLOT};
+use crate::format::{
+    decode_checksum_page, ExtentState, SlotState, CHECKSUMS_PER_PAGE, CHECKSUM_UNKNOWN, PAGE,
+    QUARANTINE_SLOT,
+};
 use std::sync::Arc;
 
 /// What `Store::check` counted.
@@ -112,7 +117,7 @@ impl Store {
         for (phys, e) in d.state.extents.iter().enumerate() {
             let p = place[phys];
             let agrees = match *e {
-                ExtentState::Owned { slot, logical } => {
+                ExtentState::Owned { slot, logical, .. } => {
                     let quarantined = slot == QUARANTINE_SLOT
                         || d.state.slots.get((slot as usize).wrapping_sub(1))
                             == Some(&SlotState::Quarantined);
@@ -131,6 +136,12 @@ impl Store {
                 return bad(format!("extent {phys} is journaled as {e:?} but is {p:?}"));
             }
         }
+        let hot: Vec<bool> = d
+            .state
+            .extents
+            .iter()
+            .map(|e| matches!(e, ExtentState::Owned { hot: true, .. }))
+            .collect();
         drop(m);
         drop(d);
         if let Some(phys) = place.iter().position(|p| *p == Place::Nowhere) {
@@ -148,6 +159,57 @@ impl Store {
                 return bad(format!("free extent {phys} holds data at byte {at}"));
             }
         }
+        self.check_checksums(&place, &hot)?;
         Ok(report)
+    }
+
+    /// Every block of every mapped extent holds what its checksum says (or
+    /// its checksum is unknown), and a cold extent's checksums on disk are
+    /// the ones in memory: a crash now would lose no checksum.
+    fn check_checksums(&self, place: &[Place], hot: &[bool]) -> Result<(), StoreError> {
+        let Some(sums) = &self.checksums else {
+            return Ok(());
+        };
+        let layout = self.layout;
+        let bpe = layout.blocks_per_extent();
+        let per = CHECKSUMS_PER_PAGE as u64;
+        let mut region = AlignedBuf::zeroed((layout.checksum_pages_needed() * PAGE) as usize);
+        self.device.read_at(&mut region, layout.checksum_offset)?;
+        let mut buf = AlignedBuf::zeroed(layout.extent_size as usize);
+        for (phys, p) in place.iter().enumerate() {
+            if !matches!(p, Place::Mapped { .. }) {
+                continue;
+            }
+            self.device
+                .read_at(&mut buf, layout.extent_offset(phys as u32))?;
+            for (i, block) in buf.chunks(PAGE as usize).enumerate() {
+                let n = phys as u64 * bpe + i as u64;
+                let want = sums.get(n);
+                let got = crc32c::crc32c(block);
+                if want != got && want != CHECKSUM_UNKNOWN {
+                    return bad(format!(
+                        "block {i} of extent {phys} holds {got:#x}, its checksum says {want:#x}"
+                    ));
+                }
+                if hot[phys] {
+                    continue;
+                }
+                let page = n / per;
+                let at = (page * PAGE) as usize;
+                let Some(values) = decode_checksum_page(page, &region[at..at + PAGE as usize])
+                else {
+                    return bad(format!(
+                        "checksum page {page} of cold extent {phys} fails to verify"
+                    ));
+                };
+                let durable = values[(n % per) as usize];
+                if durable != want && durable != CHECKSUM_UNKNOWN {
+                    return bad(format!(
+                        "cold extent {phys} block {i}: checksum {durable:#x} on disk, {want:#x} in memory"
+                    ));
+                }
+            }
+        }
+        Ok(())
     }
 }

@@ -23,8 +23,10 @@ use crate::device::{BlockDevice, IoOp};
 use crate::error::StoreError;
 use crate::format::{
     ExtentState, JournalEntry, Layout, SlotState, Superblock, DEFAULT_EXTENT_SIZE, FORMAT_VERSION,
-    PAGE, SUPERBLOCK_COPIES,
+    INCOMPAT_DATA_CHECKSUMS, PAGE, SUPERBLOCK_COPIES,
 };
+use crate::integrity::DataChecksums;
+use crate::intent::Intent;
 use crate::journal::Journal;
 use crate::meta::MetaState;
 use crate::recovery;
@@ -35,7 +37,7 @@ use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// Choices made once, when a device is formatted.
 #[derive(Debug, Clone, Default)]
@@ -45,6 +47,9 @@ pub struct FormatOptions {
     /// Journal ring size in 4 KiB blocks; default device size / 512,
     /// clamped to 1–64 MiB. Tests use tiny rings so that they wrap.
     pub journal_blocks: Option<u64>,
+    /// A CRC32C of every 4 KiB data block, checked on every read (default:
+    /// on; `Some(false)` formats without the checksum region).
+    pub data_checksums: Option<bool>,
 }
 
 /// Choices made at every open.
@@ -53,13 +58,23 @@ pub struct OpenOptions {
     /// Zero freed extents on a background thread (default). Without it,
     /// they are zeroed only by `Store::zero_freed` and when an allocation
     /// finds nothing else free: the deterministic mode the crash tests use.
+    /// The same thread runs cooling rounds (`Store::cool`).
     pub background_zeroing: bool,
+    /// How often the background thread cools extents not written since its
+    /// previous round (their checksums are written, their write intent
+    /// cleared).
+    pub cooling_interval: Duration,
+    /// Hot extents beyond this many bytes are cooled even if busy: the
+    /// most an unclean start reads to recompute checksums.
+    pub max_hot_bytes: u64,
 }
 
 impl Default for OpenOptions {
     fn default() -> Self {
         OpenOptions {
             background_zeroing: true,
+            cooling_interval: Duration::from_secs(5),
+            max_hot_bytes: 4 << 30,
         }
     }
 }
@@ -108,6 +123,25 @@ pub struct RecoveryReport {
     /// Extents owned by no live volume, or a second copy of a logical
     /// extent: never produced by this engine; freed with a warning.
     pub stray_extents: u64,
+    /// Extents marked hot (writes in flight at the stop) whose checksums
+    /// were recomputed from their data.
+    pub recomputed_extents: u64,
+    /// Checksum pages that failed to verify (torn by the stop, or
+    /// damaged); the blocks they cover were recomputed and the pages
+    /// rewritten.
+    pub bad_checksum_pages: u64,
+}
+
+/// Data checksums at work.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct IntegrityStats {
+    /// The store keeps data checksums (stores upgraded from format 1 do not).
+    pub data_checksums: bool,
+    /// Reads that found a block not holding what was written to it
+    /// (answered with an error, never with the data).
+    pub checksum_errors: u64,
+    /// Extents whose checksums are not yet durable (write intent).
+    pub hot_extents: u64,
 }
 
 /// The journal and the state it leads to, under one lock: only a commit
@@ -171,6 +205,13 @@ pub struct Store {
     /// One zeroing pass at a time.
     pub(crate) zeroing: Mutex<()>,
     pub(crate) zeroer: Zeroer,
+    /// Data checksums and write intent; `None` in a store without the
+    /// checksum region.
+    pub(crate) checksums: Option<DataChecksums>,
+    pub(crate) intent: Option<Intent>,
+    /// One cooling round at a time.
+    pub(crate) cooling: Mutex<()>,
+    pub(crate) cooling_interval: Duration,
     closed: AtomicBool,
     superblock: Mutex<Superblock>,
     recovery: RecoveryReport,
@@ -260,10 +301,12 @@ impl Store {
         open: &OpenOptions,
     ) -> Result<Arc<Store>, StoreError> {
         let size = device.size();
+        let checksums = options.data_checksums.unwrap_or(true);
         let layout = Layout::plan(
             size,
             options.extent_size.unwrap_or(DEFAULT_EXTENT_SIZE),
             options.journal_blocks,
+            checksums,
         )
         .map_err(StoreError::DeviceTooSmall)?;
         // Whatever was there must not look like a store while we format.
@@ -279,10 +322,18 @@ impl Store {
         );
         state.mark_all_dirty();
         write_dirty_pages(device.as_ref(), &mut state)?;
+        if checksums {
+            // Every page verifies from the start: every block holds zeros.
+            recovery::write_zero_checksum_pages(device.as_ref(), &layout)?;
+        }
         device.flush()?;
         let sb = Superblock {
             version: FORMAT_VERSION,
-            incompat_features: 0,
+            incompat_features: if checksums {
+                INCOMPAT_DATA_CHECKSUMS
+            } else {
+                0
+            },
             compat_features: 0,
             store_id: uuid::Uuid::new_v4(),
             generation: 1,
@@ -330,6 +381,15 @@ impl Store {
         let loaded = recovery::load(device.as_ref(), &sb)?;
         let mut state = loaded.state;
         let built = recovery::build_runtime(&mut state);
+        let integrity = if layout.has_data_checksums() {
+            Some(recovery::load_checksums(
+                device.as_ref(),
+                &state,
+                options.max_hot_bytes,
+            )?)
+        } else {
+            None
+        };
         let report = RecoveryReport {
             unclean: !sb.clean,
             upgraded_from_v1,
@@ -338,6 +398,8 @@ impl Store {
             quarantined_extents: loaded.quarantined_extents,
             quarantined_slots: loaded.quarantined_slots,
             stray_extents: built.stray_extents,
+            recomputed_extents: integrity.as_ref().map_or(0, |i| i.recomputed_extents),
+            bad_checksum_pages: integrity.as_ref().map_or(0, |i| i.bad_pages),
         };
         tracing::info!(
             store = %sb.store_id,
@@ -345,8 +407,14 @@ impl Store {
             replayed_entries = report.replayed_entries,
             volumes = built.volumes.len(),
             dirty_extents = report.dirty_extents,
+            recomputed_extents = report.recomputed_extents,
+            data_checksums = integrity.is_some(),
             "opened store"
         );
+        let (checksums, intent) = match integrity {
+            Some(i) => (Some(i.checksums), Some(i.intent)),
+            None => (None, None),
+        };
         let queued_entries = Arc::new(AtomicU64::new(0));
         let journal = Journal {
             store_id: sb.store_id,
@@ -381,6 +449,10 @@ impl Store {
             rmw_locks: (0..64).map(|_| Mutex::new(())).collect(),
             zeroing: Mutex::new(()),
             zeroer: Zeroer::default(),
+            checksums,
+            intent,
+            cooling: Mutex::new(()),
+            cooling_interval: options.cooling_interval,
             closed: AtomicBool::new(false),
             superblock: Mutex::new(sb),
             recovery: report,
@@ -430,6 +502,20 @@ impl Store {
     /// Makes every completed write and every metadata change durable.
     pub fn flush(&self) -> Result<(), StoreError> {
         self.commit()
+    }
+
+    /// Data checksums at work: errors found, extents with write intent.
+    pub fn integrity(&self) -> IntegrityStats {
+        IntegrityStats {
+            data_checksums: self.checksums.is_some(),
+            checksum_errors: self.checksums.as_ref().map_or(0, |c| c.mismatches()),
+            hot_extents: self.intent.as_ref().map_or(0, |i| i.hot_count() as u64),
+        }
+    }
+
+    /// Whether the first `n` journal entries ever queued are durable.
+    pub(crate) fn entries_durable(&self, n: u64) -> bool {
+        self.durable_entries.load(Ordering::Acquire) >= n
     }
 
     /// Whether a metadata change is queued or being written. Lock-free: it
@@ -561,6 +647,8 @@ impl Store {
         self.commit()?;
         self.zero_freed()?;
         self.release_reserved();
+        // Checksums durable and every extent cold: the next open reads no data.
+        self.cool(true)?;
         self.commit()?;
         let mut d = self.durable.lock();
         self.check_usable()?;
@@ -662,12 +750,18 @@ impl Store {
                     // grown back: zeroed, and durably so before the smaller
                     // size can be.
                     if let Some(phys) = map.get(keep - 1).and_then(|p| p.get()) {
+                        self.heat(phys)?;
                         let start = self.layout.extent_offset(phys) + size % es;
                         let end = self.layout.extent_offset(phys) + es;
                         self.device
                             .discard_zeroes(start, end - start)
                             .and_then(|()| self.device.flush())
                             .map_err(|e| self.fail(e.into()))?;
+                        if let Some(sums) = &self.checksums {
+                            let blocks = (end - start) / BLOCK_SIZE;
+                            let first = self.layout.data_block_at(start);
+                            sums.set_range(first, blocks, crate::integrity::zero_block_crc());
+                        }
                     }
                 }
                 vol.forget_mapped_from(&map, keep);

@@ -40,6 +40,10 @@ pub enum IoError {
     Gone,
     #[error("the store stopped after an earlier device error")]
     Failed,
+    /// A block read does not hold what was written to it (its checksum
+    /// does not match): the read fails rather than return it.
+    #[error("data at device offset {device_offset} fails its checksum")]
+    Corrupt { device_offset: u64 },
 }
 
 impl From<StoreError> for IoError {
@@ -69,6 +73,9 @@ impl IoError {
             }),
             IoError::Gone => IoError::Gone,
             IoError::Failed => IoError::Failed,
+            IoError::Corrupt { device_offset } => IoError::Corrupt {
+                device_offset: *device_offset,
+            },
         }
     }
 }

@@ -14,6 +14,10 @@
 //!   unmap is durable and the extent's zeroing was flushed, and only after
 //!   every I/O that could still reach it has finished.
 //! - After a failed commit no flush reports success.
+//! - A read never returns a block that does not hold what was last written
+//!   to it: every 4 KiB block's CRC32C is checked (`integrity.rs`), and a
+//!   crash never leaves a checksum that disagrees with a valid block
+//!   (`intent.rs`).
 
 mod alloc;
 mod buf;
@@ -22,9 +26,12 @@ pub mod device;
 mod engine;
 mod error;
 pub mod format;
+mod integrity;
+mod intent;
 mod journal;
 mod meta;
 mod recovery;
+mod scrub;
 mod space;
 mod volume;
 
@@ -32,10 +39,12 @@ pub use buf::AlignedBuf;
 pub use check::CheckReport;
 pub use device::{BlockDevice, FileDevice, IoKind, IoOp, MemDevice, SimDevice};
 pub use engine::{
-    FlushStats, FormatOptions, OpenOptions, RecoveryReport, Store, StoreUsage, VolumeUsage,
+    FlushStats, FormatOptions, IntegrityStats, OpenOptions, RecoveryReport, Store, StoreUsage,
+    VolumeUsage,
 };
 pub use error::{IoError, StoreError};
 pub use recovery::{inspect, StoreInfo};
+pub use scrub::ScrubReport;
 pub use volume::{DataKind, DataOp, LocalVolume, MappingRun};
 
 /// Identifies a volume in the store; the control plane's volume UUID.

@@ -77,7 +77,10 @@ impl MetaState {
     /// Frees (dirty) every extent of `slot` whose logical index is `>= first_gone`.
     fn free_from(&mut self, slot: u32, first_gone: u64, freed: &mut Vec<u32>) {
         for phys in 0..self.extents.len() {
-            if let ExtentState::Owned { slot: s, logical } = self.extents[phys] {
+            if let ExtentState::Owned {
+                slot: s, logical, ..
+            } = self.extents[phys]
+            {
                 if s == slot && logical as u64 >= first_gone {
                     self.set_extent(phys as u32, ExtentState::DIRTY, freed);
                 }
@@ -112,7 +115,25 @@ impl MetaState {
             } => {
                 self.extent_range(phys, 1)?;
                 check_slot(slot)?;
-                self.set_extent(phys, ExtentState::Owned { slot, logical }, freed);
+                // A new mapping is hot: its first writes go out before the
+                // mapping (and their checksums) are durable.
+                let hot = self.layout.has_data_checksums();
+                self.set_extent(phys, ExtentState::Owned { slot, logical, hot }, freed);
+            }
+            JournalEntry::Hot { first, count } | JournalEntry::Cold { first, count } => {
+                let want = matches!(entry, JournalEntry::Hot { .. });
+                for phys in self.extent_range(first, count)? {
+                    if let ExtentState::Owned { slot, logical, hot } = self.extents[phys as usize] {
+                        if hot != want {
+                            let value = ExtentState::Owned {
+                                slot,
+                                logical,
+                                hot: want,
+                            };
+                            self.set_extent(phys, value, freed);
+                        }
+                    }
+                }
             }
             JournalEntry::Free { first, count } => {
                 for phys in self.extent_range(first, count)? {

@@ -13,11 +13,14 @@ use crate::buf::AlignedBuf;
 use crate::device::{BlockDevice, IoOp};
 use crate::engine::{write_dirty_pages, write_superblock};
 use crate::error::StoreError;
+use crate::format::{decode_checksum_page, CHECKSUMS_PER_PAGE};
 use crate::format::{
     decode_journal_block, decode_journal_block_v1, ExtentState, FormatError, JournalBlock,
     JournalEntry, Layout, SlotState, Superblock, EXTENT_ENTRY_SIZE, PAGE, SUPERBLOCK_COPIES,
     VOLUME_SLOT_SIZE,
 };
+use crate::integrity::{zero_block_crc, DataChecksums};
+use crate::intent::{write_pages, Intent};
 use crate::meta::MetaState;
 use crate::volume::VolumeState;
 use crate::VolumeId;
@@ -370,7 +373,7 @@ pub(crate) fn build_runtime(state: &mut MetaState) -> Built {
         match *e {
             ExtentState::Free { dirty: false } => free.release(phys),
             ExtentState::Free { dirty: true } => to_zero.push(phys),
-            ExtentState::Owned { slot, logical } => {
+            ExtentState::Owned { slot, logical, .. } => {
                 let quarantined = slot == crate::format::QUARANTINE_SLOT
                     || state
                         .slots
@@ -410,4 +413,106 @@ pub(crate) fn build_runtime(state: &mut MetaState) -> Built {
         to_zero,
         stray_extents: stray.len() as u64,
     }
+}
+
+/// Writes every checksum page of a freshly formatted store: each block
+/// holds zeros.
+pub(crate) fn write_zero_checksum_pages(
+    device: &dyn BlockDevice,
+    layout: &Layout,
+) -> Result<(), StoreError> {
+    let sums = DataChecksums::new(layout.data_blocks());
+    let pages: Vec<u64> = (0..layout.checksum_pages).collect();
+    write_pages(device, layout, &sums, &pages)
+}
+
+/// A store's data checksums and write intent, as an open finds them.
+pub(crate) struct LoadedIntegrity {
+    pub checksums: DataChecksums,
+    pub intent: Intent,
+    pub recomputed_extents: u64,
+    pub bad_pages: u64,
+}
+
+/// Reads the checksum region. Free extents hold zeros (dirty ones are
+/// zeroed before reuse); a hot extent, or one covered by a page that fails
+/// to verify, gets its checksums from its data; the failed pages are
+/// rewritten (the open's checkpoint flushes them).
+pub(crate) fn load_checksums(
+    device: &dyn BlockDevice,
+    state: &MetaState,
+    max_hot_bytes: u64,
+) -> Result<LoadedIntegrity, StoreError> {
+    let layout = state.layout;
+    let per = CHECKSUMS_PER_PAGE as u64;
+    let bpe = layout.blocks_per_extent();
+    let sums = DataChecksums::new(layout.data_blocks());
+    let needed = layout.checksum_pages_needed();
+    let region = read_region(device, layout.checksum_offset, needed * PAGE)?;
+    let mut bad_pages = Vec::new();
+    for page in 0..needed {
+        let at = (page * PAGE) as usize;
+        match decode_checksum_page(page, &region[at..at + PAGE as usize]) {
+            Some(values) => {
+                let first = page * per;
+                for (i, v) in values.into_iter().enumerate() {
+                    if first + (i as u64) < sums.blocks() {
+                        sums.set(first + i as u64, v);
+                    }
+                }
+            }
+            None => bad_pages.push(page),
+        }
+    }
+    drop(region);
+    let zero = zero_block_crc();
+    let in_bad_page = |phys: u64| {
+        let (first, last) = (phys * bpe / per, (phys * bpe + bpe - 1) / per);
+        bad_pages.iter().any(|&p| (first..=last).contains(&p))
+    };
+    let mut recompute = Vec::new();
+    for (phys, e) in state.extents.iter().enumerate() {
+        match *e {
+            ExtentState::Free { .. } => sums.set_range(phys as u64 * bpe, bpe, zero),
+            ExtentState::Owned { hot, .. } => {
+                if hot || (!bad_pages.is_empty() && in_bad_page(phys as u64)) {
+                    recompute.push(phys as u32);
+                }
+            }
+        }
+    }
+    for &page in bad_pages.iter().take(16) {
+        tracing::warn!(
+            page,
+            "checksum page fails to verify (torn by a stop, or damaged); recomputing the checksums it holds from the data"
+        );
+    }
+    let es = layout.extent_size as usize;
+    let mut buf = AlignedBuf::zeroed(es);
+    for &phys in &recompute {
+        device.read_at(&mut buf, layout.extent_offset(phys))?;
+        for (i, block) in buf.chunks(PAGE as usize).enumerate() {
+            sums.set(phys as u64 * bpe + i as u64, crc32c::crc32c(block));
+        }
+    }
+    if !bad_pages.is_empty() {
+        write_pages(device, &layout, &sums, &bad_pages)?;
+    }
+    let max_hot = (max_hot_bytes / layout.extent_size as u64).max(16) as usize;
+    let intent = Intent::new(
+        layout.extent_count,
+        |p| {
+            matches!(
+                state.extents[p as usize],
+                ExtentState::Owned { hot: true, .. }
+            )
+        },
+        max_hot,
+    );
+    Ok(LoadedIntegrity {
+        checksums: sums,
+        intent,
+        recomputed_extents: recompute.len() as u64,
+        bad_pages: bad_pages.len() as u64,
+    })
 }

@@ -21,7 +21,7 @@ use crate::volume::{MapEntry, VolumeState};
 use parking_lot::{Condvar, Mutex};
 use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Extents reserved at a time: one commit per this many first writes.
 const RESERVE_BATCH: u64 = 64;
@@ -30,7 +30,7 @@ const RESERVE_BATCH: u64 = 64;
 const REFILL_BELOW: usize = 16;
 
 /// Consecutive runs of sorted extent numbers, as (first, count).
-fn runs(sorted: &[u32]) -> Vec<(u32, u32)> {
+pub(crate) fn runs(sorted: &[u32]) -> Vec<(u32, u32)> {
     let mut out: Vec<(u32, u32)> = Vec::new();
     for &p in sorted {
         match out.last_mut() {
@@ -62,6 +62,9 @@ impl Store {
                         slot: vol.slot,
                         logical,
                     });
+                    if let Some(intent) = &self.intent {
+                        intent.mapped(phys);
+                    }
                     entry.set(Some(phys));
                     vol.add_allocated(1);
                     let low = m.reserved.len() + m.reserving.len() < REFILL_BELOW;
@@ -140,6 +143,12 @@ impl Store {
                 .map_err(|e| self.fail(e.into()))?;
         }
         self.device.flush().map_err(|e| self.fail(e.into()))?;
+        if let Some(sums) = &self.checksums {
+            let bpe = self.layout.blocks_per_extent();
+            for &p in &batch {
+                sums.set_range(p as u64 * bpe, bpe, crate::integrity::zero_block_crc());
+            }
+        }
         let mut m = self.meta.lock();
         for (first, count) in runs {
             m.push(JournalEntry::Clean { first, count });
@@ -171,7 +180,8 @@ struct Signal {
     stop: bool,
 }
 
-/// The background zeroing thread of a store.
+/// The background thread of a store: zeroes freed extents, tops up the
+/// reserved pool, and runs a cooling round every `cooling_interval`.
 #[derive(Default)]
 pub(crate) struct Zeroer {
     signal: Arc<(Mutex<Signal>, Condvar)>,
@@ -182,28 +192,45 @@ impl Zeroer {
     pub fn spawn(store: &Arc<Store>) {
         let weak: Weak<Store> = Arc::downgrade(store);
         let signal = store.zeroer.signal.clone();
+        let interval = store.cooling_interval;
         let spawned = std::thread::Builder::new()
             .name("basalt-zeroer".into())
-            .spawn(move || loop {
-                {
-                    let (lock, cv) = &*signal;
-                    let mut s = lock.lock();
-                    while !s.wake && !s.stop {
-                        // Wake now and then to notice a dropped store.
-                        if cv.wait_for(&mut s, Duration::from_secs(1)).timed_out()
-                            && weak.strong_count() == 0
-                        {
-                            return;
+            .spawn(move || {
+                let mut next_cooling = Instant::now() + interval;
+                loop {
+                    let cooling_due = {
+                        let (lock, cv) = &*signal;
+                        let mut s = lock.lock();
+                        loop {
+                            if s.stop {
+                                return;
+                            }
+                            if s.wake {
+                                s.wake = false;
+                                break false;
+                            }
+                            if Instant::now() >= next_cooling {
+                                break true;
+                            }
+                            // Wake now and then to notice a dropped store.
+                            let wait = next_cooling
+                                .saturating_duration_since(Instant::now())
+                                .min(Duration::from_secs(1));
+                            if cv.wait_for(&mut s, wait).timed_out() && weak.strong_count() == 0 {
+                                return;
+                            }
                         }
+                    };
+                    let Some(store) = weak.upgrade() else { return };
+                    let result = if cooling_due {
+                        next_cooling = Instant::now() + interval;
+                        store.cool(false).map(drop)
+                    } else {
+                        store.zero_freed().and_then(|_| store.refill_reserved())
+                    };
+                    if let Err(e) = result {
+                        tracing::warn!(error = %e, "background zeroing, reserving or cooling failed");
                     }
-                    if s.stop {
-                        return;
-                    }
-                    s.wake = false;
-                }
-                let Some(store) = weak.upgrade() else { return };
-                if let Err(e) = store.zero_freed().and_then(|_| store.refill_reserved()) {
-                    tracing::warn!(error = %e, "zeroing or reserving extents failed");
                 }
             });
         match spawned {

@@ -15,6 +15,7 @@ use crate::device::{IoKind, IoOp};
 use crate::engine::Store;
 use crate::error::IoError;
 use crate::format::JournalEntry;
+use crate::integrity::{zero_block_crc, WriteSample};
 use crate::{VolumeId, BLOCK_SIZE};
 use parking_lot::RwLock;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -108,7 +109,7 @@ impl VolumeState {
     pub fn mark_deleted(&self) {
         self.deleted.store(true, Ordering::Release)
     }
-    fn is_deleted(&self) -> bool {
+    pub(crate) fn is_deleted(&self) -> bool {
         self.deleted.load(Ordering::Acquire)
     }
     /// At open: records that `phys` holds `logical`; false if that does not
@@ -183,6 +184,15 @@ pub struct LocalVolume {
     vol: Arc<VolumeState>,
 }
 
+/// 4 KiB blocks a device I/O covers.
+fn io_blocks(kind: &IoKind<'_>) -> usize {
+    let len = match kind {
+        IoKind::Read(b) => b.len(),
+        IoKind::Write(b) | IoKind::WriteFua(b) => b.len(),
+    };
+    len / BLOCK_SIZE as usize
+}
+
 fn check_range(offset: u64, len: u64, size: u64) -> Result<(), IoError> {
     match offset.checked_add(len) {
         Some(end) if end <= size => Ok(()),
@@ -197,6 +207,14 @@ impl LocalVolume {
 
     pub fn id(&self) -> VolumeId {
         self.vol.id
+    }
+
+    pub(crate) fn store(&self) -> &Arc<Store> {
+        &self.store
+    }
+
+    pub(crate) fn state(&self) -> &Arc<VolumeState> {
+        &self.vol
     }
 
     pub fn size(&self) -> u64 {
@@ -271,9 +289,15 @@ impl LocalVolume {
             }
             return;
         }
+        let sums = self.store.checksums.as_ref();
         let mut ios: Vec<IoOp<'_>> = Vec::with_capacity(ops.len());
         // For each device I/O: the index of its op, and whether it is FUA.
         let mut owner: Vec<(usize, bool)> = Vec::with_capacity(ops.len());
+        // With data checksums, for each device I/O: where its blocks'
+        // checksums (writes) or write samples (reads) start.
+        let mut crcs: Vec<u32> = Vec::new();
+        let mut samples: Vec<WriteSample> = Vec::new();
+        let mut checks_at: Vec<usize> = Vec::new();
         let mut failed: Vec<(usize, IoError)> = Vec::new();
         let mut fua_wanted = false;
         for (i, op) in ops.iter_mut().enumerate() {
@@ -294,7 +318,17 @@ impl LocalVolume {
                         rest = tail;
                         match map.get((off / es) as usize).and_then(MapEntry::get) {
                             Some(phys) => {
-                                ios.push(IoOp::read(layout.extent_offset(phys) + within, piece));
+                                let at = layout.extent_offset(phys) + within;
+                                if let Some(sums) = sums {
+                                    checks_at.push(samples.len());
+                                    let blocks = n as u64 / BLOCK_SIZE;
+                                    sums.sample_blocks(
+                                        layout.data_block_at(at),
+                                        blocks,
+                                        &mut samples,
+                                    );
+                                }
+                                ios.push(IoOp::read(at, piece));
                                 owner.push((i, false));
                             }
                             None => piece.fill(0),
@@ -313,7 +347,7 @@ impl LocalVolume {
                         let logical = (off / es) as u32;
                         let phys = match map.get(logical as usize) {
                             Some(entry) => match entry.get() {
-                                Some(p) => Ok(p),
+                                Some(p) => self.store.heat(p).map(|()| p).map_err(IoError::from),
                                 None => self
                                     .store
                                     .allocate(&self.vol, logical, entry)
@@ -327,11 +361,12 @@ impl LocalVolume {
                         };
                         match phys {
                             Ok(phys) => {
-                                ios.push(IoOp::write(
-                                    layout.extent_offset(phys) + within,
-                                    piece,
-                                    false,
-                                ));
+                                let at = layout.extent_offset(phys) + within;
+                                if let Some(sums) = sums {
+                                    checks_at.push(crcs.len());
+                                    sums.begin_writes(layout.data_block_at(at), piece, &mut crcs);
+                                }
+                                ios.push(IoOp::write(at, piece, false));
                                 owner.push((i, *fua));
                             }
                             Err(e) => {
@@ -356,9 +391,26 @@ impl LocalVolume {
             }
         }
         self.store.device.submit(&mut ios);
-        for (io, &(i, _)) in ios.into_iter().zip(&owner) {
-            if let Err(e) = io.result {
-                failed.push((i, IoError::Io(e)));
+        for (k, (io, &(i, _))) in ios.into_iter().zip(&owner).enumerate() {
+            let mut result = io.result.map_err(IoError::Io);
+            if let Some(sums) = sums {
+                let at = checks_at[k];
+                let blocks = io_blocks(&io.kind);
+                let first = layout.data_block_at(io.offset);
+                match io.kind {
+                    IoKind::Read(buf) => {
+                        if result.is_ok() {
+                            let mine = &samples[at..at + blocks];
+                            result = self.store.verify_read(sums, io.offset, buf, mine);
+                        }
+                    }
+                    IoKind::Write(_) | IoKind::WriteFua(_) => {
+                        sums.end_writes(first, &crcs[at..at + blocks], result.is_ok());
+                    }
+                }
+            }
+            if let Err(e) = result {
+                failed.push((i, e));
             }
         }
         drop(map);
@@ -483,6 +535,8 @@ impl LocalVolume {
             match entry.get() {
                 Some(phys) if whole && may_unmap => unmap.push((entry, phys)),
                 Some(phys) => {
+                    // In place, like a write: the extent must be hot.
+                    self.store.heat(phys)?;
                     let at = layout.extent_offset(phys) + off % es;
                     let r = if may_unmap {
                         self.store.device.discard_zeroes(at, piece_end - off)
@@ -490,6 +544,11 @@ impl LocalVolume {
                         self.store.device.zero_range(at, piece_end - off)
                     };
                     r.map_err(|e| IoError::from(self.store.fail(e.into())))?;
+                    if let Some(sums) = &self.store.checksums {
+                        // No I/O on this volume meanwhile (exclusive map lock).
+                        let blocks = (piece_end - off) / BLOCK_SIZE;
+                        sums.set_range(layout.data_block_at(at), blocks, zero_block_crc());
+                    }
                 }
                 // NO_HOLE on a hole: reserve the (already zero) space.
                 None if !may_unmap => {

@@ -16,11 +16,12 @@ const JOURNAL_BLOCKS: u64 = 64;
 fn quiet() -> OpenOptions {
     OpenOptions {
         background_zeroing: false,
+        ..Default::default()
     }
 }
 
 fn layout() -> basalt_store::format::Layout {
-    basalt_store::format::Layout::plan(16 << 20, EXTENT as u32, Some(JOURNAL_BLOCKS)).unwrap()
+    basalt_store::format::Layout::plan(16 << 20, EXTENT as u32, Some(JOURNAL_BLOCKS), true).unwrap()
 }
 
 fn flip(path: &Path, offset: u64, bit: u8) {
@@ -46,6 +47,7 @@ fn store_file(dir: &Path) -> (std::path::PathBuf, Vec<u8>) {
         &FormatOptions {
             extent_size: Some(EXTENT as u32),
             journal_blocks: Some(JOURNAL_BLOCKS),
+            ..Default::default()
         },
         &quiet(),
     )

@@ -13,6 +13,7 @@ const EXTENT: u32 = 64 * 1024;
 fn quiet() -> OpenOptions {
     OpenOptions {
         background_zeroing: false,
+        ..Default::default()
     }
 }
 

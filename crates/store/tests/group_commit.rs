@@ -90,6 +90,7 @@ fn setup() -> (Arc<GatedDevice>, Arc<Store>, uuid::Uuid) {
         },
         &OpenOptions {
             background_zeroing: false,
+            ..Default::default()
         },
     )
     .unwrap();

@@ -1,6 +1,7 @@
 //! Power loss at every device operation. For each seeded history of store
 //! calls (creates, deletes, resizes, aligned and unaligned writes, FUA,
-//! zeroing and TRIM, flushes, zeroing passes, clean restarts), the history
+//! zeroing and TRIM, flushes, zeroing passes, cooling rounds, clean
+//! restarts), the history
 //! is run once to count its device operations, then once per operation k
 //! with the power cut after op k: the device fails from then on, and the
 //! crash drops, reorders and tears (per 512 B sector) every write that was
@@ -100,6 +101,9 @@ enum Op {
     },
     Flush,
     ZeroFreed,
+    /// A cooling round over every hot extent (checksums written, write
+    /// intent cleared).
+    Cool,
     CleanRestart,
 }
 
@@ -107,7 +111,7 @@ fn history(seed: u64, shape: Shape) -> Vec<Op> {
     let mut rng = StdRng::seed_from_u64(seed ^ 0x5eed);
     let len = rng.gen_range(20..45);
     (0..len)
-        .map(|_| match rng.gen_range(0..30) {
+        .map(|_| match rng.gen_range(0..32) {
             0..=3 => Op::Create {
                 blocks: rng.gen_range(1..shape.volume_blocks),
             },
@@ -133,6 +137,7 @@ fn history(seed: u64, shape: Shape) -> Vec<Op> {
             },
             23..=25 => Op::Flush,
             26..=27 => Op::ZeroFreed,
+            28..=29 => Op::Cool,
             _ => Op::CleanRestart,
         })
         .collect()
@@ -213,6 +218,7 @@ struct Harness {
 fn open_options() -> OpenOptions {
     OpenOptions {
         background_zeroing: false,
+        ..Default::default()
     }
 }
 
@@ -224,6 +230,7 @@ impl Harness {
             &FormatOptions {
                 extent_size: Some(EXTENT as u32),
                 journal_blocks: Some(shape.journal_blocks),
+                ..Default::default()
             },
             &open_options(),
         )
@@ -405,6 +412,10 @@ impl Harness {
             Op::ZeroFreed => {
                 self.cut(self.store.zero_freed(), "zeroing")?;
             }
+            Op::Cool => {
+                self.cut(self.store.cool(true), "cooling")?;
+                assert_eq!(self.store.integrity().hot_extents, 0);
+            }
             Op::CleanRestart => {
                 self.cut(self.store.close(), "close")?;
                 self.all_durable();
@@ -415,6 +426,11 @@ impl Harness {
                     self.store.recovery().dirty_extents,
                     0,
                     "a clean close leaves nothing to zero"
+                );
+                assert_eq!(
+                    self.store.recovery().recomputed_extents,
+                    0,
+                    "a clean close leaves no checksum to recompute"
                 );
                 for i in 0..self.model.len() {
                     self.check_current(i)?;
@@ -625,8 +641,10 @@ fn stale_journal_blocks_past_a_torn_commit_are_never_replayed() {
     let format = FormatOptions {
         extent_size: Some(EXTENT as u32),
         journal_blocks: Some(64),
+        ..Default::default()
     };
-    let layout = basalt_store::format::Layout::plan(16 << 20, EXTENT as u32, Some(64)).unwrap();
+    let layout =
+        basalt_store::format::Layout::plan(16 << 20, EXTENT as u32, Some(64), true).unwrap();
     let store = Store::create_with(dev.clone(), &format, &open_options()).expect("format");
     let a = uuid::Uuid::from_u128(1);
     let extents = 100u64;

@@ -33,6 +33,7 @@ fn pattern(vol: u8, block: u64) -> Vec<u8> {
 fn quiet() -> OpenOptions {
     OpenOptions {
         background_zeroing: false,
+        ..Default::default()
     }
 }
 

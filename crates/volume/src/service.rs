@@ -97,6 +97,11 @@ pub struct StoreStatus {
     /// Store table entries that failed their checksum at the last open
     /// (quarantined: never trusted, never reused).
     pub quarantined_entries: u64,
+    /// The store checks a CRC32C of every 4 KiB block it reads.
+    pub data_checksums: bool,
+    /// Reads that found a block not holding what was written to it since
+    /// the server started (answered with an error, never with the data).
+    pub checksum_errors: u64,
 }
 
 /// What [`VolumeService::reconcile`] changed in the store.
@@ -887,7 +892,40 @@ impl VolumeService {
                 let r = self.store.recovery();
                 r.quarantined_extents + r.quarantined_slots
             },
+            data_checksums: self.store.integrity().data_checksums,
+            checksum_errors: self.store.integrity().checksum_errors,
         })
+    }
+
+    /// Reads every allocated block of this node's copy of `name` (its
+    /// replica in a cluster) in `range` and checks it against its checksum,
+    /// at most `rate` bytes per second; `progress(done, total)` as it goes.
+    pub fn scrub(
+        &self,
+        name: &str,
+        range: std::ops::Range<u64>,
+        rate: Option<u64>,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<basalt_store::ScrubReport, VolumeError> {
+        let record = self.record(name)?.record;
+        let local = self.store.volume(record.id).map_err(|e| match e {
+            StoreError::NotFound(_) => {
+                VolumeError::NotFound(format!("{name} (no replica on this node)"))
+            }
+            e => e.into(),
+        })?;
+        let report = local
+            .scrub(range, rate, progress)
+            .map_err(|e| VolumeError::Cluster(format!("scrubbing the local copy: {e}")))?;
+        if !report.bad_blocks.is_empty() {
+            tracing::error!(
+                volume = name,
+                bad_blocks = report.bad_blocks.len(),
+                first = report.bad_blocks[0],
+                "scrub found blocks that fail their checksum"
+            );
+        }
+        Ok(report)
     }
 
     /// Converges the store on the catalog after a start (see the module docs
@@ -989,7 +1027,26 @@ impl VolumeService {
         }
         let flush = self.store.flush_stats();
         let recovery = self.store.recovery();
-        let store_metrics: [(&str, &str, &str, u64); 3] = [
+        let integrity = self.store.integrity();
+        let store_metrics: [(&str, &str, &str, u64); 6] = [
+            (
+                "basalt_store_data_checksums",
+                "gauge",
+                "1 if the store checks a CRC32C of every 4 KiB block it reads.",
+                integrity.data_checksums as u64,
+            ),
+            (
+                "basalt_store_checksum_errors_total",
+                "counter",
+                "Reads that found a block not holding what was written to it (answered with an error).",
+                integrity.checksum_errors,
+            ),
+            (
+                "basalt_store_hot_extents",
+                "gauge",
+                "Extents with write intent (checksums not yet durable; recomputed after a crash).",
+                integrity.hot_extents,
+            ),
             (
                 "basalt_store_flush_requests_total",
                 "counter",

@@ -39,6 +39,12 @@ pub enum JournalEntry {
     ResizeVolume { slot: u32, size: u64 },
     /// The slot is free; every extent it owns becomes free and dirty.
     DeleteVolume { slot: u32 },
+    /// Owned extents `first..first+count` are hot: writes may land in them
+    /// before their checksums are durable (free extents: no-op).
+    Hot { first: u32, count: u32 },
+    /// Owned extents `first..first+count` are cold again: their checksums
+    /// in the checksum region are durable and match their durable data.
+    Cold { first: u32, count: u32 },
 }
 
 const KIND_MAP: u8 = 1;
@@ -47,6 +53,8 @@ const KIND_CREATE: u8 = 3;
 const KIND_RESIZE: u8 = 4;
 const KIND_DELETE: u8 = 5;
 const KIND_CLEAN: u8 = 6;
+const KIND_HOT: u8 = 7;
+const KIND_COLD: u8 = 8;
 
 impl JournalEntry {
     fn encode_into(&self, b: &mut [u8]) {
@@ -61,11 +69,15 @@ impl JournalEntry {
                 put_u32(b, 8, slot);
                 put_u64(b, 16, logical as u64);
             }
-            JournalEntry::Free { first, count } | JournalEntry::Clean { first, count } => {
-                b[0] = if matches!(self, JournalEntry::Free { .. }) {
-                    KIND_FREE
-                } else {
-                    KIND_CLEAN
+            JournalEntry::Free { first, count }
+            | JournalEntry::Clean { first, count }
+            | JournalEntry::Hot { first, count }
+            | JournalEntry::Cold { first, count } => {
+                b[0] = match self {
+                    JournalEntry::Free { .. } => KIND_FREE,
+                    JournalEntry::Clean { .. } => KIND_CLEAN,
+                    JournalEntry::Hot { .. } => KIND_HOT,
+                    _ => KIND_COLD,
                 };
                 put_u32(b, 4, first);
                 put_u32(b, 12, count);
@@ -112,6 +124,14 @@ impl JournalEntry {
                 count: get_u32(b, 12),
             },
             KIND_CLEAN if !v1 => JournalEntry::Clean {
+                first: get_u32(b, 4),
+                count: get_u32(b, 12),
+            },
+            KIND_HOT if !v1 => JournalEntry::Hot {
+                first: get_u32(b, 4),
+                count: get_u32(b, 12),
+            },
+            KIND_COLD if !v1 => JournalEntry::Cold {
                 first: get_u32(b, 4),
                 count: get_u32(b, 12),
             },
@@ -253,6 +273,8 @@ mod tests {
             },
             JournalEntry::Free { first: 4, count: 2 },
             JournalEntry::Clean { first: 9, count: 1 },
+            JournalEntry::Hot { first: 4, count: 3 },
+            JournalEntry::Cold { first: 5, count: 1 },
             JournalEntry::CreateVolume {
                 slot: 1,
                 id: uuid::Uuid::from_u128(5),

@@ -14,9 +14,14 @@
 //! Version 1 structures are still decoded here (superblock, table entries
 //! without checksums, journal blocks without an epoch) for the upgrade.
 
+mod checksums;
 mod journal;
 mod superblock;
 mod tables;
+
+pub use checksums::{
+    decode_checksum_page, encode_checksum_page, CHECKSUMS_PER_PAGE, CHECKSUM_UNKNOWN,
+};
 
 pub use journal::{
     decode_journal_block, decode_journal_block_v1, encode_journal_block, JournalBlock,
@@ -37,10 +42,15 @@ pub const DEFAULT_EXTENT_SIZE: u32 = 1 << 20;
 /// so that the ring wraps and checkpoints often).
 pub const MIN_JOURNAL_BLOCKS: u64 = 4;
 
+/// The store keeps a CRC32C of every 4 KiB data block in its checksum
+/// region, and extent entries and the journal carry write-intent ("hot")
+/// marks. Set at format (the default); stores upgraded from version 1 lack
+/// the region and run without it.
+pub const INCOMPAT_DATA_CHECKSUMS: u64 = 1 << 0;
+
 /// Feature bits a reader must understand to open the store, by name.
-/// Version 2 defines none yet; snapshots, data checksums, compression and
-/// encryption add theirs.
-pub const INCOMPAT_FEATURES: &[(u64, &str)] = &[];
+/// Snapshots, compression and encryption add theirs.
+pub const INCOMPAT_FEATURES: &[(u64, &str)] = &[(INCOMPAT_DATA_CHECKSUMS, "data-checksums")];
 
 pub fn known_incompat_features() -> u64 {
     INCOMPAT_FEATURES.iter().fold(0, |a, (bit, _)| a | bit)
@@ -76,17 +86,23 @@ pub struct Layout {
     pub extent_count: u32,
     pub journal_offset: u64,
     pub journal_blocks: u64,
+    /// The checksum region (one CRC32C per 4 KiB data block); 0 pages
+    /// without the data-checksums feature.
+    pub checksum_offset: u64,
+    pub checksum_pages: u64,
     pub data_offset: u64,
 }
 
 impl Layout {
     /// Plans the regions of a device of `device_size` bytes, or says why it
     /// cannot hold a store. `journal_blocks` overrides the journal's size
-    /// (default: device size / 512, clamped to 1–64 MiB).
+    /// (default: device size / 512, clamped to 1–64 MiB); `data_checksums`
+    /// adds the checksum region after the journal.
     pub fn plan(
         device_size: u64,
         extent_size: u32,
         journal_blocks: Option<u64>,
+        data_checksums: bool,
     ) -> Result<Layout, String> {
         let es = extent_size as u64;
         if extent_size < 64 * 1024 || !extent_size.is_power_of_two() || extent_size > 64 << 20 {
@@ -109,7 +125,15 @@ impl Layout {
             Some(b) => b * PAGE,
             None => (device_size / 512).clamp(1 << 20, 64 << 20) / PAGE * PAGE,
         };
-        let data_offset = (journal_offset + journal_len).div_ceil(es) * es;
+        let checksum_offset = journal_offset + journal_len;
+        // Sized for every extent the device could hold, so at most a page
+        // more than the extents left after it need.
+        let checksum_pages = if data_checksums {
+            (max_extents * (es / PAGE)).div_ceil(CHECKSUMS_PER_PAGE as u64)
+        } else {
+            0
+        };
+        let data_offset = (checksum_offset + checksum_pages * PAGE).div_ceil(es) * es;
         if data_offset >= device_size {
             return Err(format!(
                 "{device_size} bytes cannot hold the metadata and one extent"
@@ -131,8 +155,39 @@ impl Layout {
             extent_count,
             journal_offset,
             journal_blocks: journal_len / PAGE,
+            checksum_offset: if data_checksums { checksum_offset } else { 0 },
+            checksum_pages,
             data_offset,
         })
+    }
+
+    pub fn has_data_checksums(&self) -> bool {
+        self.checksum_pages > 0
+    }
+
+    /// 4 KiB blocks per extent.
+    pub fn blocks_per_extent(&self) -> u64 {
+        self.extent_size as u64 / PAGE
+    }
+
+    /// 4 KiB blocks in the data region.
+    pub fn data_blocks(&self) -> u64 {
+        self.extent_count as u64 * self.blocks_per_extent()
+    }
+
+    /// Checksum pages the data region needs.
+    pub fn checksum_pages_needed(&self) -> u64 {
+        self.data_blocks().div_ceil(CHECKSUMS_PER_PAGE as u64)
+    }
+
+    pub fn checksum_page_offset(&self, page: u64) -> u64 {
+        self.checksum_offset + page * PAGE
+    }
+
+    /// The data block (4 KiB, counted from the data region's start) at
+    /// device offset `offset`.
+    pub fn data_block_at(&self, offset: u64) -> u64 {
+        (offset - self.data_offset) / PAGE
     }
 
     pub fn extent_offset(&self, phys: u32) -> u64 {
@@ -197,16 +252,21 @@ mod tests {
     #[test]
     fn layout_regions_do_not_overlap() {
         for size in [32u64 << 20, 64 << 20, 1 << 30, 20 << 30, 4 << 40] {
-            let l = Layout::plan(size, DEFAULT_EXTENT_SIZE, None).unwrap();
+            let l = Layout::plan(size, DEFAULT_EXTENT_SIZE, None, true).unwrap();
             assert!(l.extent_table_offset >= l.volume_table_offset + l.volume_table_pages() * PAGE);
             assert!(l.journal_offset >= l.extent_table_offset + l.extent_table_pages() * PAGE);
-            assert!(l.data_offset >= l.journal_offset + l.journal_blocks * PAGE);
+            assert!(l.checksum_offset >= l.journal_offset + l.journal_blocks * PAGE);
+            assert!(l.data_offset >= l.checksum_offset + l.checksum_pages * PAGE);
+            assert!(l.checksum_pages >= l.checksum_pages_needed());
             assert_eq!(l.data_offset % DEFAULT_EXTENT_SIZE as u64, 0);
             assert!(l.data_offset + l.capacity_bytes() <= size);
         }
-        assert!(Layout::plan(2 << 20, DEFAULT_EXTENT_SIZE, None).is_err());
-        assert!(Layout::plan(64 << 20, DEFAULT_EXTENT_SIZE, Some(2)).is_err());
-        let small = Layout::plan(8 << 20, 64 << 10, Some(6)).unwrap();
+        assert!(Layout::plan(2 << 20, DEFAULT_EXTENT_SIZE, None, true).is_err());
+        assert!(Layout::plan(64 << 20, DEFAULT_EXTENT_SIZE, Some(2), true).is_err());
+        let small = Layout::plan(8 << 20, 64 << 10, Some(6), true).unwrap();
         assert_eq!(small.journal_blocks, 6);
+        let plain = Layout::plan(8 << 20, 64 << 10, Some(6), false).unwrap();
+        assert_eq!((plain.checksum_offset, plain.checksum_pages), (0, 0));
+        assert!(plain.extent_count >= small.extent_count);
     }
 }

@@ -6,7 +6,7 @@
 
 use super::{
     block_crc, get_u32, get_u64, get_uuid, known_incompat_features, put_u32, put_u64, FormatError,
-    Layout, FORMAT_VERSION, MAX_VOLUMES, PAGE, SUPERBLOCK_MAGIC,
+    Layout, FORMAT_VERSION, INCOMPAT_DATA_CHECKSUMS, MAX_VOLUMES, PAGE, SUPERBLOCK_MAGIC,
 };
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -57,6 +57,8 @@ impl Superblock {
         put_u64(&mut b, 144, self.created_unix);
         if self.version >= 2 {
             put_u64(&mut b, 152, self.journal_epoch);
+            put_u64(&mut b, 160, l.checksum_offset);
+            put_u64(&mut b, 168, l.checksum_pages);
         }
         let crc = block_crc(&b, 12);
         put_u32(&mut b, 12, crc);
@@ -83,6 +85,7 @@ impl Superblock {
         if unknown != 0 {
             return Err(FormatError::UnknownFeatures(unknown));
         }
+        let checksums = version >= 2 && incompat_features & INCOMPAT_DATA_CHECKSUMS != 0;
         let layout = Layout {
             extent_size: get_u32(b, 64),
             volume_slots: get_u32(b, 68),
@@ -91,6 +94,8 @@ impl Superblock {
             extent_count: get_u32(b, 88),
             journal_offset: get_u64(b, 96),
             journal_blocks: get_u64(b, 104),
+            checksum_offset: if checksums { get_u64(b, 160) } else { 0 },
+            checksum_pages: if checksums { get_u64(b, 168) } else { 0 },
             data_offset: get_u64(b, 112),
         };
         let sb = Superblock {
@@ -139,6 +144,22 @@ impl Superblock {
         {
             return bad("regions overlap or exceed the device");
         }
+        let checksums = self.incompat_features & INCOMPAT_DATA_CHECKSUMS != 0;
+        if checksums != l.has_data_checksums() {
+            return bad("checksum region and feature bit disagree");
+        }
+        if checksums
+            && (l.checksum_offset < l.journal_offset + l.journal_blocks * PAGE
+                || overflow(
+                    l.checksum_pages
+                        .checked_mul(PAGE)
+                        .and_then(|c| c.checked_add(l.checksum_offset)),
+                    l.data_offset,
+                )
+                || l.checksum_pages < l.checksum_pages_needed())
+        {
+            return bad("checksum region");
+        }
         if self
             .journal_tail_seq
             .checked_add(l.journal_blocks)
@@ -158,12 +179,12 @@ mod tests {
     fn sample_sb() -> Superblock {
         Superblock {
             version: FORMAT_VERSION,
-            incompat_features: 0,
+            incompat_features: INCOMPAT_DATA_CHECKSUMS,
             compat_features: 0,
             store_id: uuid::Uuid::from_u128(42),
             generation: 3,
             device_size: 1 << 30,
-            layout: Layout::plan(1 << 30, DEFAULT_EXTENT_SIZE, None).unwrap(),
+            layout: Layout::plan(1 << 30, DEFAULT_EXTENT_SIZE, None, true).unwrap(),
             journal_tail_seq: 9,
             journal_tail_position: 9,
             clean: true,
@@ -180,6 +201,8 @@ mod tests {
         let mut v1 = sb.clone();
         v1.version = 1;
         v1.journal_epoch = 0;
+        v1.incompat_features = 0;
+        v1.layout = Layout::plan(1 << 30, DEFAULT_EXTENT_SIZE, None, false).unwrap();
         assert_eq!(Superblock::decode(&v1.encode()).unwrap(), v1);
         let mut bad = b;
         bad[200] ^= 1;
@@ -190,6 +213,17 @@ mod tests {
             Superblock::decode(&v3.encode()),
             Err(FormatError::UnsupportedVersion { found: 3 })
         );
+        // Without the feature bit, the checksum fields are not read.
+        let mut plain = sb.clone();
+        plain.incompat_features = 0;
+        let read = Superblock::decode(&plain.encode()).unwrap();
+        assert!(!read.layout.has_data_checksums());
+        let mut short = sb.clone();
+        short.layout.checksum_pages = 1;
+        assert!(matches!(
+            Superblock::decode(&short.encode()),
+            Err(FormatError::Inconsistent(_))
+        ));
         let mut feat = sb.clone();
         feat.incompat_features = 1 << 5;
         assert!(matches!(

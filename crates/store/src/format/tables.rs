@@ -18,6 +18,8 @@ pub const QUARANTINE_SLOT: u32 = u32::MAX;
 /// Slot marker byte of a volume slot whose record failed to verify.
 const SLOT_QUARANTINED: u8 = 2;
 const EXTENT_DIRTY: u32 = 1;
+/// An owned extent that may hold writes whose checksums are not durable.
+const EXTENT_HOT: u32 = 2;
 
 fn salted_crc(index: u32, bytes: &[u8]) -> u32 {
     crc32c::crc32c_append(crc32c::crc32c(&index.to_le_bytes()), bytes)
@@ -126,8 +128,10 @@ pub enum ExtentState {
     /// free extent is durably zero.
     Free { dirty: bool },
     /// Holds logical extent `logical` of the volume in `slot`
-    /// (`QUARANTINE_SLOT`: its entry failed to verify).
-    Owned { slot: u32, logical: u32 },
+    /// (`QUARANTINE_SLOT`: its entry failed to verify). `hot`: it may hold
+    /// writes whose data checksums are not durable (a write intent), so its
+    /// checksums are recomputed from its data after a crash.
+    Owned { slot: u32, logical: u32, hot: bool },
 }
 
 impl ExtentState {
@@ -136,6 +140,7 @@ impl ExtentState {
     pub const QUARANTINED: ExtentState = ExtentState::Owned {
         slot: QUARANTINE_SLOT,
         logical: 0,
+        hot: false,
     };
 
     /// Encodes the entry of physical extent `phys`.
@@ -143,8 +148,9 @@ impl ExtentState {
         let mut b = [0u8; EXTENT_ENTRY_SIZE as usize];
         match *self {
             ExtentState::Free { dirty } => put_u32(&mut b, 4, if dirty { EXTENT_DIRTY } else { 0 }),
-            ExtentState::Owned { slot, logical } => {
+            ExtentState::Owned { slot, logical, hot } => {
                 put_u32(&mut b, 0, slot);
+                put_u32(&mut b, 4, if hot { EXTENT_HOT } else { 0 });
                 put_u32(&mut b, 8, logical);
             }
         }
@@ -160,18 +166,16 @@ impl ExtentState {
             return None;
         }
         let (slot, flags) = (get_u32(b, 0), get_u32(b, 4));
-        if flags & !EXTENT_DIRTY != 0 {
-            return None;
-        }
-        Some(if slot == 0 {
-            ExtentState::Free {
-                dirty: flags & EXTENT_DIRTY != 0,
-            }
-        } else {
-            ExtentState::Owned {
+        Some(match (slot, flags) {
+            (0, 0) => ExtentState::CLEAN,
+            (0, EXTENT_DIRTY) => ExtentState::DIRTY,
+            (0, _) => return None,
+            (slot, 0 | EXTENT_HOT) => ExtentState::Owned {
                 slot,
                 logical: get_u32(b, 8),
-            }
+                hot: flags == EXTENT_HOT,
+            },
+            _ => return None,
         })
     }
 
@@ -194,6 +198,7 @@ impl ExtentState {
             ExtentState::Owned {
                 slot,
                 logical: u32::try_from(get_u64(b, 8)).ok()?,
+                hot: false,
             }
         })
     }
@@ -211,6 +216,12 @@ mod tests {
             ExtentState::Owned {
                 slot: 3,
                 logical: 9,
+                hot: false,
+            },
+            ExtentState::Owned {
+                slot: 3,
+                logical: 9,
+                hot: true,
             },
             ExtentState::QUARANTINED,
         ] {
@@ -231,7 +242,8 @@ mod tests {
             ExtentState::decode_any(0, &v1),
             Some(ExtentState::Owned {
                 slot: 5,
-                logical: 7
+                logical: 7,
+                hot: false,
             })
         );
         let s = SlotState::Live(VolumeSlot {
