@@ -24,7 +24,7 @@ use basalt_cluster::secret::ClusterSecret;
 use basalt_cluster::{ClusterMember, MemberConfig};
 use basalt_frontend_nbd::{NbdServer, ServerLimits};
 use basalt_frontend_nvme::{cluster_cntlid_range, NvmeServer, TargetConfig};
-use basalt_store::{BlockDevice, FileDevice, FormatOptions, Store};
+use basalt_store::{BlockDevice, FileDevice, FormatOptions, OpenOptions, Store};
 use basalt_volume::{
     format_size, parse_size, validate_volume_name, validate_volume_size, VolumeError,
     VolumeService, DEFAULT_OVERCOMMIT_RATIO,
@@ -82,6 +82,16 @@ pub struct ServerArgs {
     /// closed, so idle sockets cannot hold places.
     #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3600), value_name = "SECS")]
     pub handshake_timeout: u64,
+
+    /// How often the background scrubber reads each volume whole, checking
+    /// every block against its checksum (e.g. 7d, 12h, 30m; 0 turns it
+    /// off). Passes are spread over a tenth of the interval.
+    #[arg(long, default_value = "7d", value_parser = parse_interval, value_name = "DURATION")]
+    pub scrub_interval: Duration,
+
+    /// Most bytes per second the background scrubber reads (e.g. 16M).
+    #[arg(long, default_value = "16M", value_parser = parse_rate, value_name = "BYTES")]
+    pub scrub_rate: u64,
 
     /// NVMe/TCP listen address (port 0 picks a free port; ":PORT" means 127.0.0.1:PORT).
     #[arg(long, default_value = "127.0.0.1:4420", value_parser = parse_listen, value_name = "ADDR")]
@@ -171,6 +181,33 @@ fn parse_ratio(s: &str) -> Result<f64, String> {
         _ => Err(format!(
             "{s:?} is not a positive number (e.g. 1.0 for no overcommit, 2.0)"
         )),
+    }
+}
+
+/// A duration such as `7d`, `12h`, `30m`, `90s` (a bare number is seconds).
+fn parse_interval(s: &str) -> Result<Duration, String> {
+    let (digits, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("{s:?} is not a duration (e.g. 7d, 12h, 30m, 90s)"))?;
+    let scale = match unit {
+        "" | "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86400,
+        _ => return Err(format!("{s:?}: unknown unit {unit:?} (use s, m, h or d)")),
+    };
+    n.checked_mul(scale)
+        .map(Duration::from_secs)
+        .ok_or_else(|| format!("{s:?} is too long"))
+}
+
+/// A positive byte rate such as `16M`.
+fn parse_rate(s: &str) -> Result<u64, String> {
+    match basalt_volume::parse_size(s) {
+        Ok(0) => Err(format!("{s:?}: the rate must be more than 0")),
+        Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
     }
 }
 
@@ -343,7 +380,7 @@ fn open_store(
             (device, backing)
         }
     };
-    let store = match Store::create(device, &FormatOptions::default()) {
+    let store = match Store::create_with(device, &FormatOptions::default(), &store_options(args)) {
         Ok(store) => store,
         Err(e) => {
             if let Backing::File { path, .. } = &backing {
@@ -364,6 +401,15 @@ fn open_store(
         "created a new store"
     );
     Ok(store)
+}
+
+/// How the store runs: background zeroing, cooling and scrubbing.
+fn store_options(args: &ServerArgs) -> OpenOptions {
+    OpenOptions {
+        scrub_interval: (!args.scrub_interval.is_zero()).then_some(args.scrub_interval),
+        scrub_rate: args.scrub_rate,
+        ..OpenOptions::default()
+    }
 }
 
 fn open_existing_store(
@@ -401,7 +447,7 @@ fn open_existing_store(
     let path = node.backing.path();
     let device =
         FileDevice::open(path).with_context(|| format!("cannot open {}", path.display()))?;
-    let store = Store::open(device)
+    let store = Store::open_with(device, &store_options(args))
         .with_context(|| format!("cannot open the store on {}", path.display()))?;
     if store.store_id().to_string() != node.store_id {
         bail!(

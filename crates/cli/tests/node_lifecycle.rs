@@ -234,8 +234,17 @@ fn server_serves_volumes_and_stops_cleanly() {
         .collect();
     assert_eq!(names, ["db", "demo"]);
     let status = ok(basalt(&dir, &["status"]));
-    assert!(status.contains("provisioned: 80 MiB"), "{status}");
-    assert!(status.contains(&format!("nbd:         {nbd}")), "{status}");
+    // A table: "field:" then the value, aligned to the longest field.
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{name}:")).map(str::trim))
+            .unwrap_or_default()
+            .to_string()
+    };
+    assert!(field("provisioned").starts_with("80 MiB"), "{status}");
+    assert_eq!(field("nbd"), nbd, "{status}");
+    assert_eq!(field("data checksums"), "on, no errors", "{status}");
     assert_eq!(
         ok(basalt(&dir, &["volume", "delete", "db"])).trim(),
         "deleted volume db"

@@ -30,6 +30,7 @@ use crate::intent::Intent;
 use crate::journal::Journal;
 use crate::meta::MetaState;
 use crate::recovery;
+use crate::scrub::{ScrubCounters, Scrubber};
 use crate::space::Zeroer;
 use crate::volume::{LocalVolume, VolumeState};
 use crate::{VolumeId, BLOCK_SIZE};
@@ -67,7 +68,17 @@ pub struct OpenOptions {
     /// Hot extents beyond this many bytes are cooled even if busy: the
     /// most an unclean start reads to recompute checksums.
     pub max_hot_bytes: u64,
+    /// The background scrubber reads every volume whole once per this
+    /// interval (`None`: no background scrubbing).
+    pub scrub_interval: Option<Duration>,
+    /// Most bytes per second the background scrubber reads.
+    pub scrub_rate: u64,
 }
+
+/// A week, as Ceph's default deep-scrub interval.
+pub const DEFAULT_SCRUB_INTERVAL: Duration = Duration::from_secs(7 * 24 * 3600);
+/// 16 MiB/s: a TiB in under a day, a small share of any disk's bandwidth.
+pub const DEFAULT_SCRUB_RATE: u64 = 16 << 20;
 
 impl Default for OpenOptions {
     fn default() -> Self {
@@ -75,6 +86,8 @@ impl Default for OpenOptions {
             background_zeroing: true,
             cooling_interval: Duration::from_secs(5),
             max_hot_bytes: 4 << 30,
+            scrub_interval: Some(DEFAULT_SCRUB_INTERVAL),
+            scrub_rate: DEFAULT_SCRUB_RATE,
         }
     }
 }
@@ -96,6 +109,8 @@ pub struct VolumeUsage {
     pub size: u64,
     pub allocated_bytes: u64,
     pub created_unix: u64,
+    /// When a scrub last read the whole volume (Unix seconds; 0 = never).
+    pub last_scrub_unix: u64,
 }
 
 /// Flushes asked for and commits done; requests / commits is how many
@@ -142,6 +157,12 @@ pub struct IntegrityStats {
     pub checksum_errors: u64,
     /// Extents whose checksums are not yet durable (write intent).
     pub hot_extents: u64,
+    /// Bytes scrubbed since the open (background and asked for).
+    pub scrubbed_bytes: u64,
+    /// Damaged blocks scrubs found since the open.
+    pub scrub_damaged_blocks: u64,
+    /// Complete background passes over a volume since the open.
+    pub scrub_passes: u64,
 }
 
 /// The journal and the state it leads to, under one lock: only a commit
@@ -212,6 +233,8 @@ pub struct Store {
     /// One cooling round at a time.
     pub(crate) cooling: Mutex<()>,
     pub(crate) cooling_interval: Duration,
+    pub(crate) scrubber: Scrubber,
+    pub(crate) scrubbed: ScrubCounters,
     closed: AtomicBool,
     superblock: Mutex<Superblock>,
     recovery: RecoveryReport,
@@ -453,6 +476,8 @@ impl Store {
             intent,
             cooling: Mutex::new(()),
             cooling_interval: options.cooling_interval,
+            scrubber: Scrubber::default(),
+            scrubbed: ScrubCounters::default(),
             closed: AtomicBool::new(false),
             superblock: Mutex::new(sb),
             recovery: report,
@@ -467,6 +492,9 @@ impl Store {
         }
         if options.background_zeroing {
             Zeroer::spawn(&store);
+        }
+        if let Some(interval) = options.scrub_interval.filter(|_| store.checksums.is_some()) {
+            Scrubber::spawn(&store, interval, options.scrub_rate.max(1));
         }
         Ok(store)
     }
@@ -510,6 +538,9 @@ impl Store {
             data_checksums: self.checksums.is_some(),
             checksum_errors: self.checksums.as_ref().map_or(0, |c| c.mismatches()),
             hot_extents: self.intent.as_ref().map_or(0, |i| i.hot_count() as u64),
+            scrubbed_bytes: self.scrubbed.bytes.load(Ordering::Relaxed),
+            scrub_damaged_blocks: self.scrubbed.bad_blocks.load(Ordering::Relaxed),
+            scrub_passes: self.scrubbed.passes.load(Ordering::Relaxed),
         }
     }
 
@@ -644,6 +675,7 @@ impl Store {
             return Ok(());
         }
         self.zeroer.stop();
+        self.scrubber.stop();
         self.commit()?;
         self.zero_freed()?;
         self.release_reserved();
@@ -683,6 +715,7 @@ impl Store {
                 size: v.size(),
                 allocated_bytes: v.allocated_extents() * es,
                 created_unix: v.created_unix,
+                last_scrub_unix: v.last_scrub(),
             })
             .collect();
         v.sort_by_key(|u| u.id);
@@ -819,5 +852,6 @@ impl Store {
 impl Drop for Store {
     fn drop(&mut self) {
         self.zeroer.stop();
+        self.scrubber.stop();
     }
 }

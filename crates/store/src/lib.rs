@@ -40,7 +40,7 @@ pub use check::CheckReport;
 pub use device::{BlockDevice, FileDevice, IoKind, IoOp, MemDevice, SimDevice};
 pub use engine::{
     FlushStats, FormatOptions, IntegrityStats, OpenOptions, RecoveryReport, Store, StoreUsage,
-    VolumeUsage,
+    VolumeUsage, DEFAULT_SCRUB_INTERVAL, DEFAULT_SCRUB_RATE,
 };
 pub use error::{IoError, StoreError};
 pub use recovery::{inspect, StoreInfo};

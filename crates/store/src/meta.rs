@@ -159,6 +159,7 @@ impl MetaState {
                     parent_slot: 0,
                     flags: 0,
                     epoch: 0,
+                    last_scrub_unix: 0,
                 };
                 self.set_slot(slot, SlotState::Live(vs));
             }
@@ -172,6 +173,13 @@ impl MetaState {
                 // depends on the extent alone.
                 let keep = self.layout.extents_for_size(size);
                 self.free_from(slot, keep, freed);
+            }
+            JournalEntry::Scrubbed { slot, unix } => {
+                check_slot(slot)?;
+                if let Some(mut vs) = self.slot(slot).copied() {
+                    vs.last_scrub_unix = unix;
+                    self.set_slot(slot, SlotState::Live(vs));
+                }
             }
             JournalEntry::DeleteVolume { slot } => {
                 check_slot(slot)?;

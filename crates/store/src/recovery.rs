@@ -360,6 +360,7 @@ pub(crate) fn build_runtime(state: &mut MetaState) -> Built {
                     extents,
                     s.created_unix,
                 ));
+                v.set_last_scrub(s.last_scrub_unix);
                 by_slot.insert(i as u32 + 1, v.clone());
                 volumes.insert(s.id, v);
             }

@@ -2,6 +2,12 @@
 //! checksum, so that damage is found before a client reads it (or before
 //! the only other copy is lost), at a bounded rate.
 //!
+//! The background scrubber (`Scrubber`, one thread per store) takes the
+//! volume most overdue — last complete scrub (kept in its volume slot) or
+//! creation, plus the interval and a per-volume offset of up to a tenth
+//! of it, so passes spread out — and scrubs it whole at the configured
+//! rate, like Ceph's weekly deep scrub.
+//!
 //! Invariants: a scrub reads through the same checked path as a client
 //! read (a block racing a client write is read again, never reported), and
 //! holds the volume's map lock shared one extent at a time, so client I/O,
@@ -9,10 +15,24 @@
 
 use crate::buf::AlignedBuf;
 use crate::device::IoOp;
+use crate::engine::{now_unix, Store};
 use crate::error::IoError;
+use crate::format::JournalEntry;
 use crate::volume::{LocalVolume, MapEntry};
-use crate::BLOCK_SIZE;
+use crate::{VolumeId, BLOCK_SIZE};
+use parking_lot::{Condvar, Mutex};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+
+/// Scrubbing done since the store was opened (client-asked and background).
+#[derive(Default)]
+pub(crate) struct ScrubCounters {
+    pub bytes: AtomicU64,
+    pub bad_blocks: AtomicU64,
+    pub passes: AtomicU64,
+}
 
 /// What a scrub found.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -89,6 +109,7 @@ impl LocalVolume {
                 }
             }
             report.bytes_checked += es;
+            store.scrubbed.bytes.fetch_add(es, Ordering::Relaxed);
             progress(report.bytes_checked, total.max(report.bytes_checked));
             if let Some(rate) = rate.filter(|&r| r > 0) {
                 let due = Duration::from_secs_f64(report.bytes_checked as f64 / rate as f64);
@@ -97,6 +118,136 @@ impl LocalVolume {
                 }
             }
         }
+        store
+            .scrubbed
+            .bad_blocks
+            .fetch_add(report.bad_blocks.len() as u64, Ordering::Relaxed);
         Ok(report)
+    }
+}
+
+impl Store {
+    /// Records that a scrub read all of volume `id` at `unix` (durable with
+    /// the next commit: a lost record costs an early pass, nothing more).
+    pub fn record_scrub(&self, id: VolumeId, unix: u64) {
+        let mut m = self.meta.lock();
+        if let Some(v) = m.volumes.get(&id).cloned() {
+            v.set_last_scrub(unix);
+            m.push(JournalEntry::Scrubbed { slot: v.slot, unix });
+        }
+    }
+
+    /// The volume the background scrubber should scrub next, if one is due.
+    fn next_scrub(&self, interval: Duration, now: u64) -> Option<VolumeId> {
+        let m = self.meta.lock();
+        let spread = (interval.as_secs() / 10).max(1);
+        m.volumes
+            .values()
+            .filter_map(|v| {
+                let base = match v.last_scrub() {
+                    0 => v.created_unix,
+                    t => t,
+                };
+                let offset = (v.id.as_u128() as u64) % spread;
+                let due = base
+                    .saturating_add(interval.as_secs())
+                    .saturating_add(offset);
+                (due <= now).then_some((due, v.id))
+            })
+            .min()
+            .map(|(_, id)| id)
+    }
+}
+
+/// Bytes a background scrub reads per call: the thread notices a stop
+/// between calls.
+const SCRUB_WINDOW: u64 = 16 << 20;
+
+#[derive(Default)]
+struct Stop {
+    stop: bool,
+}
+
+/// The background scrubbing thread of a store.
+#[derive(Default)]
+pub(crate) struct Scrubber {
+    signal: Arc<(Mutex<Stop>, Condvar)>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Scrubber {
+    pub fn spawn(store: &Arc<Store>, interval: Duration, rate: u64) {
+        let weak: Weak<Store> = Arc::downgrade(store);
+        let signal = store.scrubber.signal.clone();
+        // Waits up to `d`; false once asked to stop or the store is gone.
+        let pause = move |d: Duration, weak: &Weak<Store>| {
+            let (lock, cv) = &*signal;
+            let mut s = lock.lock();
+            if !s.stop {
+                cv.wait_for(&mut s, d);
+            }
+            !s.stop && weak.strong_count() > 0
+        };
+        let spawned = std::thread::Builder::new()
+            .name("basalt-scrubber".into())
+            .spawn(move || {
+                let idle = (interval / 4).min(Duration::from_secs(10));
+                while pause(idle, &weak) {
+                    let Some(id) = weak
+                        .upgrade()
+                        .and_then(|s| s.next_scrub(interval, now_unix()))
+                    else {
+                        continue;
+                    };
+                    let mut at = 0;
+                    let mut bad = 0;
+                    let started = Instant::now();
+                    let finished = loop {
+                        let Some(vol) = weak.upgrade().and_then(|s| s.volume(id).ok()) else {
+                            break false; // deleted, or the store is gone
+                        };
+                        if at >= vol.size() {
+                            break true;
+                        }
+                        match vol.scrub(at..at + SCRUB_WINDOW, Some(rate), &mut |_, _| {}) {
+                            Ok(r) => bad += r.bad_blocks.len(),
+                            Err(e) => {
+                                tracing::warn!(volume = %id, error = %e, "background scrub stopped");
+                                break false;
+                            }
+                        }
+                        at += SCRUB_WINDOW;
+                        drop(vol);
+                        if !pause(Duration::ZERO, &weak) {
+                            return;
+                        }
+                    };
+                    if let (true, Some(store)) = (finished, weak.upgrade()) {
+                        store.record_scrub(id, now_unix());
+                        store.scrubbed.passes.fetch_add(1, Ordering::Relaxed);
+                        if bad > 0 {
+                            tracing::error!(volume = %id, damaged_blocks = bad, "background scrub found blocks that fail their checksum");
+                        } else {
+                            tracing::info!(volume = %id, seconds = started.elapsed().as_secs(), "background scrub found no damage");
+                        }
+                    }
+                }
+            });
+        match spawned {
+            Ok(handle) => *store.scrubber.thread.lock() = Some(handle),
+            Err(e) => tracing::warn!(error = %e, "no background scrubbing thread"),
+        }
+    }
+
+    /// Stops the thread and waits for it (unless called on it).
+    pub fn stop(&self) {
+        let (lock, cv) = &*self.signal;
+        lock.lock().stop = true;
+        cv.notify_all();
+        if let Some(handle) = self.thread.lock().take() {
+            if handle.thread().id() != std::thread::current().id() {
+                let _ = handle.join();
+            }
+        }
     }
 }

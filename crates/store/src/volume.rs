@@ -58,6 +58,8 @@ pub(crate) struct VolumeState {
     allocated: AtomicU64,
     pub map: RwLock<ExtentMap>,
     deleted: AtomicBool,
+    /// When a scrub last read the whole volume (Unix seconds; 0 = never).
+    last_scrub: AtomicU64,
 }
 
 impl VolumeState {
@@ -78,7 +80,14 @@ impl VolumeState {
             allocated: AtomicU64::new(0),
             map: RwLock::new(map),
             deleted: AtomicBool::new(false),
+            last_scrub: AtomicU64::new(0),
         }
+    }
+    pub fn last_scrub(&self) -> u64 {
+        self.last_scrub.load(Ordering::Acquire)
+    }
+    pub fn set_last_scrub(&self, unix: u64) {
+        self.last_scrub.store(unix, Ordering::Release)
     }
     pub fn allocated_extents(&self) -> u64 {
         self.allocated.load(Ordering::Acquire)

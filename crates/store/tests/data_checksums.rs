@@ -153,6 +153,40 @@ fn flipped_data_bits_are_errors_and_scrub_finds_every_one() {
 }
 
 #[test]
+fn the_background_scrubber_finds_damage_and_records_its_pass() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.img");
+    let (_, offsets) = written_store(&path);
+    for &v in &[3usize, 40, 41] {
+        flip(&path, offsets[v] + 7, 1);
+    }
+    let options = OpenOptions {
+        scrub_interval: Some(std::time::Duration::from_secs(1)),
+        scrub_rate: 1 << 30,
+        ..quiet()
+    };
+    let store = Store::open_with(FileDevice::open(&path).unwrap(), &options).unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while store.integrity().scrub_passes == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no background scrub pass"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let stats = store.integrity();
+    assert_eq!(stats.scrub_damaged_blocks, 3, "{stats:?}");
+    assert!(stats.scrubbed_bytes >= VOLUME);
+    let scrubbed = store.volumes()[0].last_scrub_unix;
+    assert!(scrubbed > 0);
+    store.close().unwrap();
+    drop(store);
+    // The pass is remembered (in the volume's slot) across a restart.
+    let store = open(&path);
+    assert_eq!(store.volumes()[0].last_scrub_unix, scrubbed);
+}
+
+#[test]
 fn a_damaged_checksum_page_is_recomputed_not_trusted() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("store.img");

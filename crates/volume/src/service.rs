@@ -1028,7 +1028,25 @@ impl VolumeService {
         let flush = self.store.flush_stats();
         let recovery = self.store.recovery();
         let integrity = self.store.integrity();
-        let store_metrics: [(&str, &str, &str, u64); 6] = [
+        let store_metrics: [(&str, &str, &str, u64); 9] = [
+            (
+                "basalt_store_scrubbed_bytes_total",
+                "counter",
+                "Bytes read and checked by scrubs (background and asked for).",
+                integrity.scrubbed_bytes,
+            ),
+            (
+                "basalt_store_scrub_damaged_blocks_total",
+                "counter",
+                "4 KiB blocks scrubs found failing their checksum.",
+                integrity.scrub_damaged_blocks,
+            ),
+            (
+                "basalt_store_scrub_passes_total",
+                "counter",
+                "Complete background scrubs of a volume.",
+                integrity.scrub_passes,
+            ),
             (
                 "basalt_store_data_checksums",
                 "gauge",

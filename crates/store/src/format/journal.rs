@@ -45,6 +45,9 @@ pub enum JournalEntry {
     /// Owned extents `first..first+count` are cold again: their checksums
     /// in the checksum region are durable and match their durable data.
     Cold { first: u32, count: u32 },
+    /// A scrub finished reading the whole volume in a live slot (none:
+    /// no-op) at `unix` seconds.
+    Scrubbed { slot: u32, unix: u64 },
 }
 
 const KIND_MAP: u8 = 1;
@@ -55,6 +58,7 @@ const KIND_DELETE: u8 = 5;
 const KIND_CLEAN: u8 = 6;
 const KIND_HOT: u8 = 7;
 const KIND_COLD: u8 = 8;
+const KIND_SCRUBBED: u8 = 9;
 
 impl JournalEntry {
     fn encode_into(&self, b: &mut [u8]) {
@@ -103,6 +107,11 @@ impl JournalEntry {
                 b[0] = KIND_DELETE;
                 put_u32(b, 8, slot);
             }
+            JournalEntry::Scrubbed { slot, unix } => {
+                b[0] = KIND_SCRUBBED;
+                put_u32(b, 8, slot);
+                put_u64(b, 32, unix);
+            }
         }
     }
 
@@ -134,6 +143,10 @@ impl JournalEntry {
             KIND_COLD if !v1 => JournalEntry::Cold {
                 first: get_u32(b, 4),
                 count: get_u32(b, 12),
+            },
+            KIND_SCRUBBED if !v1 => JournalEntry::Scrubbed {
+                slot: get_u32(b, 8),
+                unix: get_u64(b, 32),
             },
             KIND_CREATE => JournalEntry::CreateVolume {
                 slot: get_u32(b, 8),
@@ -275,6 +288,7 @@ mod tests {
             JournalEntry::Clean { first: 9, count: 1 },
             JournalEntry::Hot { first: 4, count: 3 },
             JournalEntry::Cold { first: 5, count: 1 },
+            JournalEntry::Scrubbed { slot: 2, unix: 77 },
             JournalEntry::CreateVolume {
                 slot: 1,
                 id: uuid::Uuid::from_u128(5),

@@ -39,6 +39,8 @@ pub struct VolumeSlot {
     pub flags: u32,
     /// Reserved: always 0 in version 2.
     pub epoch: u64,
+    /// When a scrub last read the whole volume (Unix seconds; 0 = never).
+    pub last_scrub_unix: u64,
 }
 
 /// What a volume-table slot holds.
@@ -73,6 +75,7 @@ impl SlotState {
                 put_u32(&mut b, 40, s.parent_slot);
                 put_u32(&mut b, 44, s.flags);
                 put_u64(&mut b, 48, s.epoch);
+                put_u64(&mut b, 56, s.last_scrub_unix);
             }
         }
         let crc = salted_crc(index, &b[..SLOT_CRC_AT]);
@@ -113,6 +116,7 @@ impl SlotState {
                 parent_slot: get_u32(b, 40),
                 flags: get_u32(b, 44),
                 epoch: get_u64(b, 48),
+                last_scrub_unix: get_u64(b, 56),
             })),
             SLOT_QUARANTINED => Some(SlotState::Quarantined),
             _ => None,
@@ -253,6 +257,7 @@ mod tests {
             parent_slot: 0,
             flags: 0,
             epoch: 0,
+            last_scrub_unix: 0,
         });
         for st in [s, SlotState::Free, SlotState::Quarantined] {
             let b = st.encode(4);
