@@ -1065,3 +1065,82 @@ fn an_unreachable_etcd_gets_one_clear_line() {
         std::thread::sleep(Duration::from_millis(200));
     }
 }
+
+/// A bit flipped in the primary's copy of a replicated volume (as a disk
+/// rots it) is never returned: the read is served from an in-sync replica,
+/// the primary's copy is rewritten with it, and the replicas are identical
+/// again without a resync.
+#[test]
+fn a_rotten_block_on_the_primary_is_read_from_a_replica_and_rewritten() {
+    let c = Cluster::start(3, &[]);
+    c.create_rf3("db", "32M");
+    let v = c.wait_volume(0, "db", "in sync", healthy);
+    let p = node_index(&primary(&v).expect("a primary"));
+    let uri = c.nodes[p].uri("db");
+    let qemu_io = |cmd: &str| tool("qemu-io", ["-f", "raw", &uri, "-c", cmd]);
+    qemu_io("write -P 0x5c 5M 4k").ok();
+    qemu_io("flush").ok();
+    c.wait_volume(0, "db", "in sync", healthy);
+
+    // The block in the primary's data file (the only 4 KiB of 0x5c there).
+    let data = c.nodes[p].data_dir().join("basalt.data");
+    let bytes = std::fs::read(&data).unwrap();
+    let at = bytes
+        .chunks(4096)
+        .position(|b| b.iter().all(|&x| x == 0x5c))
+        .expect("the block on the primary's disk") as u64
+        * 4096;
+    drop(bytes);
+    let flip = |f: &std::fs::File| {
+        use std::os::unix::fs::FileExt;
+        let mut b = [0u8; 1];
+        f.read_exact_at(&mut b, at + 123).unwrap();
+        b[0] ^= 0x08;
+        f.write_all_at(&b, at + 123).unwrap();
+        f.sync_all().unwrap();
+    };
+    flip(
+        &std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&data)
+            .unwrap(),
+    );
+
+    let out = qemu_io("read -P 0x5c 5M 4k");
+    out.ok();
+    assert!(
+        !out.stdout.contains("mismatch") && !out.stderr.contains("mismatch"),
+        "the rotten block must read back good:\n{}",
+        out.describe()
+    );
+    let log = c.nodes[p].log();
+    assert!(
+        log.contains("local copy fails its checksum; reading it from another replica"),
+        "{log}"
+    );
+    // Rewritten in place: the primary's file holds the good block again.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let mut b = vec![0u8; 4096];
+        use std::os::unix::fs::FileExt;
+        std::fs::File::open(&data)
+            .unwrap()
+            .read_exact_at(&mut b, at)
+            .unwrap();
+        if b.iter().all(|&x| x == 0x5c) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the primary's copy was not rewritten"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let scrub = c.nodes[p].cli(&["volume", "scrub", "db", "--output", "json"]);
+    let report: Value = serde_json::from_str(scrub.ok()).unwrap();
+    assert_eq!(report["bad_blocks"], serde_json::json!([]), "{report}");
+    c.assert_replicas_equal(&[0, 1, 2], "db");
+    let v = c.show(0, "db");
+    assert!(healthy(&v), "no replica was failed over the rot: {v}");
+}

@@ -43,7 +43,7 @@ use basalt_replication::{
     Action, ClientReply, ClientReq, Config, DiskOp, DiskResult, Endpoint, Input, Membership, Msg,
     Node, NodeId, RoleKind, SavedLogs, VolumeId,
 };
-use basalt_store::{DataOp, LocalVolume};
+use basalt_store::{DataOp, IoError, LocalVolume};
 use parking_lot::{Mutex, RwLock};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, OnceLock};
@@ -491,10 +491,21 @@ impl<E: ReplicaEnv> Replica<E> {
                 self.local.submit(&mut data_ops);
             }
             for (id, op) in ids.iter().zip(data_ops.iter()) {
-                if let Err(e) = &op.result {
-                    tracing::warn!(volume = %uuid::Uuid::from_u128(self.vol.0), error = %e, "replica disk operation failed");
-                }
-                results.push((*id, op.result.is_ok()));
+                let outcome = match &op.result {
+                    Ok(()) => Outcome::Done,
+                    // Not a transient error: retrying reads the same bytes.
+                    // The state machine reads them from another replica.
+                    Err(e @ IoError::Corrupt { .. }) => {
+                        tracing::warn!(volume = %uuid::Uuid::from_u128(self.vol.0), error = %e,
+                            "local copy fails its checksum; reading it from another replica");
+                        Outcome::Corrupt
+                    }
+                    Err(e) => {
+                        tracing::warn!(volume = %uuid::Uuid::from_u128(self.vol.0), error = %e, "replica disk operation failed");
+                        Outcome::Failed
+                    }
+                };
+                results.push((*id, outcome));
             }
         }
         let mut out: Vec<(u64, DiskResult)> = Vec::with_capacity(results.len() + flushes.len());
@@ -521,15 +532,15 @@ impl<E: ReplicaEnv> Replica<E> {
             out.push((id, r));
         }
         let mut reads: HashMap<u64, Vec<u8>> = read_bufs.into_iter().collect();
-        for (id, ok) in results {
+        for (id, outcome) in results {
             out.push((
                 id,
-                if ok {
-                    DiskResult::Done {
+                match outcome {
+                    Outcome::Done => DiskResult::Done {
                         data: reads.remove(&id),
-                    }
-                } else {
-                    DiskResult::Error
+                    },
+                    Outcome::Corrupt => DiskResult::Corrupt,
+                    Outcome::Failed => DiskResult::Error,
                 },
             ));
         }
@@ -555,6 +566,15 @@ impl<E: ReplicaEnv> Replica<E> {
         }
         out
     }
+}
+
+/// How one data operation of a round ended.
+enum Outcome {
+    Done,
+    /// A read whose data fails its checksum.
+    Corrupt,
+    /// Anything else: retried by the state machine.
+    Failed,
 }
 
 /// The clock: the node's [`Ticker`](crate::ticker::Ticker) drives a round when the next tick is

@@ -19,7 +19,7 @@
 //!   and booleans are checked, no padding), so `encode(decode(b)) == b` for
 //!   every `b` that decodes.
 //! - A `Msg` carrying a volume (`Repl`, `ReplAck`, `ReplStarted`, `Fenced`,
-//!   `HeartbeatAck`)
+//!   `HeartbeatAck`, `RepairRead`, `RepairData`)
 //!   must name the frame's volume: the volume is written once, in the
 //!   frame, and decoded into both places, so a receiver can never see the
 //!   two disagree.
@@ -50,7 +50,9 @@ pub const MAGIC: [u8; 4] = *b"BSPW";
 /// added the coordinator's `lease_ms` to `HeartbeatAck`. Version 5 added the
 /// mutual authentication of the two ends: a `nonce` and a `proof` in
 /// `Hello`, and the `Auth` kind (10) the dialer proves itself with.
-pub const VERSION: u8 = 5;
+/// Version 6 added read repair: the `RepairRead` (11) and `RepairData` (12)
+/// kinds and the `Unreadable` client reply (2).
+pub const VERSION: u8 = 6;
 /// Bytes in a frame header.
 pub const HEADER_LEN: usize = 20;
 /// The largest payload a decoder accepts (and an encoder produces).
@@ -68,6 +70,8 @@ pub mod kind {
     pub const CLIENT_REPLY: u8 = 8;
     pub const REPL_STARTED: u8 = 9;
     pub const AUTH: u8 = 10;
+    pub const REPAIR_READ: u8 = 11;
+    pub const REPAIR_DATA: u8 = 12;
 }
 
 /// Bytes of a Hello's nonce.
@@ -260,6 +264,14 @@ fn check(frame: &Frame) -> Result<(u8, &[u8]), EncodeError> {
             same(v)?;
             (kind::FENCED, &[])
         }
+        Msg::RepairRead { vol: v, .. } => {
+            same(v)?;
+            (kind::REPAIR_READ, &[])
+        }
+        Msg::RepairData { vol: v, data, .. } => {
+            same(v)?;
+            (kind::REPAIR_DATA, data.as_deref().unwrap_or(&[]))
+        }
         Msg::Heartbeat { .. } => (kind::HEARTBEAT, &[]),
         Msg::HeartbeatAck { vol: v, .. } => {
             same(v)?;
@@ -325,6 +337,8 @@ fn fields_len(frame: &Frame) -> usize {
             16 + 8 + 8 + 4 + 4 * prior.as_ref().map_or(0, |p| p.regions.len())
         }
         Msg::Fenced { .. } => 8,
+        Msg::RepairRead { .. } => 32,
+        Msg::RepairData { data, .. } => 8 + 8 + 1 + if data.is_some() { 4 } else { 0 },
         Msg::Heartbeat { .. } => 16,
         Msg::HeartbeatAck { .. } => 28,
         Msg::ClientReq { req, .. } => {
@@ -342,6 +356,7 @@ fn fields_len(frame: &Frame) -> usize {
                     ClientReply::Ok { data: Some(_), .. } => 4 + 8 + 1 + 4,
                     ClientReply::Ok { data: None, .. } => 4 + 8 + 1,
                     ClientReply::NotPrimary => 0,
+                    ClientReply::Unreadable { .. } => 4 + 8,
                 }
         }
         Msg::MetaGet { .. } | Msg::MetaCas { .. } | Msg::MetaReply { .. } => 0,
@@ -445,6 +460,31 @@ fn write_fields(frame: &Frame, data: &[u8], out: &mut Vec<u8>) {
             }
         }
         Msg::Fenced { epoch, .. } => u64le(out, epoch.0),
+        Msg::RepairRead {
+            epoch,
+            id,
+            lba,
+            blocks,
+            ..
+        } => {
+            u64le(out, epoch.0);
+            u64le(out, *id);
+            u64le(out, *lba);
+            u64le(out, *blocks);
+        }
+        Msg::RepairData {
+            epoch, id, data, ..
+        } => {
+            u64le(out, epoch.0);
+            u64le(out, *id);
+            match data {
+                Some(_) => {
+                    out.push(1);
+                    u32le(out, data_len);
+                }
+                None => out.push(0),
+            }
+        }
         Msg::Heartbeat { boot, sent_at } => {
             u64le(out, *boot);
             u64le(out, *sent_at);
@@ -496,6 +536,11 @@ fn write_fields(frame: &Frame, data: &[u8], out: &mut Vec<u8>) {
                     }
                 }
                 ClientReply::NotPrimary => out.push(1),
+                ClientReply::Unreadable { by, epoch } => {
+                    out.push(2);
+                    u32le(out, by.0);
+                    u64le(out, epoch.0);
+                }
             }
         }
         // Refused by `check`.
@@ -543,7 +588,7 @@ pub fn decode_header(buf: &[u8]) -> Result<Option<Header>, DecodeError> {
         return Err(DecodeError::HeaderCrc { expected, actual });
     }
     let kind = h[5];
-    if !(kind::HELLO..=kind::AUTH).contains(&kind) {
+    if !(kind::HELLO..=kind::REPAIR_DATA).contains(&kind) {
         return Err(DecodeError::UnknownKind(kind));
     }
     let flags = u16::from_le_bytes([h[6], h[7]]);
@@ -682,6 +727,8 @@ fn kind_name(kind: u8) -> &'static str {
         kind::CLIENT_REPLY => "ClientReply",
         kind::REPL_STARTED => "ReplStarted",
         kind::AUTH => "Auth",
+        kind::REPAIR_READ => "RepairRead",
+        kind::REPAIR_DATA => "RepairData",
         _ => "unknown",
     }
 }
@@ -792,6 +839,28 @@ fn decode_payload(kind: u8, payload: &[u8]) -> Result<Frame, DecodeError> {
             vol,
             epoch: Epoch(r.u64("epoch")?),
         },
+        kind::REPAIR_READ => Msg::RepairRead {
+            vol,
+            epoch: Epoch(r.u64("epoch")?),
+            id: r.u64("id")?,
+            lba: r.u64("lba")?,
+            blocks: r.u64("blocks")?,
+        },
+        kind::REPAIR_DATA => {
+            let epoch = Epoch(r.u64("epoch")?);
+            let id = r.u64("id")?;
+            let data = if r.bool("has_data")? {
+                Some(r.data("data")?)
+            } else {
+                None
+            };
+            Msg::RepairData {
+                vol,
+                epoch,
+                id,
+                data,
+            }
+        }
         kind::HEARTBEAT => Msg::Heartbeat {
             boot: r.u64("boot")?,
             sent_at: r.u64("sent_at")?,
@@ -861,6 +930,10 @@ fn decode_payload(kind: u8, payload: &[u8]) -> Result<Frame, DecodeError> {
                     ClientReply::Ok { by, epoch, data }
                 }
                 1 => ClientReply::NotPrimary,
+                2 => ClientReply::Unreadable {
+                    by: NodeId(r.u32("by")?),
+                    epoch: Epoch(r.u64("epoch")?),
+                },
                 other => return Err(r.invalid("reply", other)),
             };
             Msg::ClientReply { id, reply }

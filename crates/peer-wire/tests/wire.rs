@@ -37,7 +37,7 @@ fn hello_literal() {
         proof: [0x33; 32],
     };
     let bytes = hex("
-        42 53 50 57  05  01  00 00  4c 00 00 00  13 8a 7c 76  be 29 ac 74
+        42 53 50 57  06  01  00 00  4c 00 00 00  13 8a 7c 76  ee 55 3e 27
         11 11 11 11 11 11 11 11 11 11 11 11 11 11 11 11  07 00 00 00  08 07 06 05 04 03 02 01
         22 22 22 22 22 22 22 22 22 22 22 22 22 22 22 22
         33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33");
@@ -64,7 +64,7 @@ fn repl_write_literal() {
         },
     };
     let bytes = hex("
-        42 53 50 57  05  02  00 00  56 00 00 00  95 00 1d 92  9e f2 8f 41
+        42 53 50 57  06  02  00 00  56 00 00 00  95 00 1d 92  ce 8e 1d 12
         ff ee dd cc bb aa 99 88 77 66 55 44 33 22 11 00
         02 00 00 00 00 00 00 00  03 00 00 00 00 00 00 00
         04 00 00 00 00 00 00 00  05 00 00 00 00 00 00 00
@@ -100,7 +100,7 @@ fn repl_write_zeroes_literal() {
         },
     };
     let bytes = hex("
-        42 53 50 57  05  02  00 00  52 00 00 00  b3 3f c9 60  1a 19 7b c9
+        42 53 50 57  06  02  00 00  52 00 00 00  b3 3f c9 60  4a 65 e9 9a
         ff ee dd cc bb aa 99 88 77 66 55 44 33 22 11 00
         02 00 00 00 00 00 00 00  03 00 00 00 00 00 00 00
         04 00 00 00 00 00 00 00  05 00 00 00 00 00 00 00
@@ -129,7 +129,7 @@ fn repl_started_literal() {
         },
     };
     let bytes = hex("
-        42 53 50 57  05  09  00 00  3c 00 00 00  19 b4 b0 e6  c8 87 23 3f
+        42 53 50 57  06  09  00 00  3c 00 00 00  19 b4 b0 e6  98 fb b1 6c
         ff ee dd cc bb aa 99 88 77 66 55 44 33 22 11 00
         02 00 00 00 00 00 00 00  03 00 00 00 00 00 00 00
         01 00 00 00 00 00 00 00  20 00 00 00 00 00 00 00
@@ -182,7 +182,7 @@ fn client_write_of_zeros_literal() {
         },
     };
     let bytes = hex("
-        42 53 50 57  05  07  00 00  26 00 00 00  0a 17 b7 81  5d f4 52 7e
+        42 53 50 57  06  07  00 00  26 00 00 00  0a 17 b7 81  0d 88 c0 2d
         ff ee dd cc bb aa 99 88 77 66 55 44 33 22 11 00
         0b 00 00 00 00 00 00 00  03  06 00 00 00 00 00 00 00  01  00 30 00 00");
     assert_literal(&frame, &bytes);
@@ -264,7 +264,7 @@ fn heartbeat_literal() {
         },
     };
     let bytes = hex("
-        42 53 50 57  05  05  00 00  20 00 00 00  23 35 8e d5  41 65 70 ec
+        42 53 50 57  06  05  00 00  20 00 00 00  23 35 8e d5  11 19 e2 bf
         ff ee dd cc bb aa 99 88 77 66 55 44 33 22 11 00
         09 00 00 00 00 00 00 00  0a 00 00 00 00 00 00 00");
     assert_literal(&frame, &bytes);
@@ -285,9 +285,9 @@ fn typed_errors_name_the_problem() {
     assert!(matches!(decode(b"BSX"), Err(DecodeError::BadMagic { .. })));
     assert_eq!(decode(b"BSP"), Ok(None));
     // A version 1 peer (no zero forms), 2 (no failover watermarks), 3 (no
-    // lease in heartbeat answers) or 4 (no authentication) is refused, as is
-    // a future one.
-    for v in [1, 2, 3, 4, 6] {
+    // lease in heartbeat answers), 4 (no authentication) or 5 (no read
+    // repair) is refused, as is a future one.
+    for v in [1, 2, 3, 4, 5, 7] {
         let mut b = good.clone();
         b[4] = v;
         assert_eq!(decode(&b), Err(DecodeError::UnsupportedVersion(v)));
@@ -310,7 +310,7 @@ fn typed_errors_name_the_problem() {
         h.extend_from_slice(payload);
         h
     };
-    assert_eq!(decode(&rebuild(11, &[])), Err(DecodeError::UnknownKind(11)));
+    assert_eq!(decode(&rebuild(13, &[])), Err(DecodeError::UnknownKind(13)));
     assert!(matches!(
         decode(&rebuild(kind::HEARTBEAT, &good[20..good.len() - 1])),
         Err(DecodeError::Truncated {
@@ -415,6 +415,10 @@ fn client_req() -> impl Strategy<Value = ClientReq> {
 fn client_reply() -> impl Strategy<Value = ClientReply> {
     prop_oneof![
         Just(ClientReply::NotPrimary),
+        (any::<u32>(), any::<u64>()).prop_map(|(by, epoch)| ClientReply::Unreadable {
+            by: NodeId(by),
+            epoch: Epoch(epoch),
+        }),
         (any::<u32>(), any::<u64>(), prop::option::of(data())).prop_map(|(by, epoch, data)| {
             ClientReply::Ok {
                 by: NodeId(by),
@@ -469,6 +473,19 @@ fn msg(vol: VolumeId) -> impl Strategy<Value = Msg> {
         n().prop_map(move |e| Msg::Fenced {
             vol,
             epoch: Epoch(e)
+        }),
+        (n(), n(), n(), n()).prop_map(move |(e, id, lba, blocks)| Msg::RepairRead {
+            vol,
+            epoch: Epoch(e),
+            id,
+            lba,
+            blocks,
+        }),
+        (n(), n(), prop::option::of(data())).prop_map(move |(e, id, data)| Msg::RepairData {
+            vol,
+            epoch: Epoch(e),
+            id,
+            data,
         }),
         (n(), n()).prop_map(|(boot, sent_at)| Msg::Heartbeat { boot, sent_at }),
         (n(), n(), any::<u32>(), n()).prop_map(move |(sent_at, e, p, lease_ms)| {

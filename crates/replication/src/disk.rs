@@ -19,6 +19,15 @@
 //! - an operation that fails is issued again, unchanged, under the same id.
 
 use crate::msg::{Action, DiskOp, DiskResult, IoId};
+
+/// How a finished disk operation ended.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Completion {
+    /// Done, with the data of a read.
+    Done(Option<Vec<u8>>),
+    /// A read whose data fails its checksum.
+    Corrupt,
+}
 use std::collections::{BTreeMap, VecDeque};
 
 pub(crate) struct DiskQueue<T> {
@@ -129,27 +138,27 @@ impl<T> DiskQueue<T> {
         }
     }
 
-    /// Handles a completion; returns the tag and read data of a finished
+    /// Handles a completion; returns the tag and outcome of a finished
     /// operation (None for unknown ids and retried errors).
     pub(crate) fn complete(
         &mut self,
         id: IoId,
         result: DiskResult,
         out: &mut Vec<Action>,
-    ) -> Option<(T, Option<Vec<u8>>)> {
-        match result {
+    ) -> Option<(T, Completion)> {
+        let outcome = match result {
             DiskResult::Error => {
                 if let Some((op, _)) = self.inflight.get(&id) {
                     out.push(Action::Disk { id, op: op.clone() });
                 }
-                None
+                return None;
             }
-            DiskResult::Done { data } => {
-                let (_, tag) = self.inflight.remove(&id)?;
-                self.pump(out);
-                Some((tag, data))
-            }
-        }
+            DiskResult::Done { data } => Completion::Done(data),
+            DiskResult::Corrupt => Completion::Corrupt,
+        };
+        let (_, tag) = self.inflight.remove(&id)?;
+        self.pump(out);
+        Some((tag, outcome))
     }
 }
 
@@ -177,7 +186,7 @@ mod tests {
         out.clear();
         assert_eq!(
             q.complete(1, DiskResult::Done { data: None }, &mut out),
-            Some((1, None))
+            Some((1, Completion::Done(None)))
         );
         assert_eq!(out.len(), 1, "third write issued, flush still waits");
         out.clear();

@@ -80,6 +80,9 @@ pub enum ClientReply {
     /// Not done (this node is not, or no longer, the primary); the outcome of
     /// a write answered this way is unknown.
     NotPrimary,
+    /// A read the primary `by` could not serve: its copy of a block fails
+    /// its checksum and no in-sync replica gave a good one (a media error).
+    Unreadable { by: NodeId, epoch: Epoch },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -159,6 +162,25 @@ pub enum Msg {
         record: Membership,
         cas_ok: Option<bool>,
     },
+    /// Primary → in-sync secondary: read `blocks` blocks at `lba` from your
+    /// copy for me (mine fails its checksum there); answered by
+    /// `RepairData` with the same `id`.
+    RepairRead {
+        vol: VolumeId,
+        epoch: Epoch,
+        id: u64,
+        lba: Lba,
+        blocks: u64,
+    },
+    /// Secondary → primary: the blocks asked for by `RepairRead` `id`, or
+    /// None if this replica cannot give them (its copy fails its checksum
+    /// too, or it is not a secondary of `epoch`).
+    RepairData {
+        vol: VolumeId,
+        epoch: Epoch,
+        id: u64,
+        data: Option<Vec<u8>>,
+    },
     ClientReq {
         id: u64,
         req: ClientReq,
@@ -232,6 +254,10 @@ pub enum DiskResult {
     },
     /// A transient I/O error: the node retries the operation.
     Error,
+    /// A read whose data fails its checksum (the disk does not hold what
+    /// was written): not retried; a primary reads the blocks from an
+    /// in-sync replica and rewrites its own copy.
+    Corrupt,
 }
 
 #[derive(Clone, Debug)]

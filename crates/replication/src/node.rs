@@ -40,7 +40,7 @@
 //!   acknowledges it and is marked OutOfSync (by CAS) before the write is
 //!   acknowledged without it.
 
-use crate::disk::DiskQueue;
+use crate::disk::{Completion, DiskQueue};
 use crate::msg::{Action, ClientReply, ClientReq, DiskOp, Endpoint, Input, IoId, Msg};
 use crate::primary::{Out, PrimTag, Primary};
 use crate::secondary::{ReplIn, SecTag, Secondary};
@@ -81,6 +81,13 @@ enum Tag {
     /// A grow of the local disk to this many blocks (the node's own, not a
     /// role's: its completion counts whatever the role is by then).
     Grow(u64),
+    /// A read for the primary `to` of `epoch`, whose copy of the blocks
+    /// failed its checksum (`RepairRead` `id`).
+    Repair {
+        to: NodeId,
+        epoch: Epoch,
+        id: u64,
+    },
 }
 
 enum Role {
@@ -126,6 +133,9 @@ pub struct Node {
     decided: Vec<(NodeId, Option<(usize, usize)>)>,
     /// Blocks the local disk holds: its size at start, then grows completed.
     disk_blocks: u64,
+    /// Reads asked of this node by a primary whose copy failed its
+    /// checksum, to submit at the end of the current input.
+    repair_reads: Vec<(DiskOp, Tag)>,
     /// Blocks asked of the local disk: the last grow issued (`cfg`'s
     /// `volume_blocks` follows it, for the roles created from now on).
     want_blocks: u64,
@@ -199,6 +209,7 @@ impl Node {
             gen: 0,
             narrowed: (0, 0),
             decided: Vec::new(),
+            repair_reads: Vec::new(),
             disk_blocks: cfg_blocks,
             want_blocks: cfg_blocks,
             crash: CrashLog::default(),
@@ -479,6 +490,15 @@ impl Node {
         self.narrowed
     }
 
+    /// On a primary, blocks read from an in-sync replica because the copy
+    /// here failed its checksum (read repair), in its current epoch.
+    pub fn repaired_blocks(&self) -> u64 {
+        match &self.role {
+            Role::Primary(p) => p.repaired_blocks,
+            _ => 0,
+        }
+    }
+
     /// Whether issued disk operation `id` is background work (a resync
     /// read) that a driver may run off the client's path.
     pub fn is_background(&self, id: IoId) -> bool {
@@ -666,12 +686,29 @@ impl Node {
                 self.on_msg(now, from, msg, &mut out, &mut sdisk, &mut grows)
             }
             Input::Disk { id, result } => {
-                if let Some(((gen, tag), data)) = self.disk.complete(id, result, &mut acts) {
+                if let Some(((gen, tag), outcome)) = self.disk.complete(id, result, &mut acts) {
                     self.crash_flushed(id);
+                    let corrupt = outcome == Completion::Corrupt;
+                    let data = match outcome {
+                        Completion::Done(data) => data,
+                        Completion::Corrupt => None,
+                    };
                     match (tag, &mut self.role) {
                         // Nothing waits on a save but the disk queue.
                         (Tag::Save, _) => {}
                         (Tag::Grow(blocks), _) => self.grown(now, blocks, &mut out),
+                        (Tag::Repair { to, epoch, id }, _) => out.sends.push((
+                            Endpoint::Node(to),
+                            Msg::RepairData {
+                                vol: self.vol,
+                                epoch,
+                                id,
+                                data,
+                            },
+                        )),
+                        (Tag::P(t), Role::Primary(p)) if gen == self.gen && corrupt => {
+                            p.on_disk_corrupt(now, t, &mut out)
+                        }
                         (Tag::P(t), Role::Primary(p)) if gen == self.gen => {
                             p.on_disk_done(now, t, data, &mut out)
                         }
@@ -703,6 +740,9 @@ impl Node {
         }
         for (op, t) in sdisk {
             self.submit_disk(op, Tag::S(t), &mut acts);
+        }
+        for (op, t) in std::mem::take(&mut self.repair_reads) {
+            self.submit_disk(op, t, &mut acts);
         }
         for (op, t) in out.disk {
             self.submit_disk(op, Tag::P(t), &mut acts);
@@ -830,6 +870,48 @@ impl Node {
                 if let Role::Primary(p) = &mut self.role {
                     p.on_fenced(epoch, out);
                     out.sends.push((Endpoint::Control, Msg::MetaGet { vol }));
+                }
+            }
+            Msg::RepairRead {
+                vol,
+                epoch,
+                id,
+                lba,
+                blocks,
+            } if vol == self.vol => {
+                let Endpoint::Node(to) = from else {
+                    return;
+                };
+                // Only a secondary of the asker's epoch holds what it needs
+                // (every write it acknowledged); its disk queue orders the
+                // read after the writes it received before the request.
+                let serves = matches!(&self.role, Role::Secondary(s) if s.epoch == epoch)
+                    && lba
+                        .checked_add(blocks)
+                        .is_some_and(|end| end <= self.disk_blocks);
+                if serves {
+                    self.repair_reads
+                        .push((DiskOp::Read { lba, blocks }, Tag::Repair { to, epoch, id }));
+                } else {
+                    out.sends.push((
+                        from,
+                        Msg::RepairData {
+                            vol,
+                            epoch,
+                            id,
+                            data: None,
+                        },
+                    ));
+                }
+            }
+            Msg::RepairData {
+                vol,
+                epoch,
+                id,
+                data,
+            } if vol == self.vol => {
+                if let (Role::Primary(p), Endpoint::Node(f)) = (&mut self.role, from) {
+                    p.on_repair_data(now, f, epoch, id, data, out);
                 }
             }
             Msg::ClientReq { id, req } => match &mut self.role {

@@ -66,6 +66,9 @@ pub(crate) enum PrimTag {
         /// grow may lengthen a short last region meanwhile).
         blocks: u64,
     },
+    /// The rewrite of blocks whose copy here failed its checksum, with the
+    /// data an in-sync replica gave.
+    Rewrite,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -259,6 +262,27 @@ struct Op {
     acked: BTreeSet<NodeId>,
     data: Option<Vec<u8>>,
     regions: Vec<usize>,
+    /// A read: (lba, blocks), to ask a replica for them should the local
+    /// copy fail its checksum.
+    read: Option<(u64, u64)>,
+    /// No replica could give a good copy: answered `Unreadable`.
+    unreadable: bool,
+}
+
+/// Blocks whose local copy failed its checksum, being read from an in-sync
+/// replica (`RepairRead`).
+struct Repair {
+    /// The client read waiting for them (its vseq), if any.
+    op: Option<u64>,
+    lba: u64,
+    blocks: u64,
+    /// The generation of each region the blocks cover when the local read
+    /// was issued: the local copy is rewritten only if no write was issued
+    /// to them since.
+    gens: Vec<(usize, u64)>,
+    /// Replicas asked so far, and when the last was asked.
+    asked: BTreeSet<NodeId>,
+    asked_at: u64,
 }
 
 /// What the primary wants done.
@@ -310,6 +334,14 @@ pub(crate) struct Primary {
     own: Uncertain,
     /// Regions written by clients in this epoch.
     written: BTreeSet<usize>,
+    /// Repairs in flight, by `RepairRead` id.
+    repairs: BTreeMap<u64, Repair>,
+    next_repair: u64,
+    /// Blocks read from a replica because the local copy failed its checksum.
+    pub(crate) repaired_blocks: u64,
+    /// Regions whose copy here no replica could repair, with the time until
+    /// which resync copies skip them.
+    unrepaired: BTreeMap<usize, u64>,
 }
 
 impl Primary {
@@ -373,6 +405,10 @@ impl Primary {
             mine,
             own: Uncertain::new(rec_epoch, cfg.uncertain_limit).owned(),
             written: BTreeSet::new(),
+            repairs: BTreeMap::new(),
+            next_repair: 1,
+            repaired_blocks: 0,
+            unrepaired: BTreeMap::new(),
             cfg,
         }
     }
@@ -573,6 +609,10 @@ impl Primary {
                 (Kind::Read, Vec::new(), None, DiskOp::Read { lba, blocks })
             }
         };
+        let read = match &disk {
+            DiskOp::Read { lba, blocks } => Some((*lba, *blocks)),
+            _ => None,
+        };
         let mut sent = BTreeSet::new();
         if let Some(rop) = repl {
             let peers: Vec<NodeId> = self.links.keys().copied().collect();
@@ -609,9 +649,180 @@ impl Primary {
                 acked: BTreeSet::new(),
                 data: None,
                 regions,
+                read,
+                unreadable: false,
             },
         );
         out.disk.push((disk, PrimTag::Op(vseq)));
+    }
+
+    /// A read's data failed its checksum here: the blocks are asked of an
+    /// in-sync replica (a client read waits for them; a resync copy is
+    /// dropped and its region read again once the copy here is rewritten).
+    pub(crate) fn on_disk_corrupt(&mut self, now: u64, tag: PrimTag, out: &mut Out) {
+        let (op, lba, blocks) = match tag {
+            PrimTag::Op(v) => match self.ops.get(&v).and_then(|o| o.read) {
+                Some((lba, blocks)) => (Some(v), lba, blocks),
+                None => return,
+            },
+            PrimTag::ResyncRead {
+                peer,
+                session,
+                region,
+                blocks,
+                ..
+            } => {
+                if let Some(l) = self.links.get_mut(&peer) {
+                    if l.session == session {
+                        l.copying.remove(&region);
+                    }
+                }
+                (None, region as u64 * self.cfg.region_blocks, blocks)
+            }
+            PrimTag::Rewrite => return,
+        };
+        // The generations as of the read (no write to these regions can
+        // have been issued since: a write waits for an overlapping read).
+        let gens = self
+            .regions_of(lba, blocks)
+            .into_iter()
+            .map(|r| (r, self.region_gen[r]))
+            .collect();
+        let id = self.next_repair;
+        self.next_repair += 1;
+        self.repairs.insert(
+            id,
+            Repair {
+                op,
+                lba,
+                blocks,
+                gens,
+                asked: BTreeSet::new(),
+                asked_at: now,
+            },
+        );
+        self.ask_repair(now, id, out);
+    }
+
+    /// Asks the next in-sync replica for repair `id`; with none left, a
+    /// waiting client read is answered `Unreadable` and the repair dropped.
+    fn ask_repair(&mut self, now: u64, id: u64, out: &mut Out) {
+        let Some(r) = self.repairs.get_mut(&id) else {
+            return;
+        };
+        // An in-sync replica acknowledged every write acknowledged to a
+        // client (unless acknowledgements go out before the replicas').
+        let next = self
+            .links
+            .iter()
+            .filter(|(n, l)| l.mode == Mode::InSync && !r.asked.contains(n))
+            .map(|(n, _)| *n)
+            .next()
+            .filter(|_| !self.cfg.ack_before_secondaries);
+        match next {
+            Some(n) => {
+                r.asked.insert(n);
+                r.asked_at = now;
+                out.sends.push((
+                    Endpoint::Node(n),
+                    Msg::RepairRead {
+                        vol: self.vol,
+                        epoch: self.epoch,
+                        id,
+                        lba: r.lba,
+                        blocks: r.blocks,
+                    },
+                ));
+            }
+            None => {
+                let Some(r) = self.repairs.remove(&id) else {
+                    return;
+                };
+                match r.op {
+                    Some(v) => {
+                        if let Some(op) = self.ops.get_mut(&v) {
+                            op.unreadable = true;
+                            op.local_done = true;
+                        }
+                    }
+                    None => {
+                        let region = (r.lba / self.cfg.region_blocks) as usize;
+                        self.unrepaired
+                            .insert(region, now + self.cfg.resync_retry_ms);
+                    }
+                }
+            }
+        }
+    }
+
+    /// A replica's answer to `RepairRead` `id`.
+    pub(crate) fn on_repair_data(
+        &mut self,
+        now: u64,
+        from: NodeId,
+        epoch: Epoch,
+        id: u64,
+        data: Option<Vec<u8>>,
+        out: &mut Out,
+    ) {
+        if epoch != self.epoch {
+            return;
+        }
+        let Some(r) = self.repairs.get(&id) else {
+            return;
+        };
+        let len = r.blocks * self.cfg.block_len;
+        let usable = r.asked.contains(&from)
+            && self
+                .links
+                .get(&from)
+                .is_some_and(|l| l.mode == Mode::InSync);
+        let Some(data) = data.filter(|d| usable && d.len() as u64 == len) else {
+            self.ask_repair(now, id, out);
+            return;
+        };
+        let Some(r) = self.repairs.remove(&id) else {
+            return;
+        };
+        self.repaired_blocks += r.blocks;
+        // Rewrite the copy here only if nothing was written to these
+        // regions since the read and every earlier write is acknowledged by
+        // the replicas (so the data given holds it): else a newer write
+        // could be overwritten with older data.
+        let unchanged = r.gens.iter().all(|&(g, gen)| self.region_gen[g] == gen);
+        let settled = !self.ops.values().any(|o| {
+            o.kind == Kind::Write
+                && o.regions
+                    .iter()
+                    .any(|g| r.gens.iter().any(|&(x, _)| x == *g))
+        });
+        if unchanged && settled {
+            out.disk.push((
+                DiskOp::Write {
+                    lba: r.lba,
+                    data: data.clone(),
+                    fua: false,
+                },
+                PrimTag::Rewrite,
+            ));
+        }
+        if let Some(op) = r.op.and_then(|v| self.ops.get_mut(&v)) {
+            op.data = Some(data);
+            op.local_done = true;
+        }
+    }
+
+    /// Repairs unanswered for `ack_timeout_ms` go to the next replica.
+    fn chase_repairs(&mut self, now: u64, out: &mut Out) {
+        let late: Vec<u64> = self
+            .repairs
+            .iter()
+            .filter(|(_, r)| now > r.asked_at + self.cfg.ack_timeout_ms)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in late {
+            self.ask_repair(now, id, out);
+        }
     }
 
     pub(crate) fn on_disk_done(
@@ -622,6 +833,7 @@ impl Primary {
         out: &mut Out,
     ) {
         match tag {
+            PrimTag::Rewrite => {}
             PrimTag::Op(v) => {
                 if let Some(op) = self.ops.get_mut(&v) {
                     op.local_done = true;
@@ -916,6 +1128,7 @@ impl Primary {
 
     /// Timeouts, resync progress, CAS requests and acknowledgements.
     pub(crate) fn tick(&mut self, now: u64, lease_until: u64, out: &mut Out) {
+        self.chase_repairs(now, out);
         if let Some((t, expected)) = self.cas {
             if now > t + self.cfg.cas_timeout_ms {
                 // Unanswered: send it again (same expected version, so at most
@@ -1004,8 +1217,20 @@ impl Primary {
                 // flight here (the read must see every write streamed before
                 // the copy) and while no earlier copy of it is unfinished.
                 let region_inflight = &self.region_inflight;
+                // Nor while its copy here is being repaired, or after no
+                // replica could repair it, until `resync_retry_ms` passed.
+                let region_blocks = self.cfg.region_blocks;
+                let repairing = |r: usize| {
+                    self.repairs
+                        .values()
+                        .any(|p| p.op.is_none() && p.lba / region_blocks == r as u64)
+                        || self.unrepaired.get(&r).is_some_and(|&until| now < until)
+                };
                 let next = l.dirty.iter().copied().find(|r| {
-                    !l.chunks.contains(r) && !l.copying.contains(r) && region_inflight[*r] == 0
+                    !l.chunks.contains(r)
+                        && !l.copying.contains(r)
+                        && region_inflight[*r] == 0
+                        && !repairing(*r)
                 });
                 let Some(r) = next else {
                     continue;
@@ -1161,15 +1386,23 @@ impl Primary {
         }
         for v in done {
             if let Some(op) = self.ops.remove(&v) {
+                let reply = if op.unreadable {
+                    ClientReply::Unreadable {
+                        by: self.me,
+                        epoch: self.epoch,
+                    }
+                } else {
+                    ClientReply::Ok {
+                        by: self.me,
+                        epoch: self.epoch,
+                        data: op.data,
+                    }
+                };
                 out.sends.push((
                     Endpoint::Client,
                     Msg::ClientReply {
                         id: op.client_id,
-                        reply: ClientReply::Ok {
-                            by: self.me,
-                            epoch: self.epoch,
-                            data: op.data,
-                        },
+                        reply,
                     },
                 ));
             }

@@ -98,6 +98,9 @@ struct Disk {
     err_per_mille: u64,
     /// The crash-safe log copy: the last save completed (durable).
     logs: Option<SavedLogs>,
+    /// Blocks whose bits rotted on the media: a read covering one fails its
+    /// checksum (`DiskResult::Corrupt`) until a write replaces the block.
+    rotten: BTreeSet<usize>,
 }
 
 impl Disk {
@@ -111,11 +114,24 @@ impl Disk {
             flush_marks: HashMap::new(),
             err_per_mille: 0,
             logs: None,
+            rotten: BTreeSet::new(),
+        }
+    }
+    /// Whether `op` reads a rotten block.
+    fn reads_rot(&self, op: &DiskOp) -> bool {
+        match op {
+            DiskOp::Read { lba, blocks } => self
+                .rotten
+                .range(*lba as usize..(*lba + *blocks) as usize)
+                .next()
+                .is_some(),
+            _ => false,
         }
     }
     fn write(&mut self, lba: u64, tokens: Vec<u64>, fua: bool) {
         for (i, t) in tokens.into_iter().enumerate() {
             let b = lba as usize + i;
+            self.rotten.remove(&b);
             self.current[b] = t;
             if fua {
                 self.durable[b] = t;
@@ -518,6 +534,13 @@ pub struct Sim {
     fenced: u64,
     stale_reads: u64,
     long_delays: u64,
+    /// Block rot, on seeds without a bug switch (so that the histories bug
+    /// switches are caught on stay as they were): its own generator, so the
+    /// other faults keep their stream.
+    rot: Option<Rng>,
+    rotten_reads: u64,
+    repairs: u64,
+    unreadable: u64,
 }
 
 fn pair(a: Endpoint, b: Endpoint) -> (Endpoint, Endpoint) {
@@ -587,6 +610,10 @@ impl Sim {
             ..Model::default()
         };
         let mut sim = Sim {
+            rot: p.bug.is_none().then_some(Rng(seed ^ 0x0B10_C40B_10C4)),
+            rotten_reads: 0,
+            repairs: 0,
+            unreadable: 0,
             seed,
             rng,
             now: 0,
@@ -1300,6 +1327,17 @@ impl Sim {
             ClientReply::NotPrimary => {
                 // Outcome unknown: blocks stay locked for this epoch.
             }
+            ClientReply::Unreadable { epoch, .. } => {
+                // Only a read, of the request's epoch: no in-sync replica
+                // gave a good copy of a block rotten on the primary.
+                if epoch.0 != req.epoch || !matches!(req.kind, ReqKind::Read) {
+                    return Err(self.fail(format!(
+                        "a {:?} request of epoch {} answered Unreadable in epoch {}",
+                        req.kind, req.epoch, epoch.0
+                    )));
+                }
+                self.unreadable += 1;
+            }
             ClientReply::Ok { by, epoch, data } => {
                 if epoch.0 != req.epoch {
                     return Err(self.fail(format!(
@@ -1512,6 +1550,14 @@ impl Sim {
     }
 
     fn fault(&mut self) {
+        if let Some(rot) = self.rot.as_mut() {
+            if rot.chance(60) {
+                let i = rot.below(self.procs.len() as u64) as usize;
+                let b = rot.below(self.procs[i].disk.size.max(1)) as usize;
+                self.trace(format!("rot n{i} block {b}"));
+                self.procs[i].disk.rotten.insert(b);
+            }
+        }
         if self.rng.chance(120) {
             self.membership();
             return;
@@ -1814,6 +1860,10 @@ impl Sim {
         self.loss_per_mille = 0;
         for i in 0..self.procs.len() {
             self.procs[i].disk.err_per_mille = 0;
+            // Like the other faults, rot stops at the heal: a block that no
+            // in-sync replica holds intact is lost, and no protocol can
+            // converge from that.
+            self.procs[i].disk.rotten.clear();
             if self.procs[i].node.is_none() {
                 self.restart(i);
             }
@@ -1832,6 +1882,9 @@ impl Sim {
             Ev::Deliver { to, from, msg } => {
                 if self.trace {
                     self.trace(format!("{from:?} -> {to:?}: {msg:?}"));
+                }
+                if matches!(msg, Msg::RepairData { data: Some(_), .. }) {
+                    self.repairs += 1;
                 }
                 match to {
                     Endpoint::Node(n) => self.input(n.0 as usize, Input::Msg { from, msg }),
@@ -1855,7 +1908,12 @@ impl Sim {
                         DiskResult::Error
                     } else {
                         self.check_write_ahead(node, &op)?;
+                        let rotten = self.procs[node].disk.reads_rot(&op);
                         match self.procs[node].disk.complete(id, &op) {
+                            Ok(_) if rotten => {
+                                self.rotten_reads += 1;
+                                DiskResult::Corrupt
+                            }
                             Ok(data) => {
                                 self.note_applied(node, &op);
                                 DiskResult::Done { data }
@@ -2021,6 +2079,9 @@ impl Sim {
             fenced: self.fenced,
             stale_reads: self.stale_reads,
             long_delays: self.long_delays,
+            rotten_reads: self.rotten_reads,
+            repairs: self.repairs,
+            unreadable: self.unreadable,
             stalls: self
                 .coords
                 .iter()
@@ -2111,6 +2172,9 @@ pub struct Summary {
     pub stale_reads: u64,
     pub long_delays: u64,
     pub stalls: u64,
+    pub rotten_reads: u64,
+    pub repairs: u64,
+    pub unreadable: u64,
 }
 
 impl Summary {
@@ -2133,6 +2197,9 @@ impl Summary {
         self.node_pauses += s.node_pauses;
         self.fenced += s.fenced;
         self.stale_reads += s.stale_reads;
+        self.rotten_reads += s.rotten_reads;
+        self.repairs += s.repairs;
+        self.unreadable += s.unreadable;
         self.long_delays += s.long_delays;
         self.stalls += s.stalls;
     }
@@ -2184,6 +2251,14 @@ fn seeds() {
     eprintln!(
         "control plane: {} elections, {} coordinator freezes, {} node freezes, {} coordinator changes fenced, {} coordinator stalls credited (in the final tenures), {} reads sent to deposed primaries, {} messages delayed 0.2-2 s",
         t.elections, t.coord_pauses, t.node_pauses, t.fenced, t.stalls, t.stale_reads, t.long_delays
+    );
+    eprintln!(
+        "block rot: {} reads of rotten blocks, {} repairs from an in-sync replica, {} reads answered Unreadable",
+        t.rotten_reads, t.repairs, t.unreadable
+    );
+    assert!(
+        n < 100 || t.repairs > 0,
+        "rotten blocks must be repaired from in-sync replicas"
     );
     assert!(
         t.durable_acks > 0 && t.failovers > 0 && t.membership_changes > 0,

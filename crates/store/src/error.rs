@@ -41,9 +41,11 @@ pub enum IoError {
     #[error("the store stopped after an earlier device error")]
     Failed,
     /// A block read does not hold what was written to it (its checksum
-    /// does not match): the read fails rather than return it.
-    #[error("data at device offset {device_offset} fails its checksum")]
-    Corrupt { device_offset: u64 },
+    /// does not match), and no other copy was good: the read fails rather
+    /// than return it. `offset`: the device offset in the local store; the
+    /// volume offset of the read for a replicated volume.
+    #[error("data at offset {offset} fails its checksum")]
+    Corrupt { offset: u64 },
 }
 
 impl From<StoreError> for IoError {
@@ -73,9 +75,7 @@ impl IoError {
             }),
             IoError::Gone => IoError::Gone,
             IoError::Failed => IoError::Failed,
-            IoError::Corrupt { device_offset } => IoError::Corrupt {
-                device_offset: *device_offset,
-            },
+            IoError::Corrupt { offset } => IoError::Corrupt { offset: *offset },
         }
     }
 }

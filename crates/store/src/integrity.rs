@@ -241,7 +241,7 @@ impl Store {
                     actual = format_args!("{actual:#010x}"),
                     "data block fails its checksum; answering the read with an error"
                 );
-                return Err(IoError::Corrupt { device_offset: at });
+                return Err(IoError::Corrupt { offset: at });
             }
         }
         Ok(())

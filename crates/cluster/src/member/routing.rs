@@ -558,6 +558,14 @@ impl Inner {
                 let wait = attempt_end.saturating_duration_since(Instant::now());
                 match rx.recv_timeout(wait) {
                     Ok((i, ClientReply::Ok { data, .. })) => results[i] = Some(Ok(data)),
+                    // No replica holds a good copy: a media error, not retried.
+                    Ok((i, ClientReply::Unreadable { .. })) => {
+                        let offset = match request(i) {
+                            ClientReq::Read { lba, .. } => lba * BLOCK_SIZE,
+                            _ => 0,
+                        };
+                        results[i] = Some(Err(IoError::Corrupt { offset }))
+                    }
                     Ok((_, ClientReply::NotPrimary)) => retry = true,
                     Err(_) => {
                         self.forget(&ids);
