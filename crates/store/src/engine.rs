@@ -61,13 +61,17 @@ pub struct OpenOptions {
     /// finds nothing else free: the deterministic mode the crash tests use.
     /// The same thread runs cooling rounds (`Store::cool`).
     pub background_zeroing: bool,
-    /// How often the background thread cools extents not written since its
-    /// previous round (their checksums are written, their write intent
-    /// cleared).
+    /// How often the background thread runs a cooling round.
     pub cooling_interval: Duration,
-    /// Hot extents beyond this many bytes are cooled even if busy: the
-    /// most an unclean start reads to recompute checksums.
-    pub max_hot_bytes: u64,
+    /// An extent not written for this long is cooled: its checksums are
+    /// written and its write intent cleared, so that after a crash its
+    /// blocks are checked against them (a hot extent's are taken as they
+    /// are at their first read). Long enough that a working set written
+    /// now and then stays hot and its writes never wait for an intent.
+    pub cool_after: Duration,
+    /// Hot extents beyond this many bytes are cooled even if busy (`None`:
+    /// no limit; an unclean start's work does not depend on it).
+    pub max_hot_bytes: Option<u64>,
     /// The background scrubber reads every volume whole once per this
     /// interval (`None`: no background scrubbing).
     pub scrub_interval: Option<Duration>,
@@ -85,7 +89,8 @@ impl Default for OpenOptions {
         OpenOptions {
             background_zeroing: true,
             cooling_interval: Duration::from_secs(5),
-            max_hot_bytes: 4 << 30,
+            cool_after: Duration::from_secs(600),
+            max_hot_bytes: None,
             scrub_interval: Some(DEFAULT_SCRUB_INTERVAL),
             scrub_rate: DEFAULT_SCRUB_RATE,
         }
@@ -138,8 +143,11 @@ pub struct RecoveryReport {
     /// Extents owned by no live volume, or a second copy of a logical
     /// extent: never produced by this engine; freed with a warning.
     pub stray_extents: u64,
-    /// Extents marked hot (writes in flight at the stop) whose checksums
-    /// were recomputed from their data.
+    /// Extents marked hot at the stop (written recently, checksums not
+    /// durable): their blocks are taken as they are at their first read.
+    pub hot_extents: u64,
+    /// Extents covered by a checksum page that failed to verify: their
+    /// checksums were recomputed from their data.
     pub recomputed_extents: u64,
     /// Checksum pages that failed to verify (torn by the stop, or
     /// damaged); the blocks they cover were recomputed and the pages
@@ -405,11 +413,7 @@ impl Store {
         let mut state = loaded.state;
         let built = recovery::build_runtime(&mut state);
         let integrity = if layout.has_data_checksums() {
-            Some(recovery::load_checksums(
-                device.as_ref(),
-                &state,
-                options.max_hot_bytes,
-            )?)
+            Some(recovery::load_checksums(device.as_ref(), &state, options)?)
         } else {
             None
         };
@@ -421,6 +425,7 @@ impl Store {
             quarantined_extents: loaded.quarantined_extents,
             quarantined_slots: loaded.quarantined_slots,
             stray_extents: built.stray_extents,
+            hot_extents: integrity.as_ref().map_or(0, |i| i.hot_extents),
             recomputed_extents: integrity.as_ref().map_or(0, |i| i.recomputed_extents),
             bad_checksum_pages: integrity.as_ref().map_or(0, |i| i.bad_pages),
         };
@@ -430,6 +435,7 @@ impl Store {
             replayed_entries = report.replayed_entries,
             volumes = built.volumes.len(),
             dirty_extents = report.dirty_extents,
+            hot_extents = report.hot_extents,
             recomputed_extents = report.recomputed_extents,
             data_checksums = integrity.is_some(),
             "opened store"

@@ -39,13 +39,19 @@ pub(crate) struct Intent {
     /// The cooling round during which each extent was last written.
     last_write: Vec<AtomicU32>,
     round: AtomicU32,
-    /// Hot extents beyond this many are cooled even if recently written:
-    /// bounds the data an unclean start reads to recompute checksums.
+    /// Hot extents beyond this many are cooled even if recently written.
     max_hot: usize,
+    /// Rounds an extent must go unwritten to be cooled.
+    idle_rounds: u32,
 }
 
 impl Intent {
-    pub fn new(extents: u32, hot: impl Fn(u32) -> bool, max_hot: usize) -> Intent {
+    pub fn new(
+        extents: u32,
+        hot: impl Fn(u32) -> bool,
+        max_hot: usize,
+        idle_rounds: u32,
+    ) -> Intent {
         Intent {
             state: (0..extents)
                 .map(|p| AtomicU64::new(if hot(p) { HOT } else { 0 }))
@@ -53,6 +59,7 @@ impl Intent {
             last_write: (0..extents).map(|_| AtomicU32::new(0)).collect(),
             round: AtomicU32::new(1),
             max_hot,
+            idle_rounds,
         }
     }
 
@@ -109,10 +116,10 @@ impl Store {
         Ok(())
     }
 
-    /// One cooling round: extents not written since the previous round (all
-    /// of them with `everything`, and the least recently written beyond the
-    /// hot limit) get their checksums written and become cold. Returns how
-    /// many did.
+    /// One cooling round: extents not written for `cool_after` (all of them
+    /// with `everything`, and the least recently written beyond the hot
+    /// limit) get their checksums written and become cold. Returns how many
+    /// did.
     pub fn cool(&self, everything: bool) -> Result<usize, StoreError> {
         let (Some(intent), Some(sums)) = (&self.intent, &self.checksums) else {
             return Ok(0);
@@ -127,7 +134,7 @@ impl Store {
             }
         }
         hot.sort_unstable();
-        let idle = hot.partition_point(|&(w, _)| w + 1 < round);
+        let idle = hot.partition_point(|&(w, _)| w.saturating_add(intent.idle_rounds) < round);
         let over = hot.len().saturating_sub(intent.max_hot);
         let take = if everything {
             hot.len()

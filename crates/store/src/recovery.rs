@@ -13,7 +13,7 @@ use crate::buf::AlignedBuf;
 use crate::device::{BlockDevice, IoOp};
 use crate::engine::{write_dirty_pages, write_superblock};
 use crate::error::StoreError;
-use crate::format::{decode_checksum_page, CHECKSUMS_PER_PAGE};
+use crate::format::{decode_checksum_page, CHECKSUMS_PER_PAGE, CHECKSUM_UNKNOWN};
 use crate::format::{
     decode_journal_block, decode_journal_block_v1, ExtentState, FormatError, JournalBlock,
     JournalEntry, Layout, SlotState, Superblock, EXTENT_ENTRY_SIZE, PAGE, SUPERBLOCK_COPIES,
@@ -431,18 +431,21 @@ pub(crate) fn write_zero_checksum_pages(
 pub(crate) struct LoadedIntegrity {
     pub checksums: DataChecksums,
     pub intent: Intent,
+    pub hot_extents: u64,
     pub recomputed_extents: u64,
     pub bad_pages: u64,
 }
 
 /// Reads the checksum region. Free extents hold zeros (dirty ones are
-/// zeroed before reuse); a hot extent, or one covered by a page that fails
-/// to verify, gets its checksums from its data; the failed pages are
-/// rewritten (the open's checkpoint flushes them).
+/// zeroed before reuse); a hot extent's blocks are unknown, taken as they
+/// are at their first read (no data is read here, whatever the size of
+/// the hot set); a cold extent covered by a page that fails to verify gets
+/// its checksums from its data, and the failed pages are rewritten (the
+/// open's checkpoint flushes them).
 pub(crate) fn load_checksums(
     device: &dyn BlockDevice,
     state: &MetaState,
-    max_hot_bytes: u64,
+    options: &crate::engine::OpenOptions,
 ) -> Result<LoadedIntegrity, StoreError> {
     let layout = state.layout;
     let per = CHECKSUMS_PER_PAGE as u64;
@@ -472,11 +475,16 @@ pub(crate) fn load_checksums(
         bad_pages.iter().any(|&p| (first..=last).contains(&p))
     };
     let mut recompute = Vec::new();
+    let mut hot_extents = 0;
     for (phys, e) in state.extents.iter().enumerate() {
         match *e {
             ExtentState::Free { .. } => sums.set_range(phys as u64 * bpe, bpe, zero),
-            ExtentState::Owned { hot, .. } => {
-                if hot || (!bad_pages.is_empty() && in_bad_page(phys as u64)) {
+            ExtentState::Owned { hot: true, .. } => {
+                hot_extents += 1;
+                sums.set_range(phys as u64 * bpe, bpe, CHECKSUM_UNKNOWN);
+            }
+            ExtentState::Owned { hot: false, .. } => {
+                if !bad_pages.is_empty() && in_bad_page(phys as u64) {
                     recompute.push(phys as u32);
                 }
             }
@@ -499,7 +507,11 @@ pub(crate) fn load_checksums(
     if !bad_pages.is_empty() {
         write_pages(device, &layout, &sums, &bad_pages)?;
     }
-    let max_hot = (max_hot_bytes / layout.extent_size as u64).max(16) as usize;
+    let max_hot = options.max_hot_bytes.map_or(usize::MAX, |b| {
+        (b / layout.extent_size as u64).max(16) as usize
+    });
+    let idle_rounds = (options.cool_after.as_millis() / options.cooling_interval.as_millis().max(1))
+        .clamp(1, u32::MAX as u128) as u32;
     let intent = Intent::new(
         layout.extent_count,
         |p| {
@@ -509,10 +521,12 @@ pub(crate) fn load_checksums(
             )
         },
         max_hot,
+        idle_rounds,
     );
     Ok(LoadedIntegrity {
         checksums: sums,
         intent,
+        hot_extents,
         recomputed_extents: recompute.len() as u64,
         bad_pages: bad_pages.len() as u64,
     })

@@ -211,6 +211,7 @@ fn a_damaged_checksum_page_is_recomputed_not_trusted() {
     let store = open(&path);
     assert_eq!(store.recovery().bad_checksum_pages, 0);
     assert_eq!(store.recovery().recomputed_extents, 0);
+    assert_eq!(store.recovery().hot_extents, 0);
 }
 
 #[test]
@@ -276,7 +277,9 @@ fn cooling_racing_writers_never_leaves_a_wrong_checksum_even_across_a_power_cut(
 fn the_hot_set_is_bounded_and_a_clean_close_leaves_none() {
     let dev = SimDevice::new(16 << 20, 3);
     let options = OpenOptions {
-        max_hot_bytes: 4 * EXTENT,
+        max_hot_bytes: Some(4 * EXTENT),
+        // Cooled after one idle round (a round is one `cool` call here).
+        cool_after: quiet().cooling_interval,
         ..quiet()
     };
     let store = Store::create_with(dev.clone(), &format(), &options).unwrap();
@@ -295,20 +298,24 @@ fn the_hot_set_is_bounded_and_a_clean_close_leaves_none() {
     store.cool(false).unwrap();
     store.cool(false).unwrap();
     assert_eq!(store.integrity().hot_extents, 0);
-    // A write heats one extent again, and the next open after a crash
-    // recomputes only that one.
+    // A write heats one extent again; after a crash its blocks are taken
+    // as they are at their first read (nothing is read at the open).
     vol.write(EXTENT, &pattern(BLOCK_SIZE, 2), true).unwrap();
     assert_eq!(store.integrity().hot_extents, 1);
     drop(vol);
     drop(store);
     dev.crash();
     let store = Store::open_with(dev.clone(), &options).unwrap();
-    assert_eq!(store.recovery().recomputed_extents, 1);
+    assert_eq!(store.recovery().hot_extents, 1);
+    assert_eq!(store.recovery().recomputed_extents, 0);
+    let mut block = vec![0u8; BLOCK_SIZE as usize];
+    store.volume(id).unwrap().read(EXTENT, &mut block).unwrap();
+    assert_eq!(block, pattern(BLOCK_SIZE, 2));
     store.check().unwrap();
     store.close().unwrap();
     drop(store);
     let store = Store::open_with(dev, &options).unwrap();
-    assert_eq!(store.recovery().recomputed_extents, 0);
+    assert_eq!(store.recovery().hot_extents, 0);
     assert_eq!(store.integrity().hot_extents, 0);
 }
 
