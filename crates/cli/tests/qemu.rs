@@ -4,15 +4,6 @@ mod common;
 
 use common::*;
 
-fn qemu_io(uri: &str, cmds: &[&str]) -> CmdOutput {
-    let mut args: Vec<&str> = vec!["-f", "raw", uri];
-    for c in cmds {
-        args.push("-c");
-        args.push(c);
-    }
-    tool("qemu-io", args)
-}
-
 #[track_caller]
 fn qemu_io_ok(uri: &str, cmds: &[&str]) {
     let out = qemu_io(uri, cmds);

@@ -13,15 +13,6 @@ use std::time::Duration;
 
 const BLOCK: u64 = 4096;
 
-fn qemu_io(uri: &str, cmds: &[&str]) -> CmdOutput {
-    let mut args: Vec<&str> = vec!["-f", "raw", uri];
-    for c in cmds {
-        args.push("-c");
-        args.push(c);
-    }
-    tool("qemu-io", args)
-}
-
 /// Offsets in the data file of 4 KiB blocks filled with `byte`.
 fn blocks_filled_with(path: &std::path::Path, byte: u8) -> Vec<u64> {
     let data = std::fs::read(path).expect("data file");

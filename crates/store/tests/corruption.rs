@@ -4,8 +4,10 @@
 //! metadata), named in the error or the recovery report, and loses nothing
 //! that the damage did not itself destroy.
 
+mod common;
+
 use basalt_store::{FileDevice, FormatOptions, OpenOptions, Store};
-use std::fs::OpenOptions as FileOptions;
+use common::flip;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::Arc;
@@ -22,19 +24,6 @@ fn quiet() -> OpenOptions {
 
 fn layout() -> basalt_store::format::Layout {
     basalt_store::format::Layout::plan(16 << 20, EXTENT as u32, Some(JOURNAL_BLOCKS), true).unwrap()
-}
-
-fn flip(path: &Path, offset: u64, bit: u8) {
-    let f = FileOptions::new()
-        .read(true)
-        .write(true)
-        .open(path)
-        .unwrap();
-    let mut b = [0u8; 1];
-    f.read_exact_at(&mut b, offset).unwrap();
-    b[0] ^= 1 << bit;
-    f.write_all_at(&b, offset).unwrap();
-    f.sync_all().unwrap();
 }
 
 /// A store with volume 1 holding extents 0..4 written (each first write

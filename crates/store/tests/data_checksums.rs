@@ -5,11 +5,12 @@
 //! disagrees with its block, even across a power cut; the hot set stays
 //! within its bound.
 
+mod common;
+
 use basalt_store::{FileDevice, FormatOptions, IoError, OpenOptions, SimDevice, Store, BLOCK_SIZE};
+use common::flip;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use std::fs::OpenOptions as FileOptions;
-use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -30,19 +31,6 @@ fn format() -> FormatOptions {
         journal_blocks: Some(64),
         ..Default::default()
     }
-}
-
-fn flip(path: &Path, offset: u64, bit: u8) {
-    let f = FileOptions::new()
-        .read(true)
-        .write(true)
-        .open(path)
-        .unwrap();
-    let mut b = [0u8; 1];
-    f.read_exact_at(&mut b, offset).unwrap();
-    b[0] ^= 1 << bit;
-    f.write_all_at(&b, offset).unwrap();
-    f.sync_all().unwrap();
 }
 
 fn pattern(len: u64, salt: u8) -> Vec<u8> {

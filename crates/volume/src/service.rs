@@ -833,17 +833,22 @@ impl VolumeService {
         ))
     }
 
-    /// CRC32C of this node's local copy of `name` (its replica in a
-    /// cluster), reading the whole copy; unallocated ranges count as zeros.
-    /// For checking that replicas are identical once they are in sync.
-    pub fn local_digest(&self, name: &str) -> Result<(u32, u64), VolumeError> {
+    /// This node's local copy of `name` (its replica in a cluster).
+    fn local_copy(&self, name: &str) -> Result<basalt_store::LocalVolume, VolumeError> {
         let record = self.record(name)?.record;
-        let local = self.store.volume(record.id).map_err(|e| match e {
+        self.store.volume(record.id).map_err(|e| match e {
             StoreError::NotFound(_) => {
                 VolumeError::NotFound(format!("{name} (no replica on this node)"))
             }
             e => e.into(),
-        })?;
+        })
+    }
+
+    /// CRC32C of this node's local copy of `name` (its replica in a
+    /// cluster), reading the whole copy; unallocated ranges count as zeros.
+    /// For checking that replicas are identical once they are in sync.
+    pub fn local_digest(&self, name: &str) -> Result<(u32, u64), VolumeError> {
+        let local = self.local_copy(name)?;
         let size = local.size();
         let mut crc = 0u32;
         let mut buf = vec![0u8; 1 << 20];
@@ -907,13 +912,7 @@ impl VolumeService {
         rate: Option<u64>,
         progress: &mut dyn FnMut(u64, u64),
     ) -> Result<basalt_store::ScrubReport, VolumeError> {
-        let record = self.record(name)?.record;
-        let local = self.store.volume(record.id).map_err(|e| match e {
-            StoreError::NotFound(_) => {
-                VolumeError::NotFound(format!("{name} (no replica on this node)"))
-            }
-            e => e.into(),
-        })?;
+        let local = self.local_copy(name)?;
         let report = local
             .scrub(range, rate, progress)
             .map_err(|e| VolumeError::Cluster(format!("scrubbing the local copy: {e}")))?;

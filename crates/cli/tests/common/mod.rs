@@ -270,6 +270,16 @@ pub fn wait_timeout(child: &mut Child, timeout: Duration) -> Option<ExitStatus> 
     }
 }
 
+/// Runs qemu-io on a raw `uri` with one `-c` per command.
+pub fn qemu_io(uri: &str, cmds: &[&str]) -> CmdOutput {
+    let mut args: Vec<&str> = vec!["-f", "raw", uri];
+    for c in cmds {
+        args.push("-c");
+        args.push(c);
+    }
+    tool("qemu-io", args)
+}
+
 /// Runs an external tool (which must exist) with args.
 #[track_caller]
 pub fn tool<I, S>(name: &str, args: I) -> CmdOutput
