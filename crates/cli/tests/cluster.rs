@@ -1143,4 +1143,14 @@ fn a_rotten_block_on_the_primary_is_read_from_a_replica_and_rewritten() {
     c.assert_replicas_equal(&[0, 1, 2], "db");
     let v = c.show(0, "db");
     assert!(healthy(&v), "no replica was failed over the rot: {v}");
+    let metrics = ureq::get(&format!("{}/metrics", c.nodes[p].api_url()))
+        .set("Authorization", &format!("Bearer {}", c.nodes[p].token()))
+        .call()
+        .unwrap()
+        .into_string()
+        .unwrap();
+    assert!(
+        metrics.contains("basalt_read_repairs_total 1"),
+        "one read repaired, counted: {metrics}"
+    );
 }

@@ -144,6 +144,11 @@ pub trait ClusterVolumes: Send + Sync {
     /// The replicas of `record`'s volume as placed now (empty while not yet
     /// placed).
     fn replicas(&self, record: &VolumeRecord) -> Vec<ReplicaStatus>;
+    /// Reads this node's primaries asked of another replica because their
+    /// own copy failed its checksum (read repair), since the start.
+    fn read_repairs(&self) -> u64 {
+        0
+    }
     /// Whether this node is the primary of volume `id` as it knows now,
     /// from memory (cheap: polled by the NVMe/TCP target for its ANA
     /// state); `None` while the volume is unknown or not placed.
@@ -1083,6 +1088,14 @@ impl VolumeService {
                 recovery.quarantined_extents + recovery.quarantined_slots,
             ),
         ];
+        if let Some(cluster) = &self.cluster {
+            let metric = "basalt_read_repairs_total";
+            let _ = writeln!(
+                out,
+                "# HELP {metric} Reads this node's primaries asked of an in-sync replica because their own copy failed its checksum.\n# TYPE {metric} counter\n{metric} {}",
+                cluster.read_repairs()
+            );
+        }
         for (metric, kind, help, value) in store_metrics {
             let _ = writeln!(
                 out,

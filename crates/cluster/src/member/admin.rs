@@ -283,6 +283,12 @@ impl ClusterVolumes for ClusterMember {
         )))
     }
 
+    fn read_repairs(&self) -> u64 {
+        self.inner
+            .read_repairs
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     fn is_local_primary(&self, id: uuid::Uuid) -> Option<bool> {
         let records = self.inner.records.read();
         let rec = records.get(&vol_of(id))?;

@@ -50,6 +50,15 @@ pub(super) struct Env(pub(super) Weak<Inner>);
 impl ReplicaEnv for Env {
     fn send_peer(&self, to: NodeId, vol: VolumeId, msgs: Vec<Msg>) {
         if let Some(inner) = self.0.upgrade() {
+            let repairs = msgs
+                .iter()
+                .filter(|m| matches!(m, Msg::RepairRead { .. }))
+                .count();
+            if repairs > 0 {
+                inner
+                    .read_repairs
+                    .fetch_add(repairs as u64, std::sync::atomic::Ordering::Relaxed);
+            }
             inner.peers.send_batch(to, vol, msgs);
         }
     }

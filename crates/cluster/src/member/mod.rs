@@ -92,6 +92,9 @@ pub(crate) struct Inner {
     /// Keeps the campaign alive.
     guards: Mutex<Vec<Box<dyn std::any::Any + Send>>>,
     stopping: std::sync::atomic::AtomicBool,
+    /// Reads this node's primaries asked of an in-sync replica because
+    /// their own copy failed its checksum (read repair).
+    read_repairs: AtomicU64,
 }
 
 /// A running cluster member; see the module docs.
@@ -204,6 +207,7 @@ impl ClusterMember {
             watches: Mutex::new(Vec::new()),
             guards: Mutex::new(Vec::new()),
             stopping: std::sync::atomic::AtomicBool::new(false),
+            read_repairs: AtomicU64::new(0),
         });
         let _ = router.0.set(Arc::downgrade(&inner));
         let member = ClusterMember {
