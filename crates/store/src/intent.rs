@@ -8,13 +8,14 @@
 //! - A write reaches an owned extent only while the extent is durably hot
 //!   (a `Hot` entry, or the `Map` that gave it to its volume, is journaled;
 //!   a write into a mapping not yet durable lands in an extent recovery
-//!   zeroes). Recovery recomputes the checksums of hot extents from their
-//!   data, so a crash between a data write and its checksum never makes a
-//!   block fail verification.
+//!   zeroes). After a crash a hot extent's blocks are taken as they are at
+//!   their first read, so a crash between a data write and its checksum
+//!   never makes a block fail verification.
 //! - An extent turns cold only after every write to it that passed the hot
 //!   check has completed and its checksum pages are written and flushed
-//!   (with the data they describe); the `Cold` entry follows. A writer that finds it
-//!   cooling heats it again (a `Hot` entry, committed before it writes).
+//!   (with the data they describe); the `Cold` entry follows. A writer
+//!   that finds it cooling heats it again (a `Hot` entry, committed before
+//!   it writes).
 //! - Hot and cold marks change under the metadata lock, in journal order.
 //!
 //! Per extent, `state` is 0 (cold), `HOT` (durably hot), or the number of a

@@ -1,12 +1,15 @@
 //! Opening a store: the superblock, the tables (each entry verified, a bad
 //! one quarantined rather than trusted), the journal replay of this epoch,
-//! the in-place upgrade of a version-1 store, and the runtime structures
-//! (volume maps, free and dirty extents) built from the result.
+//! the in-place upgrade of a version-1 store, the data checksums, and the
+//! runtime structures (volume maps, free and dirty extents) built from the
+//! result.
 //!
 //! Invariants: nothing here writes except `upgrade_v1`, which leaves the
 //! version-1 superblock authoritative until every table page is rewritten
-//! and flushed, so an upgrade interrupted at any point is simply done again;
-//! an entry that fails to verify is never read as a valid owner or as free.
+//! and flushed, so an upgrade interrupted at any point is simply done again,
+//! and `load_checksums`, which rewrites only checksum pages that failed to
+//! verify (with values recomputed from the data they cover); an entry that
+//! fails to verify is never read as a valid owner or as free.
 
 use crate::alloc::FreeExtents;
 use crate::buf::AlignedBuf;
