@@ -490,15 +490,6 @@ impl Node {
         self.narrowed
     }
 
-    /// On a primary, blocks read from an in-sync replica because the copy
-    /// here failed its checksum (read repair), in its current epoch.
-    pub fn repaired_blocks(&self) -> u64 {
-        match &self.role {
-            Role::Primary(p) => p.repaired_blocks,
-            _ => 0,
-        }
-    }
-
     /// Whether issued disk operation `id` is background work (a resync
     /// read) that a driver may run off the client's path.
     pub fn is_background(&self, id: IoId) -> bool {

@@ -337,8 +337,6 @@ pub(crate) struct Primary {
     /// Repairs in flight, by `RepairRead` id.
     repairs: BTreeMap<u64, Repair>,
     next_repair: u64,
-    /// Blocks read from a replica because the local copy failed its checksum.
-    pub(crate) repaired_blocks: u64,
     /// Regions whose copy here no replica could repair, with the time until
     /// which resync copies skip them.
     unrepaired: BTreeMap<usize, u64>,
@@ -407,7 +405,6 @@ impl Primary {
             written: BTreeSet::new(),
             repairs: BTreeMap::new(),
             next_repair: 1,
-            repaired_blocks: 0,
             unrepaired: BTreeMap::new(),
             cfg,
         }
@@ -784,7 +781,6 @@ impl Primary {
         let Some(r) = self.repairs.remove(&id) else {
             return;
         };
-        self.repaired_blocks += r.blocks;
         // Rewrite the copy here only if nothing was written to these
         // regions since the read and every earlier write is acknowledged by
         // the replicas (so the data given holds it): else a newer write
