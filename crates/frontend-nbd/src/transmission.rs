@@ -767,6 +767,7 @@ fn nbd_error(err: &IoError, command: Command) -> NbdError {
         // The volume was deleted: the client must disconnect, which is what
         // ESHUTDOWN tells it.
         IoError::Gone => NbdError::Shutdown,
+        IoError::ReadOnly => NbdError::Perm,
     }
 }
 

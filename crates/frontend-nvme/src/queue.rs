@@ -1196,5 +1196,6 @@ fn io_status(err: &IoError) -> Status {
         IoError::Corrupt { .. } => Status::UNRECOVERED_READ_ERROR,
         IoError::Gone => Status::INVALID_NAMESPACE.with_dnr(),
         IoError::Failed => Status::INTERNAL_ERROR.with_dnr(),
+        IoError::ReadOnly => Status::NAMESPACE_WRITE_PROTECTED.with_dnr(),
     }
 }

@@ -71,7 +71,7 @@ impl Store {
                     put(
                         phys,
                         Place::Mapped {
-                            slot: v.slot,
+                            slot: map.slot,
                             logical: logical as u32,
                         },
                         &mut place,

@@ -23,12 +23,13 @@ use crate::device::{BlockDevice, IoOp};
 use crate::error::StoreError;
 use crate::format::{
     ExtentState, JournalEntry, Layout, SlotState, Superblock, DEFAULT_EXTENT_SIZE, FORMAT_VERSION,
-    INCOMPAT_DATA_CHECKSUMS, PAGE, SUPERBLOCK_COPIES,
+    INCOMPAT_DATA_CHECKSUMS, INCOMPAT_LAYERS, PAGE, SUPERBLOCK_COPIES,
 };
 use crate::integrity::DataChecksums;
 use crate::intent::Intent;
 use crate::journal::Journal;
 use crate::meta::MetaState;
+use crate::presence::Presence;
 use crate::recovery;
 use crate::scrub::{ScrubCounters, Scrubber};
 use crate::space::Zeroer;
@@ -51,6 +52,23 @@ pub struct FormatOptions {
     /// A CRC32C of every 4 KiB data block, checked on every read (default:
     /// on; `Some(false)` formats without the checksum region).
     pub data_checksums: Option<bool>,
+    /// Layers: snapshots and clones (default: on; `Some(false)` formats
+    /// without the presence region).
+    pub layers: Option<bool>,
+}
+
+impl FormatOptions {
+    /// The incompatible feature bits a store formatted with these has.
+    pub fn features(&self) -> u64 {
+        let mut bits = 0;
+        if self.data_checksums.unwrap_or(true) {
+            bits |= INCOMPAT_DATA_CHECKSUMS;
+        }
+        if self.layers.unwrap_or(true) {
+            bits |= INCOMPAT_LAYERS;
+        }
+        bits
+    }
 }
 
 /// Choices made at every open.
@@ -116,6 +134,9 @@ pub struct VolumeUsage {
     pub created_unix: u64,
     /// When a scrub last read the whole volume (Unix seconds; 0 = never).
     pub last_scrub_unix: u64,
+    /// The snapshot this volume reads through (its latest snapshot, or the
+    /// one it was cloned from); `None`: it has no parent layer.
+    pub parent: Option<VolumeId>,
 }
 
 /// Flushes asked for and commits done; requests / commits is how many
@@ -153,6 +174,10 @@ pub struct RecoveryReport {
     /// damaged); the blocks they cover were recomputed and the pages
     /// rewritten.
     pub bad_checksum_pages: u64,
+    /// Presence sectors that failed to verify (damaged: a stop leaves every
+    /// sector old or new); the layered blocks they cover are taken as
+    /// present, and the event is logged.
+    pub bad_presence_sectors: u64,
 }
 
 /// Data checksums at work.
@@ -205,7 +230,7 @@ impl Meta {
         self.appended.fetch_add(1, Ordering::AcqRel);
     }
 
-    fn free_slot(&self) -> Option<u32> {
+    pub fn free_slot(&self) -> Option<u32> {
         self.slots_used
             .iter()
             .position(|used| !used)
@@ -233,11 +258,15 @@ pub struct Store {
     pub(crate) rmw_locks: Vec<Mutex<()>>,
     /// One zeroing pass at a time.
     pub(crate) zeroing: Mutex<()>,
+    /// One layer operation (snapshot, clone, rollback, deletion) at a time.
+    pub(crate) layer_ops: Mutex<()>,
     pub(crate) zeroer: Zeroer,
     /// Data checksums and write intent; `None` in a store without the
     /// checksum region.
     pub(crate) checksums: Option<DataChecksums>,
     pub(crate) intent: Option<Intent>,
+    /// Presence bits of layered extents; `None` in a store without layers.
+    pub(crate) presence: Option<Presence>,
     /// One cooling round at a time.
     pub(crate) cooling: Mutex<()>,
     pub(crate) cooling_interval: Duration,
@@ -255,37 +284,58 @@ pub(crate) fn now_unix() -> u64 {
         .unwrap_or(0)
 }
 
-/// Writes the table pages `state` marked dirty (without flushing).
+/// Which region a dirty metadata page belongs to.
+#[derive(Clone, Copy)]
+enum Region {
+    Extents,
+    Slots,
+    Presence,
+}
+
+/// Writes the table and presence pages `state` marked dirty (without
+/// flushing).
 pub(crate) fn write_dirty_pages(
     device: &dyn BlockDevice,
     state: &mut MetaState,
 ) -> Result<u64, StoreError> {
     let layout = state.layout;
-    let ext: Vec<u64> = std::mem::take(&mut state.dirty_extent_pages)
-        .into_iter()
-        .collect();
-    let vol: Vec<u64> = std::mem::take(&mut state.dirty_slot_pages)
-        .into_iter()
-        .collect();
-    let pages: Vec<(u64, bool)> = ext
-        .iter()
-        .map(|p| (*p, true))
-        .chain(vol.iter().map(|p| (*p, false)))
-        .collect();
+    let mut pages: Vec<(u64, Region)> = Vec::new();
+    pages.extend(
+        std::mem::take(&mut state.dirty_extent_pages)
+            .into_iter()
+            .map(|p| (p, Region::Extents)),
+    );
+    pages.extend(
+        std::mem::take(&mut state.dirty_slot_pages)
+            .into_iter()
+            .map(|p| (p, Region::Slots)),
+    );
+    pages.extend(
+        std::mem::take(&mut state.dirty_presence_pages)
+            .into_iter()
+            .map(|p| (p, Region::Presence)),
+    );
     // Bounded batches: a format or an upgrade writes every page.
     const BATCH: usize = 2048;
     let mut buf = AlignedBuf::zeroed(0);
     for group in pages.chunks(BATCH) {
         buf.set_len(group.len() * PAGE as usize);
         let mut offsets = Vec::with_capacity(group.len());
-        for (i, (p, is_extent)) in group.iter().enumerate() {
+        for (i, &(p, region)) in group.iter().enumerate() {
             let out = &mut buf[i * PAGE as usize..(i + 1) * PAGE as usize];
-            if *is_extent {
-                state.encode_extent_page(*p, out);
-                offsets.push(layout.extent_table_offset + p * PAGE);
-            } else {
-                state.encode_slot_page(*p, out);
-                offsets.push(layout.volume_table_offset + p * PAGE);
+            match region {
+                Region::Extents => {
+                    state.encode_extent_page(p, out);
+                    offsets.push(layout.extent_table_offset + p * PAGE);
+                }
+                Region::Slots => {
+                    state.encode_slot_page(p, out);
+                    offsets.push(layout.volume_table_offset + p * PAGE);
+                }
+                Region::Presence => {
+                    state.encode_presence_page(p, out);
+                    offsets.push(layout.presence_offset + p * PAGE);
+                }
             }
         }
         let mut ops: Vec<IoOp<'_>> = buf
@@ -332,20 +382,21 @@ impl Store {
         open: &OpenOptions,
     ) -> Result<Arc<Store>, StoreError> {
         let size = device.size();
-        let checksums = options.data_checksums.unwrap_or(true);
+        let features = options.features();
+        let checksums = features & INCOMPAT_DATA_CHECKSUMS != 0;
         let layout = Layout::plan(
             size,
             options.extent_size.unwrap_or(DEFAULT_EXTENT_SIZE),
             options.journal_blocks,
-            checksums,
+            features,
         )
         .map_err(StoreError::DeviceTooSmall)?;
         // Whatever was there must not look like a store while we format.
         device.zero_range(0, 2 * PAGE)?;
         device.zero_range(layout.journal_offset, layout.journal_blocks * PAGE)?;
         device.discard_zeroes(layout.data_offset, layout.capacity_bytes())?;
-        // Every table entry is written, with its checksum: a zeroed entry
-        // does not verify.
+        // Every table entry and presence sector is written, with its
+        // checksum: a zeroed one does not verify.
         let mut state = MetaState::new(
             layout,
             vec![ExtentState::CLEAN; layout.extent_count as usize],
@@ -360,11 +411,7 @@ impl Store {
         device.flush()?;
         let sb = Superblock {
             version: FORMAT_VERSION,
-            incompat_features: if checksums {
-                INCOMPAT_DATA_CHECKSUMS
-            } else {
-                0
-            },
+            incompat_features: features,
             compat_features: 0,
             store_id: uuid::Uuid::new_v4(),
             generation: 1,
@@ -428,6 +475,7 @@ impl Store {
             hot_extents: integrity.as_ref().map_or(0, |i| i.hot_extents),
             recomputed_extents: integrity.as_ref().map_or(0, |i| i.recomputed_extents),
             bad_checksum_pages: integrity.as_ref().map_or(0, |i| i.bad_pages),
+            bad_presence_sectors: loaded.bad_presence_sectors,
         };
         tracing::info!(
             store = %sb.store_id,
@@ -444,6 +492,9 @@ impl Store {
             Some(i) => (Some(i.checksums), Some(i.intent)),
             None => (None, None),
         };
+        let presence = layout
+            .has_layers()
+            .then(|| Presence::new(&layout, &state.presence));
         let queued_entries = Arc::new(AtomicU64::new(0));
         let journal = Journal {
             store_id: sb.store_id,
@@ -477,9 +528,11 @@ impl Store {
             commits: AtomicU64::new(0),
             rmw_locks: (0..64).map(|_| Mutex::new(())).collect(),
             zeroing: Mutex::new(()),
+            layer_ops: Mutex::new(()),
             zeroer: Zeroer::default(),
             checksums,
             intent,
+            presence,
             cooling: Mutex::new(()),
             cooling_interval: options.cooling_interval,
             scrubber: Scrubber::default(),
@@ -583,17 +636,27 @@ impl Store {
         };
         tracing::debug!(entries = entries.len(), head = d.journal.head_seq, "commit");
         let mut freed = Vec::new();
-        let result = self
-            .write_entries(&mut d, &entries, &mut freed)
-            .and_then(|()| Ok(self.device.flush()?))
-            .and_then(|()| {
-                let j = &d.journal;
-                if j.used_blocks() * 4 > j.ring_blocks * 3 {
-                    self.checkpoint_locked(&mut d, false)
-                } else {
-                    Ok(())
-                }
-            });
+        // A block's presence may become durable only after its data: the
+        // data writes it records completed before the entry was queued, and
+        // this flush makes them durable before the journal names them.
+        let presence = entries
+            .iter()
+            .any(|e| matches!(e, JournalEntry::Present { .. }));
+        let result = (if presence {
+            self.device.flush().map_err(StoreError::from)
+        } else {
+            Ok(())
+        })
+        .and_then(|()| self.write_entries(&mut d, &entries, &mut freed))
+        .and_then(|()| Ok(self.device.flush()?))
+        .and_then(|()| {
+            let j = &d.journal;
+            if j.used_blocks() * 4 > j.ring_blocks * 3 {
+                self.checkpoint_locked(&mut d, false)
+            } else {
+                Ok(())
+            }
+        });
         result.map_err(|e| self.fail(e))?;
         self.durable_entries.fetch_max(upto, Ordering::AcqRel);
         self.flushes_done.fetch_max(covered, Ordering::SeqCst);
@@ -627,9 +690,7 @@ impl Store {
                 self.checkpoint_locked(d, false)?;
                 continue;
             }
-            let n = rest
-                .len()
-                .min(room as usize * crate::format::JOURNAL_ENTRIES_PER_BLOCK);
+            let n = Journal::entries_fitting(rest, room);
             let (chunk, tail) = rest.split_at(n);
             let writes = d
                 .journal
@@ -642,7 +703,7 @@ impl Store {
             for op in ops {
                 op.result?;
             }
-            d.journal.head_seq += Journal::blocks_for(chunk.len());
+            d.journal.head_seq += crate::format::pack_journal_blocks(chunk).len() as u64;
             for e in chunk {
                 d.state
                     .apply(e, freed)
@@ -699,36 +760,40 @@ impl Store {
     pub fn usage(&self) -> StoreUsage {
         let m = self.meta.lock();
         let es = self.layout.extent_size as u64;
+        // Snapshots hold space but provision none.
         let allocated: u64 = m.volumes.values().map(|v| v.allocated_extents()).sum();
-        let provisioned = m.volumes.values().map(|v| v.size()).sum();
+        let heads = || m.volumes.values().filter(|v| !v.is_snapshot());
         StoreUsage {
             capacity_bytes: self.layout.capacity_bytes(),
             allocated_bytes: allocated * es,
-            provisioned_bytes: provisioned,
+            provisioned_bytes: heads().map(|v| v.size()).sum(),
             extent_size: es,
-            volumes: m.volumes.len() as u64,
+            volumes: heads().count() as u64,
         }
     }
 
+    /// The volumes (not their snapshots: `Store::snapshots`).
     pub fn volumes(&self) -> Vec<VolumeUsage> {
         let m = self.meta.lock();
         let es = self.layout.extent_size as u64;
         let mut v: Vec<VolumeUsage> = m
             .volumes
             .values()
+            .filter(|v| !v.is_snapshot())
             .map(|v| VolumeUsage {
                 id: v.id,
                 size: v.size(),
                 allocated_bytes: v.allocated_extents() * es,
                 created_unix: v.created_unix,
                 last_scrub_unix: v.last_scrub(),
+                parent: v.map.read().parent.as_ref().map(|p| p.id),
             })
             .collect();
         v.sort_by_key(|u| u.id);
         v
     }
 
-    fn check_size(&self, size: u64) -> Result<(), StoreError> {
+    pub(crate) fn check_size(&self, size: u64) -> Result<(), StoreError> {
         if size == 0 || !size.is_multiple_of(BLOCK_SIZE) {
             return Err(StoreError::InvalidSize(format!(
                 "{size} bytes is not a positive multiple of {BLOCK_SIZE}"
@@ -760,6 +825,7 @@ impl Store {
                 id,
                 size,
                 created_unix,
+                parent: 0,
             });
             m.slots_used[slot as usize - 1] = true;
             let extents = self.layout.extents_for_size(size) as usize;
@@ -777,12 +843,24 @@ impl Store {
         self.check_usable()?;
         self.check_size(size)?;
         let vol = self.volume_state(id)?;
+        if vol.is_snapshot() {
+            return Err(StoreError::Layers(format!(
+                "{id} is a snapshot; snapshots cannot be resized"
+            )));
+        }
         let es = self.layout.extent_size as u64;
         {
             // Exclusive: no I/O may be in flight on extents about to be freed.
             let mut map = vol.map.write();
             let old = vol.size();
             let keep = self.layout.extents_for_size(size) as usize;
+            if size < old && map.parent.is_some() {
+                // The parent's blocks beyond the new end would show again
+                // when the volume grows back.
+                return Err(StoreError::Layers(format!(
+                    "volume {id} reads through a snapshot; it can grow but not shrink"
+                )));
+            }
             if size < old {
                 if !size.is_multiple_of(es) {
                     // The tail of the last kept extent must read zeros if
@@ -806,7 +884,7 @@ impl Store {
                 vol.forget_mapped_from(&map, keep);
             }
             self.meta.lock().push(JournalEntry::ResizeVolume {
-                slot: vol.slot,
+                slot: map.slot,
                 size,
             });
             map.resize(keep);
@@ -816,23 +894,42 @@ impl Store {
     }
 
     /// Deletes a volume and frees its extents; durable on return. Open
-    /// handles get `IoError::Gone` afterwards.
+    /// handles get `IoError::Gone` afterwards. A volume with snapshots is
+    /// refused (delete them first, as `rbd rm` does); a snapshot is
+    /// deleted with `delete_snapshot`.
     pub fn delete_volume(&self, id: VolumeId) -> Result<(), StoreError> {
         self.check_usable()?;
         let vol = self.volume_state(id)?;
+        if vol.is_snapshot() {
+            return Err(StoreError::Layers(format!(
+                "{id} is a snapshot; delete it as one"
+            )));
+        }
+        let _op = self.layer_ops.lock();
         {
             let mut map = vol.map.write();
             let mut m = self.meta.lock();
-            m.push(JournalEntry::DeleteVolume { slot: vol.slot });
+            let snapshots = m
+                .volumes
+                .values()
+                .filter(|v| v.snapshot_of == Some(id))
+                .count();
+            if snapshots > 0 {
+                return Err(StoreError::Layers(format!(
+                    "volume {id} has {snapshots} snapshot(s); delete them first"
+                )));
+            }
+            m.push(JournalEntry::DeleteVolume { slot: map.slot });
             m.volumes.remove(&id);
-            m.slots_used[vol.slot as usize - 1] = false;
+            m.slots_used[map.slot as usize - 1] = false;
             vol.mark_deleted();
             map.resize(0);
+            map.parent = None;
         }
         self.commit()
     }
 
-    fn volume_state(&self, id: VolumeId) -> Result<Arc<VolumeState>, StoreError> {
+    pub(crate) fn volume_state(&self, id: VolumeId) -> Result<Arc<VolumeState>, StoreError> {
         self.meta
             .lock()
             .volumes

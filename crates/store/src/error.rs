@@ -25,6 +25,10 @@ pub enum StoreError {
     Io(#[from] io::Error),
     #[error("the store stopped after an earlier device error; restart to recover")]
     Failed,
+    #[error("{0}")]
+    Layers(String),
+    #[error("this store was formatted without layers (snapshots and clones); format a new store to use them")]
+    NoLayers,
 }
 
 /// Errors of data-path operations on a volume.
@@ -46,6 +50,9 @@ pub enum IoError {
     /// volume offset of the read for a replicated volume.
     #[error("data at offset {offset} fails its checksum")]
     Corrupt { offset: u64 },
+    /// A write to a snapshot.
+    #[error("a snapshot is read-only")]
+    ReadOnly,
 }
 
 impl From<StoreError> for IoError {
@@ -76,6 +83,7 @@ impl IoError {
             IoError::Gone => IoError::Gone,
             IoError::Failed => IoError::Failed,
             IoError::Corrupt { offset } => IoError::Corrupt { offset: *offset },
+            IoError::ReadOnly => IoError::ReadOnly,
         }
     }
 }

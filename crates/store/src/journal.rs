@@ -8,7 +8,7 @@
 //! covers are durable. Every block of this open carries `epoch`.
 
 use crate::buf::AlignedBuf;
-use crate::format::{encode_journal_block, JournalEntry, JOURNAL_ENTRIES_PER_BLOCK, PAGE};
+use crate::format::{encode_journal_block, pack_journal_blocks, JournalEntry, PAGE};
 
 pub(crate) struct Journal {
     pub store_id: uuid::Uuid,
@@ -31,8 +31,13 @@ impl Journal {
         self.ring_blocks - 1 - self.used_blocks()
     }
 
-    pub fn blocks_for(entries: usize) -> u64 {
-        entries.div_ceil(JOURNAL_ENTRIES_PER_BLOCK) as u64
+    /// How many of `entries` (from the front) fit in `blocks` blocks.
+    pub fn entries_fitting(entries: &[JournalEntry], blocks: u64) -> usize {
+        let packed = pack_journal_blocks(entries);
+        match packed.get(blocks as usize) {
+            Some(next) => next.start,
+            None => entries.len(),
+        }
     }
 
     /// Encodes `entries` as consecutive blocks starting at `head_seq` and
@@ -44,16 +49,17 @@ impl Journal {
         journal_offset: u64,
         buf: &mut AlignedBuf,
     ) -> Vec<(u64, std::ops::Range<usize>)> {
-        let blocks = Self::blocks_for(entries.len()) as usize;
+        let packed = pack_journal_blocks(entries);
+        let blocks = packed.len();
         buf.set_len(blocks * PAGE as usize);
-        for (i, chunk) in entries.chunks(JOURNAL_ENTRIES_PER_BLOCK).enumerate() {
+        for (i, range) in packed.into_iter().enumerate() {
             let at = i * PAGE as usize;
             encode_journal_block(
                 self.store_id,
                 self.epoch,
                 self.head_seq + i as u64,
                 self.head_seq,
-                chunk,
+                &entries[range],
                 &mut buf[at..at + PAGE as usize],
             );
         }

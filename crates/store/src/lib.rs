@@ -29,7 +29,9 @@ pub mod format;
 mod integrity;
 mod intent;
 mod journal;
+mod layers;
 mod meta;
+mod presence;
 mod recovery;
 mod scrub;
 mod space;
@@ -43,6 +45,7 @@ pub use engine::{
     VolumeUsage, DEFAULT_SCRUB_INTERVAL, DEFAULT_SCRUB_RATE,
 };
 pub use error::{IoError, StoreError};
+pub use layers::SnapshotUsage;
 pub use recovery::{inspect, StoreInfo};
 pub use scrub::ScrubReport;
 pub use volume::{DataKind, DataOp, LocalVolume, MappingRun};

@@ -7,13 +7,18 @@
 //! `apply` runs at runtime and at replay; it records the table pages it
 //! changed, for the next checkpoint.
 //!
+//! With the layers feature it also holds the presence bits of every data
+//! block (which blocks of a layer's extent hold that layer's data), laid
+//! out like the presence region.
+//!
 //! Invariant (the replay rule, docs/format.md): what an entry does to a
 //! field depends only on that field and the entry, and a stale entry is a
 //! no-op, never an error. An entry naming an extent or slot outside the
 //! tables is corruption and is refused.
 
 use crate::format::{
-    ExtentState, JournalEntry, Layout, SlotState, VolumeSlot, EXTENT_ENTRY_SIZE, PAGE,
+    encode_presence_sector, presence_bit, ExtentState, JournalEntry, Layout, SlotState, VolumeSlot,
+    EXTENT_ENTRY_SIZE, PAGE, PRESENCE_SECTOR, PRESENCE_WORDS_PER_SECTOR, SLOT_SNAPSHOT,
     VOLUME_SLOT_SIZE,
 };
 use std::collections::BTreeSet;
@@ -24,8 +29,13 @@ pub(crate) struct MetaState {
     pub extents: Vec<ExtentState>,
     /// Indexed by slot - 1.
     pub slots: Vec<SlotState>,
+    /// Presence bits, `PRESENCE_WORDS_PER_SECTOR` words per sector of the
+    /// region (empty without the layers feature).
+    pub presence: Vec<u64>,
     pub dirty_extent_pages: BTreeSet<u64>,
     pub dirty_slot_pages: BTreeSet<u64>,
+    /// Pages of the presence region.
+    pub dirty_presence_pages: BTreeSet<u64>,
 }
 
 impl MetaState {
@@ -34,15 +44,39 @@ impl MetaState {
             layout,
             extents,
             slots,
+            presence: vec![0; layout.presence_sectors as usize * PRESENCE_WORDS_PER_SECTOR],
             dirty_extent_pages: BTreeSet::new(),
             dirty_slot_pages: BTreeSet::new(),
+            dirty_presence_pages: BTreeSet::new(),
         }
     }
 
-    /// Marks every page of both tables for the next checkpoint (format, upgrade).
+    /// Marks every page of the tables and the presence region for the
+    /// next checkpoint (format, upgrade).
     pub fn mark_all_dirty(&mut self) {
         self.dirty_extent_pages = (0..self.layout.extent_table_pages()).collect();
         self.dirty_slot_pages = (0..self.layout.volume_table_pages()).collect();
+        self.dirty_presence_pages = (0..self.layout.presence_len() / PAGE).collect();
+    }
+
+    /// Sets (or clears) the presence bits of blocks `first..first+count` of
+    /// extent `phys`.
+    fn set_presence(&mut self, phys: u32, first: u64, count: u64, present: bool) {
+        if self.presence.is_empty() {
+            return;
+        }
+        let base = phys as u64 * self.layout.blocks_per_extent();
+        for block in base + first..base + first + count {
+            let (word, mask) = presence_bit(block);
+            let old = self.presence[word];
+            let new = if present { old | mask } else { old & !mask };
+            if new != old {
+                self.presence[word] = new;
+                let sector = (word / PRESENCE_WORDS_PER_SECTOR) as u64;
+                self.dirty_presence_pages
+                    .insert(sector * PRESENCE_SECTOR as u64 / PAGE);
+            }
+        }
     }
 
     pub fn slot(&self, slot: u32) -> Option<&VolumeSlot> {
@@ -58,10 +92,16 @@ impl MetaState {
         }
         if matches!(old, ExtentState::Owned { .. }) && matches!(value, ExtentState::Free { .. }) {
             freed.push(phys);
+            self.clear_presence(phys);
         }
         self.extents[phys as usize] = value;
         self.dirty_extent_pages
             .insert(phys as u64 * EXTENT_ENTRY_SIZE / PAGE);
+    }
+
+    fn clear_presence(&mut self, phys: u32) {
+        let bpe = self.layout.blocks_per_extent();
+        self.set_presence(phys, 0, bpe, false);
     }
 
     fn set_slot(&mut self, slot: u32, value: SlotState) {
@@ -138,6 +178,10 @@ impl MetaState {
             JournalEntry::Free { first, count } => {
                 for phys in self.extent_range(first, count)? {
                     self.set_extent(phys, ExtentState::DIRTY, freed);
+                    // Whatever it was: a reserved extent starts with none
+                    // (stale entries replayed over newer tables may have
+                    // left bits on a free extent).
+                    self.clear_presence(phys);
                 }
             }
             JournalEntry::Clean { first, count } => {
@@ -150,18 +194,94 @@ impl MetaState {
                 id,
                 size,
                 created_unix,
+                parent,
             } => {
                 check_slot(slot)?;
+                if parent != 0 {
+                    check_slot(parent)?;
+                }
                 let vs = VolumeSlot {
                     id,
                     size,
                     created_unix,
-                    parent_slot: 0,
+                    parent_slot: parent,
                     flags: 0,
                     epoch: 0,
                     last_scrub_unix: 0,
+                    origin: uuid::Uuid::nil(),
                 };
                 self.set_slot(slot, SlotState::Live(vs));
+            }
+            JournalEntry::Present { phys, first, count } => {
+                self.extent_range(phys, 1)?;
+                let bpe = self.layout.blocks_per_extent();
+                if first as u64 + count as u64 > bpe {
+                    return Err(format!(
+                        "blocks {first}+{count} are beyond extent {phys}'s {bpe}"
+                    ));
+                }
+                self.set_presence(phys, first as u64, count as u64, true);
+            }
+            JournalEntry::Snapshot {
+                slot,
+                new_slot,
+                snap_id,
+                snap_created,
+                size,
+                vol_id,
+                vol_created,
+                last_scrub,
+            } => {
+                check_slot(slot)?;
+                check_slot(new_slot)?;
+                if let Some(mut vs) = self.slot(slot).copied() {
+                    vs.id = snap_id;
+                    vs.created_unix = snap_created;
+                    vs.size = size;
+                    vs.flags |= SLOT_SNAPSHOT;
+                    vs.origin = vol_id;
+                    self.set_slot(slot, SlotState::Live(vs));
+                }
+                let head = VolumeSlot {
+                    id: vol_id,
+                    size,
+                    created_unix: vol_created,
+                    parent_slot: slot,
+                    flags: 0,
+                    epoch: 0,
+                    last_scrub_unix: last_scrub,
+                    origin: uuid::Uuid::nil(),
+                };
+                self.set_slot(new_slot, SlotState::Live(head));
+            }
+            JournalEntry::Unlink {
+                slot,
+                child,
+                parent,
+            } => {
+                check_slot(slot)?;
+                check_slot(child)?;
+                if parent != 0 {
+                    check_slot(parent)?;
+                }
+                self.set_slot(slot, SlotState::Free);
+                self.free_from(slot, 0, freed);
+                if let Some(mut vs) = self.slot(child).copied() {
+                    vs.parent_slot = parent;
+                    self.set_slot(child, SlotState::Live(vs));
+                }
+            }
+            JournalEntry::Rollback { slot, parent, size } => {
+                check_slot(slot)?;
+                if parent != 0 {
+                    check_slot(parent)?;
+                }
+                if let Some(mut vs) = self.slot(slot).copied() {
+                    vs.parent_slot = parent;
+                    vs.size = size;
+                    self.set_slot(slot, SlotState::Live(vs));
+                }
+                self.free_from(slot, 0, freed);
             }
             JournalEntry::ResizeVolume { slot, size } => {
                 check_slot(slot)?;
@@ -198,6 +318,25 @@ impl MetaState {
         for (i, e) in self.extents.iter().skip(first).take(per_page).enumerate() {
             let at = i * EXTENT_ENTRY_SIZE as usize;
             out[at..at + EXTENT_ENTRY_SIZE as usize].copy_from_slice(&e.encode((first + i) as u32));
+        }
+    }
+
+    /// The on-disk bytes of presence-region page `page`.
+    pub fn encode_presence_page(&self, page: u64, out: &mut [u8]) {
+        out.fill(0);
+        let per_page = (PAGE as usize) / PRESENCE_SECTOR;
+        for i in 0..per_page {
+            let sector = page as usize * per_page + i;
+            let words = sector * PRESENCE_WORDS_PER_SECTOR;
+            if words >= self.presence.len() {
+                break;
+            }
+            let at = i * PRESENCE_SECTOR;
+            encode_presence_sector(
+                sector as u64,
+                &self.presence[words..words + PRESENCE_WORDS_PER_SECTOR],
+                &mut out[at..at + PRESENCE_SECTOR],
+            );
         }
     }
 

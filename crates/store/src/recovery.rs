@@ -22,10 +22,11 @@ use crate::format::{
     JournalEntry, Layout, SlotState, Superblock, EXTENT_ENTRY_SIZE, PAGE, SUPERBLOCK_COPIES,
     VOLUME_SLOT_SIZE,
 };
+use crate::format::{decode_presence_sector, PRESENCE_SECTOR, PRESENCE_WORDS_PER_SECTOR};
 use crate::integrity::{zero_block_crc, DataChecksums};
 use crate::intent::{write_pages, Intent};
 use crate::meta::MetaState;
-use crate::volume::VolumeState;
+use crate::volume::{LayerMap, VolumeState};
 use crate::VolumeId;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -79,6 +80,42 @@ struct Tables {
     state: MetaState,
     quarantined_extents: u64,
     quarantined_slots: u64,
+    bad_presence_sectors: u64,
+}
+
+/// Reads the presence region into `state`. A sector that fails to verify
+/// (never left by a stop: sectors are written whole) is taken as all
+/// present, so a layered block is read from its own layer rather than
+/// silently from an older one, and is rewritten at the next checkpoint.
+fn read_presence(device: &dyn BlockDevice, state: &mut MetaState) -> Result<u64, StoreError> {
+    let layout = state.layout;
+    if !layout.has_layers() {
+        return Ok(0);
+    }
+    let region = read_region(device, layout.presence_offset, layout.presence_len())?;
+    let mut bad = 0u64;
+    for sector in 0..layout.presence_sectors {
+        let at = sector as usize * PRESENCE_SECTOR;
+        let words = sector as usize * PRESENCE_WORDS_PER_SECTOR;
+        let out = &mut state.presence[words..words + PRESENCE_WORDS_PER_SECTOR];
+        match decode_presence_sector(sector, &region[at..at + PRESENCE_SECTOR]) {
+            Some(w) => out.copy_from_slice(&w),
+            None => {
+                if bad < 16 {
+                    tracing::error!(
+                        sector,
+                        "presence sector fails its checksum; the layered blocks it covers are taken as present"
+                    );
+                }
+                bad += 1;
+                out.fill(u64::MAX);
+                state
+                    .dirty_presence_pages
+                    .insert(sector * PRESENCE_SECTOR as u64 / PAGE);
+            }
+        }
+    }
+    Ok(bad)
 }
 
 /// Decodes `count` table entries of `size` bytes each from `table`; an
@@ -141,6 +178,7 @@ fn read_tables(
         },
     );
     let mut state = MetaState::new(layout, extents, slots);
+    let bad_presence_sectors = read_presence(device, &mut state)?;
     for &i in &bad_slots {
         tracing::error!(slot = i + 1, "volume table entry fails its checksum; quarantined (the slot is not reused and its extents are kept)");
         state
@@ -168,6 +206,7 @@ fn read_tables(
         state,
         quarantined_extents: bad_extents.len() as u64,
         quarantined_slots: bad_slots.len() as u64,
+        bad_presence_sectors,
     })
 }
 
@@ -238,6 +277,7 @@ pub(crate) struct Loaded {
     pub replayed_entries: u64,
     pub quarantined_extents: u64,
     pub quarantined_slots: u64,
+    pub bad_presence_sectors: u64,
 }
 
 pub(crate) fn load(device: &dyn BlockDevice, sb: &Superblock) -> Result<Loaded, StoreError> {
@@ -250,6 +290,7 @@ pub(crate) fn load(device: &dyn BlockDevice, sb: &Superblock) -> Result<Loaded, 
         replayed_entries,
         quarantined_extents: tables.quarantined_extents,
         quarantined_slots: tables.quarantined_slots,
+        bad_presence_sectors: tables.bad_presence_sectors,
     })
 }
 
@@ -356,17 +397,34 @@ pub(crate) fn build_runtime(state: &mut MetaState) -> Built {
             SlotState::Live(s) => {
                 slots_used[i] = true;
                 let extents = layout.extents_for_size(s.size) as usize;
-                let v = Arc::new(VolumeState::new(
+                let v = Arc::new(VolumeState::with_map(
                     s.id,
-                    i as u32 + 1,
                     s.size,
-                    extents,
                     s.created_unix,
+                    LayerMap::new(i as u32 + 1, extents),
+                    s.is_snapshot().then_some(s.origin),
                 ));
                 v.set_last_scrub(s.last_scrub_unix);
                 by_slot.insert(i as u32 + 1, v.clone());
                 volumes.insert(s.id, v);
             }
+        }
+    }
+    // Link each layer to its parent. A parent that is not a live snapshot
+    // (never written by this engine) is dropped with an error: the layer's
+    // own blocks stay readable.
+    for (i, s) in state.slots.iter().enumerate() {
+        let Some(s) = s.live().filter(|s| s.parent_slot != 0) else {
+            continue;
+        };
+        let child = &by_slot[&(i as u32 + 1)];
+        match by_slot.get(&s.parent_slot).filter(|p| p.is_snapshot()) {
+            Some(parent) => child.map.write().parent = Some(parent.clone()),
+            None => tracing::error!(
+                volume = %s.id,
+                parent_slot = s.parent_slot,
+                "the layer's parent is not a live snapshot; reading it without one"
+            ),
         }
     }
     let mut free = FreeExtents::new(layout.extent_count);

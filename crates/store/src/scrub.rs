@@ -130,11 +130,19 @@ impl Store {
     /// Records that a scrub read all of volume `id` at `unix` (durable with
     /// the next commit: a lost record costs an early pass, nothing more).
     pub fn record_scrub(&self, id: VolumeId, unix: u64) {
-        let mut m = self.meta.lock();
-        if let Some(v) = m.volumes.get(&id).cloned() {
-            v.set_last_scrub(unix);
-            m.push(JournalEntry::Scrubbed { slot: v.slot, unix });
+        let Some(v) = self.meta.lock().volumes.get(&id).cloned() else {
+            return;
+        };
+        // Lock order: the map (which names the layer's slot), then meta.
+        let map = v.map.read();
+        if v.is_deleted() {
+            return;
         }
+        v.set_last_scrub(unix);
+        self.meta.lock().push(JournalEntry::Scrubbed {
+            slot: map.slot,
+            unix,
+        });
     }
 
     /// The volume the background scrubber should scrub next, if one is due.

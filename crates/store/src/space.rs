@@ -42,11 +42,13 @@ pub(crate) fn runs(sorted: &[u32]) -> Vec<(u32, u32)> {
 }
 
 impl Store {
-    /// Maps a reserved extent at `logical` of `vol`, unless another writer
-    /// mapped `entry` first. Called with the volume's map lock held.
+    /// Maps a reserved extent at `logical` of `vol` (whose layer is in
+    /// `slot`), unless another writer mapped `entry` first. Called with the
+    /// volume's map lock held.
     pub(crate) fn allocate(
         &self,
         vol: &VolumeState,
+        slot: u32,
         logical: u32,
         entry: &MapEntry,
     ) -> Result<u32, StoreError> {
@@ -59,11 +61,14 @@ impl Store {
                 if let Some(phys) = m.reserved.pop() {
                     m.push(JournalEntry::Map {
                         phys,
-                        slot: vol.slot,
+                        slot,
                         logical,
                     });
                     if let Some(intent) = &self.intent {
                         intent.mapped(phys);
+                    }
+                    if let Some(presence) = &self.presence {
+                        presence.clear_extent(phys);
                     }
                     entry.set(Some(phys));
                     vol.add_allocated(1);

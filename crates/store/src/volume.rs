@@ -1,6 +1,8 @@
 //! The data path of one volume: batched reads and writes mapped onto
 //! physical extents, thin allocation on first write, TRIM and write-zeroes,
-//! and the allocation map for block-status queries.
+//! and the allocation map for block-status queries. A volume is a stack of
+//! layers (`LayerMap`): a block its own layer does not hold is read from
+//! the parent layer (a snapshot, or the snapshot a clone was made from).
 //!
 //! Invariants:
 //! - Reads and writes hold the volume's map lock shared for the whole batch,
@@ -9,6 +11,12 @@
 //!   after it was unmapped and handed to another volume.
 //! - An overwrite of mapped space costs one device write and no metadata.
 //! - A FUA write's data and the mapping it needs are durable when it returns.
+//! - Map locks are taken child before parent; a snapshot's map is only
+//!   ever written by the operations that merge or delete layers.
+//! - In a layer with a parent, a block is read from the layer only once
+//!   its presence bit is set (after its write completed, `presence.rs`),
+//!   and a range made to read zeros is written as zeros, never unmapped,
+//!   where an ancestor holds data.
 
 use crate::buf::AlignedBuf;
 use crate::device::{IoKind, IoOp};
@@ -17,7 +25,8 @@ use crate::error::IoError;
 use crate::format::JournalEntry;
 use crate::integrity::{zero_block_crc, WriteSample};
 use crate::{VolumeId, BLOCK_SIZE};
-use parking_lot::RwLock;
+use parking_lot::lock_api::ArcRwLockReadGuard;
+use parking_lot::{RawRwLock, RwLock};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -34,32 +43,57 @@ impl MapEntry {
     }
 }
 
-/// A volume's logical→physical extent map.
-pub(crate) struct ExtentMap(Vec<MapEntry>);
+/// One layer's logical→physical extent map, and where the layer sits: its
+/// volume-table slot and the layer below it.
+pub(crate) struct LayerMap {
+    pub slot: u32,
+    /// Read where this layer holds no data; `None`: this layer holds every
+    /// block of its mapped extents, and unmapped ones read as zeros.
+    pub parent: Option<Arc<VolumeState>>,
+    extents: Vec<MapEntry>,
+}
 
-impl ExtentMap {
+impl LayerMap {
+    pub fn new(slot: u32, extents: usize) -> LayerMap {
+        let mut map = LayerMap {
+            slot,
+            parent: None,
+            extents: Vec::new(),
+        };
+        map.resize(extents);
+        map
+    }
     pub fn get(&self, logical: usize) -> Option<&MapEntry> {
-        self.0.get(logical)
+        self.extents.get(logical)
     }
     pub fn len(&self) -> usize {
-        self.0.len()
+        self.extents.len()
     }
     pub fn resize(&mut self, extents: usize) {
-        self.0.resize_with(extents, MapEntry::default);
+        self.extents.resize_with(extents, MapEntry::default);
+    }
+    /// The physical extent holding `logical`, if mapped.
+    pub fn phys(&self, logical: usize) -> Option<u32> {
+        self.get(logical).and_then(MapEntry::get)
     }
 }
 
+/// A read lock on one layer's map that owns its layer.
+pub(crate) type LayerGuard = ArcRwLockReadGuard<RawRwLock, LayerMap>;
+
+/// One layer: a volume's writable head, or a snapshot (read-only).
 pub(crate) struct VolumeState {
     pub id: VolumeId,
-    pub slot: u32,
     pub created_unix: u64,
     size: AtomicU64,
-    /// Extents mapped (including mappings not yet journaled).
+    /// Extents this layer maps (including mappings not yet journaled).
     allocated: AtomicU64,
-    pub map: RwLock<ExtentMap>,
+    pub map: Arc<RwLock<LayerMap>>,
     deleted: AtomicBool,
     /// When a scrub last read the whole volume (Unix seconds; 0 = never).
     last_scrub: AtomicU64,
+    /// Of a snapshot: the volume it was taken of. `None`: a volume.
+    pub snapshot_of: Option<VolumeId>,
 }
 
 impl VolumeState {
@@ -70,19 +104,51 @@ impl VolumeState {
         extents: usize,
         created_unix: u64,
     ) -> VolumeState {
-        let mut map = ExtentMap(Vec::new());
-        map.resize(extents);
+        Self::with_map(id, size, created_unix, LayerMap::new(slot, extents), None)
+    }
+
+    /// A layer over an existing map (a snapshot takes its volume's).
+    pub fn with_map(
+        id: VolumeId,
+        size: u64,
+        created_unix: u64,
+        map: LayerMap,
+        snapshot_of: Option<VolumeId>,
+    ) -> VolumeState {
+        let allocated = map.extents.iter().filter(|e| e.get().is_some()).count() as u64;
         VolumeState {
             id,
-            slot,
             created_unix,
             size: AtomicU64::new(size),
-            allocated: AtomicU64::new(0),
-            map: RwLock::new(map),
+            allocated: AtomicU64::new(allocated),
+            map: Arc::new(RwLock::new(map)),
             deleted: AtomicBool::new(false),
             last_scrub: AtomicU64::new(0),
+            snapshot_of,
         }
     }
+
+    pub fn is_snapshot(&self) -> bool {
+        self.snapshot_of.is_some()
+    }
+
+    /// Read locks on every layer below `map` (child before parent).
+    pub fn lock_ancestors(map: &LayerMap) -> Vec<LayerGuard> {
+        let mut chain: Vec<LayerGuard> = Vec::new();
+        let mut next = map.parent.clone();
+        while let Some(layer) = next {
+            let guard = layer.map.read_arc();
+            next = guard.parent.clone();
+            chain.push(guard);
+        }
+        chain
+    }
+
+    /// Resets the count of mapped extents (after a rollback emptied it).
+    pub fn reset_allocated(&self) {
+        self.allocated.store(0, Ordering::Release);
+    }
+
     pub fn last_scrub(&self) -> u64 {
         self.last_scrub.load(Ordering::Acquire)
     }
@@ -95,14 +161,14 @@ impl VolumeState {
     pub fn add_allocated(&self, n: u64) {
         self.allocated.fetch_add(n, Ordering::AcqRel);
     }
-    fn remove_allocated(&self, n: u64) {
+    pub fn remove_allocated(&self, n: u64) {
         self.allocated.fetch_sub(n, Ordering::AcqRel);
     }
     /// Before a shrink to `keep` extents: stops counting the mapped extents
     /// beyond it (the journal frees them).
-    pub fn forget_mapped_from(&self, map: &ExtentMap, keep: usize) {
+    pub fn forget_mapped_from(&self, map: &LayerMap, keep: usize) {
         let gone = map
-            .0
+            .extents
             .iter()
             .skip(keep)
             .filter(|e| e.get().is_some())
@@ -202,6 +268,36 @@ fn io_blocks(kind: &IoKind<'_>) -> usize {
     len / BLOCK_SIZE as usize
 }
 
+/// Where the block at byte `within` of logical extent `logical` is read
+/// from (a device offset), through `head` and then its `ancestors`; `None`:
+/// no layer holds it, it reads as zeros. A layer with a parent holds the
+/// blocks whose presence bit is set; the bottom layer holds every block of
+/// its mapped extents.
+pub(crate) fn resolve(
+    store: &Store,
+    head: &LayerMap,
+    ancestors: &[LayerGuard],
+    logical: usize,
+    within: u64,
+) -> Option<u64> {
+    let layout = &store.layout;
+    let layers = std::iter::once(head).chain(ancestors.iter().map(|g| &**g));
+    for layer in layers {
+        if let Some(phys) = layer.phys(logical) {
+            let at = layout.extent_offset(phys) + within;
+            if layer.parent.is_none() {
+                return Some(at);
+            }
+            // A layer with a parent exists only in a store with presence.
+            let block = layout.data_block_at(at);
+            if store.presence.as_ref().is_some_and(|p| p.is_present(block)) {
+                return Some(at);
+            }
+        }
+    }
+    None
+}
+
 fn check_range(offset: u64, len: u64, size: u64) -> Result<(), IoError> {
     match offset.checked_add(len) {
         Some(end) if end <= size => Ok(()),
@@ -290,14 +386,22 @@ impl LocalVolume {
             }
             return;
         }
-        if self.store.check_usable().is_err()
-            && ops.iter().any(|o| matches!(o.kind, DataKind::Write(_)))
-        {
+        let writes = ops.iter().any(|o| matches!(o.kind, DataKind::Write(_)));
+        if writes && (self.vol.is_snapshot() || self.store.check_usable().is_err()) {
+            let snapshot = self.vol.is_snapshot();
             for op in ops.iter_mut() {
-                op.result = Err(IoError::Failed);
+                op.result = Err(if snapshot {
+                    IoError::ReadOnly
+                } else {
+                    IoError::Failed
+                });
             }
             return;
         }
+        // Layers below this one, read-locked for the batch (none for a
+        // volume without snapshots or parent: the common case costs nothing).
+        let ancestors = VolumeState::lock_ancestors(&map);
+        let layered = !ancestors.is_empty();
         let sums = self.store.checksums.as_ref();
         let mut ios: Vec<IoOp<'_>> = Vec::with_capacity(ops.len());
         // For each device I/O: the index of its op, and whether it is FUA.
@@ -309,6 +413,7 @@ impl LocalVolume {
         let mut checks_at: Vec<usize> = Vec::new();
         let mut failed: Vec<(usize, IoError)> = Vec::new();
         let mut fua_wanted = false;
+        let bs = BLOCK_SIZE as usize;
         for (i, op) in ops.iter_mut().enumerate() {
             if op.result.is_err() || !op.is_aligned() || op.len() == 0 {
                 continue;
@@ -322,12 +427,42 @@ impl LocalVolume {
                     let mut rest: &mut [u8] = buf;
                     while !rest.is_empty() {
                         let within = off % es;
-                        let n = ((es - within) as usize).min(rest.len());
+                        let logical = (off / es) as usize;
+                        // A run of blocks that read from one place: a
+                        // whole extent's piece, or (layered) the blocks
+                        // that resolve to consecutive device offsets.
+                        let mut n = ((es - within) as usize).min(rest.len());
+                        let at = if layered {
+                            let first = resolve(&self.store, &map, &ancestors, logical, within);
+                            let mut run = bs;
+                            while run < n {
+                                let next = resolve(
+                                    &self.store,
+                                    &map,
+                                    &ancestors,
+                                    logical,
+                                    within + run as u64,
+                                );
+                                let contiguous = match (first, next) {
+                                    (Some(a), Some(b)) => b == a + run as u64,
+                                    (None, None) => true,
+                                    _ => false,
+                                };
+                                if !contiguous {
+                                    break;
+                                }
+                                run += bs;
+                            }
+                            n = run;
+                            first
+                        } else {
+                            map.phys(logical)
+                                .map(|phys| layout.extent_offset(phys) + within)
+                        };
                         let (piece, tail) = std::mem::take(&mut rest).split_at_mut(n);
                         rest = tail;
-                        match map.get((off / es) as usize).and_then(MapEntry::get) {
-                            Some(phys) => {
-                                let at = layout.extent_offset(phys) + within;
+                        match at {
+                            Some(at) => {
                                 if let Some(sums) = sums {
                                     checks_at.push(samples.len());
                                     let blocks = n as u64 / BLOCK_SIZE;
@@ -359,7 +494,7 @@ impl LocalVolume {
                                 Some(p) => self.store.heat(p).map(|()| p).map_err(IoError::from),
                                 None => self
                                     .store
-                                    .allocate(&self.vol, logical, entry)
+                                    .allocate(&self.vol, map.slot, logical, entry)
                                     .map_err(IoError::from),
                             },
                             None => Err(IoError::OutOfRange {
@@ -390,7 +525,7 @@ impl LocalVolume {
         }
         // A FUA write needs its mapping durable too: if metadata is queued,
         // write normally and commit; otherwise let the device do FUA.
-        let commit_after = fua_wanted && self.store.metadata_pending();
+        let mut commit_after = fua_wanted && self.store.metadata_pending();
         if fua_wanted && !commit_after {
             for (io, _) in ios.iter_mut().zip(&owner).filter(|(_, (_, fua))| *fua) {
                 if let IoKind::Write(data) = &io.kind {
@@ -400,12 +535,15 @@ impl LocalVolume {
             }
         }
         self.store.device.submit(&mut ios);
+        // Presence entries of blocks this layer now holds (layered only).
+        let mut present = Vec::new();
         for (k, (io, &(i, _))) in ios.into_iter().zip(&owner).enumerate() {
             let mut result = io.result.map_err(IoError::Io);
+            let blocks = io_blocks(&io.kind);
+            let first = layout.data_block_at(io.offset);
+            let wrote = !matches!(io.kind, IoKind::Read(_));
             if let Some(sums) = sums {
                 let at = checks_at[k];
-                let blocks = io_blocks(&io.kind);
-                let first = layout.data_block_at(io.offset);
                 match io.kind {
                     IoKind::Read(buf) => {
                         if result.is_ok() {
@@ -418,10 +556,25 @@ impl LocalVolume {
                     }
                 }
             }
+            if layered && result.is_ok() && wrote {
+                if let Some(presence) = &self.store.presence {
+                    presence.mark(first, blocks as u64, &mut present);
+                }
+            }
             if let Err(e) = result {
                 failed.push((i, e));
             }
         }
+        // Queued before the map lock is released: a snapshot (which takes
+        // it exclusively) then commits these blocks' presence with itself.
+        if !present.is_empty() {
+            let mut m = self.store.meta.lock();
+            for e in present {
+                m.push(e);
+            }
+            commit_after |= fua_wanted;
+        }
+        drop(ancestors);
         drop(map);
         for (i, e) in failed {
             if ops[i].result.is_ok() {
@@ -444,7 +597,7 @@ impl LocalVolume {
     }
 
     fn stripe(&self, block: u64) -> usize {
-        ((self.vol.slot as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ block) as usize
+        ((self.vol.id.as_u64_pair().0).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ block) as usize
             % self.store.rmw_locks.len()
     }
 
@@ -529,7 +682,14 @@ impl LocalVolume {
         if self.vol.is_deleted() {
             return Err(IoError::Gone);
         }
+        if self.vol.is_snapshot() {
+            return Err(IoError::ReadOnly);
+        }
         self.store.check_usable()?;
+        // Where a layer below holds data, unmapping would show it again:
+        // such ranges are zeroed in this layer and marked present.
+        let ancestors = VolumeState::lock_ancestors(&map);
+        let mut present = Vec::new();
         let size = self.vol.size();
         let mut unmap = Vec::new();
         let mut off = start;
@@ -541,8 +701,12 @@ impl LocalVolume {
             let Some(entry) = map.get(logical as usize) else {
                 break;
             };
-            match entry.get() {
-                Some(phys) if whole && may_unmap => unmap.push((entry, phys)),
+            let below = ancestors.iter().any(|g| g.phys(logical as usize).is_some());
+            let phys = match entry.get() {
+                Some(phys) if whole && may_unmap && !below => {
+                    unmap.push((entry, phys));
+                    None
+                }
                 Some(phys) => {
                     // In place, like a write: the extent must be hot.
                     self.store.heat(phys)?;
@@ -558,17 +722,32 @@ impl LocalVolume {
                         let blocks = (piece_end - off) / BLOCK_SIZE;
                         sums.set_range(layout.data_block_at(at), blocks, zero_block_crc());
                     }
+                    Some(phys)
                 }
-                // NO_HOLE on a hole: reserve the (already zero) space.
-                None if !may_unmap => {
-                    self.store.allocate(&self.vol, logical as u32, entry)?;
+                // NO_HOLE on a hole, or a hole over a parent's data: map a
+                // fresh (zero) extent.
+                None if !may_unmap || below => {
+                    Some(
+                        self.store
+                            .allocate(&self.vol, map.slot, logical as u32, entry)?,
+                    )
                 }
-                None => {}
+                None => None,
+            };
+            if let (Some(phys), Some(presence)) = (phys, &self.store.presence) {
+                if below {
+                    let at = layout.extent_offset(phys) + off % es;
+                    let blocks = (piece_end - off) / BLOCK_SIZE;
+                    presence.mark(layout.data_block_at(at), blocks, &mut present);
+                }
             }
             off = piece_end;
         }
+        let mut m = self.store.meta.lock();
+        for e in present {
+            m.push(e);
+        }
         if !unmap.is_empty() {
-            let mut m = self.store.meta.lock();
             self.vol.remove_allocated(unmap.len() as u64);
             for (entry, phys) in unmap {
                 m.push(JournalEntry::Free {
@@ -589,12 +768,17 @@ impl LocalVolume {
         if self.vol.is_deleted() {
             return Err(IoError::Gone);
         }
+        let ancestors = VolumeState::lock_ancestors(&map);
         let mut runs: Vec<MappingRun> = Vec::new();
         let (mut off, end) = (offset, offset + len);
         while off < end {
             let logical = off / es;
             let piece_end = ((logical + 1) * es).min(end);
-            let allocated = map.get(logical as usize).and_then(MapEntry::get).is_some();
+            // Conservative through layers: a parent's extent may read zeros
+            // where this reports data, never the other way round.
+            let allocated = std::iter::once(&*map)
+                .chain(ancestors.iter().map(|g| &**g))
+                .any(|layer| layer.phys(logical as usize).is_some());
             match runs.last_mut() {
                 Some(r) if r.allocated == allocated => r.len += piece_end - off,
                 _ => runs.push(MappingRun {

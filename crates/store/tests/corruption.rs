@@ -23,7 +23,13 @@ fn quiet() -> OpenOptions {
 }
 
 fn layout() -> basalt_store::format::Layout {
-    basalt_store::format::Layout::plan(16 << 20, EXTENT as u32, Some(JOURNAL_BLOCKS), true).unwrap()
+    basalt_store::format::Layout::plan(
+        16 << 20,
+        EXTENT as u32,
+        Some(JOURNAL_BLOCKS),
+        basalt_store::format::DEFAULT_FEATURES,
+    )
+    .unwrap()
 }
 
 /// A store with volume 1 holding extents 0..4 written (each first write

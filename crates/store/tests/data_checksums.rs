@@ -179,8 +179,13 @@ fn a_damaged_checksum_page_is_recomputed_not_trusted() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("store.img");
     let (data, _) = written_store(&path);
-    let layout =
-        basalt_store::format::Layout::plan(16 << 20, EXTENT as u32, Some(64), true).unwrap();
+    let layout = basalt_store::format::Layout::plan(
+        16 << 20,
+        EXTENT as u32,
+        Some(64),
+        basalt_store::format::DEFAULT_FEATURES,
+    )
+    .unwrap();
     flip(&path, layout.checksum_offset + 40, 2);
     let store = open(&path);
     assert_eq!(store.recovery().bad_checksum_pages, 1);

@@ -646,8 +646,13 @@ fn stale_journal_blocks_past_a_torn_commit_are_never_replayed() {
         journal_blocks: Some(64),
         ..Default::default()
     };
-    let layout =
-        basalt_store::format::Layout::plan(16 << 20, EXTENT as u32, Some(64), true).unwrap();
+    let layout = basalt_store::format::Layout::plan(
+        16 << 20,
+        EXTENT as u32,
+        Some(64),
+        basalt_store::format::DEFAULT_FEATURES,
+    )
+    .unwrap();
     let store = Store::create_with(dev.clone(), &format, &open_options()).expect("format");
     let a = uuid::Uuid::from_u128(1);
     let extents = 100u64;

@@ -3,6 +3,10 @@
 //! open, so blocks an earlier run left past a torn commit are never
 //! replayed after a later one.
 //!
+//! An entry takes one 48-byte slot of a block, or two (`Snapshot`, whose
+//! second slot has kind 12); the two slots of a wide entry are always in
+//! one block, so it replays whole or not at all.
+//!
 //! Every entry assigns a value to table fields, and what it does to a field
 //! depends only on that field's value and the entry (never on another
 //! field): replaying any suffix of the journal over tables that already
@@ -28,11 +32,14 @@ pub enum JournalEntry {
     Free { first: u32, count: u32 },
     /// Extents `first..first+count` are free and durably zero.
     Clean { first: u32, count: u32 },
+    /// A new volume in `slot`; `parent`: the layer it reads through (a
+    /// clone of that snapshot), 0 = none.
     CreateVolume {
         slot: u32,
         id: VolumeId,
         size: u64,
         created_unix: u64,
+        parent: u32,
     },
     /// New size of a live slot (none: no-op); extents of the slot wholly
     /// beyond it become free and dirty.
@@ -48,6 +55,29 @@ pub enum JournalEntry {
     /// A scrub finished reading the whole volume in a live slot (none:
     /// no-op) at `unix` seconds.
     Scrubbed { slot: u32, unix: u64 },
+    /// Blocks `first..first+count` of extent `phys` hold data of the layer
+    /// owning it (presence bits set); cleared whenever the extent is freed.
+    Present { phys: u32, first: u32, count: u32 },
+    /// A snapshot: the layer in `slot` (a live volume) becomes snapshot
+    /// `snap_id` of volume `vol_id`, frozen; the volume continues in
+    /// `new_slot`, an empty layer over it. Two slots wide.
+    Snapshot {
+        slot: u32,
+        new_slot: u32,
+        snap_id: VolumeId,
+        snap_created: u64,
+        size: u64,
+        vol_id: VolumeId,
+        vol_created: u64,
+        last_scrub: u64,
+    },
+    /// Deleting a snapshot merged into its only child: the layer in `slot`
+    /// is gone (any extent it still owns becomes free and dirty), and a
+    /// live `child` now reads through `parent` (0 = none).
+    Unlink { slot: u32, child: u32, parent: u32 },
+    /// A rollback: every extent of the live layer in `slot` becomes free
+    /// and dirty, it reads through `parent` and has `size` bytes.
+    Rollback { slot: u32, parent: u32, size: u64 },
 }
 
 const KIND_MAP: u8 = 1;
@@ -59,8 +89,41 @@ const KIND_CLEAN: u8 = 6;
 const KIND_HOT: u8 = 7;
 const KIND_COLD: u8 = 8;
 const KIND_SCRUBBED: u8 = 9;
+const KIND_PRESENT: u8 = 10;
+const KIND_SNAPSHOT: u8 = 11;
+/// The second slot of a `Snapshot` entry.
+const KIND_SNAPSHOT_REST: u8 = 12;
+const KIND_UNLINK: u8 = 13;
+const KIND_ROLLBACK: u8 = 14;
+
+/// Consecutive ranges of `entries`, one per journal block, each filling
+/// at most `JOURNAL_ENTRIES_PER_BLOCK` slots (a wide entry never split).
+pub fn pack_journal_blocks(entries: &[JournalEntry]) -> Vec<std::ops::Range<usize>> {
+    let mut out = Vec::new();
+    let (mut start, mut used) = (0, 0);
+    for (i, e) in entries.iter().enumerate() {
+        if used + e.width() > JOURNAL_ENTRIES_PER_BLOCK {
+            out.push(start..i);
+            (start, used) = (i, 0);
+        }
+        used += e.width();
+    }
+    if start < entries.len() {
+        out.push(start..entries.len());
+    }
+    out
+}
 
 impl JournalEntry {
+    /// Slots of a journal block this entry takes.
+    pub fn width(&self) -> usize {
+        match self {
+            JournalEntry::Snapshot { .. } => 2,
+            _ => 1,
+        }
+    }
+
+    /// Encodes into `b`, `width()` slots long.
     fn encode_into(&self, b: &mut [u8]) {
         match *self {
             JournalEntry::Map {
@@ -91,8 +154,10 @@ impl JournalEntry {
                 id,
                 size,
                 created_unix,
+                parent,
             } => {
                 b[0] = KIND_CREATE;
+                put_u32(b, 4, parent);
                 put_u32(b, 8, slot);
                 b[16..32].copy_from_slice(id.as_bytes());
                 put_u64(b, 32, size);
@@ -112,11 +177,57 @@ impl JournalEntry {
                 put_u32(b, 8, slot);
                 put_u64(b, 32, unix);
             }
+            JournalEntry::Present { phys, first, count } => {
+                b[0] = KIND_PRESENT;
+                put_u32(b, 4, phys);
+                put_u32(b, 8, first);
+                put_u32(b, 12, count);
+            }
+            JournalEntry::Snapshot {
+                slot,
+                new_slot,
+                snap_id,
+                snap_created,
+                size,
+                vol_id,
+                vol_created,
+                last_scrub,
+            } => {
+                b[0] = KIND_SNAPSHOT;
+                put_u32(b, 4, slot);
+                put_u32(b, 8, new_slot);
+                b[16..32].copy_from_slice(snap_id.as_bytes());
+                put_u64(b, 32, snap_created);
+                put_u64(b, 40, size);
+                let r = &mut b[JOURNAL_ENTRY_SIZE..];
+                r[0] = KIND_SNAPSHOT_REST;
+                r[16..32].copy_from_slice(vol_id.as_bytes());
+                put_u64(r, 32, vol_created);
+                put_u64(r, 40, last_scrub);
+            }
+            JournalEntry::Unlink {
+                slot,
+                child,
+                parent,
+            } => {
+                b[0] = KIND_UNLINK;
+                put_u32(b, 8, slot);
+                put_u32(b, 12, child);
+                put_u32(b, 16, parent);
+            }
+            JournalEntry::Rollback { slot, parent, size } => {
+                b[0] = KIND_ROLLBACK;
+                put_u32(b, 8, slot);
+                put_u32(b, 12, parent);
+                put_u64(b, 32, size);
+            }
         }
     }
 
-    /// Decodes one entry; `Err(kind)` for a kind this build does not know.
-    /// `v1`: version 1's Unmap (kind 2, one extent, no count) and no Clean.
+    /// Decodes one entry from `b` (its slot and every later slot of the
+    /// block); `Err(kind)` for a kind this build does not know, or a wide
+    /// entry cut short. `v1`: version 1's Unmap (kind 2, one extent, no
+    /// count) and nothing past kind 5.
     fn decode(b: &[u8], v1: bool) -> Result<JournalEntry, u8> {
         Ok(match b[0] {
             KIND_MAP => JournalEntry::Map {
@@ -153,6 +264,7 @@ impl JournalEntry {
                 id: get_uuid(b, 16),
                 size: get_u64(b, 32),
                 created_unix: get_u64(b, 40),
+                parent: if v1 { 0 } else { get_u32(b, 4) },
             },
             KIND_RESIZE => JournalEntry::ResizeVolume {
                 slot: get_u32(b, 8),
@@ -160,6 +272,37 @@ impl JournalEntry {
             },
             KIND_DELETE => JournalEntry::DeleteVolume {
                 slot: get_u32(b, 8),
+            },
+            KIND_PRESENT if !v1 => JournalEntry::Present {
+                phys: get_u32(b, 4),
+                first: get_u32(b, 8),
+                count: get_u32(b, 12),
+            },
+            KIND_SNAPSHOT if !v1 => {
+                let r = b
+                    .get(JOURNAL_ENTRY_SIZE..2 * JOURNAL_ENTRY_SIZE)
+                    .filter(|r| r[0] == KIND_SNAPSHOT_REST)
+                    .ok_or(KIND_SNAPSHOT)?;
+                JournalEntry::Snapshot {
+                    slot: get_u32(b, 4),
+                    new_slot: get_u32(b, 8),
+                    snap_id: get_uuid(b, 16),
+                    snap_created: get_u64(b, 32),
+                    size: get_u64(b, 40),
+                    vol_id: get_uuid(r, 16),
+                    vol_created: get_u64(r, 32),
+                    last_scrub: get_u64(r, 40),
+                }
+            }
+            KIND_UNLINK if !v1 => JournalEntry::Unlink {
+                slot: get_u32(b, 8),
+                child: get_u32(b, 12),
+                parent: get_u32(b, 16),
+            },
+            KIND_ROLLBACK if !v1 => JournalEntry::Rollback {
+                slot: get_u32(b, 8),
+                parent: get_u32(b, 12),
+                size: get_u64(b, 32),
             },
             other => return Err(other),
         })
@@ -176,9 +319,9 @@ pub struct JournalBlock {
     pub commit_first: u64,
 }
 
-/// Encodes one journal block holding `entries` (at most
-/// `JOURNAL_ENTRIES_PER_BLOCK`), written by the commit whose first block
-/// is `commit_first`.
+/// Encodes one journal block holding `entries` (filling at most
+/// `JOURNAL_ENTRIES_PER_BLOCK` slots), written by the commit whose first
+/// block is `commit_first`. The header's count is of slots.
 pub fn encode_journal_block(
     store_id: uuid::Uuid,
     epoch: u64,
@@ -187,19 +330,22 @@ pub fn encode_journal_block(
     entries: &[JournalEntry],
     out: &mut [u8],
 ) {
-    debug_assert!(entries.len() <= JOURNAL_ENTRIES_PER_BLOCK);
+    let slots: usize = entries.iter().map(JournalEntry::width).sum();
+    debug_assert!(slots <= JOURNAL_ENTRIES_PER_BLOCK);
     let out = &mut out[..PAGE as usize];
     out.fill(0);
     put_u32(out, 0, JOURNAL_MAGIC_V2);
     // 4..8: crc
     put_u64(out, 8, seq);
     out[16..32].copy_from_slice(store_id.as_bytes());
-    put_u32(out, 32, entries.len() as u32);
+    put_u32(out, 32, slots as u32);
     put_u64(out, 40, epoch);
     put_u64(out, 48, commit_first);
-    for (i, e) in entries.iter().enumerate() {
-        let at = JOURNAL_HEADER_SIZE + i * JOURNAL_ENTRY_SIZE;
-        e.encode_into(&mut out[at..at + JOURNAL_ENTRY_SIZE]);
+    let mut at = JOURNAL_HEADER_SIZE;
+    for e in entries {
+        let len = e.width() * JOURNAL_ENTRY_SIZE;
+        e.encode_into(&mut out[at..at + len]);
+        at += len;
     }
     let crc = block_crc(out, 4);
     put_u32(out, 4, crc);
@@ -230,23 +376,23 @@ fn decode_block(
     if count > JOURNAL_ENTRIES_PER_BLOCK || commit_first > expected_seq {
         return Ok(None);
     }
-    (0..count)
-        .map(|i| {
-            let at = JOURNAL_HEADER_SIZE + i * JOURNAL_ENTRY_SIZE;
-            JournalEntry::decode(&b[at..at + JOURNAL_ENTRY_SIZE], epoch.is_none()).map_err(|kind| {
-                FormatError::UnknownJournalEntry {
-                    seq: expected_seq,
-                    kind,
-                }
-            })
-        })
-        .collect::<Result<Vec<_>, _>>()
-        .map(|entries| {
-            Some(JournalBlock {
-                entries,
-                commit_first,
-            })
-        })
+    let slots = &b[JOURNAL_HEADER_SIZE..JOURNAL_HEADER_SIZE + count * JOURNAL_ENTRY_SIZE];
+    let mut entries = Vec::with_capacity(count);
+    let mut at = 0;
+    while at < slots.len() {
+        let e = JournalEntry::decode(&slots[at..], epoch.is_none()).map_err(|kind| {
+            FormatError::UnknownJournalEntry {
+                seq: expected_seq,
+                kind,
+            }
+        })?;
+        at += e.width() * JOURNAL_ENTRY_SIZE;
+        entries.push(e);
+    }
+    Ok(Some(JournalBlock {
+        entries,
+        commit_first,
+    }))
 }
 
 /// Decodes a version-2 journal block: `Ok(None)` where replay ends (not a
@@ -294,6 +440,32 @@ mod tests {
                 id: uuid::Uuid::from_u128(5),
                 size: 4096,
                 created_unix: 6,
+                parent: 3,
+            },
+            JournalEntry::Present {
+                phys: 8,
+                first: 3,
+                count: 5,
+            },
+            JournalEntry::Snapshot {
+                slot: 1,
+                new_slot: 2,
+                snap_id: uuid::Uuid::from_u128(9),
+                snap_created: 10,
+                size: 1 << 20,
+                vol_id: uuid::Uuid::from_u128(5),
+                vol_created: 6,
+                last_scrub: 11,
+            },
+            JournalEntry::Unlink {
+                slot: 1,
+                child: 2,
+                parent: 0,
+            },
+            JournalEntry::Rollback {
+                slot: 2,
+                parent: 4,
+                size: 8192,
             },
             JournalEntry::ResizeVolume {
                 slot: 1,
@@ -329,5 +501,44 @@ mod tests {
             decode_journal_block(id, 3, 11, &unknown),
             Err(FormatError::UnknownJournalEntry { seq: 11, kind: 77 })
         );
+    }
+
+    #[test]
+    fn wide_entries_are_never_split_between_blocks() {
+        let snap = JournalEntry::Snapshot {
+            slot: 1,
+            new_slot: 2,
+            snap_id: uuid::Uuid::from_u128(9),
+            snap_created: 10,
+            size: 4096,
+            vol_id: uuid::Uuid::from_u128(5),
+            vol_created: 6,
+            last_scrub: 0,
+        };
+        let free = JournalEntry::Free { first: 1, count: 1 };
+        let mut entries = vec![free; JOURNAL_ENTRIES_PER_BLOCK - 1];
+        entries.push(snap);
+        entries.push(free);
+        let blocks = pack_journal_blocks(&entries);
+        assert_eq!(
+            blocks,
+            vec![
+                0..JOURNAL_ENTRIES_PER_BLOCK - 1,
+                JOURNAL_ENTRIES_PER_BLOCK - 1..entries.len()
+            ]
+        );
+        let id = uuid::Uuid::from_u128(7);
+        let mut b = vec![0u8; 4096];
+        encode_journal_block(id, 1, 2, 2, &entries[blocks[1].clone()], &mut b);
+        let back = decode_journal_block(id, 1, 2, &b).unwrap().unwrap();
+        assert_eq!(back.entries, entries[blocks[1].clone()].to_vec());
+        // A snapshot entry whose second slot is missing refuses the open.
+        let mut cut = vec![0u8; 4096];
+        encode_journal_block(id, 1, 2, 2, &[snap], &mut cut);
+        put_u32(&mut cut, 32, 1);
+        let crc = block_crc(&cut, 4);
+        put_u32(&mut cut, 4, crc);
+        assert!(decode_journal_block(id, 1, 2, &cut).is_err());
+        assert!(pack_journal_blocks(&[]).is_empty());
     }
 }

@@ -16,6 +16,7 @@
 
 mod checksums;
 mod journal;
+mod presence;
 mod superblock;
 mod tables;
 
@@ -24,11 +25,15 @@ pub use checksums::{
 };
 
 pub use journal::{
-    decode_journal_block, decode_journal_block_v1, encode_journal_block, JournalBlock,
-    JournalEntry, JOURNAL_ENTRIES_PER_BLOCK, JOURNAL_ENTRY_SIZE, JOURNAL_HEADER_SIZE,
+    decode_journal_block, decode_journal_block_v1, encode_journal_block, pack_journal_blocks,
+    JournalBlock, JournalEntry, JOURNAL_ENTRIES_PER_BLOCK, JOURNAL_ENTRY_SIZE, JOURNAL_HEADER_SIZE,
+};
+pub use presence::{
+    decode_presence_sector, encode_presence_sector, presence_bit, PRESENCE_BITS_PER_SECTOR,
+    PRESENCE_SECTOR, PRESENCE_WORDS_PER_SECTOR,
 };
 pub use superblock::Superblock;
-pub use tables::{ExtentState, SlotState, VolumeSlot, QUARANTINE_SLOT};
+pub use tables::{ExtentState, SlotState, VolumeSlot, QUARANTINE_SLOT, SLOT_SNAPSHOT};
 
 pub const FORMAT_VERSION: u32 = 2;
 pub const SUPERBLOCK_MAGIC: &[u8; 8] = b"BASALTSB";
@@ -48,9 +53,35 @@ pub const MIN_JOURNAL_BLOCKS: u64 = 4;
 /// the region and run without it.
 pub const INCOMPAT_DATA_CHECKSUMS: u64 = 1 << 0;
 
+/// Volumes may have a parent layer (snapshots and clones): the store has a
+/// presence region (which 4 KiB blocks each layer's extent holds), volume
+/// slots carry a parent and an origin, and the journal has the layer
+/// entries (docs/format.md, "Layers"). Set at format (the default).
+pub const INCOMPAT_LAYERS: u64 = 1 << 1;
+
+/// What a new store is formatted with.
+pub const DEFAULT_FEATURES: u64 = INCOMPAT_DATA_CHECKSUMS | INCOMPAT_LAYERS;
+
 /// Feature bits a reader must understand to open the store, by name.
-/// Snapshots, compression and encryption add theirs.
-pub const INCOMPAT_FEATURES: &[(u64, &str)] = &[(INCOMPAT_DATA_CHECKSUMS, "data-checksums")];
+/// Compression and encryption add theirs.
+pub const INCOMPAT_FEATURES: &[(u64, &str)] = &[
+    (INCOMPAT_DATA_CHECKSUMS, "data-checksums"),
+    (INCOMPAT_LAYERS, "layers"),
+];
+
+/// The names of feature bits, for messages ("data-checksums, layers").
+pub fn feature_names(bits: u64) -> String {
+    let mut names: Vec<String> = INCOMPAT_FEATURES
+        .iter()
+        .filter(|(bit, _)| bits & bit != 0)
+        .map(|(_, name)| name.to_string())
+        .collect();
+    let unknown = bits & !known_incompat_features();
+    if unknown != 0 {
+        names.push(format!("unknown bits {unknown:#x}"));
+    }
+    names.join(", ")
+}
 
 pub fn known_incompat_features() -> u64 {
     INCOMPAT_FEATURES.iter().fold(0, |a, (bit, _)| a | bit)
@@ -90,20 +121,27 @@ pub struct Layout {
     /// without the data-checksums feature.
     pub checksum_offset: u64,
     pub checksum_pages: u64,
+    /// The presence region (one bit per 4 KiB data block, 4064 to a 512 B
+    /// sector); 0 sectors without the layers feature.
+    pub presence_offset: u64,
+    pub presence_sectors: u64,
     pub data_offset: u64,
 }
 
 impl Layout {
     /// Plans the regions of a device of `device_size` bytes, or says why it
     /// cannot hold a store. `journal_blocks` overrides the journal's size
-    /// (default: device size / 512, clamped to 1–64 MiB); `data_checksums`
-    /// adds the checksum region after the journal.
+    /// (default: device size / 512, clamped to 1–64 MiB); the features
+    /// `INCOMPAT_DATA_CHECKSUMS` and `INCOMPAT_LAYERS` add the checksum and
+    /// presence regions after the journal.
     pub fn plan(
         device_size: u64,
         extent_size: u32,
         journal_blocks: Option<u64>,
-        data_checksums: bool,
+        features: u64,
     ) -> Result<Layout, String> {
+        let data_checksums = features & INCOMPAT_DATA_CHECKSUMS != 0;
+        let layers = features & INCOMPAT_LAYERS != 0;
         let es = extent_size as u64;
         if extent_size < 64 * 1024 || !extent_size.is_power_of_two() || extent_size > 64 << 20 {
             return Err(format!(
@@ -133,7 +171,14 @@ impl Layout {
         } else {
             0
         };
-        let data_offset = (checksum_offset + checksum_pages * PAGE).div_ceil(es) * es;
+        let presence_offset = checksum_offset + checksum_pages * PAGE;
+        let presence_sectors = if layers {
+            (max_extents * (es / PAGE)).div_ceil(PRESENCE_BITS_PER_SECTOR)
+        } else {
+            0
+        };
+        let presence_len = (presence_sectors * PRESENCE_SECTOR as u64).div_ceil(PAGE) * PAGE;
+        let data_offset = (presence_offset + presence_len).div_ceil(es) * es;
         if data_offset >= device_size {
             return Err(format!(
                 "{device_size} bytes cannot hold the metadata and one extent"
@@ -157,12 +202,28 @@ impl Layout {
             journal_blocks: journal_len / PAGE,
             checksum_offset: if data_checksums { checksum_offset } else { 0 },
             checksum_pages,
+            presence_offset: if layers { presence_offset } else { 0 },
+            presence_sectors,
             data_offset,
         })
     }
 
     pub fn has_data_checksums(&self) -> bool {
         self.checksum_pages > 0
+    }
+
+    pub fn has_layers(&self) -> bool {
+        self.presence_sectors > 0
+    }
+
+    /// Presence sectors the data region needs.
+    pub fn presence_sectors_needed(&self) -> u64 {
+        self.data_blocks().div_ceil(PRESENCE_BITS_PER_SECTOR)
+    }
+
+    /// The presence region's length, in whole pages.
+    pub fn presence_len(&self) -> u64 {
+        (self.presence_sectors * PRESENCE_SECTOR as u64).div_ceil(PAGE) * PAGE
     }
 
     /// 4 KiB blocks per extent.
@@ -252,21 +313,24 @@ mod tests {
     #[test]
     fn layout_regions_do_not_overlap() {
         for size in [32u64 << 20, 64 << 20, 1 << 30, 20 << 30, 4 << 40] {
-            let l = Layout::plan(size, DEFAULT_EXTENT_SIZE, None, true).unwrap();
+            let l = Layout::plan(size, DEFAULT_EXTENT_SIZE, None, DEFAULT_FEATURES).unwrap();
             assert!(l.extent_table_offset >= l.volume_table_offset + l.volume_table_pages() * PAGE);
             assert!(l.journal_offset >= l.extent_table_offset + l.extent_table_pages() * PAGE);
             assert!(l.checksum_offset >= l.journal_offset + l.journal_blocks * PAGE);
-            assert!(l.data_offset >= l.checksum_offset + l.checksum_pages * PAGE);
+            assert!(l.presence_offset >= l.checksum_offset + l.checksum_pages * PAGE);
+            assert!(l.data_offset >= l.presence_offset + l.presence_len());
+            assert!(l.presence_sectors >= l.presence_sectors_needed());
             assert!(l.checksum_pages >= l.checksum_pages_needed());
             assert_eq!(l.data_offset % DEFAULT_EXTENT_SIZE as u64, 0);
             assert!(l.data_offset + l.capacity_bytes() <= size);
         }
-        assert!(Layout::plan(2 << 20, DEFAULT_EXTENT_SIZE, None, true).is_err());
-        assert!(Layout::plan(64 << 20, DEFAULT_EXTENT_SIZE, Some(2), true).is_err());
-        let small = Layout::plan(8 << 20, 64 << 10, Some(6), true).unwrap();
+        assert!(Layout::plan(2 << 20, DEFAULT_EXTENT_SIZE, None, DEFAULT_FEATURES).is_err());
+        assert!(Layout::plan(64 << 20, DEFAULT_EXTENT_SIZE, Some(2), DEFAULT_FEATURES).is_err());
+        let small = Layout::plan(8 << 20, 64 << 10, Some(6), DEFAULT_FEATURES).unwrap();
         assert_eq!(small.journal_blocks, 6);
-        let plain = Layout::plan(8 << 20, 64 << 10, Some(6), false).unwrap();
+        let plain = Layout::plan(8 << 20, 64 << 10, Some(6), 0).unwrap();
         assert_eq!((plain.checksum_offset, plain.checksum_pages), (0, 0));
+        assert_eq!((plain.presence_offset, plain.presence_sectors), (0, 0));
         assert!(plain.extent_count >= small.extent_count);
     }
 }

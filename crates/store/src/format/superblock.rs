@@ -6,7 +6,8 @@
 
 use super::{
     block_crc, get_u32, get_u64, get_uuid, known_incompat_features, put_u32, put_u64, FormatError,
-    Layout, FORMAT_VERSION, INCOMPAT_DATA_CHECKSUMS, MAX_VOLUMES, PAGE, SUPERBLOCK_MAGIC,
+    Layout, FORMAT_VERSION, INCOMPAT_DATA_CHECKSUMS, INCOMPAT_LAYERS, MAX_VOLUMES, PAGE,
+    SUPERBLOCK_MAGIC,
 };
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -59,6 +60,8 @@ impl Superblock {
             put_u64(&mut b, 152, self.journal_epoch);
             put_u64(&mut b, 160, l.checksum_offset);
             put_u64(&mut b, 168, l.checksum_pages);
+            put_u64(&mut b, 176, l.presence_offset);
+            put_u64(&mut b, 184, l.presence_sectors);
         }
         let crc = block_crc(&b, 12);
         put_u32(&mut b, 12, crc);
@@ -86,6 +89,7 @@ impl Superblock {
             return Err(FormatError::UnknownFeatures(unknown));
         }
         let checksums = version >= 2 && incompat_features & INCOMPAT_DATA_CHECKSUMS != 0;
+        let layers = version >= 2 && incompat_features & INCOMPAT_LAYERS != 0;
         let layout = Layout {
             extent_size: get_u32(b, 64),
             volume_slots: get_u32(b, 68),
@@ -96,6 +100,8 @@ impl Superblock {
             journal_blocks: get_u64(b, 104),
             checksum_offset: if checksums { get_u64(b, 160) } else { 0 },
             checksum_pages: if checksums { get_u64(b, 168) } else { 0 },
+            presence_offset: if layers { get_u64(b, 176) } else { 0 },
+            presence_sectors: if layers { get_u64(b, 184) } else { 0 },
             data_offset: get_u64(b, 112),
         };
         let sb = Superblock {
@@ -160,6 +166,23 @@ impl Superblock {
         {
             return bad("checksum region");
         }
+        let layers = self.incompat_features & INCOMPAT_LAYERS != 0;
+        if layers != l.has_layers() {
+            return bad("presence region and feature bit disagree");
+        }
+        if layers
+            && (l.presence_offset < l.checksum_offset + l.checksum_pages * PAGE
+                || l.presence_offset < l.journal_offset + l.journal_blocks * PAGE
+                || overflow(
+                    l.presence_sectors
+                        .checked_mul(super::PRESENCE_SECTOR as u64)
+                        .and_then(|c| c.checked_add(l.presence_offset)),
+                    l.data_offset,
+                )
+                || l.presence_sectors < l.presence_sectors_needed())
+        {
+            return bad("presence region");
+        }
         if self
             .journal_tail_seq
             .checked_add(l.journal_blocks)
@@ -179,12 +202,18 @@ mod tests {
     fn sample_sb() -> Superblock {
         Superblock {
             version: FORMAT_VERSION,
-            incompat_features: INCOMPAT_DATA_CHECKSUMS,
+            incompat_features: INCOMPAT_DATA_CHECKSUMS | INCOMPAT_LAYERS,
             compat_features: 0,
             store_id: uuid::Uuid::from_u128(42),
             generation: 3,
             device_size: 1 << 30,
-            layout: Layout::plan(1 << 30, DEFAULT_EXTENT_SIZE, None, true).unwrap(),
+            layout: Layout::plan(
+                1 << 30,
+                DEFAULT_EXTENT_SIZE,
+                None,
+                crate::format::DEFAULT_FEATURES,
+            )
+            .unwrap(),
             journal_tail_seq: 9,
             journal_tail_position: 9,
             clean: true,
@@ -202,7 +231,7 @@ mod tests {
         v1.version = 1;
         v1.journal_epoch = 0;
         v1.incompat_features = 0;
-        v1.layout = Layout::plan(1 << 30, DEFAULT_EXTENT_SIZE, None, false).unwrap();
+        v1.layout = Layout::plan(1 << 30, DEFAULT_EXTENT_SIZE, None, 0).unwrap();
         assert_eq!(Superblock::decode(&v1.encode()).unwrap(), v1);
         let mut bad = b;
         bad[200] ^= 1;
@@ -213,11 +242,19 @@ mod tests {
             Superblock::decode(&v3.encode()),
             Err(FormatError::UnsupportedVersion { found: 3 })
         );
-        // Without the feature bit, the checksum fields are not read.
+        // Without the feature bits, the checksum and presence fields are
+        // not read.
         let mut plain = sb.clone();
         plain.incompat_features = 0;
         let read = Superblock::decode(&plain.encode()).unwrap();
         assert!(!read.layout.has_data_checksums());
+        assert!(!read.layout.has_layers());
+        let mut no_presence = sb.clone();
+        no_presence.layout.presence_sectors = 1;
+        assert!(matches!(
+            Superblock::decode(&no_presence.encode()),
+            Err(FormatError::Inconsistent(_))
+        ));
         let mut short = sb.clone();
         short.layout.checksum_pages = 1;
         assert!(matches!(

@@ -32,15 +32,26 @@ pub struct VolumeSlot {
     pub id: VolumeId,
     pub size: u64,
     pub created_unix: u64,
-    /// Slot of the layer this volume reads through (snapshots, clones); 0 =
-    /// none. Reserved: always 0 in version 2.
+    /// Slot of the layer whose blocks this one reads where it has none of
+    /// its own (layers feature); 0 = none.
     pub parent_slot: u32,
-    /// Reserved: always 0 in version 2.
+    /// Bit 0 (`SLOT_SNAPSHOT`): a snapshot, a read-only layer.
     pub flags: u32,
     /// Reserved: always 0 in version 2.
     pub epoch: u64,
     /// When a scrub last read the whole volume (Unix seconds; 0 = never).
     pub last_scrub_unix: u64,
+    /// Of a snapshot: the volume it was taken of (nil otherwise).
+    pub origin: VolumeId,
+}
+
+/// `VolumeSlot::flags`: the slot is a snapshot (read-only layer).
+pub const SLOT_SNAPSHOT: u32 = 1;
+
+impl VolumeSlot {
+    pub fn is_snapshot(&self) -> bool {
+        self.flags & SLOT_SNAPSHOT != 0
+    }
 }
 
 /// What a volume-table slot holds.
@@ -76,6 +87,7 @@ impl SlotState {
                 put_u32(&mut b, 44, s.flags);
                 put_u64(&mut b, 48, s.epoch);
                 put_u64(&mut b, 56, s.last_scrub_unix);
+                b[64..80].copy_from_slice(s.origin.as_bytes());
             }
         }
         let crc = salted_crc(index, &b[..SLOT_CRC_AT]);
@@ -117,6 +129,7 @@ impl SlotState {
                 flags: get_u32(b, 44),
                 epoch: get_u64(b, 48),
                 last_scrub_unix: get_u64(b, 56),
+                origin: get_uuid(b, 64),
             })),
             SLOT_QUARANTINED => Some(SlotState::Quarantined),
             _ => None,
@@ -258,7 +271,23 @@ mod tests {
             flags: 0,
             epoch: 0,
             last_scrub_unix: 0,
+            origin: uuid::Uuid::nil(),
         });
+        let snap = SlotState::Live(VolumeSlot {
+            id: uuid::Uuid::from_u128(2),
+            size: 8192,
+            created_unix: 3,
+            parent_slot: 7,
+            flags: SLOT_SNAPSHOT,
+            epoch: 0,
+            last_scrub_unix: 9,
+            origin: uuid::Uuid::from_u128(1),
+        });
+        assert!(snap.live().unwrap().is_snapshot());
+        for st in [snap, s, SlotState::Free, SlotState::Quarantined] {
+            let b = st.encode(4);
+            assert_eq!(SlotState::decode(4, &b), Some(st));
+        }
         for st in [s, SlotState::Free, SlotState::Quarantined] {
             let b = st.encode(4);
             assert_eq!(SlotState::decode(4, &b), Some(st));

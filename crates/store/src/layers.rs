@@ -1,0 +1,453 @@
+//! Layers: snapshots, clones, rollback and snapshot deletion, and the
+//! space each layer holds. A snapshot freezes a volume's layer where it
+//! stands (its extents do not move) and gives the volume a new, empty
+//! layer over it; a clone is a new volume whose layer starts empty over a
+//! snapshot. Blocks are tracked per 4 KiB (`presence.rs`), so the first
+//! write to a block after a snapshot writes that block, not its extent.
+//!
+//! Invariants:
+//! - Every change of a layer's place (slot, parent) happens with that
+//!   layer's map locked exclusively, child before parent, and is one
+//!   journal entry (`Snapshot` is two slots wide, never split), so no
+//!   reader and no crash sees half of it.
+//! - Deleting a snapshot with one child merges it into the child without
+//!   changing what either reads at any moment: blocks the child lacks are
+//!   copied into the child's extents (durable before their presence,
+//!   `Store::commit`), extents only the snapshot has move to the child
+//!   (with every block present if the snapshot had no parent), and only
+//!   then is the snapshot unlinked. A crash at any point leaves both
+//!   layers reading what they read before.
+//! - One layer operation runs at a time (`Store::layer_ops`).
+
+use crate::buf::AlignedBuf;
+use crate::engine::{now_unix, Store};
+use crate::error::{IoError, StoreError};
+use crate::format::JournalEntry;
+use crate::volume::{LayerMap, VolumeState};
+use crate::{VolumeId, BLOCK_SIZE};
+use std::sync::Arc;
+
+/// One snapshot and the space it holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SnapshotUsage {
+    pub id: VolumeId,
+    /// The volume it was taken of.
+    pub volume: VolumeId,
+    pub size: u64,
+    pub created_unix: u64,
+    /// The older snapshot it reads through, if any.
+    pub parent: Option<VolumeId>,
+    /// Layers reading through it: its volume's newer layer and clones.
+    pub children: Vec<VolumeId>,
+    /// Bytes of blocks written while this layer was the volume's head.
+    pub written_bytes: u64,
+    /// Bytes of those that no child reads any more (every child wrote the
+    /// block since): what deleting the snapshot frees, at 4 KiB.
+    pub exclusive_bytes: u64,
+}
+
+impl Store {
+    fn require_layers(&self) -> Result<(), StoreError> {
+        self.check_usable()?;
+        if self.presence.is_none() {
+            return Err(StoreError::NoLayers);
+        }
+        Ok(())
+    }
+
+    fn snapshot_state(&self, id: VolumeId) -> Result<Arc<VolumeState>, StoreError> {
+        let s = self.volume_state(id)?;
+        if !s.is_snapshot() {
+            return Err(StoreError::Layers(format!(
+                "{id} is a volume, not a snapshot"
+            )));
+        }
+        Ok(s)
+    }
+
+    /// Layers whose parent is `layer`.
+    fn children_of(&self, layer: &Arc<VolumeState>) -> Vec<Arc<VolumeState>> {
+        let all: Vec<Arc<VolumeState>> = self.meta.lock().volumes.values().cloned().collect();
+        all.into_iter()
+            .filter(|v| {
+                v.map
+                    .read()
+                    .parent
+                    .as_ref()
+                    .is_some_and(|p| Arc::ptr_eq(p, layer))
+            })
+            .collect()
+    }
+
+    /// Takes snapshot `snap` of `volume`: crash-consistent (every write
+    /// completed before the call is in it), read-only, durable on return.
+    /// Client I/O on the volume pauses only while in-flight requests drain
+    /// and the entry is queued; the commit runs after.
+    pub fn snapshot(&self, volume: VolumeId, snap: VolumeId) -> Result<(), StoreError> {
+        self.require_layers()?;
+        let _op = self.layer_ops.lock();
+        let vol = self.volume_state(volume)?;
+        if vol.is_snapshot() {
+            return Err(StoreError::Layers(format!(
+                "{volume} is a snapshot; snapshots of snapshots are taken by cloning first"
+            )));
+        }
+        {
+            let mut map = vol.map.write();
+            if vol.is_deleted() {
+                return Err(StoreError::NotFound(volume));
+            }
+            let mut m = self.meta.lock();
+            if m.volumes.contains_key(&snap) {
+                return Err(StoreError::Exists(snap));
+            }
+            let new_slot = m
+                .free_slot()
+                .ok_or(StoreError::TooManyVolumes(self.layout.volume_slots))?;
+            let now = now_unix();
+            let size = vol.size();
+            let frozen = std::mem::replace(&mut *map, LayerMap::new(new_slot, 0));
+            map.resize(frozen.len());
+            let old_slot = frozen.slot;
+            let snapshot = Arc::new(VolumeState::with_map(snap, size, now, frozen, Some(volume)));
+            snapshot.set_last_scrub(vol.last_scrub());
+            map.parent = Some(snapshot.clone());
+            vol.reset_allocated();
+            m.push(JournalEntry::Snapshot {
+                slot: old_slot,
+                new_slot,
+                snap_id: snap,
+                snap_created: now,
+                size,
+                vol_id: volume,
+                vol_created: vol.created_unix,
+                last_scrub: vol.last_scrub(),
+            });
+            m.slots_used[new_slot as usize - 1] = true;
+            m.volumes.insert(snap, snapshot);
+        }
+        tracing::info!(%volume, snapshot = %snap, "snapshot taken");
+        self.commit()
+    }
+
+    /// Creates volume `id` as a clone of snapshot `snap`: it reads the
+    /// snapshot's content and writes its own blocks. `size`: at least the
+    /// snapshot's (default: the same). Durable on return; nothing is copied.
+    pub fn clone_snapshot(
+        &self,
+        snap: VolumeId,
+        id: VolumeId,
+        size: Option<u64>,
+    ) -> Result<(), StoreError> {
+        self.require_layers()?;
+        let _op = self.layer_ops.lock();
+        let parent = self.snapshot_state(snap)?;
+        let size = size.unwrap_or(parent.size());
+        self.check_size(size)?;
+        if size < parent.size() {
+            return Err(StoreError::InvalidSize(format!(
+                "a clone of a {} byte snapshot cannot have {size} bytes",
+                parent.size()
+            )));
+        }
+        {
+            let pmap = parent.map.read();
+            let mut m = self.meta.lock();
+            if m.volumes.contains_key(&id) {
+                return Err(StoreError::Exists(id));
+            }
+            let slot = m
+                .free_slot()
+                .ok_or(StoreError::TooManyVolumes(self.layout.volume_slots))?;
+            let created_unix = now_unix();
+            m.push(JournalEntry::CreateVolume {
+                slot,
+                id,
+                size,
+                created_unix,
+                parent: pmap.slot,
+            });
+            m.slots_used[slot as usize - 1] = true;
+            let extents = self.layout.extents_for_size(size) as usize;
+            let clone = VolumeState::new(id, slot, size, extents, created_unix);
+            clone.map.write().parent = Some(parent.clone());
+            m.volumes.insert(id, Arc::new(clone));
+        }
+        tracing::info!(snapshot = %snap, clone = %id, "clone created");
+        self.commit()
+    }
+
+    /// Makes `volume` read exactly what its snapshot `snap` holds (size
+    /// included); its blocks written since are freed. Durable on return.
+    pub fn rollback(&self, volume: VolumeId, snap: VolumeId) -> Result<(), StoreError> {
+        self.require_layers()?;
+        let _op = self.layer_ops.lock();
+        let s = self.snapshot_state(snap)?;
+        if s.snapshot_of != Some(volume) {
+            return Err(StoreError::Layers(format!(
+                "{snap} is not a snapshot of volume {volume}"
+            )));
+        }
+        let vol = self.volume_state(volume)?;
+        {
+            // The volume is never below the snapshot: child before parent.
+            let mut map = vol.map.write();
+            let smap = s.map.read();
+            let size = s.size();
+            self.meta.lock().push(JournalEntry::Rollback {
+                slot: map.slot,
+                parent: smap.slot,
+                size,
+            });
+            vol.forget_mapped_from(&map, 0);
+            map.resize(0);
+            map.resize(self.layout.extents_for_size(size) as usize);
+            map.parent = Some(s.clone());
+            vol.set_size(size);
+        }
+        tracing::info!(%volume, snapshot = %snap, "volume rolled back");
+        self.commit()
+    }
+
+    /// Deletes snapshot `snap`, freeing what no other layer needs. With no
+    /// layer reading through it, its extents are freed; with one (its
+    /// volume's next layer, or a single clone), it is merged into that
+    /// layer first; with more (clones), it is refused.
+    pub fn delete_snapshot(&self, snap: VolumeId) -> Result<(), StoreError> {
+        self.require_layers()?;
+        let _op = self.layer_ops.lock();
+        let s = self.snapshot_state(snap)?;
+        let children = self.children_of(&s);
+        match children.as_slice() {
+            [] => {
+                {
+                    let mut map = s.map.write();
+                    let mut m = self.meta.lock();
+                    m.push(JournalEntry::DeleteVolume { slot: map.slot });
+                    m.volumes.remove(&snap);
+                    m.slots_used[map.slot as usize - 1] = false;
+                    s.mark_deleted();
+                    map.resize(0);
+                    map.parent = None;
+                }
+                self.commit()
+            }
+            [child] => self.merge_into_child(&s, child),
+            more => Err(StoreError::Layers(format!(
+                "snapshot {snap} has {} layers reading through it (clones); delete those clones first",
+                more.len()
+            ))),
+        }
+    }
+
+    /// Merges snapshot `s` into its only child `c`, extent by extent, then
+    /// unlinks it (see the module invariants).
+    fn merge_into_child(
+        &self,
+        s: &Arc<VolumeState>,
+        c: &Arc<VolumeState>,
+    ) -> Result<(), StoreError> {
+        let presence = self.presence.as_ref().ok_or(StoreError::NoLayers)?;
+        let bpe = self.layout.blocks_per_extent();
+        let extents = s.map.read().len();
+        let mut buf = AlignedBuf::zeroed(self.layout.extent_size as usize);
+        let (mut moved, mut copied) = (0u64, 0u64);
+        for logical in 0..extents {
+            let cmap = c.map.write();
+            let smap = s.map.write();
+            let Some(sphys) = smap.phys(logical) else {
+                continue;
+            };
+            let s_root = smap.parent.is_none();
+            let mut entries = Vec::new();
+            match cmap.phys(logical) {
+                None => {
+                    // The child takes the extent. Without a parent the
+                    // snapshot held every block of it: say so, since the
+                    // child has a parent and reads by presence.
+                    if s_root {
+                        presence.mark(sphys as u64 * bpe, bpe, &mut entries);
+                    }
+                    entries.push(JournalEntry::Map {
+                        phys: sphys,
+                        slot: cmap.slot,
+                        logical: logical as u32,
+                    });
+                    if let Some(intent) = &self.intent {
+                        intent.mapped(sphys);
+                    }
+                    if let Some(e) = cmap.get(logical) {
+                        e.set(Some(sphys));
+                    }
+                    if let Some(e) = smap.get(logical) {
+                        e.set(None);
+                    }
+                    c.add_allocated(1);
+                    s.remove_allocated(1);
+                    moved += 1;
+                }
+                Some(cphys) => {
+                    copied +=
+                        self.copy_missing_blocks(sphys, s_root, cphys, &mut buf, &mut entries)?;
+                    entries.push(JournalEntry::Free {
+                        first: sphys,
+                        count: 1,
+                    });
+                    if let Some(e) = smap.get(logical) {
+                        e.set(None);
+                    }
+                    s.remove_allocated(1);
+                }
+            }
+            let mut m = self.meta.lock();
+            for e in entries {
+                m.push(e);
+            }
+        }
+        {
+            let mut cmap = c.map.write();
+            let mut smap = s.map.write();
+            let parent_slot = smap.parent.as_ref().map_or(0, |p| p.map.read().slot);
+            let mut m = self.meta.lock();
+            m.push(JournalEntry::Unlink {
+                slot: smap.slot,
+                child: cmap.slot,
+                parent: parent_slot,
+            });
+            m.volumes.remove(&s.id);
+            m.slots_used[smap.slot as usize - 1] = false;
+            s.mark_deleted();
+            cmap.parent = smap.parent.take();
+            smap.resize(0);
+        }
+        tracing::info!(snapshot = %s.id, into = %c.id, moved_extents = moved, copied_blocks = copied, "snapshot merged into its child and deleted");
+        self.commit()
+    }
+
+    /// Copies into the child's extent `cphys` every block it lacks that
+    /// the snapshot's extent `sphys` holds (all, if `s_root`), and queues
+    /// their presence; the number copied. Both maps are locked
+    /// exclusively, so nothing else reads or writes either extent.
+    fn copy_missing_blocks(
+        &self,
+        sphys: u32,
+        s_root: bool,
+        cphys: u32,
+        buf: &mut AlignedBuf,
+        entries: &mut Vec<JournalEntry>,
+    ) -> Result<u64, StoreError> {
+        let presence = self.presence.as_ref().ok_or(StoreError::NoLayers)?;
+        let bpe = self.layout.blocks_per_extent();
+        let (sfirst, cfirst) = (sphys as u64 * bpe, cphys as u64 * bpe);
+        let wanted: Vec<u64> = (0..bpe)
+            .filter(|&j| !presence.is_present(cfirst + j))
+            .filter(|&j| s_root || presence.is_present(sfirst + j))
+            .collect();
+        if wanted.is_empty() {
+            return Ok(0);
+        }
+        let from = self.layout.extent_offset(sphys);
+        self.device.read_at(buf, from)?;
+        if let Some(sums) = &self.checksums {
+            let mut samples = Vec::new();
+            sums.sample_blocks(sfirst, bpe, &mut samples);
+            self.verify_read(sums, from, buf, &samples).map_err(|e| match e {
+                IoError::Corrupt { offset } => StoreError::Layers(format!(
+                    "cannot merge the snapshot: its block at device offset {offset} fails its checksum"
+                )),
+                IoError::Io(e) => StoreError::Io(e),
+                other => StoreError::Layers(other.to_string()),
+            })?;
+        }
+        self.heat(cphys)?;
+        let bs = BLOCK_SIZE as usize;
+        let to = self.layout.extent_offset(cphys);
+        // Consecutive wanted blocks go out as one write.
+        let mut k = 0;
+        while k < wanted.len() {
+            let mut n = 1;
+            while k + n < wanted.len() && wanted[k + n] == wanted[k] + n as u64 {
+                n += 1;
+            }
+            let j = wanted[k] as usize;
+            let data = &buf[j * bs..(j + n) * bs];
+            let mut crcs = Vec::new();
+            if let Some(sums) = &self.checksums {
+                sums.begin_writes(cfirst + j as u64, data, &mut crcs);
+            }
+            let r = self.device.write_at(data, to + (j * bs) as u64, false);
+            if let Some(sums) = &self.checksums {
+                sums.end_writes(cfirst + j as u64, &crcs, r.is_ok());
+            }
+            r.map_err(|e| self.fail(e.into()))?;
+            presence.mark(cfirst + j as u64, n as u64, entries);
+            k += n;
+        }
+        Ok(wanted.len() as u64)
+    }
+
+    /// Every snapshot in the store, with the space it holds.
+    pub fn snapshots(&self) -> Vec<SnapshotUsage> {
+        let all: Vec<Arc<VolumeState>> = self.meta.lock().volumes.values().cloned().collect();
+        let mut out: Vec<SnapshotUsage> = all
+            .iter()
+            .filter(|v| v.is_snapshot())
+            .map(|s| {
+                let children: Vec<&Arc<VolumeState>> = all
+                    .iter()
+                    .filter(|v| {
+                        v.map
+                            .read()
+                            .parent
+                            .as_ref()
+                            .is_some_and(|p| Arc::ptr_eq(p, s))
+                    })
+                    .collect();
+                let (written, exclusive) = self.layer_blocks(s, &children);
+                SnapshotUsage {
+                    id: s.id,
+                    volume: s.snapshot_of.unwrap_or_default(),
+                    size: s.size(),
+                    created_unix: s.created_unix,
+                    parent: s.map.read().parent.as_ref().map(|p| p.id),
+                    children: children.iter().map(|c| c.id).collect(),
+                    written_bytes: written * BLOCK_SIZE,
+                    exclusive_bytes: exclusive * BLOCK_SIZE,
+                }
+            })
+            .collect();
+        out.sort_by_key(|s| (s.volume, s.created_unix, s.id));
+        out
+    }
+
+    /// Blocks `layer` holds, and those of them no child reads.
+    fn layer_blocks(&self, layer: &VolumeState, children: &[&Arc<VolumeState>]) -> (u64, u64) {
+        let Some(presence) = &self.presence else {
+            return (0, 0);
+        };
+        let bpe = self.layout.blocks_per_extent();
+        let map = layer.map.read();
+        let child_maps: Vec<_> = children.iter().map(|c| c.map.read()).collect();
+        let root = map.parent.is_none();
+        let (mut written, mut exclusive) = (0, 0);
+        for logical in 0..map.len() {
+            let Some(phys) = map.phys(logical) else {
+                continue;
+            };
+            let child_phys: Vec<Option<u32>> = child_maps.iter().map(|c| c.phys(logical)).collect();
+            for j in 0..bpe {
+                if !root && !presence.is_present(phys as u64 * bpe + j) {
+                    continue;
+                }
+                written += 1;
+                let shadowed = child_phys
+                    .iter()
+                    .all(|p| p.is_some_and(|p| presence.is_present(p as u64 * bpe + j)));
+                if shadowed {
+                    exclusive += 1;
+                }
+            }
+        }
+        (written, exclusive)
+    }
+}
