@@ -249,19 +249,26 @@ impl Store {
     ) -> Result<(), StoreError> {
         let presence = self.presence.as_ref().ok_or(StoreError::NoLayers)?;
         let bpe = self.layout.blocks_per_extent();
-        let extents = s.map.read().len();
+        let extents = s.map.read().len().max(c.map.read().len());
         let mut buf = AlignedBuf::zeroed(self.layout.extent_size as usize);
         let (mut moved, mut copied) = (0u64, 0u64);
         for logical in 0..extents {
             let cmap = c.map.write();
             let smap = s.map.write();
-            let Some(sphys) = smap.phys(logical) else {
-                continue;
-            };
             let s_root = smap.parent.is_none();
             let mut entries = Vec::new();
-            match cmap.phys(logical) {
-                None => {
+            match (smap.phys(logical), cmap.phys(logical)) {
+                (None, None) => continue,
+                // Blocks the child lacks read through the snapshot, which
+                // holds none here: zeros if it is the bottom layer. The
+                // child becomes the bottom layer and reads every block of
+                // its extent, and a block it lacks may hold a write whose
+                // presence a crash lost: write the zeros.
+                (None, Some(cphys)) if s_root => {
+                    copied += self.copy_missing_blocks(None, cphys, &mut buf, &mut entries)?;
+                }
+                (None, Some(_)) => continue,
+                (Some(sphys), None) => {
                     // The child takes the extent. Without a parent the
                     // snapshot held every block of it: say so, since the
                     // child has a parent and reads by presence.
@@ -286,9 +293,9 @@ impl Store {
                     s.remove_allocated(1);
                     moved += 1;
                 }
-                Some(cphys) => {
-                    copied +=
-                        self.copy_missing_blocks(sphys, s_root, cphys, &mut buf, &mut entries)?;
+                (Some(sphys), Some(cphys)) => {
+                    let from = Some((sphys, s_root));
+                    copied += self.copy_missing_blocks(from, cphys, &mut buf, &mut entries)?;
                     entries.push(JournalEntry::Free {
                         first: sphys,
                         count: 1,
@@ -325,39 +332,34 @@ impl Store {
     }
 
     /// Copies into the child's extent `cphys` every block it lacks that
-    /// the snapshot's extent `sphys` holds (all, if `s_root`), and queues
-    /// their presence; the number copied. Both maps are locked
-    /// exclusively, so nothing else reads or writes either extent.
+    /// the snapshot's extent holds (`from`: its number and whether the
+    /// snapshot is the bottom layer, holding all of it; `None`: zeros into
+    /// every block it lacks), and queues their presence; the number
+    /// written. Both maps are locked exclusively, so nothing else reads or
+    /// writes either extent.
     fn copy_missing_blocks(
         &self,
-        sphys: u32,
-        s_root: bool,
+        from: Option<(u32, bool)>,
         cphys: u32,
         buf: &mut AlignedBuf,
         entries: &mut Vec<JournalEntry>,
     ) -> Result<u64, StoreError> {
         let presence = self.presence.as_ref().ok_or(StoreError::NoLayers)?;
         let bpe = self.layout.blocks_per_extent();
-        let (sfirst, cfirst) = (sphys as u64 * bpe, cphys as u64 * bpe);
+        let cfirst = cphys as u64 * bpe;
         let wanted: Vec<u64> = (0..bpe)
             .filter(|&j| !presence.is_present(cfirst + j))
-            .filter(|&j| s_root || presence.is_present(sfirst + j))
+            .filter(|&j| match from {
+                Some((sphys, s_root)) => s_root || presence.is_present(sphys as u64 * bpe + j),
+                None => true,
+            })
             .collect();
         if wanted.is_empty() {
             return Ok(0);
         }
-        let from = self.layout.extent_offset(sphys);
-        self.device.read_at(buf, from)?;
-        if let Some(sums) = &self.checksums {
-            let mut samples = Vec::new();
-            sums.sample_blocks(sfirst, bpe, &mut samples);
-            self.verify_read(sums, from, buf, &samples).map_err(|e| match e {
-                IoError::Corrupt { offset } => StoreError::Layers(format!(
-                    "cannot merge the snapshot: its block at device offset {offset} fails its checksum"
-                )),
-                IoError::Io(e) => StoreError::Io(e),
-                other => StoreError::Layers(other.to_string()),
-            })?;
+        match from {
+            Some((sphys, _)) => self.read_verified(sphys, buf)?,
+            None => buf.fill(0),
         }
         self.heat(cphys)?;
         let bs = BLOCK_SIZE as usize;
@@ -384,6 +386,28 @@ impl Store {
             k += n;
         }
         Ok(wanted.len() as u64)
+    }
+
+    /// Reads extent `phys` whole into `buf`, every block verified.
+    fn read_verified(&self, phys: u32, buf: &mut AlignedBuf) -> Result<(), StoreError> {
+        let from = self.layout.extent_offset(phys);
+        let bpe = self.layout.blocks_per_extent();
+        let mut samples = Vec::new();
+        if let Some(sums) = &self.checksums {
+            sums.sample_blocks(phys as u64 * bpe, bpe, &mut samples);
+        }
+        self.device.read_at(buf, from)?;
+        if let Some(sums) = &self.checksums {
+            self.verify_read(sums, from, buf, &samples)
+                .map_err(|e| match e {
+                    IoError::Corrupt { offset } => StoreError::Layers(format!(
+                        "cannot merge the snapshot: its block at device offset {offset} fails its checksum"
+                    )),
+                    IoError::Io(e) => StoreError::Io(e),
+                    other => StoreError::Layers(other.to_string()),
+                })?;
+        }
+        Ok(())
     }
 
     /// Every snapshot in the store, with the space it holds.

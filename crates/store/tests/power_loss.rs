@@ -1,7 +1,7 @@
 //! Power loss at every device operation. For each seeded history of store
 //! calls (creates, deletes, resizes, aligned and unaligned writes, FUA,
-//! zeroing and TRIM, flushes, zeroing passes, cooling rounds, clean
-//! restarts), the history
+//! zeroing and TRIM, flushes, zeroing passes, cooling rounds, snapshots,
+//! clones, rollbacks, snapshot deletions, clean restarts), the history
 //! is run once to count its device operations, then once per operation k
 //! with the power cut after op k: the device fails from then on, and the
 //! crash drops, reorders and tears (per 512 B sector) every write that was
@@ -15,8 +15,9 @@
 //! not); every byte acknowledged durable (flush, FUA, a completed
 //! create/resize/delete/close) reads back; every other byte holds a value
 //! written to that volume (data patterns are per volume, so another
-//! volume's bytes never match) or zero; `Store::check` finds every extent
-//! in exactly one place and every free extent zero; nothing was stray.
+//! volume's bytes never match) or zero; every snapshot reads exactly what
+//! its volume held when it was taken; `Store::check` finds every extent in
+//! exactly one place and every free extent zero; nothing was stray.
 //!
 //! The journal holds 6 (or 16) blocks, so it wraps and checkpoints
 //! constantly. Two shapes of history: small volumes, and bulk writes and
@@ -25,7 +26,7 @@
 //! caps the cuts tried per history (default 250 small, 100 bulk, spread
 //! over it).
 
-use basalt_store::{FormatOptions, IoError, OpenOptions, SimDevice, Store};
+use basalt_store::{FormatOptions, IoError, OpenOptions, SimDevice, Store, StoreError};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::collections::HashMap;
@@ -104,6 +105,18 @@ enum Op {
     /// A cooling round over every hot extent (checksums written, write
     /// intent cleared).
     Cool,
+    Snapshot {
+        vol: usize,
+    },
+    Clone {
+        snap: usize,
+    },
+    DeleteSnapshot {
+        snap: usize,
+    },
+    Rollback {
+        snap: usize,
+    },
     CleanRestart,
 }
 
@@ -111,7 +124,7 @@ fn history(seed: u64, shape: Shape) -> Vec<Op> {
     let mut rng = StdRng::seed_from_u64(seed ^ 0x5eed);
     let len = rng.gen_range(20..45);
     (0..len)
-        .map(|_| match rng.gen_range(0..32) {
+        .map(|_| match rng.gen_range(0..38) {
             0..=3 => Op::Create {
                 blocks: rng.gen_range(1..shape.volume_blocks),
             },
@@ -138,9 +151,24 @@ fn history(seed: u64, shape: Shape) -> Vec<Op> {
             23..=25 => Op::Flush,
             26..=27 => Op::ZeroFreed,
             28..=29 => Op::Cool,
+            30..=31 => Op::Snapshot { vol: rng.gen() },
+            32 => Op::Clone { snap: rng.gen() },
+            33..=34 => Op::DeleteSnapshot { snap: rng.gen() },
+            35 => Op::Rollback { snap: rng.gen() },
             _ => Op::CleanRestart,
         })
         .collect()
+}
+
+/// Blocks a layer of `size` bytes can hold: whole extents.
+fn layer_blocks(size: u64) -> u64 {
+    size.div_ceil(EXTENT) * EXTENT / BLOCK
+}
+
+/// A layer operation the store refused (a volume with snapshots, a
+/// snapshot with clones, shrinking over a snapshot): no change, no cut.
+fn refused<T>(r: &Result<T, StoreError>) -> bool {
+    matches!(r, Err(StoreError::Layers(_)))
 }
 
 fn hash(b: &[u8]) -> u64 {
@@ -179,6 +207,21 @@ impl ModelVolume {
             self.since.entry(s).or_default().push(hash(sector));
         }
     }
+    fn with_content(id: uuid::Uuid, tag: u8, content: Vec<u8>) -> ModelVolume {
+        ModelVolume {
+            id,
+            tag,
+            current: content.clone(),
+            stable: content,
+            since: HashMap::new(),
+        }
+    }
+    /// The volume now holds `content` (a rollback), durably.
+    fn reset(&mut self, content: Vec<u8>) {
+        self.current.clone_from(&content);
+        self.stable = content;
+        self.since.clear();
+    }
     fn make_durable(&mut self, at: usize, len: usize) {
         for s in at / SECTOR..(at + len).div_ceil(SECTOR) {
             let r = s * SECTOR..(s + 1) * SECTOR;
@@ -192,13 +235,42 @@ impl ModelVolume {
     }
 }
 
+/// A snapshot: what its volume held when it was taken, forever.
+struct ModelSnapshot {
+    id: uuid::Uuid,
+    volume: uuid::Uuid,
+    content: Vec<u8>,
+}
+
 /// A store call that was in flight when the power was cut, and may or may
 /// not have taken effect.
 enum InFlight {
     None,
-    Create { id: uuid::Uuid, tag: u8, size: u64 },
-    Delete { index: usize },
-    Resize { index: usize, old: u64, new: u64 },
+    /// A create, or a clone of a snapshot (whose content it starts with).
+    Create {
+        id: uuid::Uuid,
+        tag: u8,
+        content: Vec<u8>,
+    },
+    Delete {
+        index: usize,
+    },
+    Resize {
+        index: usize,
+        old: u64,
+        new: u64,
+    },
+    Snapshot {
+        index: usize,
+        id: uuid::Uuid,
+    },
+    DeleteSnapshot {
+        snap: usize,
+    },
+    Rollback {
+        index: usize,
+        snap: usize,
+    },
 }
 
 /// The power was cut during the call.
@@ -208,6 +280,7 @@ struct Harness {
     dev: Arc<SimDevice>,
     store: Arc<Store>,
     model: Vec<ModelVolume>,
+    snapshots: Vec<ModelSnapshot>,
     capacity_blocks: u64,
     next_tag: u8,
     in_flight: InFlight,
@@ -240,6 +313,7 @@ impl Harness {
             dev,
             store,
             model: Vec::new(),
+            snapshots: Vec::new(),
             capacity_blocks,
             next_tag: 1,
             in_flight: InFlight::None,
@@ -248,10 +322,13 @@ impl Harness {
         }
     }
 
+    /// Blocks every layer (volume or snapshot) could hold, in whole extents.
     fn provisioned_blocks(&self) -> u64 {
         self.model
             .iter()
-            .map(|v| v.current.len() as u64 / BLOCK)
+            .map(|v| v.current.len())
+            .chain(self.snapshots.iter().map(|s| s.content.len()))
+            .map(|len| layer_blocks(len as u64))
             .sum()
     }
 
@@ -285,7 +362,10 @@ impl Harness {
         let mut buf = vec![0u8; v.current.len()];
         self.cut(h.read(0, &mut buf), "read")?;
         if let Some(first) = buf.iter().zip(&v.current).position(|(a, b)| a != b) {
-            panic!("volume {i}: content differs from the model at byte {first}");
+            panic!(
+                "volume {i}: content differs from the model at byte {first}: {} where {} was written",
+                buf[first], v.current[first]
+            );
         }
         Ok(())
     }
@@ -293,7 +373,7 @@ impl Harness {
     fn run(&mut self, op: &Op) -> Result<(), Cut> {
         match *op {
             Op::Create { blocks } => {
-                if self.provisioned_blocks() + blocks > self.capacity_blocks
+                if self.provisioned_blocks() + layer_blocks(blocks * BLOCK) > self.capacity_blocks
                     || self.model.len() >= 6
                 {
                     return Ok(());
@@ -304,7 +384,7 @@ impl Harness {
                 self.in_flight = InFlight::Create {
                     id,
                     tag,
-                    size: blocks * BLOCK,
+                    content: vec![0; (blocks * BLOCK) as usize],
                 };
                 let r = self.store.create_volume(id, blocks * BLOCK);
                 self.cut(r, "create")?;
@@ -319,6 +399,12 @@ impl Harness {
                 let h = self.store.volume(self.model[i].id).expect("volume");
                 self.in_flight = InFlight::Delete { index: i };
                 let r = self.store.delete_volume(self.model[i].id);
+                let has_snapshots = self.snapshots.iter().any(|s| s.volume == self.model[i].id);
+                if has_snapshots {
+                    assert!(refused(&r), "deleting a volume with snapshots: {r:?}");
+                    self.in_flight = InFlight::None;
+                    return Ok(());
+                }
                 self.cut(r, "delete")?;
                 self.in_flight = InFlight::None;
                 assert!(matches!(h.read(0, &mut [0u8; 4096]), Err(IoError::Gone)));
@@ -331,11 +417,19 @@ impl Harness {
                 };
                 let old = self.model[i].current.len() as u64;
                 let new = blocks * BLOCK;
-                if self.provisioned_blocks() - old / BLOCK + blocks > self.capacity_blocks {
+                if self.provisioned_blocks() - layer_blocks(old) + layer_blocks(new)
+                    > self.capacity_blocks
+                {
                     return Ok(());
                 }
                 self.in_flight = InFlight::Resize { index: i, old, new };
                 let r = self.store.resize_volume(self.model[i].id, new);
+                if refused(&r) {
+                    // Shrinking a volume that reads through a snapshot.
+                    assert!(new < old, "{r:?}");
+                    self.in_flight = InFlight::None;
+                    return Ok(());
+                }
                 self.cut(r, "resize")?;
                 self.in_flight = InFlight::None;
                 self.all_durable();
@@ -416,6 +510,94 @@ impl Harness {
                 self.cut(self.store.cool(true), "cooling")?;
                 assert_eq!(self.store.integrity().hot_extents, 0);
             }
+            Op::Snapshot { vol } => {
+                let Some(i) = self.pick(vol) else {
+                    return Ok(());
+                };
+                let size = self.model[i].current.len() as u64;
+                if self.snapshots.len() >= 4
+                    || self.provisioned_blocks() + layer_blocks(size) > self.capacity_blocks
+                {
+                    return Ok(());
+                }
+                let id = uuid::Uuid::new_v4();
+                self.in_flight = InFlight::Snapshot { index: i, id };
+                let r = self.store.snapshot(self.model[i].id, id);
+                self.cut(r, "snapshot")?;
+                self.in_flight = InFlight::None;
+                self.all_durable();
+                self.snapshots.push(ModelSnapshot {
+                    id,
+                    volume: self.model[i].id,
+                    content: self.model[i].current.clone(),
+                });
+                self.check_snapshots()?;
+            }
+            Op::Clone { snap } => {
+                if self.snapshots.is_empty() || self.model.len() >= 6 {
+                    return Ok(());
+                }
+                let s = &self.snapshots[snap % self.snapshots.len()];
+                let size = s.content.len() as u64;
+                if self.provisioned_blocks() + layer_blocks(size) > self.capacity_blocks {
+                    return Ok(());
+                }
+                let (snap_id, content) = (s.id, s.content.clone());
+                let id = uuid::Uuid::new_v4();
+                let tag = self.next_tag;
+                self.next_tag = self.next_tag.wrapping_add(1).max(1);
+                self.in_flight = InFlight::Create {
+                    id,
+                    tag,
+                    content: content.clone(),
+                };
+                let r = self.store.clone_snapshot(snap_id, id, None);
+                self.cut(r, "clone")?;
+                self.in_flight = InFlight::None;
+                self.all_durable();
+                self.model.push(ModelVolume::with_content(id, tag, content));
+                self.check_current(self.model.len() - 1)?;
+            }
+            Op::DeleteSnapshot { snap } => {
+                if self.snapshots.is_empty() {
+                    return Ok(());
+                }
+                let k = snap % self.snapshots.len();
+                self.in_flight = InFlight::DeleteSnapshot { snap: k };
+                let r = self.store.delete_snapshot(self.snapshots[k].id);
+                if refused(&r) {
+                    self.in_flight = InFlight::None;
+                    return Ok(());
+                }
+                self.cut(r, "delete snapshot")?;
+                self.in_flight = InFlight::None;
+                self.all_durable();
+                self.snapshots.remove(k);
+                for i in 0..self.model.len() {
+                    self.check_current(i)?;
+                }
+                self.check_snapshots()?;
+            }
+            Op::Rollback { snap } => {
+                if self.snapshots.is_empty() {
+                    return Ok(());
+                }
+                let k = snap % self.snapshots.len();
+                let s = &self.snapshots[k];
+                let i = self
+                    .model
+                    .iter()
+                    .position(|v| v.id == s.volume)
+                    .expect("a volume with snapshots is never deleted");
+                self.in_flight = InFlight::Rollback { index: i, snap: k };
+                let r = self.store.rollback(s.volume, s.id);
+                self.cut(r, "rollback")?;
+                self.in_flight = InFlight::None;
+                self.all_durable();
+                let content = self.snapshots[k].content.clone();
+                self.model[i].reset(content);
+                self.check_current(i)?;
+            }
             Op::CleanRestart => {
                 self.cut(self.store.close(), "close")?;
                 self.all_durable();
@@ -438,7 +620,22 @@ impl Harness {
                 for i in 0..self.model.len() {
                     self.check_current(i)?;
                 }
+                self.check_snapshots()?;
             }
+        }
+        Ok(())
+    }
+
+    /// Every snapshot reads exactly what it was taken with.
+    fn check_snapshots(&self) -> Result<(), Cut> {
+        if !self.shape.check_every_call {
+            return Ok(());
+        }
+        for s in &self.snapshots {
+            let h = self.store.volume(s.id).expect("snapshot exists");
+            let mut buf = vec![0u8; s.content.len()];
+            self.cut(h.read(0, &mut buf), "read snapshot")?;
+            assert!(buf == s.content, "snapshot {} changed", s.id);
         }
         Ok(())
     }
@@ -447,6 +644,9 @@ impl Harness {
     /// flushed; the store must reopen and hold what it acknowledged.
     fn crash_and_recover(&mut self) {
         self.crashes += 1;
+        if std::env::var_os("BASALT_POWER_TRACE").is_some() {
+            eprintln!("crash {}", self.crashes);
+        }
         self.dev.crash();
         let store = Store::open_with(self.dev.clone(), &open_options())
             .unwrap_or_else(|e| panic!("open after crash {}: {e}", self.crashes));
@@ -469,15 +669,38 @@ impl Harness {
             .into_iter()
             .map(|u| (u.id, u.size))
             .collect();
-        match in_flight {
-            InFlight::Create { id, tag, size } => {
-                if let Some(got) = present.get(&id) {
-                    assert_eq!(*got, size, "size of a volume created during the crash");
-                    self.model.push(ModelVolume::new(id, tag, size));
+        match &in_flight {
+            InFlight::Create { id, tag, content } => {
+                if let Some(got) = present.get(id) {
+                    assert_eq!(
+                        *got,
+                        content.len() as u64,
+                        "size of a volume created during the crash"
+                    );
+                    self.model
+                        .push(ModelVolume::with_content(*id, *tag, content.clone()));
                 }
             }
-            InFlight::Delete { index } if !present.contains_key(&self.model[index].id) => {
-                self.model.remove(index);
+            InFlight::Delete { index } if !present.contains_key(&self.model[*index].id) => {
+                self.model.remove(*index);
+            }
+            InFlight::Rollback { index, snap } => {
+                // Done (the snapshot's content, exactly) or not at all.
+                let v = &mut self.model[*index];
+                let content = &self.snapshots[*snap].content;
+                if present[&v.id] == content.len() as u64 {
+                    let h = self.store.volume(v.id).expect("volume");
+                    let mut buf = vec![0u8; content.len()];
+                    h.read(0, &mut buf).expect("read after crash");
+                    if buf == *content {
+                        v.reset(buf);
+                    }
+                }
+            }
+            InFlight::DeleteSnapshot { snap } => {
+                if self.store.volume(self.snapshots[*snap].id).is_err() {
+                    self.snapshots.remove(*snap);
+                }
             }
             _ => {}
         }
@@ -532,6 +755,40 @@ impl Harness {
             v.current.clone_from(&buf);
             v.everything_durable();
         }
+        if let InFlight::Snapshot { index, id } = in_flight {
+            // Taken or not; if taken, of what the volume holds now.
+            if let Ok(h) = self.store.volume(id) {
+                let v = &self.model[index];
+                let mut buf = vec![0u8; v.current.len()];
+                h.read(0, &mut buf).expect("read snapshot after crash");
+                assert!(
+                    buf == v.current,
+                    "a snapshot taken during crash {} differs from its volume",
+                    self.crashes
+                );
+                self.snapshots.push(ModelSnapshot {
+                    id,
+                    volume: v.id,
+                    content: buf,
+                });
+            }
+        }
+        let mut listed: Vec<uuid::Uuid> = self.store.snapshots().iter().map(|s| s.id).collect();
+        let mut expected: Vec<uuid::Uuid> = self.snapshots.iter().map(|s| s.id).collect();
+        listed.sort();
+        expected.sort();
+        assert_eq!(listed, expected, "snapshots after crash {}", self.crashes);
+        for s in &self.snapshots {
+            let h = self.store.volume(s.id).expect("snapshot");
+            let mut buf = vec![0u8; s.content.len()];
+            h.read(0, &mut buf).expect("read snapshot after crash");
+            assert!(
+                buf == s.content,
+                "snapshot {} changed in crash {}",
+                s.id,
+                self.crashes
+            );
+        }
         self.store
             .check()
             .unwrap_or_else(|e| panic!("after crash {}: {e}", self.crashes));
@@ -549,7 +806,11 @@ fn run_history(seed: u64, shape: Shape, ops: &[Op], cut: Option<u64>) -> u64 {
         h.dev.cut_power_after(k);
     }
     let mut cuts_left = u32::from(cut.is_some());
+    let trace = std::env::var_os("BASALT_POWER_TRACE").is_some();
     for op in ops {
+        if trace {
+            eprintln!("op {op:?} (device op {})", h.dev.op_count() - start);
+        }
         if h.run(op).is_err() {
             h.crash_and_recover();
             if cuts_left > 0 {
