@@ -552,6 +552,7 @@ impl Store {
         if options.background_zeroing {
             Zeroer::spawn(&store);
         }
+        store.finish_snapshot_deletions()?;
         if let Some(interval) = options.scrub_interval.filter(|_| store.checksums.is_some()) {
             Scrubber::spawn(&store, interval, options.scrub_rate.max(1));
         }
@@ -938,9 +939,13 @@ impl Store {
             .ok_or(StoreError::NotFound(id))
     }
 
-    /// A data-path handle to a volume.
+    /// A data-path handle to a volume or snapshot (not one being deleted).
     pub fn volume(self: &Arc<Self>, id: VolumeId) -> Result<LocalVolume, StoreError> {
-        Ok(LocalVolume::new(self.clone(), self.volume_state(id)?))
+        let v = self.volume_state(id)?;
+        if v.is_retired() {
+            return Err(StoreError::NotFound(id));
+        }
+        Ok(LocalVolume::new(self.clone(), v))
     }
 
     pub fn extent_size(&self) -> u64 {

@@ -11,12 +11,13 @@
 //!   journal entry (`Snapshot` is two slots wide, never split), so no
 //!   reader and no crash sees half of it.
 //! - Deleting a snapshot with one child merges it into the child without
-//!   changing what either reads at any moment: blocks the child lacks are
-//!   copied into the child's extents (durable before their presence,
+//!   changing what the child reads at any moment: blocks the child lacks
+//!   are copied into the child's extents (durable before their presence,
 //!   `Store::commit`), extents only the snapshot has move to the child
 //!   (with every block present if the snapshot had no parent), and only
-//!   then is the snapshot unlinked. A crash at any point leaves both
-//!   layers reading what they read before.
+//!   then is the snapshot unlinked. The snapshot is retired first (a
+//!   journaled flag): half merged, it no longer reads what it held, so no
+//!   one may read it, and the open after a stop finishes the merge.
 //! - One layer operation runs at a time (`Store::layer_ops`).
 
 use crate::buf::AlignedBuf;
@@ -55,8 +56,12 @@ impl Store {
         Ok(())
     }
 
+    /// A snapshot that is not being deleted.
     fn snapshot_state(&self, id: VolumeId) -> Result<Arc<VolumeState>, StoreError> {
         let s = self.volume_state(id)?;
+        if s.is_retired() {
+            return Err(StoreError::NotFound(id));
+        }
         if !s.is_snapshot() {
             return Err(StoreError::Layers(format!(
                 "{id} is a volume, not a snapshot"
@@ -216,7 +221,12 @@ impl Store {
     pub fn delete_snapshot(&self, snap: VolumeId) -> Result<(), StoreError> {
         self.require_layers()?;
         let _op = self.layer_ops.lock();
-        let s = self.snapshot_state(snap)?;
+        let s = self.volume_state(snap)?;
+        if !s.is_snapshot() {
+            return Err(StoreError::Layers(format!(
+                "{snap} is a volume, not a snapshot"
+            )));
+        }
         let children = self.children_of(&s);
         match children.as_slice() {
             [] => {
@@ -240,14 +250,41 @@ impl Store {
         }
     }
 
+    /// At open: finishes deleting the snapshots a stop interrupted.
+    pub(crate) fn finish_snapshot_deletions(&self) -> Result<(), StoreError> {
+        let retired: Vec<VolumeId> = self
+            .meta
+            .lock()
+            .volumes
+            .values()
+            .filter(|v| v.is_retired())
+            .map(|v| v.id)
+            .collect();
+        for id in retired {
+            tracing::info!(snapshot = %id, "finishing the deletion of a snapshot a stop interrupted");
+            self.delete_snapshot(id)?;
+        }
+        Ok(())
+    }
+
     /// Merges snapshot `s` into its only child `c`, extent by extent, then
-    /// unlinks it (see the module invariants).
+    /// unlinks it (see the module invariants). The snapshot is retired
+    /// first: a merge half done changes what it reads (never what the
+    /// child reads), so after a stop nobody may read it, and the open
+    /// finishes the merge.
     fn merge_into_child(
         &self,
         s: &Arc<VolumeState>,
         c: &Arc<VolumeState>,
     ) -> Result<(), StoreError> {
         let presence = self.presence.as_ref().ok_or(StoreError::NoLayers)?;
+        {
+            let smap = s.map.write();
+            s.retire();
+            self.meta
+                .lock()
+                .push(JournalEntry::Retire { slot: smap.slot });
+        }
         let bpe = self.layout.blocks_per_extent();
         let extents = s.map.read().len().max(c.map.read().len());
         let mut buf = AlignedBuf::zeroed(self.layout.extent_size as usize);
@@ -415,7 +452,7 @@ impl Store {
         let all: Vec<Arc<VolumeState>> = self.meta.lock().volumes.values().cloned().collect();
         let mut out: Vec<SnapshotUsage> = all
             .iter()
-            .filter(|v| v.is_snapshot())
+            .filter(|v| v.is_snapshot() && !v.is_retired())
             .map(|s| {
                 let children: Vec<&Arc<VolumeState>> = all
                     .iter()

@@ -18,8 +18,8 @@
 
 use crate::format::{
     encode_presence_sector, presence_bit, ExtentState, JournalEntry, Layout, SlotState, VolumeSlot,
-    EXTENT_ENTRY_SIZE, PAGE, PRESENCE_SECTOR, PRESENCE_WORDS_PER_SECTOR, SLOT_SNAPSHOT,
-    VOLUME_SLOT_SIZE,
+    EXTENT_ENTRY_SIZE, PAGE, PRESENCE_SECTOR, PRESENCE_WORDS_PER_SECTOR, SLOT_RETIRED,
+    SLOT_SNAPSHOT, VOLUME_SLOT_SIZE,
 };
 use std::collections::BTreeSet;
 
@@ -269,6 +269,13 @@ impl MetaState {
                 if let Some(mut vs) = self.slot(child).copied() {
                     vs.parent_slot = parent;
                     self.set_slot(child, SlotState::Live(vs));
+                }
+            }
+            JournalEntry::Retire { slot } => {
+                check_slot(slot)?;
+                if let Some(mut vs) = self.slot(slot).copied() {
+                    vs.flags |= SLOT_RETIRED;
+                    self.set_slot(slot, SlotState::Live(vs));
                 }
             }
             JournalEntry::Rollback { slot, parent, size } => {

@@ -405,6 +405,9 @@ pub(crate) fn build_runtime(state: &mut MetaState) -> Built {
                     s.is_snapshot().then_some(s.origin),
                 ));
                 v.set_last_scrub(s.last_scrub_unix);
+                if s.is_retired() {
+                    v.retire();
+                }
                 by_slot.insert(i as u32 + 1, v.clone());
                 volumes.insert(s.id, v);
             }

@@ -94,6 +94,8 @@ pub(crate) struct VolumeState {
     last_scrub: AtomicU64,
     /// Of a snapshot: the volume it was taken of. `None`: a volume.
     pub snapshot_of: Option<VolumeId>,
+    /// A snapshot being deleted: no new handle, clone or rollback uses it.
+    retired: AtomicBool,
 }
 
 impl VolumeState {
@@ -125,7 +127,16 @@ impl VolumeState {
             deleted: AtomicBool::new(false),
             last_scrub: AtomicU64::new(0),
             snapshot_of,
+            retired: AtomicBool::new(false),
         }
+    }
+
+    pub fn is_retired(&self) -> bool {
+        self.retired.load(Ordering::Acquire)
+    }
+
+    pub fn retire(&self) {
+        self.retired.store(true, Ordering::Release)
     }
 
     pub fn is_snapshot(&self) -> bool {

@@ -77,7 +77,10 @@ fn a_snapshot_keeps_its_content_while_the_volume_moves_on() {
     assert!(read_all(&store, vol) == expect, "volume after the snapshot");
     assert!(read_all(&store, snap) == frozen, "snapshot content");
     let s = store.volume(snap).unwrap();
-    assert!(matches!(s.write(0, &[0u8; 4096], false), Err(IoError::ReadOnly)));
+    assert!(matches!(
+        s.write(0, &[0u8; 4096], false),
+        Err(IoError::ReadOnly)
+    ));
     assert!(matches!(s.trim(0, 4096, false), Err(IoError::ReadOnly)));
     // The volume list holds volumes; snapshots are listed on their own.
     let vols = store.volumes();
@@ -99,7 +102,11 @@ fn a_snapshot_keeps_its_content_while_the_volume_moves_on() {
     let store = Store::open_with(dev.clone(), &quiet()).unwrap();
     assert!(read_all(&store, vol) == expect);
     assert!(read_all(&store, snap) == frozen);
-    store.volume(vol).unwrap().write(0, &pattern(BLOCK, 90), true).unwrap();
+    store
+        .volume(vol)
+        .unwrap()
+        .write(0, &pattern(BLOCK, 90), true)
+        .unwrap();
     expect[..BLOCK as usize].copy_from_slice(&pattern(BLOCK, 90));
     drop(store);
     dev.crash();
@@ -124,14 +131,18 @@ fn the_first_write_to_a_block_after_a_snapshot_writes_that_block_only() {
     store.flush().unwrap();
     let layout = Layout::plan(16 << 20, EXTENT as u32, Some(16), DEFAULT_FEATURES).unwrap();
     let data = layout.data_offset..layout.data_offset + layout.capacity_bytes();
-    v.write(EXTENT + 5 * BLOCK, &pattern(BLOCK, 5), false).unwrap();
+    v.write(EXTENT + 5 * BLOCK, &pattern(BLOCK, 5), false)
+        .unwrap();
     let written: u64 = dev
         .volatile_writes()
         .into_iter()
         .filter(|(off, _)| data.contains(off))
         .map(|(_, len)| len)
         .sum();
-    assert_eq!(written, BLOCK, "data bytes written by one 4 KiB write after a snapshot");
+    assert_eq!(
+        written, BLOCK,
+        "data bytes written by one 4 KiB write after a snapshot"
+    );
     // Its neighbours still read the snapshot's bytes.
     let mut got = vec![0u8; 3 * BLOCK as usize];
     v.read(EXTENT + 4 * BLOCK, &mut got).unwrap();
@@ -149,7 +160,11 @@ fn clones_read_their_snapshot_and_write_their_own_blocks() {
     let (golden, snap) = (id(1), id(2));
     store.create_volume(golden, 2 * EXTENT).unwrap();
     let image = pattern(2 * EXTENT, 11);
-    store.volume(golden).unwrap().write(0, &image, false).unwrap();
+    store
+        .volume(golden)
+        .unwrap()
+        .write(0, &image, false)
+        .unwrap();
     store.snapshot(golden, snap).unwrap();
     let clones: Vec<Uuid> = (10..14).map(id).collect();
     for (k, &c) in clones.iter().enumerate() {
@@ -191,15 +206,24 @@ fn clones_read_their_snapshot_and_write_their_own_blocks() {
     assert!(read_all(&store, snap) == image);
     assert!(read_all(&store, golden) == image);
     // A snapshot with clones reading through it cannot go.
-    assert!(matches!(store.delete_snapshot(snap), Err(StoreError::Layers(_))));
-    assert!(matches!(store.delete_volume(golden), Err(StoreError::Layers(_))));
+    assert!(matches!(
+        store.delete_snapshot(snap),
+        Err(StoreError::Layers(_))
+    ));
+    assert!(matches!(
+        store.delete_volume(golden),
+        Err(StoreError::Layers(_))
+    ));
     // Clones can go; with only the golden volume's own layer reading
     // through it, the snapshot merges into that layer.
     for &c in &clones[1..] {
         store.delete_volume(c).unwrap();
     }
     assert_eq!(store.snapshots()[0].children.len(), 2);
-    assert!(matches!(store.delete_snapshot(snap), Err(StoreError::Layers(_))));
+    assert!(matches!(
+        store.delete_snapshot(snap),
+        Err(StoreError::Layers(_))
+    ));
     store.delete_volume(clones[0]).unwrap();
     store.delete_snapshot(snap).unwrap();
     assert!(read_all(&store, golden) == image);
@@ -221,7 +245,8 @@ fn deleting_a_snapshot_merges_it_and_frees_what_nobody_needs() {
     v.write(0, &pattern(EXTENT, 2), false).unwrap(); // extent 0 rewritten whole
     v.write(EXTENT + BLOCK, &pattern(BLOCK, 3), false).unwrap(); // one block of extent 1
     store.snapshot(vol, s2).unwrap();
-    v.write(2 * EXTENT + 2 * BLOCK, &pattern(BLOCK, 4), false).unwrap();
+    v.write(2 * EXTENT + 2 * BLOCK, &pattern(BLOCK, 4), false)
+        .unwrap();
     v.write(3 * EXTENT, &pattern(BLOCK, 5), false).unwrap();
     let (cv, c1, c2) = (
         read_all(&store, vol),
@@ -272,7 +297,10 @@ fn rollback_returns_a_volume_to_its_snapshot() {
     ));
     store.snapshot(vol, s2).unwrap();
     v.write(2 * EXTENT, &pattern(BLOCK, 3), false).unwrap();
-    assert!(matches!(store.rollback(vol, id(9)), Err(StoreError::NotFound(_))));
+    assert!(matches!(
+        store.rollback(vol, id(9)),
+        Err(StoreError::NotFound(_))
+    ));
     store.rollback(vol, s1).unwrap();
     assert_eq!(v.size(), 2 * EXTENT);
     assert!(read_all(&store, vol) == c1);

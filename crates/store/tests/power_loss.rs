@@ -782,12 +782,12 @@ impl Harness {
             let h = self.store.volume(s.id).expect("snapshot");
             let mut buf = vec![0u8; s.content.len()];
             h.read(0, &mut buf).expect("read snapshot after crash");
-            assert!(
-                buf == s.content,
-                "snapshot {} changed in crash {}",
-                s.id,
-                self.crashes
-            );
+            if let Some(at) = buf.iter().zip(&s.content).position(|(a, b)| a != b) {
+                panic!(
+                    "snapshot {} changed in crash {}: byte {at} is {} where it held {}",
+                    s.id, self.crashes, buf[at], s.content[at]
+                );
+            }
         }
         self.store
             .check()
@@ -810,6 +810,12 @@ fn run_history(seed: u64, shape: Shape, ops: &[Op], cut: Option<u64>) -> u64 {
     for op in ops {
         if trace {
             eprintln!("op {op:?} (device op {})", h.dev.op_count() - start);
+            for s in h.store.snapshots() {
+                eprintln!(
+                    "  snapshot {} of {} parent {:?} children {:?}",
+                    s.id, s.volume, s.parent, s.children
+                );
+            }
         }
         if h.run(op).is_err() {
             h.crash_and_recover();

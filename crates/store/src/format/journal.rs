@@ -78,6 +78,10 @@ pub enum JournalEntry {
     /// A rollback: every extent of the live layer in `slot` becomes free
     /// and dirty, it reads through `parent` and has `size` bytes.
     Rollback { slot: u32, parent: u32, size: u64 },
+    /// The snapshot in a live `slot` is being deleted (retired flag): no
+    /// one reads it any more, and its merge into its child is finished at
+    /// the next open if a stop interrupts it.
+    Retire { slot: u32 },
 }
 
 const KIND_MAP: u8 = 1;
@@ -95,6 +99,7 @@ const KIND_SNAPSHOT: u8 = 11;
 const KIND_SNAPSHOT_REST: u8 = 12;
 const KIND_UNLINK: u8 = 13;
 const KIND_ROLLBACK: u8 = 14;
+const KIND_RETIRE: u8 = 15;
 
 /// Consecutive ranges of `entries`, one per journal block, each filling
 /// at most `JOURNAL_ENTRIES_PER_BLOCK` slots (a wide entry never split).
@@ -221,6 +226,10 @@ impl JournalEntry {
                 put_u32(b, 12, parent);
                 put_u64(b, 32, size);
             }
+            JournalEntry::Retire { slot } => {
+                b[0] = KIND_RETIRE;
+                put_u32(b, 8, slot);
+            }
         }
     }
 
@@ -303,6 +312,9 @@ impl JournalEntry {
                 slot: get_u32(b, 8),
                 parent: get_u32(b, 12),
                 size: get_u64(b, 32),
+            },
+            KIND_RETIRE if !v1 => JournalEntry::Retire {
+                slot: get_u32(b, 8),
             },
             other => return Err(other),
         })
@@ -467,6 +479,7 @@ mod tests {
                 parent: 4,
                 size: 8192,
             },
+            JournalEntry::Retire { slot: 3 },
             JournalEntry::ResizeVolume {
                 slot: 1,
                 size: 8192,

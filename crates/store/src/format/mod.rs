@@ -33,7 +33,9 @@ pub use presence::{
     PRESENCE_SECTOR, PRESENCE_WORDS_PER_SECTOR,
 };
 pub use superblock::Superblock;
-pub use tables::{ExtentState, SlotState, VolumeSlot, QUARANTINE_SLOT, SLOT_SNAPSHOT};
+pub use tables::{
+    ExtentState, SlotState, VolumeSlot, QUARANTINE_SLOT, SLOT_RETIRED, SLOT_SNAPSHOT,
+};
 
 pub const FORMAT_VERSION: u32 = 2;
 pub const SUPERBLOCK_MAGIC: &[u8; 8] = b"BASALTSB";

@@ -35,7 +35,8 @@ pub struct VolumeSlot {
     /// Slot of the layer whose blocks this one reads where it has none of
     /// its own (layers feature); 0 = none.
     pub parent_slot: u32,
-    /// Bit 0 (`SLOT_SNAPSHOT`): a snapshot, a read-only layer.
+    /// Bit 0 (`SLOT_SNAPSHOT`): a snapshot, a read-only layer. Bit 1
+    /// (`SLOT_RETIRED`): a snapshot being deleted (merged into its child).
     pub flags: u32,
     /// Reserved: always 0 in version 2.
     pub epoch: u64,
@@ -47,10 +48,16 @@ pub struct VolumeSlot {
 
 /// `VolumeSlot::flags`: the slot is a snapshot (read-only layer).
 pub const SLOT_SNAPSHOT: u32 = 1;
+/// `VolumeSlot::flags`: the snapshot is being deleted; nobody may read it
+/// (a merge half done changes what it reads), and the open finishes it.
+pub const SLOT_RETIRED: u32 = 2;
 
 impl VolumeSlot {
     pub fn is_snapshot(&self) -> bool {
         self.flags & SLOT_SNAPSHOT != 0
+    }
+    pub fn is_retired(&self) -> bool {
+        self.flags & SLOT_RETIRED != 0
     }
 }
 
