@@ -44,6 +44,7 @@ impl ApiError {
 pub fn status_for(err: &VolumeError) -> StatusCode {
     match err {
         VolumeError::InvalidName { .. }
+        | VolumeError::InvalidSnapshotName { .. }
         | VolumeError::InvalidSize(_)
         | VolumeError::InvalidHostNqn { .. }
         | VolumeError::InvalidReplicas(_)
@@ -51,8 +52,13 @@ pub fn status_for(err: &VolumeError) -> StatusCode {
         | VolumeError::NotSupported(_) => StatusCode::BAD_REQUEST,
         VolumeError::Cluster(_) => StatusCode::SERVICE_UNAVAILABLE,
         VolumeError::Catalog(e) if e.is_unavailable() => StatusCode::SERVICE_UNAVAILABLE,
-        VolumeError::NotFound(_) | VolumeError::NoSuchNode(_) => StatusCode::NOT_FOUND,
+        VolumeError::NotFound(_)
+        | VolumeError::NoSuchNode(_)
+        | VolumeError::SnapshotNotFound { .. } => StatusCode::NOT_FOUND,
         VolumeError::AlreadyExists(_)
+        | VolumeError::SnapshotExists { .. }
+        | VolumeError::HasSnapshots { .. }
+        | VolumeError::HasClones { .. }
         | VolumeError::InUse { .. }
         | VolumeError::ShrinkRefused { .. }
         | VolumeError::TooFewNodes { .. }
@@ -62,6 +68,8 @@ pub fn status_for(err: &VolumeError) -> StatusCode {
         | VolumeError::ClusterFull { .. }
         | VolumeError::Store(StoreError::TooManyVolumes(_)) => StatusCode::INSUFFICIENT_STORAGE,
         VolumeError::Store(StoreError::InvalidSize(_)) => StatusCode::BAD_REQUEST,
+        VolumeError::Store(StoreError::Layers(_)) => StatusCode::CONFLICT,
+        VolumeError::Store(StoreError::NoLayers) => StatusCode::BAD_REQUEST,
         _ => StatusCode::INTERNAL_SERVER_ERROR,
     }
 }

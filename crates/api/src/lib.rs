@@ -31,8 +31,8 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 use types::{
-    AttachHost, CreateVolume, Node, NodeList, ResizeVolume, ScrubResult, ScrubVolume, SetNodeState,
-    Status, Volume, VolumeList,
+    AttachHost, CreateSnapshot, CreateVolume, Node, NodeList, ResizeVolume, Rollback, ScrubResult,
+    ScrubVolume, SetNodeState, Snapshot, SnapshotList, Status, Volume, VolumeList,
 };
 
 /// The OpenAPI 3 document describing every route.
@@ -119,6 +119,12 @@ fn build(service: Arc<VolumeService>, token: String) -> (Router, Vec<RouteSpec>)
     .post("/api/v1/volumes/{name}/disconnect", disconnect_volume)
     .post("/api/v1/volumes/{name}/scrub", scrub_volume)
     .get("/api/v1/volumes/{name}/local-digest", local_digest)
+    .get("/api/v1/volumes/{name}/snapshots", list_volume_snapshots)
+    .post("/api/v1/volumes/{name}/snapshots", create_snapshot)
+    .get("/api/v1/volumes/{name}/snapshots/{snapshot}", get_snapshot)
+    .delete("/api/v1/volumes/{name}/snapshots/{snapshot}", delete_snapshot)
+    .post("/api/v1/volumes/{name}/rollback", rollback_volume)
+    .get("/api/v1/snapshots", list_snapshots)
     .post("/api/v1/volumes/{name}/nvme-hosts", attach_host)
     .delete("/api/v1/volumes/{name}/nvme-hosts/{host_nqn}", detach_host)
     .get("/api/v1/nodes", list_nodes)
@@ -177,9 +183,24 @@ async fn create_volume(
     State(app): State<AppState>,
     JsonBody(req): JsonBody<CreateVolume>,
 ) -> Result<Response, ApiError> {
-    let info = blocking(move || {
-        app.service
-            .create_replicated(&req.name, req.size.0, req.replicas, req.allow_degraded)
+    let info = blocking(move || match (&req.from, req.size) {
+        (Some(source), size) => {
+            if req.replicas.is_some() || req.allow_degraded {
+                return Err(VolumeError::NotSupported(
+                    "a clone has its source's replica count; leave out replicas and allow_degraded"
+                        .into(),
+                ));
+            }
+            app.service
+                .create_clone(&req.name, source, size.map(|s| s.0))
+        }
+        (None, Some(size)) => {
+            app.service
+                .create_replicated(&req.name, size.0, req.replicas, req.allow_degraded)
+        }
+        (None, None) => Err(VolumeError::InvalidSize(
+            "size is required (or from, to clone a snapshot)".into(),
+        )),
     })
     .await?;
     // Validated names are URL- and header-safe.
@@ -301,6 +322,63 @@ async fn local_digest(
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let (crc, size) = blocking(move || app.service.local_digest(&name)).await?;
     Ok(Json(serde_json::json!({"crc32c": crc, "size_bytes": size})))
+}
+
+async fn list_snapshots(State(app): State<AppState>) -> Result<Json<SnapshotList>, ApiError> {
+    let snapshots = blocking(move || app.service.snapshots(None)).await?;
+    Ok(Json(SnapshotList {
+        snapshots: snapshots.into_iter().map(Snapshot::from).collect(),
+    }))
+}
+
+async fn list_volume_snapshots(
+    State(app): State<AppState>,
+    Path(name): Path<String>,
+) -> Result<Json<SnapshotList>, ApiError> {
+    let snapshots = blocking(move || app.service.snapshots(Some(&name))).await?;
+    Ok(Json(SnapshotList {
+        snapshots: snapshots.into_iter().map(Snapshot::from).collect(),
+    }))
+}
+
+async fn create_snapshot(
+    State(app): State<AppState>,
+    Path(name): Path<String>,
+    JsonBody(req): JsonBody<CreateSnapshot>,
+) -> Result<Response, ApiError> {
+    let info = blocking(move || app.service.create_snapshot(&name, &req.name)).await?;
+    let location = format!("/api/v1/volumes/{}/snapshots/{}", info.volume, info.name);
+    Ok((
+        StatusCode::CREATED,
+        [(header::LOCATION, location)],
+        Json(Snapshot::from(info)),
+    )
+        .into_response())
+}
+
+async fn get_snapshot(
+    State(app): State<AppState>,
+    Path((name, snapshot)): Path<(String, String)>,
+) -> Result<Json<Snapshot>, ApiError> {
+    let info = blocking(move || app.service.snapshot(&name, &snapshot)).await?;
+    Ok(Json(info.into()))
+}
+
+async fn delete_snapshot(
+    State(app): State<AppState>,
+    Path((name, snapshot)): Path<(String, String)>,
+) -> Result<StatusCode, ApiError> {
+    blocking(move || app.service.delete_snapshot(&name, &snapshot)).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn rollback_volume(
+    State(app): State<AppState>,
+    Path(name): Path<String>,
+    JsonBody(req): JsonBody<Rollback>,
+) -> Result<Json<Volume>, ApiError> {
+    let info = blocking(move || app.service.rollback(&name, &req.snapshot, req.force)).await?;
+    Ok(Json(info.into()))
 }
 
 async fn list_nodes(State(app): State<AppState>) -> Result<Json<NodeList>, ApiError> {

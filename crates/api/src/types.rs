@@ -2,7 +2,7 @@
 //! (the `basalt` CLI). Field names are the wire format: add fields, never
 //! rename them; clients ignore fields they do not know.
 
-use basalt_volume::{parse_size, NodeView, ReplicaStatus, StoreStatus, VolumeInfo};
+use basalt_volume::{parse_size, NodeView, ReplicaStatus, SnapshotInfo, StoreStatus, VolumeInfo};
 use serde::{de, Deserialize, Deserializer, Serialize};
 use std::fmt;
 use uuid::Uuid;
@@ -25,6 +25,73 @@ pub struct Volume {
     /// The volume's replicas and their state (clustered volumes).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub replicas: Vec<Replica>,
+    /// The snapshot it was cloned from, `VOLUME@SNAPSHOT`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clone_of: Option<String>,
+    /// Names of its snapshots, oldest first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub snapshots: Vec<String>,
+}
+
+/// A snapshot, as returned by the snapshot endpoints.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Snapshot {
+    pub volume: String,
+    pub name: String,
+    pub id: Uuid,
+    /// The volume's size when it was taken.
+    pub size_bytes: u64,
+    pub created_at: String,
+    /// Bytes written while it was the volume's newest layer.
+    pub written_bytes: u64,
+    /// Bytes no other layer reads: what deleting it frees.
+    pub exclusive_bytes: u64,
+    /// Volumes cloned from it.
+    #[serde(default)]
+    pub clones: Vec<String>,
+    /// Connections reading it (NBD export `VOLUME@SNAPSHOT`).
+    #[serde(default)]
+    pub open_connections: usize,
+}
+
+impl From<SnapshotInfo> for Snapshot {
+    fn from(s: SnapshotInfo) -> Self {
+        Snapshot {
+            volume: s.volume,
+            name: s.name,
+            id: s.id,
+            size_bytes: s.size_bytes,
+            created_at: s.created_at,
+            written_bytes: s.written_bytes,
+            exclusive_bytes: s.exclusive_bytes,
+            clones: s.clones,
+            open_connections: s.open_connections,
+        }
+    }
+}
+
+/// `GET /api/v1/snapshots`, `GET /api/v1/volumes/{name}/snapshots`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SnapshotList {
+    pub snapshots: Vec<Snapshot>,
+}
+
+/// `POST /api/v1/volumes/{name}/snapshots`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateSnapshot {
+    pub name: String,
+}
+
+/// `POST /api/v1/volumes/{name}/rollback`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Rollback {
+    /// The snapshot of this volume to return to.
+    pub snapshot: String,
+    /// Disconnect the volume's clients first (else: refused while any).
+    #[serde(default)]
+    pub force: bool,
 }
 
 /// One replica of a clustered volume.
@@ -70,6 +137,8 @@ impl From<VolumeInfo> for Volume {
             nvme_hosts: v.nvme_hosts,
             replicas_wanted: v.replicas_wanted,
             replicas: v.replicas.into_iter().map(Replica::from).collect(),
+            clone_of: v.clone_of,
+            snapshots: v.snapshots,
         }
     }
 }
@@ -179,7 +248,13 @@ impl<'de> Deserialize<'de> for Size {
 #[serde(deny_unknown_fields)]
 pub struct CreateVolume {
     pub name: String,
-    pub size: Size,
+    /// Required, unless `from` is given (then: the snapshot's size).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size: Option<Size>,
+    /// A clone of `VOLUME@SNAPSHOT`, or of `VOLUME` (snapshotted first, as
+    /// `clone-NAME`): instant, copy-on-write.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from: Option<String>,
     /// Replicas in a cluster (default: 3, or the node count if smaller).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replicas: Option<u32>,
@@ -263,7 +338,6 @@ mod tests {
                 r#"{"name":"a","size":true}"#,
                 "a number of bytes or a string",
             ),
-            (r#"{"name":"a"}"#, "missing field `size`"),
             (r#"{"name":"a","size":1,"sise":2}"#, "unknown field `sise`"),
         ] {
             let err = serde_json::from_str::<CreateVolume>(body)
@@ -271,6 +345,9 @@ mod tests {
                 .to_string();
             assert!(err.contains(needle), "{body}: {err}");
         }
+        // Without a size: a clone (`from`), or refused by the handler.
+        let clone: CreateVolume = serde_json::from_str(r#"{"name":"a","from":"b@c"}"#).unwrap();
+        assert_eq!((clone.size, clone.from.as_deref()), (None, Some("b@c")));
     }
 }
 

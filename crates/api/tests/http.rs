@@ -257,7 +257,7 @@ fn errors_map_to_status_codes() {
             "use 8192 (8 KiB) or 12288 (12 KiB)",
         ),
         (json!({"name": "v", "size": 0}), 400, "greater than 0"),
-        (json!({"name": "v"}), 400, "missing field `size`"),
+        (json!({"name": "v"}), 400, "size is required"),
         (
             json!({"name": "v", "size": 4096, "colour": "red"}),
             400,

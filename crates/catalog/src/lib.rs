@@ -28,7 +28,7 @@ pub use etcd_catalog::{
     describe_request_failure, etcd_failure, prefix_end, EtcdCatalog, EtcdConfig,
     DEFAULT_ETCD_PREFIX,
 };
-pub use record::{VolumeRecord, MAX_VOLUME_NAME_LEN};
+pub use record::{CloneSource, SnapshotRecord, VolumeRecord, MAX_VOLUME_NAME_LEN};
 pub use redb_catalog::RedbCatalog;
 
 use std::fmt;

@@ -36,9 +36,71 @@ pub struct VolumeRecord {
     /// or the cluster's default chosen at creation).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replicas: Option<u32>,
+    /// The volume's snapshots, oldest first; absent when none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub snapshots: Vec<SnapshotRecord>,
+    /// The snapshot this volume was cloned from; absent for a volume
+    /// created empty.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clone_of: Option<CloneSource>,
     /// Fields written by a newer basalt that this version does not know.
     #[serde(flatten)]
     pub unknown: serde_json::Map<String, serde_json::Value>,
+}
+
+/// One snapshot of a volume: a read-only point-in-time copy, named
+/// `VOLUME@NAME`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SnapshotRecord {
+    /// The store's id of the snapshot layer; never changes.
+    pub id: Uuid,
+    /// Unique among the volume's snapshots; the same rules as volume names.
+    pub name: String,
+    /// The volume's size when the snapshot was taken.
+    pub size_bytes: u64,
+    /// RFC 3339 in UTC with second precision.
+    pub created_at: String,
+    /// Fields written by a newer basalt that this version does not know.
+    #[serde(flatten)]
+    pub unknown: serde_json::Map<String, serde_json::Value>,
+}
+
+impl SnapshotRecord {
+    /// A record for a snapshot taken at `now`.
+    pub fn new(id: Uuid, name: impl Into<String>, size_bytes: u64, now: SystemTime) -> Self {
+        SnapshotRecord {
+            id,
+            name: name.into(),
+            size_bytes,
+            created_at: humantime::format_rfc3339_seconds(now).to_string(),
+            unknown: serde_json::Map::new(),
+        }
+    }
+}
+
+/// Where a clone's data comes from until it is flattened.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CloneSource {
+    /// The volume the snapshot belongs to (its name cannot be reused while
+    /// the snapshot exists: a volume with snapshots is not deleted).
+    pub volume: String,
+    pub snapshot: String,
+    /// The snapshot's id ([`SnapshotRecord::id`]).
+    pub snapshot_id: Uuid,
+    /// Fields written by a newer basalt that this version does not know.
+    #[serde(flatten)]
+    pub unknown: serde_json::Map<String, serde_json::Value>,
+}
+
+impl CloneSource {
+    pub fn new(volume: impl Into<String>, snapshot: impl Into<String>, snapshot_id: Uuid) -> Self {
+        CloneSource {
+            volume: volume.into(),
+            snapshot: snapshot.into(),
+            snapshot_id,
+            unknown: serde_json::Map::new(),
+        }
+    }
 }
 
 impl VolumeRecord {
@@ -51,8 +113,15 @@ impl VolumeRecord {
             created_at: humantime::format_rfc3339_seconds(now).to_string(),
             nvme_hosts: Vec::new(),
             replicas: None,
+            snapshots: Vec::new(),
+            clone_of: None,
             unknown: serde_json::Map::new(),
         }
+    }
+
+    /// The snapshot named `name`, if the volume has one.
+    pub fn snapshot(&self, name: &str) -> Option<&SnapshotRecord> {
+        self.snapshots.iter().find(|s| s.name == name)
     }
 
     /// The JSON stored as the record's value.
@@ -80,6 +149,28 @@ mod tests {
         assert_eq!(rec.created_at, "1970-01-01T00:00:00Z");
         let back = VolumeRecord::from_json("vol-1", &rec.to_json()).unwrap();
         assert_eq!(back, rec);
+    }
+
+    #[test]
+    fn snapshots_and_clone_sources_round_trip() {
+        let mut rec = VolumeRecord::new(Uuid::new_v4(), "vol-1", 1 << 30, SystemTime::UNIX_EPOCH);
+        assert!(!rec.to_json().contains("snapshots"), "absent when empty");
+        rec.snapshots.push(SnapshotRecord {
+            id: Uuid::new_v4(),
+            name: "before-upgrade".into(),
+            size_bytes: 1 << 30,
+            created_at: "2026-01-01T00:00:00Z".into(),
+            unknown: serde_json::Map::new(),
+        });
+        rec.clone_of = Some(CloneSource {
+            volume: "golden".into(),
+            snapshot: "v1".into(),
+            snapshot_id: Uuid::new_v4(),
+            unknown: serde_json::Map::new(),
+        });
+        let back = VolumeRecord::from_json("vol-1", &rec.to_json()).unwrap();
+        assert_eq!(back, rec);
+        assert!(back.snapshot("before-upgrade").is_some());
     }
 
     #[test]

@@ -284,13 +284,17 @@ impl Handshake<'_> {
         handle
     }
 
-    fn transmission_flags(&self) -> TransmissionFlags {
+    fn transmission_flags(&self, read_only: bool) -> TransmissionFlags {
+        let mut flags = BASE_TRANSMISSION_FLAGS;
         if self.structured {
             // DF only means something with structured replies.
-            BASE_TRANSMISSION_FLAGS | TransmissionFlags::SEND_DF
-        } else {
-            BASE_TRANSMISSION_FLAGS
+            flags |= TransmissionFlags::SEND_DF;
         }
+        if read_only {
+            // A snapshot: writes would get EPERM anyway.
+            flags |= TransmissionFlags::READ_ONLY;
+        }
+        flags
     }
 
     fn negotiated(&self, handle: VolumeHandle) -> Negotiated {
@@ -301,7 +305,7 @@ impl Handshake<'_> {
             _ => None,
         };
         Negotiated {
-            flags: self.transmission_flags(),
+            flags: self.transmission_flags(handle.is_read_only()),
             structured: self.structured,
             base_allocation,
             handle,

@@ -337,6 +337,11 @@ impl LocalVolume {
         self.vol.size()
     }
 
+    /// A snapshot: every write is refused with `IoError::ReadOnly`.
+    pub fn is_read_only(&self) -> bool {
+        self.vol.is_snapshot()
+    }
+
     /// Bytes of the volume held by allocated extents (at most its size;
     /// includes allocations not yet committed to the journal).
     pub fn allocated_bytes(&self) -> u64 {

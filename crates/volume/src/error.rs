@@ -112,6 +112,28 @@ pub enum VolumeError {
     #[error("invalid replica count {0}: a volume has 1 to 5 replicas")]
     InvalidReplicas(u32),
 
+    #[error("volume {volume:?} has no snapshot named {name:?}")]
+    SnapshotNotFound { volume: String, name: String },
+
+    #[error("volume {volume:?} already has a snapshot named {name:?}")]
+    SnapshotExists { volume: String, name: String },
+
+    #[error("invalid snapshot name {name:?}: {reason}")]
+    InvalidSnapshotName { name: String, reason: String },
+
+    #[error("volume {volume:?} has snapshots ({}); delete them first (basalt snapshot delete {volume}@NAME)", snapshots.join(", "))]
+    HasSnapshots {
+        volume: String,
+        snapshots: Vec<String>,
+    },
+
+    #[error("snapshot {snapshot} has clones ({}); delete the clones first", clones.join(", "))]
+    HasClones {
+        /// `VOLUME@SNAPSHOT`.
+        snapshot: String,
+        clones: Vec<String>,
+    },
+
     #[error("cluster: {0}")]
     Cluster(String),
 

@@ -106,6 +106,14 @@ impl VolumeHandle {
         }
     }
 
+    /// A snapshot: writes are refused (`IoError::ReadOnly`).
+    pub fn is_read_only(&self) -> bool {
+        match &self.0.backend {
+            Backend::Local(l) => l.is_read_only(),
+            Backend::Cluster { .. } => false,
+        }
+    }
+
     /// Current size in bytes (a multiple of 4096); grows online on resize.
     pub fn size(&self) -> u64 {
         match &self.0.backend {

@@ -7,6 +7,7 @@ mod clients;
 mod error;
 mod handle;
 mod service;
+mod snapshots;
 pub mod size;
 mod stats;
 
@@ -19,5 +20,6 @@ pub use service::{
     ProvisioningGuard, ReconcileReport, ReplicaStatus, StoreStatus, VolumeInfo, VolumeService,
     DEFAULT_OVERCOMMIT_RATIO,
 };
+pub use snapshots::{split_snapshot_name, validate_snapshot_name, SnapshotInfo};
 pub use size::{format_size, parse_size, ParseSizeError};
 pub use stats::{OpKind, VolumeStats};

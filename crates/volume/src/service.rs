@@ -77,6 +77,10 @@ pub struct VolumeInfo {
     pub replicas_wanted: Option<u32>,
     /// Where the replicas are and their state (clustered volumes only).
     pub replicas: Vec<ReplicaStatus>,
+    /// The snapshot it was cloned from, as `VOLUME@SNAPSHOT`.
+    pub clone_of: Option<String>,
+    /// Its snapshots, oldest first.
+    pub snapshots: Vec<String>,
 }
 
 /// The node's store as the control plane reports it.
@@ -258,16 +262,16 @@ impl ReplicationHealth {
 
 /// The volume control plane of a node; see the module docs.
 pub struct VolumeService {
-    catalog: Arc<dyn Catalog>,
-    cluster: Option<Arc<dyn ClusterVolumes>>,
-    store: Arc<Store>,
+    pub(crate) catalog: Arc<dyn Catalog>,
+    pub(crate) cluster: Option<Arc<dyn ClusterVolumes>>,
+    pub(crate) store: Arc<Store>,
     overcommit_ratio: f64,
     /// Per-volume counters, by id so a recreated name starts from zero.
-    stats: Mutex<HashMap<VolumeId, Arc<VolumeStats>>>,
+    pub(crate) stats: Mutex<HashMap<VolumeId, Arc<VolumeStats>>>,
     /// Serialises mutations and opens; see the module invariants.
-    control: Mutex<()>,
+    pub(crate) control: Mutex<()>,
     /// The frontends, to drop a volume's clients.
-    clients: Clients,
+    pub(crate) clients: Clients,
 }
 
 impl std::fmt::Debug for VolumeService {
@@ -352,7 +356,7 @@ pub fn validate_volume_size(size: u64) -> Result<(), VolumeError> {
 }
 
 /// Maps the catalog's outcomes onto the control plane's.
-fn catalog_error(e: CatalogError) -> VolumeError {
+pub(crate) fn catalog_error(e: CatalogError) -> VolumeError {
     match e {
         CatalogError::NotFound(name) => VolumeError::NotFound(name),
         CatalogError::AlreadyExists(name) => VolumeError::AlreadyExists(name),
@@ -410,7 +414,7 @@ impl VolumeService {
         Ok(closed)
     }
 
-    fn disconnect_locked(
+    pub(crate) fn disconnect_locked(
         &self,
         name: &str,
         wait: std::time::Duration,
@@ -507,18 +511,18 @@ impl VolumeService {
         self.overcommit_ratio
     }
 
-    fn stats_for(&self, id: VolumeId) -> Arc<VolumeStats> {
+    pub(crate) fn stats_for(&self, id: VolumeId) -> Arc<VolumeStats> {
         self.stats.lock().entry(id).or_default().clone()
     }
 
-    fn open_handles(&self, id: VolumeId) -> usize {
+    pub(crate) fn open_handles(&self, id: VolumeId) -> usize {
         self.stats
             .lock()
             .get(&id)
             .map_or(0, |stats| stats.open_handles())
     }
 
-    fn record(&self, name: &str) -> Result<Versioned<VolumeRecord>, VolumeError> {
+    pub(crate) fn record(&self, name: &str) -> Result<Versioned<VolumeRecord>, VolumeError> {
         self.catalog
             .get(name)
             .map_err(catalog_error)?
@@ -527,7 +531,7 @@ impl VolumeService {
 
     /// Fails with [`VolumeError::Overcommit`] unless `growth` more bytes fit
     /// under the provisioning limit, given `provisioned` bytes already.
-    fn check_capacity(&self, provisioned: u64, growth: u64) -> Result<(), VolumeError> {
+    pub(crate) fn check_capacity(&self, provisioned: u64, growth: u64) -> Result<(), VolumeError> {
         let capacity = self.store.usage().capacity_bytes;
         // `as` saturates, so an absurd ratio cannot wrap the limit.
         let limit = (capacity as f64 * self.overcommit_ratio).floor() as u64;
@@ -543,14 +547,14 @@ impl VolumeService {
         Ok(())
     }
 
-    fn provisioned(records: &[Versioned<VolumeRecord>]) -> u64 {
+    pub(crate) fn provisioned(records: &[Versioned<VolumeRecord>]) -> u64 {
         records
             .iter()
             .map(|v| v.record.size_bytes)
             .fold(0u64, u64::saturating_add)
     }
 
-    fn info(&self, record: &VolumeRecord, allocated: &HashMap<VolumeId, u64>) -> VolumeInfo {
+    pub(crate) fn info(&self, record: &VolumeRecord, allocated: &HashMap<VolumeId, u64>) -> VolumeInfo {
         VolumeInfo {
             name: record.name.clone(),
             id: record.id,
@@ -565,10 +569,15 @@ impl VolumeService {
                 .as_ref()
                 .map(|c| c.replicas(record))
                 .unwrap_or_default(),
+            clone_of: record
+                .clone_of
+                .as_ref()
+                .map(|c| format!("{}@{}", c.volume, c.snapshot)),
+            snapshots: record.snapshots.iter().map(|s| s.name.clone()).collect(),
         }
     }
 
-    fn allocated_by_volume(&self) -> HashMap<VolumeId, u64> {
+    pub(crate) fn allocated_by_volume(&self) -> HashMap<VolumeId, u64> {
         self.store
             .volumes()
             .into_iter()
@@ -788,6 +797,17 @@ impl VolumeService {
     fn delete_locked(&self, name: &str) -> Result<(), VolumeError> {
         let current = self.record(name)?;
         let id = current.record.id;
+        if !current.record.snapshots.is_empty() {
+            return Err(VolumeError::HasSnapshots {
+                volume: name.to_string(),
+                snapshots: current
+                    .record
+                    .snapshots
+                    .iter()
+                    .map(|s| s.name.clone())
+                    .collect(),
+            });
+        }
         let handles = self.open_handles(id);
         if handles > 0 {
             return Err(VolumeError::InUse {
@@ -820,6 +840,22 @@ impl VolumeService {
     /// until dropped.
     pub fn open(&self, name: &str) -> Result<VolumeHandle, VolumeError> {
         let _control = self.control.lock();
+        if let Some((volume, snapshot)) = crate::split_snapshot_name(name) {
+            // A snapshot: read-only, on this node's store.
+            let record = self.record(volume)?.record;
+            let snap = record
+                .snapshot(snapshot)
+                .ok_or_else(|| VolumeError::SnapshotNotFound {
+                    volume: volume.to_string(),
+                    name: snapshot.to_string(),
+                })?;
+            let local = self.store.volume(snap.id)?;
+            return Ok(VolumeHandle::new(
+                local,
+                name.to_string(),
+                self.stats_for(snap.id),
+            ));
+        }
         let record = self.record(name)?.record;
         if let Some(cluster) = &self.cluster {
             let io = cluster.open(&record)?;
@@ -956,10 +992,16 @@ impl VolumeService {
         for Versioned { record, .. } in converge {
             let name = &record.name;
             let outcome = match in_store.get(&record.id) {
-                None => self
-                    .store
-                    .create_volume(record.id, record.size_bytes)
-                    .map(|()| report.created.push(name.clone())),
+                None => match &record.clone_of {
+                    // A clone whose store step a crash cut short.
+                    Some(source) => self.store.clone_snapshot(
+                        source.snapshot_id,
+                        record.id,
+                        Some(record.size_bytes),
+                    ),
+                    None => self.store.create_volume(record.id, record.size_bytes),
+                }
+                .map(|()| report.created.push(name.clone())),
                 Some(&size) if size != record.size_bytes => self
                     .store
                     .resize_volume(record.id, record.size_bytes)
@@ -969,6 +1011,25 @@ impl VolumeService {
             if let Err(e) = outcome {
                 tracing::error!(volume = %name, id = %record.id, error = %e, "could not converge volume on its catalog record");
                 report.failed.push((name.clone(), e.to_string()));
+            }
+        }
+        // Store snapshots no record names: taken by a snapshot whose
+        // catalog step a crash cut short, or deleted from the catalog
+        // before the store.
+        let named: std::collections::HashSet<VolumeId> = records
+            .iter()
+            .flat_map(|v| v.record.snapshots.iter().map(|s| s.id))
+            .collect();
+        for snap in self.store.snapshots() {
+            if named.contains(&snap.id) || self.cluster.is_some() {
+                continue;
+            }
+            match self.store.delete_snapshot(snap.id) {
+                Ok(()) => report.deleted_orphans.push(snap.id),
+                Err(e) => {
+                    tracing::error!(id = %snap.id, error = %e, "could not delete a store snapshot that has no catalog record");
+                    report.failed.push((snap.id.to_string(), e.to_string()));
+                }
             }
         }
         let known: std::collections::HashSet<VolumeId> =

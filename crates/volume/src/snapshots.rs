@@ -1,0 +1,329 @@
+//! Snapshots, clones and rollback of a node's volumes: the catalog keeps
+//! their names (a volume's snapshots live in its record, a clone's record
+//! names its source), the store keeps their data (`Store::snapshot`,
+//! `clone_snapshot`, `rollback`, `delete_snapshot`). A snapshot is
+//! addressed as `VOLUME@SNAPSHOT`, as in Ceph's `rbd`.
+//!
+//! Invariants:
+//! - A snapshot with clones is not deleted, and a volume with snapshots is
+//!   not deleted (`VolumeService::delete`), so a clone's source always
+//!   exists and a volume name named by a clone is never reused.
+//! - Mutations run under the service's control lock, like every other.
+//!
+//! Crash safety, as for volumes (`service.rs`): each mutation's two steps
+//! come in the order `reconcile` resolves:
+//! - snapshot: the store first, then the record. A crash in between leaves
+//!   a store snapshot no record names, which nobody was told exists;
+//!   reconcile deletes it.
+//! - snapshot deletion: the record first, then the store; reconcile deletes
+//!   the orphan.
+//! - clone: the record first (naming its source), then the store; reconcile
+//!   makes a missing clone from its source.
+//! - rollback: the store first, then the record's size. A crash in between
+//!   leaves the old size in the record, and reconcile grows the volume back
+//!   to it (the snapshot's content, then zeros).
+//!
+//! Replicated volumes are refused for now: a snapshot there must be an
+//! ordered operation of the replication protocol.
+
+use crate::error::VolumeError;
+use crate::service::{catalog_error, validate_volume_name, VolumeInfo, VolumeService};
+use crate::size::format_size;
+use basalt_catalog::{CloneSource, SnapshotRecord, Versioned, VolumeRecord};
+use basalt_store::VolumeId;
+use std::collections::HashMap;
+use std::time::{Duration, SystemTime};
+
+/// How long a forced rollback waits for the volume's clients to go.
+const DISCONNECT_WAIT: Duration = Duration::from_secs(10);
+
+/// A snapshot as the control plane reports it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SnapshotInfo {
+    pub volume: String,
+    pub name: String,
+    pub id: VolumeId,
+    /// The volume's size when it was taken.
+    pub size_bytes: u64,
+    pub created_at: String,
+    /// Bytes written while this snapshot's layer was the volume's.
+    pub written_bytes: u64,
+    /// Bytes only this snapshot holds (what deleting it frees).
+    pub exclusive_bytes: u64,
+    /// Volumes cloned from it.
+    pub clones: Vec<String>,
+    /// Connections reading it (NBD exports of `VOLUME@SNAPSHOT`).
+    pub open_connections: usize,
+}
+
+/// Splits `VOLUME@SNAPSHOT`; `None` for a plain name.
+pub fn split_snapshot_name(full: &str) -> Option<(&str, &str)> {
+    full.split_once('@')
+}
+
+/// Checks a snapshot name: the rules of volume names (`@` is reserved).
+pub fn validate_snapshot_name(name: &str) -> Result<(), VolumeError> {
+    validate_volume_name(name).map_err(|e| match e {
+        VolumeError::InvalidName { name, reason } => {
+            VolumeError::InvalidSnapshotName { name, reason }
+        }
+        other => other,
+    })
+}
+
+impl VolumeService {
+    fn require_single_node(&self) -> Result<(), VolumeError> {
+        if self.cluster.is_some() {
+            return Err(VolumeError::NotSupported(
+                "snapshots and clones of replicated volumes are not supported yet".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    fn snapshot_of<'a>(
+        record: &'a VolumeRecord,
+        name: &str,
+    ) -> Result<&'a SnapshotRecord, VolumeError> {
+        record
+            .snapshot(name)
+            .ok_or_else(|| VolumeError::SnapshotNotFound {
+                volume: record.name.clone(),
+                name: name.to_string(),
+            })
+    }
+
+    /// Names of the volumes cloned from snapshot `id`.
+    fn clones_of(records: &[Versioned<VolumeRecord>], id: VolumeId) -> Vec<String> {
+        records
+            .iter()
+            .filter(|v| v.record.clone_of.as_ref().is_some_and(|c| c.snapshot_id == id))
+            .map(|v| v.record.name.clone())
+            .collect()
+    }
+
+    fn snapshot_info(
+        &self,
+        volume: &VolumeRecord,
+        snap: &SnapshotRecord,
+        records: &[Versioned<VolumeRecord>],
+        space: &HashMap<VolumeId, (u64, u64)>,
+    ) -> SnapshotInfo {
+        let (written_bytes, exclusive_bytes) = space.get(&snap.id).copied().unwrap_or_default();
+        SnapshotInfo {
+            volume: volume.name.clone(),
+            name: snap.name.clone(),
+            id: snap.id,
+            size_bytes: snap.size_bytes,
+            created_at: snap.created_at.clone(),
+            written_bytes,
+            exclusive_bytes,
+            clones: Self::clones_of(records, snap.id),
+            open_connections: self.open_handles(snap.id),
+        }
+    }
+
+    /// Written and exclusive bytes of every snapshot in the store.
+    fn snapshot_space(&self) -> HashMap<VolumeId, (u64, u64)> {
+        self.store
+            .snapshots()
+            .into_iter()
+            .map(|s| (s.id, (s.written_bytes, s.exclusive_bytes)))
+            .collect()
+    }
+
+    /// Takes snapshot `name` of `volume`: crash-consistent (every write
+    /// completed before the call is in it), instant, read-only.
+    pub fn create_snapshot(&self, volume: &str, name: &str) -> Result<SnapshotInfo, VolumeError> {
+        validate_snapshot_name(name)?;
+        self.require_single_node()?;
+        let _control = self.control.lock();
+        let snap = self.create_snapshot_locked(volume, name)?;
+        self.snapshot_locked(volume, &snap.name)
+    }
+
+    fn create_snapshot_locked(
+        &self,
+        volume: &str,
+        name: &str,
+    ) -> Result<SnapshotRecord, VolumeError> {
+        let current = self.record(volume)?;
+        if current.record.snapshot(name).is_some() {
+            return Err(VolumeError::SnapshotExists {
+                volume: volume.to_string(),
+                name: name.to_string(),
+            });
+        }
+        let snap = SnapshotRecord::new(
+            VolumeId::new_v4(),
+            name,
+            current.record.size_bytes,
+            SystemTime::now(),
+        );
+        self.store.snapshot(current.record.id, snap.id)?;
+        let mut record = current.record.clone();
+        record.snapshots.push(snap.clone());
+        if let Err(e) = self.catalog.update(&record, current.revision) {
+            if let Err(undo) = self.store.delete_snapshot(snap.id) {
+                tracing::error!(volume, snapshot = name, error = %undo,
+                    "could not remove the store snapshot after the catalog refused it; the next start will");
+            }
+            return Err(catalog_error(e));
+        }
+        tracing::info!(volume, snapshot = name, id = %snap.id, "snapshot created");
+        Ok(snap)
+    }
+
+    /// Snapshot `name` of `volume`.
+    pub fn snapshot(&self, volume: &str, name: &str) -> Result<SnapshotInfo, VolumeError> {
+        let _control = self.control.lock();
+        self.snapshot_locked(volume, name)
+    }
+
+    fn snapshot_locked(&self, volume: &str, name: &str) -> Result<SnapshotInfo, VolumeError> {
+        let record = self.record(volume)?.record;
+        let snap = Self::snapshot_of(&record, name)?;
+        let records = self.catalog.list().map_err(catalog_error)?;
+        Ok(self.snapshot_info(&record, snap, &records, &self.snapshot_space()))
+    }
+
+    /// The snapshots of `volume` (oldest first), or of every volume.
+    pub fn snapshots(&self, volume: Option<&str>) -> Result<Vec<SnapshotInfo>, VolumeError> {
+        let records = self.catalog.list().map_err(catalog_error)?;
+        if let Some(name) = volume {
+            if !records.iter().any(|v| v.record.name == name) {
+                return Err(VolumeError::NotFound(name.to_string()));
+            }
+        }
+        let space = self.snapshot_space();
+        Ok(records
+            .iter()
+            .filter(|v| volume.is_none_or(|name| v.record.name == name))
+            .flat_map(|v| {
+                v.record
+                    .snapshots
+                    .iter()
+                    .map(|s| self.snapshot_info(&v.record, s, &records, &space))
+            })
+            .collect())
+    }
+
+    /// Deletes snapshot `name` of `volume`, freeing the blocks no other
+    /// layer needs. Refused while it has clones or open connections.
+    pub fn delete_snapshot(&self, volume: &str, name: &str) -> Result<(), VolumeError> {
+        let _control = self.control.lock();
+        let current = self.record(volume)?;
+        let snap = Self::snapshot_of(&current.record, name)?.clone();
+        let records = self.catalog.list().map_err(catalog_error)?;
+        let clones = Self::clones_of(&records, snap.id);
+        if !clones.is_empty() {
+            return Err(VolumeError::HasClones {
+                snapshot: format!("{volume}@{name}"),
+                clones,
+            });
+        }
+        let handles = self.open_handles(snap.id);
+        if handles > 0 {
+            return Err(VolumeError::InUse {
+                name: format!("{volume}@{name}"),
+                handles,
+            });
+        }
+        let mut record = current.record.clone();
+        record.snapshots.retain(|s| s.id != snap.id);
+        self.catalog
+            .update(&record, current.revision)
+            .map_err(catalog_error)?;
+        self.stats.lock().remove(&snap.id);
+        if let Err(e) = self.store.delete_snapshot(snap.id) {
+            tracing::error!(volume, snapshot = name, error = %e,
+                "snapshot removed from the catalog, but the store could not delete it; the next start will retry");
+            return Err(e.into());
+        }
+        tracing::info!(volume, snapshot = name, "snapshot deleted");
+        Ok(())
+    }
+
+    /// Makes `volume` hold exactly what its snapshot `snapshot` holds (its
+    /// size included). Refused while clients are connected, unless `force`
+    /// disconnects them first.
+    pub fn rollback(
+        &self,
+        volume: &str,
+        snapshot: &str,
+        force: bool,
+    ) -> Result<VolumeInfo, VolumeError> {
+        self.require_single_node()?;
+        let _control = self.control.lock();
+        let current = self.record(volume)?;
+        let snap = Self::snapshot_of(&current.record, snapshot)?.clone();
+        let handles = self.open_handles(current.record.id);
+        if handles > 0 {
+            if !force {
+                return Err(VolumeError::InUse {
+                    name: volume.to_string(),
+                    handles,
+                });
+            }
+            self.disconnect_locked(volume, DISCONNECT_WAIT)?;
+        }
+        self.store.rollback(current.record.id, snap.id)?;
+        let mut record = current.record.clone();
+        record.size_bytes = snap.size_bytes;
+        self.catalog
+            .update(&record, current.revision)
+            .map_err(catalog_error)?;
+        tracing::info!(volume, snapshot, size = %format_size(snap.size_bytes), "volume rolled back");
+        Ok(self.info(&record, &self.allocated_by_volume()))
+    }
+
+    /// Creates volume `name` as a clone of `source`: `VOLUME@SNAPSHOT`, or
+    /// `VOLUME` (a snapshot named `clone-NAME` is taken first). Instant:
+    /// nothing is copied. `size`: at least the snapshot's (default: equal).
+    pub fn create_clone(
+        &self,
+        name: &str,
+        source: &str,
+        size: Option<u64>,
+    ) -> Result<VolumeInfo, VolumeError> {
+        validate_volume_name(name)?;
+        self.require_single_node()?;
+        let _control = self.control.lock();
+        if self.catalog.get(name).map_err(catalog_error)?.is_some() {
+            return Err(VolumeError::AlreadyExists(name.to_string()));
+        }
+        let (volume, snapshot) = match split_snapshot_name(source) {
+            Some((volume, snapshot)) => (volume, snapshot.to_string()),
+            None => {
+                let implicit = format!("clone-{name}");
+                validate_snapshot_name(&implicit)?;
+                self.create_snapshot_locked(source, &implicit)?;
+                (source, implicit)
+            }
+        };
+        let parent = self.record(volume)?.record;
+        let snap = Self::snapshot_of(&parent, &snapshot)?.clone();
+        let size = size.unwrap_or(snap.size_bytes);
+        crate::service::validate_volume_size(size)?;
+        if size < snap.size_bytes {
+            return Err(VolumeError::InvalidSize(format!(
+                "a clone of {volume}@{snapshot} ({}) cannot be smaller than it",
+                format_size(snap.size_bytes)
+            )));
+        }
+        let records = self.catalog.list().map_err(catalog_error)?;
+        self.check_capacity(Self::provisioned(&records), size)?;
+        let mut record = VolumeRecord::new(VolumeId::new_v4(), name, size, SystemTime::now());
+        record.clone_of = Some(CloneSource::new(volume, snapshot.clone(), snap.id));
+        let revision = self.catalog.insert(&record).map_err(catalog_error)?;
+        if let Err(e) = self.store.clone_snapshot(snap.id, record.id, Some(size)) {
+            if let Err(undo) = self.catalog.delete(name, revision) {
+                tracing::error!(volume = name, error = %undo,
+                    "could not remove the catalog record after the store refused the clone; the next start will retry making it");
+            }
+            return Err(e.into());
+        }
+        tracing::info!(volume = name, source = %format!("{volume}@{snapshot}"), size = %format_size(size), "clone created");
+        Ok(self.info(&record, &HashMap::new()))
+    }
+}
