@@ -122,7 +122,10 @@ fn build(service: Arc<VolumeService>, token: String) -> (Router, Vec<RouteSpec>)
     .get("/api/v1/volumes/{name}/snapshots", list_volume_snapshots)
     .post("/api/v1/volumes/{name}/snapshots", create_snapshot)
     .get("/api/v1/volumes/{name}/snapshots/{snapshot}", get_snapshot)
-    .delete("/api/v1/volumes/{name}/snapshots/{snapshot}", delete_snapshot)
+    .delete(
+        "/api/v1/volumes/{name}/snapshots/{snapshot}",
+        delete_snapshot,
+    )
     .post("/api/v1/volumes/{name}/rollback", rollback_volume)
     .get("/api/v1/snapshots", list_snapshots)
     .post("/api/v1/volumes/{name}/nvme-hosts", attach_host)

@@ -12,13 +12,18 @@ use serde_json::{json, Value};
 
 #[derive(Subcommand, Debug)]
 pub enum VolumeCommand {
-    /// Create a thin-provisioned volume.
+    /// Create a thin-provisioned volume, empty or as a clone of a snapshot.
     Create {
         /// Volume name: 1-64 of A-Z a-z 0-9 . _ - (not starting with . or -).
         name: String,
-        /// Size, e.g. 10G, 512M, 1.5T or bytes (a multiple of 4096).
-        #[arg(long, allow_hyphen_values = true)]
-        size: String,
+        /// Size, e.g. 10G, 512M, 1.5T or bytes (a multiple of 4096);
+        /// required unless --from (then: at least the snapshot's).
+        #[arg(long, allow_hyphen_values = true, required_unless_present = "from")]
+        size: Option<String>,
+        /// Create it as a clone of VOLUME@SNAPSHOT, or of VOLUME (a snapshot
+        /// named clone-NAME is taken first): instant, copy-on-write.
+        #[arg(long, value_name = "VOLUME[@SNAPSHOT]")]
+        from: Option<String>,
         /// Copies kept on distinct nodes of a cluster, 1-5 (default: 3, or
         /// the node count if smaller).
         #[arg(long, value_parser = clap::value_parser!(u32).range(1..=5))]
@@ -52,6 +57,18 @@ pub enum VolumeCommand {
         name: String,
         /// Disconnect the volume's clients on this node first (as `volume
         /// disconnect`), then delete.
+        #[arg(long)]
+        force: bool,
+    },
+    /// Make a volume hold exactly what one of its snapshots holds (size
+    /// included); what was written since is lost. Refused while clients
+    /// are connected, unless --force.
+    Rollback {
+        name: String,
+        /// The snapshot to return to (its name, or VOLUME@SNAPSHOT).
+        #[arg(long = "to", value_name = "SNAPSHOT")]
+        to: String,
+        /// Disconnect the volume's clients on this node first.
         #[arg(long)]
         force: bool,
     },
@@ -104,12 +121,12 @@ pub enum NodeCommand {
 
 /// The URL path of a volume; the name is percent-encoded so that whatever
 /// was typed reaches the server as one path segment (which validates it).
-fn volume_path(name: &str) -> String {
+pub(crate) fn volume_path(name: &str) -> String {
     format!("/api/v1/volumes/{}", path_segment(name))
 }
 
 /// `text` percent-encoded as one URL path segment.
-fn path_segment(text: &str) -> String {
+pub(crate) fn path_segment(text: &str) -> String {
     let mut out = String::new();
     for byte in text.bytes() {
         if byte.is_ascii_alphanumeric() || matches!(byte, b'.' | b'_' | b'-') {
@@ -121,19 +138,19 @@ fn path_segment(text: &str) -> String {
     out
 }
 
-fn print_json(value: &Value) -> Result<()> {
+pub(crate) fn print_json(value: &Value) -> Result<()> {
     if !value.is_null() {
         println!("{}", serde_json::to_string_pretty(value)?);
     }
     Ok(())
 }
 
-fn decode<T: serde::de::DeserializeOwned>(value: Value) -> Result<T> {
+pub(crate) fn decode<T: serde::de::DeserializeOwned>(value: Value) -> Result<T> {
     serde_json::from_value(value)
         .context("the server's answer has an unexpected shape (is it a different basalt version?)")
 }
 
-fn bytes_and_human(bytes: u64) -> String {
+pub(crate) fn bytes_and_human(bytes: u64) -> String {
     format!("{} ({bytes} bytes)", format_size(bytes))
 }
 
@@ -154,6 +171,12 @@ fn volume_fields(volume: &Volume, client: &ApiClient) -> String {
     }
     if !volume.nvme_hosts.is_empty() {
         pairs.push(("nvme hosts", volume.nvme_hosts.join(", ")));
+    }
+    if let Some(source) = &volume.clone_of {
+        pairs.push(("clone of", source.clone()));
+    }
+    if !volume.snapshots.is_empty() {
+        pairs.push(("snapshots", volume.snapshots.join(", ")));
     }
     if let Some(n) = volume.replicas_wanted {
         let placed = volume.replicas.len();
@@ -189,12 +212,19 @@ pub fn run_volume(command: VolumeCommand, client: &ClientArgs) -> Result<()> {
         VolumeCommand::Create {
             name,
             size,
+            from,
             replicas,
             allow_degraded,
         } => {
-            let size = parse_size(&size)?;
+            let size = size.as_deref().map(parse_size).transpose()?;
             let api = ApiClient::discover(client)?;
-            let mut body = json!({"name": name, "size": size});
+            let mut body = json!({"name": name});
+            if let Some(size) = size {
+                body["size"] = json!(size);
+            }
+            if let Some(source) = &from {
+                body["from"] = json!(source);
+            }
             if let Some(n) = replicas {
                 body["replicas"] = json!(n);
             }
@@ -206,11 +236,18 @@ pub fn run_volume(command: VolumeCommand, client: &ClientArgs) -> Result<()> {
                 return print_json(&value);
             }
             let volume: Volume = decode(value)?;
-            println!(
-                "created volume {} ({})",
-                volume.name,
-                format_size(volume.size_bytes)
-            );
+            match &volume.clone_of {
+                Some(source) => println!(
+                    "created volume {} ({}) as a clone of {source}",
+                    volume.name,
+                    format_size(volume.size_bytes)
+                ),
+                None => println!(
+                    "created volume {} ({})",
+                    volume.name,
+                    format_size(volume.size_bytes)
+                ),
+            }
             print!("{}", volume_fields(&volume, &api));
         }
         VolumeCommand::List => {
@@ -288,6 +325,31 @@ pub fn run_volume(command: VolumeCommand, client: &ClientArgs) -> Result<()> {
                 return print_json(&value);
             }
             println!("deleted volume {name}");
+        }
+        VolumeCommand::Rollback { name, to, force } => {
+            // `--to VOL@SNAP` names the volume again: it must be this one.
+            let snapshot = match to.split_once('@') {
+                Some((volume, snapshot)) if volume == name => snapshot.to_string(),
+                Some((volume, _)) => {
+                    bail!("--to {to} is a snapshot of {volume}, not of {name}")
+                }
+                None => to,
+            };
+            let api = ApiClient::discover(client)?;
+            let value = api.post(
+                &format!("{}/rollback", volume_path(&name)),
+                json!({"snapshot": snapshot, "force": force}),
+            )?;
+            if client.output == Output::Json {
+                return print_json(&value);
+            }
+            let volume: Volume = decode(value)?;
+            println!(
+                "volume {} rolled back to {}@{snapshot} ({})",
+                volume.name,
+                volume.name,
+                format_size(volume.size_bytes)
+            );
         }
         VolumeCommand::Disconnect { name } => {
             let api = ApiClient::discover(client)?;

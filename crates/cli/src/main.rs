@@ -1,5 +1,6 @@
 //! `basalt`: the one binary of Basalt. `basalt server` runs a node;
-//! `basalt volume …` and `basalt status` manage one over its REST API;
+//! `basalt volume …`, `basalt snapshot …` and `basalt status` manage one
+//! over its REST API;
 //! `basalt bench …` measures it (and its peers) with fio; `basalt store …`
 //! works on a stopped node's store.
 //!
@@ -13,6 +14,7 @@ mod datadir;
 mod exports;
 mod output;
 mod server;
+mod snapshots;
 mod store_cmd;
 mod subsystems;
 
@@ -59,6 +61,8 @@ enum Command {
     Server(Box<server::ServerArgs>),
     /// Manage volumes.
     Volume(VolumeArgs),
+    /// Manage snapshots of volumes (VOLUME@SNAPSHOT).
+    Snapshot(SnapshotArgs),
     /// Show the node's capacity, provisioning and allocation.
     Status(client::ConnArgs),
     /// Manage the nodes of a cluster.
@@ -78,6 +82,14 @@ struct VolumeArgs {
     conn: client::ConnArgs,
     #[command(subcommand)]
     command: commands::VolumeCommand,
+}
+
+#[derive(clap::Args, Debug)]
+struct SnapshotArgs {
+    #[command(flatten)]
+    conn: client::ConnArgs,
+    #[command(subcommand)]
+    command: snapshots::SnapshotCommand,
 }
 
 #[derive(clap::Args, Debug)]
@@ -123,6 +135,9 @@ fn main() -> ExitCode {
         Command::Server(args) => server::run(*args, &cli.data_dir),
         Command::Volume(VolumeArgs { conn, command }) => {
             commands::run_volume(command, &ClientArgs::new(cli.data_dir, conn))
+        }
+        Command::Snapshot(SnapshotArgs { conn, command }) => {
+            snapshots::run_snapshot(command, &ClientArgs::new(cli.data_dir, conn))
         }
         Command::Status(conn) => commands::run_status(&ClientArgs::new(cli.data_dir, conn)),
         Command::Node(NodeArgs { conn, command }) => {

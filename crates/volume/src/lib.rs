@@ -7,8 +7,8 @@ mod clients;
 mod error;
 mod handle;
 mod service;
-mod snapshots;
 pub mod size;
+mod snapshots;
 mod stats;
 
 pub use basalt_store::{DataKind, DataOp, IoError, MappingRun};
@@ -20,6 +20,6 @@ pub use service::{
     ProvisioningGuard, ReconcileReport, ReplicaStatus, StoreStatus, VolumeInfo, VolumeService,
     DEFAULT_OVERCOMMIT_RATIO,
 };
-pub use snapshots::{split_snapshot_name, validate_snapshot_name, SnapshotInfo};
 pub use size::{format_size, parse_size, ParseSizeError};
+pub use snapshots::{split_snapshot_name, validate_snapshot_name, SnapshotInfo};
 pub use stats::{OpKind, VolumeStats};

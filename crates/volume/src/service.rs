@@ -554,7 +554,11 @@ impl VolumeService {
             .fold(0u64, u64::saturating_add)
     }
 
-    pub(crate) fn info(&self, record: &VolumeRecord, allocated: &HashMap<VolumeId, u64>) -> VolumeInfo {
+    pub(crate) fn info(
+        &self,
+        record: &VolumeRecord,
+        allocated: &HashMap<VolumeId, u64>,
+    ) -> VolumeInfo {
         VolumeInfo {
             name: record.name.clone(),
             id: record.id,

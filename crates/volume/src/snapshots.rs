@@ -97,7 +97,12 @@ impl VolumeService {
     fn clones_of(records: &[Versioned<VolumeRecord>], id: VolumeId) -> Vec<String> {
         records
             .iter()
-            .filter(|v| v.record.clone_of.as_ref().is_some_and(|c| c.snapshot_id == id))
+            .filter(|v| {
+                v.record
+                    .clone_of
+                    .as_ref()
+                    .is_some_and(|c| c.snapshot_id == id)
+            })
             .map(|v| v.record.name.clone())
             .collect()
     }
