@@ -1,6 +1,6 @@
 //! Feeds arbitrary bytes to the store's metadata decoders (superblock,
 //! volume slot, extent entry, journal block of both versions, checksum
-//! page): raw, and
+//! page, presence sector): raw, and
 //! with magic and checksums fixed up so that the field parsers behind them
 //! are reached, which random bytes behind a CRC almost never do.
 //!
@@ -10,8 +10,9 @@
 #![no_main]
 
 use basalt_store::format::{
-    decode_checksum_page, decode_journal_block, decode_journal_block_v1, encode_checksum_page,
-    encode_journal_block, ExtentState, SlotState, Superblock, JOURNAL_ENTRIES_PER_BLOCK,
+    decode_checksum_page, decode_journal_block, decode_journal_block_v1, decode_presence_sector,
+    encode_checksum_page, encode_journal_block, encode_presence_sector, ExtentState, SlotState,
+    Superblock, JOURNAL_ENTRIES_PER_BLOCK, PRESENCE_SECTOR,
 };
 use libfuzzer_sys::fuzz_target;
 
@@ -40,8 +41,9 @@ fn superblock(data: &[u8]) {
     let mut page = page_of(data);
     page[..8].copy_from_slice(b"BASALTSB");
     page[8..12].copy_from_slice(&(1 + (data.first().copied().unwrap_or(0) % 2) as u32).to_le_bytes());
-    // No incompatible features, or data checksums only.
-    let features = data.get(1).map_or(0u64, |b| (*b % 2) as u64);
+    // Any combination of the known incompatible features (data checksums,
+    // layers).
+    let features = data.get(1).map_or(0u64, |b| (*b % 4) as u64);
     page[16..24].copy_from_slice(&features.to_le_bytes());
     fix_crc(&mut page, 12);
     if let Ok(sb) = Superblock::decode(&page) {
@@ -116,9 +118,24 @@ fn checksum_page(data: &[u8]) {
     assert_eq!(again, page);
 }
 
+fn presence_sector(data: &[u8]) {
+    let index = data.len() as u64;
+    let _ = decode_presence_sector(index, data);
+    let mut sector = [0u8; PRESENCE_SECTOR];
+    let n = data.len().min(PRESENCE_SECTOR);
+    sector[..n].copy_from_slice(&data[..n]);
+    let crc = crc32c::crc32c_append(crc32c::crc32c(&index.to_le_bytes()), &sector[4..]);
+    sector[..4].copy_from_slice(&crc.to_le_bytes());
+    let words = decode_presence_sector(index, &sector).expect("a sector with its checksum verifies");
+    let mut again = [0u8; PRESENCE_SECTOR];
+    encode_presence_sector(index, &words, &mut again);
+    assert_eq!(again, sector);
+}
+
 fuzz_target!(|data: &[u8]| {
     superblock(data);
     table_entries(data);
     journal_block(data);
     checksum_page(data);
+    presence_sector(data);
 });

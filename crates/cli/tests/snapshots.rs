@@ -170,6 +170,15 @@ fn snapshots_clones_and_rollback_with_real_clients() {
     );
     let table = s.cli(&["snapshot", "list"]);
     assert!(table.ok().contains("db@s1"), "{}", table.stdout);
+    let token = s.token();
+    let metrics = http(s.api_url(), "GET", "/metrics", Some(&token), None);
+    assert!(
+        metrics
+            .body
+            .contains("basalt_snapshot_exclusive_bytes{volume=\"db\",snapshot=\"s1\"}"),
+        "{}",
+        metrics.body
+    );
 }
 
 #[test]

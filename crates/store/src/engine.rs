@@ -775,11 +775,11 @@ impl Store {
 
     /// The volumes (not their snapshots: `Store::snapshots`).
     pub fn volumes(&self) -> Vec<VolumeUsage> {
-        let m = self.meta.lock();
+        // Lock order: maps before meta, so the list is taken first.
+        let all: Vec<Arc<VolumeState>> = self.meta.lock().volumes.values().cloned().collect();
         let es = self.layout.extent_size as u64;
-        let mut v: Vec<VolumeUsage> = m
-            .volumes
-            .values()
+        let mut v: Vec<VolumeUsage> = all
+            .iter()
             .filter(|v| !v.is_snapshot())
             .map(|v| VolumeUsage {
                 id: v.id,

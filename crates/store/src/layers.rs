@@ -487,8 +487,9 @@ impl Store {
             return (0, 0);
         };
         let bpe = self.layout.blocks_per_extent();
-        let map = layer.map.read();
+        // Child before parent (the lock order of every layer operation).
         let child_maps: Vec<_> = children.iter().map(|c| c.map.read()).collect();
+        let map = layer.map.read();
         let root = map.parent.is_none();
         let (mut written, mut exclusive) = (0, 0);
         for logical in 0..map.len() {

@@ -151,6 +151,7 @@ impl Store {
         let spread = (interval.as_secs() / 10).max(1);
         m.volumes
             .values()
+            .filter(|v| !v.is_retired())
             .filter_map(|v| {
                 let base = match v.last_scrub() {
                     0 => v.created_unix,

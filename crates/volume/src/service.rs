@@ -1200,6 +1200,8 @@ impl VolumeService {
 
         if self.cluster.is_some() {
             render_replication(&mut out, &infos);
+        } else {
+            self.render_snapshot_space(&mut out, &records);
         }
 
         VolumeStats::render_prometheus_header(&mut out);

@@ -37,6 +37,10 @@ use std::time::{Duration, SystemTime};
 /// How long a forced rollback waits for the volume's clients to go.
 const DISCONNECT_WAIT: Duration = Duration::from_secs(10);
 
+/// A per-snapshot gauge: metric name, help text, value from (written,
+/// exclusive) bytes.
+type SpaceGauge = (&'static str, &'static str, fn((u64, u64)) -> u64);
+
 /// A snapshot as the control plane reports it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SnapshotInfo {
@@ -135,6 +139,43 @@ impl VolumeService {
             .into_iter()
             .map(|s| (s.id, (s.written_bytes, s.exclusive_bytes)))
             .collect()
+    }
+
+    /// The per-snapshot space gauges of `/metrics`.
+    pub(crate) fn render_snapshot_space(
+        &self,
+        out: &mut String,
+        records: &[Versioned<VolumeRecord>],
+    ) {
+        use std::fmt::Write as _;
+        let space = self.snapshot_space();
+        let gauges: [SpaceGauge; 2] = [
+            (
+                "basalt_snapshot_written_bytes",
+                "Bytes written while the snapshot's layer was its volume's newest (4 KiB granularity).",
+                |(written, _)| written,
+            ),
+            (
+                "basalt_snapshot_exclusive_bytes",
+                "Bytes only the snapshot holds: what deleting it frees.",
+                |(_, exclusive)| exclusive,
+            ),
+        ];
+        for (metric, help, value) in gauges {
+            let _ = writeln!(out, "# HELP {metric} {help}\n# TYPE {metric} gauge");
+            for v in records {
+                for snap in &v.record.snapshots {
+                    // Names are validated to [A-Za-z0-9._-]: no escaping.
+                    let _ = writeln!(
+                        out,
+                        "{metric}{{volume=\"{}\",snapshot=\"{}\"}} {}",
+                        v.record.name,
+                        snap.name,
+                        value(space.get(&snap.id).copied().unwrap_or_default())
+                    );
+                }
+            }
+        }
     }
 
     /// Takes snapshot `name` of `volume`: crash-consistent (every write
