@@ -31,8 +31,9 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 use types::{
-    AttachHost, CreateSnapshot, CreateVolume, Node, NodeList, ResizeVolume, Rollback, ScrubResult,
-    ScrubVolume, SetNodeState, Snapshot, SnapshotList, Status, Volume, VolumeList,
+    AttachHost, CreateSnapshot, CreateVolume, FlattenResult, FlattenVolume, Node, NodeList,
+    ResizeVolume, Rollback, ScrubResult, ScrubVolume, SetNodeState, Snapshot, SnapshotList, Status,
+    Volume, VolumeList,
 };
 
 /// The OpenAPI 3 document describing every route.
@@ -127,6 +128,7 @@ fn build(service: Arc<VolumeService>, token: String) -> (Router, Vec<RouteSpec>)
         delete_snapshot,
     )
     .post("/api/v1/volumes/{name}/rollback", rollback_volume)
+    .post("/api/v1/volumes/{name}/flatten", flatten_volume)
     .get("/api/v1/snapshots", list_snapshots)
     .post("/api/v1/volumes/{name}/nvme-hosts", attach_host)
     .delete("/api/v1/volumes/{name}/nvme-hosts/{host_nqn}", detach_host)
@@ -373,6 +375,29 @@ async fn delete_snapshot(
 ) -> Result<StatusCode, ApiError> {
     blocking(move || app.service.delete_snapshot(&name, &snapshot)).await?;
     Ok(StatusCode::NO_CONTENT)
+}
+
+async fn flatten_volume(
+    State(app): State<AppState>,
+    Path(name): Path<String>,
+    JsonBody(req): JsonBody<FlattenVolume>,
+) -> Result<Json<FlattenResult>, ApiError> {
+    let volume = name.clone();
+    let offset = req.offset;
+    let end = req.length.map_or(u64::MAX, |l| offset.saturating_add(l.0));
+    let rate = req.rate.map(|r| r.0);
+    let report = blocking(move || {
+        app.service
+            .flatten(&name, offset..end, rate, &mut |_, _| {})
+    })
+    .await?;
+    Ok(Json(FlattenResult {
+        volume,
+        offset,
+        length: end - offset,
+        copied_bytes: report.copied_blocks * 4096,
+        detached: report.detached,
+    }))
 }
 
 async fn rollback_volume(

@@ -83,6 +83,34 @@ pub struct CreateSnapshot {
     pub name: String,
 }
 
+/// `POST /api/v1/volumes/{name}/flatten`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FlattenVolume {
+    /// Most bytes copied per second; unlimited when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate: Option<Size>,
+    /// The window to copy (whole extents overlapping it); the whole volume
+    /// when absent. The clone is detached by the call whose window reaches
+    /// its end, if nothing is left to copy.
+    #[serde(default)]
+    pub offset: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub length: Option<Size>,
+}
+
+/// What a flatten call did.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct FlattenResult {
+    pub volume: String,
+    pub offset: u64,
+    pub length: u64,
+    /// Bytes copied into the clone (4 KiB blocks it read from its source).
+    pub copied_bytes: u64,
+    /// The clone no longer depends on its source.
+    pub detached: bool,
+}
+
 /// `POST /api/v1/volumes/{name}/rollback`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

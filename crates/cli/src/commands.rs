@@ -72,6 +72,15 @@ pub enum VolumeCommand {
         #[arg(long)]
         force: bool,
     },
+    /// Copy into a clone every block it still reads from its source
+    /// snapshot, online, then detach it (the source can then be deleted).
+    Flatten {
+        name: String,
+        /// Most bytes copied per second, e.g. 64M (default: as fast as the
+        /// disk allows; client I/O goes on meanwhile).
+        #[arg(long)]
+        rate: Option<String>,
+    },
     /// Close every NBD and NVMe/TCP connection this node serves a volume
     /// on; clients see the connection drop, as after a server crash (writes
     /// acknowledged with FUA or covered by a completed FLUSH stay).
@@ -364,6 +373,7 @@ pub fn run_volume(command: VolumeCommand, client: &ClientArgs) -> Result<()> {
             );
         }
         VolumeCommand::Scrub { name, rate } => scrub(&name, rate.as_deref(), client)?,
+        VolumeCommand::Flatten { name, rate } => flatten(&name, rate.as_deref(), client)?,
         VolumeCommand::LocalDigest { name } => {
             let api = ApiClient::discover(client)?;
             let value = api.get(&format!("{}/local-digest", volume_path(&name)))?;
@@ -492,12 +502,73 @@ pub fn run_status(client: &ClientArgs) -> Result<()> {
     Ok(())
 }
 
-/// The scrub window one request covers: a request stays well inside the
-/// client's timeout at any disk speed worth having, and the progress bar
-/// moves.
-const SCRUB_WINDOW: u64 = 1 << 30;
+/// The window one scrub or flatten request covers: a request stays well
+/// inside the client's timeout at any disk speed worth having, and the
+/// progress bar moves.
+const WINDOW: u64 = 1 << 30;
 
 /// `volume scrub`: window by window, with a progress bar on a terminal.
+/// Flattens a clone window by window, with a progress bar.
+fn flatten(name: &str, rate: Option<&str>, client: &ClientArgs) -> Result<()> {
+    let rate = rate.map(parse_size).transpose()?;
+    if rate == Some(0) {
+        bail!("--rate must be more than 0");
+    }
+    let api = ApiClient::discover(client)?;
+    let volume: Volume = decode(api.get(&volume_path(name))?)?;
+    let Some(source) = volume.clone_of.clone() else {
+        bail!("volume {name} is not a clone; there is nothing to flatten");
+    };
+    let bar = progress_bar(volume.size_bytes, "flattening", name, client);
+    let (mut copied, mut detached) = (0u64, false);
+    let mut offset = 0;
+    while offset < volume.size_bytes {
+        let length = WINDOW.min(volume.size_bytes - offset);
+        let mut body = json!({ "offset": offset, "length": length });
+        if let Some(rate) = rate {
+            body["rate"] = json!(rate);
+        }
+        let window = api.post(&format!("{}/flatten", volume_path(name)), body)?;
+        copied += window["copied_bytes"].as_u64().unwrap_or(0);
+        detached = window["detached"].as_bool().unwrap_or(false);
+        offset += length;
+        bar.set_position(offset);
+    }
+    bar.finish_and_clear();
+    if client.output == Output::Json {
+        return print_json(&json!({
+            "volume": name, "copied_bytes": copied, "detached": detached,
+        }));
+    }
+    if !detached {
+        bail!(
+            "volume {name} still reads blocks of {source} (written meanwhile?); run flatten again"
+        );
+    }
+    println!(
+        "flattened volume {name}: copied {} from {source}; it no longer depends on it",
+        format_size(copied)
+    );
+    Ok(())
+}
+
+/// A progress bar over `total` bytes (hidden with --output json).
+fn progress_bar(total: u64, verb: &str, name: &str, client: &ClientArgs) -> indicatif::ProgressBar {
+    let bar = indicatif::ProgressBar::new(total);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(&format!(
+            "{verb} {{msg}} [{{bar:30}}] {{bytes}}/{{total_bytes}} ({{bytes_per_sec}}, {{eta}} left)"
+        ))
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+        .progress_chars("=> "),
+    );
+    bar.set_message(name.to_string());
+    if client.output == Output::Json {
+        bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
+    }
+    bar
+}
+
 fn scrub(name: &str, rate: Option<&str>, client: &ClientArgs) -> Result<()> {
     let rate = rate.map(parse_size).transpose()?;
     if rate == Some(0) {
@@ -507,22 +578,11 @@ fn scrub(name: &str, rate: Option<&str>, client: &ClientArgs) -> Result<()> {
     let size = api.get(&volume_path(name))?["size_bytes"]
         .as_u64()
         .context("the server's volume record has no size")?;
-    let bar = indicatif::ProgressBar::new(size);
-    bar.set_style(
-        indicatif::ProgressStyle::with_template(
-            "scrubbing {msg} [{bar:30}] {bytes}/{total_bytes} ({bytes_per_sec}, {eta} left)",
-        )
-        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
-        .progress_chars("=> "),
-    );
-    bar.set_message(name.to_string());
-    if client.output == Output::Json {
-        bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
-    }
+    let bar = progress_bar(size, "scrubbing", name, client);
     let (mut checked, mut bad, mut checksums) = (0u64, Vec::<u64>::new(), true);
     let mut offset = 0;
     while offset < size {
-        let length = SCRUB_WINDOW.min(size - offset);
+        let length = WINDOW.min(size - offset);
         let mut body = json!({ "offset": offset, "length": length });
         if let Some(rate) = rate {
             body["rate"] = json!(rate);

@@ -170,6 +170,20 @@ fn snapshots_clones_and_rollback_with_real_clients() {
     );
     let table = s.cli(&["snapshot", "list"]);
     assert!(table.ok().contains("db@s1"), "{}", table.stdout);
+    // Flattening the clone makes it independent: the snapshot can go, and
+    // neither the clone nor the volume changes.
+    let clone_before = copy_of(&s, "c1", &dir, "c1.raw");
+    let out = s.cli(&["volume", "flatten", "c1", "--rate", "1G"]);
+    assert!(
+        out.ok().contains("no longer depends on it"),
+        "{}",
+        out.describe()
+    );
+    let show = s.cli_json(&["volume", "show", "c1"]);
+    assert!(show.get("clone_of").is_none(), "{show}");
+    let err = s.cli(&["volume", "flatten", "c1"]).cli_error(1);
+    assert!(err.contains("not a clone"), "{err}");
+
     let token = s.token();
     let metrics = http(s.api_url(), "GET", "/metrics", Some(&token), None);
     assert!(
@@ -179,6 +193,13 @@ fn snapshots_clones_and_rollback_with_real_clients() {
         "{}",
         metrics.body
     );
+    s.cli(&["snapshot", "delete", "db@s1"]).ok();
+    compare(&s, "c1", &clone_before).ok();
+    compare(&s, "db", &frozen).ok();
+    assert!(s
+        .cli(&["snapshot", "show", "db@s1"])
+        .cli_error(1)
+        .contains("no snapshot named"));
 }
 
 #[test]

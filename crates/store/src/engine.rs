@@ -219,6 +219,10 @@ pub(crate) struct Meta {
     pub reserving: Vec<u32>,
     /// Freed by a committed entry; zeroed (and flushed) before reuse.
     pub to_zero: Vec<u32>,
+    /// Extents the next reservation takes (`space.rs`: grows in bursts of
+    /// first writes), and when the background thread last refilled.
+    pub reserve_batch: u64,
+    pub last_refill: Option<std::time::Instant>,
     pub volumes: HashMap<VolumeId, Arc<VolumeState>>,
     /// Indexed by slot - 1: held by a live (or quarantined) volume.
     pub slots_used: Vec<bool>,
@@ -517,6 +521,8 @@ impl Store {
                 reserved: Vec::new(),
                 reserving: Vec::new(),
                 to_zero: built.to_zero,
+                reserve_batch: crate::space::RESERVE_BATCH,
+                last_refill: None,
                 volumes: built.volumes,
                 slots_used: built.slots_used,
             }),

@@ -28,6 +28,26 @@ use crate::volume::{LayerMap, VolumeState};
 use crate::{VolumeId, BLOCK_SIZE};
 use std::sync::Arc;
 
+/// What `copy_missing_blocks` writes into the blocks a layer lacks.
+enum Source {
+    /// The blocks of another extent (a snapshot's; `bottom`: it has no
+    /// parent, so it holds every block).
+    Extent { phys: u32, bottom: bool },
+    /// Zeros.
+    Zeros,
+    /// The buffer already holds the whole extent's content.
+    Filled,
+}
+
+/// What `Store::flatten` did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FlattenReport {
+    /// 4 KiB blocks copied into the clone (or zeroed in it).
+    pub copied_blocks: u64,
+    /// The clone no longer reads through a parent.
+    pub detached: bool,
+}
+
 /// One snapshot and the space it holds.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SnapshotUsage {
@@ -302,7 +322,8 @@ impl Store {
                 // its extent, and a block it lacks may hold a write whose
                 // presence a crash lost: write the zeros.
                 (None, Some(cphys)) if s_root => {
-                    copied += self.copy_missing_blocks(None, cphys, &mut buf, &mut entries)?;
+                    copied +=
+                        self.copy_missing_blocks(Source::Zeros, cphys, &mut buf, &mut entries)?;
                 }
                 (None, Some(_)) => continue,
                 (Some(sphys), None) => {
@@ -331,7 +352,10 @@ impl Store {
                     moved += 1;
                 }
                 (Some(sphys), Some(cphys)) => {
-                    let from = Some((sphys, s_root));
+                    let from = Source::Extent {
+                        phys: sphys,
+                        bottom: s_root,
+                    };
                     copied += self.copy_missing_blocks(from, cphys, &mut buf, &mut entries)?;
                     entries.push(JournalEntry::Free {
                         first: sphys,
@@ -368,15 +392,12 @@ impl Store {
         self.commit()
     }
 
-    /// Copies into the child's extent `cphys` every block it lacks that
-    /// the snapshot's extent holds (`from`: its number and whether the
-    /// snapshot is the bottom layer, holding all of it; `None`: zeros into
-    /// every block it lacks), and queues their presence; the number
-    /// written. Both maps are locked exclusively, so nothing else reads or
-    /// writes either extent.
+    /// Writes into extent `cphys` (of a layer whose map is locked
+    /// exclusively, as is the source's) every block it lacks that `from`
+    /// provides, and queues their presence; the number written.
     fn copy_missing_blocks(
         &self,
-        from: Option<(u32, bool)>,
+        from: Source,
         cphys: u32,
         buf: &mut AlignedBuf,
         entries: &mut Vec<JournalEntry>,
@@ -387,16 +408,19 @@ impl Store {
         let wanted: Vec<u64> = (0..bpe)
             .filter(|&j| !presence.is_present(cfirst + j))
             .filter(|&j| match from {
-                Some((sphys, s_root)) => s_root || presence.is_present(sphys as u64 * bpe + j),
-                None => true,
+                Source::Extent { phys, bottom } => {
+                    bottom || presence.is_present(phys as u64 * bpe + j)
+                }
+                Source::Zeros | Source::Filled => true,
             })
             .collect();
         if wanted.is_empty() {
             return Ok(0);
         }
         match from {
-            Some((sphys, _)) => self.read_verified(sphys, buf)?,
-            None => buf.fill(0),
+            Source::Extent { phys, .. } => self.read_verified(phys, buf)?,
+            Source::Zeros => buf.fill(0),
+            Source::Filled => {}
         }
         self.heat(cphys)?;
         let bs = BLOCK_SIZE as usize;
@@ -438,13 +462,167 @@ impl Store {
             self.verify_read(sums, from, buf, &samples)
                 .map_err(|e| match e {
                     IoError::Corrupt { offset } => StoreError::Layers(format!(
-                        "cannot merge the snapshot: its block at device offset {offset} fails its checksum"
+                        "cannot copy the snapshot's data: its block at device offset {offset} fails its checksum"
                     )),
                     IoError::Io(e) => StoreError::Io(e),
                     other => StoreError::Layers(other.to_string()),
                 })?;
         }
         Ok(())
+    }
+
+    /// Copies into volume `id` (a clone, or a volume over its snapshots)
+    /// every block of `range` it reads through its parent layers, so that
+    /// it no longer needs them; once a call covers the volume's end and
+    /// nothing is left to copy, the volume is detached from its parent.
+    /// Client I/O goes on: each extent is copied under the volume's map
+    /// lock, at most `rate` bytes per second; `progress(done, total)`
+    /// after each. A stop in between loses nothing: copied blocks are
+    /// present, the rest still read through the parent.
+    pub fn flatten(
+        &self,
+        id: VolumeId,
+        range: std::ops::Range<u64>,
+        rate: Option<u64>,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<FlattenReport, StoreError> {
+        self.require_layers()?;
+        let vol = self.volume_state(id)?;
+        if vol.is_snapshot() {
+            return Err(StoreError::Layers(format!(
+                "{id} is a snapshot; flatten a clone of it"
+            )));
+        }
+        let mut report = FlattenReport::default();
+        let es = self.layout.extent_size as u64;
+        let first = range.start / es;
+        let last = range.end.min(vol.size()).div_ceil(es);
+        let mut buf = AlignedBuf::zeroed(es as usize);
+        let started = std::time::Instant::now();
+        let mut copied_bytes = 0u64;
+        for logical in first..last {
+            let mut entries = Vec::new();
+            {
+                let map = vol.map.write();
+                if vol.is_deleted() {
+                    return Err(StoreError::NotFound(id));
+                }
+                let ancestors = VolumeState::lock_ancestors(&map);
+                let Some((below, rest)) = ancestors.split_first() else {
+                    break; // nothing to read through
+                };
+                let l = logical as usize;
+                let from_parents = ancestors.iter().any(|g| g.phys(l).is_some());
+                let copied = match (from_parents, map.phys(l)) {
+                    (false, None) => 0,
+                    // The blocks it lacks read as zeros now; once it is the
+                    // bottom layer it reads them raw (docs/format.md, rule 12).
+                    (false, Some(cphys)) => {
+                        self.copy_missing_blocks(Source::Zeros, cphys, &mut buf, &mut entries)?
+                    }
+                    (true, phys) => {
+                        let cphys = match phys {
+                            Some(p) => p,
+                            None => {
+                                let entry = map.get(l).ok_or(StoreError::NotFound(id))?;
+                                self.allocate(&vol, map.slot, logical as u32, entry)?
+                            }
+                        };
+                        self.read_through(below, rest, l, &mut buf)?;
+                        self.copy_missing_blocks(Source::Filled, cphys, &mut buf, &mut entries)?
+                    }
+                };
+                report.copied_blocks += copied;
+                copied_bytes += copied * BLOCK_SIZE;
+                let mut m = self.meta.lock();
+                for e in entries {
+                    m.push(e);
+                }
+            }
+            progress((logical + 1 - first) * es, (last - first) * es);
+            if let Some(rate) = rate.filter(|&r| r > 0) {
+                let due = std::time::Duration::from_secs_f64(copied_bytes as f64 / rate as f64);
+                if let Some(wait) = due.checked_sub(started.elapsed()) {
+                    std::thread::sleep(wait);
+                }
+            }
+        }
+        if range.end >= vol.size() {
+            report.detached = self.detach(&vol)?;
+        }
+        self.commit()?;
+        Ok(report)
+    }
+
+    /// Reads logical extent `logical` as the layers `below` and `rest`
+    /// show it (zeros where none holds a block) into `buf`, every block
+    /// read verified.
+    fn read_through(
+        &self,
+        below: &crate::volume::LayerGuard,
+        rest: &[crate::volume::LayerGuard],
+        logical: usize,
+        buf: &mut AlignedBuf,
+    ) -> Result<(), StoreError> {
+        let bs = BLOCK_SIZE as usize;
+        let mut samples = Vec::with_capacity(1);
+        for (j, block) in buf.chunks_mut(bs).enumerate() {
+            let Some(at) = crate::volume::resolve(self, below, rest, logical, (j * bs) as u64)
+            else {
+                block.fill(0);
+                continue;
+            };
+            samples.clear();
+            if let Some(sums) = &self.checksums {
+                sums.sample_blocks(self.layout.data_block_at(at), 1, &mut samples);
+            }
+            let mut one = AlignedBuf::zeroed(bs);
+            self.device.read_at(&mut one, at)?;
+            if let Some(sums) = &self.checksums {
+                self.verify_read(sums, at, &mut one, &samples)
+                    .map_err(|e| match e {
+                        IoError::Corrupt { offset } => StoreError::Layers(format!(
+                            "cannot copy the parent's data: its block at device offset {offset} fails its checksum"
+                        )),
+                        IoError::Io(e) => StoreError::Io(e),
+                        other => StoreError::Layers(other.to_string()),
+                    })?;
+            }
+            block.copy_from_slice(&one);
+        }
+        Ok(())
+    }
+
+    /// Detaches `vol` from its parent if it holds every block it reads:
+    /// whether it did (or had no parent).
+    fn detach(&self, vol: &Arc<VolumeState>) -> Result<bool, StoreError> {
+        let presence = self.presence.as_ref().ok_or(StoreError::NoLayers)?;
+        let bpe = self.layout.blocks_per_extent();
+        let _op = self.layer_ops.lock();
+        let mut map = vol.map.write();
+        if map.parent.is_none() {
+            return Ok(true);
+        }
+        {
+            let ancestors = VolumeState::lock_ancestors(&map);
+            let complete = (0..map.len()).all(|l| {
+                let needed = map.phys(l).is_some() || ancestors.iter().any(|g| g.phys(l).is_some());
+                !needed
+                    || map.phys(l).is_some_and(|p| {
+                        (p as u64 * bpe..(p as u64 + 1) * bpe).all(|b| presence.is_present(b))
+                    })
+            });
+            if !complete {
+                return Ok(false);
+            }
+        }
+        self.meta.lock().push(JournalEntry::Reparent {
+            slot: map.slot,
+            parent: 0,
+        });
+        map.parent = None;
+        tracing::info!(volume = %vol.id, "flattened: the volume no longer reads through a snapshot");
+        Ok(true)
     }
 
     /// Every snapshot in the store, with the space it holds.

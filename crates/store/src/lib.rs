@@ -45,7 +45,7 @@ pub use engine::{
     VolumeUsage, DEFAULT_SCRUB_INTERVAL, DEFAULT_SCRUB_RATE,
 };
 pub use error::{IoError, StoreError};
-pub use layers::SnapshotUsage;
+pub use layers::{FlattenReport, SnapshotUsage};
 pub use recovery::{inspect, StoreInfo};
 pub use scrub::ScrubReport;
 pub use volume::{DataKind, DataOp, LocalVolume, MappingRun};

@@ -271,6 +271,16 @@ impl MetaState {
                     self.set_slot(child, SlotState::Live(vs));
                 }
             }
+            JournalEntry::Reparent { slot, parent } => {
+                check_slot(slot)?;
+                if parent != 0 {
+                    check_slot(parent)?;
+                }
+                if let Some(mut vs) = self.slot(slot).copied() {
+                    vs.parent_slot = parent;
+                    self.set_slot(slot, SlotState::Live(vs));
+                }
+            }
             JournalEntry::Retire { slot } => {
                 check_slot(slot)?;
                 if let Some(mut vs) = self.slot(slot).copied() {

@@ -23,11 +23,20 @@ use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-/// Extents reserved at a time: one commit per this many first writes.
-const RESERVE_BATCH: u64 = 64;
+/// Extents reserved at a time at first: one commit per this many first
+/// writes. The batch doubles each time a writer finds the pool empty (a
+/// burst of first writes: a new volume filled, the first writes after a
+/// snapshot), up to `MAX_RESERVED_BYTES`, and halves again when refills
+/// are a second apart.
+pub(crate) const RESERVE_BATCH: u64 = 64;
+/// The most a batch reserves: what an unclean start may have to zero.
+const MAX_RESERVED_BYTES: u64 = 1 << 30;
 /// With background zeroing on, the pool is topped up by the background
-/// thread when it holds fewer than this many extents.
+/// thread when it holds fewer than this many extents (or a quarter of the
+/// batch, if more).
 const REFILL_BELOW: usize = 16;
+/// Refills further apart than this halve the batch.
+const CALM: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Consecutive runs of sorted extent numbers, as (first, count).
 pub(crate) fn runs(sorted: &[u32]) -> Vec<(u32, u32)> {
@@ -58,7 +67,14 @@ impl Store {
                 if let Some(phys) = entry.get() {
                     return Ok(phys);
                 }
-                if let Some(phys) = m.reserved.pop() {
+                let popped = m.reserved.pop();
+                if popped.is_none() {
+                    // A writer waits for a reservation: reserve more at once.
+                    let max =
+                        (MAX_RESERVED_BYTES / self.layout.extent_size as u64).max(RESERVE_BATCH);
+                    m.reserve_batch = (m.reserve_batch * 2).min(max);
+                }
+                if let Some(phys) = popped {
                     m.push(JournalEntry::Map {
                         phys,
                         slot,
@@ -72,7 +88,7 @@ impl Store {
                     }
                     entry.set(Some(phys));
                     vol.add_allocated(1);
-                    let low = m.reserved.len() + m.reserving.len() < REFILL_BELOW;
+                    let low = m.reserved.len() + m.reserving.len() < Self::refill_below(&m);
                     drop(m);
                     if low {
                         // Top the pool up off the write path.
@@ -92,10 +108,14 @@ impl Store {
         Err(StoreError::NoSpace)
     }
 
+    fn refill_below(m: &crate::engine::Meta) -> usize {
+        REFILL_BELOW.max(m.reserve_batch as usize / 4)
+    }
+
     /// Takes up to a batch of free extents into `reserving`, queueing the
     /// entries that mark them dirty; whether it took any.
     fn reserve_batch(m: &mut crate::engine::Meta) -> bool {
-        let want = RESERVE_BATCH.min(m.free.count()).max(1);
+        let want = m.reserve_batch.min(m.free.count()).max(1);
         let mut taken = Vec::new();
         while (taken.len() as u64) < want {
             match m.free.take() {
@@ -117,9 +137,14 @@ impl Store {
     pub(crate) fn refill_reserved(&self) -> Result<(), StoreError> {
         let reserving = {
             let mut m = self.meta.lock();
-            if m.reserved.len() + m.reserving.len() >= REFILL_BELOW {
+            if m.reserved.len() + m.reserving.len() >= Self::refill_below(&m) {
                 return Ok(());
             }
+            let now = Instant::now();
+            if m.last_refill.is_some_and(|t| now.duration_since(t) > CALM) {
+                m.reserve_batch = (m.reserve_batch / 2).max(RESERVE_BATCH);
+            }
+            m.last_refill = Some(now);
             Self::reserve_batch(&mut m)
         };
         if reserving {

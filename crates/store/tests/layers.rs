@@ -320,6 +320,57 @@ fn rollback_returns_a_volume_to_its_snapshot() {
 }
 
 #[test]
+fn flattening_a_clone_detaches_it_without_changing_what_it_reads() {
+    let dev = SimDevice::new(16 << 20, 7);
+    let store = format(&dev);
+    let (golden, s1, s2, clone) = (id(1), id(2), id(3), id(4));
+    store.create_volume(golden, 3 * EXTENT).unwrap();
+    let g = store.volume(golden).unwrap();
+    g.write(0, &pattern(2 * EXTENT, 1), false).unwrap();
+    store.snapshot(golden, s1).unwrap();
+    g.write(EXTENT, &pattern(BLOCK, 2), false).unwrap();
+    store.snapshot(golden, s2).unwrap();
+    store.clone_snapshot(s2, clone, Some(4 * EXTENT)).unwrap();
+    let c = store.volume(clone).unwrap();
+    c.write(3 * BLOCK, &pattern(BLOCK, 3), false).unwrap();
+    c.write(3 * EXTENT, &pattern(BLOCK, 4), false).unwrap();
+    let before = read_all(&store, clone);
+    // In two windows, with progress.
+    let mut seen = Vec::new();
+    let first = store
+        .flatten(clone, 0..2 * EXTENT, None, &mut |done, total| {
+            seen.push((done, total))
+        })
+        .unwrap();
+    assert!(!first.detached);
+    assert_eq!(seen.last(), Some(&(2 * EXTENT, 2 * EXTENT)));
+    assert!(read_all(&store, clone) == before);
+    let rest = store
+        .flatten(clone, 2 * EXTENT..4 * EXTENT, None, &mut |_, _| {})
+        .unwrap();
+    assert!(rest.detached);
+    assert_eq!(
+        first.copied_blocks + rest.copied_blocks,
+        // Two extents of the image less the clone's own block, plus the
+        // clone's own extent 3 (zeros where it wrote nothing).
+        2 * EXTENT / BLOCK - 1 + EXTENT / BLOCK - 1
+    );
+    assert!(read_all(&store, clone) == before);
+    let vols = store.volumes();
+    assert_eq!(vols.iter().find(|v| v.id == clone).unwrap().parent, None);
+    // s2 has no clone now: it merges into the golden volume.
+    store.delete_snapshot(s2).unwrap();
+    store.delete_snapshot(s1).unwrap();
+    store.check().unwrap();
+    drop((g, c));
+    drop(store);
+    dev.crash();
+    let store = Store::open_with(dev.clone(), &quiet()).unwrap();
+    assert!(read_all(&store, clone) == before);
+    store.check().unwrap();
+}
+
+#[test]
 fn a_store_without_layers_says_so() {
     let dev = SimDevice::new(16 << 20, 6);
     let store = Store::create_with(

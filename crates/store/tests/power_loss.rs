@@ -117,6 +117,11 @@ enum Op {
     Rollback {
         snap: usize,
     },
+    /// Copy every block a volume reads through its parents into it, and
+    /// detach it.
+    Flatten {
+        vol: usize,
+    },
     CleanRestart,
 }
 
@@ -124,7 +129,7 @@ fn history(seed: u64, shape: Shape) -> Vec<Op> {
     let mut rng = StdRng::seed_from_u64(seed ^ 0x5eed);
     let len = rng.gen_range(20..45);
     (0..len)
-        .map(|_| match rng.gen_range(0..38) {
+        .map(|_| match rng.gen_range(0..39) {
             0..=3 => Op::Create {
                 blocks: rng.gen_range(1..shape.volume_blocks),
             },
@@ -155,6 +160,7 @@ fn history(seed: u64, shape: Shape) -> Vec<Op> {
             32 => Op::Clone { snap: rng.gen() },
             33..=34 => Op::DeleteSnapshot { snap: rng.gen() },
             35 => Op::Rollback { snap: rng.gen() },
+            36 => Op::Flatten { vol: rng.gen() },
             _ => Op::CleanRestart,
         })
         .collect()
@@ -597,6 +603,24 @@ impl Harness {
                 let content = self.snapshots[k].content.clone();
                 self.model[i].reset(content);
                 self.check_current(i)?;
+            }
+            Op::Flatten { vol } => {
+                let Some(i) = self.pick(vol) else {
+                    return Ok(());
+                };
+                let (id, size) = (self.model[i].id, self.model[i].current.len() as u64);
+                let r = self.store.flatten(id, 0..size, None, &mut |_, _| {});
+                let report = self.cut(r, "flatten")?;
+                assert!(report.detached, "a whole-volume flatten detaches");
+                // Its commit made everything durable; nothing it reads changed.
+                self.all_durable();
+                assert!(self
+                    .store
+                    .volumes()
+                    .iter()
+                    .any(|v| v.id == id && v.parent.is_none()));
+                self.check_current(i)?;
+                self.check_snapshots()?;
             }
             Op::CleanRestart => {
                 self.cut(self.store.close(), "close")?;

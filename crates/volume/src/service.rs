@@ -978,11 +978,13 @@ impl VolumeService {
     pub fn reconcile(&self) -> Result<ReconcileReport, VolumeError> {
         let _control = self.control.lock();
         let records = self.catalog.list().map_err(catalog_error)?;
-        let in_store: HashMap<VolumeId, u64> = self
-            .store
-            .volumes()
-            .into_iter()
-            .map(|v| (v.id, v.size))
+        let store_volumes = self.store.volumes();
+        let in_store: HashMap<VolumeId, u64> =
+            store_volumes.iter().map(|v| (v.id, v.size)).collect();
+        let flattened: std::collections::HashSet<VolumeId> = store_volumes
+            .iter()
+            .filter(|v| v.parent.is_none())
+            .map(|v| v.id)
             .collect();
         let mut report = ReconcileReport::default();
 
@@ -1010,6 +1012,14 @@ impl VolumeService {
                     .store
                     .resize_volume(record.id, record.size_bytes)
                     .map(|()| report.resized.push(name.clone())),
+                // A flatten detached the clone, and a stop came before its
+                // record said so.
+                Some(_) if record.clone_of.is_some() && flattened.contains(&record.id) => {
+                    if let Err(e) = self.forget_clone_source(name) {
+                        report.failed.push((name.clone(), e.to_string()));
+                    }
+                    Ok(())
+                }
                 Some(_) => Ok(()),
             };
             if let Err(e) = outcome {

@@ -323,6 +323,47 @@ impl VolumeService {
         Ok(self.info(&record, &self.allocated_by_volume()))
     }
 
+    /// Copies into clone `name` the blocks of `range` it still reads from
+    /// its source snapshot, online, at most `rate` bytes per second; when
+    /// the range reaches the volume's end and nothing is left to copy, the
+    /// clone is detached from its source (which can then be deleted).
+    pub fn flatten(
+        &self,
+        name: &str,
+        range: std::ops::Range<u64>,
+        rate: Option<u64>,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<basalt_store::FlattenReport, VolumeError> {
+        self.require_single_node()?;
+        let record = self.record(name)?.record;
+        if record.clone_of.is_none() {
+            return Err(VolumeError::NotSupported(format!(
+                "volume {name:?} is not a clone; there is nothing to flatten"
+            )));
+        }
+        // Not under the control lock: this copies data for a long time.
+        let report = self.store.flatten(record.id, range, rate, progress)?;
+        if report.detached {
+            let _control = self.control.lock();
+            self.forget_clone_source(name)?;
+        }
+        Ok(report)
+    }
+
+    /// Drops a detached clone's source from its record.
+    pub(crate) fn forget_clone_source(&self, name: &str) -> Result<(), VolumeError> {
+        let current = self.record(name)?;
+        if let Some(source) = &current.record.clone_of {
+            let mut record = current.record.clone();
+            tracing::info!(volume = name, source = %format!("{}@{}", source.volume, source.snapshot), "clone flattened: it no longer depends on its source");
+            record.clone_of = None;
+            self.catalog
+                .update(&record, current.revision)
+                .map_err(catalog_error)?;
+        }
+        Ok(())
+    }
+
     /// Creates volume `name` as a clone of `source`: `VOLUME@SNAPSHOT`, or
     /// `VOLUME` (a snapshot named `clone-NAME` is taken first). Instant:
     /// nothing is copied. `size`: at least the snapshot's (default: equal).

@@ -82,6 +82,8 @@ pub enum JournalEntry {
     /// one reads it any more, and its merge into its child is finished at
     /// the next open if a stop interrupts it.
     Retire { slot: u32 },
+    /// A live `slot` reads through `parent` (0 = none: flattened).
+    Reparent { slot: u32, parent: u32 },
 }
 
 const KIND_MAP: u8 = 1;
@@ -100,6 +102,7 @@ const KIND_SNAPSHOT_REST: u8 = 12;
 const KIND_UNLINK: u8 = 13;
 const KIND_ROLLBACK: u8 = 14;
 const KIND_RETIRE: u8 = 15;
+const KIND_REPARENT: u8 = 16;
 
 /// Consecutive ranges of `entries`, one per journal block, each filling
 /// at most `JOURNAL_ENTRIES_PER_BLOCK` slots (a wide entry never split).
@@ -230,6 +233,11 @@ impl JournalEntry {
                 b[0] = KIND_RETIRE;
                 put_u32(b, 8, slot);
             }
+            JournalEntry::Reparent { slot, parent } => {
+                b[0] = KIND_REPARENT;
+                put_u32(b, 8, slot);
+                put_u32(b, 12, parent);
+            }
         }
     }
 
@@ -315,6 +323,10 @@ impl JournalEntry {
             },
             KIND_RETIRE if !v1 => JournalEntry::Retire {
                 slot: get_u32(b, 8),
+            },
+            KIND_REPARENT if !v1 => JournalEntry::Reparent {
+                slot: get_u32(b, 8),
+                parent: get_u32(b, 12),
             },
             other => return Err(other),
         })
@@ -480,6 +492,7 @@ mod tests {
                 size: 8192,
             },
             JournalEntry::Retire { slot: 3 },
+            JournalEntry::Reparent { slot: 2, parent: 0 },
             JournalEntry::ResizeVolume {
                 slot: 1,
                 size: 8192,
