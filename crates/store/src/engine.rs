@@ -28,12 +28,13 @@ use crate::format::{
 use crate::integrity::DataChecksums;
 use crate::intent::Intent;
 use crate::journal::Journal;
+use crate::layer_map::VolumeState;
 use crate::meta::MetaState;
 use crate::presence::Presence;
 use crate::recovery;
 use crate::scrub::{ScrubCounters, Scrubber};
 use crate::space::Zeroer;
-use crate::volume::{LocalVolume, VolumeState};
+use crate::volume::LocalVolume;
 use crate::{VolumeId, BLOCK_SIZE};
 use parking_lot::Mutex;
 use std::collections::HashMap;

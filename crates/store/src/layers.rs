@@ -24,7 +24,7 @@ use crate::buf::AlignedBuf;
 use crate::engine::{now_unix, Store};
 use crate::error::{IoError, StoreError};
 use crate::format::JournalEntry;
-use crate::volume::{LayerMap, VolumeState};
+use crate::layer_map::{LayerGuard, LayerMap, VolumeState};
 use crate::{VolumeId, BLOCK_SIZE};
 use std::sync::Arc;
 
@@ -559,15 +559,15 @@ impl Store {
     /// read verified.
     fn read_through(
         &self,
-        below: &crate::volume::LayerGuard,
-        rest: &[crate::volume::LayerGuard],
+        below: &LayerGuard,
+        rest: &[LayerGuard],
         logical: usize,
         buf: &mut AlignedBuf,
     ) -> Result<(), StoreError> {
         let bs = BLOCK_SIZE as usize;
         let mut samples = Vec::with_capacity(1);
         for (j, block) in buf.chunks_mut(bs).enumerate() {
-            let Some(at) = crate::volume::resolve(self, below, rest, logical, (j * bs) as u64)
+            let Some(at) = crate::layer_map::resolve(self, below, rest, logical, (j * bs) as u64)
             else {
                 block.fill(0);
                 continue;

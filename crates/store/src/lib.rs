@@ -29,6 +29,7 @@ pub mod format;
 mod integrity;
 mod intent;
 mod journal;
+mod layer_map;
 mod layers;
 mod meta;
 mod presence;

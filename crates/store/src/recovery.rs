@@ -25,8 +25,8 @@ use crate::format::{
 use crate::format::{decode_presence_sector, PRESENCE_SECTOR, PRESENCE_WORDS_PER_SECTOR};
 use crate::integrity::{zero_block_crc, DataChecksums};
 use crate::intent::{write_pages, Intent};
+use crate::layer_map::{LayerMap, VolumeState};
 use crate::meta::MetaState;
-use crate::volume::{LayerMap, VolumeState};
 use crate::VolumeId;
 use std::collections::HashMap;
 use std::sync::Arc;

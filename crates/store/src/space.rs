@@ -17,7 +17,7 @@
 use crate::engine::Store;
 use crate::error::StoreError;
 use crate::format::JournalEntry;
-use crate::volume::{MapEntry, VolumeState};
+use crate::layer_map::{MapEntry, VolumeState};
 use parking_lot::{Condvar, Mutex};
 use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
