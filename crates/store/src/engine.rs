@@ -819,30 +819,39 @@ impl Store {
     pub fn create_volume(&self, id: VolumeId, size: u64) -> Result<(), StoreError> {
         self.check_usable()?;
         self.check_size(size)?;
-        {
-            let mut m = self.meta.lock();
-            if m.volumes.contains_key(&id) {
-                return Err(StoreError::Exists(id));
-            }
-            let slot = m
-                .free_slot()
-                .ok_or(StoreError::TooManyVolumes(self.layout.volume_slots))?;
-            let created_unix = now_unix();
-            m.push(JournalEntry::CreateVolume {
-                slot,
-                id,
-                size,
-                created_unix,
-                parent: 0,
-            });
-            m.slots_used[slot as usize - 1] = true;
-            let extents = self.layout.extents_for_size(size) as usize;
-            m.volumes.insert(
-                id,
-                Arc::new(VolumeState::new(id, slot, size, extents, created_unix)),
-            );
-        }
+        self.add_layer(&mut self.meta.lock(), id, size, None)?;
         self.commit()
+    }
+
+    /// Queues a new volume's layer: empty, reading through `parent` (a
+    /// snapshot, whose map lock the caller holds) if any.
+    pub(crate) fn add_layer(
+        &self,
+        m: &mut Meta,
+        id: VolumeId,
+        size: u64,
+        parent: Option<(&Arc<VolumeState>, u32)>,
+    ) -> Result<(), StoreError> {
+        if m.volumes.contains_key(&id) {
+            return Err(StoreError::Exists(id));
+        }
+        let slot = m
+            .free_slot()
+            .ok_or(StoreError::TooManyVolumes(self.layout.volume_slots))?;
+        let created_unix = now_unix();
+        m.push(JournalEntry::CreateVolume {
+            slot,
+            id,
+            size,
+            created_unix,
+            parent: parent.map_or(0, |(_, slot)| slot),
+        });
+        m.slots_used[slot as usize - 1] = true;
+        let extents = self.layout.extents_for_size(size) as usize;
+        let layer = VolumeState::new(id, slot, size, extents, created_unix);
+        layer.map.write().parent = parent.map(|(p, _)| p.clone());
+        m.volumes.insert(id, Arc::new(layer));
+        Ok(())
     }
 
     /// Changes a volume's size; durable on return. Shrinking drops the data

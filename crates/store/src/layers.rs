@@ -176,27 +176,10 @@ impl Store {
             )));
         }
         {
+            // Held while the clone is queued: the parent cannot be merged
+            // away meanwhile.
             let pmap = parent.map.read();
-            let mut m = self.meta.lock();
-            if m.volumes.contains_key(&id) {
-                return Err(StoreError::Exists(id));
-            }
-            let slot = m
-                .free_slot()
-                .ok_or(StoreError::TooManyVolumes(self.layout.volume_slots))?;
-            let created_unix = now_unix();
-            m.push(JournalEntry::CreateVolume {
-                slot,
-                id,
-                size,
-                created_unix,
-                parent: pmap.slot,
-            });
-            m.slots_used[slot as usize - 1] = true;
-            let extents = self.layout.extents_for_size(size) as usize;
-            let clone = VolumeState::new(id, slot, size, extents, created_unix);
-            clone.map.write().parent = Some(parent.clone());
-            m.volumes.insert(id, Arc::new(clone));
+            self.add_layer(&mut self.meta.lock(), id, size, Some((&parent, pmap.slot)))?;
         }
         tracing::info!(snapshot = %snap, clone = %id, "clone created");
         self.commit()
