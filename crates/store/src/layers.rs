@@ -1,5 +1,5 @@
-//! Layers: snapshots, clones, rollback and snapshot deletion, and the
-//! space each layer holds. A snapshot freezes a volume's layer where it
+//! Layers: snapshots, clones, rollback, flattening and snapshot deletion,
+//! and the space each layer holds. A snapshot freezes a volume's layer where it
 //! stands (its extents do not move) and gives the volume a new, empty
 //! layer over it; a clone is a new volume whose layer starts empty over a
 //! snapshot. Blocks are tracked per 4 KiB (`presence.rs`), so the first
@@ -18,7 +18,11 @@
 //!   then is the snapshot unlinked. The snapshot is retired first (a
 //!   journaled flag): half merged, it no longer reads what it held, so no
 //!   one may read it, and the open after a stop finishes the merge.
-//! - One layer operation runs at a time (`Store::layer_ops`).
+//! - Flattening copies into a volume, extent by extent under its map lock,
+//!   the blocks it reads through its parents (present once durable, as
+//!   above); it is detached only once it holds every block it reads.
+//! - One layer operation runs at a time (`Store::layer_ops`); flattening
+//!   takes it only to detach.
 
 use crate::buf::AlignedBuf;
 use crate::engine::{now_unix, Store};
