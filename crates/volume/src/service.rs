@@ -1298,7 +1298,7 @@ fn render_replication(out: &mut String, infos: &[VolumeInfo]) {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use basalt_catalog::RedbCatalog;
     use basalt_store::{FormatOptions, SimDevice};
@@ -1306,11 +1306,11 @@ mod tests {
     const MIB: u64 = 1 << 20;
     const GIB: u64 = 1 << 30;
 
-    struct Node {
+    pub(crate) struct Node {
         _dir: tempfile::TempDir,
-        catalog: Arc<RedbCatalog>,
-        store: Arc<Store>,
-        service: VolumeService,
+        pub catalog: Arc<RedbCatalog>,
+        pub store: Arc<Store>,
+        pub service: VolumeService,
     }
 
     /// A node with an in-memory device of `device_size` bytes.
@@ -1328,7 +1328,7 @@ mod tests {
         }
     }
 
-    fn small_node() -> Node {
+    pub(crate) fn small_node() -> Node {
         node(256 * MIB, DEFAULT_OVERCOMMIT_RATIO)
     }
 

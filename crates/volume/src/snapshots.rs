@@ -414,3 +414,82 @@ impl VolumeService {
         Ok(self.info(&record, &HashMap::new()))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::service::tests::small_node;
+    use crate::VolumeError;
+    use basalt_catalog::{Catalog, CloneSource, VolumeRecord};
+    use basalt_store::VolumeId;
+    use std::time::SystemTime;
+
+    const MIB: u64 = 1 << 20;
+
+    fn read_all(n: &crate::service::tests::Node, name: &str) -> Vec<u8> {
+        let h = n.service.open(name).unwrap();
+        let mut buf = vec![0u8; h.size() as usize];
+        h.read(0, &mut buf).unwrap();
+        buf
+    }
+
+    #[test]
+    fn reconcile_finishes_what_a_stop_cut_short() {
+        let n = small_node();
+        n.service.create("v", 4 * MIB).unwrap();
+        n.service
+            .open("v")
+            .unwrap()
+            .write(0, &[7; 8192], true)
+            .unwrap();
+        let s1 = n.service.create_snapshot("v", "s1").unwrap();
+        n.service
+            .open("v")
+            .unwrap()
+            .write(0, &[8; 4096], true)
+            .unwrap();
+        let v_id = n.service.get("v").unwrap().id;
+        assert!(n.service.reconcile().unwrap().is_clean());
+
+        // A snapshot whose catalog step a stop cut short: deleted.
+        let orphan = VolumeId::new_v4();
+        n.store.snapshot(v_id, orphan).unwrap();
+        // A clone whose store step a stop cut short: made from its source.
+        let mut clone = VolumeRecord::new(VolumeId::new_v4(), "c", 4 * MIB, SystemTime::now());
+        clone.clone_of = Some(CloneSource::new("v", "s1", s1.id));
+        n.catalog.insert(&clone).unwrap();
+        // A clone flattened in the store whose record still names its source.
+        let d = n.service.create_clone("d", "v@s1", None).unwrap();
+        n.store
+            .flatten(d.id, 0..4 * MIB, None, &mut |_, _| {})
+            .unwrap();
+
+        let report = n.service.reconcile().unwrap();
+        assert_eq!(report.deleted_orphans, [orphan], "{report:?}");
+        assert_eq!(report.created, ["c"], "{report:?}");
+        assert!(report.failed.is_empty(), "{report:?}");
+        assert!(n.store.snapshots().iter().all(|s| s.id != orphan));
+        let s1_content = read_all(&n, "v@s1");
+        assert_eq!(&s1_content[..8192], &[7; 8192][..]);
+        assert!(read_all(&n, "c") == s1_content);
+        assert!(read_all(&n, "d") == s1_content);
+        assert_eq!(n.service.get("d").unwrap().clone_of, None);
+        assert_eq!(
+            n.service.get("c").unwrap().clone_of.as_deref(),
+            Some("v@s1")
+        );
+        assert!(n.service.reconcile().unwrap().is_clean());
+
+        // What depends on what is refused, by name.
+        let err = n.service.delete_snapshot("v", "s1").unwrap_err();
+        assert!(
+            matches!(&err, VolumeError::HasClones { clones, .. } if clones == &["c"]),
+            "{err}"
+        );
+        let err = n.service.delete("v").unwrap_err();
+        assert!(matches!(err, VolumeError::HasSnapshots { .. }), "{err}");
+        n.service.delete("c").unwrap();
+        n.service.delete_snapshot("v", "s1").unwrap();
+        n.service.delete("v").unwrap();
+        assert!(n.store.snapshots().is_empty());
+    }
+}
