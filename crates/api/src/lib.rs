@@ -129,6 +129,14 @@ fn build(service: Arc<VolumeService>, token: String) -> (Router, Vec<RouteSpec>)
     )
     .post("/api/v1/volumes/{name}/rollback", rollback_volume)
     .post("/api/v1/volumes/{name}/flatten", flatten_volume)
+    .post(
+        "/api/v1/volumes/{name}/snapshots/{snapshot}/nvme-hosts",
+        attach_snapshot_host,
+    )
+    .delete(
+        "/api/v1/volumes/{name}/snapshots/{snapshot}/nvme-hosts/{host_nqn}",
+        detach_snapshot_host,
+    )
     .get("/api/v1/snapshots", list_snapshots)
     .post("/api/v1/volumes/{name}/nvme-hosts", attach_host)
     .delete("/api/v1/volumes/{name}/nvme-hosts/{host_nqn}", detach_host)
@@ -375,6 +383,31 @@ async fn delete_snapshot(
 ) -> Result<StatusCode, ApiError> {
     blocking(move || app.service.delete_snapshot(&name, &snapshot)).await?;
     Ok(StatusCode::NO_CONTENT)
+}
+
+async fn attach_snapshot_host(
+    State(app): State<AppState>,
+    Path((name, snapshot)): Path<(String, String)>,
+    JsonBody(req): JsonBody<AttachHost>,
+) -> Result<Json<Snapshot>, ApiError> {
+    let info = blocking(move || {
+        app.service
+            .attach_snapshot_host(&name, &snapshot, &req.host_nqn)
+    })
+    .await?;
+    Ok(Json(info.into()))
+}
+
+async fn detach_snapshot_host(
+    State(app): State<AppState>,
+    Path((name, snapshot, host_nqn)): Path<(String, String, String)>,
+) -> Result<Json<Snapshot>, ApiError> {
+    let info = blocking(move || {
+        app.service
+            .detach_snapshot_host(&name, &snapshot, &host_nqn)
+    })
+    .await?;
+    Ok(Json(info.into()))
 }
 
 async fn flatten_volume(

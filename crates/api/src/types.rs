@@ -49,9 +49,13 @@ pub struct Snapshot {
     /// Volumes cloned from it.
     #[serde(default)]
     pub clones: Vec<String>,
-    /// Connections reading it (NBD export `VOLUME@SNAPSHOT`).
+    /// Connections reading it (NBD export `VOLUME@SNAPSHOT`, NVMe/TCP).
     #[serde(default)]
     pub open_connections: usize,
+    /// Hosts that may read it over NVMe/TCP, as its own write-protected
+    /// subsystem.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nvme_hosts: Vec<String>,
 }
 
 impl From<SnapshotInfo> for Snapshot {
@@ -66,6 +70,7 @@ impl From<SnapshotInfo> for Snapshot {
             exclusive_bytes: s.exclusive_bytes,
             clones: s.clones,
             open_connections: s.open_connections,
+            nvme_hosts: s.nvme_hosts,
         }
     }
 }

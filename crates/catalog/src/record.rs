@@ -60,6 +60,10 @@ pub struct SnapshotRecord {
     pub size_bytes: u64,
     /// RFC 3339 in UTC with second precision.
     pub created_at: String,
+    /// Host NQNs that may read it over NVMe/TCP, as its own subsystem
+    /// (`basalt snapshot attach`); absent when empty.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nvme_hosts: Vec<String>,
     /// Fields written by a newer basalt that this version does not know.
     #[serde(flatten)]
     pub unknown: serde_json::Map<String, serde_json::Value>,
@@ -73,6 +77,7 @@ impl SnapshotRecord {
             name: name.into(),
             size_bytes,
             created_at: humantime::format_rfc3339_seconds(now).to_string(),
+            nvme_hosts: Vec::new(),
             unknown: serde_json::Map::new(),
         }
     }
@@ -155,13 +160,15 @@ mod tests {
     fn snapshots_and_clone_sources_round_trip() {
         let mut rec = VolumeRecord::new(Uuid::new_v4(), "vol-1", 1 << 30, SystemTime::UNIX_EPOCH);
         assert!(!rec.to_json().contains("snapshots"), "absent when empty");
-        rec.snapshots.push(SnapshotRecord {
-            id: Uuid::new_v4(),
-            name: "before-upgrade".into(),
-            size_bytes: 1 << 30,
-            created_at: "2026-01-01T00:00:00Z".into(),
-            unknown: serde_json::Map::new(),
-        });
+        let mut snap = SnapshotRecord::new(
+            Uuid::new_v4(),
+            "before-upgrade",
+            1 << 30,
+            SystemTime::UNIX_EPOCH,
+        );
+        snap.nvme_hosts
+            .push("nqn.2014-08.org.nvmexpress:uuid:backup".into());
+        rec.snapshots.push(snap);
         rec.clone_of = Some(CloneSource {
             volume: "golden".into(),
             snapshot: "v1".into(),

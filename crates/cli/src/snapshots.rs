@@ -33,6 +33,22 @@ pub enum SnapshotCommand {
         #[arg(value_name = "VOLUME@SNAPSHOT")]
         snapshot: String,
     },
+    /// Let an NVMe/TCP host read a snapshot, as its own write-protected
+    /// subsystem (e.g. a backup host).
+    Attach {
+        #[arg(value_name = "VOLUME@SNAPSHOT")]
+        snapshot: String,
+        /// The host's NQN, e.g. the content of /etc/nvme/hostnqn.
+        #[arg(long = "host-nqn", value_name = "NQN")]
+        host_nqn: String,
+    },
+    /// Revoke an NVMe/TCP host's access to a snapshot.
+    Detach {
+        #[arg(value_name = "VOLUME@SNAPSHOT")]
+        snapshot: String,
+        #[arg(long = "host-nqn", value_name = "NQN")]
+        host_nqn: String,
+    },
 }
 
 /// Splits `VOLUME@SNAPSHOT`, or says what was expected.
@@ -58,6 +74,9 @@ fn snapshot_fields(s: &Snapshot, api: &ApiClient) -> String {
     ];
     if !s.clones.is_empty() {
         pairs.push(("clones", s.clones.join(", ")));
+    }
+    if !s.nvme_hosts.is_empty() {
+        pairs.push(("nvme hosts", s.nvme_hosts.join(", ")));
     }
     if let Some(server) = &api.server {
         pairs.push((
@@ -129,6 +148,32 @@ pub fn run_snapshot(command: SnapshotCommand, client: &ClientArgs) -> Result<()>
                 return print_json(&value);
             }
             print!("{}", snapshot_fields(&decode(value)?, &api));
+        }
+        SnapshotCommand::Attach { snapshot, host_nqn } => {
+            let (volume, name) = split(&snapshot)?;
+            let value = api.post(
+                &format!("{}/nvme-hosts", snapshot_path(volume, name)),
+                json!({ "host_nqn": host_nqn }),
+            )?;
+            if client.output == Output::Json {
+                return print_json(&value);
+            }
+            println!(
+                "host {host_nqn} may read {snapshot} over NVMe/TCP as {} (write protected)",
+                basalt_frontend_nvme::subsystem_nqn(&snapshot)
+            );
+        }
+        SnapshotCommand::Detach { snapshot, host_nqn } => {
+            let (volume, name) = split(&snapshot)?;
+            let value = api.delete(&format!(
+                "{}/nvme-hosts/{}",
+                snapshot_path(volume, name),
+                path_segment(&host_nqn)
+            ))?;
+            if client.output == Output::Json {
+                return print_json(&value);
+            }
+            println!("host {host_nqn} detached from snapshot {snapshot}");
         }
         SnapshotCommand::Delete { snapshot } => {
             let (volume, name) = split(&snapshot)?;

@@ -3,7 +3,10 @@
 //! hosts named with `--nvme-allow-host` may see and open all of them; a host
 //! attached to a volume (`basalt volume attach VOL --host-nqn NQN`, stored
 //! in the volume's catalog record) may see and open that volume; any other
-//! host sees nothing and is refused at Connect (secure by default).
+//! host sees nothing and is refused at Connect (secure by default). A
+//! snapshot is a subsystem of its own (`…:volume:<volume>@<snapshot>`,
+//! write protected) only for the hosts attached to it (`basalt snapshot
+//! attach`).
 //!
 //! Path state (ANA): a clustered volume's path through this node is
 //! optimized when this node is its primary and non-optimized otherwise
@@ -38,11 +41,21 @@ impl VolumeSubsystems {
 impl Subsystems for VolumeSubsystems {
     fn visible(&self, host_nqn: &str) -> Vec<String> {
         let all = self.allowed(host_nqn);
-        match self.service.list() {
-            Ok(volumes) => volumes
+        let listed = self.service.list().and_then(|volumes| {
+            let snapshots = self.service.snapshots(None)?;
+            Ok((volumes, snapshots))
+        });
+        match listed {
+            Ok((volumes, snapshots)) => volumes
                 .into_iter()
                 .filter(|v| all || v.nvme_hosts.iter().any(|h| h == host_nqn))
                 .map(|v| v.name)
+                .chain(
+                    snapshots
+                        .into_iter()
+                        .filter(|s| s.nvme_hosts.iter().any(|h| h == host_nqn))
+                        .map(|s| format!("{}@{}", s.volume, s.name)),
+                )
                 .collect(),
             Err(e) => {
                 tracing::error!(error = %e, "cannot list volumes for an NVMe host");
@@ -52,9 +65,21 @@ impl Subsystems for VolumeSubsystems {
     }
 
     fn open(&self, host_nqn: &str, volume: &str) -> Result<VolumeHandle, OpenError> {
+        // A snapshot: only for the hosts attached to it, refused alike
+        // whether it exists or not.
+        if let Some((name, snapshot)) = basalt_volume::split_snapshot_name(volume) {
+            let attached = match self.service.snapshot(name, snapshot) {
+                Ok(s) => s.nvme_hosts.iter().any(|h| h == host_nqn),
+                Err(VolumeError::NotFound(_) | VolumeError::SnapshotNotFound { .. }) => false,
+                Err(e) => return Err(OpenError::Failed(e.to_string())),
+            };
+            if !attached {
+                return Err(OpenError::HostNotAllowed);
+            }
+        }
         // Unknown volumes and refused hosts are told apart only for hosts
         // allowed everywhere, so other hosts cannot probe volume names.
-        if !self.allowed(host_nqn) {
+        else if !self.allowed(host_nqn) {
             match self.service.get(volume) {
                 Ok(info) if info.nvme_hosts.iter().any(|h| h == host_nqn) => {}
                 Ok(_) | Err(VolumeError::NotFound(_)) => return Err(OpenError::HostNotAllowed),

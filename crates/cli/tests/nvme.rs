@@ -129,3 +129,78 @@ fn nvme_hosts_attached_per_volume() {
     let out = s.cli(&["volume", "attach", "a", "--host-nqn", "has space"]);
     assert_ne!(out.code(), Some(0), "{}", out.describe());
 }
+
+#[test]
+fn a_snapshot_is_a_write_protected_subsystem_for_the_hosts_attached_to_it() {
+    // The volume's host list does not reach its snapshots: a snapshot is
+    // exported over NVMe/TCP only to the hosts attached to it.
+    let s = Server::start("64M");
+    s.create_volume("disk", "16M");
+    qemu_io(&s.uri("disk"), &["write -P 0x42 0 1M"]).ok();
+    s.cli(&["snapshot", "create", "disk", "s1"]).ok();
+    qemu_io(&s.uri("disk"), &["write -P 0x43 0 1M"]).ok();
+    s.cli(&["volume", "attach", "disk", "--host-nqn", HOST_NQN])
+        .ok();
+    let addr = s.nvme_addr();
+    let mut h = Host::connect(addr, Digests::NONE);
+    let r = h.connect_queue(
+        0,
+        31,
+        0,
+        CNTLID_DYNAMIC,
+        &subsystem_nqn("disk@s1"),
+        HOST_NQN,
+    );
+    assert_eq!(r.status().sc, Status::CONNECT_INVALID_HOST.sc);
+    drop(h);
+
+    let out = s.cli(&["snapshot", "attach", "disk@s1", "--host-nqn", HOST_NQN]);
+    assert!(
+        out.ok().contains(&subsystem_nqn("disk@s1")),
+        "{}",
+        out.describe()
+    );
+    let mut d = Host::discovery(addr, HOST_NQN);
+    let page = d.get_log(log_id::DISCOVERY, 0, 3072, 0).ok().data.clone();
+    let nqns: Vec<_> = DiscoveryLog::parse(&page)
+        .unwrap()
+        .entries
+        .iter()
+        .map(|e| e.subnqn.clone())
+        .collect();
+    assert_eq!(nqns, vec![subsystem_nqn("disk"), subsystem_nqn("disk@s1")]);
+    drop(d);
+
+    let mut admin = Host::admin(addr, Digests::NONE, "disk@s1", 5000);
+    let ns = admin.identify(cns::NAMESPACE, 1).ok().data.clone();
+    assert_eq!(ns[99] & 1, 1, "NSATTR: write protected");
+    let mut q = Host::io_queue(addr, Digests::NONE, &admin, "disk@s1", 1);
+    assert_eq!(q.read(0, 256).ok().data, vec![0x42; 1 << 20]);
+    let w = q.write(0, &pattern(4096, 1), false);
+    assert_eq!(w.status().sc, Status::NAMESPACE_WRITE_PROTECTED.sc);
+    assert_eq!(q.read(0, 1).ok().data, vec![0x42; 4096]);
+
+    // Another host is refused; detaching revokes new connections.
+    let mut other = Host::connect(addr, Digests::NONE);
+    let r = other.connect_queue(
+        0,
+        31,
+        0,
+        CNTLID_DYNAMIC,
+        &subsystem_nqn("disk@s1"),
+        OTHER_HOST_NQN,
+    );
+    assert_eq!(r.status().sc, Status::CONNECT_INVALID_HOST.sc);
+    s.cli(&["snapshot", "detach", "disk@s1", "--host-nqn", HOST_NQN])
+        .ok();
+    let mut again = Host::connect(addr, Digests::NONE);
+    let r = again.connect_queue(
+        0,
+        31,
+        0,
+        CNTLID_DYNAMIC,
+        &subsystem_nqn("disk@s1"),
+        HOST_NQN,
+    );
+    assert_eq!(r.status().sc, Status::CONNECT_INVALID_HOST.sc);
+}

@@ -438,13 +438,18 @@ pub(crate) fn identify_controller(ctrl: &Controller, s: &IdentifySettings) -> Op
 }
 
 /// Identify Namespace for the volume: NSZE and NCAP are the volume's
-/// blocks, NUSE the blocks its allocated extents hold (thin provisioning).
+/// blocks, NUSE the blocks its allocated extents hold (thin provisioning),
+/// NSATTR says whether it is write protected (a snapshot).
 pub(crate) fn identify_namespace(volume: &VolumeHandle) -> Option<Vec<u8>> {
     let blocks = volume.size() / BLOCK_SIZE;
     let mut ns = IdentifyNamespace::new(blocks, BLOCK_SIZE.trailing_zeros() as u8, ANA_GROUP);
     ns.nguid = *volume.id().as_bytes();
     ns.nsfeat = basalt_nvme_wire::identify::nsfeat::THIN_PROVISIONING;
     ns.nuse = volume.allocated_bytes().div_ceil(BLOCK_SIZE).min(blocks);
+    if volume.is_read_only() {
+        // NSATTR bit 0: write protected (a snapshot).
+        ns.nsattr = 1;
+    }
     ns.to_bytes().ok().map(|b| b.to_vec())
 }
 

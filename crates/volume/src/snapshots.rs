@@ -56,8 +56,10 @@ pub struct SnapshotInfo {
     pub exclusive_bytes: u64,
     /// Volumes cloned from it.
     pub clones: Vec<String>,
-    /// Connections reading it (NBD exports of `VOLUME@SNAPSHOT`).
+    /// Connections reading it (NBD exports of `VOLUME@SNAPSHOT`, NVMe/TCP).
     pub open_connections: usize,
+    /// Hosts that may read it over NVMe/TCP, as its own subsystem.
+    pub nvme_hosts: Vec<String>,
 }
 
 /// Splits `VOLUME@SNAPSHOT`; `None` for a plain name.
@@ -129,6 +131,7 @@ impl VolumeService {
             exclusive_bytes,
             clones: Self::clones_of(records, snap.id),
             open_connections: self.open_handles(snap.id),
+            nvme_hosts: snap.nvme_hosts.clone(),
         }
     }
 
@@ -288,6 +291,59 @@ impl VolumeService {
         }
         tracing::info!(volume, snapshot = name, "snapshot deleted");
         Ok(())
+    }
+
+    /// Lets host `nqn` read snapshot `name` of `volume` over NVMe/TCP, as
+    /// its own (write-protected) subsystem (idempotent).
+    pub fn attach_snapshot_host(
+        &self,
+        volume: &str,
+        name: &str,
+        nqn: &str,
+    ) -> Result<SnapshotInfo, VolumeError> {
+        crate::service::validate_host_nqn(nqn)?;
+        self.update_snapshot_hosts(volume, name, |hosts| {
+            if !hosts.iter().any(|h| h == nqn) {
+                hosts.push(nqn.to_string());
+            }
+        })
+    }
+
+    /// Revokes host `nqn`'s access to snapshot `name` of `volume`
+    /// (idempotent; a connected host keeps its controller).
+    pub fn detach_snapshot_host(
+        &self,
+        volume: &str,
+        name: &str,
+        nqn: &str,
+    ) -> Result<SnapshotInfo, VolumeError> {
+        self.update_snapshot_hosts(volume, name, |hosts| hosts.retain(|h| h != nqn))
+    }
+
+    fn update_snapshot_hosts(
+        &self,
+        volume: &str,
+        name: &str,
+        change: impl FnOnce(&mut Vec<String>),
+    ) -> Result<SnapshotInfo, VolumeError> {
+        let _control = self.control.lock();
+        let current = self.record(volume)?;
+        Self::snapshot_of(&current.record, name)?;
+        let mut record = current.record.clone();
+        if let Some(snap) = record.snapshots.iter_mut().find(|s| s.name == name) {
+            change(&mut snap.nvme_hosts);
+        }
+        if record != current.record {
+            self.catalog
+                .update(&record, current.revision)
+                .map_err(catalog_error)?;
+            tracing::info!(
+                volume,
+                snapshot = name,
+                "NVMe hosts of the snapshot changed"
+            );
+        }
+        self.snapshot_locked(volume, name)
     }
 
     /// Makes `volume` hold exactly what its snapshot `snapshot` holds (its
