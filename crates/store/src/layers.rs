@@ -154,6 +154,12 @@ impl Store {
             });
             m.slots_used[new_slot as usize - 1] = true;
             m.volumes.insert(snap, snapshot);
+            // Every first write to an extent of the new layer maps one: have
+            // a batch reserved by this commit, so that the writes right
+            // after the snapshot do not each wait for a commit of their own.
+            if m.reserved.len() + m.reserving.len() < m.reserve_batch as usize {
+                Self::reserve_batch(&mut m);
+            }
         }
         tracing::info!(%volume, snapshot = %snap, "snapshot taken");
         self.commit()

@@ -114,7 +114,7 @@ impl Store {
 
     /// Takes up to a batch of free extents into `reserving`, queueing the
     /// entries that mark them dirty; whether it took any.
-    fn reserve_batch(m: &mut crate::engine::Meta) -> bool {
+    pub(crate) fn reserve_batch(m: &mut crate::engine::Meta) -> bool {
         let want = m.reserve_batch.min(m.free.count()).max(1);
         let mut taken = Vec::new();
         while (taken.len() as u64) < want {
