@@ -288,15 +288,13 @@ async fn scrub_volume(
     JsonBody(req): JsonBody<ScrubVolume>,
 ) -> Result<Json<ScrubResult>, ApiError> {
     let volume = name.clone();
-    let offset = req.offset;
-    let end = req.length.map_or(u64::MAX, |l| offset.saturating_add(l.0));
-    let rate = req.rate.map(|r| r.0);
-    let report =
-        blocking(move || app.service.scrub(&name, offset..end, rate, &mut |_, _| {})).await?;
+    let (range, rate) = req.range_and_rate();
+    let (offset, length) = (range.start, range.end - range.start);
+    let report = blocking(move || app.service.scrub(&name, range, rate, &mut |_, _| {})).await?;
     Ok(Json(ScrubResult {
         volume,
         offset,
-        length: end - offset,
+        length,
         bytes_checked: report.bytes_checked,
         bad_blocks: report.bad_blocks,
         data_checksums: report.checksums,
@@ -416,18 +414,13 @@ async fn flatten_volume(
     JsonBody(req): JsonBody<FlattenVolume>,
 ) -> Result<Json<FlattenResult>, ApiError> {
     let volume = name.clone();
-    let offset = req.offset;
-    let end = req.length.map_or(u64::MAX, |l| offset.saturating_add(l.0));
-    let rate = req.rate.map(|r| r.0);
-    let report = blocking(move || {
-        app.service
-            .flatten(&name, offset..end, rate, &mut |_, _| {})
-    })
-    .await?;
+    let (range, rate) = req.range_and_rate();
+    let (offset, length) = (range.start, range.end - range.start);
+    let report = blocking(move || app.service.flatten(&name, range, rate, &mut |_, _| {})).await?;
     Ok(Json(FlattenResult {
         volume,
         offset,
-        length: end - offset,
+        length,
         copied_bytes: report.copied_blocks * 4096,
         detached: report.detached,
     }))

@@ -88,21 +88,10 @@ pub struct CreateSnapshot {
     pub name: String,
 }
 
-/// `POST /api/v1/volumes/{name}/flatten`.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct FlattenVolume {
-    /// Most bytes copied per second; unlimited when absent.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub rate: Option<Size>,
-    /// The window to copy (whole extents overlapping it); the whole volume
-    /// when absent. The clone is detached by the call whose window reaches
-    /// its end, if nothing is left to copy.
-    #[serde(default)]
-    pub offset: u64,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub length: Option<Size>,
-}
+/// `POST /api/v1/volumes/{name}/flatten`: the window to copy. The clone
+/// is detached by the call whose window reaches its end, if nothing is
+/// left to copy.
+pub type FlattenVolume = VolumeWindow;
 
 /// What a flatten call did.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -306,21 +295,36 @@ pub struct ResizeVolume {
     pub allow_shrink: bool,
 }
 
-/// `POST /api/v1/volumes/{name}/scrub`.
+/// A window of a volume that a long operation (scrub, flatten) works on,
+/// and how fast: a client covers a large volume window by window, showing
+/// progress.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct ScrubVolume {
-    /// Most bytes read per second; unlimited when absent.
+pub struct VolumeWindow {
+    /// Most bytes per second; unlimited when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rate: Option<Size>,
-    /// The window of the volume to scrub (whole extents overlapping it);
-    /// the whole volume when absent. A client scrubs a large volume window
-    /// by window, showing progress.
+    /// Whole extents overlapping the window are worked on; the whole
+    /// volume when absent.
     #[serde(default)]
     pub offset: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub length: Option<Size>,
 }
+
+impl VolumeWindow {
+    /// The window as a byte range (to the end of any volume when no
+    /// length is given), and the rate.
+    pub fn range_and_rate(&self) -> (std::ops::Range<u64>, Option<u64>) {
+        let end = self
+            .length
+            .map_or(u64::MAX, |l| self.offset.saturating_add(l.0));
+        (self.offset..end, self.rate.map(|r| r.0))
+    }
+}
+
+/// `POST /api/v1/volumes/{name}/scrub`: the window to scrub.
+pub type ScrubVolume = VolumeWindow;
 
 /// `POST /api/v1/volumes/{name}/nvme-hosts`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
