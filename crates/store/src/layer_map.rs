@@ -143,6 +143,19 @@ impl VolumeState {
         chain
     }
 
+    /// [`VolumeState::lock_ancestors`] without waiting: `None` if a lock
+    /// is held or wanted exclusively.
+    pub fn try_lock_ancestors(map: &LayerMap) -> Option<Vec<LayerGuard>> {
+        let mut chain: Vec<LayerGuard> = Vec::new();
+        let mut next = map.parent.clone();
+        while let Some(layer) = next {
+            let guard = layer.map.try_read_arc()?;
+            next = guard.parent.clone();
+            chain.push(guard);
+        }
+        Some(chain)
+    }
+
     /// Resets the count of mapped extents (after a rollback emptied it).
     pub fn reset_allocated(&self) {
         self.allocated.store(0, Ordering::Release);

@@ -36,6 +36,7 @@ mod presence;
 mod recovery;
 mod scrub;
 mod space;
+mod staged;
 mod volume;
 
 pub use buf::AlignedBuf;
@@ -49,6 +50,7 @@ pub use error::{IoError, StoreError};
 pub use layers::{FlattenReport, SnapshotUsage};
 pub use recovery::{inspect, StoreInfo};
 pub use scrub::ScrubReport;
+pub use staged::{fail_fua_writes, Contended, DevicePiece, StagedBatch};
 pub use volume::{DataKind, DataOp, LocalVolume, MappingRun};
 
 /// Identifies a volume in the store; the control plane's volume UUID.

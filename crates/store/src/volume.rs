@@ -20,12 +20,11 @@
 //!   where an ancestor holds data.
 
 use crate::buf::AlignedBuf;
-use crate::device::{IoKind, IoOp};
 use crate::engine::Store;
 use crate::error::IoError;
 use crate::format::JournalEntry;
-use crate::integrity::{zero_block_crc, WriteSample};
-use crate::layer_map::{resolve, VolumeState};
+use crate::integrity::zero_block_crc;
+use crate::layer_map::VolumeState;
 use crate::{VolumeId, BLOCK_SIZE};
 use std::sync::Arc;
 
@@ -60,13 +59,15 @@ impl<'a> DataOp<'a> {
             result: Ok(()),
         }
     }
-    fn len(&self) -> u64 {
+    pub fn len(&self) -> u64 {
         match &self.kind {
             DataKind::Read(b) => b.len() as u64,
             DataKind::Write(b) => b.len() as u64,
         }
     }
-    fn is_aligned(&self) -> bool {
+    /// Whether offset and length are multiples of 4 KiB (else the op is a
+    /// read-modify-write).
+    pub fn is_aligned(&self) -> bool {
         self.offset.is_multiple_of(BLOCK_SIZE) && self.len().is_multiple_of(BLOCK_SIZE)
     }
 }
@@ -86,16 +87,7 @@ pub struct LocalVolume {
     vol: Arc<VolumeState>,
 }
 
-/// 4 KiB blocks a device I/O covers.
-fn io_blocks(kind: &IoKind<'_>) -> usize {
-    let len = match kind {
-        IoKind::Read(b) => b.len(),
-        IoKind::Write(b) | IoKind::WriteFua(b) => b.len(),
-    };
-    len / BLOCK_SIZE as usize
-}
-
-fn check_range(offset: u64, len: u64, size: u64) -> Result<(), IoError> {
+pub(crate) fn check_range(offset: u64, len: u64, size: u64) -> Result<(), IoError> {
     match offset.checked_add(len) {
         Some(end) if end <= size => Ok(()),
         _ => Err(IoError::OutOfRange { offset, len, size }),
@@ -160,241 +152,24 @@ impl LocalVolume {
     /// Executes a batch of reads and writes: extent lookups and allocations
     /// first, then every device I/O in one submission.
     pub fn submit(&self, ops: &mut [DataOp<'_>]) {
-        let size = self.vol.size();
-        let mut unaligned = Vec::new();
-        for (i, op) in ops.iter_mut().enumerate() {
-            op.result = check_range(op.offset, op.len(), size);
-            if op.result.is_ok() && !op.is_aligned() {
-                unaligned.push(i);
-            }
-        }
         self.submit_aligned(ops);
-        for i in unaligned {
-            let op = &mut ops[i];
-            op.result = match &mut op.kind {
-                DataKind::Read(buf) => self.read_unaligned(op.offset, buf),
-                DataKind::Write(data) => self.write_unaligned(op.offset, data, op.fua),
-            };
+        for op in ops.iter_mut() {
+            if op.result.is_ok() && !op.is_aligned() {
+                op.result = match &mut op.kind {
+                    DataKind::Read(buf) => self.read_unaligned(op.offset, buf),
+                    DataKind::Write(data) => self.write_unaligned(op.offset, data, op.fua),
+                };
+            }
         }
     }
 
     fn submit_aligned(&self, ops: &mut [DataOp<'_>]) {
-        let es = self.store.extent_size();
-        let layout = self.store.layout;
-        let map = self.vol.map.read();
-        if self.vol.is_deleted() {
-            for op in ops.iter_mut() {
-                op.result = Err(IoError::Gone);
-            }
+        let Some(staged) = self.stage(ops) else {
             return;
-        }
-        let writes = ops.iter().any(|o| matches!(o.kind, DataKind::Write(_)));
-        if writes && (self.vol.is_snapshot() || self.store.check_usable().is_err()) {
-            let snapshot = self.vol.is_snapshot();
-            for op in ops.iter_mut() {
-                op.result = Err(if snapshot {
-                    IoError::ReadOnly
-                } else {
-                    IoError::Failed
-                });
-            }
-            return;
-        }
-        // Layers below this one, read-locked for the batch (none for a
-        // volume without snapshots or parent: the common case costs nothing).
-        let ancestors = VolumeState::lock_ancestors(&map);
-        let layered = !ancestors.is_empty();
-        let sums = self.store.checksums.as_ref();
-        let mut ios: Vec<IoOp<'_>> = Vec::with_capacity(ops.len());
-        // For each device I/O: the index of its op, and whether it is FUA.
-        let mut owner: Vec<(usize, bool)> = Vec::with_capacity(ops.len());
-        // With data checksums, for each device I/O: where its blocks'
-        // checksums (writes) or write samples (reads) start.
-        let mut crcs: Vec<u32> = Vec::new();
-        let mut samples: Vec<WriteSample> = Vec::new();
-        let mut checks_at: Vec<usize> = Vec::new();
-        let mut failed: Vec<(usize, IoError)> = Vec::new();
-        let mut fua_wanted = false;
-        let bs = BLOCK_SIZE as usize;
-        for (i, op) in ops.iter_mut().enumerate() {
-            if op.result.is_err() || !op.is_aligned() || op.len() == 0 {
-                continue;
-            }
-            let DataOp {
-                offset, kind, fua, ..
-            } = op;
-            let mut off = *offset;
-            match kind {
-                DataKind::Read(buf) => {
-                    let mut rest: &mut [u8] = buf;
-                    while !rest.is_empty() {
-                        let within = off % es;
-                        let logical = (off / es) as usize;
-                        // A run of blocks that read from one place: a
-                        // whole extent's piece, or (layered) the blocks
-                        // that resolve to consecutive device offsets.
-                        let mut n = ((es - within) as usize).min(rest.len());
-                        let at = if layered {
-                            let first = resolve(&self.store, &map, &ancestors, logical, within);
-                            let mut run = bs;
-                            while run < n {
-                                let next = resolve(
-                                    &self.store,
-                                    &map,
-                                    &ancestors,
-                                    logical,
-                                    within + run as u64,
-                                );
-                                let contiguous = match (first, next) {
-                                    (Some(a), Some(b)) => b == a + run as u64,
-                                    (None, None) => true,
-                                    _ => false,
-                                };
-                                if !contiguous {
-                                    break;
-                                }
-                                run += bs;
-                            }
-                            n = run;
-                            first
-                        } else {
-                            map.phys(logical)
-                                .map(|phys| layout.extent_offset(phys) + within)
-                        };
-                        let (piece, tail) = std::mem::take(&mut rest).split_at_mut(n);
-                        rest = tail;
-                        match at {
-                            Some(at) => {
-                                if let Some(sums) = sums {
-                                    checks_at.push(samples.len());
-                                    let blocks = n as u64 / BLOCK_SIZE;
-                                    sums.sample_blocks(
-                                        layout.data_block_at(at),
-                                        blocks,
-                                        &mut samples,
-                                    );
-                                }
-                                ios.push(IoOp::read(at, piece));
-                                owner.push((i, false));
-                            }
-                            None => piece.fill(0),
-                        }
-                        off += n as u64;
-                    }
-                }
-                DataKind::Write(data) => {
-                    fua_wanted |= *fua;
-                    let mut rest: &[u8] = data;
-                    while !rest.is_empty() {
-                        let within = off % es;
-                        let n = ((es - within) as usize).min(rest.len());
-                        let (piece, tail) = rest.split_at(n);
-                        rest = tail;
-                        let logical = (off / es) as u32;
-                        let phys = match map.get(logical as usize) {
-                            Some(entry) => match entry.get() {
-                                Some(p) => self.store.heat(p).map(|()| p).map_err(IoError::from),
-                                None => self
-                                    .store
-                                    .allocate(&self.vol, map.slot, logical, entry)
-                                    .map_err(IoError::from),
-                            },
-                            None => Err(IoError::OutOfRange {
-                                offset: off,
-                                len: n as u64,
-                                size: self.vol.size(),
-                            }),
-                        };
-                        match phys {
-                            Ok(phys) => {
-                                let at = layout.extent_offset(phys) + within;
-                                if let Some(sums) = sums {
-                                    checks_at.push(crcs.len());
-                                    sums.begin_writes(layout.data_block_at(at), piece, &mut crcs);
-                                }
-                                ios.push(IoOp::write(at, piece, false));
-                                owner.push((i, *fua));
-                            }
-                            Err(e) => {
-                                failed.push((i, e));
-                                break;
-                            }
-                        }
-                        off += n as u64;
-                    }
-                }
-            }
-        }
-        // A FUA write needs its mapping durable too: if metadata is queued,
-        // write normally and commit; otherwise let the device do FUA.
-        let mut commit_after = fua_wanted && self.store.metadata_pending();
-        if fua_wanted && !commit_after {
-            for (io, _) in ios.iter_mut().zip(&owner).filter(|(_, (_, fua))| *fua) {
-                if let IoKind::Write(data) = &io.kind {
-                    let data: &[u8] = data;
-                    io.kind = IoKind::WriteFua(data);
-                }
-            }
-        }
-        self.store.device.submit(&mut ios);
-        // Presence entries of blocks this layer now holds (layered only).
-        let mut present = Vec::new();
-        for (k, (io, &(i, _))) in ios.into_iter().zip(&owner).enumerate() {
-            let mut result = io.result.map_err(IoError::Io);
-            let blocks = io_blocks(&io.kind);
-            let first = layout.data_block_at(io.offset);
-            let wrote = !matches!(io.kind, IoKind::Read(_));
-            if let Some(sums) = sums {
-                let at = checks_at[k];
-                match io.kind {
-                    IoKind::Read(buf) => {
-                        if result.is_ok() {
-                            let mine = &samples[at..at + blocks];
-                            result = self.store.verify_read(sums, io.offset, buf, mine);
-                        }
-                    }
-                    IoKind::Write(_) | IoKind::WriteFua(_) => {
-                        sums.end_writes(first, &crcs[at..at + blocks], result.is_ok());
-                    }
-                }
-            }
-            if layered && result.is_ok() && wrote {
-                if let Some(presence) = &self.store.presence {
-                    presence.mark(first, blocks as u64, &mut present);
-                }
-            }
-            if let Err(e) = result {
-                failed.push((i, e));
-            }
-        }
-        // Queued before the map lock is released: a snapshot (which takes
-        // it exclusively) then commits these blocks' presence with itself.
-        if !present.is_empty() {
-            let mut m = self.store.meta.lock();
-            for e in present {
-                m.push(e);
-            }
-            commit_after |= fua_wanted;
-        }
-        drop(ancestors);
-        drop(map);
-        for (i, e) in failed {
-            if ops[i].result.is_ok() {
-                ops[i].result = Err(e);
-            }
-        }
-        if commit_after {
-            if let Err(e) = self.store.commit() {
-                let e = IoError::from(e);
-                for op in ops
-                    .iter_mut()
-                    .filter(|o| o.fua && matches!(o.kind, DataKind::Write(_)))
-                {
-                    if op.result.is_ok() {
-                        op.result = Err(e.duplicate());
-                    }
-                }
-            }
+        };
+        let results = staged.run(ops);
+        if staged.finish(ops, results) {
+            self.commit_fua_writes(ops);
         }
     }
 

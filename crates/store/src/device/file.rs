@@ -428,6 +428,10 @@ impl BlockDevice for FileDevice {
         })
     }
 
+    fn ring_fd(&self) -> Option<std::os::fd::RawFd> {
+        (!self.in_thread && ring_available()).then(|| self.file.as_raw_fd())
+    }
+
     fn flush(&self) -> io::Result<()> {
         self.file.sync_data()
     }

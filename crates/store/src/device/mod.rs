@@ -85,6 +85,14 @@ pub trait BlockDevice: Send + Sync {
     /// Makes the range read as zeros while keeping its space reserved.
     fn zero_range(&self, offset: u64, len: u64) -> io::Result<()>;
 
+    /// A descriptor an event loop may submit this device's reads and
+    /// writes to with io_uring (`RWF_DSYNC` for FUA; buffers aligned to
+    /// 4 KiB), where that is how the device is best driven; `None`: use
+    /// [`BlockDevice::submit`].
+    fn ring_fd(&self) -> Option<std::os::fd::RawFd> {
+        None
+    }
+
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         let mut ops = [IoOp::read(offset, buf)];
         self.submit(&mut ops);

@@ -1,0 +1,436 @@
+//! The data path of a batch of block-aligned reads and writes, in two
+//! phases so that whoever owns the device I/O can run it: `stage` plans the
+//! batch against the volume's layer maps (lookups, allocations, checksums
+//! of the data to write) and describes the device I/O it needs as
+//! [`DevicePiece`]s; the caller runs those pieces — synchronously through
+//! the store's `BlockDevice` (`LocalVolume::submit`), or on an event loop's
+//! own io_uring — and hands their outcomes to [`StagedBatch::finish`],
+//! which verifies what was read, records what was written and tells the
+//! caller whether a commit must follow for the batch's FUA writes.
+//!
+//! Invariants:
+//! - A `StagedBatch` holds the volume's map lock (and its ancestors')
+//!   shared from `stage` until `finish` or drop, so no extent it targets
+//!   can be unmapped and reused while its I/O is in flight. Dropping a
+//!   staged batch without finishing it is only correct if none of its
+//!   pieces was submitted (or all have completed).
+//! - The pieces of a batch are ordered by op, and within an op by position
+//!   in its buffer, and never overlap; a piece's buffer range lies inside
+//!   its op's buffer. The buffers must not move between `stage` and
+//!   `finish` (the caller owns them: heap buffers of a request).
+//! - `finish` gets one result per piece, in piece order.
+//! - [`LocalVolume::try_stage`] never blocks on a map lock: an event loop
+//!   that holds other staged batches must not wait for a writer (a
+//!   snapshot, a trim) that waits for those batches to finish.
+
+use crate::device::IoOp;
+use crate::error::IoError;
+use crate::integrity::WriteSample;
+use crate::layer_map::{resolve, LayerGuard, VolumeState};
+use crate::volume::{check_range, DataKind, DataOp, LocalVolume};
+use crate::BLOCK_SIZE;
+use std::io;
+use std::os::fd::RawFd;
+
+/// One device I/O of a staged batch: `len` bytes at `device_offset`, read
+/// into or written from bytes `start..start + len` of op `op`'s buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DevicePiece {
+    pub op: usize,
+    pub start: usize,
+    pub len: usize,
+    pub device_offset: u64,
+    pub write: bool,
+    /// A write the device must make durable before completing it.
+    pub fua: bool,
+}
+
+/// A map lock could not be taken without waiting: retry the batch later.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Contended;
+
+/// A batch planned against the volume's maps, its device I/O not yet done.
+pub struct StagedBatch {
+    volume: LocalVolume,
+    _map: LayerGuard,
+    _ancestors: Vec<LayerGuard>,
+    layered: bool,
+    pieces: Vec<DevicePiece>,
+    /// With data checksums, for each piece: where its blocks' checksums
+    /// (writes) or write samples (reads) start.
+    checks_at: Vec<usize>,
+    crcs: Vec<u32>,
+    samples: Vec<WriteSample>,
+    /// Ops that failed while staging (allocation, range).
+    failed: Vec<(usize, IoError)>,
+    fua_wanted: bool,
+    /// The FUA writes need a commit: metadata was pending when staged.
+    commit_after: bool,
+    finished: bool,
+}
+
+impl LocalVolume {
+    /// Stages a batch, waiting for the map locks if need be. Sets the
+    /// result of every op that fails before reaching the device (out of
+    /// range, volume gone, read-only); unaligned ops are left untouched
+    /// (`Ok`, no pieces) for the caller to run as read-modify-writes.
+    /// `None`: nothing is left to do for the batch.
+    pub fn stage(&self, ops: &mut [DataOp<'_>]) -> Option<StagedBatch> {
+        self.stage_locked(ops, true).ok().flatten()
+    }
+
+    /// [`LocalVolume::stage`] without waiting: `Err(Contended)` when a map
+    /// lock is held or wanted exclusively; the ops are then untouched.
+    pub fn try_stage(&self, ops: &mut [DataOp<'_>]) -> Result<Option<StagedBatch>, Contended> {
+        self.stage_locked(ops, false)
+    }
+
+    pub(crate) fn stage_locked(
+        &self,
+        ops: &mut [DataOp<'_>],
+        wait: bool,
+    ) -> Result<Option<StagedBatch>, Contended> {
+        let store = self.store();
+        let vol = self.state();
+        let map = if wait {
+            vol.map.read_arc()
+        } else {
+            vol.map.try_read_arc().ok_or(Contended)?
+        };
+        let ancestors = if wait {
+            VolumeState::lock_ancestors(&map)
+        } else {
+            VolumeState::try_lock_ancestors(&map).ok_or(Contended)?
+        };
+        let size = vol.size();
+        for op in ops.iter_mut() {
+            op.result = check_range(op.offset, op.len(), size);
+        }
+        if vol.is_deleted() {
+            for op in ops.iter_mut() {
+                op.result = Err(IoError::Gone);
+            }
+            return Ok(None);
+        }
+        let writes = ops.iter().any(|o| matches!(o.kind, DataKind::Write(_)));
+        if writes && (vol.is_snapshot() || store.check_usable().is_err()) {
+            let snapshot = vol.is_snapshot();
+            for op in ops.iter_mut() {
+                op.result = Err(if snapshot {
+                    IoError::ReadOnly
+                } else {
+                    IoError::Failed
+                });
+            }
+            return Ok(None);
+        }
+        let es = store.extent_size();
+        let layout = store.layout;
+        let layered = !ancestors.is_empty();
+        let sums = store.checksums.as_ref();
+        let bs = BLOCK_SIZE as usize;
+        let mut batch = StagedBatch {
+            volume: self.clone(),
+            layered,
+            pieces: Vec::with_capacity(ops.len()),
+            checks_at: Vec::new(),
+            crcs: Vec::new(),
+            samples: Vec::new(),
+            failed: Vec::new(),
+            fua_wanted: false,
+            commit_after: false,
+            finished: false,
+            _map: map,
+            _ancestors: ancestors,
+        };
+        let map = &*batch._map;
+        for (i, op) in ops.iter_mut().enumerate() {
+            if op.result.is_err() || !op.is_aligned() || op.len() == 0 {
+                continue;
+            }
+            let DataOp {
+                offset, kind, fua, ..
+            } = op;
+            let mut off = *offset;
+            let mut start = 0usize;
+            match kind {
+                DataKind::Read(buf) => {
+                    let mut rest: &mut [u8] = buf;
+                    while !rest.is_empty() {
+                        let within = off % es;
+                        let logical = (off / es) as usize;
+                        // A run of blocks that read from one place: a
+                        // whole extent's piece, or (layered) the blocks
+                        // that resolve to consecutive device offsets.
+                        let mut n = ((es - within) as usize).min(rest.len());
+                        let at = if layered {
+                            let ancestors = &batch._ancestors;
+                            let first = resolve(store, map, ancestors, logical, within);
+                            let mut run = bs;
+                            while run < n {
+                                let next =
+                                    resolve(store, map, ancestors, logical, within + run as u64);
+                                let contiguous = match (first, next) {
+                                    (Some(a), Some(b)) => b == a + run as u64,
+                                    (None, None) => true,
+                                    _ => false,
+                                };
+                                if !contiguous {
+                                    break;
+                                }
+                                run += bs;
+                            }
+                            n = run;
+                            first
+                        } else {
+                            map.phys(logical)
+                                .map(|phys| layout.extent_offset(phys) + within)
+                        };
+                        let (piece, tail) = std::mem::take(&mut rest).split_at_mut(n);
+                        rest = tail;
+                        match at {
+                            Some(at) => {
+                                if let Some(sums) = sums {
+                                    batch.checks_at.push(batch.samples.len());
+                                    let blocks = n as u64 / BLOCK_SIZE;
+                                    sums.sample_blocks(
+                                        layout.data_block_at(at),
+                                        blocks,
+                                        &mut batch.samples,
+                                    );
+                                }
+                                batch.pieces.push(DevicePiece {
+                                    op: i,
+                                    start,
+                                    len: n,
+                                    device_offset: at,
+                                    write: false,
+                                    fua: false,
+                                });
+                            }
+                            None => piece.fill(0),
+                        }
+                        off += n as u64;
+                        start += n;
+                    }
+                }
+                DataKind::Write(data) => {
+                    batch.fua_wanted |= *fua;
+                    let mut rest: &[u8] = data;
+                    while !rest.is_empty() {
+                        let within = off % es;
+                        let n = ((es - within) as usize).min(rest.len());
+                        let (piece, tail) = rest.split_at(n);
+                        rest = tail;
+                        let logical = (off / es) as u32;
+                        let phys = match map.get(logical as usize) {
+                            Some(entry) => match entry.get() {
+                                Some(p) => store.heat(p).map(|()| p).map_err(IoError::from),
+                                None => store
+                                    .allocate(vol, map.slot, logical, entry)
+                                    .map_err(IoError::from),
+                            },
+                            None => Err(IoError::OutOfRange {
+                                offset: off,
+                                len: n as u64,
+                                size: vol.size(),
+                            }),
+                        };
+                        match phys {
+                            Ok(phys) => {
+                                let at = layout.extent_offset(phys) + within;
+                                if let Some(sums) = sums {
+                                    batch.checks_at.push(batch.crcs.len());
+                                    sums.begin_writes(
+                                        layout.data_block_at(at),
+                                        piece,
+                                        &mut batch.crcs,
+                                    );
+                                }
+                                batch.pieces.push(DevicePiece {
+                                    op: i,
+                                    start,
+                                    len: n,
+                                    device_offset: at,
+                                    write: true,
+                                    fua: *fua,
+                                });
+                            }
+                            Err(e) => {
+                                batch.failed.push((i, e));
+                                break;
+                            }
+                        }
+                        off += n as u64;
+                        start += n;
+                    }
+                }
+            }
+        }
+        // A FUA write needs its mapping durable too: if metadata is queued,
+        // write normally and commit; otherwise let the device do FUA.
+        batch.commit_after = batch.fua_wanted && store.metadata_pending();
+        if batch.commit_after {
+            for piece in &mut batch.pieces {
+                piece.fua = false;
+            }
+        }
+        Ok(Some(batch))
+    }
+
+    /// A descriptor of the store's device that an event loop may submit
+    /// the pieces of staged batches to with its own io_uring (buffers
+    /// aligned to 4 KiB); `None`: run them with [`StagedBatch::run`].
+    pub fn ring_fd(&self) -> Option<RawFd> {
+        self.store().device.ring_fd()
+    }
+
+    /// After a batch whose [`StagedBatch::finish`] asked for a commit:
+    /// commits, and fails the FUA writes if the commit failed.
+    pub fn commit_fua_writes(&self, ops: &mut [DataOp<'_>]) {
+        if let Err(e) = self.flush() {
+            fail_fua_writes(ops, &e);
+        }
+    }
+}
+
+/// Records a failed commit on every FUA write of a batch that succeeded.
+pub fn fail_fua_writes(ops: &mut [DataOp<'_>], err: &IoError) {
+    for op in ops
+        .iter_mut()
+        .filter(|o| o.fua && matches!(o.kind, DataKind::Write(_)))
+    {
+        if op.result.is_ok() {
+            op.result = Err(err.duplicate());
+        }
+    }
+}
+
+impl StagedBatch {
+    /// The device I/O the batch needs, in order.
+    pub fn pieces(&self) -> &[DevicePiece] {
+        &self.pieces
+    }
+
+    /// The pieces as device ops over the ops' buffers (the batch must have
+    /// been staged from these `ops`).
+    pub fn device_ios<'a>(&self, ops: &'a mut [DataOp<'_>]) -> Vec<IoOp<'a>> {
+        let mut ios = Vec::with_capacity(self.pieces.len());
+        let mut pieces = self.pieces.iter().peekable();
+        for (i, op) in ops.iter_mut().enumerate() {
+            let mut pos = 0usize;
+            match &mut op.kind {
+                DataKind::Read(buf) => {
+                    let mut rest: &mut [u8] = buf;
+                    while let Some(p) = pieces.next_if(|p| p.op == i) {
+                        let skip = p.start.saturating_sub(pos);
+                        let (_, tail) = std::mem::take(&mut rest).split_at_mut(skip);
+                        let (piece, tail) = tail.split_at_mut(p.len);
+                        rest = tail;
+                        pos = p.start + p.len;
+                        ios.push(IoOp::read(p.device_offset, piece));
+                    }
+                }
+                DataKind::Write(data) => {
+                    let data: &[u8] = data;
+                    while let Some(p) = pieces.next_if(|p| p.op == i) {
+                        let piece = &data[p.start..p.start + p.len];
+                        ios.push(IoOp::write(p.device_offset, piece, p.fua));
+                    }
+                }
+            }
+        }
+        ios
+    }
+
+    /// Runs the pieces through the store's device on this thread; their
+    /// outcomes, for [`StagedBatch::finish`].
+    pub fn run(&self, ops: &mut [DataOp<'_>]) -> Vec<io::Result<()>> {
+        let mut ios = self.device_ios(ops);
+        self.volume.store().device.submit(&mut ios);
+        ios.into_iter().map(|io| io.result).collect()
+    }
+
+    /// Completes the batch with its pieces' outcomes (one per piece, in
+    /// order): checks what was read against its checksums, records what
+    /// was written, and stores every op's result. Returns whether the
+    /// caller must now commit for the FUA writes
+    /// ([`LocalVolume::commit_fua_writes`], or a flush whose error goes to
+    /// [`fail_fua_writes`]).
+    pub fn finish(mut self, ops: &mut [DataOp<'_>], results: Vec<io::Result<()>>) -> bool {
+        let store = self.volume.store().clone();
+        let layout = store.layout;
+        let sums = store.checksums.as_ref();
+        let mut present = Vec::new();
+        let mut results = results.into_iter();
+        for (k, piece) in self.pieces.iter().enumerate() {
+            let mut result = results
+                .next()
+                .unwrap_or_else(|| Err(io::Error::other("device I/O was not run")))
+                .map_err(IoError::Io);
+            let blocks = piece.len / BLOCK_SIZE as usize;
+            let first = layout.data_block_at(piece.device_offset);
+            if let Some(sums) = sums {
+                let at = self.checks_at[k];
+                if piece.write {
+                    sums.end_writes(first, &self.crcs[at..at + blocks], result.is_ok());
+                } else if result.is_ok() {
+                    if let Some(DataKind::Read(buf)) = ops.get_mut(piece.op).map(|o| &mut o.kind)
+                    {
+                        let mine = &self.samples[at..at + blocks];
+                        let buf = &mut buf[piece.start..piece.start + piece.len];
+                        result = store.verify_read(sums, piece.device_offset, buf, mine);
+                    }
+                }
+            }
+            if self.layered && result.is_ok() && piece.write {
+                if let Some(presence) = &store.presence {
+                    presence.mark(first, blocks as u64, &mut present);
+                }
+            }
+            if let Err(e) = result {
+                self.failed.push((piece.op, e));
+            }
+        }
+        // Queued before the map lock is released: a snapshot (which takes
+        // it exclusively) then commits these blocks' presence with itself.
+        if !present.is_empty() {
+            let mut m = store.meta.lock();
+            for e in present {
+                m.push(e);
+            }
+            self.commit_after |= self.fua_wanted;
+        }
+        let commit_after = self.commit_after;
+        let failed = std::mem::take(&mut self.failed);
+        self.finished = true;
+        drop(self);
+        for (i, e) in failed {
+            if let Some(op) = ops.get_mut(i) {
+                if op.result.is_ok() {
+                    op.result = Err(e);
+                }
+            }
+        }
+        commit_after
+    }
+}
+
+impl Drop for StagedBatch {
+    /// A batch dropped unfinished (its caller gave up before submitting)
+    /// must not leave its blocks' checksums marked as being written.
+    fn drop(&mut self) {
+        if self.finished {
+            return;
+        }
+        let store = self.volume.store();
+        if let Some(sums) = store.checksums.as_ref() {
+            for (k, piece) in self.pieces.iter().enumerate().filter(|(_, p)| p.write) {
+                let at = self.checks_at[k];
+                let blocks = piece.len / BLOCK_SIZE as usize;
+                let first = store.layout.data_block_at(piece.device_offset);
+                sums.end_writes(first, &self.crcs[at..at + blocks], false);
+            }
+        }
+    }
+}
