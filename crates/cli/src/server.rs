@@ -62,8 +62,17 @@ pub struct ServerArgs {
     #[arg(long, default_value = "127.0.0.1:10809", value_parser = parse_listen, value_name = "ADDR")]
     pub nbd_listen: SocketAddr,
 
-    /// Threads per NBD connection: with 2 or more, one gathers a pipelining
-    /// client's next requests while another waits for the disk.
+    /// Event loops serving NBD connections to single-node volumes (each
+    /// connection lives on one loop, which receives, executes and answers
+    /// its requests without a thread hand-off). Default: one per CPU. 0
+    /// serves every connection with lanes (`--nbd-lanes`) instead.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(0..=256))]
+    pub nbd_event_loops: Option<u32>,
+
+    /// Threads per NBD connection not served by an event loop (a replicated
+    /// volume's, or all with `--nbd-event-loops 0`): with 2 or more, one
+    /// gathers a pipelining client's next requests while another waits for
+    /// the disk.
     #[arg(long, default_value_t = basalt_frontend_nbd::DEFAULT_LANES_PER_CONNECTION as u32,
         value_parser = clap::value_parser!(u32).range(1..=16), value_name = "N")]
     pub nbd_lanes: u32,
@@ -553,6 +562,9 @@ fn serve_frontends(
         let api_addr = client_addr(api_listener.local_addr()?);
         let limits = ServerLimits {
             lanes_per_connection: args.nbd_lanes as usize,
+            event_loops: args
+                .nbd_event_loops
+                .map_or_else(basalt_frontend_nbd::default_event_loops, |n| n as usize),
             max_connections_per_address: args.max_connections_per_address.map_or(
                 basalt_frontend_nbd::DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
                 |n| n as usize,

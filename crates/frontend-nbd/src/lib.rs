@@ -23,19 +23,23 @@
 
 mod bufpool;
 mod error;
+mod evented;
 mod handshake;
+mod requests;
 mod server;
 mod socket;
 mod transmission;
 
 pub(crate) use error::{ConnectionError, HandshakeError};
+pub use evented::{MAX_IN_FLIGHT_REQUESTS, MAX_QUEUED_REPLY_BYTES};
 pub use handshake::{BASE_ALLOCATION_ID, BASE_TRANSMISSION_FLAGS, MAX_OPTIONS};
+pub use requests::SPARSE_READ_MIN;
 pub use server::{
-    Disconnector, NbdServer, ServerLimits, DEFAULT_LANES_PER_CONNECTION,
+    default_event_loops, Disconnector, NbdServer, ServerLimits, DEFAULT_LANES_PER_CONNECTION,
     DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
 };
 pub use transmission::{
-    MAX_BATCH_BYTES, MAX_BATCH_REQUESTS, MAX_DISCARDED_WRITE, RECV_BUFFER_BYTES, SPARSE_READ_MIN,
+    MAX_BATCH_BYTES, MAX_BATCH_REQUESTS, MAX_DISCARDED_WRITE, RECV_BUFFER_BYTES,
 };
 
 use basalt_volume::VolumeHandle;

@@ -19,9 +19,12 @@
 //!   has no keep-alive, and a virtual machine's disk connection is idle for
 //!   hours between bursts.
 
+use crate::evented::EventedConnection;
 use crate::handshake::{self, HandshakeOutcome};
 use crate::transmission::{self, SessionEnd};
+use crate::ConnectionError;
 use crate::Exports;
+use basalt_reactor::Reactor;
 use basalt_volume::admission::{Admission, AdmissionLimits, Admitted};
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -56,7 +59,13 @@ pub struct ServerLimits {
     /// Time a client has for each read of the handshake, and then to send
     /// its first request.
     pub handshake_timeout: Duration,
-    /// Threads serving one connection in transmission. With more than one,
+    /// Event loops serving connections to volumes of this node's store
+    /// (`evented`): each connection lives on one loop, which receives,
+    /// executes and answers its requests without a thread hand-off. 0:
+    /// serve every connection with lanes instead.
+    pub event_loops: usize,
+    /// Threads serving one connection in transmission when it is not on an
+    /// event loop (a replicated volume's, or with no loops). With more than one,
     /// a lane gathers the next batch of requests while another waits for
     /// the disk, so a pipelining client keeps the disk's queue full.
     pub lanes_per_connection: usize,
@@ -68,13 +77,21 @@ impl Default for ServerLimits {
             max_connections: 1024,
             max_connections_per_address: DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
             handshake_timeout: Duration::from_secs(30),
+            event_loops: default_event_loops(),
             lanes_per_connection: DEFAULT_LANES_PER_CONNECTION,
         }
     }
 }
 
+/// One event loop per CPU the process may run on.
+pub fn default_event_loops() -> usize {
+    thread::available_parallelism().map_or(1, |n| n.get())
+}
+
 struct Shared {
     exports: Arc<dyn Exports>,
+    /// The event loops, unless `limits.event_loops` is 0.
+    reactor: Option<Arc<Reactor>>,
     limits: ServerLimits,
     admission: Arc<Admission>,
     stopping: AtomicBool,
@@ -145,8 +162,13 @@ impl NbdServer {
                 max_per_address: limits.max_connections_per_address,
             },
         );
+        let reactor = match limits.event_loops {
+            0 => None,
+            n => Some(Reactor::start("nbd", n)?),
+        };
         let shared = Arc::new(Shared {
             exports,
+            reactor,
             limits,
             admission,
             stopping: AtomicBool::new(false),
@@ -216,6 +238,11 @@ impl NbdServer {
             if worker.join().is_err() {
                 tracing::error!("NBD connection thread panicked");
             }
+        }
+        // Connections on event loops: stopped (their sockets are shut down
+        // already) and waited for.
+        if let Some(reactor) = &self.shared.reactor {
+            reactor.stop();
         }
         tracing::info!("NBD server on {} stopped", self.local_addr);
     }
@@ -292,12 +319,11 @@ fn spawn_connection(shared: &Arc<Shared>, stream: TcpStream, peer: SocketAddr) {
         .spawn({
             let shared = Arc::clone(shared);
             move || {
-                let _registration = Registration {
-                    shared: &shared,
+                let registration = Registration {
+                    shared: Arc::clone(&shared),
                     id,
                 };
-                let _admitted: Admitted = admitted;
-                serve_connection(&shared, id, stream, peer);
+                serve_connection(&shared, registration, admitted, stream, peer);
             }
         });
     match spawned {
@@ -314,19 +340,27 @@ fn spawn_connection(shared: &Arc<Shared>, stream: TcpStream, peer: SocketAddr) {
     }
 }
 
-/// Unregisters a connection when its thread ends, however it ends.
-struct Registration<'a> {
-    shared: &'a Shared,
+/// Unregisters a connection when it ends, however it ends (its thread, or
+/// its event loop, drops this).
+struct Registration {
+    shared: Arc<Shared>,
     id: u64,
 }
 
-impl Drop for Registration<'_> {
+impl Drop for Registration {
     fn drop(&mut self) {
         self.shared.connections.lock().remove(&self.id);
     }
 }
 
-fn serve_connection(shared: &Shared, id: u64, mut stream: TcpStream, peer: SocketAddr) {
+fn serve_connection(
+    shared: &Shared,
+    registration: Registration,
+    admitted: Admitted,
+    mut stream: TcpStream,
+    peer: SocketAddr,
+) {
+    let id = registration.id;
     // Replies are complete messages sent with one write; Nagle would only
     // delay them (the protocol asks for TCP_NODELAY).
     if let Err(err) = stream.set_nodelay(true) {
@@ -384,17 +418,47 @@ fn serve_connection(shared: &Shared, id: u64, mut stream: TcpStream, peer: Socke
     }
     tracing::info!(%peer, %export, structured_replies = negotiated.structured,
         block_status = negotiated.base_allocation.is_some(), "NBD client connected");
-    match transmission::serve(stream, peer, negotiated, shared.limits.lanes_per_connection) {
+    if let (Some(reactor), Some(local)) = (&shared.reactor, negotiated.handle.local()) {
+        let local = local.clone();
+        let report = {
+            let export = export.clone();
+            let stopping = Arc::clone(&registration.shared);
+            move |end| {
+                report_end(peer, &export, end, stopping.stopping.load(Ordering::SeqCst));
+                drop(registration);
+                drop(admitted);
+            }
+        };
+        match EventedConnection::new(stream, peer, negotiated, local, Box::new(report)) {
+            Ok(connection) => reactor.adopt(Box::new(connection)),
+            Err(err) => tracing::warn!(%peer, %export, "NBD connection closed: {err}"),
+        }
+        return;
+    }
+    let end = transmission::serve(stream, peer, negotiated, shared.limits.lanes_per_connection);
+    report_end(peer, &export, end, stopping());
+    drop(registration);
+    drop(admitted);
+}
+
+/// Logs how a connection's transmission phase ended.
+fn report_end(
+    peer: SocketAddr,
+    export: &str,
+    end: Result<SessionEnd, ConnectionError>,
+    stopping: bool,
+) {
+    match end {
         Ok(SessionEnd::Disconnect) => {
             tracing::info!(%peer, %export, "NBD client disconnected")
         }
-        Ok(SessionEnd::ClientClosed) if stopping() => {
+        Ok(SessionEnd::ClientClosed) if stopping => {
             tracing::info!(%peer, %export, "NBD connection closed by server shutdown")
         }
         Ok(SessionEnd::ClientClosed) => {
             tracing::info!(%peer, %export, "NBD client closed the connection without NBD_CMD_DISC")
         }
-        Err(err) if stopping() => {
+        Err(err) if stopping => {
             tracing::info!(%peer, %export, "NBD connection closed by server shutdown ({err})")
         }
         Err(err) => tracing::warn!(%peer, %export, "NBD connection closed: {err}"),

@@ -80,6 +80,11 @@ impl RecvBuffer {
         }
     }
 
+    /// Whether a receive can add bytes (after compacting if need be).
+    pub(crate) fn has_room(&mut self) -> bool {
+        !self.free_tail().is_empty()
+    }
+
     /// Takes whatever the kernel already has, without blocking: `Ok(None)`
     /// when nothing is waiting, `Ok(Some(0))` on EOF.
     pub(crate) fn fill_nonblocking(&mut self, stream: &TcpStream) -> io::Result<Option<usize>> {

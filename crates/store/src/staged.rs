@@ -145,7 +145,7 @@ impl LocalVolume {
         };
         let map = &*batch._map;
         for (i, op) in ops.iter_mut().enumerate() {
-            if op.result.is_err() || !op.is_aligned() || op.len() == 0 {
+            if op.result.is_err() || !op.is_aligned() || op.is_empty() {
                 continue;
             }
             let DataOp {
@@ -351,6 +351,19 @@ impl StagedBatch {
         ios.into_iter().map(|io| io.result).collect()
     }
 
+    /// Runs piece `k` alone through the store's device on this thread (to
+    /// finish one the ring completed short); its outcome.
+    pub fn run_piece(&self, ops: &mut [DataOp<'_>], k: usize) -> io::Result<()> {
+        let mut ios = self.device_ios(ops);
+        if k >= ios.len() {
+            return Err(io::Error::other("no such piece"));
+        }
+        let mut one = [ios.swap_remove(k)];
+        self.volume.store().device.submit(&mut one);
+        let [io] = one;
+        io.result
+    }
+
     /// Completes the batch with its pieces' outcomes (one per piece, in
     /// order): checks what was read against its checksums, records what
     /// was written, and stores every op's result. Returns whether the
@@ -375,8 +388,7 @@ impl StagedBatch {
                 if piece.write {
                     sums.end_writes(first, &self.crcs[at..at + blocks], result.is_ok());
                 } else if result.is_ok() {
-                    if let Some(DataKind::Read(buf)) = ops.get_mut(piece.op).map(|o| &mut o.kind)
-                    {
+                    if let Some(DataKind::Read(buf)) = ops.get_mut(piece.op).map(|o| &mut o.kind) {
                         let mine = &self.samples[at..at + blocks];
                         let buf = &mut buf[piece.start..piece.start + piece.len];
                         result = store.verify_read(sums, piece.device_offset, buf, mine);

@@ -59,12 +59,17 @@ impl<'a> DataOp<'a> {
             result: Ok(()),
         }
     }
+    /// Bytes read or written.
     pub fn len(&self) -> u64 {
         match &self.kind {
             DataKind::Read(b) => b.len() as u64,
             DataKind::Write(b) => b.len() as u64,
         }
     }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
     /// Whether offset and length are multiples of 4 KiB (else the op is a
     /// read-modify-write).
     pub fn is_aligned(&self) -> bool {
@@ -340,12 +345,34 @@ impl LocalVolume {
     /// Allocated and unallocated runs covering [offset, offset+len).
     pub fn mapping(&self, offset: u64, len: u64) -> Result<Vec<MappingRun>, IoError> {
         check_range(offset, len, self.vol.size())?;
-        let es = self.store.extent_size();
         let map = self.vol.map.read();
+        let ancestors = VolumeState::lock_ancestors(&map);
+        self.mapping_locked(&map, &ancestors, offset, len)
+    }
+
+    /// [`LocalVolume::mapping`] without waiting for a map lock: `None` when
+    /// one is held or wanted exclusively (for an event loop, which must
+    /// never wait for a writer).
+    pub fn try_mapping(&self, offset: u64, len: u64) -> Option<Result<Vec<MappingRun>, IoError>> {
+        if let Err(e) = check_range(offset, len, self.vol.size()) {
+            return Some(Err(e));
+        }
+        let map = self.vol.map.try_read()?;
+        let ancestors = VolumeState::try_lock_ancestors(&map)?;
+        Some(self.mapping_locked(&map, &ancestors, offset, len))
+    }
+
+    fn mapping_locked(
+        &self,
+        map: &crate::layer_map::LayerMap,
+        ancestors: &[crate::layer_map::LayerGuard],
+        offset: u64,
+        len: u64,
+    ) -> Result<Vec<MappingRun>, IoError> {
+        let es = self.store.extent_size();
         if self.vol.is_deleted() {
             return Err(IoError::Gone);
         }
-        let ancestors = VolumeState::lock_ancestors(&map);
         let mut runs: Vec<MappingRun> = Vec::new();
         let (mut off, end) = (offset, offset + len);
         while off < end {
@@ -353,7 +380,7 @@ impl LocalVolume {
             let piece_end = ((logical + 1) * es).min(end);
             // Conservative through layers: a parent's extent may read zeros
             // where this reports data, never the other way round.
-            let allocated = std::iter::once(&*map)
+            let allocated = std::iter::once(map)
                 .chain(ancestors.iter().map(|g| &**g))
                 .any(|layer| layer.phys(logical as usize).is_some());
             match runs.last_mut() {

@@ -240,7 +240,18 @@ impl VolumeHandle {
         self.record(ops, start);
     }
 
-    fn record(&self, ops: &[DataOp<'_>], start: Instant) {
+    /// The local store's data path, for a single-node volume (an event loop
+    /// stages and runs its batches itself).
+    pub fn local(&self) -> Option<&LocalVolume> {
+        match &self.0.backend {
+            Backend::Local(l) => Some(l),
+            Backend::Cluster { .. } => None,
+        }
+    }
+
+    /// Records the statistics of a batch that was run outside the handle
+    /// (through [`VolumeHandle::local`]) and started at `start`.
+    pub fn record(&self, ops: &[DataOp<'_>], start: Instant) {
         let elapsed = start.elapsed();
         for op in ops.iter() {
             let (kind, bytes) = match &op.kind {

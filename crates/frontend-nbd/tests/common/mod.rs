@@ -107,13 +107,30 @@ impl Exports for StoreExports {
 /// A server on 127.0.0.1:0 over a fresh simulated store with the given
 /// volumes.
 pub fn server_with(volumes: &[(&str, u64)]) -> (NbdServer, Arc<StoreExports>) {
-    server_with_lanes(
-        volumes,
-        basalt_frontend_nbd::ServerLimits::default().lanes_per_connection,
-    )
+    server_with_limits(volumes, basalt_frontend_nbd::ServerLimits::default())
 }
 
-/// [`server_with`], with `lanes` threads per connection.
+/// [`server_with`] with explicit limits.
+pub fn server_with_limits(
+    volumes: &[(&str, u64)],
+    limits: basalt_frontend_nbd::ServerLimits,
+) -> (NbdServer, Arc<StoreExports>) {
+    init_logging();
+    let exports = StoreExports::sim(64 * MIB);
+    for (name, size) in volumes {
+        exports.add_volume(name, *size);
+    }
+    let server = NbdServer::start_with_limits(
+        "127.0.0.1:0".parse().expect("address"),
+        Arc::clone(&exports) as Arc<dyn Exports>,
+        limits,
+    )
+    .expect("start server");
+    (server, exports)
+}
+
+/// [`server_with`], served by lanes (no event loops) with `lanes` threads
+/// per connection.
 pub fn server_with_lanes(volumes: &[(&str, u64)], lanes: usize) -> (NbdServer, Arc<StoreExports>) {
     init_logging();
     let exports = StoreExports::sim(64 * MIB);
@@ -125,6 +142,7 @@ pub fn server_with_lanes(volumes: &[(&str, u64)], lanes: usize) -> (NbdServer, A
         Arc::clone(&exports) as Arc<dyn Exports>,
         basalt_frontend_nbd::ServerLimits {
             lanes_per_connection: lanes,
+            event_loops: 0,
             ..Default::default()
         },
     )

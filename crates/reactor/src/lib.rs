@@ -1,0 +1,601 @@
+//! Event loops for the data path: a fixed set of threads ("loops"), each
+//! owning one io_uring and the connections given to it. A connection lives
+//! on one loop for its whole life: its socket readiness, its disk I/O and
+//! its replies are all submitted to and completed on that loop's ring, so a
+//! request is parsed, executed and answered without changing thread.
+//! Blocking work (a flush that commits the journal, a trim that takes a
+//! volume's map exclusively) runs on a small offload pool and comes back
+//! to the connection's loop as a message.
+//!
+//! Shape: a frontend implements [`Connection`] (a state machine driven by
+//! completions) and hands each connection to [`Reactor::adopt`]; the loop
+//! calls it back through [`Io`], which submits ring entries tagged for
+//! it, offloads work and asks for a retry.
+//!
+//! Invariants:
+//! - A loop never drops a connection while the connection reports anything
+//!   in flight: [`Connection::finished`] is only true once every ring entry
+//!   it submitted has completed and every offloaded job has been delivered,
+//!   because the kernel and the workers write into the connection's
+//!   buffers until then.
+//! - Idle costs nothing: a loop with no completions to reap sleeps in
+//!   `io_uring_enter` and is woken by its eventfd (for mailbox messages) or
+//!   by a completion; only a connection that asked for a retry makes it
+//!   wake up periodically ([`RETRY_INTERVAL`]).
+//! - Messages to a loop (a new connection, an offloaded job's result, stop)
+//!   go through its mailbox: one lock and, when the loop may be asleep, one
+//!   eventfd write.
+//! - [`Reactor::stop`] (also on drop) tells every connection to stop, waits
+//!   until each loop has no connection left, and joins every thread.
+
+use io_uring::{opcode, squeue, types, IoUring};
+use parking_lot::{Condvar, Mutex};
+use std::any::Any;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+/// Entries of each loop's submission queue.
+const RING_ENTRIES: u32 = 1024;
+/// How soon a loop calls back a connection that asked for a retry.
+pub const RETRY_INTERVAL: Duration = Duration::from_micros(200);
+/// Threads that run offloaded (blocking) work for all loops.
+pub const OFFLOAD_THREADS: usize = 4;
+/// `user_data` of the loop's own eventfd read.
+const WAKE: u64 = u64::MAX;
+/// `user_data` bit of entries that wait rather than work ([`Io::push_wait`]).
+const WAITS: u64 = 1 << 31;
+
+/// The result of an offloaded job, delivered to the connection that asked.
+pub type Payload = Box<dyn Any + Send>;
+type Job = Box<dyn FnOnce() -> Payload + Send>;
+/// A job, the mailbox of the loop to deliver its result to, and the slot
+/// of the connection there.
+type Queued = (Job, Arc<Mailbox>, u32);
+
+/// A connection served by a loop: a state machine driven by the loop.
+pub trait Connection: Send {
+    /// Called once, on its loop, when adopted.
+    fn start(&mut self, io: &mut Io<'_>);
+    /// A ring entry this connection submitted with `tag` completed with
+    /// `result` (a byte count, or a negative errno).
+    fn completed(&mut self, io: &mut Io<'_>, tag: u32, result: i32);
+    /// A job it offloaded finished with `payload`.
+    fn delivered(&mut self, io: &mut Io<'_>, payload: Payload);
+    /// After each round of completions and messages in which the loop
+    /// called this connection: the place to do once what the round made
+    /// necessary (send the replies it produced in one write).
+    fn flush(&mut self, io: &mut Io<'_>);
+    /// It asked for a retry ([`Io::retry_later`]).
+    fn retry(&mut self, io: &mut Io<'_>);
+    /// The reactor is stopping: end the connection as soon as its I/O in
+    /// flight allows (in-flight requests need not be answered).
+    fn stop(&mut self, io: &mut Io<'_>);
+    /// Nothing in flight and nothing left to do: the loop drops it.
+    fn finished(&self) -> bool;
+}
+
+/// What a connection can do from inside a callback.
+pub struct Io<'a> {
+    ring: &'a mut IoUring,
+    slot: u32,
+    mailbox: &'a Arc<Mailbox>,
+    offload: &'a Offload,
+    retry: &'a mut Vec<u32>,
+    in_flight: &'a mut usize,
+}
+
+impl Io<'_> {
+    /// Submits a ring entry that does work (disk I/O, a send); its
+    /// completion comes back as [`Connection::completed`] with `tag`.
+    ///
+    /// # Safety
+    /// Every buffer and file descriptor the entry refers to must stay
+    /// valid, and buffers unmoved, until that completion has been delivered.
+    pub unsafe fn push(&mut self, entry: squeue::Entry, tag: u32) {
+        *self.in_flight += 1;
+        // SAFETY: passed on from the caller.
+        unsafe { self.push_tagged(entry, u64::from(tag)) }
+    }
+
+    /// [`Io::push`] of an entry that waits for a peer (socket readiness),
+    /// which does not count as work in flight ([`Io::loop_in_flight`]).
+    ///
+    /// # Safety
+    /// As for [`Io::push`].
+    pub unsafe fn push_wait(&mut self, entry: squeue::Entry, tag: u32) {
+        // SAFETY: passed on from the caller.
+        unsafe { self.push_tagged(entry, WAITS | u64::from(tag)) }
+    }
+
+    unsafe fn push_tagged(&mut self, entry: squeue::Entry, tag: u64) {
+        let entry = entry.user_data((u64::from(self.slot) << 32) | tag);
+        loop {
+            // SAFETY: the caller guarantees the entry's buffers outlive it.
+            let pushed = unsafe { self.ring.submission().push(&entry) };
+            if pushed.is_ok() {
+                return;
+            }
+            // The queue is full: hand what it holds to the kernel first.
+            if let Err(e) = self.ring.submit() {
+                if e.raw_os_error() != Some(libc::EBUSY) {
+                    tracing::error!(error = %e, "io_uring submit failed");
+                }
+                std::thread::yield_now();
+            }
+        }
+    }
+
+    /// Runs `job` on the offload pool; its result comes back to this
+    /// connection, on this loop, as [`Connection::delivered`].
+    pub fn offload(&mut self, job: impl FnOnce() -> Payload + Send + 'static) {
+        *self.in_flight += 1;
+        self.offload
+            .run(Box::new(job), Arc::clone(self.mailbox), self.slot);
+    }
+
+    /// Calls [`Connection::retry`] after about [`RETRY_INTERVAL`] (or
+    /// sooner, after the loop's next completions).
+    pub fn retry_later(&mut self) {
+        if !self.retry.contains(&self.slot) {
+            self.retry.push(self.slot);
+        }
+    }
+
+    /// Working ring entries ([`Io::push`]) and offloaded jobs of every
+    /// connection on this loop still in flight. A connection that sees 0 here knows nobody else
+    /// on the loop waits for it.
+    pub fn loop_in_flight(&self) -> usize {
+        *self.in_flight
+    }
+}
+
+enum Message {
+    Adopt(Box<dyn Connection>),
+    Deliver { slot: u32, payload: Payload },
+    Stop,
+}
+
+/// The way into one loop from other threads.
+struct Mailbox {
+    queue: Mutex<Vec<Message>>,
+    /// An eventfd the loop always has a read armed on.
+    wake: OwnedFd,
+    /// Connections the loop holds (for placing new ones).
+    connections: AtomicUsize,
+    /// Set while the loop may be asleep; a sender that sees it writes
+    /// the eventfd.
+    sleeping: AtomicBool,
+}
+
+impl Mailbox {
+    fn new() -> io::Result<Mailbox> {
+        // SAFETY: eventfd returns a new descriptor we own, or -1.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Mailbox {
+            queue: Mutex::new(Vec::new()),
+            // SAFETY: `fd` is a fresh descriptor nobody else owns.
+            wake: unsafe { OwnedFd::from_raw_fd(fd) },
+            connections: AtomicUsize::new(0),
+            sleeping: AtomicBool::new(false),
+        })
+    }
+
+    fn send(&self, message: Message) {
+        self.queue.lock().push(message);
+        // Pairs with the loop's store of `sleeping` before it checks the
+        // queue: either it sees this message or this sees it sleeping.
+        if self.sleeping.load(Ordering::SeqCst) {
+            self.wake();
+        }
+    }
+
+    fn wake(&self) {
+        let one: u64 = 1;
+        // SAFETY: an 8-byte write from a live u64 to our own eventfd.
+        let rc = unsafe {
+            libc::write(
+                self.wake.as_raw_fd(),
+                (&one as *const u64).cast(),
+                std::mem::size_of::<u64>(),
+            )
+        };
+        if rc < 0 {
+            // EAGAIN: the counter is saturated, the loop wakes anyway.
+            tracing::trace!("eventfd write failed: {}", io::Error::last_os_error());
+        }
+    }
+}
+
+/// The pool of threads that run blocking work for the loops.
+struct Offload {
+    jobs: Mutex<Option<std::sync::mpsc::Sender<Queued>>>,
+}
+
+impl Offload {
+    fn run(&self, job: Job, mailbox: Arc<Mailbox>, slot: u32) {
+        let sent = match &*self.jobs.lock() {
+            Some(tx) => tx.send((job, mailbox, slot)).map_err(|e| e.0),
+            None => Err((job, mailbox, slot)),
+        };
+        // The pool is gone (reactor stopping): run it here rather than
+        // leave the connection waiting forever.
+        if let Err((job, mailbox, slot)) = sent {
+            mailbox.send(Message::Deliver {
+                slot,
+                payload: run_job(job),
+            });
+        }
+    }
+}
+
+/// The payload delivered for a job that panicked (the panic is logged).
+#[derive(Debug)]
+pub struct JobPanicked;
+
+fn run_job(job: Job) -> Payload {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(job)) {
+        Ok(payload) => payload,
+        Err(_) => {
+            tracing::error!("an offloaded job panicked");
+            Box::new(JobPanicked)
+        }
+    }
+}
+
+/// A set of event loops and their offload pool.
+pub struct Reactor {
+    loops: Vec<Arc<Mailbox>>,
+    next: AtomicUsize,
+    offload: Arc<Offload>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+    /// Loops that have not exited yet, and a condvar signalled as each does.
+    running: Arc<(Mutex<usize>, Condvar)>,
+}
+
+impl Reactor {
+    /// Starts `loops` event loops (at least one) named `{name}-loop-N`.
+    pub fn start(name: &str, loops: usize) -> io::Result<Arc<Reactor>> {
+        let (tx, rx) = std::sync::mpsc::channel::<Queued>();
+        let mut reactor = Reactor {
+            loops: Vec::new(),
+            next: AtomicUsize::new(0),
+            offload: Arc::new(Offload {
+                jobs: Mutex::new(Some(tx)),
+            }),
+            threads: Mutex::new(Vec::new()),
+            running: Arc::new((Mutex::new(0), Condvar::new())),
+        };
+        // On error, dropping `reactor` stops what was started.
+        let rx = Arc::new(Mutex::new(rx));
+        for n in 0..OFFLOAD_THREADS {
+            let rx = Arc::clone(&rx);
+            let worker = std::thread::Builder::new()
+                .name(format!("{name}-offload-{n}"))
+                .spawn(move || loop {
+                    let next = rx.lock().recv();
+                    let Ok((job, mailbox, slot)) = next else {
+                        return;
+                    };
+                    mailbox.send(Message::Deliver {
+                        slot,
+                        payload: run_job(job),
+                    });
+                })?;
+            reactor.threads.lock().push(worker);
+        }
+        for n in 0..loops.max(1) {
+            let mailbox = Arc::new(Mailbox::new()?);
+            let offload = Arc::clone(&reactor.offload);
+            let running = Arc::clone(&reactor.running);
+            let (ready, started) = std::sync::mpsc::channel::<io::Result<()>>();
+            *running.0.lock() += 1;
+            let spawned = std::thread::Builder::new()
+                .name(format!("{name}-loop-{n}"))
+                .spawn({
+                    let mailbox = Arc::clone(&mailbox);
+                    let running = Arc::clone(&running);
+                    move || {
+                        // Built here: a single-issuer ring belongs to the
+                        // thread that creates it.
+                        match new_ring() {
+                            Ok(ring) => {
+                                let _ = ready.send(Ok(()));
+                                EventLoop::new(ring, mailbox, offload).run();
+                            }
+                            Err(e) => {
+                                let _ = ready.send(Err(e));
+                            }
+                        }
+                        let (count, cv) = &*running;
+                        *count.lock() -= 1;
+                        cv.notify_all();
+                    }
+                });
+            let thread = match spawned {
+                Ok(thread) => thread,
+                Err(e) => {
+                    *running.0.lock() -= 1;
+                    return Err(e);
+                }
+            };
+            reactor.threads.lock().push(thread);
+            reactor.loops.push(mailbox);
+            started
+                .recv()
+                .unwrap_or_else(|_| Err(io::Error::other("event loop thread ended at start")))?;
+        }
+        Ok(Arc::new(reactor))
+    }
+
+    /// Loops in this reactor.
+    pub fn loops(&self) -> usize {
+        self.loops.len()
+    }
+
+    /// Gives a connection to the loop holding the fewest.
+    pub fn adopt(&self, connection: Box<dyn Connection>) {
+        let start = self.next.fetch_add(1, Ordering::Relaxed);
+        let n = self.loops.len();
+        let chosen = (0..n)
+            .map(|k| &self.loops[(start + k) % n])
+            .min_by_key(|m| m.connections.load(Ordering::Relaxed));
+        if let Some(mailbox) = chosen {
+            mailbox.connections.fetch_add(1, Ordering::Relaxed);
+            mailbox.send(Message::Adopt(connection));
+        }
+    }
+
+    /// Stops every connection, waits for the loops to empty and joins
+    /// every thread. Idempotent.
+    pub fn stop(&self) {
+        let threads = std::mem::take(&mut *self.threads.lock());
+        if threads.is_empty() {
+            return;
+        }
+        for mailbox in &self.loops {
+            mailbox.send(Message::Stop);
+        }
+        {
+            let (count, cv) = &*self.running;
+            let mut left = count.lock();
+            while *left > 0 {
+                cv.wait(&mut left);
+            }
+        }
+        // Loops are gone: close the job queue so the workers end.
+        self.offload.jobs.lock().take();
+        for t in threads {
+            if t.join().is_err() {
+                tracing::error!("event loop or offload thread panicked");
+            }
+        }
+    }
+}
+
+impl Drop for Reactor {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// A loop's ring: only its thread submits and waits, so completions are
+/// run when it waits (DEFER_TASKRUN) instead of interrupting whatever it is
+/// doing; kernels before 6.1 get a plain ring.
+fn new_ring() -> io::Result<IoUring> {
+    IoUring::builder()
+        .setup_single_issuer()
+        .setup_defer_taskrun()
+        .build(RING_ENTRIES)
+        .or_else(|_| IoUring::builder().setup_coop_taskrun().build(RING_ENTRIES))
+        .or_else(|_| IoUring::new(RING_ENTRIES))
+}
+
+struct EventLoop {
+    ring: IoUring,
+    mailbox: Arc<Mailbox>,
+    offload: Arc<Offload>,
+    connections: Vec<Option<Box<dyn Connection>>>,
+    free: Vec<u32>,
+    retry: Vec<u32>,
+    /// Connections called back in this round, to flush after it.
+    touched: Vec<u32>,
+    in_flight: usize,
+    stopping: bool,
+    /// Where the eventfd read lands: leaked, because the kernel may still
+    /// hold that read when the loop exits.
+    wake_buf: &'static mut u64,
+    completions: Vec<(u64, i32)>,
+}
+
+impl EventLoop {
+    fn new(ring: IoUring, mailbox: Arc<Mailbox>, offload: Arc<Offload>) -> EventLoop {
+        EventLoop {
+            ring,
+            mailbox,
+            offload,
+            connections: Vec::new(),
+            free: Vec::new(),
+            retry: Vec::new(),
+            touched: Vec::new(),
+            in_flight: 0,
+            stopping: false,
+            wake_buf: Box::leak(Box::new(0)),
+            completions: Vec::with_capacity(RING_ENTRIES as usize),
+        }
+    }
+
+    fn arm_wake(&mut self) {
+        let entry = opcode::Read::new(
+            types::Fd(self.mailbox.wake.as_raw_fd()),
+            (self.wake_buf as *mut u64).cast(),
+            8,
+        )
+        .build()
+        .user_data(WAKE);
+        loop {
+            // SAFETY: the eventfd and the boxed counter live as long as
+            // the loop, which reaps this entry before it exits or leaks.
+            if unsafe { self.ring.submission().push(&entry) }.is_ok() {
+                return;
+            }
+            let _ = self.ring.submit();
+        }
+    }
+
+    fn run(mut self) {
+        self.arm_wake();
+        loop {
+            self.drain_mailbox();
+            self.flush_touched();
+            if self.stopping && self.connections.iter().all(Option::is_none) {
+                break;
+            }
+            if let Err(e) = self.wait() {
+                tracing::error!(error = %e, "event loop cannot wait on its ring; stopping");
+                // Buffers may still belong to the kernel: never free them.
+                std::mem::forget(std::mem::take(&mut self.connections));
+                std::mem::forget(self);
+                return;
+            }
+            self.completions.clear();
+            for cqe in self.ring.completion() {
+                self.completions.push((cqe.user_data(), cqe.result()));
+            }
+            let completions = std::mem::take(&mut self.completions);
+            for &(user_data, result) in &completions {
+                if user_data == WAKE {
+                    self.arm_wake();
+                    continue;
+                }
+                if user_data & WAITS == 0 {
+                    self.in_flight = self.in_flight.saturating_sub(1);
+                }
+                let slot = (user_data >> 32) as u32;
+                let tag = (user_data & !WAITS) as u32;
+                self.call(slot, |c, io| c.completed(io, tag, result));
+            }
+            self.completions = completions;
+            for slot in std::mem::take(&mut self.retry) {
+                self.call(slot, |c, io| c.retry(io));
+            }
+            self.flush_touched();
+        }
+    }
+
+    /// Sleeps until at least one completion (or a retry is due).
+    fn wait(&mut self) -> io::Result<()> {
+        self.mailbox.sleeping.store(true, Ordering::SeqCst);
+        // A message queued between the drain and here must not be slept on.
+        let pending = !self.mailbox.queue.lock().is_empty();
+        let result = if pending {
+            self.ring.submit().map(|_| ())
+        } else if self.retry.is_empty() {
+            self.ring.submit_and_wait(1).map(|_| ())
+        } else {
+            let ts = types::Timespec::from(RETRY_INTERVAL);
+            let args = types::SubmitArgs::new().timespec(&ts);
+            self.ring.submitter().submit_with_args(1, &args).map(|_| ())
+        };
+        self.mailbox.sleeping.store(false, Ordering::SeqCst);
+        match result {
+            Ok(()) => Ok(()),
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::EINTR | libc::ETIME | libc::EBUSY)
+                ) =>
+            {
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Calls `flush` on every connection called back since the last time.
+    fn flush_touched(&mut self) {
+        let mut touched = std::mem::take(&mut self.touched);
+        // Flushing may call back more (a send that completes synchronously
+        // does not, but stay general): loop until quiet.
+        while !touched.is_empty() {
+            for slot in touched.drain(..) {
+                self.call_untouched(slot, |c, io| c.flush(io));
+            }
+            std::mem::swap(&mut touched, &mut self.touched);
+        }
+        self.touched = touched;
+    }
+
+    fn drain_mailbox(&mut self) {
+        let messages = std::mem::take(&mut *self.mailbox.queue.lock());
+        for message in messages {
+            match message {
+                Message::Adopt(connection) => {
+                    let slot = match self.free.pop() {
+                        Some(slot) => slot,
+                        None => {
+                            self.connections.push(None);
+                            (self.connections.len() - 1) as u32
+                        }
+                    };
+                    self.connections[slot as usize] = Some(connection);
+                    self.call(slot, |c, io| c.start(io));
+                    if self.stopping {
+                        self.call(slot, |c, io| c.stop(io));
+                    }
+                }
+                Message::Deliver { slot, payload } => {
+                    self.in_flight = self.in_flight.saturating_sub(1);
+                    self.call(slot, |c, io| c.delivered(io, payload));
+                }
+                Message::Stop => {
+                    self.stopping = true;
+                    for slot in 0..self.connections.len() as u32 {
+                        self.call(slot, |c, io| c.stop(io));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Runs one callback of the connection in `slot`, then drops the
+    /// connection if it finished.
+    fn call(&mut self, slot: u32, f: impl FnOnce(&mut dyn Connection, &mut Io<'_>)) {
+        if !self.touched.contains(&slot) {
+            self.touched.push(slot);
+        }
+        self.call_untouched(slot, f);
+    }
+
+    fn call_untouched(&mut self, slot: u32, f: impl FnOnce(&mut dyn Connection, &mut Io<'_>)) {
+        let Some(mut connection) = self
+            .connections
+            .get_mut(slot as usize)
+            .and_then(Option::take)
+        else {
+            return;
+        };
+        let mut io = Io {
+            ring: &mut self.ring,
+            slot,
+            mailbox: &self.mailbox,
+            offload: &self.offload,
+            retry: &mut self.retry,
+            in_flight: &mut self.in_flight,
+        };
+        f(connection.as_mut(), &mut io);
+        if connection.finished() {
+            drop(connection);
+            self.free.push(slot);
+            self.mailbox.connections.fetch_sub(1, Ordering::Relaxed);
+        } else {
+            self.connections[slot as usize] = Some(connection);
+        }
+    }
+}
