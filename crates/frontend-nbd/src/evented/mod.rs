@@ -1,0 +1,528 @@
+//! The transmission phase of one connection on an event loop
+//! (`basalt_reactor`): for a volume on this node's store, requests are
+//! received, staged, sent to the disk, completed and answered on the one
+//! loop thread that owns the connection, with no thread hand-off.
+//!
+//! The cycle, driven by completions:
+//! 1. *Receive*: when the socket is readable (a poll on the loop's ring),
+//!    take what the kernel has without blocking, parse every complete
+//!    request, and receive WRITE payloads into pooled aligned buffers (a
+//!    payload that is still arriving waits for the next readiness). The
+//!    requests parsed together form a batch.
+//! 2. *Execute*: the batch's aligned READs and WRITEs are staged in one
+//!    call (`LocalVolume::try_stage`: lookups, allocation, checksums) and
+//!    their device pieces submitted to the loop's ring, straight into and
+//!    out of the request buffers. Everything that may block — FLUSH, TRIM,
+//!    WRITE_ZEROES, BLOCK_STATUS, unaligned reads and writes, the commit a
+//!    FUA write may need — runs on the reactor's offload pool and comes
+//!    back as a message. A batch whose map lock is contended (a snapshot or
+//!    trim waits for it) is retried shortly, never waited for.
+//! 3. *Reply*: when the last piece and job of a batch are done, its
+//!    replies are encoded and queued with the read data (not copied), and
+//!    sent with non-blocking vectored writes; what the socket does not take
+//!    waits for writability.
+//!
+//! A client at queue depth 1 whose write is the only I/O in flight on the
+//! loop gets it written synchronously on the loop thread: on a file, the
+//! filesystem completes an asynchronous O_DIRECT write on a kernel worker
+//! thread, which costs one more wake-up than a synchronous write, and with
+//! nothing else in flight nobody waits for the loop meanwhile.
+//!
+//! Invariants:
+//! - Each request gets exactly one complete reply (except DISC), sent only
+//!   after its operation (and, for FUA, the commit) finished; batches in
+//!   flight together complete in any order, which NBD allows.
+//! - The connection is dropped only when nothing is in flight: no piece on
+//!   the ring, no job on the pool, no poll armed (`finished`), because the
+//!   kernel and the workers write into its buffers until then.
+//! - Memory is bounded: at most [`MAX_IN_FLIGHT_REQUESTS`] requests in
+//!   flight and [`MAX_QUEUED_REPLY_BYTES`] of replies queued; beyond that
+//!   the connection stops receiving until they drain (TCP pushes back).
+//! - A broken stream (bad magic, truncated request, oversize WRITE) or a
+//!   failed send shuts the socket down; requests in flight finish, their
+//!   replies are dropped.
+
+mod execute;
+mod replies;
+
+use crate::bufpool::BufferPool;
+use crate::handshake::Negotiated;
+use crate::requests::{encode_replies, validate, Entry, Outcome, Segment};
+use crate::socket::RecvBuffer;
+use crate::transmission::{
+    SessionEnd, MAX_BATCH_BYTES, MAX_BATCH_REQUESTS, MAX_DISCARDED_WRITE, RECV_BUFFER_BYTES,
+};
+use crate::{ConnectionError, MAX_PAYLOAD};
+use basalt_nbd_wire::{parse_request, Command, NbdError, Request, WireError};
+use basalt_reactor::{Connection, Io, Payload};
+use basalt_store::{AlignedBuf, LocalVolume};
+use execute::{Batch, BatchState, Delivery, PIECE_BITS};
+use io_uring::{opcode, types};
+use replies::ReplyQueue;
+use std::io;
+use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::Arc;
+
+/// Requests of one connection in flight at most; more wait in the socket.
+pub const MAX_IN_FLIGHT_REQUESTS: usize = 1024;
+/// Encoded replies and read data queued for sending at most before the
+/// connection stops receiving.
+pub const MAX_QUEUED_REPLY_BYTES: usize = 128 << 20;
+/// Batches in flight at most (the tag has room for 1024).
+const MAX_BATCHES: usize = 1023;
+const TAG_POLL_IN: u32 = 0x7FFF_FFFF;
+const TAG_POLL_OUT: u32 = 0x7FFF_FFFE;
+
+/// How the connection ends, reported once when it is dropped.
+pub(crate) type OnEnd = Box<dyn FnOnce(Result<SessionEnd, ConnectionError>) + Send>;
+
+/// A WRITE whose payload is still arriving.
+struct Incoming {
+    request: Request,
+    buf: AlignedBuf,
+    have: usize,
+}
+
+pub(crate) struct EventedConnection {
+    stream: TcpStream,
+    fd: RawFd,
+    peer: SocketAddr,
+    negotiated: Negotiated,
+    volume: LocalVolume,
+    ring_fd: Option<RawFd>,
+    recv: RecvBuffer,
+    pool: BufferPool,
+    incoming: Option<Incoming>,
+    /// Bytes of an oversize WRITE's payload still to drop.
+    discarding: usize,
+    forming: Vec<Entry>,
+    forming_bytes: u64,
+    batches: Vec<Option<Batch>>,
+    free_batches: Vec<usize>,
+    batches_in_flight: usize,
+    requests_in_flight: usize,
+    retrying: bool,
+    replies: ReplyQueue,
+    poll_in: bool,
+    poll_out: bool,
+    /// Still receiving requests (false after DISC, EOF, an error or stop).
+    reading: bool,
+    /// The socket is shut down or failed: nothing more is sent.
+    dead: bool,
+    end: Option<Result<SessionEnd, ConnectionError>>,
+    on_end: Option<OnEnd>,
+    scratch_encoded: Vec<u8>,
+    scratch_segments: Vec<Segment>,
+}
+
+impl EventedConnection {
+    /// A connection after its handshake, on a volume of this node's store.
+    pub(crate) fn new(
+        stream: TcpStream,
+        peer: SocketAddr,
+        negotiated: Negotiated,
+        volume: LocalVolume,
+        on_end: OnEnd,
+    ) -> io::Result<EventedConnection> {
+        stream.set_nonblocking(true)?;
+        Ok(EventedConnection {
+            fd: stream.as_raw_fd(),
+            stream,
+            peer,
+            ring_fd: volume.ring_fd(),
+            volume,
+            negotiated,
+            recv: RecvBuffer::new(RECV_BUFFER_BYTES),
+            pool: BufferPool::new(),
+            incoming: None,
+            discarding: 0,
+            forming: Vec::new(),
+            forming_bytes: 0,
+            batches: Vec::new(),
+            free_batches: Vec::new(),
+            batches_in_flight: 0,
+            requests_in_flight: 0,
+            retrying: false,
+            replies: ReplyQueue::default(),
+            poll_in: false,
+            poll_out: false,
+            reading: true,
+            dead: false,
+            end: None,
+            on_end: Some(on_end),
+            scratch_encoded: Vec::new(),
+            scratch_segments: Vec::new(),
+        })
+    }
+
+    /// Records how the connection ends (the first report wins); an error
+    /// or a stop shuts the socket down, which also completes any poll.
+    fn end_with(&mut self, outcome: Result<SessionEnd, ConnectionError>, kill: bool) {
+        self.reading = false;
+        if kill && !self.dead {
+            self.dead = true;
+            let _ = self.stream.shutdown(Shutdown::Both);
+            self.replies.clear(&mut self.pool);
+        }
+        if self.end.is_none() {
+            self.end = Some(outcome);
+        }
+    }
+
+    fn throttled(&self) -> bool {
+        self.requests_in_flight + self.forming.len() >= MAX_IN_FLIGHT_REQUESTS
+            || self.batches_in_flight >= MAX_BATCHES
+            || self.replies.queued_bytes() >= MAX_QUEUED_REPLY_BYTES
+    }
+
+    fn arm_poll_in(&mut self, io: &mut Io<'_>) {
+        if self.poll_in || self.dead {
+            return;
+        }
+        self.poll_in = true;
+        let entry = opcode::PollAdd::new(types::Fd(self.fd), libc::POLLIN as u32).build();
+        // SAFETY: the socket stays open until this connection is dropped,
+        // which `finished` prevents while the poll is armed.
+        unsafe { io.push_wait(entry, TAG_POLL_IN) };
+    }
+
+    fn arm_poll_out(&mut self, io: &mut Io<'_>) {
+        if self.poll_out || self.dead {
+            return;
+        }
+        self.poll_out = true;
+        let entry = opcode::PollAdd::new(types::Fd(self.fd), libc::POLLOUT as u32).build();
+        // SAFETY: as for `arm_poll_in`.
+        unsafe { io.push_wait(entry, TAG_POLL_OUT) };
+    }
+
+    // ------------------------------------------------------------ receive
+
+    /// Receives and parses what the socket has, dispatching batches.
+    fn pump(&mut self, io: &mut Io<'_>) {
+        if let Err(err) = self.receive(io) {
+            self.end_with(Err(err), true);
+        }
+        self.dispatch_forming(io);
+    }
+
+    fn receive(&mut self, io: &mut Io<'_>) -> Result<(), ConnectionError> {
+        while self.reading && !self.dead {
+            if self.throttled() {
+                // Resumed when a batch completes or replies drain.
+                return Ok(());
+            }
+            if let Some(mut incoming) = self.incoming.take() {
+                if !self.fill_incoming(&mut incoming)? {
+                    self.incoming = Some(incoming);
+                    self.arm_poll_in(io);
+                    return Ok(());
+                }
+                self.push(incoming.request, Some(incoming.buf));
+                continue;
+            }
+            if self.discarding > 0 {
+                let have = self.discarding.min(self.recv.data().len());
+                self.recv.consume(have);
+                self.discarding -= have;
+                if self.discarding > 0 && !self.fill(io)? {
+                    return Ok(());
+                }
+                continue;
+            }
+            if self.forming.len() >= MAX_BATCH_REQUESTS || self.forming_bytes >= MAX_BATCH_BYTES {
+                self.dispatch_forming(io);
+                continue;
+            }
+            match parse_request(self.recv.data()) {
+                Ok((request, used)) => {
+                    self.recv.consume(used);
+                    self.accept(request)?;
+                }
+                Err(WireError::Incomplete(_)) => {
+                    if !self.fill(io)? {
+                        return Ok(());
+                    }
+                }
+                Err(err) => return Err(err.into()),
+            }
+        }
+        Ok(())
+    }
+
+    /// Tops the receive buffer up; false when the socket has nothing now
+    /// (a poll is armed) or the stream ended.
+    fn fill(&mut self, io: &mut Io<'_>) -> Result<bool, ConnectionError> {
+        if !self.recv.has_room() {
+            return Err(ConnectionError::Io(io::Error::other(
+                "receive buffer full of an unparsable request",
+            )));
+        }
+        match self.recv.fill_nonblocking(&self.stream)? {
+            Some(0) => {
+                let end = if self.recv.is_empty() && self.discarding == 0 {
+                    Ok(SessionEnd::ClientClosed)
+                } else {
+                    Err(ConnectionError::Truncated)
+                };
+                self.end_with(end, false);
+                Ok(false)
+            }
+            Some(_) => Ok(true),
+            None => {
+                self.arm_poll_in(io);
+                Ok(false)
+            }
+        }
+    }
+
+    /// Moves buffered and then socket bytes into a WRITE's payload; true
+    /// once it is complete.
+    fn fill_incoming(&mut self, incoming: &mut Incoming) -> Result<bool, ConnectionError> {
+        let len = incoming.buf.len();
+        let buffered = self.recv.data();
+        let take = (len - incoming.have).min(buffered.len());
+        incoming.buf[incoming.have..incoming.have + take].copy_from_slice(&buffered[..take]);
+        self.recv.consume(take);
+        incoming.have += take;
+        while incoming.have < len {
+            let tail = &mut incoming.buf[incoming.have..];
+            // SAFETY: `tail` is a valid writable buffer of `tail.len()` bytes
+            // and `self.fd` the open socket.
+            let n = unsafe {
+                libc::recv(
+                    self.fd,
+                    tail.as_mut_ptr().cast(),
+                    tail.len(),
+                    libc::MSG_DONTWAIT,
+                )
+            };
+            if n > 0 {
+                incoming.have += n as usize;
+                continue;
+            }
+            if n == 0 {
+                return Err(ConnectionError::Truncated);
+            }
+            let err = io::Error::last_os_error();
+            match err.kind() {
+                io::ErrorKind::WouldBlock => return Ok(false),
+                io::ErrorKind::Interrupted => continue,
+                _ => return Err(err.into()),
+            }
+        }
+        Ok(true)
+    }
+
+    /// Takes one parsed request.
+    fn accept(&mut self, request: Request) -> Result<(), ConnectionError> {
+        match request.command {
+            // Anything the client sent after DISC is ignored: it must not
+            // send any.
+            Command::Disc => self.end_with(Ok(SessionEnd::Disconnect), false),
+            Command::Write if request.length > MAX_PAYLOAD => {
+                if request.length > MAX_DISCARDED_WRITE {
+                    return Err(ConnectionError::OversizeWrite(request.length));
+                }
+                self.discarding = request.length as usize;
+                self.forming.push(Entry {
+                    request,
+                    payload: None,
+                    outcome: Outcome::failed(
+                        NbdError::Invalid,
+                        "WRITE longer than the maximum payload of 32 MiB",
+                    ),
+                });
+            }
+            Command::Write => {
+                let buf = self.pool.take(request.length as usize);
+                self.incoming = Some(Incoming {
+                    request,
+                    buf,
+                    have: 0,
+                });
+            }
+            _ => self.push(request, None),
+        }
+        Ok(())
+    }
+
+    /// Validates a request and adds it to the forming batch; READs get
+    /// their buffer here.
+    fn push(&mut self, request: Request, payload: Option<AlignedBuf>) {
+        let (outcome, payload) = match validate(&self.negotiated, &request) {
+            Err(failed) => (failed, payload),
+            // Zero-length data requests succeed without touching the store
+            // (FLUSH always has length 0 and must run).
+            Ok(()) if request.length == 0 && request.command != Command::Flush => {
+                (Outcome::Done, payload)
+            }
+            Ok(()) => match request.command {
+                Command::Read => (
+                    Outcome::Pending,
+                    Some(self.pool.take(request.length as usize)),
+                ),
+                _ => (Outcome::Pending, payload),
+            },
+        };
+        if let Some(buf) = &payload {
+            self.forming_bytes += buf.len() as u64;
+        }
+        self.forming.push(Entry {
+            request,
+            payload,
+            outcome,
+        });
+    }
+
+    /// After a round of callbacks: receive again if the connection stopped
+    /// receiving only for lack of room (throttled) and now has some.
+    /// Never called from inside `pump`, so completions that happen
+    /// synchronously cannot recurse into receiving.
+    fn resume(&mut self, io: &mut Io<'_>) {
+        if self.reading && !self.dead && !self.poll_in && !self.throttled() {
+            self.pump(io);
+        }
+    }
+
+    // -------------------------------------------------------------- reply
+
+    fn queue_replies(&mut self, entries: Vec<Entry>) {
+        if self.dead {
+            for e in entries {
+                if let Some(buf) = e.payload {
+                    self.pool.give(buf);
+                }
+            }
+            return;
+        }
+        let mut encoded = std::mem::take(&mut self.scratch_encoded);
+        let mut segments = std::mem::take(&mut self.scratch_segments);
+        encoded.clear();
+        segments.clear();
+        encode_replies(&entries, &self.negotiated, &mut encoded, &mut segments);
+        let mut buffers: Vec<Option<Arc<AlignedBuf>>> = entries
+            .into_iter()
+            .map(|e| e.payload.map(Arc::new))
+            .collect();
+        for segment in segments.drain(..) {
+            match segment {
+                Segment::Encoded(range) => {
+                    self.replies.push_encoded(encoded.get(range).unwrap_or(&[]));
+                }
+                Segment::Data(i, range) => {
+                    if let Some(Some(buf)) = buffers.get(i) {
+                        self.replies.push_data(Arc::clone(buf), range);
+                    }
+                }
+            }
+        }
+        // Buffers no reply refers to (WRITE payloads) go back now.
+        for buf in buffers.iter_mut().filter_map(Option::take) {
+            if let Ok(buf) = Arc::try_unwrap(buf) {
+                self.pool.give(buf);
+            }
+        }
+        self.scratch_encoded = encoded;
+        self.scratch_segments = segments;
+    }
+
+    /// Sends queued replies until the socket takes no more (then waits for
+    /// it to be writable).
+    fn send(&mut self, io: &mut Io<'_>) {
+        if self.dead || self.replies.is_empty() {
+            return;
+        }
+        match self.replies.send(self.fd, &mut self.pool) {
+            Ok(true) => {}
+            Ok(false) => self.arm_poll_out(io),
+            Err(e) => self.end_with(Err(e.into()), true),
+        }
+    }
+}
+
+impl Connection for EventedConnection {
+    fn start(&mut self, io: &mut Io<'_>) {
+        self.pump(io);
+    }
+
+    /// After the loop's round of completions: send every reply queued
+    /// during it at once, then receive again if there is room.
+    fn flush(&mut self, io: &mut Io<'_>) {
+        self.send(io);
+        self.resume(io);
+    }
+
+    fn completed(&mut self, io: &mut Io<'_>, tag: u32, result: i32) {
+        match tag {
+            TAG_POLL_IN => {
+                self.poll_in = false;
+                if result < 0 && !self.dead {
+                    self.end_with(Err(io::Error::from_raw_os_error(-result).into()), true);
+                    return;
+                }
+                self.pump(io);
+            }
+            TAG_POLL_OUT => {
+                self.poll_out = false;
+                self.send(io);
+            }
+            _ => {
+                let index = (tag >> PIECE_BITS) as usize;
+                let piece = (tag & ((1 << PIECE_BITS) - 1)) as usize;
+                self.piece_done(io, index, piece, result);
+            }
+        }
+    }
+
+    fn delivered(&mut self, _io: &mut Io<'_>, payload: Payload) {
+        match payload.downcast::<Delivery>() {
+            Ok(delivery) => self.on_delivery(*delivery),
+            Err(_) => {
+                // A job panicked: its request cannot be answered correctly.
+                tracing::error!(peer = %self.peer, "NBD request job failed; closing the connection");
+                self.end_with(
+                    Err(ConnectionError::Io(io::Error::other("request job failed"))),
+                    true,
+                );
+            }
+        }
+    }
+
+    fn retry(&mut self, io: &mut Io<'_>) {
+        self.retrying = false;
+        let waiting: Vec<usize> = self
+            .batches
+            .iter()
+            .enumerate()
+            .filter(|(_, b)| b.as_ref().is_some_and(|b| b.state == BatchState::Staging))
+            .map(|(i, _)| i)
+            .collect();
+        for index in waiting {
+            self.stage(io, index);
+        }
+    }
+
+    fn stop(&mut self, _io: &mut Io<'_>) {
+        self.end_with(Ok(SessionEnd::ClientClosed), true);
+    }
+
+    fn finished(&self) -> bool {
+        let drained = self.dead || self.replies.is_empty();
+        !self.reading
+            && self.batches_in_flight == 0
+            && self.forming.is_empty()
+            && drained
+            && !self.poll_in
+            && !self.poll_out
+    }
+}
+
+impl Drop for EventedConnection {
+    fn drop(&mut self) {
+        if let Some(on_end) = self.on_end.take() {
+            on_end(self.end.take().unwrap_or(Ok(SessionEnd::ClientClosed)));
+        }
+    }
+}
