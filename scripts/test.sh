@@ -23,6 +23,9 @@
 #   cargo fmt --all -- --check
 #   cargo clippy --workspace --all-targets -- -D warnings   (skip: --no-clippy)
 #   cargo test --workspace --release --no-fail-fast [CARGO-TEST-ARGS]
+#   loom: the event loops' mailbox protocol under every interleaving
+#         (RUSTFLAGS="--cfg loom" cargo test -p basalt-reactor --lib, in its
+#         own target directory so the main build stays cached)
 #   fuzz/run.sh 30                                          (skip: --no-fuzz)
 # Every step runs even if an earlier one failed; the exit status is non-zero
 # if any failed. Safe to run repeatedly.
@@ -173,6 +176,8 @@ if [ "$run_clippy" = 1 ]; then
     step clippy cargo clippy --workspace --all-targets -- -D warnings
 fi
 step test cargo_test "${test_args[@]}"
+step loom env RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR="$ROOT/target/loom" \
+    cargo test -p basalt-reactor --lib --release
 if [ "$run_fuzz" = 1 ]; then
     if [ -f fuzz/run.sh ]; then
         step fuzz bash fuzz/run.sh 30
