@@ -2,14 +2,16 @@
 //! `nbd` driver, qemu, libnbd tools, fio) over TCP.
 //!
 //! Shape: [`NbdServer::start`] binds a listener and runs one acceptor thread;
-//! every accepted connection gets its own OS thread that does the fixed
-//! newstyle handshake (module `handshake`) and then the transmission phase
-//! (module `transmission`) on the [`basalt_volume::VolumeHandle`] the client
-//! picked, with [`ServerLimits::lanes_per_connection`] threads ("lanes")
-//! taking turns at the socket. There is no thread hop per I/O: a lane parses
-//! a batch of pipelined requests, executes their reads and writes with one
-//! `VolumeHandle::submit` call and sends all replies with one vectored write,
-//! while the next lane gathers the following batch.
+//! every accepted connection gets an OS thread for the fixed newstyle
+//! handshake (module `handshake`). Then, for a volume of this node's store,
+//! the connection moves to one of the server's event loops (module
+//! `evented`, on `basalt_reactor`), which receives, executes and answers its
+//! requests with no thread hand-off; for a replicated volume (or with
+//! [`ServerLimits::event_loops`] 0) the handshake thread and
+//! [`ServerLimits::lanes_per_connection`] - 1 more ("lanes") take turns at
+//! the socket (module `transmission`), each executing a batch of pipelined
+//! requests with one `VolumeHandle::submit` call. Both paths share
+//! validation, commands and reply encoding (module `requests`).
 //!
 //! Invariants:
 //! - Every request that was read gets exactly one complete reply (simple, or
@@ -19,7 +21,7 @@
 //! - Input from the network never panics a thread and never makes it allocate
 //!   more than the protocol's limits (option payloads, 32 MiB payloads).
 //! - [`NbdServer::shutdown`] returns only after every thread it started has
-//!   ended.
+//!   ended and every connection on its event loops has been dropped.
 
 mod bufpool;
 mod error;

@@ -108,6 +108,13 @@ impl EventedConnection {
             lone,
             started: Instant::now(),
         };
+        // A lone request with nothing else in flight on the loop (a
+        // queue-depth-1 client: a database's write then FLUSH) runs even
+        // blocking work right here: nobody waits for the loop meanwhile,
+        // and two thread hand-offs to the pool would cost more than it
+        // blocks. The loop then holds no map lock that the work could wait
+        // behind.
+        let inline = lone && io.loop_in_flight() == 0;
         for (i, entry) in batch.entries.iter_mut().enumerate() {
             if !matches!(entry.outcome, Outcome::Pending) {
                 continue;
@@ -124,8 +131,20 @@ impl EventedConnection {
                         entry.outcome = Outcome::failed(NbdError::Io, "request without buffer");
                         continue;
                     };
-                    let handle = handle.clone();
                     let fua = request.flags.contains(CommandFlags::FUA);
+                    if inline {
+                        let result = match request.command {
+                            Command::Read => handle.read(request.offset, &mut buf),
+                            _ => handle.write(request.offset, &buf, fua),
+                        };
+                        entry.payload = Some(buf);
+                        entry.outcome = match result {
+                            Ok(()) => Outcome::Done,
+                            Err(err) => failure(&err, &request, self.peer),
+                        };
+                        continue;
+                    }
+                    let handle = handle.clone();
                     batch.jobs_left += 1;
                     io.offload(move || {
                         let result = match request.command {
@@ -142,6 +161,7 @@ impl EventedConnection {
                 }
                 // Nothing to prefetch: reads are served from the device.
                 Command::Cache => entry.outcome = Outcome::Done,
+                _ if inline => entry.outcome = run_command(&handle, &request, self.peer),
                 _ => {
                     let handle = handle.clone();
                     let peer = self.peer;
