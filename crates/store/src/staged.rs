@@ -370,7 +370,11 @@ impl StagedBatch {
     /// caller must now commit for the FUA writes
     /// ([`LocalVolume::commit_fua_writes`], or a flush whose error goes to
     /// [`fail_fua_writes`]).
-    pub fn finish(mut self, ops: &mut [DataOp<'_>], results: Vec<io::Result<()>>) -> bool {
+    pub fn finish(
+        mut self,
+        ops: &mut [DataOp<'_>],
+        results: impl IntoIterator<Item = io::Result<()>>,
+    ) -> bool {
         let store = self.volume.store().clone();
         let layout = store.layout;
         let sums = store.checksums.as_ref();

@@ -1,15 +1,19 @@
-//! Executing an evented connection's requests: each request becomes a
-//! batch of its own, whose read or write is staged against the volume's
-//! maps and whose device pieces go to the loop's ring, while commands and
-//! anything that may block run on the reactor's offload pool. A batch is
-//! answered once its pieces, jobs and commit are all done.
+//! Executing an evented connection's requests, each on its own: a READ or
+//! WRITE is staged against the volume's maps and its device pieces go to
+//! the loop's ring; commands and anything that may block run on the
+//! reactor's offload pool (or inline, for a lone request on an idle loop).
+//! A request is answered as soon as its own pieces, jobs and commit are
+//! done — not when others received with it are — so a client's requests
+//! flow the way the disk completes them instead of in convoys.
 //!
 //! Invariants:
-//! - A batch leaves `batches` only when nothing of it is in flight: no
-//!   piece on the ring (the kernel writes into its buffers), no job on the
-//!   pool, no commit pending.
-//! - A contended map lock is never waited for on the loop: the batch stays
-//!   `Staging` and is retried (`Io::retry_later`).
+//! - A request leaves `requests` only when nothing of it is in flight: no
+//!   piece on the ring (the kernel reads or writes its buffer), no job on
+//!   the pool, no commit pending.
+//! - A contended map lock is never waited for on the loop: the request
+//!   stays `Staging` and is retried (`Io::retry_later`).
+//! - Nothing is allocated per request in steady state: slots are reused
+//!   with their piece-result vectors, payload buffers come from the pool.
 
 use super::EventedConnection;
 use crate::requests::{data_outcome, failure, run_command, Entry, Outcome};
@@ -21,59 +25,76 @@ use io_uring::{opcode, types};
 use std::io;
 use std::time::Instant;
 
-/// Bits of a ring tag that number the piece within its batch.
+/// Bits of a ring tag that number the piece within its request.
 pub(super) const PIECE_BITS: u32 = 20;
 
-/// Why a batch is not finished yet.
+/// Why a request is not finished yet.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum BatchState {
+pub(super) enum State {
     /// Its map lock was contended: to be staged again.
     Staging,
-    /// Pieces on the ring and/or jobs on the pool.
+    /// Pieces on the ring and/or a job on the pool.
     Running,
-    /// Waiting for the commit its FUA writes need.
+    /// Waiting for the commit a FUA write needs.
     Committing,
 }
 
-pub(super) struct Batch {
-    entries: Vec<Entry>,
-    /// The entries (indexes) that are the staged batch's ops, in order.
-    data: Vec<usize>,
+/// A request in flight, in its slot of `EventedConnection::requests`.
+pub(super) struct InFlight {
+    entry: Entry,
     staged: Option<StagedBatch>,
-    /// One outcome per piece of `staged`.
+    /// One outcome per piece of `staged` (kept, emptied, with the slot).
     results: Vec<io::Result<()>>,
     pieces_left: usize,
     jobs_left: usize,
-    pub(super) state: BatchState,
+    pub(super) state: State,
     /// The only request of its connection in flight when dispatched.
     lone: bool,
     started: Instant,
 }
 
-/// What an offloaded job sends back.
+/// What an offloaded job sends back, for the request in slot `slot`.
 pub(super) enum Delivery {
     Command {
-        batch: usize,
-        entry: usize,
+        slot: usize,
         outcome: Outcome,
     },
     Unaligned {
-        batch: usize,
-        entry: usize,
+        slot: usize,
         buf: AlignedBuf,
         result: Result<(), IoError>,
     },
     Commit {
-        batch: usize,
+        slot: usize,
         result: Result<(), IoError>,
     },
 }
 
+/// The request's data op over its buffer (`None` for other commands).
+fn data_op(entry: &mut Entry) -> Option<DataOp<'_>> {
+    let request = entry.request;
+    let buf = entry.payload.as_mut()?;
+    match request.command {
+        Command::Read => Some(DataOp::read(request.offset, &mut buf[..])),
+        Command::Write => Some(DataOp::write(
+            request.offset,
+            &buf[..],
+            request.flags.contains(CommandFlags::FUA),
+        )),
+        _ => None,
+    }
+}
+
+fn is_aligned_data(entry: &Entry) -> bool {
+    let r = &entry.request;
+    matches!(r.command, Command::Read | Command::Write)
+        && r.offset % 4096 == 0
+        && r.length % 4096 == 0
+        && entry.payload.is_some()
+}
+
 impl EventedConnection {
-    /// Starts every request received so far, each as its own batch: a
-    /// request is answered as soon as its own I/O is done, so a client's
-    /// requests keep flowing one by one the way the disk completes them
-    /// instead of in convoys (replies still leave together, see `flush`).
+    /// Starts every request received so far.
     pub(super) fn dispatch_forming(&mut self, io: &mut Io<'_>) {
         self.forming_bytes = 0;
         let mut forming = std::mem::take(&mut self.forming);
@@ -81,33 +102,25 @@ impl EventedConnection {
         // flight on the connection.
         let lone = forming.len() == 1 && self.requests_in_flight == 0;
         for entry in forming.drain(..) {
-            self.dispatch(io, vec![entry], lone);
+            self.dispatch(io, entry, lone);
         }
         self.forming = forming;
     }
 
-    fn dispatch(&mut self, io: &mut Io<'_>, entries: Vec<Entry>, lone: bool) {
-        self.requests_in_flight += entries.len();
-        self.batches_in_flight += 1;
-        let index = match self.free_batches.pop() {
-            Some(i) => i,
+    fn dispatch(&mut self, io: &mut Io<'_>, mut entry: Entry, lone: bool) {
+        self.requests_in_flight += 1;
+        let slot = match self.free_slots.pop() {
+            Some(slot) => slot,
             None => {
-                self.batches.push(None);
-                self.batches.len() - 1
+                self.requests.push(None);
+                self.requests.len() - 1
             }
         };
-        let handle = self.negotiated.handle.clone();
-        let mut batch = Batch {
-            entries,
-            data: Vec::new(),
-            staged: None,
-            results: Vec::new(),
-            pieces_left: 0,
-            jobs_left: 0,
-            state: BatchState::Running,
-            lone,
-            started: Instant::now(),
-        };
+        let mut results = self.spare_results.pop().unwrap_or_default();
+        results.clear();
+        let mut state = State::Running;
+        let mut jobs_left = 0;
+        let request = entry.request;
         // A lone request with nothing else in flight on the loop (a
         // queue-depth-1 client: a database's write then FLUSH) runs even
         // blocking work right here: nobody waits for the loop meanwhile,
@@ -115,89 +128,77 @@ impl EventedConnection {
         // blocks. The loop then holds no map lock that the work could wait
         // behind.
         let inline = lone && io.loop_in_flight() == 0;
-        for (i, entry) in batch.entries.iter_mut().enumerate() {
-            if !matches!(entry.outcome, Outcome::Pending) {
-                continue;
-            }
-            let request = entry.request;
+        let handle = &self.negotiated.handle;
+        if matches!(entry.outcome, Outcome::Pending) {
             match request.command {
-                Command::Read | Command::Write => {
-                    let aligned = request.offset % 4096 == 0 && request.length % 4096 == 0;
-                    if aligned {
-                        batch.data.push(i);
-                        continue;
-                    }
-                    let Some(mut buf) = entry.payload.take() else {
-                        entry.outcome = Outcome::failed(NbdError::Io, "request without buffer");
-                        continue;
-                    };
-                    let fua = request.flags.contains(CommandFlags::FUA);
-                    if inline {
-                        let result = match request.command {
-                            Command::Read => handle.read(request.offset, &mut buf),
-                            _ => handle.write(request.offset, &buf, fua),
-                        };
+                Command::Read | Command::Write if is_aligned_data(&entry) => {
+                    state = State::Staging;
+                }
+                Command::Read | Command::Write => match entry.payload.take() {
+                    None => entry.outcome = Outcome::failed(NbdError::Io, "request without buffer"),
+                    Some(mut buf) if inline => {
+                        let result = unaligned(handle, &request, &mut buf);
                         entry.payload = Some(buf);
                         entry.outcome = match result {
                             Ok(()) => Outcome::Done,
                             Err(err) => failure(&err, &request, self.peer),
                         };
-                        continue;
                     }
-                    let handle = handle.clone();
-                    batch.jobs_left += 1;
-                    io.offload(move || {
-                        let result = match request.command {
-                            Command::Read => handle.read(request.offset, &mut buf),
-                            _ => handle.write(request.offset, &buf, fua),
-                        };
-                        Box::new(Delivery::Unaligned {
-                            batch: index,
-                            entry: i,
-                            buf,
-                            result,
-                        })
-                    });
-                }
+                    Some(mut buf) => {
+                        let handle = handle.clone();
+                        jobs_left += 1;
+                        io.offload(move || {
+                            let result = guarded(|| unaligned(&handle, &request, &mut buf))
+                                .unwrap_or(Err(IoError::Failed));
+                            Box::new(Delivery::Unaligned { slot, buf, result })
+                        });
+                    }
+                },
                 // Nothing to prefetch: reads are served from the device.
                 Command::Cache => entry.outcome = Outcome::Done,
-                _ if inline => entry.outcome = run_command(&handle, &request, self.peer),
+                _ if inline => entry.outcome = run_command(handle, &request, self.peer),
                 _ => {
                     let handle = handle.clone();
                     let peer = self.peer;
-                    batch.jobs_left += 1;
+                    jobs_left += 1;
                     io.offload(move || {
-                        let outcome = run_command(&handle, &request, peer);
-                        Box::new(Delivery::Command {
-                            batch: index,
-                            entry: i,
-                            outcome,
-                        })
+                        let outcome = guarded(|| run_command(&handle, &request, peer))
+                            .unwrap_or_else(|| Outcome::failed(NbdError::Io, "internal error"));
+                        Box::new(Delivery::Command { slot, outcome })
                     });
                 }
             }
         }
-        if !batch.data.is_empty() {
-            batch.state = BatchState::Staging;
-        }
-        self.batches[index] = Some(batch);
-        self.stage(io, index);
+        self.requests[slot] = Some(InFlight {
+            entry,
+            staged: None,
+            results,
+            pieces_left: 0,
+            jobs_left,
+            state,
+            lone,
+            started: Instant::now(),
+        });
+        self.stage(io, slot);
     }
 
-    /// Stages the batch's reads and writes and submits their pieces (or
-    /// asks for a retry when a map lock is contended).
-    pub(super) fn stage(&mut self, io: &mut Io<'_>, index: usize) {
-        let Some(batch) = self.batches.get_mut(index).and_then(Option::as_mut) else {
+    /// Stages the request's read or write and submits its pieces (or asks
+    /// for a retry when a map lock is contended).
+    pub(super) fn stage(&mut self, io: &mut Io<'_>, slot: usize) {
+        let Some(req) = self.requests.get_mut(slot).and_then(Option::as_mut) else {
             return;
         };
-        if batch.state != BatchState::Staging {
-            self.maybe_complete(index);
+        if req.state != State::Staging {
+            self.maybe_complete(slot);
             return;
         }
-        let mut ops = data_ops(&mut batch.entries, &batch.data);
-        let staged = match self.volume.try_stage(&mut ops) {
+        let Some(mut op) = data_op(&mut req.entry) else {
+            req.state = State::Running;
+            self.maybe_complete(slot);
+            return;
+        };
+        let staged = match self.volume.try_stage(std::slice::from_mut(&mut op)) {
             Err(Contended) => {
-                drop(ops);
                 if !self.retrying {
                     self.retrying = true;
                     io.retry_later();
@@ -206,36 +207,34 @@ impl EventedConnection {
             }
             Ok(staged) => staged,
         };
-        // Failures found while staging (range, gone, read-only).
-        let failed: Vec<(usize, IoError)> = ops
-            .iter_mut()
-            .enumerate()
-            .filter_map(|(k, op)| {
-                std::mem::replace(&mut op.result, Ok(()))
-                    .err()
-                    .map(|e| (k, e))
-            })
-            .collect();
-        batch.state = BatchState::Running;
+        req.state = State::Running;
+        // A failure found while staging (range, gone, read-only).
+        let early = std::mem::replace(&mut op.result, Ok(()));
         let Some(staged) = staged else {
-            drop(ops);
-            self.record_failures(index, failed);
-            self.maybe_complete(index);
+            drop(op);
+            self.settle(slot, early, false, io);
             return;
         };
+        if let Err(err) = early {
+            drop(op);
+            // Nothing was submitted: dropping the staged batch is safe.
+            drop(staged);
+            self.settle(slot, Err(err), false, io);
+            return;
+        }
         let pieces = staged.pieces().len();
-        let lone_write = batch.lone
+        let lone_write = req.lone
             && pieces == 1
             && staged.pieces()[0].write
             && io.loop_in_flight() == 0
-            && batch.jobs_left == 0;
+            && req.jobs_left == 0;
         match self.ring_fd {
             Some(fd) if !lone_write && pieces > 0 => {
-                batch.results = (0..pieces).map(|_| Ok(())).collect();
-                batch.pieces_left = pieces;
+                req.results.resize_with(pieces, || Ok(()));
+                req.pieces_left = pieces;
                 for (k, piece) in staged.pieces().iter().enumerate() {
                     let len = piece.len as u32;
-                    let entry = match &mut ops[piece.op].kind {
+                    let entry = match &mut op.kind {
                         DataKind::Read(buf) => {
                             let ptr = buf[piece.start..].as_mut_ptr();
                             opcode::Read::new(types::Fd(fd), ptr, len)
@@ -253,51 +252,36 @@ impl EventedConnection {
                             }
                         }
                     };
-                    let tag = ((index as u32) << PIECE_BITS) | k as u32;
-                    // SAFETY: the buffer belongs to a request of this batch,
-                    // which stays in `self.batches` (heap memory unmoved)
-                    // until every piece has completed; the device's file
-                    // lives as long as the store, which `volume` keeps.
+                    let tag = ((slot as u32) << PIECE_BITS) | k as u32;
+                    // SAFETY: the buffer is the request's payload, which
+                    // stays in its slot (heap memory unmoved) until every
+                    // piece has completed; the device's file lives as long
+                    // as the store, which `volume` keeps.
                     unsafe { io.push(entry, tag) };
                 }
-                drop(ops);
-                batch.staged = Some(staged);
-                self.record_failures(index, failed);
+                drop(op);
+                req.staged = Some(staged);
             }
             _ => {
                 // No ring for this device (memory, tmpfs), or a lone write:
                 // run the pieces here.
-                let results = staged.run(&mut ops);
-                let commit = staged.finish(&mut ops, results);
-                let finished: Vec<Result<(), IoError>> = ops
-                    .iter_mut()
-                    .map(|op| std::mem::replace(&mut op.result, Ok(())))
-                    .collect();
-                self.negotiated.handle.record(&ops, batch.started);
-                drop(ops);
-                self.record_failures(index, failed);
-                self.apply_data_results(index, finished, commit, io);
+                let ops = std::slice::from_mut(&mut op);
+                let results = staged.run(ops);
+                let commit = staged.finish(ops, results);
+                self.negotiated.handle.record(ops, req.started);
+                let result = std::mem::replace(&mut op.result, Ok(()));
+                drop(op);
+                self.settle(slot, result, commit, io);
             }
         }
     }
 
-    fn record_failures(&mut self, index: usize, failed: Vec<(usize, IoError)>) {
-        let Some(batch) = self.batches.get_mut(index).and_then(Option::as_mut) else {
+    /// A piece of a request completed on the ring.
+    pub(super) fn piece_done(&mut self, io: &mut Io<'_>, slot: usize, piece: usize, result: i32) {
+        let Some(req) = self.requests.get_mut(slot).and_then(Option::as_mut) else {
             return;
         };
-        for (k, err) in failed {
-            if let Some(entry) = batch.data.get(k).and_then(|&i| batch.entries.get_mut(i)) {
-                entry.outcome = failure(&err, &entry.request, self.peer);
-            }
-        }
-    }
-
-    /// A piece of a batch completed on the ring.
-    pub(super) fn piece_done(&mut self, io: &mut Io<'_>, index: usize, piece: usize, result: i32) {
-        let Some(batch) = self.batches.get_mut(index).and_then(Option::as_mut) else {
-            return;
-        };
-        let expected = batch
+        let expected = req
             .staged
             .as_ref()
             .and_then(|s| s.pieces().get(piece))
@@ -308,174 +292,146 @@ impl EventedConnection {
             Err(io::Error::from_raw_os_error(-result))
         } else {
             // Short, or to be retried: finish this piece synchronously.
-            let mut ops = data_ops(&mut batch.entries, &batch.data);
-            match &batch.staged {
-                Some(staged) => staged.run_piece(&mut ops, piece),
-                None => Err(io::Error::other("piece of an unstaged batch")),
+            match (&req.staged, data_op(&mut req.entry)) {
+                (Some(staged), Some(mut op)) => {
+                    staged.run_piece(std::slice::from_mut(&mut op), piece)
+                }
+                _ => Err(io::Error::other("piece of an unstaged request")),
             }
         };
-        if let Some(slot) = batch.results.get_mut(piece) {
-            *slot = outcome;
+        if let Some(r) = req.results.get_mut(piece) {
+            *r = outcome;
         }
-        batch.pieces_left = batch.pieces_left.saturating_sub(1);
-        if batch.pieces_left > 0 {
+        req.pieces_left = req.pieces_left.saturating_sub(1);
+        if req.pieces_left > 0 {
             return;
         }
-        let Some(staged) = batch.staged.take() else {
+        let Some(staged) = req.staged.take() else {
             return;
         };
-        let results = std::mem::take(&mut batch.results);
-        let mut ops = data_ops(&mut batch.entries, &batch.data);
-        for op in ops.iter_mut() {
-            op.result = Ok(());
-        }
-        let commit = staged.finish(&mut ops, results);
-        let finished: Vec<Result<(), IoError>> = ops
-            .iter_mut()
-            .map(|op| std::mem::replace(&mut op.result, Ok(())))
-            .collect();
-        self.negotiated.handle.record(&ops, batch.started);
-        drop(ops);
-        self.apply_data_results(index, finished, commit, io);
+        let Some(mut op) = data_op(&mut req.entry) else {
+            return;
+        };
+        let ops = std::slice::from_mut(&mut op);
+        let commit = staged.finish(ops, req.results.drain(..));
+        self.negotiated.handle.record(ops, req.started);
+        let result = std::mem::replace(&mut op.result, Ok(()));
+        drop(op);
+        self.settle(slot, result, commit, io);
     }
 
-    /// Turns the finished results of a batch's data ops into outcomes, and
-    /// starts the commit its FUA writes need.
-    fn apply_data_results(
-        &mut self,
-        index: usize,
-        results: Vec<Result<(), IoError>>,
-        commit: bool,
-        io: &mut Io<'_>,
-    ) {
+    /// Turns a finished read's or write's result into its outcome, and
+    /// starts the commit a FUA write needs.
+    fn settle(&mut self, slot: usize, result: Result<(), IoError>, commit: bool, io: &mut Io<'_>) {
         let structured = self.negotiated.structured;
         let peer = self.peer;
         let volume = &self.volume;
-        let Some(batch) = self.batches.get_mut(index).and_then(Option::as_mut) else {
+        let Some(req) = self.requests.get_mut(slot).and_then(Option::as_mut) else {
             return;
         };
-        for (k, result) in results.into_iter().enumerate() {
-            let Some(entry) = batch.data.get(k).and_then(|&i| batch.entries.get_mut(i)) else {
-                continue;
-            };
-            if !matches!(entry.outcome, Outcome::Pending) {
-                continue;
-            }
-            entry.outcome = data_outcome(structured, &entry.request, result, peer, |o, l| {
-                volume.try_mapping(o, l).and_then(Result::ok)
-            });
-        }
+        req.entry.outcome = data_outcome(structured, &req.entry.request, result, peer, |o, l| {
+            volume.try_mapping(o, l).and_then(Result::ok)
+        });
         if commit {
-            batch.state = BatchState::Committing;
-            batch.jobs_left += 1;
+            req.state = State::Committing;
+            req.jobs_left += 1;
             let volume = self.volume.clone();
             io.offload(move || {
-                Box::new(Delivery::Commit {
-                    batch: index,
-                    result: volume.flush(),
-                })
+                let result = guarded(|| volume.flush()).unwrap_or(Err(IoError::Failed));
+                Box::new(Delivery::Commit { slot, result })
             });
         }
-        self.maybe_complete(index);
+        self.maybe_complete(slot);
     }
 
     pub(super) fn on_delivery(&mut self, delivery: Delivery) {
-        let (index, peer) = match &delivery {
-            Delivery::Command { batch, .. }
-            | Delivery::Unaligned { batch, .. }
-            | Delivery::Commit { batch, .. } => (*batch, self.peer),
+        let slot = match &delivery {
+            Delivery::Command { slot, .. }
+            | Delivery::Unaligned { slot, .. }
+            | Delivery::Commit { slot, .. } => *slot,
         };
-        let Some(batch) = self.batches.get_mut(index).and_then(Option::as_mut) else {
+        let peer = self.peer;
+        let Some(req) = self.requests.get_mut(slot).and_then(Option::as_mut) else {
             return;
         };
-        batch.jobs_left = batch.jobs_left.saturating_sub(1);
+        req.jobs_left = req.jobs_left.saturating_sub(1);
         match delivery {
-            Delivery::Command { entry, outcome, .. } => {
-                if let Some(e) = batch.entries.get_mut(entry) {
-                    e.outcome = outcome;
-                }
-            }
-            Delivery::Unaligned {
-                entry, buf, result, ..
-            } => {
-                if let Some(e) = batch.entries.get_mut(entry) {
-                    e.payload = Some(buf);
-                    e.outcome = match result {
-                        Ok(()) => Outcome::Done,
-                        Err(err) => failure(&err, &e.request, peer),
-                    };
-                }
+            Delivery::Command { outcome, .. } => req.entry.outcome = outcome,
+            Delivery::Unaligned { buf, result, .. } => {
+                req.entry.payload = Some(buf);
+                req.entry.outcome = match result {
+                    Ok(()) => Outcome::Done,
+                    Err(err) => failure(&err, &req.entry.request, peer),
+                };
             }
             Delivery::Commit { result, .. } => {
-                batch.state = BatchState::Running;
+                req.state = State::Running;
                 if let Err(err) = result {
-                    // Same rule as the synchronous path: every FUA write of
-                    // the batch fails with the commit.
-                    let mut ops = data_ops(&mut batch.entries, &batch.data);
-                    for op in ops.iter_mut() {
-                        op.result = Ok(());
-                    }
-                    fail_fua_writes(&mut ops, &err);
-                    let failed: Vec<bool> = ops.iter().map(|op| op.result.is_err()).collect();
-                    drop(ops);
-                    for (k, failed) in failed.into_iter().enumerate() {
-                        if let Some(e) = batch.data.get(k).and_then(|&i| batch.entries.get_mut(i)) {
-                            if failed {
-                                e.outcome = failure(&err, &e.request, peer);
-                            }
+                    // Same rule as the synchronous path: a FUA write fails
+                    // with the commit it needed.
+                    if let Some(mut op) = data_op(&mut req.entry) {
+                        fail_fua_writes(std::slice::from_mut(&mut op), &err);
+                        let failed = op.result.is_err();
+                        drop(op);
+                        if failed {
+                            req.entry.outcome = failure(&err, &req.entry.request, peer);
                         }
                     }
                 }
             }
         }
-        self.maybe_complete(index);
+        self.maybe_complete(slot);
     }
 
-    /// Replies to a batch once all its work is done.
-    fn maybe_complete(&mut self, index: usize) {
+    /// Queues the reply to a request once all its work is done.
+    fn maybe_complete(&mut self, slot: usize) {
         let done = self
-            .batches
-            .get(index)
+            .requests
+            .get(slot)
             .and_then(Option::as_ref)
-            .is_some_and(|b| {
-                b.state == BatchState::Running
-                    && b.pieces_left == 0
-                    && b.jobs_left == 0
-                    && b.staged.is_none()
+            .is_some_and(|r| {
+                r.state == State::Running
+                    && r.pieces_left == 0
+                    && r.jobs_left == 0
+                    && r.staged.is_none()
             });
         if !done {
             return;
         }
-        let Some(batch) = self.batches.get_mut(index).and_then(Option::take) else {
+        let Some(req) = self.requests.get_mut(slot).and_then(Option::take) else {
             return;
         };
-        self.free_batches.push(index);
-        self.batches_in_flight -= 1;
-        self.requests_in_flight -= batch.entries.len();
-        self.queue_replies(batch.entries);
+        self.free_slots.push(slot);
+        self.requests_in_flight -= 1;
+        self.spare_results.push(req.results);
+        self.queue_reply(req.entry);
     }
 }
 
-/// The data ops of a batch over its entries' buffers, in `data` order.
-fn data_ops<'a>(entries: &'a mut [Entry], data: &[usize]) -> Vec<DataOp<'a>> {
-    let mut ops = Vec::with_capacity(data.len());
-    let mut wanted = data.iter().peekable();
-    for (i, entry) in entries.iter_mut().enumerate() {
-        if wanted.next_if(|&&w| w == i).is_none() {
-            continue;
-        }
-        let request = entry.request;
-        let Some(buf) = entry.payload.as_mut() else {
-            continue;
-        };
-        ops.push(match request.command {
-            Command::Read => DataOp::read(request.offset, &mut buf[..]),
-            _ => DataOp::write(
-                request.offset,
-                &buf[..],
-                request.flags.contains(CommandFlags::FUA),
-            ),
-        });
+/// Runs an unaligned READ or WRITE (a read-modify-write in the store).
+fn unaligned(
+    handle: &basalt_volume::VolumeHandle,
+    request: &basalt_nbd_wire::Request,
+    buf: &mut AlignedBuf,
+) -> Result<(), IoError> {
+    match request.command {
+        Command::Read => handle.read(request.offset, buf),
+        _ => handle.write(
+            request.offset,
+            buf,
+            request.flags.contains(CommandFlags::FUA),
+        ),
     }
-    ops
+}
+
+/// Runs an offloaded job, turning a panic into `None` (logged), so that
+/// its request is still answered (with an error) and its slot freed.
+fn guarded<T>(job: impl FnOnce() -> T) -> Option<T> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(job)) {
+        Ok(value) => Some(value),
+        Err(_) => {
+            tracing::error!("an NBD request's job panicked; answering it with EIO");
+            None
+        }
+    }
 }

@@ -7,20 +7,21 @@
 //! 1. *Receive*: when the socket is readable (a poll on the loop's ring),
 //!    take what the kernel has without blocking, parse every complete
 //!    request, and receive WRITE payloads into pooled aligned buffers (a
-//!    payload that is still arriving waits for the next readiness). The
-//!    requests parsed together form a batch.
-//! 2. *Execute*: the batch's aligned READs and WRITEs are staged in one
-//!    call (`LocalVolume::try_stage`: lookups, allocation, checksums) and
-//!    their device pieces submitted to the loop's ring, straight into and
-//!    out of the request buffers. Everything that may block — FLUSH, TRIM,
-//!    WRITE_ZEROES, BLOCK_STATUS, unaligned reads and writes, the commit a
-//!    FUA write may need — runs on the reactor's offload pool and comes
-//!    back as a message. A batch whose map lock is contended (a snapshot or
-//!    trim waits for it) is retried shortly, never waited for.
-//! 3. *Reply*: when the last piece and job of a batch are done, its
-//!    replies are encoded and queued with the read data (not copied), and
-//!    sent with non-blocking vectored writes; what the socket does not take
-//!    waits for writability.
+//!    payload that is still arriving waits for the next readiness).
+//! 2. *Execute* (`execute.rs`), each request on its own: an aligned READ or
+//!    WRITE is staged (`LocalVolume::try_stage`: lookups, allocation,
+//!    checksums) and its device pieces submitted to the loop's ring,
+//!    straight into and out of the request's buffer. Everything that may
+//!    block — FLUSH, TRIM, WRITE_ZEROES, BLOCK_STATUS, unaligned reads and
+//!    writes, the commit a FUA write may need — runs on the reactor's
+//!    offload pool and comes back as a message. A request whose map lock
+//!    is contended (a snapshot or trim waits for it) is retried shortly,
+//!    never waited for.
+//! 3. *Reply* (`replies.rs`): when a request's last piece and job are done,
+//!    its reply is encoded and queued with the read data (not copied);
+//!    after each round of completions, everything queued is sent with
+//!    non-blocking vectored writes; what the socket does not take waits
+//!    for writability.
 //!
 //! A client at queue depth 1 whose write is the only I/O in flight on the
 //! loop gets it written synchronously on the loop thread: on a file, the
@@ -30,7 +31,7 @@
 //!
 //! Invariants:
 //! - Each request gets exactly one complete reply (except DISC), sent only
-//!   after its operation (and, for FUA, the commit) finished; batches in
+//!   after its operation (and, for FUA, the commit) finished; requests in
 //!   flight together complete in any order, which NBD allows.
 //! - The connection is dropped only when nothing is in flight: no piece on
 //!   the ring, no job on the pool, no poll armed (`finished`), because the
@@ -56,7 +57,7 @@ use crate::{ConnectionError, MAX_PAYLOAD};
 use basalt_nbd_wire::{parse_request, Command, NbdError, Request, WireError};
 use basalt_reactor::{Connection, Io, Payload};
 use basalt_store::{AlignedBuf, LocalVolume};
-use execute::{Batch, BatchState, Delivery, PIECE_BITS};
+use execute::{Delivery, InFlight, State, PIECE_BITS};
 use io_uring::{opcode, types};
 use replies::ReplyQueue;
 use std::io;
@@ -65,12 +66,11 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
 
 /// Requests of one connection in flight at most; more wait in the socket.
+/// (A ring tag numbers the request's slot in the bits above `PIECE_BITS`.)
 pub const MAX_IN_FLIGHT_REQUESTS: usize = 1024;
 /// Encoded replies and read data queued for sending at most before the
 /// connection stops receiving.
 pub const MAX_QUEUED_REPLY_BYTES: usize = 128 << 20;
-/// Batches in flight at most (the tag has room for 1024).
-const MAX_BATCHES: usize = 1023;
 const TAG_POLL_IN: u32 = 0x7FFF_FFFF;
 const TAG_POLL_OUT: u32 = 0x7FFF_FFFE;
 
@@ -98,10 +98,12 @@ pub(crate) struct EventedConnection {
     discarding: usize,
     forming: Vec<Entry>,
     forming_bytes: u64,
-    batches: Vec<Option<Batch>>,
-    free_batches: Vec<usize>,
-    batches_in_flight: usize,
+    /// Requests in flight, by slot (a slot numbers its ring entries).
+    requests: Vec<Option<InFlight>>,
+    free_slots: Vec<usize>,
     requests_in_flight: usize,
+    /// Piece-result vectors of finished requests, for the next ones.
+    spare_results: Vec<Vec<io::Result<()>>>,
     retrying: bool,
     replies: ReplyQueue,
     poll_in: bool,
@@ -139,9 +141,9 @@ impl EventedConnection {
             discarding: 0,
             forming: Vec::new(),
             forming_bytes: 0,
-            batches: Vec::new(),
-            free_batches: Vec::new(),
-            batches_in_flight: 0,
+            requests: Vec::new(),
+            free_slots: Vec::new(),
+            spare_results: Vec::new(),
             requests_in_flight: 0,
             retrying: false,
             replies: ReplyQueue::default(),
@@ -172,7 +174,6 @@ impl EventedConnection {
 
     fn throttled(&self) -> bool {
         self.requests_in_flight + self.forming.len() >= MAX_IN_FLIGHT_REQUESTS
-            || self.batches_in_flight >= MAX_BATCHES
             || self.replies.queued_bytes() >= MAX_QUEUED_REPLY_BYTES
     }
 
@@ -199,7 +200,7 @@ impl EventedConnection {
 
     // ------------------------------------------------------------ receive
 
-    /// Receives and parses what the socket has, dispatching batches.
+    /// Receives and parses what the socket has, dispatching requests.
     fn pump(&mut self, io: &mut Io<'_>) {
         if let Err(err) = self.receive(io) {
             self.end_with(Err(err), true);
@@ -210,7 +211,7 @@ impl EventedConnection {
     fn receive(&mut self, io: &mut Io<'_>) -> Result<(), ConnectionError> {
         while self.reading && !self.dead {
             if self.throttled() {
-                // Resumed when a batch completes or replies drain.
+                // Resumed when a request completes or replies drain.
                 return Ok(());
             }
             if let Some(mut incoming) = self.incoming.take() {
@@ -348,7 +349,7 @@ impl EventedConnection {
         Ok(())
     }
 
-    /// Validates a request and adds it to the forming batch; READs get
+    /// Validates a request and adds it to those received; READs get
     /// their buffer here.
     fn push(&mut self, request: Request, payload: Option<AlignedBuf>) {
         let (outcome, payload) = match validate(&self.negotiated, &request) {
@@ -388,12 +389,12 @@ impl EventedConnection {
 
     // -------------------------------------------------------------- reply
 
-    fn queue_replies(&mut self, entries: Vec<Entry>) {
+    /// Encodes a finished request's reply and queues it, with its read
+    /// data (not copied).
+    fn queue_reply(&mut self, entry: Entry) {
         if self.dead {
-            for e in entries {
-                if let Some(buf) = e.payload {
-                    self.pool.give(buf);
-                }
+            if let Some(buf) = entry.payload {
+                self.pool.give(buf);
             }
             return;
         }
@@ -401,28 +402,42 @@ impl EventedConnection {
         let mut segments = std::mem::take(&mut self.scratch_segments);
         encoded.clear();
         segments.clear();
-        encode_replies(&entries, &self.negotiated, &mut encoded, &mut segments);
-        let mut buffers: Vec<Option<Arc<AlignedBuf>>> = entries
-            .into_iter()
-            .map(|e| e.payload.map(Arc::new))
-            .collect();
+        encode_replies(
+            std::slice::from_ref(&entry),
+            &self.negotiated,
+            &mut encoded,
+            &mut segments,
+        );
+        let pieces = segments
+            .iter()
+            .filter(|s| matches!(s, Segment::Data(..)))
+            .count();
+        // One piece of data (a READ): the buffer moves into the queue.
+        // Several (a READ with holes): they share it.
+        let mut owned = entry.payload;
+        let shared = if pieces > 1 {
+            owned.take().map(Arc::new)
+        } else {
+            None
+        };
         for segment in segments.drain(..) {
             match segment {
                 Segment::Encoded(range) => {
                     self.replies.push_encoded(encoded.get(range).unwrap_or(&[]));
                 }
-                Segment::Data(i, range) => {
-                    if let Some(Some(buf)) = buffers.get(i) {
-                        self.replies.push_data(Arc::clone(buf), range);
+                Segment::Data(_, range) if range.is_empty() => {}
+                Segment::Data(_, range) => {
+                    if let Some(buf) = &shared {
+                        self.replies.push_shared(Arc::clone(buf), range);
+                    } else if let Some(buf) = owned.take() {
+                        self.replies.push_owned(buf, range);
                     }
                 }
             }
         }
-        // Buffers no reply refers to (WRITE payloads) go back now.
-        for buf in buffers.iter_mut().filter_map(Option::take) {
-            if let Ok(buf) = Arc::try_unwrap(buf) {
-                self.pool.give(buf);
-            }
+        // A buffer no reply refers to (a WRITE's payload) goes back now.
+        if let Some(buf) = owned {
+            self.pool.give(buf);
         }
         self.scratch_encoded = encoded;
         self.scratch_segments = segments;
@@ -480,8 +495,9 @@ impl Connection for EventedConnection {
         match payload.downcast::<Delivery>() {
             Ok(delivery) => self.on_delivery(*delivery),
             Err(_) => {
-                // A job panicked: its request cannot be answered correctly.
-                tracing::error!(peer = %self.peer, "NBD request job failed; closing the connection");
+                // Not one of this connection's deliveries (its jobs catch
+                // their own panics): the stream cannot be trusted.
+                tracing::error!(peer = %self.peer, "unexpected message for an NBD connection; closing it");
                 self.end_with(
                     Err(ConnectionError::Io(io::Error::other("request job failed"))),
                     true,
@@ -493,10 +509,10 @@ impl Connection for EventedConnection {
     fn retry(&mut self, io: &mut Io<'_>) {
         self.retrying = false;
         let waiting: Vec<usize> = self
-            .batches
+            .requests
             .iter()
             .enumerate()
-            .filter(|(_, b)| b.as_ref().is_some_and(|b| b.state == BatchState::Staging))
+            .filter(|(_, r)| r.as_ref().is_some_and(|r| r.state == State::Staging))
             .map(|(i, _)| i)
             .collect();
         for index in waiting {
@@ -511,7 +527,7 @@ impl Connection for EventedConnection {
     fn finished(&self) -> bool {
         let drained = self.dead || self.replies.is_empty();
         !self.reading
-            && self.batches_in_flight == 0
+            && self.requests_in_flight == 0
             && self.forming.is_empty()
             && drained
             && !self.poll_in

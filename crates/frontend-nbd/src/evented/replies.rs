@@ -25,7 +25,23 @@ enum Outgoing {
     /// The next `n` bytes of `encoded`.
     Encoded(usize),
     /// Read data.
-    Data(Arc<AlignedBuf>, Range<usize>),
+    Data(DataBuf, Range<usize>),
+}
+
+/// A read buffer in the queue: the reply's own, or shared by the data
+/// chunks of a reply with holes.
+enum DataBuf {
+    Owned(AlignedBuf),
+    Shared(Arc<AlignedBuf>),
+}
+
+impl DataBuf {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            DataBuf::Owned(buf) => buf,
+            DataBuf::Shared(buf) => buf,
+        }
+    }
 }
 
 #[derive(Default)]
@@ -60,10 +76,15 @@ impl ReplyQueue {
         }
     }
 
-    pub(super) fn push_data(&mut self, buf: Arc<AlignedBuf>, range: Range<usize>) {
-        if range.is_empty() {
-            return;
-        }
+    pub(super) fn push_owned(&mut self, buf: AlignedBuf, range: Range<usize>) {
+        self.push_data(DataBuf::Owned(buf), range);
+    }
+
+    pub(super) fn push_shared(&mut self, buf: Arc<AlignedBuf>, range: Range<usize>) {
+        self.push_data(DataBuf::Shared(buf), range);
+    }
+
+    fn push_data(&mut self, buf: DataBuf, range: Range<usize>) {
         self.queued_bytes += range.len();
         self.outgoing.push_back(Outgoing::Data(buf, range));
     }
@@ -110,7 +131,8 @@ impl ReplyQueue {
                         }
                         Outgoing::Data(buf, range) => {
                             let skip = if k == 0 { self.front_sent } else { 0 };
-                            slices[count] = IoSlice::new(&buf[range.start + skip..range.end]);
+                            slices[count] =
+                                IoSlice::new(&buf.bytes()[range.start + skip..range.end]);
                             count += 1;
                         }
                     }
@@ -160,9 +182,14 @@ impl ReplyQueue {
 }
 
 /// Returns a read buffer to the pool once no queued piece refers to it.
-fn give_back(buf: Arc<AlignedBuf>, pool: &mut BufferPool) {
-    if let Ok(buf) = Arc::try_unwrap(buf) {
-        pool.give(buf);
+fn give_back(buf: DataBuf, pool: &mut BufferPool) {
+    match buf {
+        DataBuf::Owned(buf) => pool.give(buf),
+        DataBuf::Shared(buf) => {
+            if let Ok(buf) = Arc::try_unwrap(buf) {
+                pool.give(buf);
+            }
+        }
     }
 }
 
@@ -189,10 +216,10 @@ mod tests {
     use std::os::fd::AsRawFd;
     use std::os::unix::net::UnixStream;
 
-    fn data(bytes: &[u8]) -> Arc<AlignedBuf> {
+    fn data(bytes: &[u8]) -> AlignedBuf {
         let mut buf = AlignedBuf::zeroed(bytes.len());
         buf.copy_from_slice(bytes);
-        Arc::new(buf)
+        buf
     }
 
     #[test]
@@ -209,7 +236,11 @@ mod tests {
             let body: Vec<u8> = (0..(i as usize * 97 % 9000))
                 .map(|k| (k + i as usize) as u8)
                 .collect();
-            queue.push_data(data(&body), 0..body.len());
+            if i % 2 == 0 {
+                queue.push_shared(Arc::new(data(&body)), 0..body.len());
+            } else {
+                queue.push_owned(data(&body), 0..body.len());
+            }
             expected.extend_from_slice(&body);
         }
         assert_eq!(queue.queued_bytes(), expected.len());
