@@ -88,8 +88,8 @@ fn data_op(entry: &mut Entry) -> Option<DataOp<'_>> {
 fn is_aligned_data(entry: &Entry) -> bool {
     let r = &entry.request;
     matches!(r.command, Command::Read | Command::Write)
-        && r.offset % 4096 == 0
-        && r.length % 4096 == 0
+        && r.offset.is_multiple_of(4096)
+        && r.length.is_multiple_of(4096)
         && entry.payload.is_some()
 }
 
