@@ -64,7 +64,7 @@ pub struct ServerArgs {
 
     /// Event loops serving NBD connections to single-node volumes (each
     /// connection lives on one loop, which receives, executes and answers
-    /// its requests without a thread hand-off). Default: one per two CPUs. 0
+    /// its requests without a thread hand-off). Default: one per CPU. 0
     /// serves every connection with lanes (`--nbd-lanes`) instead.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(0..=256))]
     pub nbd_event_loops: Option<u32>,

@@ -83,13 +83,13 @@ impl Default for ServerLimits {
     }
 }
 
-/// One event loop per two CPUs the process may run on (at least one): the
-/// loops share the machine with the kernel's network and disk work and,
-/// on a hyperconverged host, with the clients. On this 2-vCPU development
-/// VM one loop served two connections at 2 × QD16 at 82–91k 4k reads
-/// where two loops reached 70–82k (BENCHMARKS.md, issue 20).
+/// One event loop per CPU the process may run on. (On a small machine that
+/// also runs the clients, fewer can serve disk-bound connections better:
+/// on the 2-vCPU development VM one loop gave 2 × QD16 4k reads 82–91k
+/// where two gave 70–82k, but RAM-backed volumes 185k where two gave
+/// 277k; BENCHMARKS.md, issue 20. `--nbd-event-loops` sets it.)
 pub fn default_event_loops() -> usize {
-    thread::available_parallelism().map_or(1, |n| (n.get() / 2).max(1))
+    thread::available_parallelism().map_or(1, |n| n.get())
 }
 
 struct Shared {

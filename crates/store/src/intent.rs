@@ -79,6 +79,14 @@ impl Intent {
 }
 
 impl Store {
+    /// Whether a write to extent `phys` can go ahead without a commit
+    /// (it is durably hot, or nothing tracks write intent).
+    pub(crate) fn is_hot(&self, phys: u32) -> bool {
+        self.intent
+            .as_ref()
+            .is_none_or(|intent| intent.state[phys as usize].load(Ordering::Acquire) == HOT)
+    }
+
     /// Before a write (or an in-place zeroing) reaches owned extent `phys`:
     /// makes sure it is durably hot, committing a `Hot` entry if it is not.
     /// Called with the volume's map lock held (shared or exclusive).

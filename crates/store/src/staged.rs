@@ -278,6 +278,32 @@ impl LocalVolume {
         Ok(Some(batch))
     }
 
+    /// Whether writing `[offset, offset + len)` would first wait for
+    /// metadata to be made durable: an extent to allocate, or one to mark
+    /// hot (a commit). An event loop runs such a write elsewhere rather
+    /// than stall. Unknown (a map lock contended, out of range): `false`,
+    /// and staging says so itself.
+    pub fn write_needs_commit(&self, offset: u64, len: u64) -> bool {
+        let store = self.store();
+        let Some(map) = self.state().map.try_read() else {
+            return false;
+        };
+        let es = store.extent_size();
+        let Some(end) = offset.checked_add(len) else {
+            return false;
+        };
+        if len == 0 {
+            return false;
+        }
+        (offset / es..=(end - 1) / es).any(|logical| match map.get(logical as usize) {
+            Some(entry) => match entry.get() {
+                Some(phys) => !store.is_hot(phys),
+                None => true,
+            },
+            None => false,
+        })
+    }
+
     /// A descriptor of the store's device that an event loop may submit
     /// the pieces of staged batches to with its own io_uring (buffers
     /// aligned to 4 KiB); `None`: run them with [`StagedBatch::run`].

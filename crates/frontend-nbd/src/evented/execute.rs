@@ -1,7 +1,9 @@
 //! Executing an evented connection's requests, each on its own: a READ or
 //! WRITE is staged against the volume's maps and its device pieces go to
-//! the loop's ring; commands and anything that may block run on the
-//! reactor's offload pool (or inline, for a lone request on an idle loop).
+//! the loop's ring; commands and anything that may block (unaligned
+//! requests, writes that need a commit first: thin allocation, an extent
+//! to mark hot) run on the reactor's offload pool (or inline, for a lone
+//! request on an idle loop).
 //! A request is answered as soon as its own pieces, jobs and commit are
 //! done — not when others received with it are — so a client's requests
 //! flow the way the disk completes them instead of in convoys.
@@ -59,7 +61,9 @@ pub(super) enum Delivery {
         slot: usize,
         outcome: Outcome,
     },
-    Unaligned {
+    /// A READ or WRITE run on the pool: unaligned (read-modify-write), or
+    /// a write that needs a commit first.
+    Blocking {
         slot: usize,
         buf: AlignedBuf,
         result: Result<(), IoError>,
@@ -130,14 +134,21 @@ impl EventedConnection {
         let inline = lone && io.loop_in_flight() == 0;
         let handle = &self.negotiated.handle;
         if matches!(entry.outcome, Outcome::Pending) {
+            // A write that needs metadata made durable first (a thin
+            // extent to allocate, a cold extent to mark hot: a commit)
+            // would stall the loop: it runs like blocking work.
+            let blocking = request.command == Command::Write
+                && self
+                    .volume
+                    .write_needs_commit(request.offset, u64::from(request.length));
             match request.command {
-                Command::Read | Command::Write if is_aligned_data(&entry) => {
+                Command::Read | Command::Write if is_aligned_data(&entry) && !blocking => {
                     state = State::Staging;
                 }
                 Command::Read | Command::Write => match entry.payload.take() {
                     None => entry.outcome = Outcome::failed(NbdError::Io, "request without buffer"),
                     Some(mut buf) if inline => {
-                        let result = unaligned(handle, &request, &mut buf);
+                        let result = blocking_io(handle, &request, &mut buf);
                         entry.payload = Some(buf);
                         entry.outcome = match result {
                             Ok(()) => Outcome::Done,
@@ -148,9 +159,9 @@ impl EventedConnection {
                         let handle = handle.clone();
                         jobs_left += 1;
                         io.offload(move || {
-                            let result = guarded(|| unaligned(&handle, &request, &mut buf))
+                            let result = guarded(|| blocking_io(&handle, &request, &mut buf))
                                 .unwrap_or(Err(IoError::Failed));
-                            Box::new(Delivery::Unaligned { slot, buf, result })
+                            Box::new(Delivery::Blocking { slot, buf, result })
                         });
                     }
                 },
@@ -347,7 +358,7 @@ impl EventedConnection {
     pub(super) fn on_delivery(&mut self, delivery: Delivery) {
         let slot = match &delivery {
             Delivery::Command { slot, .. }
-            | Delivery::Unaligned { slot, .. }
+            | Delivery::Blocking { slot, .. }
             | Delivery::Commit { slot, .. } => *slot,
         };
         let peer = self.peer;
@@ -357,7 +368,7 @@ impl EventedConnection {
         req.jobs_left = req.jobs_left.saturating_sub(1);
         match delivery {
             Delivery::Command { outcome, .. } => req.entry.outcome = outcome,
-            Delivery::Unaligned { buf, result, .. } => {
+            Delivery::Blocking { buf, result, .. } => {
                 req.entry.payload = Some(buf);
                 req.entry.outcome = match result {
                     Ok(()) => Outcome::Done,
@@ -408,8 +419,9 @@ impl EventedConnection {
     }
 }
 
-/// Runs an unaligned READ or WRITE (a read-modify-write in the store).
-fn unaligned(
+/// Runs a READ or WRITE through the volume's synchronous data path (an
+/// unaligned one is a read-modify-write in the store).
+fn blocking_io(
     handle: &basalt_volume::VolumeHandle,
     request: &basalt_nbd_wire::Request,
     buf: &mut AlignedBuf,

@@ -13,8 +13,9 @@
 //!    checksums) and its device pieces submitted to the loop's ring,
 //!    straight into and out of the request's buffer. Everything that may
 //!    block — FLUSH, TRIM, WRITE_ZEROES, BLOCK_STATUS, unaligned reads and
-//!    writes, the commit a FUA write may need — runs on the reactor's
-//!    offload pool and comes back as a message. A request whose map lock
+//!    writes, writes that need a commit first (a thin extent to allocate,
+//!    a cold extent to mark hot), the commit a FUA write may need — runs on
+//!    the reactor's offload pool and comes back as a message. A request whose map lock
 //!    is contended (a snapshot or trim waits for it) is retried shortly,
 //!    never waited for.
 //! 3. *Reply* (`replies.rs`): when a request's last piece and job are done,
