@@ -11,6 +11,7 @@
 //!   carries the DONE flag. Read data is not copied into the encoding but
 //!   listed as segments of the entry's buffer.
 
+use crate::bufpool::BufferPool;
 use crate::handshake::Negotiated;
 use crate::MAX_PAYLOAD;
 use basalt_nbd_wire::transmission::MAX_BLOCK_STATUS_DESCRIPTORS;
@@ -128,6 +129,35 @@ pub(crate) fn validate(negotiated: &Negotiated, request: &Request) -> Result<(),
             NbdError::Invalid,
             "request extends beyond the end of the export",
         )),
+    }
+}
+
+/// A received request as an entry to execute: validated (an invalid one
+/// is `Failed` already), a READ given its buffer from `pool`. A WRITE
+/// brings its payload.
+pub(crate) fn admit(
+    negotiated: &Negotiated,
+    pool: &mut BufferPool,
+    request: Request,
+    payload: Option<AlignedBuf>,
+) -> Entry {
+    let (outcome, payload) = match validate(negotiated, &request) {
+        Err(failed) => (failed, payload),
+        // Zero-length data requests succeed without touching the store
+        // (the protocol leaves them unspecified and clients only use them
+        // as probes). FLUSH always has length 0 and must run.
+        Ok(()) if request.length == 0 && request.command != Command::Flush => {
+            (Outcome::Done, payload)
+        }
+        Ok(()) => match request.command {
+            Command::Read => (Outcome::Pending, Some(pool.take(request.length as usize))),
+            _ => (Outcome::Pending, payload),
+        },
+    };
+    Entry {
+        request,
+        payload,
+        outcome,
     }
 }
 

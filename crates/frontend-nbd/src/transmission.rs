@@ -50,9 +50,7 @@
 
 use crate::bufpool::BufferPool;
 use crate::handshake::Negotiated;
-use crate::requests::{
-    data_outcome, encode_replies, run_command, validate, Entry, Outcome, Segment,
-};
+use crate::requests::{admit, data_outcome, encode_replies, run_command, Entry, Outcome, Segment};
 use crate::socket::{send_if_idle, write_all_vectored, RecvBuffer};
 use crate::{ConnectionError, MAX_PAYLOAD};
 use basalt_nbd_wire::{
@@ -390,30 +388,11 @@ impl<'c> Lane<'c> {
 
     /// Validates a request and queues it; READs get their buffer here.
     fn push(&mut self, request: Request, payload: Option<AlignedBuf>) {
-        let (outcome, payload) = match validate(&self.conn.negotiated, &request) {
-            Err(failed) => (failed, payload),
-            // Zero-length data requests succeed without touching the store
-            // (the protocol leaves them unspecified and clients only use
-            // them as probes). FLUSH always has length 0 and must run.
-            Ok(()) if request.length == 0 && request.command != Command::Flush => {
-                (Outcome::Done, payload)
-            }
-            Ok(()) => match request.command {
-                Command::Read => (
-                    Outcome::Pending,
-                    Some(self.pool.take(request.length as usize)),
-                ),
-                _ => (Outcome::Pending, payload),
-            },
-        };
-        if let Some(buf) = &payload {
+        let entry = admit(&self.conn.negotiated, &mut self.pool, request, payload);
+        if let Some(buf) = &entry.payload {
             self.batch_bytes += buf.len() as u64;
         }
-        self.batch.push(Entry {
-            request,
-            payload,
-            outcome,
-        });
+        self.batch.push(entry);
     }
 
     // ------------------------------------------------------------ execute

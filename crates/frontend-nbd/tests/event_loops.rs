@@ -10,6 +10,8 @@ mod common;
 use basalt_frontend_nbd::ServerLimits;
 use basalt_nbd_wire::*;
 use common::*;
+use rand::rngs::StdRng;
+use rand::{Rng as _, SeedableRng};
 use std::collections::HashMap;
 use std::io::Write;
 use std::net::SocketAddr;
@@ -20,19 +22,15 @@ const REGION: u64 = 256 * 1024;
 const CONNECTIONS: u64 = 256;
 const THREADS: u64 = 16;
 
-/// A deterministic generator (SplitMix64), so a failure can be replayed.
-struct Rng(u64);
+/// A seeded generator, so a failure can be replayed.
+struct Rng(StdRng);
 
 impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+    fn new(seed: u64) -> Rng {
+        Rng(StdRng::seed_from_u64(seed))
     }
     fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
+        self.0.gen_range(0..n)
     }
 }
 
@@ -53,7 +51,7 @@ impl Session {
     fn open(addr: SocketAddr, region: u64) -> Session {
         Session {
             client: Client::open(addr, "vol"),
-            rng: Rng(region),
+            rng: Rng::new(region),
             seed: region,
             base: region * REGION,
             model: vec![0u8; REGION as usize],
@@ -155,7 +153,7 @@ impl Session {
 /// a region of its own: the server may still be executing its requests
 /// when the others run, and NBD orders nothing across connections.
 fn vanish(addr: SocketAddr, region: u64) {
-    let mut rng = Rng(1000 + region);
+    let mut rng = Rng::new(1000 + region);
     let mut c = Client::open(addr, "vol");
     let base = region * REGION;
     let mut out = Vec::new();

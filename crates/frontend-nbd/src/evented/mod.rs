@@ -49,7 +49,7 @@ mod replies;
 
 use crate::bufpool::BufferPool;
 use crate::handshake::Negotiated;
-use crate::requests::{encode_replies, validate, Entry, Outcome, Segment};
+use crate::requests::{admit, encode_replies, Entry, Outcome, Segment};
 use crate::socket::RecvBuffer;
 use crate::transmission::{
     SessionEnd, MAX_BATCH_BYTES, MAX_BATCH_REQUESTS, MAX_DISCARDED_WRITE, RECV_BUFFER_BYTES,
@@ -353,29 +353,11 @@ impl EventedConnection {
     /// Validates a request and adds it to those received; READs get
     /// their buffer here.
     fn push(&mut self, request: Request, payload: Option<AlignedBuf>) {
-        let (outcome, payload) = match validate(&self.negotiated, &request) {
-            Err(failed) => (failed, payload),
-            // Zero-length data requests succeed without touching the store
-            // (FLUSH always has length 0 and must run).
-            Ok(()) if request.length == 0 && request.command != Command::Flush => {
-                (Outcome::Done, payload)
-            }
-            Ok(()) => match request.command {
-                Command::Read => (
-                    Outcome::Pending,
-                    Some(self.pool.take(request.length as usize)),
-                ),
-                _ => (Outcome::Pending, payload),
-            },
-        };
-        if let Some(buf) = &payload {
+        let entry = admit(&self.negotiated, &mut self.pool, request, payload);
+        if let Some(buf) = &entry.payload {
             self.forming_bytes += buf.len() as u64;
         }
-        self.forming.push(Entry {
-            request,
-            payload,
-            outcome,
-        });
+        self.forming.push(entry);
     }
 
     /// After a round of callbacks: receive again if the connection stopped

@@ -132,22 +132,14 @@ pub fn server_with_limits(
 /// [`server_with`], served by lanes (no event loops) with `lanes` threads
 /// per connection.
 pub fn server_with_lanes(volumes: &[(&str, u64)], lanes: usize) -> (NbdServer, Arc<StoreExports>) {
-    init_logging();
-    let exports = StoreExports::sim(64 * MIB);
-    for (name, size) in volumes {
-        exports.add_volume(name, *size);
-    }
-    let server = NbdServer::start_with_limits(
-        "127.0.0.1:0".parse().expect("address"),
-        Arc::clone(&exports) as Arc<dyn Exports>,
+    server_with_limits(
+        volumes,
         basalt_frontend_nbd::ServerLimits {
             lanes_per_connection: lanes,
             event_loops: 0,
             ..Default::default()
         },
     )
-    .expect("start server");
-    (server, exports)
 }
 
 /// Waits until `cond` holds (polling), failing the test after 10 s.
