@@ -422,6 +422,11 @@ fn serve_connection(
     }
     tracing::info!(%peer, %export, structured_replies = negotiated.structured,
         block_status = negotiated.base_allocation.is_some(), "NBD client connected");
+    if stopping() {
+        // The loops may be gone already: never hand them a connection.
+        tracing::info!(%peer, %export, "NBD connection closed by server shutdown");
+        return;
+    }
     if let (Some(reactor), Some(local)) = (&shared.reactor, negotiated.handle.local()) {
         let local = local.clone();
         let report = {
