@@ -33,8 +33,9 @@ type Queued = (Job, Arc<Mailbox>, u32);
 pub trait Connection: Send {
     /// Called once, on its loop, when adopted.
     fn start(&mut self, io: &mut Io<'_>);
-    /// A ring entry this connection submitted with `tag` completed with
-    /// `result` (a byte count, or a negative errno).
+    /// A ring entry this connection submitted with `tag` (below 2^31: the
+    /// top bit is the loop's) completed with `result` (a byte count, or a
+    /// negative errno).
     fn completed(&mut self, io: &mut Io<'_>, tag: u32, result: i32);
     /// A job it offloaded finished with `payload`.
     fn delivered(&mut self, io: &mut Io<'_>, payload: Payload);
