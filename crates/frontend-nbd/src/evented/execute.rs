@@ -14,6 +14,10 @@
 //!   the pool, no commit pending.
 //! - A contended map lock is never waited for on the loop: the request
 //!   stays `Staging` and is retried (`Io::retry_later`).
+//! - A write that needs a commit before its data (checked when dispatched,
+//!   and again when staged after a contended lock) runs on the pool. (An extent cooled by the
+//!   store's background thread between that check and staging still
+//!   commits on the loop: a window of microseconds, once per cooling.)
 //! - Nothing is allocated per request in steady state: slots are reused
 //!   with their piece-result vectors, payload buffers come from the pool.
 
@@ -52,6 +56,8 @@ pub(super) struct InFlight {
     pub(super) state: State,
     /// The only request of its connection in flight when dispatched.
     lone: bool,
+    /// Staging found its map lock contended at least once.
+    contended: bool,
     started: Instant,
 }
 
@@ -188,6 +194,7 @@ impl EventedConnection {
             jobs_left,
             state,
             lone,
+            contended: false,
             started: Instant::now(),
         });
         self.stage(io, slot);
@@ -203,6 +210,27 @@ impl EventedConnection {
             self.maybe_complete(slot);
             return;
         }
+        let request = req.entry.request;
+        if req.contended
+            && request.command == Command::Write
+            && self
+                .volume
+                .write_needs_commit(request.offset, u64::from(request.length))
+        {
+            // It needs a commit now (its extent cooled, or was freed, while
+            // it waited for a contended lock): not on the loop.
+            if let Some(mut buf) = req.entry.payload.take() {
+                req.state = State::Running;
+                req.jobs_left += 1;
+                let handle = self.negotiated.handle.clone();
+                io.offload(move || {
+                    let result = guarded(|| blocking_io(&handle, &request, &mut buf))
+                        .unwrap_or(Err(IoError::Failed));
+                    Box::new(Delivery::Blocking { slot, buf, result })
+                });
+            }
+            return;
+        }
         let Some(mut op) = data_op(&mut req.entry) else {
             req.state = State::Running;
             self.maybe_complete(slot);
@@ -210,6 +238,7 @@ impl EventedConnection {
         };
         let staged = match self.volume.try_stage(std::slice::from_mut(&mut op)) {
             Err(Contended) => {
+                req.contended = true;
                 if !self.retrying {
                     self.retrying = true;
                     io.retry_later();
