@@ -26,7 +26,9 @@
 //!   go through its mailbox: one lock and, when the loop may be asleep, one
 //!   eventfd write.
 //! - [`Reactor::stop`] (also on drop) tells every connection to stop, waits
-//!   until each loop has no connection left, and joins every thread.
+//!   until each loop has no connection left, and joins every thread; a
+//!   connection handed over after that is dropped at once, never left in
+//!   a mailbox nobody drains.
 
 // Under `--cfg loom` only the mailbox and its loom model are built (the
 // loops need a real kernel); the model uses the mailbox from tests only.

@@ -6,7 +6,7 @@ use io_uring::{opcode, squeue, types, IoUring};
 use parking_lot::{Condvar, Mutex};
 use std::any::Any;
 use std::io;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -179,6 +179,8 @@ pub struct Reactor {
     threads: Mutex<Vec<JoinHandle<()>>>,
     /// Loops that have not exited yet, and a condvar signalled as each does.
     running: Arc<(Mutex<usize>, Condvar)>,
+    /// Every loop has exited.
+    stopped: AtomicBool,
 }
 
 impl Reactor {
@@ -193,6 +195,7 @@ impl Reactor {
             }),
             threads: Mutex::new(Vec::new()),
             running: Arc::new((Mutex::new(0), Condvar::new())),
+            stopped: AtomicBool::new(false),
         };
         // On error, dropping `reactor` stops what was started.
         let rx = Arc::new(Mutex::new(rx));
@@ -268,9 +271,18 @@ impl Reactor {
         let chosen = (0..n)
             .map(|k| &self.loops[(start + k) % n])
             .min_by_key(|m| m.connections.load(Ordering::Relaxed));
+        if self.stopped.load(Ordering::SeqCst) {
+            // No loop will take it: it ends here (it has nothing in flight).
+            drop(connection);
+            return;
+        }
         if let Some(mailbox) = chosen {
             mailbox.connections.fetch_add(1, Ordering::Relaxed);
             mailbox.send(Message::Adopt(connection));
+            // Stopped meanwhile: no loop will drain the mailbox now.
+            if self.stopped.load(Ordering::SeqCst) {
+                drop(mailbox.take_all());
+            }
         }
     }
 
@@ -291,7 +303,13 @@ impl Reactor {
                 cv.wait(&mut left);
             }
         }
-        // Loops are gone: close the job queue so the workers end.
+        // Loops are gone: connections handed over since are dropped here
+        // (never started, nothing in flight), and later ones at once.
+        self.stopped.store(true, Ordering::SeqCst);
+        for mailbox in &self.loops {
+            drop(mailbox.take_all());
+        }
+        // Close the job queue so the workers end.
         self.offload.jobs.lock().take();
         for t in threads {
             if t.join().is_err() {
@@ -654,6 +672,23 @@ mod tests {
         fn finished(&self) -> bool {
             !self.armed
         }
+    }
+
+    #[test]
+    fn a_connection_handed_over_after_stop_is_dropped_not_leaked() {
+        let reactor = Reactor::start("test", 1).expect("reactor");
+        reactor.stop();
+        let done = Arc::new(AtomicUsize::new(0));
+        reactor.adopt(Box::new(Counter {
+            jobs: 0,
+            nops: 0,
+            retries: 0,
+            delivered: Vec::new(),
+            completed: 0,
+            retried: 0,
+            done: Arc::clone(&done),
+        }));
+        assert_eq!(done.load(Ordering::SeqCst), 1, "dropped at once");
     }
 
     #[test]
