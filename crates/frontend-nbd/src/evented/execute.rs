@@ -18,8 +18,10 @@
 //!   and again when staged after a contended lock) runs on the pool. (An extent cooled by the
 //!   store's background thread between that check and staging still
 //!   commits on the loop: a window of microseconds, once per cooling.)
-//! - Nothing is allocated per request in steady state: slots are reused
-//!   with their piece-result vectors, payload buffers come from the pool.
+//! - This module allocates nothing per request in steady state: slots are
+//!   reused with their piece-result vectors, payload buffers come from the
+//!   pool. (Staging still allocates its piece list and checksum vectors in
+//!   the store: three small vectors per request, left for later.)
 
 use super::EventedConnection;
 use crate::requests::{data_outcome, failure, run_command, Entry, Outcome};

@@ -179,24 +179,28 @@ impl EventedConnection {
     }
 
     fn arm_poll_in(&mut self, io: &mut Io<'_>) {
-        if self.poll_in || self.dead {
-            return;
+        if !self.poll_in {
+            self.poll_in = self.arm_poll(io, libc::POLLIN, TAG_POLL_IN);
         }
-        self.poll_in = true;
-        let entry = opcode::PollAdd::new(types::Fd(self.fd), libc::POLLIN as u32).build();
-        // SAFETY: the socket stays open until this connection is dropped,
-        // which `finished` prevents while the poll is armed.
-        unsafe { io.push_wait(entry, TAG_POLL_IN) };
     }
 
     fn arm_poll_out(&mut self, io: &mut Io<'_>) {
-        if self.poll_out || self.dead {
-            return;
+        if !self.poll_out {
+            self.poll_out = self.arm_poll(io, libc::POLLOUT, TAG_POLL_OUT);
         }
-        self.poll_out = true;
-        let entry = opcode::PollAdd::new(types::Fd(self.fd), libc::POLLOUT as u32).build();
-        // SAFETY: as for `arm_poll_in`.
-        unsafe { io.push_wait(entry, TAG_POLL_OUT) };
+    }
+
+    /// Arms a readiness poll on the socket; whether it was armed (not on a
+    /// dead socket).
+    fn arm_poll(&self, io: &mut Io<'_>, events: libc::c_short, tag: u32) -> bool {
+        if self.dead {
+            return false;
+        }
+        let entry = opcode::PollAdd::new(types::Fd(self.fd), events as u32).build();
+        // SAFETY: the socket stays open until this connection is dropped,
+        // which `finished` prevents while the poll is armed.
+        unsafe { io.push_wait(entry, tag) };
+        true
     }
 
     // ------------------------------------------------------------ receive
