@@ -23,7 +23,6 @@
 //! - [`NbdServer::shutdown`] returns only after every thread it started has
 //!   ended and every connection on its event loops has been dropped.
 
-mod bufpool;
 mod error;
 mod evented;
 mod handshake;

@@ -11,9 +11,9 @@
 //!   carries the DONE flag. Read data is not copied into the encoding but
 //!   listed as segments of the entry's buffer.
 
-use crate::bufpool::BufferPool;
 use crate::handshake::Negotiated;
 use crate::MAX_PAYLOAD;
+use basalt_loop_io::BufferPool;
 use basalt_nbd_wire::transmission::MAX_BLOCK_STATUS_DESCRIPTORS;
 use basalt_nbd_wire::{
     encode_block_status_chunk, encode_error_chunk, encode_none_chunk, encode_offset_data_header,

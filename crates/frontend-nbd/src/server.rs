@@ -427,8 +427,7 @@ fn serve_connection(
         tracing::info!(%peer, %export, "NBD connection closed by server shutdown");
         return;
     }
-    if let (Some(reactor), Some(local)) = (&shared.reactor, negotiated.handle.local()) {
-        let local = local.clone();
+    if let (Some(reactor), true) = (&shared.reactor, negotiated.handle.local().is_some()) {
         let report = {
             let export = export.clone();
             let stopping = Arc::clone(&registration.shared);
@@ -438,7 +437,7 @@ fn serve_connection(
                 drop(admitted);
             }
         };
-        match EventedConnection::new(stream, peer, negotiated, local, Box::new(report)) {
+        match EventedConnection::new(stream, peer, negotiated, Box::new(report)) {
             Ok(connection) => reactor.adopt(Box::new(connection)),
             Err(err) => tracing::warn!(%peer, %export, "NBD connection closed: {err}"),
         }

@@ -48,11 +48,11 @@
 //!   answered first. A broken stream shuts the socket down so that no lane
 //!   stays blocked.
 
-use crate::bufpool::BufferPool;
 use crate::handshake::Negotiated;
 use crate::requests::{admit, data_outcome, encode_replies, run_command, Entry, Outcome, Segment};
 use crate::socket::{send_if_idle, write_all_vectored, RecvBuffer};
 use crate::{ConnectionError, MAX_PAYLOAD};
+use basalt_loop_io::BufferPool;
 use basalt_nbd_wire::{
     encode_simple_reply, parse_request, Command, CommandFlags, NbdError, Request, WireError,
 };

@@ -8,27 +8,18 @@
 //!    take what the kernel has without blocking, parse every complete
 //!    request, and receive WRITE payloads into pooled aligned buffers (a
 //!    payload that is still arriving waits for the next readiness).
-//! 2. *Execute* (`execute.rs`), each request on its own: an aligned READ or
-//!    WRITE is staged (`LocalVolume::try_stage`: lookups, allocation,
-//!    checksums) and its device pieces submitted to the loop's ring,
-//!    straight into and out of the request's buffer. Everything that may
-//!    block — FLUSH, TRIM, WRITE_ZEROES, BLOCK_STATUS, unaligned reads and
-//!    writes, writes that need a commit first (a thin extent to allocate,
-//!    a cold extent to mark hot), the commit a FUA write may need — runs on
-//!    the reactor's offload pool and comes back as a message. A request whose map lock
-//!    is contended (a snapshot or trim waits for it) is retried shortly,
-//!    never waited for.
-//! 3. *Reply* (`replies.rs`): when a request's last piece and job are done,
-//!    its reply is encoded and queued with the read data (not copied);
-//!    after each round of completions, everything queued is sent with
+//! 2. *Execute* (`execute.rs`), each request on its own, through the
+//!    connection's `basalt_loop_io::BlockIo`: an aligned READ or WRITE is
+//!    staged and its device pieces go to the loop's ring, straight into
+//!    and out of the request's buffer; everything that may block (FLUSH,
+//!    TRIM, WRITE_ZEROES, BLOCK_STATUS, unaligned requests, writes that
+//!    need a commit first, the commit a FUA write may need) runs on the
+//!    reactor's offload pool and comes back as a message.
+//! 3. *Reply* (`basalt_loop_io::ReplyQueue`): when a request finishes, its
+//!    reply is encoded and queued with the read data (not copied); after
+//!    each round of completions, everything queued is sent with
 //!    non-blocking vectored writes; what the socket does not take waits
 //!    for writability.
-//!
-//! A client at queue depth 1 whose write is the only I/O in flight on the
-//! loop gets it written synchronously on the loop thread: on a file, the
-//! filesystem completes an asynchronous O_DIRECT write on a kernel worker
-//! thread, which costs one more wake-up than a synchronous write, and with
-//! nothing else in flight nobody waits for the loop meanwhile.
 //!
 //! Invariants:
 //! - Each request gets exactly one complete reply (except DISC), sent only
@@ -45,9 +36,7 @@
 //!   replies are dropped.
 
 mod execute;
-mod replies;
 
-use crate::bufpool::BufferPool;
 use crate::handshake::Negotiated;
 use crate::requests::{admit, encode_replies, Entry, Outcome, Segment};
 use crate::socket::RecvBuffer;
@@ -55,20 +44,20 @@ use crate::transmission::{
     SessionEnd, MAX_BATCH_BYTES, MAX_BATCH_REQUESTS, MAX_DISCARDED_WRITE, RECV_BUFFER_BYTES,
 };
 use crate::{ConnectionError, MAX_PAYLOAD};
+use basalt_loop_io::{BlockIo, BufferPool, ReplyQueue, FRONTEND_TAGS, MAX_SLOTS};
 use basalt_nbd_wire::{parse_request, Command, NbdError, Request, WireError};
 use basalt_reactor::{Connection, Io, Payload};
-use basalt_store::{AlignedBuf, LocalVolume};
-use execute::{Delivery, InFlight, State, PIECE_BITS};
+use basalt_store::AlignedBuf;
+use basalt_volume::VolumeHandle;
+use execute::Token;
 use io_uring::{opcode, types};
-use replies::ReplyQueue;
 use std::io;
 use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
 
 /// Requests of one connection in flight at most; more wait in the socket.
-/// (A ring tag numbers the request's slot in the bits above `PIECE_BITS`.)
-pub const MAX_IN_FLIGHT_REQUESTS: usize = 1024;
+pub const MAX_IN_FLIGHT_REQUESTS: usize = MAX_SLOTS;
 /// Encoded replies and read data queued for sending at most before the
 /// connection stops receiving.
 pub const MAX_QUEUED_REPLY_BYTES: usize = 128 << 20;
@@ -90,8 +79,7 @@ pub(crate) struct EventedConnection {
     fd: RawFd,
     peer: SocketAddr,
     negotiated: Negotiated,
-    volume: LocalVolume,
-    ring_fd: Option<RawFd>,
+    block_io: BlockIo<Token, Outcome>,
     recv: RecvBuffer,
     pool: BufferPool,
     incoming: Option<Incoming>,
@@ -99,13 +87,6 @@ pub(crate) struct EventedConnection {
     discarding: usize,
     forming: Vec<Entry>,
     forming_bytes: u64,
-    /// Requests in flight, by slot (a slot numbers its ring entries).
-    requests: Vec<Option<InFlight>>,
-    free_slots: Vec<usize>,
-    requests_in_flight: usize,
-    /// Piece-result vectors of finished requests, for the next ones.
-    spare_results: Vec<Vec<io::Result<()>>>,
-    retrying: bool,
     replies: ReplyQueue,
     poll_in: bool,
     poll_out: bool,
@@ -120,21 +101,22 @@ pub(crate) struct EventedConnection {
 }
 
 impl EventedConnection {
-    /// A connection after its handshake, on a volume of this node's store.
+    /// A connection after its handshake, on a volume of this node's store
+    /// (refused for any other volume).
     pub(crate) fn new(
         stream: TcpStream,
         peer: SocketAddr,
         negotiated: Negotiated,
-        volume: LocalVolume,
         on_end: OnEnd,
     ) -> io::Result<EventedConnection> {
+        let block_io = BlockIo::new(VolumeHandle::clone(&negotiated.handle))
+            .ok_or_else(|| io::Error::other("the volume is not on this node's store"))?;
         stream.set_nonblocking(true)?;
         Ok(EventedConnection {
             fd: stream.as_raw_fd(),
             stream,
             peer,
-            ring_fd: volume.ring_fd(),
-            volume,
+            block_io,
             negotiated,
             recv: RecvBuffer::new(RECV_BUFFER_BYTES),
             pool: BufferPool::new(),
@@ -142,11 +124,6 @@ impl EventedConnection {
             discarding: 0,
             forming: Vec::new(),
             forming_bytes: 0,
-            requests: Vec::new(),
-            free_slots: Vec::new(),
-            spare_results: Vec::new(),
-            requests_in_flight: 0,
-            retrying: false,
             replies: ReplyQueue::default(),
             poll_in: false,
             poll_out: false,
@@ -174,7 +151,7 @@ impl EventedConnection {
     }
 
     fn throttled(&self) -> bool {
-        self.requests_in_flight + self.forming.len() >= MAX_IN_FLIGHT_REQUESTS
+        self.block_io.in_flight() + self.forming.len() >= MAX_IN_FLIGHT_REQUESTS
             || self.replies.queued_bytes() >= MAX_QUEUED_REPLY_BYTES
     }
 
@@ -470,18 +447,18 @@ impl Connection for EventedConnection {
                 self.poll_out = false;
                 self.send(io);
             }
-            _ => {
-                let index = (tag >> PIECE_BITS) as usize;
-                let piece = (tag & ((1 << PIECE_BITS) - 1)) as usize;
-                self.piece_done(io, index, piece, result);
+            _ if tag < FRONTEND_TAGS => {
+                self.block_io.completed(io, tag, result);
+                self.take_finished();
             }
+            _ => tracing::error!(peer = %self.peer, tag, "completion of an unknown ring entry"),
         }
     }
 
-    fn delivered(&mut self, _io: &mut Io<'_>, payload: Payload) {
-        match payload.downcast::<Delivery>() {
-            Ok(delivery) => self.on_delivery(*delivery),
-            Err(_) => {
+    fn delivered(&mut self, io: &mut Io<'_>, payload: Payload) {
+        match self.block_io.delivered(io, payload) {
+            None => self.take_finished(),
+            Some(_) => {
                 // Not one of this connection's deliveries (its jobs catch
                 // their own panics): the stream cannot be trusted.
                 tracing::error!(peer = %self.peer, "unexpected message for an NBD connection; closing it");
@@ -494,17 +471,8 @@ impl Connection for EventedConnection {
     }
 
     fn retry(&mut self, io: &mut Io<'_>) {
-        self.retrying = false;
-        let waiting: Vec<usize> = self
-            .requests
-            .iter()
-            .enumerate()
-            .filter(|(_, r)| r.as_ref().is_some_and(|r| r.state == State::Staging))
-            .map(|(i, _)| i)
-            .collect();
-        for index in waiting {
-            self.stage(io, index);
-        }
+        self.block_io.retry(io);
+        self.take_finished();
     }
 
     fn stop(&mut self, _io: &mut Io<'_>) {
@@ -514,7 +482,7 @@ impl Connection for EventedConnection {
     fn finished(&self) -> bool {
         let drained = self.dead || self.replies.is_empty();
         !self.reading
-            && self.requests_in_flight == 0
+            && self.block_io.in_flight() == 0
             && self.forming.is_empty()
             && drained
             && !self.poll_in

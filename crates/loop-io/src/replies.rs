@@ -45,7 +45,7 @@ impl DataBuf {
 }
 
 #[derive(Default)]
-pub(super) struct ReplyQueue {
+pub struct ReplyQueue {
     encoded: VecDeque<u8>,
     outgoing: VecDeque<Outgoing>,
     /// Bytes of the front piece already sent (a `Data` piece only: a sent
@@ -55,15 +55,15 @@ pub(super) struct ReplyQueue {
 }
 
 impl ReplyQueue {
-    pub(super) fn is_empty(&self) -> bool {
+    pub fn is_empty(&self) -> bool {
         self.outgoing.is_empty()
     }
 
-    pub(super) fn queued_bytes(&self) -> usize {
+    pub fn queued_bytes(&self) -> usize {
         self.queued_bytes
     }
 
-    pub(super) fn push_encoded(&mut self, bytes: &[u8]) {
+    pub fn push_encoded(&mut self, bytes: &[u8]) {
         if bytes.is_empty() {
             return;
         }
@@ -76,11 +76,11 @@ impl ReplyQueue {
         }
     }
 
-    pub(super) fn push_owned(&mut self, buf: AlignedBuf, range: Range<usize>) {
+    pub fn push_owned(&mut self, buf: AlignedBuf, range: Range<usize>) {
         self.push_data(DataBuf::Owned(buf), range);
     }
 
-    pub(super) fn push_shared(&mut self, buf: Arc<AlignedBuf>, range: Range<usize>) {
+    pub fn push_shared(&mut self, buf: Arc<AlignedBuf>, range: Range<usize>) {
         self.push_data(DataBuf::Shared(buf), range);
     }
 
@@ -90,7 +90,7 @@ impl ReplyQueue {
     }
 
     /// Drops everything queued (the socket is gone).
-    pub(super) fn clear(&mut self, pool: &mut BufferPool) {
+    pub fn clear(&mut self, pool: &mut BufferPool) {
         self.encoded.clear();
         for out in self.outgoing.drain(..) {
             if let Outgoing::Data(buf, _) = out {
@@ -103,7 +103,7 @@ impl ReplyQueue {
 
     /// Sends until the queue is empty (`Ok(true)`) or the socket takes no
     /// more (`Ok(false)`: wait for it to be writable).
-    pub(super) fn send(&mut self, fd: RawFd, pool: &mut BufferPool) -> io::Result<bool> {
+    pub fn send(&mut self, fd: RawFd, pool: &mut BufferPool) -> io::Result<bool> {
         while !self.outgoing.is_empty() {
             let sent = {
                 let (first, second) = self.encoded.as_slices();

@@ -2,7 +2,7 @@
 //!
 //! READ and WRITE payloads live in [`AlignedBuf`]s so the store can hand
 //! them to O_DIRECT I/O without a bounce copy. Buffers come in power-of-two
-//! size classes from 4 KiB to [`crate::MAX_PAYLOAD`]; a buffer returned to the
+//! size classes from 4 KiB to 32 MiB (the largest payload a frontend accepts); a buffer returned to the
 //! pool is reused by the next request of its class, so a connection in steady
 //! state allocates nothing per I/O. The memory a pool keeps between batches
 //! is bounded by [`RETAINED_BYTES`] in total (enough for a batch of 32 x 1 MiB
@@ -11,13 +11,13 @@
 use basalt_store::AlignedBuf;
 
 const MIN_CLASS_SHIFT: u32 = 12; // 4 KiB
-const MAX_CLASS_SHIFT: u32 = 25; // 32 MiB == MAX_PAYLOAD
+const MAX_CLASS_SHIFT: u32 = 25; // 32 MiB: the largest payload of any frontend
 const CLASSES: usize = (MAX_CLASS_SHIFT - MIN_CLASS_SHIFT + 1) as usize;
 
 /// Bytes of free buffers a pool keeps, over all size classes.
-pub(crate) const RETAINED_BYTES: usize = 32 << 20;
+pub const RETAINED_BYTES: usize = 32 << 20;
 
-pub(crate) struct BufferPool {
+pub struct BufferPool {
     free: [Vec<AlignedBuf>; CLASSES],
     /// Sum of the capacities of the buffers in `free`.
     retained: usize,
@@ -33,8 +33,14 @@ fn class_bytes(class: usize) -> usize {
     1usize << (class as u32 + MIN_CLASS_SHIFT)
 }
 
+impl Default for BufferPool {
+    fn default() -> BufferPool {
+        BufferPool::new()
+    }
+}
+
 impl BufferPool {
-    pub(crate) fn new() -> BufferPool {
+    pub fn new() -> BufferPool {
         BufferPool {
             free: std::array::from_fn(|_| Vec::new()),
             retained: 0,
@@ -44,7 +50,7 @@ impl BufferPool {
     /// A buffer of exactly `len` bytes (contents unspecified). Lengths above
     /// the largest class get a dedicated buffer that the pool will not keep;
     /// the frontend never asks for those because it caps payloads first.
-    pub(crate) fn take(&mut self, len: usize) -> AlignedBuf {
+    pub fn take(&mut self, len: usize) -> AlignedBuf {
         let reused =
             class_of(len).map(|class| (class, self.free.get_mut(class).and_then(Vec::pop)));
         let mut buf = match reused {
@@ -61,7 +67,7 @@ impl BufferPool {
     }
 
     /// Returns a buffer for reuse.
-    pub(crate) fn give(&mut self, buf: AlignedBuf) {
+    pub fn give(&mut self, buf: AlignedBuf) {
         let capacity = buf.capacity();
         let Some(class) = class_of(capacity) else {
             return;
