@@ -89,7 +89,7 @@ impl Default for ServerLimits {
 /// where two gave 70–82k, but RAM-backed volumes 185k where two gave
 /// 277k; BENCHMARKS.md, issue 20. `--nbd-event-loops` sets it.)
 pub fn default_event_loops() -> usize {
-    thread::available_parallelism().map_or(1, |n| n.get())
+    basalt_reactor::default_loops()
 }
 
 struct Shared {

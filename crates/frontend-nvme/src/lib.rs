@@ -53,8 +53,11 @@
 
 mod controller;
 mod error;
+mod evented;
+mod io_commands;
 mod queue;
 mod server;
+mod transport;
 
 pub use basalt_nvme_wire::NQN_MAX_LEN;
 pub use error::ConnectionError;

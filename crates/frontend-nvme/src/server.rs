@@ -25,7 +25,8 @@
 use crate::controller::Registry;
 use crate::queue;
 use crate::Subsystems;
-use basalt_volume::admission::{Admission, AdmissionLimits, Admitted};
+use basalt_reactor::Reactor;
+use basalt_volume::admission::{Admission, AdmissionLimits};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::io;
@@ -72,6 +73,9 @@ pub struct ServerLimits {
     /// Write data a queue may hold while waiting for H2CData; commands
     /// beyond it wait for their R2T.
     pub max_inflight_per_queue: usize,
+    /// Event loops serving the I/O queues of single-node volumes; 0 serves
+    /// every queue on its own thread.
+    pub event_loops: usize,
 }
 
 impl Default for ServerLimits {
@@ -87,6 +91,7 @@ impl Default for ServerLimits {
             max_h2c_data: 128 * 1024,
             max_transfer: 1024 * 1024,
             max_inflight_per_queue: 8 * 1024 * 1024,
+            event_loops: basalt_reactor::default_loops(),
         }
     }
 }
@@ -122,8 +127,14 @@ pub fn cluster_cntlid_range(node_id: u32) -> (u16, u16) {
     (first, last)
 }
 
+/// What a connection holds until it ends, wherever it is served: its
+/// registration with the server and its admission.
+pub(crate) type Guards = Box<dyn Send>;
+
 pub(crate) struct Shared {
     pub subsystems: Arc<dyn Subsystems>,
+    /// The event loops, unless `limits.event_loops` is 0.
+    pub reactor: Option<Arc<Reactor>>,
     pub limits: ServerLimits,
     pub advertise: SocketAddr,
     pub controllers: Registry,
@@ -218,8 +229,13 @@ impl NvmeServer {
                 max_per_address: limits.max_connections_per_address,
             },
         );
+        let reactor = match limits.event_loops {
+            0 => None,
+            n => Some(Reactor::start("nvme-loop", n)?),
+        };
         let shared = Arc::new(Shared {
             subsystems,
+            reactor,
             limits,
             advertise,
             admission,
@@ -325,6 +341,11 @@ impl NvmeServer {
                 tracing::error!("NVMe/TCP connection thread panicked");
             }
         }
+        // Queues on event loops: stopped (their sockets are shut down
+        // already) and waited for.
+        if let Some(reactor) = &self.shared.reactor {
+            reactor.stop();
+        }
         for ctrl in self.shared.controllers.all() {
             self.shared.controllers.remove(&ctrl);
         }
@@ -406,12 +427,12 @@ fn spawn_connection(shared: &Arc<Shared>, stream: TcpStream, peer: SocketAddr) {
         .spawn({
             let shared = Arc::clone(shared);
             move || {
-                let _registration = Registration {
-                    shared: &shared,
+                let registration = Registration {
+                    shared: Arc::clone(&shared),
                     id,
                 };
-                let _admitted: Admitted = admitted;
-                queue::serve(&shared, stream, peer);
+                let guards: Guards = Box::new((registration, admitted));
+                queue::serve(&shared, stream, peer, guards);
             }
         });
     match spawned {
@@ -427,13 +448,13 @@ fn spawn_connection(shared: &Arc<Shared>, stream: TcpStream, peer: SocketAddr) {
     }
 }
 
-/// Unregisters a connection when its thread ends, however it ends.
-struct Registration<'a> {
-    shared: &'a Shared,
+/// Unregisters a connection when it ends, however it ends.
+struct Registration {
+    shared: Arc<Shared>,
     id: u64,
 }
 
-impl Drop for Registration<'_> {
+impl Drop for Registration {
     fn drop(&mut self) {
         self.shared.connections.lock().remove(&self.id);
     }

@@ -4,7 +4,8 @@
 mod common;
 
 use basalt_frontend_nvme::{
-    cluster_cntlid_range, subsystem_nqn, PathState, TargetConfig, FIRMWARE_REVISION, MODEL,
+    cluster_cntlid_range, subsystem_nqn, NvmeServer, PathState, TargetConfig, FIRMWARE_REVISION,
+    MODEL,
 };
 use basalt_nvme_wire::command::{async_event, cns, feature_id, log_id};
 use basalt_nvme_wire::fabrics::{CNTLID_DYNAMIC, DISCOVERY_NQN};
@@ -179,7 +180,10 @@ fn full_connect_sequence_and_identify() {
 }
 
 fn data_path(digests: Digests) {
-    let (server, _subs) = target_with(&[("v", 64 * MIB)]);
+    data_path_on(target_with(&[("v", 64 * MIB)]).0, digests);
+}
+
+fn data_path_on(server: NvmeServer, digests: Digests) {
     let addr = server.local_addr();
     let admin = Host::admin(addr, digests, "v", 0);
     let mut io = Host::io_queue(addr, digests, &admin, "v", 1);
@@ -221,6 +225,26 @@ fn data_path_without_digests() {
 #[test]
 fn data_path_with_header_and_data_digests() {
     data_path(Digests::BOTH);
+}
+
+#[test]
+fn data_path_on_queue_threads() {
+    // I/O queues of replicated volumes, or a target without event loops.
+    let (server, _subs) = target_with_limits(&[("v", 64 * MIB)], thread_limits());
+    data_path_on(server, Digests::BOTH);
+}
+
+#[test]
+fn data_path_on_a_file_store() {
+    // The event loop runs the device I/O on its ring.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let subsystems = StoreSubsystems::file(dir.path(), 256 * MIB, &[HOST_NQN]);
+    let config = TargetConfig {
+        limits: test_limits(),
+        ..TargetConfig::default()
+    };
+    let (server, _subs) = target_on(subsystems, &[("v", 64 * MIB)], config);
+    data_path_on(server, Digests::BOTH);
 }
 
 #[test]
@@ -343,7 +367,26 @@ fn error_statuses() {
 
 #[test]
 fn several_io_queues_with_concurrent_commands() {
-    let (server, _subs) = target_with(&[("v", 64 * MIB)]);
+    several_io_queues(target_with(&[("v", 64 * MIB)]).0);
+}
+
+#[test]
+fn several_io_queues_on_queue_threads() {
+    several_io_queues(target_with_limits(&[("v", 64 * MIB)], thread_limits()).0);
+}
+
+#[test]
+fn several_io_queues_on_a_file_store() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let subsystems = StoreSubsystems::file(dir.path(), 256 * MIB, &[HOST_NQN]);
+    let config = TargetConfig {
+        limits: test_limits(),
+        ..TargetConfig::default()
+    };
+    several_io_queues(target_on(subsystems, &[("v", 64 * MIB)], config).0);
+}
+
+fn several_io_queues(server: NvmeServer) {
     let addr = server.local_addr();
     let mut admin = Host::admin(addr, Digests::NONE, "v", 0);
     admin

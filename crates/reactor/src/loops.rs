@@ -171,6 +171,13 @@ fn run_job(job: Job) -> Payload {
     }
 }
 
+/// One event loop per CPU the process may run on: the default of every
+/// frontend. (On a small machine that also runs the clients, fewer can
+/// serve disk-bound connections better; BENCHMARKS.md, issue 20.)
+pub fn default_loops() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
 /// A set of event loops and their offload pool.
 pub struct Reactor {
     loops: Vec<Arc<Mailbox>>,

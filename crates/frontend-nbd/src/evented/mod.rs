@@ -50,7 +50,6 @@ use basalt_reactor::{Connection, Io, Payload};
 use basalt_store::AlignedBuf;
 use basalt_volume::VolumeHandle;
 use execute::Token;
-use io_uring::{opcode, types};
 use std::io;
 use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::os::fd::{AsRawFd, RawFd};
@@ -173,10 +172,7 @@ impl EventedConnection {
         if self.dead {
             return false;
         }
-        let entry = opcode::PollAdd::new(types::Fd(self.fd), events as u32).build();
-        // SAFETY: the socket stays open until this connection is dropped,
-        // which `finished` prevents while the poll is armed.
-        unsafe { io.push_wait(entry, tag) };
+        basalt_loop_io::arm_poll(io, self.fd, events, tag);
         true
     }
 

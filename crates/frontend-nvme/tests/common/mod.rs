@@ -40,8 +40,23 @@ pub struct StoreSubsystems {
 
 impl StoreSubsystems {
     pub fn sim(device_size: u64, allowed: &[&str]) -> Arc<StoreSubsystems> {
+        StoreSubsystems::on_device(SimDevice::new(device_size, 7), allowed)
+    }
+
+    /// A store on a data file in `dir` (its I/O goes to an event loop's
+    /// ring).
+    pub fn file(dir: &std::path::Path, device_size: u64, allowed: &[&str]) -> Arc<StoreSubsystems> {
+        let device = basalt_store::FileDevice::create(&dir.join("basalt.data"), device_size, false)
+            .expect("create data file");
+        StoreSubsystems::on_device(device, allowed)
+    }
+
+    fn on_device(
+        device: Arc<dyn basalt_store::BlockDevice>,
+        allowed: &[&str],
+    ) -> Arc<StoreSubsystems> {
         let store = Store::create(
-            SimDevice::new(device_size, 7),
+            device,
             &FormatOptions {
                 extent_size: Some(64 * KIB as u32),
                 ..Default::default()
@@ -155,8 +170,28 @@ pub fn target_with_config(
     volumes: &[(&str, u64)],
     config: TargetConfig,
 ) -> (NvmeServer, Arc<StoreSubsystems>) {
+    target_on(
+        StoreSubsystems::sim(256 * MIB, &[HOST_NQN]),
+        volumes,
+        config,
+    )
+}
+
+/// Limits of a target that serves every queue on its own thread.
+pub fn thread_limits() -> ServerLimits {
+    ServerLimits {
+        event_loops: 0,
+        ..test_limits()
+    }
+}
+
+/// A target over `subsystems` with the given volumes.
+pub fn target_on(
+    subsystems: Arc<StoreSubsystems>,
+    volumes: &[(&str, u64)],
+    config: TargetConfig,
+) -> (NvmeServer, Arc<StoreSubsystems>) {
     init_logging();
-    let subsystems = StoreSubsystems::sim(256 * MIB, &[HOST_NQN]);
     for (name, size) in volumes {
         subsystems.add_volume(name, *size);
     }
