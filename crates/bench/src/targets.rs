@@ -483,8 +483,9 @@ impl BasaltApi {
 
 /// `basalt server` arguments for a server the bench starts: every client
 /// listener on 127.0.0.1, on a port the kernel picks (the server reports
-/// them in its server.json).
-pub(crate) const EPHEMERAL_LISTENERS: [&str; 6] = [
+/// them in its server.json); NBD over plain TCP, as its peers serve it.
+pub(crate) const EPHEMERAL_LISTENERS: [&str; 7] = [
+    "--nbd-insecure",
     "--nbd-listen",
     "127.0.0.1:0",
     "--nvme-listen",

@@ -539,7 +539,7 @@ fn basalt_server(
     let nbd_address = args
         .nbd_address
         .clone()
-        .or_else(|| api.server.as_ref().map(|s| s.nbd.clone()));
+        .or_else(|| api.server.as_ref().and_then(|s| s.nbd.clone()));
     Ok(BasaltServer::Running {
         api_url: api.base_url().to_string(),
         token: api.token().to_string(),

@@ -173,7 +173,7 @@ fn volume_fields(volume: &Volume, client: &ApiClient) -> String {
         ("created", volume.created_at.clone()),
     ];
     if let Some(server) = &client.server {
-        pairs.push(("nbd", format!("nbd://{}/{}", server.nbd, volume.name)));
+        pairs.extend(server.nbd_uris(&volume.name).map(|uri| ("nbd", uri)));
         if let Some(nvme) = &server.nvme {
             pairs.push(("nvme", format!("{nvme} {}", nvme_nqn(&volume.name))));
         }
@@ -441,7 +441,12 @@ pub fn run_status(client: &ClientArgs) -> Result<()> {
     let mut pairs = Vec::new();
     if let Some(server) = &api.server {
         pairs.push(("api", server.api_url.clone()));
-        pairs.push(("nbd", server.nbd.clone()));
+        if let Some(socket) = &server.nbd_socket {
+            pairs.push(("nbd socket", socket.clone()));
+        }
+        if let Some(nbd) = &server.nbd {
+            pairs.push(("nbd", nbd.clone()));
+        }
         if let Some(nvme) = &server.nvme {
             pairs.push(("nvme", nvme.clone()));
         }

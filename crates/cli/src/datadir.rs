@@ -59,11 +59,32 @@ pub struct NodeConfig {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ServerInfo {
     pub api_url: String,
-    pub nbd: String,
+    /// NBD's TCP address (only with --nbd-insecure).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nbd: Option<String>,
+    /// NBD's Unix socket (absent in files of older servers).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nbd_socket: Option<String>,
     /// NVMe/TCP listen address (absent in files of older servers).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nvme: Option<String>,
     pub pid: u32,
+}
+
+impl ServerInfo {
+    /// The NBD URIs of `export`: over the Unix socket, then over TCP when
+    /// the server serves it (--nbd-insecure).
+    pub fn nbd_uris(&self, export: &str) -> impl Iterator<Item = String> {
+        let unix = self
+            .nbd_socket
+            .as_ref()
+            .map(|socket| format!("nbd+unix:///{export}?socket={socket}"));
+        let tcp = self
+            .nbd
+            .as_ref()
+            .map(|addr| format!("nbd://{addr}/{export}"));
+        unix.into_iter().chain(tcp)
+    }
 }
 
 /// A node's data directory.
@@ -298,7 +319,8 @@ mod tests {
 
         let info = ServerInfo {
             api_url: "http://127.0.0.1:1".into(),
-            nbd: "127.0.0.1:2".into(),
+            nbd: Some("127.0.0.1:2".into()),
+            nbd_socket: None,
             nvme: Some("127.0.0.1:4".into()),
             pid: 3,
         };

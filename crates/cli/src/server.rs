@@ -22,7 +22,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use basalt_catalog::{Catalog, EtcdCatalog, EtcdConfig, RedbCatalog};
 use basalt_cluster::secret::ClusterSecret;
 use basalt_cluster::{ClusterMember, MemberConfig};
-use basalt_frontend_nbd::{NbdServer, ServerLimits};
+use basalt_frontend_nbd::{Listen, NbdServer, ServerLimits};
 use basalt_frontend_nvme::{cluster_cntlid_range, NvmeServer, TargetConfig};
 use basalt_store::{BlockDevice, FileDevice, FormatOptions, OpenOptions, Store};
 use basalt_volume::{
@@ -58,19 +58,38 @@ pub struct ServerArgs {
     #[arg(long, default_value_t = DEFAULT_OVERCOMMIT_RATIO, value_parser = parse_ratio, value_name = "RATIO")]
     pub overcommit: f64,
 
-    /// NBD listen address (port 0 picks a free port; ":PORT" means 127.0.0.1:PORT).
-    #[arg(long, default_value = "127.0.0.1:10809", value_parser = parse_listen, value_name = "ADDR")]
+    /// NBD's Unix socket, for clients on this host (QEMU, qemu-img,
+    /// nbdinfo, nbd-client -unix). Created 0600, so only this server's user
+    /// may connect unless the operator changes its mode or group (the data
+    /// directory is 0700: to share the socket, put it elsewhere).
+    /// Default: nbd.sock in the data directory.
+    #[arg(long, value_name = "PATH")]
+    pub nbd_socket: Option<PathBuf>,
+
+    /// Also serve NBD over plain TCP on --nbd-listen. Plain NBD has no
+    /// authentication: whoever reaches the address can read and write
+    /// every volume. The server warns about it when it starts.
+    #[arg(long)]
+    pub nbd_insecure: bool,
+
+    /// NBD's TCP listen address with --nbd-insecure (port 0 picks a free
+    /// port; ":PORT" means 127.0.0.1:PORT).
+    #[arg(long, default_value = "127.0.0.1:10809", value_parser = parse_listen,
+        value_name = "ADDR", requires = "nbd_insecure")]
     pub nbd_listen: SocketAddr,
 
-    /// Event loops serving NBD connections to single-node volumes (each
-    /// connection lives on one loop, which receives, executes and answers
-    /// its requests without a thread hand-off). Default: one per CPU. 0
-    /// serves every connection with lanes (`--nbd-lanes`) instead.
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(0..=256))]
-    pub nbd_event_loops: Option<u32>,
+    /// Event loops serving NBD connections and NVMe/TCP I/O queues to
+    /// single-node volumes, shared by both (each connection lives on one
+    /// loop, which receives, executes and answers its requests without a
+    /// thread hand-off). Default: one per CPU. 0 serves every NBD
+    /// connection with lanes (`--nbd-lanes`) and every NVMe/TCP queue on
+    /// its own thread instead.
+    #[arg(long, alias = "nbd-event-loops", value_name = "N",
+        value_parser = clap::value_parser!(u32).range(0..=256))]
+    pub event_loops: Option<u32>,
 
     /// Threads per NBD connection not served by an event loop (a replicated
-    /// volume's, or all with `--nbd-event-loops 0`): with 2 or more, one
+    /// volume's, or all with `--event-loops 0`): with 2 or more, one
     /// gathers a pipelining client's next requests while another waits for
     /// the disk.
     #[arg(long, default_value_t = basalt_frontend_nbd::DEFAULT_LANES_PER_CONNECTION as u32,
@@ -525,7 +544,8 @@ fn join_cluster(
     let mut cfg = MemberConfig::new(name.clone(), peer, etcd, secret);
     cfg.zone = args.zone.clone();
     cfg.peer_advertise = args.peer_advertise;
-    cfg.nbd_addr = Some(client_addr(args.nbd_listen));
+    // Plain TCP NBD only where the operator asked for it.
+    cfg.nbd_addr = args.nbd_insecure.then(|| client_addr(args.nbd_listen));
     cfg.nvme_addr = Some(args.nvme_advertise.unwrap_or(client_addr(args.nvme_listen)));
     cfg.api_addr = Some(client_addr(args.api_listen));
     cfg.timing.lease_ms = args.lease_ms.max(100);
@@ -560,11 +580,14 @@ fn serve_frontends(
             .await
             .with_context(|| format!("cannot listen for the API on {}", args.api_listen))?;
         let api_addr = client_addr(api_listener.local_addr()?);
+        // One set of event loops for both frontends: one loop per core,
+        // whichever protocol its connections speak.
+        let loops = match args.event_loops.map_or_else(basalt_reactor::default_loops, |n| n as usize) {
+            0 => None,
+            n => Some(basalt_reactor::Reactor::start("basalt-loop", n).context("cannot start the event loops")?),
+        };
         let limits = ServerLimits {
             lanes_per_connection: args.nbd_lanes as usize,
-            event_loops: args
-                .nbd_event_loops
-                .map_or_else(basalt_frontend_nbd::default_event_loops, |n| n as usize),
             max_connections_per_address: args.max_connections_per_address.map_or(
                 basalt_frontend_nbd::DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
                 |n| n as usize,
@@ -572,18 +595,18 @@ fn serve_frontends(
             handshake_timeout: Duration::from_secs(args.handshake_timeout),
             ..ServerLimits::default()
         };
-        let nbd = NbdServer::start_with_limits(
-            args.nbd_listen,
-            Arc::new(VolumeExports::new(service.clone())),
-            limits,
-        )
-            .with_context(|| format!("cannot listen for NBD on {}", args.nbd_listen))?;
-        let nbd_addr = client_addr(nbd.local_addr());
-        service.register_frontend(Arc::new(nbd.disconnector()));
+        let exports: Arc<dyn basalt_frontend_nbd::Exports> = Arc::new(VolumeExports::new(service.clone()));
+        let socket = args.nbd_socket.clone().unwrap_or_else(|| data.root().join("nbd.sock"));
+        let socket = std::path::absolute(&socket).unwrap_or(socket);
+        let nbd = NbdServers::start(&socket, args, exports, limits, loops.clone())?;
+        for server in nbd.all() {
+            service.register_frontend(Arc::new(server.disconnector()));
+        }
+        let nbd_addr = nbd.tcp.as_ref().and_then(|t| t.local_addr()).map(client_addr);
         if args.nvme_allow_hosts.is_empty() {
             tracing::info!("no --nvme-allow-host given: no NVMe/TCP host may connect");
         }
-        let nvme = match NvmeServer::start_with(
+        let nvme = match NvmeServer::start_on(
             args.nvme_listen,
             Arc::new(VolumeSubsystems::new(service.clone(), &args.nvme_allow_hosts)),
             TargetConfig {
@@ -598,6 +621,7 @@ fn serve_frontends(
                     ..basalt_frontend_nvme::ServerLimits::default()
                 },
             },
+            loops.clone(),
         ) {
             Ok(nvme) => {
                 service.register_frontend(Arc::new(nvme.disconnector()));
@@ -617,7 +641,8 @@ fn serve_frontends(
 
         let info = ServerInfo {
             api_url: format!("http://{api_addr}"),
-            nbd: nbd_addr.to_string(),
+            nbd: nbd_addr.map(|a| a.to_string()),
+            nbd_socket: Some(socket.display().to_string()),
             nvme: Some(nvme_addr.to_string()),
             pid: std::process::id(),
         };
@@ -628,9 +653,10 @@ fn serve_frontends(
             });
             return Err(e);
         }
-        tracing::info!(api = %info.api_url, nbd = %info.nbd, nvme = %nvme_addr, "basalt server ready");
+        tracing::info!(api = %info.api_url, nbd_socket = %socket.display(), nbd = ?info.nbd,
+            nvme = %nvme_addr, "basalt server ready");
         if let Some(demo) = &settings.demo_volume {
-            print_demo_usage(&demo.name, nbd_addr, data);
+            print_demo_usage(&demo.name, &socket, nbd_addr, data);
         }
 
         let outcome = tokio::select! {
@@ -645,6 +671,9 @@ fn serve_frontends(
         tokio::task::block_in_place(|| {
             nbd.shutdown();
             nvme.shutdown();
+            if let Some(loops) = &loops {
+                loops.stop();
+            }
         });
         let _ = stop_api.send(());
         if !api.is_finished() {
@@ -683,21 +712,85 @@ fn ensure_demo_volume(service: &VolumeService, demo: &DemoVolume) -> Result<()> 
     }
 }
 
-fn print_demo_usage(name: &str, nbd: SocketAddr, data: &DataDir) {
-    let uri = format!("nbd://{nbd}/{name}");
+fn print_demo_usage(name: &str, socket: &Path, tcp: Option<SocketAddr>, data: &DataDir) {
+    let path = socket.display();
+    let uri = format!("'nbd+unix:///{name}?socket={path}'");
     let dir = data.root().display();
     println!(
-        "\nVolume {name:?} is exported over NBD at {uri}\n\
-         Try it:\n  \
+        "\nVolume {name:?} is exported over NBD on the Unix socket {path}\n\
+         (mode 0600: only this user may connect). Try it as this user:\n  \
          qemu-img info {uri}\n  \
          nbdinfo {uri}\n  \
          fio --name=demo --ioengine=nbd --uri={uri} --rw=randrw --bs=4k --iodepth=16 --runtime=30 --time_based\n  \
-         sudo nbd-client -N {name} {host} {port} /dev/nbd0\n  \
+         nbd-client -unix {path} /dev/nbd0 -name {name}    (as root, with the nbd module)\n  \
          basalt volume show {name} --data-dir {dir}\n  \
-         basalt volume list --data-dir {dir}\n",
-        host = nbd.ip(),
-        port = nbd.port(),
+         basalt volume list --data-dir {dir}"
     );
+    if let Some(tcp) = tcp {
+        println!(
+            "Also over plain TCP (--nbd-insecure: no authentication): nbdinfo nbd://{tcp}/{name}"
+        );
+    }
+    println!();
+}
+
+/// The NBD servers of a node: the Unix socket always, plain TCP with
+/// --nbd-insecure; one set of exports, limits and event loops.
+struct NbdServers {
+    unix: NbdServer,
+    tcp: Option<NbdServer>,
+}
+
+impl NbdServers {
+    fn start(
+        socket: &Path,
+        args: &ServerArgs,
+        exports: Arc<dyn basalt_frontend_nbd::Exports>,
+        limits: ServerLimits,
+        loops: Option<Arc<basalt_reactor::Reactor>>,
+    ) -> Result<NbdServers> {
+        let unix = NbdServer::start_on(
+            Listen::Unix(socket.to_path_buf()),
+            Arc::clone(&exports),
+            limits,
+            loops.clone(),
+        )
+        .with_context(|| {
+            format!(
+                "cannot listen for NBD on the Unix socket {}",
+                socket.display()
+            )
+        })?;
+        let tcp = if args.nbd_insecure {
+            let server = NbdServer::start_on(Listen::Tcp(args.nbd_listen), exports, limits, loops)
+                .with_context(|| format!("cannot listen for NBD on {}", args.nbd_listen));
+            match server {
+                Ok(server) => {
+                    tracing::warn!(listen = %args.nbd_listen,
+                        "NBD over plain TCP (--nbd-insecure): anyone who can reach this address can read and write every volume");
+                    Some(server)
+                }
+                Err(err) => {
+                    unix.shutdown();
+                    return Err(err);
+                }
+            }
+        } else {
+            None
+        };
+        Ok(NbdServers { unix, tcp })
+    }
+
+    fn all(&self) -> impl Iterator<Item = &NbdServer> {
+        std::iter::once(&self.unix).chain(self.tcp.as_ref())
+    }
+
+    fn shutdown(self) {
+        self.unix.shutdown();
+        if let Some(tcp) = self.tcp {
+            tcp.shutdown();
+        }
+    }
 }
 
 /// Waits for SIGTERM or SIGINT; returns which.

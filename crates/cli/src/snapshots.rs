@@ -79,10 +79,12 @@ fn snapshot_fields(s: &Snapshot, api: &ApiClient) -> String {
         pairs.push(("nvme hosts", s.nvme_hosts.join(", ")));
     }
     if let Some(server) = &api.server {
-        pairs.push((
-            "nbd",
-            format!("nbd://{}/{}@{} (read-only)", server.nbd, s.volume, s.name),
-        ));
+        let export = format!("{}@{}", s.volume, s.name);
+        pairs.extend(
+            server
+                .nbd_uris(&export)
+                .map(|uri| ("nbd", format!("{uri} (read-only)"))),
+        );
     }
     fields(&pairs)
 }

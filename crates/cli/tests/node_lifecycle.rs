@@ -27,6 +27,7 @@ impl ServerProcess {
             .args(["server", "--data-dir"])
             .arg(dir)
             .args([
+                "--nbd-insecure",
                 "--nbd-listen",
                 "127.0.0.1:0",
                 "--nvme-listen",
@@ -176,13 +177,30 @@ fn server_serves_volumes_and_stops_cleanly() {
         info["pid"].as_u64(),
         Some(server.child.as_ref().unwrap().id() as u64)
     );
-    assert!(
-        server
-            .stdout()
-            .contains(&format!("qemu-img info nbd://{nbd}/demo")),
-        "{}",
-        server.stdout()
-    );
+    // The printed lines work as printed: run the qemu-img and nbdinfo ones.
+    let socket = info["nbd_socket"].as_str().unwrap().to_string();
+    let stdout = server.stdout();
+    for tool in ["qemu-img info ", "nbdinfo "] {
+        let line = stdout
+            .lines()
+            .map(str::trim)
+            .find(|l| l.starts_with(tool))
+            .unwrap_or_else(|| panic!("no `{tool}` line:\n{stdout}"));
+        assert!(
+            line.contains(&format!("'nbd+unix:///demo?socket={socket}'")),
+            "{line}"
+        );
+        let out = std::process::Command::new("sh")
+            .args(["-c", line])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success() && String::from_utf8_lossy(&out.stdout).contains("67108864"),
+            "{line}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
     assert!(server.stdout().contains("--ioengine=nbd"));
     let log = server.stderr();
     assert!(

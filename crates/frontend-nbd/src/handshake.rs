@@ -15,6 +15,7 @@
 //! - Metadata contexts count only if they were selected for the export that
 //!   is finally chosen (the protocol makes BLOCK_STATUS invalid otherwise).
 
+use crate::stream::Stream;
 use crate::Exports;
 use crate::{HandshakeError, MAX_PAYLOAD, MIN_BLOCK_SIZE, PREFERRED_BLOCK_SIZE};
 use basalt_nbd_wire::handshake::{CLIENT_FLAGS_LEN, OPTION_HEADER_LEN};
@@ -26,7 +27,6 @@ use basalt_nbd_wire::{
 };
 use basalt_volume::VolumeHandle;
 use std::io::{self, Read, Write};
-use std::net::TcpStream;
 
 /// Options a client may send before choosing an export; a client that sends
 /// more is treated as a denial of service attempt (the protocol allows a
@@ -76,7 +76,7 @@ struct MetaSelection {
 }
 
 struct Handshake<'a> {
-    stream: &'a mut TcpStream,
+    stream: &'a mut Stream,
     exports: &'a dyn Exports,
     no_zeroes: bool,
     structured: bool,
@@ -86,7 +86,7 @@ struct Handshake<'a> {
 
 /// Runs the handshake on a freshly accepted connection.
 pub fn negotiate(
-    stream: &mut TcpStream,
+    stream: &mut Stream,
     exports: &dyn Exports,
 ) -> Result<HandshakeOutcome, HandshakeError> {
     let mut greeting = Vec::with_capacity(18);
@@ -141,7 +141,7 @@ pub fn negotiate(
 }
 
 /// Reads one whole option (header and payload) into `buf`.
-fn read_option(stream: &mut TcpStream, buf: &mut Vec<u8>) -> Result<(), HandshakeError> {
+fn read_option(stream: &mut Stream, buf: &mut Vec<u8>) -> Result<(), HandshakeError> {
     buf.clear();
     buf.resize(OPTION_HEADER_LEN, 0);
     read_exact_or_closed(stream, buf)?;
@@ -158,7 +158,7 @@ fn read_option(stream: &mut TcpStream, buf: &mut Vec<u8>) -> Result<(), Handshak
     }
 }
 
-fn read_exact_or_closed(stream: &mut TcpStream, buf: &mut [u8]) -> Result<(), HandshakeError> {
+fn read_exact_or_closed(stream: &mut Stream, buf: &mut [u8]) -> Result<(), HandshakeError> {
     match stream.read_exact(buf) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => Err(HandshakeError::ClosedByClient),

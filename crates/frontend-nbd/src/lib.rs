@@ -29,6 +29,7 @@ mod handshake;
 mod requests;
 mod server;
 mod socket;
+mod stream;
 mod transmission;
 
 pub(crate) use error::{ConnectionError, HandshakeError};
@@ -36,9 +37,10 @@ pub use evented::{MAX_IN_FLIGHT_REQUESTS, MAX_QUEUED_REPLY_BYTES};
 pub use handshake::{BASE_ALLOCATION_ID, BASE_TRANSMISSION_FLAGS, MAX_OPTIONS};
 pub use requests::SPARSE_READ_MIN;
 pub use server::{
-    default_event_loops, Disconnector, NbdServer, ServerLimits, DEFAULT_LANES_PER_CONNECTION,
-    DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
+    default_event_loops, Disconnector, Listen, NbdServer, ServerLimits,
+    DEFAULT_LANES_PER_CONNECTION, DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
 };
+pub use stream::Peer;
 pub use transmission::{
     MAX_BATCH_BYTES, MAX_BATCH_REQUESTS, MAX_DISCARDED_WRITE, RECV_BUFFER_BYTES,
 };

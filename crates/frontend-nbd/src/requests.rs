@@ -12,6 +12,7 @@
 //!   listed as segments of the entry's buffer.
 
 use crate::handshake::Negotiated;
+use crate::stream::Peer;
 use crate::MAX_PAYLOAD;
 use basalt_loop_io::BufferPool;
 use basalt_nbd_wire::transmission::MAX_BLOCK_STATUS_DESCRIPTORS;
@@ -23,7 +24,6 @@ use basalt_nbd_wire::{
 use basalt_store::AlignedBuf;
 use basalt_volume::{IoError, MappingRun, VolumeHandle};
 use std::borrow::Cow;
-use std::net::SocketAddr;
 use std::ops::Range;
 
 /// Structured READs at least this long (and without DF) are checked against
@@ -163,7 +163,7 @@ pub(crate) fn admit(
 
 /// Runs a command that is not a READ or WRITE (blocking: FLUSH commits,
 /// TRIM and WRITE_ZEROES may wait for the volume's map); its outcome.
-pub(crate) fn run_command(handle: &VolumeHandle, request: &Request, peer: SocketAddr) -> Outcome {
+pub(crate) fn run_command(handle: &VolumeHandle, request: &Request, peer: Peer) -> Outcome {
     let fua = request.flags.contains(CommandFlags::FUA);
     let offset = request.offset;
     let len = u64::from(request.length);
@@ -203,7 +203,7 @@ pub(crate) fn data_outcome(
     structured: bool,
     request: &Request,
     result: Result<(), IoError>,
-    peer: SocketAddr,
+    peer: Peer,
     mapping: impl FnOnce(u64, u64) -> Option<Vec<MappingRun>>,
 ) -> Outcome {
     match result {
@@ -287,7 +287,7 @@ fn nbd_error(err: &IoError, command: Command) -> NbdError {
     }
 }
 
-pub(crate) fn failure(err: &IoError, request: &Request, peer: SocketAddr) -> Outcome {
+pub(crate) fn failure(err: &IoError, request: &Request, peer: Peer) -> Outcome {
     let error = nbd_error(err, request.command);
     if error == NbdError::Io {
         tracing::warn!(%peer, command = ?request.command, offset = request.offset,

@@ -1,4 +1,5 @@
-//! The listening side: an acceptor thread and one thread per connection.
+//! The listening side: a listener (TCP, or a Unix socket), its acceptor
+//! thread and one thread per connection while it negotiates.
 //!
 //! Invariants:
 //! - Every live connection is registered (with a clone of its socket) before
@@ -10,6 +11,7 @@
 //!   or `send` — and joins every thread.
 //! - Resources per client are bounded: at most `max_connections` live
 //!   connections, and `max_connections_per_address` from one IP address
+//!   (or, on a Unix socket, one local user)
 //!   (more are closed at once, with a log line per order of magnitude: see
 //!   `basalt_volume::admission`), so one host cannot lock the others out; a
 //!   client that does not finish each step of the handshake, or does not
@@ -21,16 +23,20 @@
 
 use crate::evented::EventedConnection;
 use crate::handshake::{self, HandshakeOutcome};
+use crate::stream::{Peer, Stream};
 use crate::transmission::{self, SessionEnd};
 use crate::ConnectionError;
 use crate::Exports;
-use basalt_reactor::Reactor;
+use basalt_reactor::{Loops, Reactor};
 use basalt_volume::admission::{Admission, AdmissionLimits, Admitted};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::io;
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::thread::{self, JoinHandle};
@@ -49,12 +55,99 @@ pub const DEFAULT_LANES_PER_CONNECTION: usize = 2;
 /// hypervisors and tools of one host, a sixteenth of the total.
 pub const DEFAULT_MAX_CONNECTIONS_PER_ADDRESS: usize = 64;
 
+/// Where an NBD server listens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Listen {
+    /// Plain TCP: anyone who can reach the address can use every export.
+    Tcp(SocketAddr),
+    /// A Unix socket at this path (mode 0600: only this user, unless the
+    /// operator changes its mode or group); a stale socket file left by an
+    /// earlier run is replaced.
+    Unix(PathBuf),
+}
+
+/// A bound listener.
+enum Listener {
+    Tcp(TcpListener),
+    Unix(UnixListener, PathBuf),
+}
+
+impl Listener {
+    fn bind(listen: &Listen) -> io::Result<Listener> {
+        match listen {
+            Listen::Tcp(addr) => Ok(Listener::Tcp(TcpListener::bind(addr)?)),
+            Listen::Unix(path) => {
+                remove_stale_socket(path)?;
+                let listener = UnixListener::bind(path)?;
+                std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+                Ok(Listener::Unix(listener, path.clone()))
+            }
+        }
+    }
+
+    fn accept(&self) -> io::Result<(Stream, Peer)> {
+        match self {
+            Listener::Tcp(l) => l
+                .accept()
+                .map(|(s, addr)| (Stream::Tcp(s), Peer::Tcp(addr))),
+            Listener::Unix(l, _) => {
+                let (s, _) = l.accept()?;
+                let peer = Peer::of_unix(&s)?;
+                Ok((Stream::Unix(s), peer))
+            }
+        }
+    }
+
+    fn raw_fd(&self) -> std::os::fd::RawFd {
+        match self {
+            Listener::Tcp(l) => l.as_raw_fd(),
+            Listener::Unix(l, _) => l.as_raw_fd(),
+        }
+    }
+
+    /// Wakes an acceptor blocked in `accept()`: `shutdown(2)` on the
+    /// listening socket (which Linux supports for TCP), else a connection
+    /// of our own.
+    fn wake(&self) {
+        // SAFETY: plain syscall on the listener's fd, which stays open as
+        // long as `self` lives.
+        let rc = unsafe { libc::shutdown(self.raw_fd(), libc::SHUT_RDWR) };
+        match self {
+            Listener::Tcp(l) if rc != 0 => {
+                if let Ok(addr) = l.local_addr() {
+                    let _ = TcpStream::connect_timeout(&wake_address(addr), Duration::from_secs(1));
+                }
+            }
+            Listener::Tcp(_) => {}
+            Listener::Unix(_, path) => {
+                let _ = UnixStream::connect(path);
+            }
+        }
+    }
+}
+
+/// Removes a socket file left by an earlier run (never anything else: a
+/// regular file or directory at the path is an operator's mistake to
+/// report, not to delete).
+fn remove_stale_socket(path: &Path) -> io::Result<()> {
+    use std::os::unix::fs::FileTypeExt;
+    match std::fs::symlink_metadata(path) {
+        Ok(meta) if meta.file_type().is_socket() => std::fs::remove_file(path),
+        Ok(_) => Err(io::Error::new(
+            io::ErrorKind::AlreadyExists,
+            format!("{} exists and is not a socket", path.display()),
+        )),
+        Err(err) if err.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(err) => Err(err),
+    }
+}
+
 /// Per-server bounds on what clients can hold.
 #[derive(Debug, Clone, Copy)]
 pub struct ServerLimits {
     /// Live connections at most; further ones are closed on accept.
     pub max_connections: usize,
-    /// Live connections from one IP address at most.
+    /// Live connections from one IP address (or local user) at most.
     pub max_connections_per_address: usize,
     /// Time a client has for each read of the handshake, and then to send
     /// its first request.
@@ -87,15 +180,15 @@ impl Default for ServerLimits {
 /// also runs the clients, fewer can serve disk-bound connections better:
 /// on the 2-vCPU development VM one loop gave 2 × QD16 4k reads 82–91k
 /// where two gave 70–82k, but RAM-backed volumes 185k where two gave
-/// 277k; BENCHMARKS.md, issue 20. `--nbd-event-loops` sets it.)
+/// 277k; BENCHMARKS.md, issue 20. `basalt server --event-loops` sets it.)
 pub fn default_event_loops() -> usize {
     basalt_reactor::default_loops()
 }
 
 struct Shared {
     exports: Arc<dyn Exports>,
-    /// The event loops, unless `limits.event_loops` is 0.
-    reactor: Option<Arc<Reactor>>,
+    /// The event loops, if any.
+    loops: Option<Loops>,
     limits: ServerLimits,
     admission: Arc<Admission>,
     stopping: AtomicBool,
@@ -108,7 +201,7 @@ struct Shared {
 }
 
 struct LiveConnection {
-    socket: TcpStream,
+    socket: Stream,
     export: Option<String>,
 }
 
@@ -138,8 +231,8 @@ impl basalt_volume::ClientDisconnect for Disconnector {
 
 /// A running NBD server.
 pub struct NbdServer {
-    local_addr: SocketAddr,
-    listener: Arc<TcpListener>,
+    local_addr: Option<SocketAddr>,
+    listener: Arc<Listener>,
     shared: Arc<Shared>,
     acceptor: Option<JoinHandle<()>>,
 }
@@ -151,14 +244,43 @@ impl NbdServer {
         Self::start_with_limits(listen, exports, ServerLimits::default())
     }
 
-    /// [`NbdServer::start`] with explicit client limits.
+    /// [`NbdServer::start`] with explicit client limits, on event loops of
+    /// its own (`limits.event_loops` of them).
     pub fn start_with_limits(
         listen: SocketAddr,
         exports: Arc<dyn Exports>,
         limits: ServerLimits,
     ) -> io::Result<NbdServer> {
-        let listener = Arc::new(TcpListener::bind(listen)?);
-        let local_addr = listener.local_addr()?;
+        let loops = match limits.event_loops {
+            0 => None,
+            n => Some(Loops::Own(Reactor::start("nbd", n)?)),
+        };
+        Self::start_inner(Listen::Tcp(listen), exports, limits, loops)
+    }
+
+    /// [`NbdServer::start_with_limits`] on event loops shared with other
+    /// frontends (`None`: lanes only); `limits.event_loops` is ignored. The
+    /// caller stops `reactor` once every frontend on it has shut down.
+    pub fn start_on(
+        listen: Listen,
+        exports: Arc<dyn Exports>,
+        limits: ServerLimits,
+        reactor: Option<Arc<Reactor>>,
+    ) -> io::Result<NbdServer> {
+        Self::start_inner(listen, exports, limits, reactor.map(Loops::Shared))
+    }
+
+    fn start_inner(
+        listen: Listen,
+        exports: Arc<dyn Exports>,
+        limits: ServerLimits,
+        loops: Option<Loops>,
+    ) -> io::Result<NbdServer> {
+        let listener = Arc::new(Listener::bind(&listen)?);
+        let local_addr = match &*listener {
+            Listener::Tcp(l) => Some(l.local_addr()?),
+            Listener::Unix(..) => None,
+        };
         let admission = Admission::new(
             "NBD",
             AdmissionLimits {
@@ -166,13 +288,9 @@ impl NbdServer {
                 max_per_address: limits.max_connections_per_address,
             },
         );
-        let reactor = match limits.event_loops {
-            0 => None,
-            n => Some(Reactor::start("nbd", n)?),
-        };
         let shared = Arc::new(Shared {
             exports,
-            reactor,
+            loops,
             limits,
             admission,
             stopping: AtomicBool::new(false),
@@ -185,7 +303,7 @@ impl NbdServer {
             let shared = Arc::clone(&shared);
             move || accept_loop(&listener, &shared)
         })?;
-        tracing::info!("NBD listening on {local_addr}");
+        tracing::info!("NBD listening on {}", describe(&listen, local_addr));
         Ok(NbdServer {
             local_addr,
             listener,
@@ -194,9 +312,18 @@ impl NbdServer {
         })
     }
 
-    /// The address actually bound (useful with port 0).
-    pub fn local_addr(&self) -> SocketAddr {
+    /// The TCP address actually bound (useful with port 0); `None` for a
+    /// Unix socket.
+    pub fn local_addr(&self) -> Option<SocketAddr> {
         self.local_addr
+    }
+
+    /// The Unix socket's path; `None` for TCP.
+    pub fn socket_path(&self) -> Option<&Path> {
+        match &*self.listener {
+            Listener::Unix(_, path) => Some(path),
+            Listener::Tcp(_) => None,
+        }
     }
 
     /// Connections currently open (in handshake or transmission).
@@ -222,15 +349,7 @@ impl NbdServer {
             return;
         };
         self.shared.stopping.store(true, Ordering::SeqCst);
-        // SAFETY: plain syscall on the listener's fd, which stays open as
-        // long as `self.listener` lives. On Linux, shutting a listening
-        // socket down makes a blocked accept() return (with EINVAL).
-        let rc = unsafe { libc::shutdown(self.listener.as_raw_fd(), libc::SHUT_RDWR) };
-        if rc != 0 {
-            // Fall back to waking accept() with a connection of our own.
-            let _ =
-                TcpStream::connect_timeout(&wake_address(self.local_addr), Duration::from_secs(1));
-        }
+        self.listener.wake();
         if acceptor.join().is_err() {
             tracing::error!("NBD acceptor thread panicked");
         }
@@ -243,12 +362,21 @@ impl NbdServer {
                 tracing::error!("NBD connection thread panicked");
             }
         }
-        // Connections on event loops: stopped (their sockets are shut down
-        // already) and waited for.
-        if let Some(reactor) = &self.shared.reactor {
-            reactor.stop();
+        // Connections on event loops: their sockets are shut down already;
+        // wait for them to end.
+        match &self.shared.loops {
+            Some(Loops::Own(reactor)) => reactor.stop(),
+            Some(Loops::Shared(_)) => {
+                while !self.shared.connections.lock().is_empty() {
+                    thread::sleep(Duration::from_millis(1));
+                }
+            }
+            None => {}
         }
-        tracing::info!("NBD server on {} stopped", self.local_addr);
+        if let Listener::Unix(_, path) = &*self.listener {
+            let _ = std::fs::remove_file(path);
+        }
+        tracing::info!("NBD server stopped");
     }
 }
 
@@ -271,7 +399,16 @@ fn wake_address(addr: SocketAddr) -> SocketAddr {
     addr
 }
 
-fn accept_loop(listener: &TcpListener, shared: &Arc<Shared>) {
+/// How a listener is named in log lines.
+fn describe(listen: &Listen, bound: Option<SocketAddr>) -> String {
+    match (listen, bound) {
+        (_, Some(addr)) => addr.to_string(),
+        (Listen::Unix(path), None) => format!("unix socket {}", path.display()),
+        (Listen::Tcp(addr), None) => addr.to_string(),
+    }
+}
+
+fn accept_loop(listener: &Listener, shared: &Arc<Shared>) {
     loop {
         let accepted = listener.accept();
         if shared.stopping.load(Ordering::SeqCst) {
@@ -297,10 +434,10 @@ fn accept_loop(listener: &TcpListener, shared: &Arc<Shared>) {
     }
 }
 
-fn spawn_connection(shared: &Arc<Shared>, stream: TcpStream, peer: SocketAddr) {
+fn spawn_connection(shared: &Arc<Shared>, stream: Stream, peer: Peer) {
     // Refused: dropping the stream closes it before any greeting (the
     // admission logs it).
-    let Ok(admitted) = shared.admission.admit(peer.ip()) else {
+    let Ok(admitted) = shared.admission.admit(peer.source()) else {
         return;
     };
     let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
@@ -361,13 +498,13 @@ fn serve_connection(
     shared: &Shared,
     registration: Registration,
     admitted: Admitted,
-    mut stream: TcpStream,
-    peer: SocketAddr,
+    mut stream: Stream,
+    peer: Peer,
 ) {
     let id = registration.id;
     // Replies are complete messages sent with one write; Nagle would only
     // delay them (the protocol asks for TCP_NODELAY).
-    if let Err(err) = stream.set_nodelay(true) {
+    if let Err(err) = stream.set_nodelay() {
         tracing::debug!(%peer, "cannot set TCP_NODELAY: {err}");
     }
     let stopping = || shared.stopping.load(Ordering::SeqCst);
@@ -427,7 +564,8 @@ fn serve_connection(
         tracing::info!(%peer, %export, "NBD connection closed by server shutdown");
         return;
     }
-    if let (Some(reactor), true) = (&shared.reactor, negotiated.handle.local().is_some()) {
+    if let (Some(loops), true) = (&shared.loops, negotiated.handle.local().is_some()) {
+        let reactor = loops.reactor();
         let report = {
             let export = export.clone();
             let stopping = Arc::clone(&registration.shared);
@@ -450,12 +588,7 @@ fn serve_connection(
 }
 
 /// Logs how a connection's transmission phase ended.
-fn report_end(
-    peer: SocketAddr,
-    export: &str,
-    end: Result<SessionEnd, ConnectionError>,
-    stopping: bool,
-) {
+fn report_end(peer: Peer, export: &str, end: Result<SessionEnd, ConnectionError>, stopping: bool) {
     match end {
         Ok(SessionEnd::Disconnect) => {
             tracing::info!(%peer, %export, "NBD client disconnected")

@@ -3,8 +3,8 @@
 //! vectored write that sends a batch's replies and read data with as few
 //! `writev` calls as possible.
 
+use crate::stream::Stream;
 use std::io::{self, IoSlice, Read, Write};
-use std::net::TcpStream;
 use std::os::fd::AsRawFd;
 
 /// Most iovecs one `writev` accepts on Linux (`IOV_MAX`).
@@ -63,7 +63,7 @@ impl RecvBuffer {
     }
 
     /// Blocks until some bytes arrive; returns 0 on EOF.
-    pub(crate) fn fill(&mut self, stream: &mut TcpStream) -> io::Result<usize> {
+    pub(crate) fn fill(&mut self, stream: &mut Stream) -> io::Result<usize> {
         loop {
             let tail = self.free_tail();
             if tail.is_empty() {
@@ -87,7 +87,7 @@ impl RecvBuffer {
 
     /// Takes whatever the kernel already has, without blocking: `Ok(None)`
     /// when nothing is waiting, `Ok(Some(0))` on EOF.
-    pub(crate) fn fill_nonblocking(&mut self, stream: &TcpStream) -> io::Result<Option<usize>> {
+    pub(crate) fn fill_nonblocking(&mut self, stream: &Stream) -> io::Result<Option<usize>> {
         let fd = stream.as_raw_fd();
         loop {
             let tail = self.free_tail();
@@ -132,7 +132,7 @@ impl RecvBuffer {
 /// failed. Should the kernel take only a part (it does not with an empty
 /// queue and default buffers), the rest is written blocking before return,
 /// since nothing else may follow a partial reply on the stream.
-pub(crate) fn send_if_idle(stream: &TcpStream, bytes: &[u8]) -> Option<io::Result<()>> {
+pub(crate) fn send_if_idle(stream: &Stream, bytes: &[u8]) -> Option<io::Result<()>> {
     let fd = stream.as_raw_fd();
     let mut queued: libc::c_int = 0;
     // SAFETY: TIOCOUTQ (SIOCOUTQ for TCP) writes one int to `queued`; `fd`
@@ -169,7 +169,7 @@ pub(crate) fn send_if_idle(stream: &TcpStream, bytes: &[u8]) -> Option<io::Resul
 
 /// Writes every byte of `parts`, in order, with `writev` (at most `IOV_MAX`
 /// slices per call), retrying after partial writes.
-pub(crate) fn write_all_vectored(stream: &mut TcpStream, parts: &[&[u8]]) -> io::Result<()> {
+pub(crate) fn write_all_vectored(stream: &mut Stream, parts: &[&[u8]]) -> io::Result<()> {
     let mut index = 0; // first part not completely written
     let mut offset = 0; // bytes of parts[index] already written
     let mut iov: Vec<IoSlice<'_>> = Vec::with_capacity(parts.len().min(IOV_MAX));
@@ -219,11 +219,11 @@ mod tests {
     use super::*;
     use std::net::TcpListener;
 
-    fn pair() -> (TcpStream, TcpStream) {
+    fn pair() -> (Stream, Stream) {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let a = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let a = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
         let (b, _) = listener.accept().unwrap();
-        (a, b)
+        (Stream::Tcp(a), Stream::Tcp(b))
     }
 
     #[test]

@@ -51,6 +51,7 @@
 use crate::handshake::Negotiated;
 use crate::requests::{admit, data_outcome, encode_replies, run_command, Entry, Outcome, Segment};
 use crate::socket::{send_if_idle, write_all_vectored, RecvBuffer};
+use crate::stream::{Peer, Stream};
 use crate::{ConnectionError, MAX_PAYLOAD};
 use basalt_loop_io::BufferPool;
 use basalt_nbd_wire::{
@@ -60,7 +61,7 @@ use basalt_store::AlignedBuf;
 use basalt_volume::{DataOp, WriteAck};
 use parking_lot::{Mutex, MutexGuard};
 use std::io::{self, Read};
-use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::net::Shutdown;
 use std::ops::Range;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -98,7 +99,7 @@ enum Gathered {
 
 /// The receiving side of a connection, held by one lane at a time.
 struct Intake {
-    stream: TcpStream,
+    stream: Stream,
     recv: RecvBuffer,
     /// Set by the lane that saw the request stream end (DISC, EOF or a
     /// broken stream); every other lane stops when it next takes the intake.
@@ -107,15 +108,15 @@ struct Intake {
 
 /// One connection in the transmission phase, shared by its lanes.
 struct Connection {
-    peer: SocketAddr,
+    peer: Peer,
     negotiated: Negotiated,
     intake: Mutex<Intake>,
     /// The sending side: a lane sends a whole batch's replies under it
     /// (shared with the batch's [`EarlyReplies`], which outlive the lane's
     /// borrow of the connection).
-    replies: Arc<Mutex<TcpStream>>,
+    replies: Arc<Mutex<Stream>>,
     /// A handle to shut the socket down without waiting for either side.
-    control: TcpStream,
+    control: Stream,
     /// Lanes between gathering a batch and finishing its replies.
     executing: AtomicUsize,
     /// How the connection ended, as seen by the first lane that saw it.
@@ -134,7 +135,7 @@ struct Connection {
 /// socket failed while sending them); the lane then sends nothing for the
 /// batch. It is set before the submission returns to the lane.
 struct EarlyReplies {
-    socket: Arc<Mutex<TcpStream>>,
+    socket: Arc<Mutex<Stream>>,
     encoded: Vec<u8>,
     outcome: Mutex<Option<io::Result<()>>>,
 }
@@ -161,8 +162,8 @@ struct Lane<'c> {
 /// Serves requests until the client disconnects or the stream breaks, with
 /// `lanes` threads (the calling one included) sharing the connection.
 pub fn serve(
-    stream: TcpStream,
-    peer: SocketAddr,
+    stream: Stream,
+    peer: Peer,
     negotiated: Negotiated,
     lanes: usize,
 ) -> Result<SessionEnd, ConnectionError> {
@@ -544,7 +545,7 @@ impl<'c> Lane<'c> {
 }
 
 /// Reads exactly `buf.len()` payload bytes; EOF here is a truncated request.
-fn read_payload(stream: &mut TcpStream, buf: &mut [u8]) -> Result<(), ConnectionError> {
+fn read_payload(stream: &mut Stream, buf: &mut [u8]) -> Result<(), ConnectionError> {
     match stream.read_exact(buf) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => Err(ConnectionError::Truncated),

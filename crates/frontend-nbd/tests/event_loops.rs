@@ -212,7 +212,7 @@ fn many_connections_per_loop_answer_every_request_once() {
         },
     )
     .expect("start server");
-    let addr = server.local_addr();
+    let addr = server.local_addr().expect("a TCP server");
     // Each thread holds its share of the connections open at once, all of
     // them with requests in flight together, round after round.
     let workers: Vec<_> = (0..THREADS)

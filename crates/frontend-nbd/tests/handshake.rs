@@ -23,7 +23,7 @@ fn required_flags() -> TransmissionFlags {
 #[test]
 fn greeting_advertises_fixed_newstyle_and_no_zeroes() {
     let (server, _exports) = server_with(&[("vol", 16 * MIB)]);
-    let c = Client::connect(server.local_addr());
+    let c = Client::connect(server.local_addr().expect("a TCP server"));
     assert_eq!(
         c.handshake_flags,
         HandshakeFlags::FIXED_NEWSTYLE | HandshakeFlags::NO_ZEROES
@@ -34,7 +34,7 @@ fn greeting_advertises_fixed_newstyle_and_no_zeroes() {
 #[test]
 fn go_reports_export_block_sizes_name_and_description() {
     let (server, _exports) = server_with(&[("vol", 16 * MIB)]);
-    let mut c = Client::connect(server.local_addr());
+    let mut c = Client::connect(server.local_addr().expect("a TCP server"));
     let infos = c
         .go(
             "vol",
@@ -65,7 +65,7 @@ fn go_reports_export_block_sizes_name_and_description() {
 #[test]
 fn go_without_requests_sends_export_info_and_df_only_with_structured_replies() {
     let (server, _exports) = server_with(&[("vol", 16 * MIB)]);
-    let mut c = Client::connect(server.local_addr());
+    let mut c = Client::connect(server.local_addr().expect("a TCP server"));
     let infos = c.go("vol", &[]).expect("GO");
     assert!(matches!(infos.first(), Some(InfoReply::Export { .. })));
     assert!(!infos
@@ -74,7 +74,7 @@ fn go_without_requests_sends_export_info_and_df_only_with_structured_replies() {
     assert!(!c.flags.contains(TransmissionFlags::SEND_DF));
     assert!(c.flags.contains(required_flags()));
 
-    let mut c = Client::connect(server.local_addr());
+    let mut c = Client::connect(server.local_addr().expect("a TCP server"));
     c.structured_reply();
     c.go("vol", &[]).expect("GO");
     assert!(c
@@ -86,7 +86,7 @@ fn go_without_requests_sends_export_info_and_df_only_with_structured_replies() {
 #[test]
 fn info_then_go_and_unknown_exports() {
     let (server, _exports) = server_with(&[("a", 16 * MIB), ("b", 8 * MIB)]);
-    let mut c = Client::connect(server.local_addr());
+    let mut c = Client::connect(server.local_addr().expect("a TCP server"));
     let replies = c.option(&ClientOption::Info(InfoRequest {
         export: "b".into(),
         requests: vec![],
@@ -115,7 +115,7 @@ fn info_then_go_and_unknown_exports() {
 #[test]
 fn empty_name_selects_the_only_export() {
     let (server, _exports) = server_with(&[("only", 4 * MIB)]);
-    let mut c = Client::connect(server.local_addr());
+    let mut c = Client::connect(server.local_addr().expect("a TCP server"));
     let infos = c.go("", &[InfoType::Name]).expect("GO default");
     assert!(infos.contains(&InfoReply::Name("only".into())));
     assert_eq!(c.size, 4 * MIB);
@@ -125,7 +125,7 @@ fn empty_name_selects_the_only_export() {
 #[test]
 fn list_exports() {
     let (server, _exports) = server_with(&[("a", 4 * MIB), ("b", 4 * MIB)]);
-    let mut c = Client::connect(server.local_addr());
+    let mut c = Client::connect(server.local_addr().expect("a TCP server"));
     let replies = c.option(&ClientOption::List);
     assert_eq!(
         replies,
@@ -159,7 +159,7 @@ fn list_exports() {
 fn export_name_with_and_without_zeroes() {
     let (server, _exports) = server_with(&[("vol", 16 * MIB)]);
     // NO_ZEROES negotiated: exactly 10 bytes, then transmission.
-    let mut c = Client::connect(server.local_addr());
+    let mut c = Client::connect(server.local_addr().expect("a TCP server"));
     c.export_name("vol");
     assert_eq!(c.size, 16 * MIB);
     assert!(c.flags.contains(required_flags()));
@@ -169,7 +169,10 @@ fn export_name_with_and_without_zeroes() {
     c.disconnect();
 
     // Without NO_ZEROES: 124 zero bytes follow.
-    let mut c = Client::connect_with_flags(server.local_addr(), ClientFlags::FIXED_NEWSTYLE);
+    let mut c = Client::connect_with_flags(
+        server.local_addr().expect("a TCP server"),
+        ClientFlags::FIXED_NEWSTYLE,
+    );
     c.send_option(&ClientOption::ExportName("vol".into()));
     let reply = c.read_raw(134);
     assert_eq!(&reply[..8], &(16 * MIB).to_be_bytes());
@@ -182,7 +185,7 @@ fn export_name_with_and_without_zeroes() {
 #[test]
 fn export_name_for_unknown_export_closes_the_connection() {
     let (server, _exports) = server_with(&[("vol", 16 * MIB)]);
-    let mut c = Client::connect(server.local_addr());
+    let mut c = Client::connect(server.local_addr().expect("a TCP server"));
     c.send_option(&ClientOption::ExportName("missing".into()));
     assert!(c.server_closed());
     eventually("connection to be released", || server.connections() == 0);
@@ -192,7 +195,7 @@ fn export_name_for_unknown_export_closes_the_connection() {
 #[test]
 fn starttls_unknown_options_and_abort() {
     let (server, _exports) = server_with(&[("vol", 16 * MIB)]);
-    let mut c = Client::connect(server.local_addr());
+    let mut c = Client::connect(server.local_addr().expect("a TCP server"));
     let replies = c.option(&ClientOption::StartTls);
     assert!(matches!(
         replies.as_slice(),
@@ -238,7 +241,7 @@ fn starttls_unknown_options_and_abort() {
 #[test]
 fn malformed_option_payload_gets_err_invalid_and_the_handshake_continues() {
     let (server, _exports) = server_with(&[("vol", 16 * MIB)]);
-    let mut c = Client::connect(server.local_addr());
+    let mut c = Client::connect(server.local_addr().expect("a TCP server"));
     // GO whose name length points past the payload.
     c.send(&raw_option(opt::GO, &[0, 0, 0, 200, b'v', 0, 0]));
     let replies = c.read_option_replies(opt::GO);
@@ -267,7 +270,7 @@ fn malformed_option_payload_gets_err_invalid_and_the_handshake_continues() {
 #[test]
 fn meta_contexts() {
     let (server, _exports) = server_with(&[("vol", 16 * MIB), ("other", 4 * MIB)]);
-    let mut c = Client::connect(server.local_addr());
+    let mut c = Client::connect(server.local_addr().expect("a TCP server"));
     let set = |export: &str, queries: &[&str]| {
         ClientOption::SetMetaContext(MetaContextRequest {
             export: export.into(),
@@ -343,7 +346,7 @@ fn meta_contexts() {
 #[test]
 fn meta_context_for_another_export_does_not_enable_block_status() {
     let (server, _exports) = server_with(&[("vol", 16 * MIB), ("other", 4 * MIB)]);
-    let mut c = Client::connect(server.local_addr());
+    let mut c = Client::connect(server.local_addr().expect("a TCP server"));
     c.structured_reply();
     c.option(&ClientOption::SetMetaContext(MetaContextRequest {
         export: "other".into(),
@@ -362,7 +365,7 @@ fn meta_context_for_another_export_does_not_enable_block_status() {
 #[test]
 fn broken_handshakes_close_the_connection_and_the_server_carries_on() {
     let (server, _exports) = server_with(&[("vol", 16 * MIB)]);
-    let addr = server.local_addr();
+    let addr = server.local_addr().expect("a TCP server");
 
     // Unknown client flags.
     let mut c = Client::connect_with_flags(addr, ClientFlags::from_bits(0x8000_0001));
@@ -409,7 +412,7 @@ fn broken_handshakes_close_the_connection_and_the_server_carries_on() {
 #[test]
 fn too_many_options_close_the_connection() {
     let (server, _exports) = server_with(&[("vol", 16 * MIB)]);
-    let mut c = Client::connect(server.local_addr());
+    let mut c = Client::connect(server.local_addr().expect("a TCP server"));
     // Exactly the limit: each gets its ERR_UNSUP, then the server closes
     // (with nothing unread, so the close is a clean FIN).
     let mut reader = c.stream.try_clone().expect("clone");
@@ -472,7 +475,8 @@ fn a_client_stalling_in_the_handshake_is_disconnected() {
         ..Default::default()
     });
     // Reads the greeting, then never answers.
-    let mut stalled = std::net::TcpStream::connect(server.local_addr()).expect("connect");
+    let mut stalled =
+        std::net::TcpStream::connect(server.local_addr().expect("a TCP server")).expect("connect");
     assert!(
         closed_by_server(&mut stalled),
         "a stalled handshake must be cut off"
@@ -483,7 +487,7 @@ fn a_client_stalling_in_the_handshake_is_disconnected() {
     // A client that completes the handshake and sends a request is not
     // affected, even when it then idles longer than the handshake timeout
     // (NBD has no keep-alive).
-    let mut c = Client::open(server.local_addr(), "vol");
+    let mut c = Client::open(server.local_addr().expect("a TCP server"), "vol");
     c.write(0, &[1u8; 4096], CommandFlags::empty())
         .expect("first write");
     std::thread::sleep(std::time::Duration::from_millis(400));
@@ -492,7 +496,7 @@ fn a_client_stalling_in_the_handshake_is_disconnected() {
     c.disconnect();
     // One that completes the handshake and then sends nothing holds a place
     // without using it: closed after the same timeout.
-    let silent = Client::open(server.local_addr(), "vol");
+    let silent = Client::open(server.local_addr().expect("a TCP server"), "vol");
     eventually("the silent connection is closed", || {
         server.connections() == 0
     });
@@ -506,17 +510,18 @@ fn connections_beyond_the_limit_are_closed_at_once() {
         max_connections: 2,
         ..Default::default()
     });
-    let a = Client::open(server.local_addr(), "vol");
-    let b = Client::open(server.local_addr(), "vol");
+    let a = Client::open(server.local_addr().expect("a TCP server"), "vol");
+    let b = Client::open(server.local_addr().expect("a TCP server"), "vol");
     eventually("two connections", || server.connections() == 2);
-    let mut third = std::net::TcpStream::connect(server.local_addr()).expect("connect");
+    let mut third =
+        std::net::TcpStream::connect(server.local_addr().expect("a TCP server")).expect("connect");
     assert!(
         closed_by_server(&mut third),
         "the third connection must be refused"
     );
     a.disconnect();
     eventually("one connection left", || server.connections() == 1);
-    let c = Client::open(server.local_addr(), "vol");
+    let c = Client::open(server.local_addr().expect("a TCP server"), "vol");
     c.disconnect();
     b.disconnect();
     server.shutdown();

@@ -15,7 +15,7 @@ const HOLE_ZERO: BlockStatusFlags = BlockStatusFlags::HOLE.union(BlockStatusFlag
 #[test]
 fn write_read_flush_fua_over_structured_and_simple_replies() {
     let (server, _exports) = server_with(&[("vol", 16 * MIB)]);
-    let addr = server.local_addr();
+    let addr = server.local_addr().expect("a TCP server");
     for structured in [true, false] {
         let mut c = if structured {
             Client::open(addr, "vol")
@@ -48,7 +48,7 @@ fn write_read_flush_fua_over_structured_and_simple_replies() {
 #[test]
 fn structured_reads_use_holes_for_unallocated_parts_unless_df() {
     let (server, _exports) = server_with(&[("vol", 16 * MIB)]);
-    let mut c = Client::open(server.local_addr(), "vol");
+    let mut c = Client::open(server.local_addr().expect("a TCP server"), "vol");
     // One written extent in the middle of a 4-extent range.
     let data = pattern(3, EXTENT as usize);
     c.write(2 * MIB + EXTENT, &data, CommandFlags::empty())
@@ -84,7 +84,7 @@ fn structured_reads_use_holes_for_unallocated_parts_unless_df() {
 #[test]
 fn block_status_trim_and_write_zeroes() {
     let (server, _exports) = server_with(&[("vol", 16 * MIB)]);
-    let mut c = Client::open(server.local_addr(), "vol");
+    let mut c = Client::open(server.local_addr().expect("a TCP server"), "vol");
     // A fresh volume is one hole.
     let extents = c
         .block_status(0, (16 * MIB) as u32, CommandFlags::empty())
@@ -186,7 +186,7 @@ fn block_status_trim_and_write_zeroes() {
 #[test]
 fn out_of_range_and_invalid_requests_get_errors_and_the_connection_survives() {
     let (server, _exports) = server_with(&[("vol", 16 * MIB)]);
-    let mut c = Client::open(server.local_addr(), "vol");
+    let mut c = Client::open(server.local_addr().expect("a TCP server"), "vol");
     let size = c.size;
     let alive = |c: &mut Client| {
         c.write(15 * MIB, &[0x5a; 4096], CommandFlags::empty())
@@ -299,7 +299,7 @@ fn out_of_range_and_invalid_requests_get_errors_and_the_connection_survives() {
 #[test]
 fn simple_replies_for_errors_and_df_needs_structured_replies() {
     let (server, _exports) = server_with(&[("vol", 16 * MIB)]);
-    let mut c = Client::open_simple(server.local_addr(), "vol");
+    let mut c = Client::open_simple(server.local_addr().expect("a TCP server"), "vol");
     let r = c.call(Command::Read, CommandFlags::empty(), c.size, 512, &[]);
     assert_eq!(
         (r.error, r.chunks),
@@ -324,7 +324,7 @@ fn simple_replies_for_errors_and_df_needs_structured_replies() {
 #[test]
 fn absurd_write_length_closes_the_connection() {
     let (server, _exports) = server_with(&[("vol", 16 * MIB)]);
-    let mut c = Client::open(server.local_addr(), "vol");
+    let mut c = Client::open(server.local_addr().expect("a TCP server"), "vol");
     c.submit(Command::Write, CommandFlags::empty(), 0, u32::MAX, &[]);
     assert!(c.server_closed());
     eventually("connection to be released", || server.connections() == 0);
@@ -334,8 +334,8 @@ fn absurd_write_length_closes_the_connection() {
 #[test]
 fn bad_request_magic_closes_only_that_connection() {
     let (server, _exports) = server_with(&[("vol", 16 * MIB)]);
-    let mut good = Client::open(server.local_addr(), "vol");
-    let mut bad = Client::open(server.local_addr(), "vol");
+    let mut good = Client::open(server.local_addr().expect("a TCP server"), "vol");
+    let mut bad = Client::open(server.local_addr().expect("a TCP server"), "vol");
     bad.send(&[0x12, 0x56, 0x09, 0x53].repeat(7));
     assert!(bad.server_closed());
     assert_eq!(
@@ -354,9 +354,9 @@ fn pipelined_requests_on_one_connection() {
     let (server, _exports) = server_with(&[("vol", 16 * MIB)]);
     for structured in [true, false] {
         let mut c = if structured {
-            Client::open(server.local_addr(), "vol")
+            Client::open(server.local_addr().expect("a TCP server"), "vol")
         } else {
-            Client::open_simple(server.local_addr(), "vol")
+            Client::open_simple(server.local_addr().expect("a TCP server"), "vol")
         };
         let base = if structured { 0 } else { 8 * MIB };
         // 300 writes of 4 KiB (more than one batch) sent in one go, then 300
@@ -431,7 +431,7 @@ fn pipelined_requests_on_one_connection() {
 #[test]
 fn one_lane_keeps_commands_in_order_relative_to_data_requests() {
     let (server, _exports) = server_with_lanes(&[("vol", 16 * MIB)], 1);
-    let mut c = Client::open(server.local_addr(), "vol");
+    let mut c = Client::open(server.local_addr().expect("a TCP server"), "vol");
     let at = 6 * MIB;
     let data = pattern(9, EXTENT as usize);
     // WRITE, TRIM, READ, WRITE_ZEROES(NO_HOLE), WRITE, FLUSH, READ, in one send.
@@ -510,7 +510,7 @@ fn one_lane_keeps_commands_in_order_relative_to_data_requests() {
 fn disc_answers_requests_sent_before_it_then_closes() {
     // One lane: the READ must see the WRITE sent before it.
     let (server, exports) = server_with_lanes(&[("vol", 16 * MIB)], 1);
-    let mut c = Client::open(server.local_addr(), "vol");
+    let mut c = Client::open(server.local_addr().expect("a TCP server"), "vol");
     assert_eq!(server.connections(), 1);
     assert_eq!(exports.open_handles("vol"), 1);
     let mut out = Vec::new();
@@ -543,7 +543,7 @@ fn disc_answers_requests_sent_before_it_then_closes() {
 #[test]
 fn client_eof_ends_the_connection_cleanly() {
     let (server, _exports) = server_with(&[("vol", 16 * MIB)]);
-    let c = Client::open(server.local_addr(), "vol");
+    let c = Client::open(server.local_addr().expect("a TCP server"), "vol");
     assert_eq!(server.connections(), 1);
     c.hang_up();
     eventually("connection to be released", || server.connections() == 0);
@@ -553,7 +553,7 @@ fn client_eof_ends_the_connection_cleanly() {
 #[test]
 fn several_connections_at_once_share_the_volume() {
     let (server, _exports) = server_with(&[("vol", 16 * MIB), ("other", 16 * MIB)]);
-    let addr = server.local_addr();
+    let addr = server.local_addr().expect("a TCP server");
     let threads: Vec<_> = (0..6u64)
         .map(|i| {
             std::thread::spawn(move || {
@@ -595,7 +595,7 @@ fn several_connections_at_once_share_the_volume() {
 #[test]
 fn shutdown_unblocks_idle_and_half_negotiated_connections() {
     let (server, exports) = server_with(&[("vol", 16 * MIB)]);
-    let addr = server.local_addr();
+    let addr = server.local_addr().expect("a TCP server");
     let mut idle = Client::open(addr, "vol");
     let mut negotiating = Client::connect(addr); // stuck before any option
     let mut raw = std::net::TcpStream::connect(addr).expect("connect"); // never reads the greeting
@@ -626,7 +626,7 @@ fn shutdown_unblocks_idle_and_half_negotiated_connections() {
 #[test]
 fn deleted_volume_reports_eshutdown() {
     let (server, exports) = server_with(&[("vol", 16 * MIB)]);
-    let mut c = Client::open(server.local_addr(), "vol");
+    let mut c = Client::open(server.local_addr().expect("a TCP server"), "vol");
     c.write(0, &[1; 4096], CommandFlags::empty())
         .expect("write");
     exports.delete_volume("vol");
@@ -645,7 +645,7 @@ fn largest_payloads_and_file_device() {
         Arc::clone(&exports) as Arc<dyn Exports>,
     )
     .expect("start");
-    let mut c = Client::open(server.local_addr(), "big");
+    let mut c = Client::open(server.local_addr().expect("a TCP server"), "big");
     let data = pattern(77, MAX_PAYLOAD as usize);
     c.write(MIB, &data, CommandFlags::FUA)
         .expect("32 MiB write");
@@ -670,13 +670,13 @@ fn flush_survives_power_loss_of_the_device() {
         exports.clone() as Arc<dyn Exports>,
     )
     .expect("start");
-    let mut writer = Client::open(server.local_addr(), "vol");
+    let mut writer = Client::open(server.local_addr().expect("a TCP server"), "vol");
     let flushed = pattern(21, 256 * 1024);
     writer
         .write(0, &flushed, CommandFlags::empty())
         .expect("write");
     // The flush comes from another connection (multi-conn consistency).
-    let mut flusher = Client::open(server.local_addr(), "vol");
+    let mut flusher = Client::open(server.local_addr().expect("a TCP server"), "vol");
     flusher.flush().expect("flush");
     flusher.disconnect();
     writer.disconnect();
@@ -699,7 +699,7 @@ fn flush_survives_power_loss_of_the_device() {
 fn lanes_serve_a_pipelining_client_and_finish_cleanly() {
     for lanes in [2, 4] {
         let (server, exports) = server_with_lanes(&[("vol", 16 * MIB)], lanes);
-        let mut c = Client::open(server.local_addr(), "vol");
+        let mut c = Client::open(server.local_addr().expect("a TCP server"), "vol");
         // Rounds of 64 writes sent in small pieces (so that lanes split
         // them into several batches), each round verified by 64 reads.
         for round in 0..8u64 {
@@ -774,7 +774,7 @@ fn lanes_serve_a_pipelining_client_and_finish_cleanly() {
 
         // A client that vanishes with requests in flight and half a request
         // sent: every lane ends and the volume handle is released.
-        let mut c = Client::open(server.local_addr(), "vol");
+        let mut c = Client::open(server.local_addr().expect("a TCP server"), "vol");
         let mut out = Vec::new();
         for i in 0..16u64 {
             c.queue(

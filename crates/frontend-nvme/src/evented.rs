@@ -81,8 +81,8 @@ pub(crate) fn hand_off(
     guards: Guards,
 ) {
     let qid = transport.qid;
-    let reactor = match &shared.reactor {
-        Some(reactor) if !shared.stopping() => Arc::clone(reactor),
+    let reactor = match &shared.loops {
+        Some(loops) if !shared.stopping() => Arc::clone(loops.reactor()),
         // The loops may be gone already: never hand them a queue.
         _ => {
             connection_ended(shared, peer, qid, Some(ctrl), Ok(()));

@@ -4,11 +4,17 @@
 //!
 //! Shape: [`NvmeServer::start`] binds a listener and runs one acceptor
 //! thread and one watchdog thread; every accepted connection is one NVMe
-//! queue (admin or I/O) and gets its own OS thread (module `queue`) that
-//! does the ICReq/ICResp exchange, the Fabrics Connect and then serves
-//! commands. There is no thread hop per I/O: the queue thread decodes every
-//! PDU already received, runs the reads and writes among them with one
-//! `VolumeHandle::submit` and sends the responses with one write.
+//! queue (admin or I/O) and starts on its own OS thread (module `queue`)
+//! that does the ICReq/ICResp exchange and the Fabrics Connect. An I/O
+//! queue of a single-node volume then moves to one of the event loops
+//! (module `evented`, on `basalt_reactor`), which receives its PDUs, runs
+//! its reads and writes on the loop's ring and sends its completions,
+//! with no thread hand-off per I/O. Admin queues and the I/O queues of
+//! replicated volumes stay on their threads, which decode every PDU
+//! already received, run the reads and writes among them with one
+//! `VolumeHandle::submit` and send the responses with one write. Both
+//! drivers share the transport (module `transport`: PDUs in, ready
+//! commands out) and the I/O commands (module `io_commands`).
 //! Controllers (module `controller`) are created by an admin-queue Connect
 //! (dynamic model, CNTLID 0xFFFF) and joined by I/O-queue Connects carrying
 //! their CNTLID and the same host NQN and host ID. The watchdog enforces the

@@ -25,7 +25,7 @@
 use crate::controller::Registry;
 use crate::queue;
 use crate::Subsystems;
-use basalt_reactor::Reactor;
+use basalt_reactor::{Loops, Reactor};
 use basalt_volume::admission::{Admission, AdmissionLimits};
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -133,8 +133,8 @@ pub(crate) type Guards = Box<dyn Send>;
 
 pub(crate) struct Shared {
     pub subsystems: Arc<dyn Subsystems>,
-    /// The event loops, unless `limits.event_loops` is 0.
-    pub reactor: Option<Arc<Reactor>>,
+    /// The event loops serving I/O queues of single-node volumes, if any.
+    pub loops: Option<Loops>,
     pub limits: ServerLimits,
     pub advertise: SocketAddr,
     pub controllers: Registry,
@@ -208,11 +208,38 @@ impl NvmeServer {
         )
     }
 
-    /// [`NvmeServer::start`] with an advertised address and limits.
+    /// [`NvmeServer::start`] with an advertised address and limits, on
+    /// event loops of its own (`limits.event_loops` of them).
     pub fn start_with(
         listen: SocketAddr,
         subsystems: Arc<dyn Subsystems>,
         config: TargetConfig,
+    ) -> io::Result<NvmeServer> {
+        let loops = match config.limits.event_loops {
+            0 => None,
+            n => Some(Loops::Own(Reactor::start("nvme", n)?)),
+        };
+        Self::start_inner(listen, subsystems, config, loops)
+    }
+
+    /// [`NvmeServer::start_with`] on event loops shared with other
+    /// frontends (`None`: every queue on its own thread);
+    /// `limits.event_loops` is ignored. The caller stops `reactor` once
+    /// every frontend on it has shut down.
+    pub fn start_on(
+        listen: SocketAddr,
+        subsystems: Arc<dyn Subsystems>,
+        config: TargetConfig,
+        reactor: Option<Arc<Reactor>>,
+    ) -> io::Result<NvmeServer> {
+        Self::start_inner(listen, subsystems, config, reactor.map(Loops::Shared))
+    }
+
+    fn start_inner(
+        listen: SocketAddr,
+        subsystems: Arc<dyn Subsystems>,
+        config: TargetConfig,
+        loops: Option<Loops>,
     ) -> io::Result<NvmeServer> {
         let mut limits = config.limits;
         limits.max_h2c_data = (limits.max_h2c_data.max(4096) / 4) * 4;
@@ -229,13 +256,9 @@ impl NvmeServer {
                 max_per_address: limits.max_connections_per_address,
             },
         );
-        let reactor = match limits.event_loops {
-            0 => None,
-            n => Some(Reactor::start("nvme-loop", n)?),
-        };
         let shared = Arc::new(Shared {
             subsystems,
-            reactor,
+            loops,
             limits,
             advertise,
             admission,
@@ -341,10 +364,16 @@ impl NvmeServer {
                 tracing::error!("NVMe/TCP connection thread panicked");
             }
         }
-        // Queues on event loops: stopped (their sockets are shut down
-        // already) and waited for.
-        if let Some(reactor) = &self.shared.reactor {
-            reactor.stop();
+        // Queues on event loops: their sockets are shut down already; wait
+        // for them to end.
+        match &self.shared.loops {
+            Some(Loops::Own(reactor)) => reactor.stop(),
+            Some(Loops::Shared(_)) => {
+                while !self.shared.connections.lock().is_empty() {
+                    thread::sleep(Duration::from_millis(1));
+                }
+            }
+            None => {}
         }
         for ctrl in self.shared.controllers.all() {
             self.shared.controllers.remove(&ctrl);

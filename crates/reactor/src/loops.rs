@@ -178,6 +178,24 @@ pub fn default_loops() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
+/// The event loops a frontend serves its connections on: its own (it
+/// stops them when it shuts down) or a set shared with other frontends
+/// (their owner stops them, after every frontend on them shut down; a
+/// frontend then waits for its own connections to end instead).
+#[derive(Clone)]
+pub enum Loops {
+    Own(Arc<Reactor>),
+    Shared(Arc<Reactor>),
+}
+
+impl Loops {
+    pub fn reactor(&self) -> &Arc<Reactor> {
+        match self {
+            Loops::Own(reactor) | Loops::Shared(reactor) => reactor,
+        }
+    }
+}
+
 /// A set of event loops and their offload pool.
 pub struct Reactor {
     loops: Vec<Arc<Mailbox>>,

@@ -1,5 +1,6 @@
 //! Admission of client connections to a frontend: how many may be live at
-//! once, in total and from one source address.
+//! once, in total and from one source (an IP address, or a local user on a
+//! Unix socket).
 //!
 //! Why per address: with only a total limit, one host that opens (and
 //! leaves idle) as many connections as the limit locks every other client
@@ -10,14 +11,39 @@
 //! - a connection counts from [`Admission::admit`] until its [`Admitted`]
 //!   is dropped (however its thread ends), so the counts never drift;
 //! - at most `max_total` connections are admitted at once, and at most
-//!   `max_per_address` from one IP address;
+//!   `max_per_address` from one source;
 //! - refusals are logged at 1, 10, 100, … per address (a flood is one line
 //!   per order of magnitude, not one per connection).
 
 use parking_lot::Mutex;
 use std::collections::HashMap;
+use std::fmt;
 use std::net::IpAddr;
 use std::sync::Arc;
+
+/// Where connections come from, for the per-source limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Source {
+    /// A TCP client's IP address.
+    Address(IpAddr),
+    /// A Unix-socket client's user id.
+    LocalUser(u32),
+}
+
+impl From<IpAddr> for Source {
+    fn from(address: IpAddr) -> Source {
+        Source::Address(address)
+    }
+}
+
+impl fmt::Display for Source {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Source::Address(address) => write!(f, "{address}"),
+            Source::LocalUser(uid) => write!(f, "local user {uid}"),
+        }
+    }
+}
 
 /// The limits of one frontend.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,7 +62,7 @@ struct PerAddress {
 #[derive(Debug, Default)]
 struct State {
     total: usize,
-    by_address: HashMap<IpAddr, PerAddress>,
+    by_address: HashMap<Source, PerAddress>,
     /// Refusals for the total limit since a connection was last admitted.
     refused_total: u64,
 }
@@ -63,7 +89,7 @@ pub enum Refusal {
 #[derive(Debug)]
 pub struct Admitted {
     admission: Arc<Admission>,
-    address: IpAddr,
+    address: Source,
 }
 
 impl Admission {
@@ -81,7 +107,8 @@ impl Admission {
 
     /// Counts a new connection from `address`, or refuses it (and logs the
     /// refusal, sparingly).
-    pub fn admit(self: &Arc<Self>, address: IpAddr) -> Result<Admitted, Refusal> {
+    pub fn admit(self: &Arc<Self>, address: impl Into<Source>) -> Result<Admitted, Refusal> {
+        let address = address.into();
         let mut st = self.state.lock();
         if st.total >= self.limits.max_total {
             st.refused_total += 1;
@@ -114,7 +141,8 @@ impl Admission {
     }
 
     /// Live connections, in total and from `address`.
-    pub fn live(&self, address: IpAddr) -> (usize, usize) {
+    pub fn live(&self, address: impl Into<Source>) -> (usize, usize) {
+        let address = address.into();
         let st = self.state.lock();
         let from = st.by_address.get(&address).map_or(0, |p| p.live);
         (st.total, from)

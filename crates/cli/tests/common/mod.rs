@@ -524,6 +524,9 @@ impl Server {
             path.display().to_string(),
             "--capacity".into(),
             capacity.into(),
+            // The tests' clients speak NBD over TCP (the guest's kernel
+            // client too); the Unix socket is tested on its own.
+            "--nbd-insecure".into(),
             "--nbd-listen".into(),
             any_port.clone(),
             "--nvme-listen".into(),

@@ -40,6 +40,7 @@ mod execute;
 use crate::handshake::Negotiated;
 use crate::requests::{admit, encode_replies, Entry, Outcome, Segment};
 use crate::socket::RecvBuffer;
+use crate::stream::{Peer, Stream};
 use crate::transmission::{
     SessionEnd, MAX_BATCH_BYTES, MAX_BATCH_REQUESTS, MAX_DISCARDED_WRITE, RECV_BUFFER_BYTES,
 };
@@ -51,7 +52,7 @@ use basalt_store::AlignedBuf;
 use basalt_volume::VolumeHandle;
 use execute::Token;
 use std::io;
-use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::net::Shutdown;
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
 
@@ -74,9 +75,9 @@ struct Incoming {
 }
 
 pub(crate) struct EventedConnection {
-    stream: TcpStream,
+    stream: Stream,
     fd: RawFd,
-    peer: SocketAddr,
+    peer: Peer,
     negotiated: Negotiated,
     block_io: BlockIo<Token, Outcome>,
     recv: RecvBuffer,
@@ -103,8 +104,8 @@ impl EventedConnection {
     /// A connection after its handshake, on a volume of this node's store
     /// (refused for any other volume).
     pub(crate) fn new(
-        stream: TcpStream,
-        peer: SocketAddr,
+        stream: Stream,
+        peer: Peer,
         negotiated: Negotiated,
         on_end: OnEnd,
     ) -> io::Result<EventedConnection> {

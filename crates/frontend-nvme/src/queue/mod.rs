@@ -261,7 +261,7 @@ impl<'a> Queue<'a> {
     fn may_hand_off(&self) -> bool {
         self.transport.qid != 0
             && self.transport.is_quiet()
-            && self.shared.reactor.is_some()
+            && self.shared.loops.is_some()
             && self
                 .ctrl
                 .as_ref()
