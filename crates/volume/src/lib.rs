@@ -6,6 +6,7 @@ pub mod admission;
 mod clients;
 mod error;
 mod handle;
+pub mod qos;
 mod service;
 pub mod size;
 mod snapshots;

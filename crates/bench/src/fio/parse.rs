@@ -80,6 +80,16 @@ pub enum CellFailure {
     NoIo,
     #[error("fio's output has no latency percentiles for {0}")]
     NoPercentiles(&'static str),
+    /// fio's group figures assume its jobs ran together; these took
+    /// `elapsed_s` for `jobs` jobs of `runtime_ms` each: one after another
+    /// (a server that takes one connection at a time), so the group's IOPS
+    /// would count their I/O as if concurrent.
+    #[error("the {jobs} jobs ran one after another ({elapsed_s} s for {runtime_ms} ms each): the server took one connection at a time, so there is no concurrent figure")]
+    JobsSerialized {
+        jobs: u64,
+        elapsed_s: u64,
+        runtime_ms: u64,
+    },
 }
 
 /// One fio output document.
@@ -108,6 +118,12 @@ pub struct JobEntry {
     pub write: Option<RawDirection>,
     #[serde(default)]
     pub sync: Option<RawSync>,
+    /// Wall-clock seconds the job group ran (ramp and start-up included).
+    #[serde(default)]
+    pub elapsed: u64,
+    /// Milliseconds of I/O summed over the group's jobs.
+    #[serde(default)]
+    pub job_runtime: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -236,6 +252,9 @@ pub fn metrics(report: &FioReport) -> Result<Metrics, CellFailure> {
         .map(|d| d.runtime)
         .max()
         .unwrap_or(0);
+    for entry in &report.entries {
+        serialized(entry, runtime_ms)?;
+    }
     Ok(Metrics {
         read: direction(&reads, "reads")?,
         write: direction(&writes, "writes")?,
@@ -246,6 +265,26 @@ pub fn metrics(report: &FioReport) -> Result<Metrics, CellFailure> {
         },
         runtime_ms,
     })
+}
+
+/// Refuses a group whose jobs ran one after another: together they would
+/// have taken about one job's runtime, plus ramp and start-up (allowed 3 s,
+/// as fio counts `elapsed` in whole seconds); in turn, at least `jobs`
+/// runtimes.
+fn serialized(entry: &JobEntry, runtime_ms: u64) -> Result<(), CellFailure> {
+    if runtime_ms == 0 {
+        return Ok(());
+    }
+    let jobs = (entry.job_runtime + runtime_ms / 2) / runtime_ms;
+    let elapsed_ms = entry.elapsed * 1000;
+    if jobs >= 2 && elapsed_ms * 10 >= runtime_ms * jobs * 9 && elapsed_ms >= runtime_ms + 3000 {
+        return Err(CellFailure::JobsSerialized {
+            jobs,
+            elapsed_s: entry.elapsed,
+            runtime_ms,
+        });
+    }
+    Ok(())
 }
 
 fn direction(
@@ -383,6 +422,25 @@ mod tests {
 
     fn percentile_of(lat: &RawLatency, p: f64) -> f64 {
         lookup_percentile(lat.percentile.as_ref().unwrap(), p).unwrap()
+    }
+
+    #[test]
+    fn jobs_that_ran_one_after_another_have_no_group_figure() {
+        // qemu-nbd at its defaults (--shared=1) serves the second of two
+        // jobs only after the first: fio's group IOPS would double.
+        let (report, m) = parse("serialized-2jobs.json");
+        assert_eq!(report.entries[0].elapsed, 13);
+        assert_eq!(
+            m.unwrap_err(),
+            CellFailure::JobsSerialized {
+                jobs: 2,
+                elapsed_s: 13,
+                runtime_ms: 5045
+            }
+        );
+        // The same cell on a server that took both at once.
+        let (_, m) = parse("concurrent-2jobs.json");
+        assert!(m.unwrap().read.unwrap().iops > 70_000.0);
     }
 
     #[test]
