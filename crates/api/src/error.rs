@@ -49,7 +49,8 @@ pub fn status_for(err: &VolumeError) -> StatusCode {
         | VolumeError::InvalidHostNqn { .. }
         | VolumeError::InvalidReplicas(_)
         | VolumeError::InvalidNodeState(_)
-        | VolumeError::NotSupported(_) => StatusCode::BAD_REQUEST,
+        | VolumeError::NotSupported(_)
+        | VolumeError::InvalidQos(_) => StatusCode::BAD_REQUEST,
         VolumeError::Cluster(_) => StatusCode::SERVICE_UNAVAILABLE,
         VolumeError::Catalog(e) if e.is_unavailable() => StatusCode::SERVICE_UNAVAILABLE,
         VolumeError::NotFound(_)

@@ -32,8 +32,8 @@ use std::sync::Arc;
 use std::time::Duration;
 use types::{
     AttachHost, CreateSnapshot, CreateVolume, FlattenResult, FlattenVolume, Node, NodeList,
-    ResizeVolume, Rollback, ScrubResult, ScrubVolume, SetNodeState, Snapshot, SnapshotList, Status,
-    Volume, VolumeList,
+    ResizeVolume, Rollback, ScrubResult, ScrubVolume, SetNodeState, SetQos, Snapshot, SnapshotList,
+    Status, Volume, VolumeList,
 };
 
 /// The OpenAPI 3 document describing every route.
@@ -102,6 +102,10 @@ impl Routes {
         self.add("POST", MethodFilter::POST, path, handler)
     }
 
+    fn put<H: Handler<T, AppState>, T: 'static>(self, path: &'static str, handler: H) -> Self {
+        self.add("PUT", MethodFilter::PUT, path, handler)
+    }
+
     fn delete<H: Handler<T, AppState>, T: 'static>(self, path: &'static str, handler: H) -> Self {
         self.add("DELETE", MethodFilter::DELETE, path, handler)
     }
@@ -139,6 +143,7 @@ fn build(service: Arc<VolumeService>, token: String) -> (Router, Vec<RouteSpec>)
     )
     .get("/api/v1/snapshots", list_snapshots)
     .post("/api/v1/volumes/{name}/nvme-hosts", attach_host)
+    .put("/api/v1/volumes/{name}/qos", set_qos)
     .delete("/api/v1/volumes/{name}/nvme-hosts/{host_nqn}", detach_host)
     .get("/api/v1/nodes", list_nodes)
     .post("/api/v1/nodes/{name}/state", set_node_state)
@@ -316,6 +321,16 @@ async fn attach_host(
     JsonBody(req): JsonBody<AttachHost>,
 ) -> Result<Json<Volume>, ApiError> {
     let info = blocking(move || app.service.attach_host(&name, &req.host_nqn)).await?;
+    Ok(Json(info.into()))
+}
+
+async fn set_qos(
+    State(app): State<AppState>,
+    Path(name): Path<String>,
+    JsonBody(req): JsonBody<SetQos>,
+) -> Result<Json<Volume>, ApiError> {
+    let spec = basalt_volume::qos::QosSpec(req.qos);
+    let info = blocking(move || app.service.set_qos(&name, &spec)).await?;
     Ok(Json(info.into()))
 }
 

@@ -4,6 +4,7 @@
 
 use basalt_volume::{parse_size, NodeView, ReplicaStatus, SnapshotInfo, StoreStatus, VolumeInfo};
 use serde::{de, Deserialize, Deserializer, Serialize};
+use std::collections::BTreeMap;
 use std::fmt;
 use uuid::Uuid;
 
@@ -31,6 +32,12 @@ pub struct Volume {
     /// Names of its snapshots, oldest first.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub snapshots: Vec<String>,
+    /// QoS limits, Cinder QoS key → value (absent: unlimited).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub qos: BTreeMap<String, u64>,
+    /// Seconds its operations waited for QoS admission on this node.
+    #[serde(default)]
+    pub throttled_seconds: f64,
 }
 
 /// A snapshot, as returned by the snapshot endpoints.
@@ -161,6 +168,8 @@ impl From<VolumeInfo> for Volume {
             replicas: v.replicas.into_iter().map(Replica::from).collect(),
             clone_of: v.clone_of,
             snapshots: v.snapshots,
+            qos: v.qos.0,
+            throttled_seconds: v.throttled.as_secs_f64(),
         }
     }
 }
@@ -325,6 +334,14 @@ impl VolumeWindow {
 
 /// `POST /api/v1/volumes/{name}/scrub`: the window to scrub.
 pub type ScrubVolume = VolumeWindow;
+
+/// `PUT /api/v1/volumes/{name}/qos`: the whole spec (an empty object
+/// removes every limit).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SetQos {
+    pub qos: BTreeMap<String, u64>,
+}
 
 /// `POST /api/v1/volumes/{name}/nvme-hosts`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

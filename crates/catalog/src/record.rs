@@ -43,6 +43,10 @@ pub struct VolumeRecord {
     /// created empty.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub clone_of: Option<CloneSource>,
+    /// QoS limits, Cinder QoS key → value (`basalt_volume::qos`); absent
+    /// when unlimited.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub qos: std::collections::BTreeMap<String, u64>,
     /// Fields written by a newer basalt that this version does not know.
     #[serde(flatten)]
     pub unknown: serde_json::Map<String, serde_json::Value>,
@@ -120,6 +124,7 @@ impl VolumeRecord {
             replicas: None,
             snapshots: Vec::new(),
             clone_of: None,
+            qos: Default::default(),
             unknown: serde_json::Map::new(),
         }
     }

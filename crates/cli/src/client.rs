@@ -137,6 +137,10 @@ impl ApiClient {
         self.send("POST", path, Some(body))
     }
 
+    pub fn put(&self, path: &str, body: Value) -> Result<Value> {
+        self.send("PUT", path, Some(body))
+    }
+
     pub fn delete(&self, path: &str) -> Result<Value> {
         self.send("DELETE", path, None)
     }

@@ -4,8 +4,9 @@
 
 use crate::client::{ApiClient, ClientArgs, Output};
 use crate::output::{fields, table, Align};
-use anyhow::{bail, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use basalt_api::types::{Node, NodeList, Status, Volume, VolumeList};
+use basalt_volume::qos::QosSpec;
 use basalt_volume::{format_size, parse_size};
 use clap::Subcommand;
 use serde_json::{json, Value};
@@ -85,6 +86,18 @@ pub enum VolumeCommand {
     /// on; clients see the connection drop, as after a server crash (writes
     /// acknowledged with FUA or covered by a completed FLUSH stay).
     Disconnect { name: String },
+    /// Set a volume's QoS limits, online, with Cinder's QoS spec keys:
+    /// total_iops_sec, read_iops_sec, write_iops_sec, total_bytes_sec,
+    /// read_bytes_sec, write_bytes_sec; the same with _per_gb (times the
+    /// size in GiB) and _max (a burst rate, for burst_length_sec seconds);
+    /// size_iops_sec. Replaces the whole spec; "none" removes every limit.
+    SetQos {
+        name: String,
+        /// KEY=VALUE[,KEY=VALUE...], e.g. total_iops_sec=500,write_bytes_sec=50M
+        /// (byte rates take K/M/G suffixes), or none.
+        #[arg(value_name = "SPEC")]
+        spec: String,
+    },
     /// Let an NVMe/TCP host (by host NQN) discover and connect to a volume.
     Attach {
         name: String,
@@ -180,6 +193,13 @@ fn volume_fields(volume: &Volume, client: &ApiClient) -> String {
     }
     if !volume.nvme_hosts.is_empty() {
         pairs.push(("nvme hosts", volume.nvme_hosts.join(", ")));
+    }
+    if !volume.qos.is_empty() {
+        pairs.push(("qos", QosSpec(volume.qos.clone()).to_text()));
+        pairs.push((
+            "qos throttled",
+            format!("{:.1} s waiting for admission", volume.throttled_seconds),
+        ));
     }
     if let Some(source) = &volume.clone_of {
         pairs.push(("clone of", source.clone()));
@@ -385,6 +405,26 @@ pub fn run_volume(command: VolumeCommand, client: &ClientArgs) -> Result<()> {
                 value["crc32c"].as_u64().unwrap_or(0),
                 value["size_bytes"].as_u64().unwrap_or(0)
             );
+        }
+        VolumeCommand::SetQos { name, spec } => {
+            let spec = parse_qos(&spec)?;
+            let api = ApiClient::discover(client)?;
+            let value = api.put(
+                &format!("{}/qos", volume_path(&name)),
+                json!({ "qos": spec.0 }),
+            )?;
+            if client.output == Output::Json {
+                return print_json(&value);
+            }
+            let volume: Volume = decode(value)?;
+            match volume.qos.is_empty() {
+                true => println!("volume {} has no QoS limits", volume.name),
+                false => println!(
+                    "volume {} QoS: {}",
+                    volume.name,
+                    QosSpec(volume.qos).to_text()
+                ),
+            }
         }
         VolumeCommand::Attach { name, host_nqn } => {
             let api = ApiClient::discover(client)?;
@@ -697,6 +737,26 @@ pub fn run_node(command: NodeCommand, client: &ClientArgs) -> Result<()> {
     let node: Node = decode(value)?;
     println!("node {} is now {}", node.name, node.state);
     Ok(())
+}
+
+/// A QoS spec as `volume set-qos` takes it: Cinder keys, with size
+/// suffixes allowed on byte rates, or `none`.
+fn parse_qos(text: &str) -> Result<QosSpec> {
+    if text.trim() == "none" {
+        return Ok(QosSpec::default());
+    }
+    let mut pairs = Vec::new();
+    for pair in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        match pair.split_once('=') {
+            Some((key, value)) if key.trim().contains("bytes_sec") => {
+                let bytes = basalt_volume::parse_size(value.trim())
+                    .map_err(|e| anyhow!("QoS key {}: {e}", key.trim()))?;
+                pairs.push(format!("{}={bytes}", key.trim()));
+            }
+            _ => pairs.push(pair.to_string()),
+        }
+    }
+    QosSpec::parse(&pairs.join(",")).map_err(|e| anyhow!("{e}"))
 }
 
 #[cfg(test)]

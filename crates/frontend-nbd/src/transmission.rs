@@ -484,6 +484,7 @@ impl<'c> Lane<'c> {
         if ops.is_empty() {
             return;
         }
+        handle.wait_for_qos(&ops);
         match ack {
             Some(ack) => handle.submit_writes(&mut ops, ack),
             None => handle.submit(&mut ops),

@@ -35,6 +35,10 @@
 //! - Ring tags of this module are below [`FRONTEND_TAGS`]: slot number
 //!   above [`PIECE_BITS`], piece below. At most [`MAX_SLOTS`] requests are
 //!   in flight; more wait, in order, for a free slot.
+//! - A read or write of a volume with QoS limits starts only once the
+//!   volume's throttle admits it; until then it waits, in arrival order,
+//!   behind a timer on the loop's ring (at most [`THROTTLE_TICK`] long, so a
+//!   stopping connection never waits long for it), never blocking the loop.
 //! - Nothing is allocated per request in steady state: slots are reused
 //!   with their piece-result vectors, payloads are the frontend's pooled
 //!   buffers. (Staging still allocates its piece list and checksum vectors
@@ -44,12 +48,13 @@ use basalt_reactor::{Io, JobPanicked, Payload};
 use basalt_store::{
     fail_fua_writes, AlignedBuf, Contended, DataKind, DataOp, LocalVolume, StagedBatch,
 };
+use basalt_volume::qos::Direction;
 use basalt_volume::{IoError, VolumeHandle};
 use io_uring::{opcode, types};
 use std::collections::VecDeque;
 use std::io;
 use std::os::fd::RawFd;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// Bits of a ring tag that number the piece within its request.
 pub const PIECE_BITS: u32 = 20;
@@ -57,6 +62,11 @@ pub const PIECE_BITS: u32 = 20;
 pub const MAX_SLOTS: usize = 1024;
 /// Ring tags from here up are the frontend's own (its socket polls).
 pub const FRONTEND_TAGS: u32 = (MAX_SLOTS as u32) << PIECE_BITS;
+/// The tag of the QoS timer (the last piece number of the last slot, which
+/// no request reaches: a request has at most 8192 pieces).
+const TIMER_TAG: u32 = FRONTEND_TAGS - 1;
+/// Longest a QoS timer waits before the throttle is asked again.
+pub const THROTTLE_TICK: Duration = Duration::from_millis(50);
 
 const BLOCK: u64 = 4096;
 
@@ -174,6 +184,11 @@ pub struct BlockIo<T, C> {
     slots: Vec<Option<Slot<T, C>>>,
     free_slots: Vec<usize>,
     in_flight: usize,
+    /// Requests waiting for QoS admission, in arrival order, and since when.
+    throttled: VecDeque<(T, Work<C>, bool, Instant)>,
+    /// The QoS timer on the ring: its timespec (read by the kernel until
+    /// the timer completes).
+    timer: Option<Box<types::Timespec>>,
     /// Requests waiting for a free slot, in arrival order.
     waiting: VecDeque<(T, Work<C>, bool)>,
     spare_results: Vec<Vec<io::Result<()>>>,
@@ -193,6 +208,8 @@ impl<T: Send + 'static, C: Send + 'static> BlockIo<T, C> {
             slots: Vec::new(),
             free_slots: Vec::new(),
             in_flight: 0,
+            throttled: VecDeque::new(),
+            timer: None,
             waiting: VecDeque::new(),
             spare_results: Vec::new(),
             retrying: false,
@@ -208,9 +225,13 @@ impl<T: Send + 'static, C: Send + 'static> BlockIo<T, C> {
         &self.handle
     }
 
-    /// Requests started and not yet finished (waiting ones included).
+    /// Requests started and not yet finished (waiting ones included), plus
+    /// one for an armed QoS timer (the ring still refers to it).
     pub fn in_flight(&self) -> usize {
-        self.in_flight + self.waiting.len()
+        self.in_flight
+            + self.waiting.len()
+            + self.throttled.len()
+            + usize::from(self.timer.is_some())
     }
 
     /// The next finished request, if any. A frontend takes them after each
@@ -222,8 +243,75 @@ impl<T: Send + 'static, C: Send + 'static> BlockIo<T, C> {
     /// Starts a request; `lone` when it is its connection's only request
     /// in flight (a queue-depth-1 client).
     pub fn start(&mut self, io: &mut Io<'_>, token: T, work: Work<C>, lone: bool) {
+        if self.handle.throttle().is_limited() || !self.throttled.is_empty() {
+            self.throttled
+                .push_back((token, work, lone, Instant::now()));
+            self.admit_throttled(io);
+            return;
+        }
         self.waiting.push_back((token, work, lone));
         self.start_waiting(io);
+    }
+
+    /// Starts the throttled requests the volume's QoS admits now, in
+    /// order; arms the timer for the first one it does not.
+    fn admit_throttled(&mut self, io: &mut Io<'_>) {
+        let now = Instant::now();
+        while let Some((_, work, _, since)) = self.throttled.front() {
+            let cost = match work {
+                Work::Read { buf, .. } => Some((Direction::Read, buf.len() as u64)),
+                Work::Write { buf, .. } => Some((Direction::Write, buf.len() as u64)),
+                Work::Command(_) => None,
+            };
+            let since = *since;
+            if let Some((direction, bytes)) = cost {
+                if let Some(wait) = self.handle.throttle().admit(now, direction, bytes) {
+                    self.arm_timer(io, wait);
+                    return;
+                }
+            }
+            let waited = now.saturating_duration_since(since);
+            if waited > Duration::from_micros(10) {
+                self.handle.throttle().record_wait(waited);
+            }
+            if let Some((token, work, lone, _)) = self.throttled.pop_front() {
+                self.waiting.push_back((token, work, lone));
+            }
+        }
+        self.start_waiting(io);
+    }
+
+    /// Gives up on the requests still waiting for QoS admission (the
+    /// connection is stopping): reads and writes finish failed, without
+    /// running; commands run now.
+    pub fn cancel_throttled(&mut self, io: &mut Io<'_>) {
+        while let Some((token, work, lone, _)) = self.throttled.pop_front() {
+            match work {
+                Work::Read { buf, .. } | Work::Write { buf, .. } => {
+                    self.finished.push_back(Finished {
+                        token,
+                        buf: Some(buf),
+                        outcome: Outcome::Data(Err(IoError::Failed)),
+                    });
+                }
+                command => self.waiting.push_back((token, command, lone)),
+            }
+        }
+        self.start_waiting(io);
+    }
+
+    fn arm_timer(&mut self, io: &mut Io<'_>, wait: Duration) {
+        if self.timer.is_some() {
+            return;
+        }
+        let timespec = Box::new(types::Timespec::from(wait.min(THROTTLE_TICK)));
+        let entry = opcode::Timeout::new(&*timespec as *const types::Timespec).build();
+        // SAFETY: the timespec is boxed (its address stable) and kept in
+        // `self.timer` until the timeout completes (`completed`); the
+        // connection that owns this is not dropped while `in_flight()`
+        // counts the timer.
+        unsafe { io.push_wait(entry, TIMER_TAG) };
+        self.timer = Some(timespec);
     }
 
     /// Starts requests that wait for a slot, in order, while slots are
@@ -452,6 +540,11 @@ impl<T: Send + 'static, C: Send + 'static> BlockIo<T, C> {
 
     /// A ring entry of this module completed (`tag < FRONTEND_TAGS`).
     pub fn completed(&mut self, io: &mut Io<'_>, tag: u32, result: i32) {
+        if tag == TIMER_TAG {
+            self.timer = None;
+            self.admit_throttled(io);
+            return;
+        }
         let slot = (tag >> PIECE_BITS) as usize;
         let piece = (tag & ((1 << PIECE_BITS) - 1)) as usize;
         let Some(mut req) = self.slots.get_mut(slot).and_then(Option::take) else {

@@ -103,6 +103,9 @@ pub enum VolumeError {
     #[error("{0}")]
     NotSupported(String),
 
+    #[error("{0}")]
+    InvalidQos(String),
+
     #[error("no node named {0:?} in the cluster")]
     NoSuchNode(String),
 

@@ -3,9 +3,15 @@
 //! volume) or to a [`BlockIo`] (a replicated volume, served by its primary
 //! wherever it runs), and records per-volume statistics.
 //!
-//! Invariant: while any clone of a handle is alive the volume counts one
-//! open handle, so the control plane can refuse to delete a volume in use.
+//! Invariants:
+//! - While any clone of a handle is alive the volume counts one open
+//!   handle, so the control plane can refuse to delete a volume in use.
+//! - Every open of a volume shares the volume's one QoS throttle
+//!   ([`VolumeHandle::throttle`]); the handle does not apply it itself:
+//!   each frontend admits its reads and writes where waiting costs no other
+//!   volume anything (a connection's own thread, or an event loop's retry).
 
+use crate::qos::Throttle;
 use crate::stats::{OpKind, VolumeStats};
 use basalt_store::{DataKind, DataOp, IoError, LocalVolume, MappingRun, VolumeId};
 use std::sync::Arc;
@@ -59,6 +65,7 @@ struct Open {
     backend: Backend,
     name: String,
     stats: Arc<VolumeStats>,
+    throttle: Arc<Throttle>,
 }
 
 impl Drop for Open {
@@ -92,7 +99,42 @@ impl VolumeHandle {
             backend,
             name,
             stats,
+            throttle: Arc::new(Throttle::default()),
         }))
+    }
+
+    /// This open under the volume's shared throttle (instead of none). Only
+    /// for a handle just made: a clone would keep the old throttle.
+    pub fn with_throttle(mut self, throttle: Arc<Throttle>) -> VolumeHandle {
+        match Arc::get_mut(&mut self.0) {
+            Some(open) => open.throttle = throttle,
+            None => tracing::error!(volume = %self.0.name,
+                "a shared volume handle cannot take a throttle; its QoS limits do not apply"),
+        }
+        self
+    }
+
+    /// The volume's QoS throttle (unlimited unless the volume has limits).
+    pub fn throttle(&self) -> &Throttle {
+        &self.0.throttle
+    }
+
+    /// Blocks the calling thread until the volume's QoS admits every read
+    /// and write of `ops`: for frontends whose thread serves one volume (an
+    /// NBD connection's lanes, an NVMe/TCP queue thread). An unlimited
+    /// volume returns at once.
+    pub fn wait_for_qos(&self, ops: &[DataOp<'_>]) {
+        let throttle = &self.0.throttle;
+        if !throttle.is_limited() {
+            return;
+        }
+        for op in ops {
+            let (direction, bytes) = match &op.kind {
+                DataKind::Read(b) => (crate::qos::Direction::Read, b.len() as u64),
+                DataKind::Write(b) => (crate::qos::Direction::Write, b.len() as u64),
+            };
+            throttle.wait_admitted(direction, bytes);
+        }
     }
 
     pub fn name(&self) -> &str {

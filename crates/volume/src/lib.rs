@@ -7,6 +7,7 @@ mod clients;
 mod error;
 mod handle;
 pub mod qos;
+mod qos_control;
 mod service;
 pub mod size;
 mod snapshots;

@@ -81,6 +81,10 @@ pub struct VolumeInfo {
     pub clone_of: Option<String>,
     /// Its snapshots, oldest first.
     pub snapshots: Vec<String>,
+    /// Its QoS limits (empty: unlimited).
+    pub qos: crate::qos::QosSpec,
+    /// Time its operations waited for QoS admission on this node.
+    pub throttled: std::time::Duration,
 }
 
 /// The node's store as the control plane reports it.
@@ -268,6 +272,8 @@ pub struct VolumeService {
     overcommit_ratio: f64,
     /// Per-volume counters, by id so a recreated name starts from zero.
     pub(crate) stats: Mutex<HashMap<VolumeId, Arc<VolumeStats>>>,
+    /// Per-volume QoS throttles, shared by every open on this node.
+    pub(crate) throttles: Mutex<HashMap<VolumeId, Arc<crate::qos::Throttle>>>,
     /// Serialises mutations and opens; see the module invariants.
     pub(crate) control: Mutex<()>,
     /// The frontends, to drop a volume's clients.
@@ -381,6 +387,7 @@ impl VolumeService {
             store,
             overcommit_ratio,
             stats: Mutex::new(HashMap::new()),
+            throttles: Mutex::new(HashMap::new()),
             control: Mutex::new(()),
             clients: Clients::default(),
         })
@@ -578,6 +585,8 @@ impl VolumeService {
                 .as_ref()
                 .map(|c| format!("{}@{}", c.volume, c.snapshot)),
             snapshots: record.snapshots.iter().map(|s| s.name.clone()).collect(),
+            qos: crate::qos::QosSpec(record.qos.clone()),
+            throttled: self.throttled(record),
         }
     }
 
@@ -710,6 +719,8 @@ impl VolumeService {
                 return Err(e.into());
             }
             tracing::info!(volume = name, from = %format_size(old_size), to = %format_size(size), "resized volume");
+            // `_per_gb` limits follow the size.
+            self.throttle_for(&record);
         }
         drop(_control);
         self.get(name)
@@ -749,6 +760,8 @@ impl VolumeService {
         }
         if size > old_size {
             tracing::info!(volume = name, from = %format_size(old_size), to = %format_size(size), "grew replicated volume");
+            // `_per_gb` limits follow the size.
+            self.throttle_for(&record);
         }
         drop(control);
         self.get(name)
@@ -823,6 +836,7 @@ impl VolumeService {
             .delete(name, current.revision)
             .map_err(catalog_error)?;
         self.stats.lock().remove(&id);
+        self.throttles.lock().remove(&id);
         if self.cluster.is_some() {
             // Each node's cluster layer stops its replica and frees it.
             tracing::info!(volume = name, %id, "deleted replicated volume");
@@ -861,6 +875,7 @@ impl VolumeService {
             ));
         }
         let record = self.record(name)?.record;
+        let throttle = self.throttle_for(&record);
         if let Some(cluster) = &self.cluster {
             let io = cluster.open(&record)?;
             return Ok(VolumeHandle::clustered(
@@ -868,14 +883,14 @@ impl VolumeService {
                 record.id,
                 record.name,
                 self.stats_for(record.id),
-            ));
+            )
+            .with_throttle(throttle));
         }
         let local = self.store.volume(record.id)?;
-        Ok(VolumeHandle::new(
-            local,
-            record.name,
-            self.stats_for(record.id),
-        ))
+        Ok(
+            VolumeHandle::new(local, record.name, self.stats_for(record.id))
+                .with_throttle(throttle),
+        )
     }
 
     /// This node's local copy of `name` (its replica in a cluster).
@@ -1206,6 +1221,21 @@ impl VolumeService {
                     value(info)
                 );
             }
+        }
+
+        let metric = "basalt_volume_qos_throttled_seconds_total";
+        let _ = writeln!(
+            out,
+            "# HELP {metric} Time the volume's operations waited for QoS admission on this node.\n# TYPE {metric} counter"
+        );
+        for info in &infos {
+            let _ = writeln!(
+                out,
+                "{metric}{{volume=\"{}\",id=\"{}\"}} {:.6}",
+                info.name,
+                info.id,
+                info.throttled.as_secs_f64()
+            );
         }
 
         if self.cluster.is_some() {

@@ -472,8 +472,10 @@ impl Connection for EventedConnection {
         self.take_finished();
     }
 
-    fn stop(&mut self, _io: &mut Io<'_>) {
+    fn stop(&mut self, io: &mut Io<'_>) {
         self.end_with(Ok(SessionEnd::ClientClosed), true);
+        self.block_io.cancel_throttled(io);
+        self.take_finished();
     }
 
     fn finished(&self) -> bool {

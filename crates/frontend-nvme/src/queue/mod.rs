@@ -424,6 +424,7 @@ impl<'a> Queue<'a> {
                     }
                 })
                 .collect();
+            volume.wait_for_qos(&ops);
             volume.submit(&mut ops);
             ops.into_iter().map(|op| op.result).collect()
         };
