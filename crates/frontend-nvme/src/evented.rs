@@ -42,7 +42,7 @@ use crate::queue::{connection_ended, RECV_BUFFER};
 use crate::server::{Guards, Shared};
 use crate::transport::{Fatal, Part, Transport};
 use crate::ConnectionError;
-use basalt_loop_io::{arm_poll, BlockIo, Finished, Outcome, ReplyQueue, Work, FRONTEND_TAGS};
+use basalt_loop_io::{BlockIo, Completion, Finished, Outcome, ReplyQueue, SocketPolls, Work};
 use basalt_nvme_wire::command::{IoCommand, ReadWrite};
 use basalt_nvme_wire::digest::crc32c;
 use basalt_nvme_wire::fabrics::FabricsCommand;
@@ -59,8 +59,6 @@ use std::sync::Arc;
 /// Completions and read data queued for sending at most before the queue
 /// stops receiving.
 pub const MAX_QUEUED_REPLY_BYTES: usize = 128 << 20;
-const TAG_POLL_IN: u32 = FRONTEND_TAGS + 1;
-const TAG_POLL_OUT: u32 = FRONTEND_TAGS + 2;
 
 /// What the block I/O carries for each command.
 #[derive(Debug, Clone, Copy)]
@@ -116,8 +114,7 @@ struct EventedQueue {
     /// Encoded bytes from the transport, before they join `replies`.
     out: Vec<u8>,
     replies: ReplyQueue,
-    poll_in: bool,
-    poll_out: bool,
+    polls: SocketPolls,
     /// Still receiving (false after Disconnect, EOF, an error or stop).
     reading: bool,
     /// The socket is shut down or failed: nothing more is sent.
@@ -151,9 +148,10 @@ impl EventedQueue {
         let mut recv = leftover;
         let end = recv.len();
         recv.resize(RECV_BUFFER.max(end), 0);
+        let fd = stream.as_raw_fd();
         Ok(EventedQueue {
             shared: Arc::clone(shared),
-            fd: stream.as_raw_fd(),
+            fd,
             stream,
             peer,
             ctrl: Some(ctrl),
@@ -166,8 +164,7 @@ impl EventedQueue {
             need: 1,
             out: Vec::new(),
             replies: ReplyQueue::default(),
-            poll_in: false,
-            poll_out: false,
+            polls: SocketPolls::new(fd),
             reading: true,
             dead: false,
             end_result: None,
@@ -195,16 +192,14 @@ impl EventedQueue {
     }
 
     fn arm_poll_in(&mut self, io: &mut Io<'_>) {
-        if !self.poll_in && !self.dead {
-            arm_poll(io, self.fd, libc::POLLIN, TAG_POLL_IN);
-            self.poll_in = true;
+        if !self.dead {
+            self.polls.arm_readable(io);
         }
     }
 
     fn arm_poll_out(&mut self, io: &mut Io<'_>) {
-        if !self.poll_out && !self.dead {
-            arm_poll(io, self.fd, libc::POLLOUT, TAG_POLL_OUT);
-            self.poll_out = true;
+        if !self.dead {
+            self.polls.arm_writable(io);
         }
     }
 
@@ -490,31 +485,24 @@ impl Connection for EventedQueue {
     /// lack of room and now has some.
     fn flush(&mut self, io: &mut Io<'_>) {
         self.send(io);
-        if self.reading && !self.dead && !self.poll_in && !self.throttled() {
+        if self.reading && !self.dead && !self.polls.waiting_readable() && !self.throttled() {
             self.pump(io);
             self.send(io);
         }
     }
 
     fn completed(&mut self, io: &mut Io<'_>, tag: u32, result: i32) {
-        match tag {
-            TAG_POLL_IN => {
-                self.poll_in = false;
-                if result < 0 && !self.dead {
-                    self.end_with(Err(io::Error::from_raw_os_error(-result).into()), true);
-                    return;
-                }
-                self.pump(io);
-            }
-            TAG_POLL_OUT => {
-                self.poll_out = false;
-                self.send(io);
-            }
-            _ if tag < FRONTEND_TAGS => {
+        match self.polls.classify(tag, result) {
+            Completion::Readable(Err(err)) if !self.dead => self.end_with(Err(err.into()), true),
+            Completion::Readable(_) => self.pump(io),
+            Completion::Writable => self.send(io),
+            Completion::BlockIo => {
                 self.block_io.completed(io, tag, result);
                 self.take_finished();
             }
-            _ => tracing::error!(peer = %self.peer, tag, "completion of an unknown ring entry"),
+            Completion::Unknown => {
+                tracing::error!(peer = %self.peer, tag, "completion of an unknown ring entry")
+            }
         }
     }
 
@@ -546,8 +534,7 @@ impl Connection for EventedQueue {
         !self.reading
             && self.block_io.in_flight() == 0
             && (self.dead || self.replies.is_empty())
-            && !self.poll_in
-            && !self.poll_out
+            && !self.polls.armed()
     }
 }
 

@@ -45,7 +45,7 @@ use crate::transmission::{
     SessionEnd, MAX_BATCH_BYTES, MAX_BATCH_REQUESTS, MAX_DISCARDED_WRITE, RECV_BUFFER_BYTES,
 };
 use crate::{ConnectionError, MAX_PAYLOAD};
-use basalt_loop_io::{BlockIo, BufferPool, ReplyQueue, FRONTEND_TAGS, MAX_SLOTS};
+use basalt_loop_io::{BlockIo, BufferPool, Completion, ReplyQueue, SocketPolls, MAX_SLOTS};
 use basalt_nbd_wire::{parse_request, Command, NbdError, Request, WireError};
 use basalt_reactor::{Connection, Io, Payload};
 use basalt_store::AlignedBuf;
@@ -61,8 +61,6 @@ pub const MAX_IN_FLIGHT_REQUESTS: usize = MAX_SLOTS;
 /// Encoded replies and read data queued for sending at most before the
 /// connection stops receiving.
 pub const MAX_QUEUED_REPLY_BYTES: usize = 128 << 20;
-const TAG_POLL_IN: u32 = 0x7FFF_FFFF;
-const TAG_POLL_OUT: u32 = 0x7FFF_FFFE;
 
 /// How the connection ends, reported once when it is dropped.
 pub(crate) type OnEnd = Box<dyn FnOnce(Result<SessionEnd, ConnectionError>) + Send>;
@@ -88,8 +86,7 @@ pub(crate) struct EventedConnection {
     forming: Vec<Entry>,
     forming_bytes: u64,
     replies: ReplyQueue,
-    poll_in: bool,
-    poll_out: bool,
+    polls: SocketPolls,
     /// Still receiving requests (false after DISC, EOF, an error or stop).
     reading: bool,
     /// The socket is shut down or failed: nothing more is sent.
@@ -112,8 +109,9 @@ impl EventedConnection {
         let block_io = BlockIo::new(VolumeHandle::clone(&negotiated.handle))
             .ok_or_else(|| io::Error::other("the volume is not on this node's store"))?;
         stream.set_nonblocking(true)?;
+        let fd = stream.as_raw_fd();
         Ok(EventedConnection {
-            fd: stream.as_raw_fd(),
+            fd,
             stream,
             peer,
             block_io,
@@ -125,8 +123,7 @@ impl EventedConnection {
             forming: Vec::new(),
             forming_bytes: 0,
             replies: ReplyQueue::default(),
-            poll_in: false,
-            poll_out: false,
+            polls: SocketPolls::new(fd),
             reading: true,
             dead: false,
             end: None,
@@ -155,26 +152,18 @@ impl EventedConnection {
             || self.replies.queued_bytes() >= MAX_QUEUED_REPLY_BYTES
     }
 
+    /// Waits for the socket to be readable (not on a dead socket).
     fn arm_poll_in(&mut self, io: &mut Io<'_>) {
-        if !self.poll_in {
-            self.poll_in = self.arm_poll(io, libc::POLLIN, TAG_POLL_IN);
+        if !self.dead {
+            self.polls.arm_readable(io);
         }
     }
 
+    /// Waits for the socket to be writable (not on a dead socket).
     fn arm_poll_out(&mut self, io: &mut Io<'_>) {
-        if !self.poll_out {
-            self.poll_out = self.arm_poll(io, libc::POLLOUT, TAG_POLL_OUT);
+        if !self.dead {
+            self.polls.arm_writable(io);
         }
-    }
-
-    /// Arms a readiness poll on the socket; whether it was armed (not on a
-    /// dead socket).
-    fn arm_poll(&self, io: &mut Io<'_>, events: libc::c_short, tag: u32) -> bool {
-        if self.dead {
-            return false;
-        }
-        basalt_loop_io::arm_poll(io, self.fd, events, tag);
-        true
     }
 
     // ------------------------------------------------------------ receive
@@ -343,7 +332,7 @@ impl EventedConnection {
     /// Never called from inside `pump`, so completions that happen
     /// synchronously cannot recurse into receiving.
     fn resume(&mut self, io: &mut Io<'_>) {
-        if self.reading && !self.dead && !self.poll_in && !self.throttled() {
+        if self.reading && !self.dead && !self.polls.waiting_readable() && !self.throttled() {
             self.pump(io);
         }
     }
@@ -431,24 +420,17 @@ impl Connection for EventedConnection {
     }
 
     fn completed(&mut self, io: &mut Io<'_>, tag: u32, result: i32) {
-        match tag {
-            TAG_POLL_IN => {
-                self.poll_in = false;
-                if result < 0 && !self.dead {
-                    self.end_with(Err(io::Error::from_raw_os_error(-result).into()), true);
-                    return;
-                }
-                self.pump(io);
-            }
-            TAG_POLL_OUT => {
-                self.poll_out = false;
-                self.send(io);
-            }
-            _ if tag < FRONTEND_TAGS => {
+        match self.polls.classify(tag, result) {
+            Completion::Readable(Err(err)) if !self.dead => self.end_with(Err(err.into()), true),
+            Completion::Readable(_) => self.pump(io),
+            Completion::Writable => self.send(io),
+            Completion::BlockIo => {
                 self.block_io.completed(io, tag, result);
                 self.take_finished();
             }
-            _ => tracing::error!(peer = %self.peer, tag, "completion of an unknown ring entry"),
+            Completion::Unknown => {
+                tracing::error!(peer = %self.peer, tag, "completion of an unknown ring entry")
+            }
         }
     }
 
@@ -484,8 +466,7 @@ impl Connection for EventedConnection {
             && self.block_io.in_flight() == 0
             && self.forming.is_empty()
             && drained
-            && !self.poll_in
-            && !self.poll_out
+            && !self.polls.armed()
     }
 }
 
