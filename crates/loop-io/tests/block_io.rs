@@ -1,12 +1,14 @@
 //! `BlockIo` on a real event loop over a real store: seeded mixes of
 //! reads, writes (aligned and not, FUA or not) and commands, started all
 //! at once or one at a time (the lone, inline paths), checked against a
-//! model of the volume; and a FUA write whose commit fails is reported
-//! failed.
+//! model of the volume; a FUA write whose commit fails is reported
+//! failed; QoS limits hold on the loop, and a stopping connection does not
+//! wait for requests its volume's limits hold back.
 
 use basalt_loop_io::{BlockIo, Outcome, Work};
 use basalt_reactor::{Connection, Io, Payload, Reactor};
 use basalt_store::{AlignedBuf, BlockDevice, FileDevice, FormatOptions, IoError, SimDevice, Store};
+use basalt_volume::qos::{QosSpec, Throttle};
 use basalt_volume::{VolumeHandle, VolumeStats};
 use std::sync::mpsc;
 use std::sync::Arc;
@@ -79,7 +81,12 @@ impl Connection for Driver {
         self.block_io.retry(io);
         self.progress(io);
     }
-    fn stop(&mut self, _io: &mut Io<'_>) {}
+    fn stop(&mut self, io: &mut Io<'_>) {
+        // Whatever was not started is given up.
+        self.next = self.works.len();
+        self.block_io.cancel_throttled(io);
+        self.collect();
+    }
     fn finished(&self) -> bool {
         self.next == self.works.len() && self.block_io.in_flight() == 0
     }
@@ -328,4 +335,66 @@ fn a_fua_write_fails_with_the_commit_it_needed() {
         done[0].1
     );
     reactor.stop();
+}
+
+fn throttled(handle: &VolumeHandle, spec: &str) -> VolumeHandle {
+    let limits = QosSpec::parse(spec).expect("spec").limits(VOLUME);
+    handle.clone_with_throttle(Arc::new(Throttle::new(&limits)))
+}
+
+#[test]
+fn qos_limits_hold_on_the_loop_and_a_stop_does_not_wait_for_them() {
+    let (_store, handle) = store_on(SimDevice::new(64 << 20, 3));
+    let reactor = Reactor::start("test-loop", 1).expect("reactor");
+    let reads = |n: usize| -> Vec<Work<Result1>> {
+        (0..n)
+            .map(|i| Work::Read {
+                offset: (i as u64 % 256) * 4096,
+                buf: AlignedBuf::zeroed(4096),
+            })
+            .collect()
+    };
+    // 120 reads at 200 IOPS: the first 20 pass at once (the bucket's
+    // 100 ms), the others take about half a second.
+    let limited = throttled(&handle, "read_iops_sec=200");
+    let started = std::time::Instant::now();
+    let done = run(&reactor, &limited, reads(120), false);
+    let took = started.elapsed();
+    assert_eq!(done.len(), 120);
+    assert!(done.iter().all(|d| matches!(d.1, Outcome::Data(Ok(())))));
+    assert!(
+        took >= Duration::from_millis(400),
+        "120 reads at 200 IOPS took only {took:?}"
+    );
+    assert!(limited.throttle().throttled() > Duration::ZERO);
+
+    // At 1 IOPS, 50 reads would take most of a minute: a stop gives up
+    // the ones still held back, at once.
+    let crawling = throttled(&handle, "total_iops_sec=1");
+    let (tx, rx) = mpsc::channel();
+    reactor.adopt(Box::new(Driver {
+        block_io: BlockIo::new(crawling.clone()).expect("a local volume"),
+        works: reads(50),
+        next: 0,
+        one_at_a_time: false,
+        done: Vec::new(),
+        report: Some(tx),
+    }));
+    std::thread::sleep(Duration::from_millis(300));
+    let stopping = std::time::Instant::now();
+    reactor.stop();
+    assert!(
+        stopping.elapsed() < Duration::from_secs(5),
+        "stop waited {:?}",
+        stopping.elapsed()
+    );
+    let done = rx
+        .recv_timeout(Duration::from_secs(5))
+        .expect("the driver reports");
+    assert_eq!(done.len(), 50);
+    let given_up = done
+        .iter()
+        .filter(|d| matches!(d.1, Outcome::Data(Err(IoError::Failed))))
+        .count();
+    assert!(given_up >= 47, "{given_up} of 50 given up");
 }

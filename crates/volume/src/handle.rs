@@ -114,6 +114,20 @@ impl VolumeHandle {
         self
     }
 
+    /// Another open of the same volume under `throttle` (tests, tools).
+    pub fn clone_with_throttle(&self, throttle: Arc<Throttle>) -> VolumeHandle {
+        let open = &self.0;
+        let backend = match &open.backend {
+            Backend::Local(l) => Backend::Local(l.clone()),
+            Backend::Cluster { io, id } => Backend::Cluster {
+                io: Arc::clone(io),
+                id: *id,
+            },
+        };
+        Self::with_backend(backend, open.name.clone(), Arc::clone(&open.stats))
+            .with_throttle(throttle)
+    }
+
     /// The volume's QoS throttle (unlimited unless the volume has limits).
     pub fn throttle(&self) -> &Throttle {
         &self.0.throttle
