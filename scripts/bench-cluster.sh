@@ -1,7 +1,8 @@
 #!/bin/bash
 # RF1 vs RF3 on one machine (issue 5): 3 node processes with a real etcd on
-# loopback, `basalt bench run matrix` (and `db-latency`, the database
-# pattern) comparing an RF1 and an RF3 volume through each one's primary
+# loopback, `basalt bench run matrix` (4k random at QD1 and QD32, 1 MiB
+# sequential writes at QD8) and `db-latency` (the database pattern)
+# comparing an RF1 and an RF3 volume through each one's primary
 # node (fio's nbd engine). Prints IOPS, mean and p99 latency per workload
 # (medians of ROUNDS rounds, default 3; RUNTIME seconds per cell, default
 # 10) and the RF3/RF1 ratios; each round's report is kept under OUT. Needs
@@ -49,6 +50,9 @@ done
 for round in $(seq 1 $ROUNDS); do
   $B bench run matrix --compare $RF1,$RF3 --rw randwrite,randread --bs 4k --numjobs 1 \
     --iodepth 1,32 --runtime ${RUNTIME:-10} --size 1G --out $OUT/round-$round >/dev/null
+  # Sequential 1 MiB writes at QD8 (issue 20's RF3 throughput target).
+  $B bench run matrix --compare $RF1,$RF3 --rw write --bs 1m --numjobs 1 \
+    --iodepth 8 --runtime ${RUNTIME:-10} --size 1G --out $OUT/seq-round-$round >/dev/null
   # The database pattern: 8k random writes at QD1, fsync after each.
   $B bench run db-latency --compare $RF1,$RF3 --runtime ${RUNTIME:-10} --size 1G \
     --out $OUT/db-round-$round >/dev/null
@@ -77,6 +81,15 @@ for rw in ["randwrite", "randread"]:
                 print("%s %s QD%d: %.0f IOPS, mean %.1f us, p99 %.1f us" % (vol, rw, qd, *med[vol]))
         if len(med) == 2:
             print("  RF3/RF1 %s QD%d: IOPS %.2fx, mean latency %.2fx" % (rw, qd, med["rf3"][0] / med["rf1"][0], med["rf3"][1] / med["rf1"][1]))
+seq = {}
+for r in range(1, rounds + 1):
+    for cell in json.load(open("%s/seq-round-%d/summary.json" % (out, r)))["cells"]:
+        d = cell["outcome"].get("metrics", {}).get("write")
+        if cell["outcome"].get("status") == "ok" and d:
+            seq.setdefault(cell["target"], []).append(d["bandwidth_bytes_per_sec"] / 1048576)
+for vol, uri in uris.items():
+    if uri in seq:
+        print("%s 1 MiB sequential write QD8: %.0f MiB/s" % (vol, statistics.median(seq[uri])))
 db = {}
 for r in range(1, rounds + 1):
     for cell in json.load(open("%s/db-round-%d/summary.json" % (out, r)))["cells"]:
