@@ -101,6 +101,8 @@ pub struct FioReport {
     pub entries: Vec<JobEntry>,
     /// fio's own sum over hosts ("All clients"), present with two or more.
     pub all_clients: Option<JobEntry>,
+    /// The job file's `ramp_time` (global), in seconds; 0 if none.
+    pub ramp_secs: u64,
 }
 
 /// One job group (with `group_reporting`) as fio reported it.
@@ -176,6 +178,8 @@ struct RawDocument {
     jobs: Vec<JobEntry>,
     #[serde(default)]
     client_stats: Vec<JobEntry>,
+    #[serde(rename = "global options", default)]
+    global_options: BTreeMap<String, String>,
 }
 
 const ALL_CLIENTS: &str = "All clients";
@@ -194,7 +198,13 @@ pub fn parse_report(text: &str) -> Result<FioReport, ParseError> {
             entries.push(entry);
         }
     }
+    let ramp_secs = doc
+        .global_options
+        .get("ramp_time")
+        .and_then(|r| r.trim_end_matches('s').parse().ok())
+        .unwrap_or(0);
     Ok(FioReport {
+        ramp_secs,
         fio_version: doc.fio_version,
         entries,
         all_clients,
@@ -253,7 +263,7 @@ pub fn metrics(report: &FioReport) -> Result<Metrics, CellFailure> {
         .max()
         .unwrap_or(0);
     for entry in &report.entries {
-        serialized(entry, runtime_ms)?;
+        serialized(entry, runtime_ms, report.ramp_secs * 1000)?;
     }
     Ok(Metrics {
         read: direction(&reads, "reads")?,
@@ -268,16 +278,17 @@ pub fn metrics(report: &FioReport) -> Result<Metrics, CellFailure> {
 }
 
 /// Refuses a group whose jobs ran one after another: together they would
-/// have taken about one job's runtime, plus ramp and start-up (allowed 3 s,
+/// have taken about one job's ramp and runtime, plus start-up (allowed 3 s,
 /// as fio counts `elapsed` in whole seconds); in turn, at least `jobs`
-/// runtimes.
-fn serialized(entry: &JobEntry, runtime_ms: u64) -> Result<(), CellFailure> {
+/// times that.
+fn serialized(entry: &JobEntry, runtime_ms: u64, ramp_ms: u64) -> Result<(), CellFailure> {
     if runtime_ms == 0 {
         return Ok(());
     }
     let jobs = (entry.job_runtime + runtime_ms / 2) / runtime_ms;
     let elapsed_ms = entry.elapsed * 1000;
-    if jobs >= 2 && elapsed_ms * 10 >= runtime_ms * jobs * 9 && elapsed_ms >= runtime_ms + 3000 {
+    let one = runtime_ms + ramp_ms;
+    if jobs >= 2 && elapsed_ms * 10 >= one * jobs * 9 && elapsed_ms >= one + 3000 {
         return Err(CellFailure::JobsSerialized {
             jobs,
             elapsed_s: entry.elapsed,
@@ -441,6 +452,15 @@ mod tests {
         // The same cell on a server that took both at once.
         let (_, m) = parse("concurrent-2jobs.json");
         assert!(m.unwrap().read.unwrap().iops > 70_000.0);
+        // Concurrent jobs with a ramp as long as their runtime (5 s each,
+        // 11 s in all) are not mistaken for jobs in turn.
+        let text = testdata("concurrent-2jobs.json")
+            .replace("\"ramp_time\" : \"1\"", "\"ramp_time\" : \"5\"")
+            .replace("\"elapsed\" : 7", "\"elapsed\" : 11");
+        let report = parse_report(&text).unwrap();
+        assert_eq!(report.ramp_secs, 5);
+        assert_eq!(report.entries[0].elapsed, 11);
+        assert!(metrics(&report).is_ok());
     }
 
     #[test]
