@@ -133,18 +133,20 @@ impl EventedQueue {
         leftover: Vec<u8>,
         guards: Guards,
     ) -> Result<EventedQueue, (io::Error, Arc<Controller>)> {
-        let Some(volume) = ctrl.volume().cloned() else {
-            return Err((io::Error::other("an I/O queue without a namespace"), ctrl));
+        let setup = || -> io::Result<(VolumeHandle, BlockIo<Token, Status>)> {
+            let volume = ctrl
+                .volume()
+                .cloned()
+                .ok_or_else(|| io::Error::other("an I/O queue without a namespace"))?;
+            let block_io = BlockIo::new(volume.clone())
+                .ok_or_else(|| io::Error::other("the volume is not on this node's store"))?;
+            stream.set_nonblocking(true)?;
+            Ok((volume, block_io))
         };
-        let Some(block_io) = BlockIo::new(volume.clone()) else {
-            return Err((
-                io::Error::other("the volume is not on this node's store"),
-                ctrl,
-            ));
+        let (volume, block_io) = match setup() {
+            Ok(parts) => parts,
+            Err(err) => return Err((err, ctrl)),
         };
-        if let Err(err) = stream.set_nonblocking(true) {
-            return Err((err, ctrl));
-        }
         let mut recv = leftover;
         let end = recv.len();
         recv.resize(RECV_BUFFER.max(end), 0);
@@ -178,6 +180,7 @@ impl EventedQueue {
         self.reading = false;
         if kill && !self.dead {
             self.dead = true;
+            self.polls.close();
             let _ = self.stream.shutdown(Shutdown::Both);
             self.replies.clear(&mut self.transport.pool);
         }
@@ -189,18 +192,6 @@ impl EventedQueue {
     fn throttled(&self) -> bool {
         self.block_io.in_flight() >= basalt_loop_io::MAX_SLOTS
             || self.replies.queued_bytes() >= MAX_QUEUED_REPLY_BYTES
-    }
-
-    fn arm_poll_in(&mut self, io: &mut Io<'_>) {
-        if !self.dead {
-            self.polls.arm_readable(io);
-        }
-    }
-
-    fn arm_poll_out(&mut self, io: &mut Io<'_>) {
-        if !self.dead {
-            self.polls.arm_writable(io);
-        }
     }
 
     // ------------------------------------------------------------ receive
@@ -242,7 +233,7 @@ impl EventedQueue {
                         self.recv.shrink_to(RECV_BUFFER);
                         (self.start, self.end) = (0, 0);
                     }
-                    self.arm_poll_in(io);
+                    self.polls.arm_readable(io);
                     return Ok(());
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -469,7 +460,7 @@ impl EventedQueue {
         }
         match self.replies.send(self.fd, &mut self.transport.pool) {
             Ok(true) => {}
-            Ok(false) => self.arm_poll_out(io),
+            Ok(false) => self.polls.arm_writable(io),
             Err(e) => self.end_with(Err(e.into()), true),
         }
     }

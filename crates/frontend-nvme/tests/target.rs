@@ -238,13 +238,7 @@ fn data_path_on_queue_threads() {
 fn data_path_on_a_file_store() {
     // The event loop runs the device I/O on its ring.
     let dir = tempfile::tempdir().expect("tempdir");
-    let subsystems = StoreSubsystems::file(dir.path(), 256 * MIB, &[HOST_NQN]);
-    let config = TargetConfig {
-        limits: test_limits(),
-        ..TargetConfig::default()
-    };
-    let (server, _subs) = target_on(subsystems, &[("v", 64 * MIB)], config);
-    data_path_on(server, Digests::BOTH);
+    data_path_on(file_target(dir.path(), &[("v", 64 * MIB)]), Digests::BOTH);
 }
 
 #[test]
@@ -378,12 +372,7 @@ fn several_io_queues_on_queue_threads() {
 #[test]
 fn several_io_queues_on_a_file_store() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let subsystems = StoreSubsystems::file(dir.path(), 256 * MIB, &[HOST_NQN]);
-    let config = TargetConfig {
-        limits: test_limits(),
-        ..TargetConfig::default()
-    };
-    several_io_queues(target_on(subsystems, &[("v", 64 * MIB)], config).0);
+    several_io_queues(file_target(dir.path(), &[("v", 64 * MIB)]));
 }
 
 fn several_io_queues(server: NvmeServer) {

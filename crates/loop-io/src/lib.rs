@@ -35,6 +35,8 @@ pub struct SocketPolls {
     fd: RawFd,
     readable: bool,
     writable: bool,
+    /// The socket is shut down: nothing more is armed.
+    closed: bool,
 }
 
 /// What a ring completion of a connection is.
@@ -60,12 +62,19 @@ impl SocketPolls {
             fd,
             readable: false,
             writable: false,
+            closed: false,
         }
+    }
+
+    /// The connection shut its socket down: arming does nothing from now
+    /// on (polls already armed complete, as the shutdown wakes them).
+    pub fn close(&mut self) {
+        self.closed = true;
     }
 
     /// Waits for the socket to be readable (if not waiting already).
     pub fn arm_readable(&mut self, io: &mut Io<'_>) {
-        if !self.readable {
+        if !self.readable && !self.closed {
             self.arm(io, libc::POLLIN, TAG_READABLE);
             self.readable = true;
         }
@@ -73,7 +82,7 @@ impl SocketPolls {
 
     /// Waits for the socket to be writable (if not waiting already).
     pub fn arm_writable(&mut self, io: &mut Io<'_>) {
-        if !self.writable {
+        if !self.writable && !self.closed {
             self.arm(io, libc::POLLOUT, TAG_WRITABLE);
             self.writable = true;
         }

@@ -139,6 +139,7 @@ impl EventedConnection {
         self.reading = false;
         if kill && !self.dead {
             self.dead = true;
+            self.polls.close();
             let _ = self.stream.shutdown(Shutdown::Both);
             self.replies.clear(&mut self.pool);
         }
@@ -150,20 +151,6 @@ impl EventedConnection {
     fn throttled(&self) -> bool {
         self.block_io.in_flight() + self.forming.len() >= MAX_IN_FLIGHT_REQUESTS
             || self.replies.queued_bytes() >= MAX_QUEUED_REPLY_BYTES
-    }
-
-    /// Waits for the socket to be readable (not on a dead socket).
-    fn arm_poll_in(&mut self, io: &mut Io<'_>) {
-        if !self.dead {
-            self.polls.arm_readable(io);
-        }
-    }
-
-    /// Waits for the socket to be writable (not on a dead socket).
-    fn arm_poll_out(&mut self, io: &mut Io<'_>) {
-        if !self.dead {
-            self.polls.arm_writable(io);
-        }
     }
 
     // ------------------------------------------------------------ receive
@@ -185,7 +172,7 @@ impl EventedConnection {
             if let Some(mut incoming) = self.incoming.take() {
                 if !self.fill_incoming(&mut incoming)? {
                     self.incoming = Some(incoming);
-                    self.arm_poll_in(io);
+                    self.polls.arm_readable(io);
                     return Ok(());
                 }
                 self.push(incoming.request, Some(incoming.buf));
@@ -240,7 +227,7 @@ impl EventedConnection {
             }
             Some(_) => Ok(true),
             None => {
-                self.arm_poll_in(io);
+                self.polls.arm_readable(io);
                 Ok(false)
             }
         }
@@ -401,7 +388,7 @@ impl EventedConnection {
         }
         match self.replies.send(self.fd, &mut self.pool) {
             Ok(true) => {}
-            Ok(false) => self.arm_poll_out(io),
+            Ok(false) => self.polls.arm_writable(io),
             Err(e) => self.end_with(Err(e.into()), true),
         }
     }

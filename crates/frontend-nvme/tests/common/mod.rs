@@ -177,6 +177,17 @@ pub fn target_with_config(
     )
 }
 
+/// A target (test limits, event loops) over a fresh store on a data file in
+/// `dir`, whose device I/O goes to the loops' rings.
+pub fn file_target(dir: &std::path::Path, volumes: &[(&str, u64)]) -> NvmeServer {
+    let subsystems = StoreSubsystems::file(dir, 256 * MIB, &[HOST_NQN]);
+    let config = TargetConfig {
+        limits: test_limits(),
+        ..TargetConfig::default()
+    };
+    target_on(subsystems, volumes, config).0
+}
+
 /// Limits of a target that serves every queue on its own thread.
 pub fn thread_limits() -> ServerLimits {
     ServerLimits {
