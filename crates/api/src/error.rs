@@ -38,8 +38,10 @@ impl ApiError {
 }
 
 /// The status code for a control-plane error:
-/// 400 the request is invalid, 404 no such volume, 409 it conflicts with the
-/// volume's state, 507 the store has no room for it, 503 the cluster or its
+/// 400 the request is invalid, 403 the token's role may not do it, 404 no
+/// such volume (or one the token's project may not see), 409 it conflicts
+/// with the volume's state, 413 a project quota would be exceeded, 507 the
+/// store has no room for it, 503 the cluster or its
 /// metadata store (etcd) is unavailable for now, 500 the node failed.
 pub fn status_for(err: &VolumeError) -> StatusCode {
     match err {
@@ -50,12 +52,18 @@ pub fn status_for(err: &VolumeError) -> StatusCode {
         | VolumeError::InvalidReplicas(_)
         | VolumeError::InvalidNodeState(_)
         | VolumeError::NotSupported(_)
-        | VolumeError::InvalidQos(_) => StatusCode::BAD_REQUEST,
+        | VolumeError::InvalidQos(_)
+        | VolumeError::InvalidEntryName { .. }
+        | VolumeError::InvalidPolicy(_) => StatusCode::BAD_REQUEST,
+        VolumeError::Forbidden(_) => StatusCode::FORBIDDEN,
+        // OpenStack's answer to an exceeded quota (Cinder's OverLimit).
+        VolumeError::QuotaExceeded { .. } => StatusCode::PAYLOAD_TOO_LARGE,
         VolumeError::Cluster(_) => StatusCode::SERVICE_UNAVAILABLE,
         VolumeError::Catalog(e) if e.is_unavailable() => StatusCode::SERVICE_UNAVAILABLE,
         VolumeError::NotFound(_)
         | VolumeError::NoSuchNode(_)
-        | VolumeError::SnapshotNotFound { .. } => StatusCode::NOT_FOUND,
+        | VolumeError::SnapshotNotFound { .. }
+        | VolumeError::EntryNotFound { .. } => StatusCode::NOT_FOUND,
         VolumeError::AlreadyExists(_)
         | VolumeError::SnapshotExists { .. }
         | VolumeError::HasSnapshots { .. }
@@ -63,6 +71,9 @@ pub fn status_for(err: &VolumeError) -> StatusCode {
         | VolumeError::InUse { .. }
         | VolumeError::ShrinkRefused { .. }
         | VolumeError::TooFewNodes { .. }
+        | VolumeError::EntryExists { .. }
+        | VolumeError::ProjectNotEmpty { .. }
+        | VolumeError::TypeInUse { .. }
         | VolumeError::Catalog(CatalogError::Conflict { .. }) => StatusCode::CONFLICT,
         VolumeError::Overcommit { .. }
         | VolumeError::ReplicaNodeFull { .. }

@@ -12,29 +12,28 @@
 
 mod auth;
 pub mod error;
+mod tenancy;
+mod tenancy_types;
 pub mod types;
+mod volumes;
 
-pub use auth::constant_time_eq;
+pub use basalt_volume::tenancy::constant_time_eq;
 pub use error::ApiError;
 
 use axum::body::Bytes;
-use axum::extract::{FromRequest, Path, RawQuery, Request, State};
+use axum::extract::{Extension, FromRequest, Path, Request, State};
 use axum::handler::Handler;
 use axum::http::{header, Method, StatusCode, Uri};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{on, MethodFilter};
 use axum::{Json, Router};
+use basalt_volume::tenancy::Principal;
 use basalt_volume::{VolumeError, VolumeService};
 use serde::de::DeserializeOwned;
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Duration;
-use types::{
-    AttachHost, CreateSnapshot, CreateVolume, FlattenResult, FlattenVolume, Node, NodeList,
-    ResizeVolume, Rollback, ScrubResult, ScrubVolume, SetNodeState, SetQos, Snapshot, SnapshotList,
-    Status, Volume, VolumeList,
-};
+use types::{Node, NodeList, SetNodeState, Status};
 
 /// The OpenAPI 3 document describing every route.
 pub const OPENAPI_JSON: &str = include_str!("../openapi.json");
@@ -45,6 +44,8 @@ const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
 #[derive(Clone)]
 struct AppState {
     service: Arc<VolumeService>,
+    /// The server's admin token (cluster admin).
+    admin_token: Arc<str>,
 }
 
 /// Serves the API on `listener` until `shutdown` completes, then finishes the
@@ -116,48 +117,77 @@ fn build(service: Arc<VolumeService>, token: String) -> (Router, Vec<RouteSpec>)
         router: Router::new(),
         table: Vec::new(),
     }
-    .get("/api/v1/volumes", list_volumes)
-    .post("/api/v1/volumes", create_volume)
-    .get("/api/v1/volumes/{name}", get_volume)
-    .delete("/api/v1/volumes/{name}", delete_volume)
-    .post("/api/v1/volumes/{name}/resize", resize_volume)
-    .post("/api/v1/volumes/{name}/disconnect", disconnect_volume)
-    .post("/api/v1/volumes/{name}/scrub", scrub_volume)
-    .get("/api/v1/volumes/{name}/local-digest", local_digest)
-    .get("/api/v1/volumes/{name}/snapshots", list_volume_snapshots)
-    .post("/api/v1/volumes/{name}/snapshots", create_snapshot)
-    .get("/api/v1/volumes/{name}/snapshots/{snapshot}", get_snapshot)
+    .get("/api/v1/volumes", volumes::list_volumes)
+    .post("/api/v1/volumes", volumes::create_volume)
+    .get("/api/v1/volumes/{name}", volumes::get_volume)
+    .delete("/api/v1/volumes/{name}", volumes::delete_volume)
+    .post("/api/v1/volumes/{name}/resize", volumes::resize_volume)
+    .post("/api/v1/volumes/{name}/retype", volumes::retype_volume)
+    .post("/api/v1/volumes/{name}/disconnect", volumes::disconnect_volume)
+    .post("/api/v1/volumes/{name}/scrub", volumes::scrub_volume)
+    .get("/api/v1/volumes/{name}/local-digest", volumes::local_digest)
+    .get(
+        "/api/v1/volumes/{name}/snapshots",
+        volumes::list_volume_snapshots,
+    )
+    .post("/api/v1/volumes/{name}/snapshots", volumes::create_snapshot)
+    .get(
+        "/api/v1/volumes/{name}/snapshots/{snapshot}",
+        volumes::get_snapshot,
+    )
     .delete(
         "/api/v1/volumes/{name}/snapshots/{snapshot}",
-        delete_snapshot,
+        volumes::delete_snapshot,
     )
-    .post("/api/v1/volumes/{name}/rollback", rollback_volume)
-    .post("/api/v1/volumes/{name}/flatten", flatten_volume)
+    .post("/api/v1/volumes/{name}/rollback", volumes::rollback_volume)
+    .post("/api/v1/volumes/{name}/flatten", volumes::flatten_volume)
     .post(
         "/api/v1/volumes/{name}/snapshots/{snapshot}/nvme-hosts",
-        attach_snapshot_host,
+        volumes::attach_snapshot_host,
     )
     .delete(
         "/api/v1/volumes/{name}/snapshots/{snapshot}/nvme-hosts/{host_nqn}",
-        detach_snapshot_host,
+        volumes::detach_snapshot_host,
     )
-    .get("/api/v1/snapshots", list_snapshots)
-    .post("/api/v1/volumes/{name}/nvme-hosts", attach_host)
-    .put("/api/v1/volumes/{name}/qos", set_qos)
-    .delete("/api/v1/volumes/{name}/nvme-hosts/{host_nqn}", detach_host)
+    .get("/api/v1/snapshots", volumes::list_snapshots)
+    .post("/api/v1/volumes/{name}/nvme-hosts", volumes::attach_host)
+    .put("/api/v1/volumes/{name}/qos", volumes::set_qos)
+    .delete(
+        "/api/v1/volumes/{name}/nvme-hosts/{host_nqn}",
+        volumes::detach_host,
+    )
+    .get("/api/v1/projects", tenancy::list_projects)
+    .post("/api/v1/projects", tenancy::create_project)
+    .get("/api/v1/projects/{name}", tenancy::get_project)
+    .delete("/api/v1/projects/{name}", tenancy::delete_project)
+    .put("/api/v1/projects/{name}/quotas", tenancy::set_quotas)
+    .get("/api/v1/tokens", tenancy::list_tokens)
+    .post("/api/v1/tokens", tenancy::create_token)
+    .delete("/api/v1/tokens/{id}", tenancy::revoke_token)
+    .get("/api/v1/types", tenancy::list_types)
+    .post("/api/v1/types", tenancy::create_type)
+    .get("/api/v1/types/{name}", tenancy::get_type)
+    .delete("/api/v1/types/{name}", tenancy::delete_type)
+    .put("/api/v1/default-type", tenancy::set_default_type)
     .get("/api/v1/nodes", list_nodes)
     .post("/api/v1/nodes/{name}/state", set_node_state)
     .get("/api/v1/status", status)
     .get("/api/v1/openapi.json", openapi)
     .get("/metrics", metrics);
-    let token: Arc<str> = token.into();
+    let state = AppState {
+        service,
+        admin_token: token.into(),
+    };
     let router = routes
         .router
         .fallback(no_such_endpoint)
         .method_not_allowed_fallback(method_not_allowed)
-        .layer(middleware::from_fn_with_state(token, auth::require_token))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            auth::require_token,
+        ))
         .layer(middleware::from_fn(log_request))
-        .with_state(AppState { service });
+        .with_state(state);
     (router, routes.table)
 }
 
@@ -190,267 +220,11 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for JsonBody<T> {
     }
 }
 
-async fn list_volumes(State(app): State<AppState>) -> Result<Json<VolumeList>, ApiError> {
-    let volumes = blocking(move || app.service.list()).await?;
-    Ok(Json(VolumeList {
-        volumes: volumes.into_iter().map(Volume::from).collect(),
-    }))
-}
-
-async fn create_volume(
+async fn list_nodes(
     State(app): State<AppState>,
-    JsonBody(req): JsonBody<CreateVolume>,
-) -> Result<Response, ApiError> {
-    let info = blocking(move || match (&req.from, req.size) {
-        (Some(source), size) => {
-            if req.replicas.is_some() || req.allow_degraded {
-                return Err(VolumeError::NotSupported(
-                    "a clone has its source's replica count; leave out replicas and allow_degraded"
-                        .into(),
-                ));
-            }
-            app.service
-                .create_clone(&req.name, source, size.map(|s| s.0))
-        }
-        (None, Some(size)) => {
-            app.service
-                .create_replicated(&req.name, size.0, req.replicas, req.allow_degraded)
-        }
-        (None, None) => Err(VolumeError::InvalidSize(
-            "size is required (or from, to clone a snapshot)".into(),
-        )),
-    })
-    .await?;
-    // Validated names are URL- and header-safe.
-    let location = format!("/api/v1/volumes/{}", info.name);
-    Ok((
-        StatusCode::CREATED,
-        [(header::LOCATION, location)],
-        Json(Volume::from(info)),
-    )
-        .into_response())
-}
-
-async fn get_volume(
-    State(app): State<AppState>,
-    Path(name): Path<String>,
-) -> Result<Json<Volume>, ApiError> {
-    let info = blocking(move || app.service.get(&name)).await?;
-    Ok(Json(info.into()))
-}
-
-/// How long a disconnect waits for the closed connections to let go of
-/// the volume.
-const DISCONNECT_WAIT: Duration = Duration::from_secs(10);
-
-async fn delete_volume(
-    State(app): State<AppState>,
-    Path(name): Path<String>,
-    RawQuery(query): RawQuery,
-) -> Result<StatusCode, ApiError> {
-    let force = force_param(query.as_deref())?;
-    blocking(move || {
-        if force {
-            app.service
-                .delete_disconnecting(&name, DISCONNECT_WAIT)
-                .map(|_| ())
-        } else {
-            app.service.delete(&name)
-        }
-    })
-    .await?;
-    Ok(StatusCode::NO_CONTENT)
-}
-
-/// `force=true|false` (or `1|0`) from a query string; absent: false.
-fn force_param(query: Option<&str>) -> Result<bool, ApiError> {
-    let mut force = false;
-    for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
-        force = match pair.split_once('=') {
-            Some(("force", "true" | "1")) => true,
-            Some(("force", "false" | "0")) => false,
-            _ => {
-                return Err(ApiError::bad_request(format!(
-                    "invalid query parameter {pair:?}: the only one is force=true|false"
-                )))
-            }
-        };
-    }
-    Ok(force)
-}
-
-async fn disconnect_volume(
-    State(app): State<AppState>,
-    Path(name): Path<String>,
-) -> Result<Json<serde_json::Value>, ApiError> {
-    let closed = blocking(move || app.service.disconnect(&name, DISCONNECT_WAIT)).await?;
-    Ok(Json(serde_json::json!({ "disconnected": closed })))
-}
-
-async fn scrub_volume(
-    State(app): State<AppState>,
-    Path(name): Path<String>,
-    JsonBody(req): JsonBody<ScrubVolume>,
-) -> Result<Json<ScrubResult>, ApiError> {
-    let volume = name.clone();
-    let (range, rate) = req.range_and_rate();
-    let (offset, length) = (range.start, range.end - range.start);
-    let report = blocking(move || app.service.scrub(&name, range, rate, &mut |_, _| {})).await?;
-    Ok(Json(ScrubResult {
-        volume,
-        offset,
-        length,
-        bytes_checked: report.bytes_checked,
-        bad_blocks: report.bad_blocks,
-        data_checksums: report.checksums,
-    }))
-}
-
-async fn resize_volume(
-    State(app): State<AppState>,
-    Path(name): Path<String>,
-    JsonBody(req): JsonBody<ResizeVolume>,
-) -> Result<Json<Volume>, ApiError> {
-    let info = blocking(move || app.service.resize(&name, req.size.0, req.allow_shrink)).await?;
-    Ok(Json(info.into()))
-}
-
-async fn attach_host(
-    State(app): State<AppState>,
-    Path(name): Path<String>,
-    JsonBody(req): JsonBody<AttachHost>,
-) -> Result<Json<Volume>, ApiError> {
-    let info = blocking(move || app.service.attach_host(&name, &req.host_nqn)).await?;
-    Ok(Json(info.into()))
-}
-
-async fn set_qos(
-    State(app): State<AppState>,
-    Path(name): Path<String>,
-    JsonBody(req): JsonBody<SetQos>,
-) -> Result<Json<Volume>, ApiError> {
-    let spec = basalt_volume::qos::QosSpec(req.qos);
-    let info = blocking(move || app.service.set_qos(&name, &spec)).await?;
-    Ok(Json(info.into()))
-}
-
-async fn detach_host(
-    State(app): State<AppState>,
-    Path((name, host_nqn)): Path<(String, String)>,
-) -> Result<Json<Volume>, ApiError> {
-    let info = blocking(move || app.service.detach_host(&name, &host_nqn)).await?;
-    Ok(Json(info.into()))
-}
-
-async fn local_digest(
-    State(app): State<AppState>,
-    Path(name): Path<String>,
-) -> Result<Json<serde_json::Value>, ApiError> {
-    let (crc, size) = blocking(move || app.service.local_digest(&name)).await?;
-    Ok(Json(serde_json::json!({"crc32c": crc, "size_bytes": size})))
-}
-
-async fn list_snapshots(State(app): State<AppState>) -> Result<Json<SnapshotList>, ApiError> {
-    let snapshots = blocking(move || app.service.snapshots(None)).await?;
-    Ok(Json(SnapshotList {
-        snapshots: snapshots.into_iter().map(Snapshot::from).collect(),
-    }))
-}
-
-async fn list_volume_snapshots(
-    State(app): State<AppState>,
-    Path(name): Path<String>,
-) -> Result<Json<SnapshotList>, ApiError> {
-    let snapshots = blocking(move || app.service.snapshots(Some(&name))).await?;
-    Ok(Json(SnapshotList {
-        snapshots: snapshots.into_iter().map(Snapshot::from).collect(),
-    }))
-}
-
-async fn create_snapshot(
-    State(app): State<AppState>,
-    Path(name): Path<String>,
-    JsonBody(req): JsonBody<CreateSnapshot>,
-) -> Result<Response, ApiError> {
-    let info = blocking(move || app.service.create_snapshot(&name, &req.name)).await?;
-    let location = format!("/api/v1/volumes/{}/snapshots/{}", info.volume, info.name);
-    Ok((
-        StatusCode::CREATED,
-        [(header::LOCATION, location)],
-        Json(Snapshot::from(info)),
-    )
-        .into_response())
-}
-
-async fn get_snapshot(
-    State(app): State<AppState>,
-    Path((name, snapshot)): Path<(String, String)>,
-) -> Result<Json<Snapshot>, ApiError> {
-    let info = blocking(move || app.service.snapshot(&name, &snapshot)).await?;
-    Ok(Json(info.into()))
-}
-
-async fn delete_snapshot(
-    State(app): State<AppState>,
-    Path((name, snapshot)): Path<(String, String)>,
-) -> Result<StatusCode, ApiError> {
-    blocking(move || app.service.delete_snapshot(&name, &snapshot)).await?;
-    Ok(StatusCode::NO_CONTENT)
-}
-
-async fn attach_snapshot_host(
-    State(app): State<AppState>,
-    Path((name, snapshot)): Path<(String, String)>,
-    JsonBody(req): JsonBody<AttachHost>,
-) -> Result<Json<Snapshot>, ApiError> {
-    let info = blocking(move || {
-        app.service
-            .attach_snapshot_host(&name, &snapshot, &req.host_nqn)
-    })
-    .await?;
-    Ok(Json(info.into()))
-}
-
-async fn detach_snapshot_host(
-    State(app): State<AppState>,
-    Path((name, snapshot, host_nqn)): Path<(String, String, String)>,
-) -> Result<Json<Snapshot>, ApiError> {
-    let info = blocking(move || {
-        app.service
-            .detach_snapshot_host(&name, &snapshot, &host_nqn)
-    })
-    .await?;
-    Ok(Json(info.into()))
-}
-
-async fn flatten_volume(
-    State(app): State<AppState>,
-    Path(name): Path<String>,
-    JsonBody(req): JsonBody<FlattenVolume>,
-) -> Result<Json<FlattenResult>, ApiError> {
-    let volume = name.clone();
-    let (range, rate) = req.range_and_rate();
-    let (offset, length) = (range.start, range.end - range.start);
-    let report = blocking(move || app.service.flatten(&name, range, rate, &mut |_, _| {})).await?;
-    Ok(Json(FlattenResult {
-        volume,
-        offset,
-        length,
-        copied_bytes: report.copied_blocks * 4096,
-        detached: report.detached,
-    }))
-}
-
-async fn rollback_volume(
-    State(app): State<AppState>,
-    Path(name): Path<String>,
-    JsonBody(req): JsonBody<Rollback>,
-) -> Result<Json<Volume>, ApiError> {
-    let info = blocking(move || app.service.rollback(&name, &req.snapshot, req.force)).await?;
-    Ok(Json(info.into()))
-}
-
-async fn list_nodes(State(app): State<AppState>) -> Result<Json<NodeList>, ApiError> {
+    Extension(who): Extension<Principal>,
+) -> Result<Json<NodeList>, ApiError> {
+    who.require_cluster_admin("listing nodes")?;
     let nodes = blocking(move || app.service.nodes()).await?;
     Ok(Json(NodeList {
         nodes: nodes.into_iter().map(Node::from).collect(),
@@ -459,9 +233,11 @@ async fn list_nodes(State(app): State<AppState>) -> Result<Json<NodeList>, ApiEr
 
 async fn set_node_state(
     State(app): State<AppState>,
+    Extension(who): Extension<Principal>,
     Path(name): Path<String>,
     JsonBody(req): JsonBody<SetNodeState>,
 ) -> Result<Json<Node>, ApiError> {
+    who.require_cluster_admin("changing a node's state")?;
     let node = blocking(move || app.service.set_node_state(&name, &req.state)).await?;
     Ok(Json(node.into()))
 }
@@ -475,7 +251,11 @@ async fn openapi() -> Response {
     ([(header::CONTENT_TYPE, "application/json")], OPENAPI_JSON).into_response()
 }
 
-async fn metrics(State(app): State<AppState>) -> Result<Response, ApiError> {
+async fn metrics(
+    State(app): State<AppState>,
+    Extension(who): Extension<Principal>,
+) -> Result<Response, ApiError> {
+    who.require_cluster_admin("reading metrics")?;
     let text = blocking(move || app.service.render_metrics()).await?;
     Ok(([(header::CONTENT_TYPE, PROMETHEUS_TEXT)], text).into_response())
 }

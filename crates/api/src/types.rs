@@ -8,6 +8,11 @@ use std::collections::BTreeMap;
 use std::fmt;
 use uuid::Uuid;
 
+pub use crate::tenancy_types::{
+    CreateProject, CreateToken, CreateVolumeType, CreatedToken, Project, ProjectList, QuotaSet,
+    Retype, SetDefaultType, Token, TokenList, VolumeType, VolumeTypeList,
+};
+
 /// A volume, as returned by the volume endpoints.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Volume {
@@ -38,6 +43,12 @@ pub struct Volume {
     /// Seconds its operations waited for QoS admission on this node.
     #[serde(default)]
     pub throttled_seconds: f64,
+    /// The project it belongs to (absent: cluster-wide).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub project: Option<String>,
+    /// Its volume type (absent: none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volume_type: Option<String>,
 }
 
 /// A snapshot, as returned by the snapshot endpoints.
@@ -170,6 +181,8 @@ impl From<VolumeInfo> for Volume {
             snapshots: v.snapshots,
             qos: v.qos.0,
             throttled_seconds: v.throttled.as_secs_f64(),
+            project: v.project,
+            volume_type: v.volume_type,
         }
     }
 }
@@ -293,6 +306,14 @@ pub struct CreateVolume {
     /// is placed degraded (see docs/cluster.md, "Write quorum").
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub allow_degraded: bool,
+    /// Its volume type (default: the default type, if one is set).
+    #[serde(default, rename = "type", skip_serializing_if = "Option::is_none")]
+    pub volume_type: Option<String>,
+    /// The project it belongs to. A project token's volumes always belong
+    /// to its project (giving another is refused); a cluster-admin token's
+    /// belong to none unless given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub project: Option<String>,
 }
 
 /// `POST /api/v1/volumes/{name}/resize`.

@@ -2,7 +2,9 @@
 //! node, with exactly the [`Catalog`] semantics of the crate docs.
 //!
 //! Layout: `<prefix>volumes/<name>` → the record's JSON, the same bytes
-//! [`crate::RedbCatalog`] stores ([`VolumeRecord::to_json`]). The prefix is
+//! [`crate::RedbCatalog`] stores ([`VolumeRecord::to_json`]); the policy
+//! entries beside them under `<prefix><collection>/<name>` (`projects/`,
+//! `tokens/`, `volume-types/`, `settings/`; see [`Collection`]). The prefix is
 //! [`DEFAULT_ETCD_PREFIX`] unless configured, so several clusters (or tests)
 //! can share one etcd.
 //!
@@ -48,7 +50,7 @@
 //! runtime"). Dropping the catalog shuts its runtime down in the background,
 //! which is also allowed anywhere.
 
-use crate::{Catalog, CatalogError, Revision, Versioned, VolumeRecord};
+use crate::{Catalog, CatalogError, Collection, Revision, Versioned, VolumeRecord};
 use etcd_client::{
     Client, Compare, CompareOp, ConnectOptions, GetOptions, KeyValue, KvClient, ResponseHeader,
     SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse,
@@ -375,20 +377,123 @@ impl EtcdCatalog {
     }
 
     fn list_pages(&self, page: i64) -> Result<Vec<Versioned<VolumeRecord>>, CatalogError> {
-        let prefix = self.volumes_prefix.clone();
+        self.raw_list(self.volumes_prefix.clone(), page)?
+            .into_iter()
+            .map(|raw| decode(&raw))
+            .collect()
+    }
+
+    /// `<prefix><collection>/`: every key of the collection starts with it.
+    fn collection_prefix(&self, collection: Collection) -> String {
+        format!("{}{}/", self.config.prefix, collection.dir())
+    }
+
+    /// The entry `name` under `prefix`, if there is one.
+    fn raw_get(&self, prefix: &str, name: &str) -> Result<Option<RawEntry>, CatalogError> {
+        let key = format!("{prefix}{name}");
+        let prefix_len = prefix.len();
+        self.call(Access::Read, key.clone(), move |mut kv| {
+            let key = key.clone();
+            async move {
+                let resp = kv.get(key.as_str(), None).await?;
+                match resp.kvs().first() {
+                    None => Ok(None),
+                    Some(entry) => Ok(Some(RawEntry::read(entry, prefix_len)?)),
+                }
+            }
+        })
+    }
+
+    fn raw_list(&self, prefix: String, page: i64) -> Result<Vec<RawEntry>, CatalogError> {
         self.call(Access::Read, prefix.clone(), move |kv| {
             list_op(kv, prefix.clone(), page)
         })
     }
+
+    /// Put-if-absent of `json` at `key`; `name` names the entry in errors.
+    fn raw_insert(&self, key: String, name: String, json: String) -> Result<Revision, CatalogError> {
+        self.call(Access::Write, key.clone(), move |mut kv| {
+            let (key, name) = (key.clone(), name.clone());
+            let txn = Txn::new()
+                .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
+                .and_then([TxnOp::put(key.as_str(), json.as_str(), None)]);
+            async move {
+                let resp = kv.txn(txn).await?;
+                if !resp.succeeded() {
+                    return Err(CatalogError::AlreadyExists(name).into());
+                }
+                Ok(to_revision(header_revision(resp.header(), &key)?, &key)?)
+            }
+        })
+    }
+
+    /// Compare-and-swap of `key` from `expected` to `json` (`None`: delete).
+    fn raw_swap(
+        &self,
+        key: String,
+        name: String,
+        json: Option<String>,
+        expected: Revision,
+    ) -> Result<Revision, CatalogError> {
+        self.call(Access::Write, key.clone(), move |mut kv| {
+            let (key, name) = (key.clone(), name.clone());
+            let op = match &json {
+                Some(json) => TxnOp::put(key.as_str(), json.as_str(), None),
+                None => TxnOp::delete(key.as_str(), None),
+            };
+            let txn = Txn::new()
+                .when(cas_compares(&key, expected))
+                .and_then([op])
+                .or_else([TxnOp::get(key.as_str(), None)]);
+            async move {
+                let resp = kv.txn(txn).await?;
+                if !resp.succeeded() {
+                    return Err(cas_failure(resp.op_responses(), &key, &name, expected).into());
+                }
+                Ok(to_revision(header_revision(resp.header(), &key)?, &key)?)
+            }
+        })
+    }
 }
 
-/// Every record under `prefix`, read `page` keys at a time from one
+/// One stored key, as read: its name (the key past the collection's
+/// prefix), revision and UTF-8 value.
+struct RawEntry {
+    key: String,
+    name: String,
+    revision: Revision,
+    json: String,
+}
+
+impl RawEntry {
+    /// `entry`, whose key is a prefix of `prefix_len` bytes and a name.
+    fn read(entry: &KeyValue, prefix_len: usize) -> Result<Self, CatalogError> {
+        let key = String::from_utf8_lossy(entry.key()).into_owned();
+        let corrupt = |reason: String| CatalogError::Corrupt {
+            key: key.clone(),
+            reason,
+        };
+        let name = entry
+            .key()
+            .get(prefix_len..)
+            .and_then(|n| std::str::from_utf8(n).ok())
+            .ok_or_else(|| corrupt("key is not a UTF-8 name under the prefix".into()))?
+            .to_string();
+        let json = std::str::from_utf8(entry.value())
+            .map_err(|e| corrupt(e.to_string()))?
+            .to_string();
+        Ok(RawEntry {
+            revision: to_revision(entry.mod_revision(), &key)?,
+            key,
+            name,
+            json,
+        })
+    }
+}
+
+/// Every entry under `prefix`, read `page` keys at a time from one
 /// snapshot.
-async fn list_op(
-    mut kv: KvClient,
-    prefix: String,
-    page: i64,
-) -> Result<Vec<Versioned<VolumeRecord>>, Failure> {
+async fn list_op(mut kv: KvClient, prefix: String, page: i64) -> Result<Vec<RawEntry>, Failure> {
     let end = prefix_end(prefix.as_bytes());
     let mut from = prefix.as_bytes().to_vec();
     let mut snapshot = None;
@@ -406,15 +511,7 @@ async fn list_op(
             snapshot = Some(header_revision(resp.header(), &prefix)?);
         }
         for entry in resp.kvs() {
-            let name = entry
-                .key()
-                .strip_prefix(prefix.as_bytes())
-                .and_then(|n| std::str::from_utf8(n).ok())
-                .ok_or_else(|| CatalogError::Corrupt {
-                    key: String::from_utf8_lossy(entry.key()).into_owned(),
-                    reason: "key is not a UTF-8 volume name under the prefix".into(),
-                })?;
-            out.push(decode(entry, name)?);
+            out.push(RawEntry::read(entry, prefix.len())?);
         }
         match resp.kvs().last() {
             Some(last) if resp.more() => {
@@ -552,22 +649,17 @@ fn header_revision(header: Option<&ResponseHeader>, key: &str) -> Result<i64, Ca
     })
 }
 
-/// The stored record in `entry`, which must be named `name`.
-fn decode(entry: &KeyValue, name: &str) -> Result<Versioned<VolumeRecord>, CatalogError> {
-    let key = String::from_utf8_lossy(entry.key());
-    let json = std::str::from_utf8(entry.value()).map_err(|e| CatalogError::Corrupt {
-        key: key.to_string(),
-        reason: e.to_string(),
-    })?;
-    let record = VolumeRecord::from_json(&key, json)?;
-    if record.name != name {
+/// The volume record in `raw`, which must carry the name of its key.
+fn decode(raw: &RawEntry) -> Result<Versioned<VolumeRecord>, CatalogError> {
+    let record = VolumeRecord::from_json(&raw.key, &raw.json)?;
+    if record.name != raw.name {
         return Err(CatalogError::Corrupt {
-            key: key.to_string(),
+            key: raw.key.clone(),
             reason: format!("the record is named {:?}", record.name),
         });
     }
     Ok(Versioned {
-        revision: to_revision(entry.mod_revision(), &key)?,
+        revision: raw.revision,
         record,
     })
 }
@@ -616,18 +708,9 @@ fn cas_compares(key: &str, expected: Revision) -> Vec<Compare> {
 
 impl Catalog for EtcdCatalog {
     fn get(&self, name: &str) -> Result<Option<Versioned<VolumeRecord>>, CatalogError> {
-        let key = self.key(name);
-        let name = name.to_string();
-        self.call(Access::Read, key.clone(), move |mut kv| {
-            let (key, name) = (key.clone(), name.clone());
-            async move {
-                let resp = kv.get(key, None).await?;
-                match resp.kvs().first() {
-                    None => Ok(None),
-                    Some(entry) => Ok(Some(decode(entry, &name)?)),
-                }
-            }
-        })
+        self.raw_get(&self.volumes_prefix, name)?
+            .map(|raw| decode(&raw))
+            .transpose()
     }
 
     fn list(&self) -> Result<Vec<Versioned<VolumeRecord>>, CatalogError> {
@@ -635,61 +718,78 @@ impl Catalog for EtcdCatalog {
     }
 
     fn insert(&self, record: &VolumeRecord) -> Result<Revision, CatalogError> {
-        let key = self.key(&record.name);
-        let name = record.name.clone();
-        let json = record.to_json();
-        self.call(Access::Write, key.clone(), move |mut kv| {
-            let (key, name) = (key.clone(), name.clone());
-            let txn = Txn::new()
-                .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
-                .and_then([TxnOp::put(key.as_str(), json.as_str(), None)]);
-            async move {
-                let resp = kv.txn(txn).await?;
-                if !resp.succeeded() {
-                    return Err(CatalogError::AlreadyExists(name).into());
-                }
-                Ok(to_revision(header_revision(resp.header(), &key)?, &key)?)
-            }
-        })
+        self.raw_insert(self.key(&record.name), record.name.clone(), record.to_json())
     }
 
     fn update(&self, record: &VolumeRecord, expected: Revision) -> Result<Revision, CatalogError> {
         let key = self.key(&record.name);
-        let name = record.name.clone();
-        let json = record.to_json();
-        self.call(Access::Write, key.clone(), move |mut kv| {
-            let (key, name) = (key.clone(), name.clone());
-            let txn = Txn::new()
-                .when(cas_compares(&key, expected))
-                .and_then([TxnOp::put(key.as_str(), json.as_str(), None)])
-                .or_else([TxnOp::get(key.as_str(), None)]);
-            async move {
-                let resp = kv.txn(txn).await?;
-                if !resp.succeeded() {
-                    return Err(cas_failure(resp.op_responses(), &key, &name, expected).into());
-                }
-                Ok(to_revision(header_revision(resp.header(), &key)?, &key)?)
-            }
-        })
+        self.raw_swap(key, record.name.clone(), Some(record.to_json()), expected)
     }
 
     fn delete(&self, name: &str, expected: Revision) -> Result<(), CatalogError> {
-        let key = self.key(name);
-        let name = name.to_string();
-        self.call(Access::Write, key.clone(), move |mut kv| {
-            let (key, name) = (key.clone(), name.clone());
-            let txn = Txn::new()
-                .when(cas_compares(&key, expected))
-                .and_then([TxnOp::delete(key.as_str(), None)])
-                .or_else([TxnOp::get(key.as_str(), None)]);
-            async move {
-                let resp = kv.txn(txn).await?;
-                if !resp.succeeded() {
-                    return Err(cas_failure(resp.op_responses(), &key, &name, expected).into());
-                }
-                Ok(())
-            }
-        })
+        self.raw_swap(self.key(name), name.to_string(), None, expected)
+            .map(drop)
+    }
+
+    fn get_entry(
+        &self,
+        collection: Collection,
+        name: &str,
+    ) -> Result<Option<Versioned<String>>, CatalogError> {
+        let prefix = self.collection_prefix(collection);
+        Ok(self.raw_get(&prefix, name)?.map(|raw| Versioned {
+            revision: raw.revision,
+            record: raw.json,
+        }))
+    }
+
+    fn list_entries(
+        &self,
+        collection: Collection,
+    ) -> Result<Vec<(String, Versioned<String>)>, CatalogError> {
+        Ok(self
+            .raw_list(self.collection_prefix(collection), LIST_PAGE)?
+            .into_iter()
+            .map(|raw| {
+                let versioned = Versioned {
+                    revision: raw.revision,
+                    record: raw.json,
+                };
+                (raw.name, versioned)
+            })
+            .collect())
+    }
+
+    fn insert_entry(
+        &self,
+        collection: Collection,
+        name: &str,
+        json: &str,
+    ) -> Result<Revision, CatalogError> {
+        let key = format!("{}{name}", self.collection_prefix(collection));
+        self.raw_insert(key, name.to_string(), json.to_string())
+    }
+
+    fn update_entry(
+        &self,
+        collection: Collection,
+        name: &str,
+        json: &str,
+        expected: Revision,
+    ) -> Result<Revision, CatalogError> {
+        let key = format!("{}{name}", self.collection_prefix(collection));
+        self.raw_swap(key, name.to_string(), Some(json.to_string()), expected)
+    }
+
+    fn delete_entry(
+        &self,
+        collection: Collection,
+        name: &str,
+        expected: Revision,
+    ) -> Result<(), CatalogError> {
+        let key = format!("{}{name}", self.collection_prefix(collection));
+        self.raw_swap(key, name.to_string(), None, expected)
+            .map(drop)
     }
 }
 

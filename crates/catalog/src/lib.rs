@@ -14,12 +14,18 @@
 //! - Creation is put-if-absent; update and delete are compare-and-swap on the
 //!   revision the caller read. A caller that lost a race gets
 //!   [`CatalogError::Conflict`] and re-reads; nothing is overwritten blindly.
+//! - Beside the volumes, the catalog keeps policy entries (projects, API
+//!   tokens, volume types, settings; [`policy`]) in one [`Collection`] each,
+//!   keyed by name, with the same revisions, put-if-absent and
+//!   compare-and-swap. Entries are JSON text at this level; [`Entries`]
+//!   reads and writes them as typed records.
 //! - Every successful call is durable when it returns. A mutation that fails
 //!   with [`CatalogError::Timeout`] or [`CatalogError::Request`] (remote
 //!   backends) may or may not have been applied; re-read to find out.
 
 mod error;
 mod etcd_catalog;
+pub mod policy;
 mod record;
 mod redb_catalog;
 
@@ -27,6 +33,10 @@ pub use error::CatalogError;
 pub use etcd_catalog::{
     describe_request_failure, etcd_failure, prefix_end, EtcdCatalog, EtcdConfig,
     DEFAULT_ETCD_PREFIX,
+};
+pub use policy::{
+    Entries, PolicyEntry, ProjectRecord, Quotas, Role, SettingRecord, TokenRecord,
+    VolumeTypeRecord,
 };
 pub use record::{CloneSource, SnapshotRecord, VolumeRecord, MAX_VOLUME_NAME_LEN};
 pub use redb_catalog::RedbCatalog;
@@ -53,6 +63,28 @@ impl Revision {
 impl fmt::Display for Revision {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         self.0.fmt(f)
+    }
+}
+
+/// A collection of policy entries in the catalog (see the crate docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Collection {
+    Projects,
+    Tokens,
+    VolumeTypes,
+    Settings,
+}
+
+impl Collection {
+    /// The collection's name in storage: its redb table and etcd key
+    /// directory. Never changes.
+    pub fn dir(self) -> &'static str {
+        match self {
+            Collection::Projects => "projects",
+            Collection::Tokens => "tokens",
+            Collection::VolumeTypes => "volume-types",
+            Collection::Settings => "settings",
+        }
     }
 }
 
@@ -85,4 +117,45 @@ pub trait Catalog: Send + Sync {
     /// Removes the record named `name` if its revision is still `expected`;
     /// fails like [`Catalog::update`].
     fn delete(&self, name: &str, expected: Revision) -> Result<(), CatalogError>;
+
+    /// The entry `name` of `collection` (its JSON), or `None`.
+    fn get_entry(
+        &self,
+        collection: Collection,
+        name: &str,
+    ) -> Result<Option<Versioned<String>>, CatalogError>;
+
+    /// Every entry of `collection` with its name, ordered by name.
+    fn list_entries(
+        &self,
+        collection: Collection,
+    ) -> Result<Vec<(String, Versioned<String>)>, CatalogError>;
+
+    /// Stores `json` as entry `name` of `collection` if there is none by
+    /// that name; like [`Catalog::insert`].
+    fn insert_entry(
+        &self,
+        collection: Collection,
+        name: &str,
+        json: &str,
+    ) -> Result<Revision, CatalogError>;
+
+    /// Replaces entry `name` if its revision is still `expected`; like
+    /// [`Catalog::update`].
+    fn update_entry(
+        &self,
+        collection: Collection,
+        name: &str,
+        json: &str,
+        expected: Revision,
+    ) -> Result<Revision, CatalogError>;
+
+    /// Removes entry `name` if its revision is still `expected`; like
+    /// [`Catalog::delete`].
+    fn delete_entry(
+        &self,
+        collection: Collection,
+        name: &str,
+        expected: Revision,
+    ) -> Result<(), CatalogError>;
 }

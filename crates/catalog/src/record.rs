@@ -47,6 +47,13 @@ pub struct VolumeRecord {
     /// when unlimited.
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub qos: std::collections::BTreeMap<String, u64>,
+    /// The project the volume belongs to; absent for a volume only
+    /// cluster-wide tokens manage (all volumes made before projects).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub project: Option<String>,
+    /// The volume type it was created or last retyped with; absent: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volume_type: Option<String>,
     /// Fields written by a newer basalt that this version does not know.
     #[serde(flatten)]
     pub unknown: serde_json::Map<String, serde_json::Value>,
@@ -125,6 +132,8 @@ impl VolumeRecord {
             snapshots: Vec::new(),
             clone_of: None,
             qos: Default::default(),
+            project: None,
+            volume_type: None,
             unknown: serde_json::Map::new(),
         }
     }

@@ -1,17 +1,32 @@
 //! The embedded catalog: one redb file (`DIR/catalog.redb`) on the node.
 //!
-//! Layout: table `volumes` maps name → (revision, record JSON); table `meta`
+//! Layout: table `volumes` maps name → (revision, record JSON), and one
+//! table per policy [`Collection`] (named [`Collection::dir`]) maps an
+//! entry's name → (revision, JSON) the same way; table `meta`
 //! holds `schema_version` and `revision`, the last revision handed out. Every
 //! mutation runs in one write transaction that bumps `revision`, checks its
 //! precondition and commits durably, so a crash leaves either the old or the
 //! new state. redb locks the file, so one process at a time owns a catalog.
 
-use crate::{Catalog, CatalogError, Revision, Versioned, VolumeRecord};
+use crate::{Catalog, CatalogError, Collection, Revision, Versioned, VolumeRecord};
 use redb::{Database, ReadableTable, TableDefinition};
 use std::path::{Path, PathBuf};
 
 const VOLUMES: TableDefinition<&str, (u64, &str)> = TableDefinition::new("volumes");
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
+const COLLECTIONS: [Collection; 4] = [
+    Collection::Projects,
+    Collection::Tokens,
+    Collection::VolumeTypes,
+    Collection::Settings,
+];
+
+type Table<'t> = redb::Table<'t, &'static str, (u64, &'static str)>;
+
+/// The table of a policy collection.
+fn entries(collection: Collection) -> TableDefinition<'static, &'static str, (u64, &'static str)> {
+    TableDefinition::new(collection.dir())
+}
 const META_SCHEMA_VERSION: &str = "schema_version";
 const META_REVISION: &str = "revision";
 /// The schema this code writes. Bump only for changes older code cannot read
@@ -67,6 +82,9 @@ impl RedbCatalog {
                 }
             }
             txn.open_table(VOLUMES).map_err(backend)?;
+            for collection in COLLECTIONS {
+                txn.open_table(entries(collection)).map_err(backend)?;
+            }
         }
         txn.commit().map_err(backend)?;
         Ok(RedbCatalog { db, path })
@@ -77,11 +95,12 @@ impl RedbCatalog {
         &self.path
     }
 
-    /// Runs `f` in a write transaction with the next revision number; commits
-    /// (durably) only if `f` succeeds.
+    /// Runs `f` on table `table` in a write transaction with the next
+    /// revision number; commits (durably) only if `f` succeeds.
     fn mutate<T>(
         &self,
-        f: impl FnOnce(&mut redb::Table<&str, (u64, &str)>, Revision) -> Result<T, CatalogError>,
+        table: TableDefinition<&'static str, (u64, &'static str)>,
+        f: impl FnOnce(&mut Table, Revision) -> Result<T, CatalogError>,
     ) -> Result<T, CatalogError> {
         let txn = self.db.begin_write().map_err(backend)?;
         let out = {
@@ -93,8 +112,8 @@ impl RedbCatalog {
                 .unwrap_or(0);
             let next = last + 1;
             meta.insert(META_REVISION, next).map_err(backend)?;
-            let mut volumes = txn.open_table(VOLUMES).map_err(backend)?;
-            f(&mut volumes, Revision::new(next))?
+            let mut table = txn.open_table(table).map_err(backend)?;
+            f(&mut table, Revision::new(next))?
         };
         txn.commit().map_err(backend)?;
         Ok(out)
@@ -103,7 +122,7 @@ impl RedbCatalog {
 
 /// The revision currently stored under `name`, if any.
 fn current_revision(
-    table: &redb::Table<&str, (u64, &str)>,
+    table: &Table,
     name: &str,
 ) -> Result<Option<Revision>, CatalogError> {
     Ok(table
@@ -113,7 +132,7 @@ fn current_revision(
 }
 
 fn check_expected(
-    table: &redb::Table<&str, (u64, &str)>,
+    table: &Table,
     name: &str,
     expected: Revision,
 ) -> Result<(), CatalogError> {
@@ -128,65 +147,171 @@ fn check_expected(
     }
 }
 
-impl Catalog for RedbCatalog {
-    fn get(&self, name: &str) -> Result<Option<Versioned<VolumeRecord>>, CatalogError> {
+impl RedbCatalog {
+    /// Every (name, revision, JSON) of `table`, ordered by name.
+    fn read_all(
+        &self,
+        table: TableDefinition<&'static str, (u64, &'static str)>,
+    ) -> Result<Vec<(String, Revision, String)>, CatalogError> {
         let txn = self.db.begin_read().map_err(backend)?;
-        let table = txn.open_table(VOLUMES).map_err(backend)?;
-        let Some(guard) = table.get(name).map_err(backend)? else {
-            return Ok(None);
-        };
-        let (revision, json) = guard.value();
-        Ok(Some(Versioned {
-            revision: Revision::new(revision),
-            record: VolumeRecord::from_json(name, json)?,
-        }))
-    }
-
-    fn list(&self) -> Result<Vec<Versioned<VolumeRecord>>, CatalogError> {
-        let txn = self.db.begin_read().map_err(backend)?;
-        let table = txn.open_table(VOLUMES).map_err(backend)?;
+        let table = txn.open_table(table).map_err(backend)?;
         let mut out = Vec::new();
         for entry in table.iter().map_err(backend)? {
             let (key, value) = entry.map_err(backend)?;
             let (revision, json) = value.value();
-            out.push(Versioned {
-                revision: Revision::new(revision),
-                record: VolumeRecord::from_json(key.value(), json)?,
-            });
+            out.push((
+                key.value().to_string(),
+                Revision::new(revision),
+                json.to_string(),
+            ));
         }
         Ok(out)
     }
 
-    fn insert(&self, record: &VolumeRecord) -> Result<Revision, CatalogError> {
-        let json = record.to_json();
-        self.mutate(|table, revision| {
-            if current_revision(table, &record.name)?.is_some() {
-                return Err(CatalogError::AlreadyExists(record.name.clone()));
+    /// The (revision, JSON) stored under `name` in `table`.
+    fn read_one(
+        &self,
+        table: TableDefinition<&'static str, (u64, &'static str)>,
+        name: &str,
+    ) -> Result<Option<(Revision, String)>, CatalogError> {
+        let txn = self.db.begin_read().map_err(backend)?;
+        let table = txn.open_table(table).map_err(backend)?;
+        let found = table.get(name).map_err(backend)?;
+        Ok(found.map(|guard| {
+            let (revision, json) = guard.value();
+            (Revision::new(revision), json.to_string())
+        }))
+    }
+
+    fn put_new(
+        &self,
+        table: TableDefinition<&'static str, (u64, &'static str)>,
+        name: &str,
+        json: &str,
+    ) -> Result<Revision, CatalogError> {
+        self.mutate(table, |table, revision| {
+            if current_revision(table, name)?.is_some() {
+                return Err(CatalogError::AlreadyExists(name.to_string()));
             }
             table
-                .insert(record.name.as_str(), (revision.get(), json.as_str()))
+                .insert(name, (revision.get(), json))
                 .map_err(backend)?;
             Ok(revision)
         })
     }
 
-    fn update(&self, record: &VolumeRecord, expected: Revision) -> Result<Revision, CatalogError> {
-        let json = record.to_json();
-        self.mutate(|table, revision| {
-            check_expected(table, &record.name, expected)?;
+    fn swap(
+        &self,
+        table: TableDefinition<&'static str, (u64, &'static str)>,
+        name: &str,
+        json: &str,
+        expected: Revision,
+    ) -> Result<Revision, CatalogError> {
+        self.mutate(table, |table, revision| {
+            check_expected(table, name, expected)?;
             table
-                .insert(record.name.as_str(), (revision.get(), json.as_str()))
+                .insert(name, (revision.get(), json))
                 .map_err(backend)?;
             Ok(revision)
         })
     }
 
-    fn delete(&self, name: &str, expected: Revision) -> Result<(), CatalogError> {
-        self.mutate(|table, _| {
+    fn remove(
+        &self,
+        table: TableDefinition<&'static str, (u64, &'static str)>,
+        name: &str,
+        expected: Revision,
+    ) -> Result<(), CatalogError> {
+        self.mutate(table, |table, _| {
             check_expected(table, name, expected)?;
             table.remove(name).map_err(backend)?;
             Ok(())
         })
+    }
+}
+
+impl Catalog for RedbCatalog {
+    fn get(&self, name: &str) -> Result<Option<Versioned<VolumeRecord>>, CatalogError> {
+        let Some((revision, json)) = self.read_one(VOLUMES, name)? else {
+            return Ok(None);
+        };
+        Ok(Some(Versioned {
+            revision,
+            record: VolumeRecord::from_json(name, &json)?,
+        }))
+    }
+
+    fn list(&self) -> Result<Vec<Versioned<VolumeRecord>>, CatalogError> {
+        self.read_all(VOLUMES)?
+            .into_iter()
+            .map(|(name, revision, json)| {
+                Ok(Versioned {
+                    revision,
+                    record: VolumeRecord::from_json(&name, &json)?,
+                })
+            })
+            .collect()
+    }
+
+    fn insert(&self, record: &VolumeRecord) -> Result<Revision, CatalogError> {
+        self.put_new(VOLUMES, &record.name, &record.to_json())
+    }
+
+    fn update(&self, record: &VolumeRecord, expected: Revision) -> Result<Revision, CatalogError> {
+        self.swap(VOLUMES, &record.name, &record.to_json(), expected)
+    }
+
+    fn delete(&self, name: &str, expected: Revision) -> Result<(), CatalogError> {
+        self.remove(VOLUMES, name, expected)
+    }
+
+    fn get_entry(
+        &self,
+        collection: Collection,
+        name: &str,
+    ) -> Result<Option<Versioned<String>>, CatalogError> {
+        Ok(self
+            .read_one(entries(collection), name)?
+            .map(|(revision, record)| Versioned { revision, record }))
+    }
+
+    fn list_entries(
+        &self,
+        collection: Collection,
+    ) -> Result<Vec<(String, Versioned<String>)>, CatalogError> {
+        Ok(self
+            .read_all(entries(collection))?
+            .into_iter()
+            .map(|(name, revision, record)| (name, Versioned { revision, record }))
+            .collect())
+    }
+
+    fn insert_entry(
+        &self,
+        collection: Collection,
+        name: &str,
+        json: &str,
+    ) -> Result<Revision, CatalogError> {
+        self.put_new(entries(collection), name, json)
+    }
+
+    fn update_entry(
+        &self,
+        collection: Collection,
+        name: &str,
+        json: &str,
+        expected: Revision,
+    ) -> Result<Revision, CatalogError> {
+        self.swap(entries(collection), name, json, expected)
+    }
+
+    fn delete_entry(
+        &self,
+        collection: Collection,
+        name: &str,
+        expected: Revision,
+    ) -> Result<(), CatalogError> {
+        self.remove(entries(collection), name, expected)
     }
 }
 
@@ -356,7 +481,7 @@ mod tests {
         let path = dir.path().join("catalog.redb");
         let cat = RedbCatalog::open(&path).unwrap();
         let raw = r#"{"id":"67e55044-10b1-426f-9247-bb680e5fe0c8","name":"old","size_bytes":4096,"created_at":"2024-01-01T00:00:00Z","future":true}"#;
-        cat.mutate(|t, rev| {
+        cat.mutate(VOLUMES, |t, rev| {
             t.insert("old", (rev.get(), raw)).map_err(backend)?;
             Ok(())
         })

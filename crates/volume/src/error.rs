@@ -137,6 +137,49 @@ pub enum VolumeError {
         clones: Vec<String>,
     },
 
+    #[error("no {kind} named {name:?}")]
+    EntryNotFound { kind: &'static str, name: String },
+
+    #[error("a {kind} named {name:?} already exists")]
+    EntryExists { kind: &'static str, name: String },
+
+    #[error("invalid {kind} name {name:?}: {reason}")]
+    InvalidEntryName {
+        kind: &'static str,
+        name: String,
+        reason: String,
+    },
+
+    #[error("project {project:?} still has volumes ({}); delete them first", volumes.join(", "))]
+    ProjectNotEmpty {
+        project: String,
+        volumes: Vec<String>,
+    },
+
+    #[error("volume type {name:?} is used by volumes ({}); retype them first", volumes.join(", "))]
+    TypeInUse { name: String, volumes: Vec<String> },
+
+    #[error(
+        "quota exceeded: project {project:?} may hold {} of {quota}; it holds {} and this would add {}",
+        quota_amount(quota, *limit), quota_amount(quota, *used), quota_amount(quota, *requested)
+    )]
+    QuotaExceeded {
+        project: String,
+        /// `capacity`, `volumes` or `snapshots`.
+        quota: &'static str,
+        limit: u64,
+        used: u64,
+        requested: u64,
+    },
+
+    /// The caller's token may not do this (its role or scope).
+    #[error("{0}")]
+    Forbidden(String),
+
+    /// A malformed project, token or volume type request.
+    #[error("{0}")]
+    InvalidPolicy(String),
+
     #[error("cluster: {0}")]
     Cluster(String),
 
@@ -145,4 +188,13 @@ pub enum VolumeError {
 
     #[error("catalog: {0}")]
     Catalog(#[from] CatalogError),
+}
+
+/// A quota's amount as people read it: bytes as a size, counts as numbers.
+fn quota_amount(quota: &str, amount: u64) -> String {
+    if quota == "capacity" {
+        format_size(amount)
+    } else {
+        amount.to_string()
+    }
 }

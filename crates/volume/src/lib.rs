@@ -1,6 +1,8 @@
 //! Basalt volumes on one node: the control plane that keeps the local store
 //! converged on the catalog, the data-path handle frontends serve I/O on, and
-//! the admission of the frontends' client connections ([`admission`]).
+//! the admission of the frontends' client connections ([`admission`]), and
+//! the tenancy around them: projects, quotas, tokens, volume types
+//! ([`tenancy`]).
 
 pub mod admission;
 mod clients;
@@ -12,13 +14,15 @@ mod service;
 pub mod size;
 mod snapshots;
 mod stats;
+pub mod tenancy;
 
+pub use basalt_catalog::Role;
 pub use basalt_store::{DataKind, DataOp, IoError, MappingRun};
 pub use clients::ClientDisconnect;
 pub use error::VolumeError;
 pub use handle::{BlockIo, VolumeHandle, WriteAck};
 pub use service::{
-    validate_host_nqn, validate_volume_name, validate_volume_size, ClusterVolumes, NodeView,
+    validate_host_nqn, validate_volume_name, validate_volume_size, ClusterVolumes, NewVolume, NodeView,
     ProvisioningGuard, ReconcileReport, ReplicaStatus, StoreStatus, VolumeInfo, VolumeService,
     DEFAULT_OVERCOMMIT_RATIO,
 };

@@ -43,6 +43,7 @@
 use crate::clients::{ClientDisconnect, Clients};
 use crate::error::VolumeError;
 use crate::size::format_size;
+use crate::tenancy::Growth;
 use crate::{BlockIo, VolumeHandle, VolumeStats};
 use basalt_catalog::{Catalog, CatalogError, Versioned, VolumeRecord, MAX_VOLUME_NAME_LEN};
 use basalt_store::{Store, StoreError, VolumeId, BLOCK_SIZE};
@@ -57,6 +58,22 @@ pub const DEFAULT_OVERCOMMIT_RATIO: f64 = 2.0;
 
 /// A per-volume gauge: metric name, help text, value.
 type VolumeGauge = (&'static str, &'static str, fn(&VolumeInfo) -> u64);
+
+/// What [`VolumeService::create_volume`] creates.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct NewVolume {
+    pub name: String,
+    /// Bytes, a multiple of 4 KiB.
+    pub size: u64,
+    /// Replica count; `None`: the volume type's, else the cluster's default.
+    pub replicas: Option<u32>,
+    /// Accept more replicas than the cluster has active nodes.
+    pub allow_degraded: bool,
+    /// The project it belongs to; `None`: cluster-wide.
+    pub project: Option<String>,
+    /// Its volume type; `None`: the default type, if one is set.
+    pub volume_type: Option<String>,
+}
 
 /// A volume as the control plane reports it.
 #[derive(Clone, Debug, PartialEq)]
@@ -85,6 +102,10 @@ pub struct VolumeInfo {
     pub qos: crate::qos::QosSpec,
     /// Time its operations waited for QoS admission on this node.
     pub throttled: std::time::Duration,
+    /// The project it belongs to (`None`: cluster-wide).
+    pub project: Option<String>,
+    /// The volume type it was created or last retyped with.
+    pub volume_type: Option<String>,
 }
 
 /// The node's store as the control plane reports it.
@@ -292,30 +313,36 @@ impl std::fmt::Debug for VolumeService {
 /// with `.` or `-` (so names are safe as file names, URL path segments, NBD
 /// export names and Prometheus label values).
 pub fn validate_volume_name(name: &str) -> Result<(), VolumeError> {
-    let invalid = |reason: &str| {
-        Err(VolumeError::InvalidName {
+    match name_problem(name) {
+        Some(reason) => Err(VolumeError::InvalidName {
             name: name.to_string(),
-            reason: reason.to_string(),
-        })
-    };
+            reason,
+        }),
+        None => Ok(()),
+    }
+}
+
+/// What is wrong with `name` under the rules of volume names (which
+/// projects and volume types share), or `None`.
+pub(crate) fn name_problem(name: &str) -> Option<String> {
     if name.is_empty() {
-        return invalid("it is empty");
+        return Some("it is empty".into());
     }
     if name.len() > MAX_VOLUME_NAME_LEN {
-        return invalid("it is longer than 64 characters");
+        return Some("it is longer than 64 characters".into());
     }
     if let Some(bad) = name
         .chars()
         .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
     {
-        return invalid(&format!(
+        return Some(format!(
             "{bad:?} is not allowed; use letters, digits, '.', '_' and '-'"
         ));
     }
     if name.starts_with('.') || name.starts_with('-') {
-        return invalid("it must not start with '.' or '-'");
+        return Some("it must not start with '.' or '-'".into());
     }
-    Ok(())
+    None
 }
 
 /// Checks a volume size: more than zero and a multiple of 4 KiB.
@@ -587,6 +614,8 @@ impl VolumeService {
             snapshots: record.snapshots.iter().map(|s| s.name.clone()).collect(),
             qos: crate::qos::QosSpec(record.qos.clone()),
             throttled: self.throttled(record),
+            project: record.project.clone(),
+            volume_type: record.volume_type.clone(),
         }
     }
 
@@ -615,9 +644,24 @@ impl VolumeService {
         replicas: Option<u32>,
         allow_degraded: bool,
     ) -> Result<VolumeInfo, VolumeError> {
+        self.create_volume(&NewVolume {
+            name: name.to_string(),
+            size,
+            replicas,
+            allow_degraded,
+            ..NewVolume::default()
+        })
+    }
+
+    /// Creates the volume `request` describes: in its project (checked
+    /// against the project's quotas), with its volume type's policies (the
+    /// default type's when it names none); an explicit replica count
+    /// overrides the type's.
+    pub fn create_volume(&self, request: &NewVolume) -> Result<VolumeInfo, VolumeError> {
+        let (name, size) = (request.name.as_str(), request.size);
         validate_volume_name(name)?;
         validate_volume_size(size)?;
-        if let Some(n) = replicas {
+        if let Some(n) = request.replicas {
             if !(1..=5).contains(&n) {
                 return Err(VolumeError::InvalidReplicas(n));
             }
@@ -626,14 +670,34 @@ impl VolumeService {
         if self.catalog.get(name).map_err(catalog_error)?.is_some() {
             return Err(VolumeError::AlreadyExists(name.to_string()));
         }
+        let project = request.project.as_deref();
+        let volume_type =
+            self.resolve_volume_type(project, request.volume_type.as_deref())?;
+        let replicas = request
+            .replicas
+            .or(volume_type.as_ref().and_then(|t| t.replicas));
         let mut record = VolumeRecord::new(VolumeId::new_v4(), name, size, SystemTime::now());
+        record.project = request.project.clone();
+        if let Some(t) = &volume_type {
+            record.volume_type = Some(t.name.clone());
+            record.qos = t.qos.clone();
+        }
+        let growth = Growth {
+            capacity_bytes: size,
+            volumes: 1,
+            snapshots: 0,
+        };
         if let Some(cluster) = &self.cluster {
             let n = replicas.unwrap_or_else(|| cluster.default_replicas());
             let _provisioning = cluster.lock_provisioning()?;
-            cluster.check_create(name, size, n, allow_degraded)?;
+            if project.is_some() {
+                let records = self.catalog.list().map_err(catalog_error)?;
+                self.check_quota(project, &records, growth)?;
+            }
+            cluster.check_create(name, size, n, request.allow_degraded)?;
             record.replicas = Some(n);
             self.catalog.insert(&record).map_err(catalog_error)?;
-            tracing::info!(volume = name, id = %record.id, size = %format_size(size), replicas = n, "created replicated volume");
+            tracing::info!(volume = name, id = %record.id, size = %format_size(size), replicas = n, project, "created replicated volume");
             return Ok(self.info(&record, &HashMap::new()));
         }
         if replicas.is_some_and(|n| n != 1) {
@@ -642,6 +706,7 @@ impl VolumeService {
             ));
         }
         let records = self.catalog.list().map_err(catalog_error)?;
+        self.check_quota(project, &records, growth)?;
         self.check_capacity(Self::provisioned(&records), size)?;
 
         let revision = self.catalog.insert(&record).map_err(catalog_error)?;
@@ -652,7 +717,7 @@ impl VolumeService {
             }
             return Err(e.into());
         }
-        tracing::info!(volume = name, id = %record.id, size = %format_size(size), "created volume");
+        tracing::info!(volume = name, id = %record.id, size = %format_size(size), project, "created volume");
         Ok(self.info(&record, &HashMap::new()))
     }
 
@@ -701,6 +766,11 @@ impl VolumeService {
             });
         }
         if size > old_size {
+            let growth = Growth {
+                capacity_bytes: size - old_size,
+                ..Growth::default()
+            };
+            self.check_quota(current.record.project.as_deref(), &records, growth)?;
             self.check_capacity(Self::provisioned(&records), size - old_size)?;
         }
         if size != old_size {
@@ -746,6 +816,14 @@ impl VolumeService {
         let mut record = current.record.clone();
         if size > old_size {
             let _provisioning = cluster.lock_provisioning()?;
+            if let Some(project) = current.record.project.as_deref() {
+                let records = self.catalog.list().map_err(catalog_error)?;
+                let growth = Growth {
+                    capacity_bytes: size - old_size,
+                    ..Growth::default()
+                };
+                self.check_quota(Some(project), &records, growth)?;
+            }
             cluster.check_grow(&current.record, size)?;
             record.size_bytes = size;
             self.catalog

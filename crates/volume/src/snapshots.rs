@@ -29,6 +29,7 @@
 use crate::error::VolumeError;
 use crate::service::{catalog_error, validate_volume_name, VolumeInfo, VolumeService};
 use crate::size::format_size;
+use crate::tenancy::Growth;
 use basalt_catalog::{CloneSource, SnapshotRecord, Versioned, VolumeRecord};
 use basalt_store::VolumeId;
 use std::collections::HashMap;
@@ -202,6 +203,14 @@ impl VolumeService {
                 volume: volume.to_string(),
                 name: name.to_string(),
             });
+        }
+        if let Some(project) = current.record.project.as_deref() {
+            let records = self.catalog.list().map_err(catalog_error)?;
+            let growth = Growth {
+                snapshots: 1,
+                ..Growth::default()
+            };
+            self.check_quota(Some(project), &records, growth)?;
         }
         let snap = SnapshotRecord::new(
             VolumeId::new_v4(),
@@ -435,6 +444,24 @@ impl VolumeService {
         if self.catalog.get(name).map_err(catalog_error)?.is_some() {
             return Err(VolumeError::AlreadyExists(name.to_string()));
         }
+        // A clone belongs to its source's project and counts against it;
+        // checked before an implicit snapshot is taken, so a refused clone
+        // leaves nothing behind.
+        let source_volume = split_snapshot_name(source).map_or(source, |(v, _)| v);
+        let source_record = self.record(source_volume)?.record;
+        if let Some(project) = source_record.project.as_deref() {
+            let records = self.catalog.list().map_err(catalog_error)?;
+            let snapshot_size = split_snapshot_name(source)
+                .and_then(|(_, snap)| source_record.snapshot(snap))
+                .map_or(source_record.size_bytes, |snap| snap.size_bytes);
+            let capacity = size.unwrap_or(snapshot_size);
+            let growth = Growth {
+                capacity_bytes: capacity,
+                volumes: 1,
+                snapshots: u64::from(split_snapshot_name(source).is_none()),
+            };
+            self.check_quota(Some(project), &records, growth)?;
+        }
         let (volume, snapshot) = match split_snapshot_name(source) {
             Some((volume, snapshot)) => (volume, snapshot.to_string()),
             None => {
@@ -458,6 +485,9 @@ impl VolumeService {
         self.check_capacity(Self::provisioned(&records), size)?;
         let mut record = VolumeRecord::new(VolumeId::new_v4(), name, size, SystemTime::now());
         record.clone_of = Some(CloneSource::new(volume, snapshot.clone(), snap.id));
+        record.project = parent.project.clone();
+        record.volume_type = parent.volume_type.clone();
+        record.qos = parent.qos.clone();
         let revision = self.catalog.insert(&record).map_err(catalog_error)?;
         if let Err(e) = self.store.clone_snapshot(snap.id, record.id, Some(size)) {
             if let Err(undo) = self.catalog.delete(name, revision) {

@@ -155,7 +155,7 @@ impl Sim {
                 rec.replicas
             ));
             self.publish(
-                move || Change2::Catalog(vol, Some(rec.clone())),
+                move || Change2::Catalog(vol, Some(Box::new(rec.clone()))),
                 Stream::Catalog,
             );
         }

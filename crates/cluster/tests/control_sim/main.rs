@@ -208,7 +208,7 @@ enum Ev {
 /// What a watch stream carries: the revision and the key's new value
 /// (None: deleted).
 enum Change2 {
-    Catalog(VolumeId, Option<VolumeRecord>),
+    Catalog(VolumeId, Option<Box<VolumeRecord>>),
     Record(VolumeId, Option<Membership>),
 }
 

@@ -22,7 +22,7 @@ impl Sim {
     pub(super) fn watched(&mut self, node: usize, change: Change2) {
         match change {
             Change2::Catalog(vol, Some(rec)) => {
-                self.nodes[node].catalog.insert(vol, rec);
+                self.nodes[node].catalog.insert(vol, *rec);
             }
             Change2::Catalog(vol, None) => {
                 let n = &mut self.nodes[node];
