@@ -31,7 +31,9 @@ pub async fn require_token(
     let presented = value.to_str().ok().and_then(|v| {
         // HTTP strips trailing spaces, so "Bearer " arrives as "Bearer".
         let (scheme, rest) = v.trim().split_once(' ').unwrap_or((v.trim(), ""));
-        scheme.eq_ignore_ascii_case("bearer").then(|| rest.trim().to_string())
+        scheme
+            .eq_ignore_ascii_case("bearer")
+            .then(|| rest.trim().to_string())
     });
     let Some(presented) = presented else {
         return ApiError::unauthorized(format!(

@@ -123,7 +123,10 @@ fn build(service: Arc<VolumeService>, token: String) -> (Router, Vec<RouteSpec>)
     .delete("/api/v1/volumes/{name}", volumes::delete_volume)
     .post("/api/v1/volumes/{name}/resize", volumes::resize_volume)
     .post("/api/v1/volumes/{name}/retype", volumes::retype_volume)
-    .post("/api/v1/volumes/{name}/disconnect", volumes::disconnect_volume)
+    .post(
+        "/api/v1/volumes/{name}/disconnect",
+        volumes::disconnect_volume,
+    )
     .post("/api/v1/volumes/{name}/scrub", volumes::scrub_volume)
     .get("/api/v1/volumes/{name}/local-digest", volumes::local_digest)
     .get(

@@ -13,8 +13,8 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use basalt_volume::qos::QosSpec;
-use basalt_volume::tenancy::{NewToken, NewVolumeType, Principal, QuotaChange};
 use basalt_volume::tenancy::Quotas;
+use basalt_volume::tenancy::{NewToken, NewVolumeType, Principal, QuotaChange};
 
 fn created(location: String, body: impl serde::Serialize) -> Response {
     (
@@ -77,7 +77,11 @@ pub(crate) async fn set_quotas(
     Path(name): Path<String>,
     JsonBody(req): JsonBody<QuotaSet>,
 ) -> Result<Json<Project>, ApiError> {
-    let info = blocking(move || app.service.set_quotas(&who, &name, &QuotaChange::from(&req))).await?;
+    let info = blocking(move || {
+        app.service
+            .set_quotas(&who, &name, &QuotaChange::from(&req))
+    })
+    .await?;
     Ok(Json(info.into()))
 }
 

@@ -356,7 +356,6 @@ pub(crate) async fn rollback_volume(
     Ok(Json(info.into()))
 }
 
-
 pub(crate) async fn retype_volume(
     State(app): State<AppState>,
     Extension(who): Extension<Principal>,

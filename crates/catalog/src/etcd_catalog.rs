@@ -411,7 +411,12 @@ impl EtcdCatalog {
     }
 
     /// Put-if-absent of `json` at `key`; `name` names the entry in errors.
-    fn raw_insert(&self, key: String, name: String, json: String) -> Result<Revision, CatalogError> {
+    fn raw_insert(
+        &self,
+        key: String,
+        name: String,
+        json: String,
+    ) -> Result<Revision, CatalogError> {
         self.call(Access::Write, key.clone(), move |mut kv| {
             let (key, name) = (key.clone(), name.clone());
             let txn = Txn::new()
@@ -718,7 +723,11 @@ impl Catalog for EtcdCatalog {
     }
 
     fn insert(&self, record: &VolumeRecord) -> Result<Revision, CatalogError> {
-        self.raw_insert(self.key(&record.name), record.name.clone(), record.to_json())
+        self.raw_insert(
+            self.key(&record.name),
+            record.name.clone(),
+            record.to_json(),
+        )
     }
 
     fn update(&self, record: &VolumeRecord, expected: Revision) -> Result<Revision, CatalogError> {

@@ -35,8 +35,7 @@ pub use etcd_catalog::{
     DEFAULT_ETCD_PREFIX,
 };
 pub use policy::{
-    Entries, PolicyEntry, ProjectRecord, Quotas, Role, SettingRecord, TokenRecord,
-    VolumeTypeRecord,
+    Entries, PolicyEntry, ProjectRecord, Quotas, Role, SettingRecord, TokenRecord, VolumeTypeRecord,
 };
 pub use record::{CloneSource, SnapshotRecord, VolumeRecord, MAX_VOLUME_NAME_LEN};
 pub use redb_catalog::RedbCatalog;

@@ -53,7 +53,10 @@ fn to_json<T: PolicyEntry>(record: &T) -> String {
     serde_json::to_string(record).expect("policy entries serialise to JSON")
 }
 
-fn decode<T: PolicyEntry>(name: &str, stored: Versioned<String>) -> Result<Versioned<T>, CatalogError> {
+fn decode<T: PolicyEntry>(
+    name: &str,
+    stored: Versioned<String>,
+) -> Result<Versioned<T>, CatalogError> {
     let key = format!("{}/{name}", T::COLLECTION.dir());
     let record: T = serde_json::from_str(&stored.record).map_err(|e| CatalogError::Corrupt {
         key: key.clone(),
@@ -291,7 +294,8 @@ mod tests {
         let all = cat.entries::<ProjectRecord>().unwrap();
         assert_eq!(all.len(), 1);
         assert_eq!(all[0].record, changed);
-        cat.delete_entry_record::<ProjectRecord>("p1", rev2).unwrap();
+        cat.delete_entry_record::<ProjectRecord>("p1", rev2)
+            .unwrap();
         assert!(cat.entry::<ProjectRecord>("p1").unwrap().is_none());
     }
 
@@ -304,7 +308,9 @@ mod tests {
         cat.insert_entry(Collection::Projects, "q", "{").unwrap();
         for name in ["p", "q"] {
             match cat.entry::<ProjectRecord>(name) {
-                Err(CatalogError::Corrupt { key, .. }) => assert_eq!(key, format!("projects/{name}")),
+                Err(CatalogError::Corrupt { key, .. }) => {
+                    assert_eq!(key, format!("projects/{name}"))
+                }
                 other => panic!("{name}: {other:?}"),
             }
         }

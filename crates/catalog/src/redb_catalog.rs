@@ -121,21 +121,14 @@ impl RedbCatalog {
 }
 
 /// The revision currently stored under `name`, if any.
-fn current_revision(
-    table: &Table,
-    name: &str,
-) -> Result<Option<Revision>, CatalogError> {
+fn current_revision(table: &Table, name: &str) -> Result<Option<Revision>, CatalogError> {
     Ok(table
         .get(name)
         .map_err(backend)?
         .map(|v| Revision::new(v.value().0)))
 }
 
-fn check_expected(
-    table: &Table,
-    name: &str,
-    expected: Revision,
-) -> Result<(), CatalogError> {
+fn check_expected(table: &Table, name: &str, expected: Revision) -> Result<(), CatalogError> {
     match current_revision(table, name)? {
         None => Err(CatalogError::NotFound(name.to_string())),
         Some(found) if found != expected => Err(CatalogError::Conflict {

@@ -35,6 +35,21 @@ pub enum VolumeCommand {
         /// flag says what that costs).
         #[arg(long)]
         allow_degraded: bool,
+        /// Volume type: its replica count (unless --replicas) and QoS
+        /// limits (default: the default type, if one is set).
+        #[arg(long = "type", value_name = "TYPE")]
+        volume_type: Option<String>,
+        /// Project it belongs to (with a cluster-admin token; a project
+        /// token's volumes always belong to its project).
+        #[arg(long)]
+        project: Option<String>,
+    },
+    /// Give a volume another volume type's policies, online (QoS at once,
+    /// replica count through the cluster's placement).
+    Retype {
+        name: String,
+        #[arg(value_name = "TYPE")]
+        volume_type: String,
     },
     /// List volumes.
     List,
@@ -185,6 +200,12 @@ fn volume_fields(volume: &Volume, client: &ApiClient) -> String {
         ("connections", volume.open_connections.to_string()),
         ("created", volume.created_at.clone()),
     ];
+    if let Some(project) = &volume.project {
+        pairs.push(("project", project.clone()));
+    }
+    if let Some(t) = &volume.volume_type {
+        pairs.push(("type", t.clone()));
+    }
     if let Some(server) = &client.server {
         pairs.extend(server.nbd_uris(&volume.name).map(|uri| ("nbd", uri)));
         if let Some(nvme) = &server.nvme {
@@ -244,6 +265,8 @@ pub fn run_volume(command: VolumeCommand, client: &ClientArgs) -> Result<()> {
             from,
             replicas,
             allow_degraded,
+            volume_type,
+            project,
         } => {
             let size = size.as_deref().map(parse_size).transpose()?;
             let api = ApiClient::discover(client)?;
@@ -259,6 +282,12 @@ pub fn run_volume(command: VolumeCommand, client: &ClientArgs) -> Result<()> {
             }
             if allow_degraded {
                 body["allow_degraded"] = json!(true);
+            }
+            if let Some(t) = &volume_type {
+                body["type"] = json!(t);
+            }
+            if let Some(p) = &project {
+                body["project"] = json!(p);
             }
             let value = api.post("/api/v1/volumes", body)?;
             if client.output == Output::Json {
@@ -295,6 +324,8 @@ pub fn run_volume(command: VolumeCommand, client: &ClientArgs) -> Result<()> {
                         format_size(v.size_bytes),
                         format_size(v.allocated_bytes),
                         v.open_connections.to_string(),
+                        v.project.clone().unwrap_or_else(|| "-".into()),
+                        v.volume_type.clone().unwrap_or_else(|| "-".into()),
                         v.created_at.clone(),
                     ]
                 })
@@ -307,11 +338,26 @@ pub fn run_volume(command: VolumeCommand, client: &ClientArgs) -> Result<()> {
                         ("SIZE", Align::Right),
                         ("ALLOCATED", Align::Right),
                         ("CONNECTIONS", Align::Right),
+                        ("PROJECT", Align::Left),
+                        ("TYPE", Align::Left),
                         ("CREATED", Align::Left),
                     ],
                     &rows,
                 )
             );
+        }
+        VolumeCommand::Retype { name, volume_type } => {
+            let api = ApiClient::discover(client)?;
+            let value = api.post(
+                &format!("{}/retype", volume_path(&name)),
+                json!({ "type": volume_type }),
+            )?;
+            if client.output == Output::Json {
+                return print_json(&value);
+            }
+            let volume: Volume = decode(value)?;
+            println!("volume {} retyped to {volume_type}", volume.name);
+            print!("{}", volume_fields(&volume, &api));
         }
         VolumeCommand::Show { name } => {
             let api = ApiClient::discover(client)?;
@@ -741,7 +787,7 @@ pub fn run_node(command: NodeCommand, client: &ClientArgs) -> Result<()> {
 
 /// A QoS spec as `volume set-qos` takes it: Cinder keys, with size
 /// suffixes allowed on byte rates, or `none`.
-fn parse_qos(text: &str) -> Result<QosSpec> {
+pub(crate) fn parse_qos(text: &str) -> Result<QosSpec> {
     if text.trim() == "none" {
         return Ok(QosSpec::default());
     }

@@ -1,6 +1,7 @@
 //! `basalt`: the one binary of Basalt. `basalt server` runs a node;
-//! `basalt volume …`, `basalt snapshot …` and `basalt status` manage one
-//! over its REST API;
+//! `basalt volume …`, `basalt snapshot …`, `basalt project …`, `basalt
+//! token …`, `basalt type …` and `basalt status` manage one over its REST
+//! API;
 //! `basalt bench …` measures it (and its peers) with fio; `basalt store …`
 //! works on a stopped node's store.
 //!
@@ -17,6 +18,7 @@ mod server;
 mod snapshots;
 mod store_cmd;
 mod subsystems;
+mod tenancy;
 
 use clap::parser::ValueSource;
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
@@ -63,6 +65,12 @@ enum Command {
     Volume(VolumeArgs),
     /// Manage snapshots of volumes (VOLUME@SNAPSHOT).
     Snapshot(SnapshotArgs),
+    /// Manage projects (tenants) and their quotas.
+    Project(ProjectArgs),
+    /// Manage API tokens (per project, with a role).
+    Token(TokenArgs),
+    /// Manage volume types (replica count and QoS bundles).
+    Type(TypeArgs),
     /// Show the node's capacity, provisioning and allocation.
     Status(client::ConnArgs),
     /// Manage the nodes of a cluster.
@@ -90,6 +98,30 @@ struct SnapshotArgs {
     conn: client::ConnArgs,
     #[command(subcommand)]
     command: snapshots::SnapshotCommand,
+}
+
+#[derive(clap::Args, Debug)]
+struct ProjectArgs {
+    #[command(flatten)]
+    conn: client::ConnArgs,
+    #[command(subcommand)]
+    command: tenancy::ProjectCommand,
+}
+
+#[derive(clap::Args, Debug)]
+struct TokenArgs {
+    #[command(flatten)]
+    conn: client::ConnArgs,
+    #[command(subcommand)]
+    command: tenancy::TokenCommand,
+}
+
+#[derive(clap::Args, Debug)]
+struct TypeArgs {
+    #[command(flatten)]
+    conn: client::ConnArgs,
+    #[command(subcommand)]
+    command: tenancy::TypeCommand,
 }
 
 #[derive(clap::Args, Debug)]
@@ -138,6 +170,15 @@ fn main() -> ExitCode {
         }
         Command::Snapshot(SnapshotArgs { conn, command }) => {
             snapshots::run_snapshot(command, &ClientArgs::new(cli.data_dir, conn))
+        }
+        Command::Project(ProjectArgs { conn, command }) => {
+            tenancy::run_project(command, &ClientArgs::new(cli.data_dir, conn))
+        }
+        Command::Token(TokenArgs { conn, command }) => {
+            tenancy::run_token(command, &ClientArgs::new(cli.data_dir, conn))
+        }
+        Command::Type(TypeArgs { conn, command }) => {
+            tenancy::run_type(command, &ClientArgs::new(cli.data_dir, conn))
         }
         Command::Status(conn) => commands::run_status(&ClientArgs::new(cli.data_dir, conn)),
         Command::Node(NodeArgs { conn, command }) => {

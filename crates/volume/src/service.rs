@@ -671,8 +671,7 @@ impl VolumeService {
             return Err(VolumeError::AlreadyExists(name.to_string()));
         }
         let project = request.project.as_deref();
-        let volume_type =
-            self.resolve_volume_type(project, request.volume_type.as_deref())?;
+        let volume_type = self.resolve_volume_type(project, request.volume_type.as_deref())?;
         let replicas = request
             .replicas
             .or(volume_type.as_ref().and_then(|t| t.replicas));

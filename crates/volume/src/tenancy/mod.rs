@@ -23,8 +23,8 @@ mod quota;
 mod tokens;
 mod types;
 
-pub use principal::Principal;
 pub use basalt_catalog::Quotas;
+pub use principal::Principal;
 pub use projects::{ProjectInfo, QuotaChange};
 pub use quota::{Growth, Usage};
 pub use tokens::{constant_time_eq, NewToken, TokenInfo, TOKEN_PREFIX};
@@ -63,7 +63,11 @@ impl crate::VolumeService {
         if principal.is_cluster_admin() {
             return Ok(());
         }
-        match self.catalog.get(name).map_err(crate::service::catalog_error)? {
+        match self
+            .catalog
+            .get(name)
+            .map_err(crate::service::catalog_error)?
+        {
             Some(v) if principal.may_see(v.record.project.as_deref()) => Ok(()),
             _ => Err(VolumeError::NotFound(name.to_string())),
         }

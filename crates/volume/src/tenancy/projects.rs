@@ -85,7 +85,11 @@ impl VolumeService {
         quota::check(project, &quotas, &Usage::of(project, records), &growth)
     }
 
-    fn project_info(&self, record: ProjectRecord, records: &[Versioned<VolumeRecord>]) -> ProjectInfo {
+    fn project_info(
+        &self,
+        record: ProjectRecord,
+        records: &[Versioned<VolumeRecord>],
+    ) -> ProjectInfo {
         ProjectInfo {
             usage: Usage::of(&record.name, records),
             name: record.name,

@@ -50,9 +50,19 @@ pub fn check(
     growth: &Growth,
 ) -> Result<(), VolumeError> {
     let kinds = [
-        ("capacity", quotas.capacity_bytes, usage.capacity_bytes, growth.capacity_bytes),
+        (
+            "capacity",
+            quotas.capacity_bytes,
+            usage.capacity_bytes,
+            growth.capacity_bytes,
+        ),
         ("volumes", quotas.volumes, usage.volumes, growth.volumes),
-        ("snapshots", quotas.snapshots, usage.snapshots, growth.snapshots),
+        (
+            "snapshots",
+            quotas.snapshots,
+            usage.snapshots,
+            growth.snapshots,
+        ),
     ];
     for (quota, limit, used, requested) in kinds {
         let Some(limit) = limit else { continue };
@@ -130,11 +140,23 @@ mod tests {
         };
         assert!(check("p", &quotas, &usage, &grow(2, 0, 5)).is_ok());
         let err = check("p", &quotas, &usage, &grow(3, 0, 0)).unwrap_err();
-        assert!(matches!(err, VolumeError::QuotaExceeded { quota: "capacity", .. }), "{err}");
+        assert!(
+            matches!(
+                err,
+                VolumeError::QuotaExceeded {
+                    quota: "capacity",
+                    ..
+                }
+            ),
+            "{err}"
+        );
         let err = check("p", &quotas, &usage, &grow(0, 1, 0)).unwrap_err();
         assert!(err.to_string().contains("may hold 2 of volumes"), "{err}");
         // Over a lowered quota, what adds nothing of that kind still passes.
-        let over = Usage { volumes: 5, ..usage };
+        let over = Usage {
+            volumes: 5,
+            ..usage
+        };
         assert!(check("p", &quotas, &over, &grow(1, 0, 1)).is_ok());
     }
 }

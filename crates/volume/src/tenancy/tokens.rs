@@ -138,7 +138,9 @@ impl VolumeService {
             Some(d) => Some(
                 now.checked_add(d)
                     .map(|at| humantime::format_rfc3339_seconds(at).to_string())
-                    .ok_or_else(|| VolumeError::InvalidPolicy("that lifetime is too long".into()))?,
+                    .ok_or_else(|| {
+                        VolumeError::InvalidPolicy("that lifetime is too long".into())
+                    })?,
             ),
         };
         let mut id = [0u8; ID_BYTES];

@@ -147,7 +147,11 @@ impl VolumeService {
     }
 
     /// Volume type `name`, if `principal` may use it.
-    pub fn volume_type(&self, principal: &Principal, name: &str) -> Result<VolumeTypeInfo, VolumeError> {
+    pub fn volume_type(
+        &self,
+        principal: &Principal,
+        name: &str,
+    ) -> Result<VolumeTypeInfo, VolumeError> {
         let record = self
             .catalog
             .entry::<VolumeTypeRecord>(name)
