@@ -182,6 +182,9 @@ pub fn orphaned(catalog: &[VolumeRecord], records: &[Membership]) -> Vec<VolumeI
 ///   added (OutOfSync: the primary resyncs them from its allocated data);
 /// - a replica on a draining node leaves once enough replicas on active
 ///   nodes are InSync;
+/// - while more replicas than wanted sit on active nodes (the volume was
+///   retyped to fewer) and enough of them are InSync, the surplus leaves,
+///   replicas not InSync first, never the primary;
 /// - the record's size (`blocks`) follows the catalog's when that is larger
 ///   (volumes only grow).
 ///
@@ -308,6 +311,27 @@ pub fn reconfigure(
                 new.replicas.remove(&n);
             }
         }
+        // Fewer replicas wanted (the volume was retyped): once `wanted` are
+        // in sync on active nodes, the surplus leaves, those not in sync
+        // first, never the primary; `wanted` in-sync replicas remain.
+        let staying: Vec<NodeId> = new
+            .replicas
+            .keys()
+            .copied()
+            .filter(|n| !draining(n))
+            .collect();
+        if staying.len() > wanted && settled >= wanted {
+            let mut surplus: Vec<NodeId> = staying
+                .iter()
+                .copied()
+                .filter(|n| *n != rec.primary)
+                .collect();
+            surplus.sort_by_key(|n| (new.replicas[n].state == ReplicaState::InSync, n.0));
+            for n in surplus.into_iter().take(staying.len() - wanted) {
+                tracing::info!(volume = %v.name, node = n.0, "replica removed: the volume wants fewer");
+                new.replicas.remove(&n);
+            }
+        }
         let target = default_min_in_sync(wanted).min(new.replicas.len()).max(1);
         if target < new.min_in_sync || new.in_sync_count() >= target {
             new.min_in_sync = target;
@@ -346,6 +370,39 @@ mod tests {
             alive: true,
             boot: 1,
         }
+    }
+
+    #[test]
+    fn a_volume_retyped_to_fewer_replicas_sheds_the_surplus_but_never_its_primary() {
+        let id = uuid::Uuid::from_u128(7);
+        let mut v = VolumeRecord::new(id, "v", 16 * BLOCK_SIZE, std::time::UNIX_EPOCH);
+        v.replicas = Some(1);
+        let vol = VolumeId(7);
+        let nodes = [node(0), node(1), node(2)];
+        let mut rec =
+            Membership::new(vol, &[NodeId(0), NodeId(1), NodeId(2)], NodeId(1), 2).with_blocks(16);
+        if let Some(r) = rec.replicas.get_mut(&NodeId(0)) {
+            r.state = ReplicaState::OutOfSync;
+        }
+        let changes = reconfigure(&[rec], &[v.clone()], &nodes, 0, 500, &mut HashMap::new());
+        let new = &changes[0].record;
+        assert_eq!(
+            new.replicas.keys().copied().collect::<Vec<_>>(),
+            [NodeId(1)],
+            "{new:?}"
+        );
+        assert_eq!(new.min_in_sync, 1);
+        // Down to two: the out-of-sync one goes first.
+        v.replicas = Some(2);
+        let rec =
+            Membership::new(vol, &[NodeId(0), NodeId(1), NodeId(2)], NodeId(0), 2).with_blocks(16);
+        let mut out_of_sync = rec.clone();
+        if let Some(r) = out_of_sync.replicas.get_mut(&NodeId(1)) {
+            r.state = ReplicaState::OutOfSync;
+        }
+        let changes = reconfigure(&[out_of_sync], &[v], &nodes, 0, 500, &mut HashMap::new());
+        let kept: Vec<_> = changes[0].record.replicas.keys().copied().collect();
+        assert_eq!(kept, [NodeId(0), NodeId(2)]);
     }
 
     #[test]

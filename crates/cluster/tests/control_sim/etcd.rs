@@ -138,6 +138,22 @@ impl Sim {
             self.catalog.remove(&vol);
             self.trace(format!("api: volume {vol:?} deleted"));
             self.publish(move || Change2::Catalog(vol, None), Stream::Catalog);
+        } else if !live.is_empty() && self.rng.chance(200) {
+            // A retype: the volume wants another replica count.
+            let vol = live[self.rng.below(live.len() as u64) as usize];
+            let mut rec = self.catalog[&vol].clone();
+            rec.replicas = Some(1 + self.rng.below(3) as u32);
+            self.rev += 1;
+            self.catalog.insert(vol, rec.clone());
+            self.seen.retypes += 1;
+            self.trace(format!(
+                "api: volume {vol:?} retyped ({:?} replicas)",
+                rec.replicas
+            ));
+            self.publish(
+                move || Change2::Catalog(vol, Some(Box::new(rec.clone()))),
+                Stream::Catalog,
+            );
         } else if live.len() < MAX_VOLUMES {
             let vol = VolumeId(self.next_volume);
             self.next_volume += 1;

@@ -1,5 +1,6 @@
 //! Deterministic simulation of the cluster's control plane: many volumes on
-//! a few nodes, volumes created and deleted through the catalog, coordinators
+//! a few nodes, volumes created, retyped (a new replica count) and deleted
+//! through the catalog, coordinators
 //! competing for the role, watches that lag, and replicas that stop for good.
 //!
 //! Job: drive the production decision code — the coordinator's state
@@ -538,6 +539,7 @@ struct Summary {
     crashes: u64,
     creates: u64,
     deletes: u64,
+    retypes: u64,
     failovers: u64,
     orphans_deferred: u64,
 }
@@ -551,6 +553,7 @@ impl Summary {
         self.crashes += s.crashes;
         self.creates += s.creates;
         self.deletes += s.deletes;
+        self.retypes += s.retypes;
         self.failovers += s.failovers;
         self.orphans_deferred += s.orphans_deferred;
     }
@@ -597,6 +600,7 @@ fn seeds() {
     assert!(total.elections > seed_count());
     assert!(total.stops > 0 && total.stalls > 0 && total.pauses > 0 && total.crashes > 0);
     assert!(total.deletes > 0 && total.failovers > 0 && total.orphans_deferred > 0);
+    assert!(total.retypes > 0);
 }
 
 fn first_catch(bug: Bug, limit: u64) -> Option<(u64, String)> {
