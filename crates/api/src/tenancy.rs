@@ -1,11 +1,12 @@
-//! The tenancy endpoints: projects and their quotas, tokens, volume types
-//! and the default type. What each principal may do is decided by the
+//! The tenancy endpoints: projects and their quotas, tokens, NBD TLS keys,
+//! volume types and the default type. What each principal may do is decided by the
 //! volume service (`basalt_volume::tenancy`); these only translate.
 
 use crate::error::ApiError;
 use crate::types::{
-    CreateProject, CreateToken, CreateVolumeType, CreatedToken, Project, ProjectList, QuotaSet,
-    SetDefaultType, Token, TokenList, VolumeType, VolumeTypeList,
+    CreateNbdKey, CreateProject, CreateToken, CreateVolumeType, CreatedNbdKey, CreatedToken,
+    NbdKey, NbdKeyList, Project, ProjectList, QuotaSet, SetDefaultType, Token, TokenList,
+    VolumeType, VolumeTypeList,
 };
 use crate::{blocking, AppState, JsonBody};
 use axum::extract::{Extension, Path, RawQuery, State};
@@ -214,4 +215,42 @@ pub(crate) async fn set_default_type(
     })
     .await?;
     Ok(Json(SetDefaultType { name }))
+}
+
+pub(crate) async fn list_nbd_keys(
+    State(app): State<AppState>,
+    Extension(who): Extension<Principal>,
+) -> Result<Json<NbdKeyList>, ApiError> {
+    let keys = blocking(move || app.service.nbd_keys(&who)).await?;
+    Ok(Json(NbdKeyList {
+        keys: keys.into_iter().map(NbdKey::from).collect(),
+    }))
+}
+
+pub(crate) async fn create_nbd_key(
+    State(app): State<AppState>,
+    Extension(who): Extension<Principal>,
+    JsonBody(req): JsonBody<CreateNbdKey>,
+) -> Result<Response, ApiError> {
+    let (info, psk_line) = blocking(move || {
+        app.service
+            .create_nbd_key(&who, req.project.as_deref(), req.description)
+    })
+    .await?;
+    Ok(created(
+        format!("/api/v1/nbd-keys/{}", info.identity),
+        CreatedNbdKey {
+            psk_line,
+            info: info.into(),
+        },
+    ))
+}
+
+pub(crate) async fn revoke_nbd_key(
+    State(app): State<AppState>,
+    Extension(who): Extension<Principal>,
+    Path(identity): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    blocking(move || app.service.revoke_nbd_key(&who, &identity)).await?;
+    Ok(StatusCode::NO_CONTENT)
 }

@@ -2,7 +2,7 @@
 //! tokens, volume types. Wire-format rules as in `types.rs`.
 
 use crate::types::Size;
-use basalt_volume::tenancy::{ProjectInfo, QuotaChange, TokenInfo, VolumeTypeInfo};
+use basalt_volume::tenancy::{NbdKeyInfo, ProjectInfo, QuotaChange, TokenInfo, VolumeTypeInfo};
 use basalt_volume::Role;
 use serde::{Deserialize, Deserializer, Serialize};
 use std::collections::BTreeMap;
@@ -244,4 +244,54 @@ pub struct SetDefaultType {
 pub struct Retype {
     #[serde(rename = "type")]
     pub volume_type: String,
+}
+
+/// An NBD TLS key as listed (never the key).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct NbdKey {
+    /// The PSK identity (the user name in a `keys.psk` line).
+    pub identity: String,
+    /// The project whose volumes it opens (absent: every volume).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub project: Option<String>,
+    pub created_at: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+}
+
+impl From<NbdKeyInfo> for NbdKey {
+    fn from(k: NbdKeyInfo) -> Self {
+        NbdKey {
+            identity: k.identity,
+            project: k.project,
+            created_at: k.created_at,
+            description: k.description,
+        }
+    }
+}
+
+/// `GET /api/v1/nbd-keys`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct NbdKeyList {
+    pub keys: Vec<NbdKey>,
+}
+
+/// `POST /api/v1/nbd-keys`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateNbdKey {
+    /// Absent: a key opening every volume (cluster admins only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub project: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+}
+
+/// The answer to `POST /api/v1/nbd-keys`: the only time the key is shown.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CreatedNbdKey {
+    /// `IDENTITY:HEXKEY`, a line for a `keys.psk` file.
+    pub psk_line: String,
+    #[serde(flatten)]
+    pub info: NbdKey,
 }

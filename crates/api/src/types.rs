@@ -9,8 +9,9 @@ use std::fmt;
 use uuid::Uuid;
 
 pub use crate::tenancy_types::{
-    CreateProject, CreateToken, CreateVolumeType, CreatedToken, Project, ProjectList, QuotaSet,
-    Retype, SetDefaultType, Token, TokenList, VolumeType, VolumeTypeList,
+    CreateNbdKey, CreateProject, CreateToken, CreateVolumeType, CreatedNbdKey, CreatedToken,
+    NbdKey, NbdKeyList, Project, ProjectList, QuotaSet, Retype, SetDefaultType, Token, TokenList,
+    VolumeType, VolumeTypeList,
 };
 
 /// A volume, as returned by the volume endpoints.

@@ -4,7 +4,8 @@
 //! Layout: `<prefix>volumes/<name>` → the record's JSON, the same bytes
 //! [`crate::RedbCatalog`] stores ([`VolumeRecord::to_json`]); the policy
 //! entries beside them under `<prefix><collection>/<name>` (`projects/`,
-//! `tokens/`, `volume-types/`, `settings/`; see [`Collection`]). The prefix is
+//! `tokens/`, `volume-types/`, `settings/`, `nbd-keys/`; see
+//! [`Collection`]). The prefix is
 //! [`DEFAULT_ETCD_PREFIX`] unless configured, so several clusters (or tests)
 //! can share one etcd.
 //!

@@ -35,7 +35,8 @@ pub use etcd_catalog::{
     DEFAULT_ETCD_PREFIX,
 };
 pub use policy::{
-    Entries, PolicyEntry, ProjectRecord, Quotas, Role, SettingRecord, TokenRecord, VolumeTypeRecord,
+    Entries, NbdKeyRecord, PolicyEntry, ProjectRecord, Quotas, Role, SettingRecord, TokenRecord,
+    VolumeTypeRecord,
 };
 pub use record::{CloneSource, SnapshotRecord, VolumeRecord, MAX_VOLUME_NAME_LEN};
 pub use redb_catalog::RedbCatalog;
@@ -72,6 +73,7 @@ pub enum Collection {
     Tokens,
     VolumeTypes,
     Settings,
+    NbdKeys,
 }
 
 impl Collection {
@@ -83,6 +85,7 @@ impl Collection {
             Collection::Tokens => "tokens",
             Collection::VolumeTypes => "volume-types",
             Collection::Settings => "settings",
+            Collection::NbdKeys => "nbd-keys",
         }
     }
 }

@@ -1,6 +1,7 @@
 //! Policy entries kept in the catalog beside the volumes: projects (tenants,
-//! with quotas), API tokens (stored hashed), volume types (named policy
-//! bundles) and cluster-wide settings; and [`Entries`], which reads and
+//! with quotas), API tokens (stored hashed), NBD TLS keys (pre-shared, so
+//! stored as they are), volume types (named policy bundles) and
+//! cluster-wide settings; and [`Entries`], which reads and
 //! writes them as typed records with the catalog's revisions.
 //!
 //! The compatibility rules of `record.rs` apply to every entry: fields added
@@ -199,6 +200,34 @@ impl PolicyEntry for TokenRecord {
     const COLLECTION: Collection = Collection::Tokens;
     fn name(&self) -> &str {
         &self.id
+    }
+}
+
+/// A pre-shared key for NBD over TLS. Unlike a token's secret it is stored
+/// as it is: TLS-PSK needs the key itself on the server.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct NbdKeyRecord {
+    /// The PSK identity clients present (the user name of a `keys.psk`
+    /// line); the entry's key.
+    pub identity: String,
+    /// The project whose volumes it opens; `None`: every volume.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub project: Option<String>,
+    /// The key, lowercase hex.
+    pub key_hex: String,
+    /// RFC 3339 in UTC with second precision.
+    pub created_at: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    /// Fields written by a newer basalt that this version does not know.
+    #[serde(flatten)]
+    pub unknown: serde_json::Map<String, serde_json::Value>,
+}
+
+impl PolicyEntry for NbdKeyRecord {
+    const COLLECTION: Collection = Collection::NbdKeys;
+    fn name(&self) -> &str {
+        &self.identity
     }
 }
 

@@ -14,11 +14,12 @@ use std::path::{Path, PathBuf};
 
 const VOLUMES: TableDefinition<&str, (u64, &str)> = TableDefinition::new("volumes");
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
-const COLLECTIONS: [Collection; 4] = [
+const COLLECTIONS: [Collection; 5] = [
     Collection::Projects,
     Collection::Tokens,
     Collection::VolumeTypes,
     Collection::Settings,
+    Collection::NbdKeys,
 ];
 
 type Table<'t> = redb::Table<'t, &'static str, (u64, &'static str)>;

@@ -62,6 +62,10 @@ pub struct ServerInfo {
     /// NBD's TCP address (only with --nbd-insecure).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nbd: Option<String>,
+    /// NBD's TCP address requiring TLS with a pre-shared key (only with
+    /// --nbd-listen without --nbd-insecure).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nbd_tls: Option<String>,
     /// NBD's Unix socket (absent in files of older servers).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nbd_socket: Option<String>,
@@ -73,17 +77,23 @@ pub struct ServerInfo {
 
 impl ServerInfo {
     /// The NBD URIs of `export`: over the Unix socket, then over TCP when
-    /// the server serves it (--nbd-insecure).
+    /// the server serves it (TLS with a key from `basalt nbd-key create`,
+    /// whose identity and key file the URI leaves to fill in; or plain with
+    /// --nbd-insecure).
     pub fn nbd_uris(&self, export: &str) -> impl Iterator<Item = String> {
         let unix = self
             .nbd_socket
             .as_ref()
             .map(|socket| format!("nbd+unix:///{export}?socket={socket}"));
+        let tls = self
+            .nbd_tls
+            .as_ref()
+            .map(|addr| format!("nbds://IDENTITY@{addr}/{export}?tls-psk-file=KEYS.psk"));
         let tcp = self
             .nbd
             .as_ref()
             .map(|addr| format!("nbd://{addr}/{export}"));
-        unix.into_iter().chain(tcp)
+        unix.into_iter().chain(tls).chain(tcp)
     }
 }
 
@@ -321,6 +331,7 @@ mod tests {
             api_url: "http://127.0.0.1:1".into(),
             nbd: Some("127.0.0.1:2".into()),
             nbd_socket: None,
+            nbd_tls: None,
             nvme: Some("127.0.0.1:4".into()),
             pid: 3,
         };

@@ -69,6 +69,9 @@ enum Command {
     Project(ProjectArgs),
     /// Manage API tokens (per project, with a role).
     Token(TokenArgs),
+    /// Manage pre-shared keys for NBD over TLS.
+    #[command(name = "nbd-key")]
+    NbdKey(NbdKeyArgs),
     /// Manage volume types (replica count and QoS bundles).
     Type(TypeArgs),
     /// Show the node's capacity, provisioning and allocation.
@@ -114,6 +117,14 @@ struct TokenArgs {
     conn: client::ConnArgs,
     #[command(subcommand)]
     command: tenancy::TokenCommand,
+}
+
+#[derive(clap::Args, Debug)]
+struct NbdKeyArgs {
+    #[command(flatten)]
+    conn: client::ConnArgs,
+    #[command(subcommand)]
+    command: tenancy::NbdKeyCommand,
 }
 
 #[derive(clap::Args, Debug)]
@@ -176,6 +187,9 @@ fn main() -> ExitCode {
         }
         Command::Token(TokenArgs { conn, command }) => {
             tenancy::run_token(command, &ClientArgs::new(cli.data_dir, conn))
+        }
+        Command::NbdKey(NbdKeyArgs { conn, command }) => {
+            tenancy::run_nbd_key(command, &ClientArgs::new(cli.data_dir, conn))
         }
         Command::Type(TypeArgs { conn, command }) => {
             tenancy::run_type(command, &ClientArgs::new(cli.data_dir, conn))

@@ -16,13 +16,13 @@
 //! is closed whenever it was opened, even if a later step failed.
 
 use crate::datadir::{self, Backing, DataDir, NodeConfig, ServerInfo};
-use crate::exports::VolumeExports;
+use crate::exports::{CatalogPskKeys, VolumeExports};
 use crate::subsystems::VolumeSubsystems;
 use anyhow::{anyhow, bail, Context, Result};
 use basalt_catalog::{Catalog, EtcdCatalog, EtcdConfig, RedbCatalog};
 use basalt_cluster::secret::ClusterSecret;
 use basalt_cluster::{ClusterMember, MemberConfig};
-use basalt_frontend_nbd::{Listen, NbdServer, ServerLimits};
+use basalt_frontend_nbd::{Listen, NbdServer, ServerLimits, TlsPsk};
 use basalt_frontend_nvme::{cluster_cntlid_range, NvmeServer, TargetConfig};
 use basalt_store::{BlockDevice, FileDevice, FormatOptions, OpenOptions, Store};
 use basalt_volume::{
@@ -66,17 +66,21 @@ pub struct ServerArgs {
     #[arg(long, value_name = "PATH")]
     pub nbd_socket: Option<PathBuf>,
 
-    /// Also serve NBD over plain TCP on --nbd-listen. Plain NBD has no
-    /// authentication: whoever reaches the address can read and write
-    /// every volume. The server warns about it when it starts.
+    /// Serve NBD over TCP with TLS and pre-shared keys on ADDR: a client
+    /// must complete STARTTLS with a key from `basalt nbd-key create`
+    /// before anything else, and sees the volumes of the key's project
+    /// (qemu: tls-creds-psk; libnbd: nbds://IDENTITY@ADDR/VOLUME?tls-psk-file=FILE).
+    /// With --nbd-insecure: plain TCP instead. Port 0 picks a free port;
+    /// ":PORT" means 127.0.0.1:PORT.
+    #[arg(long, value_parser = parse_listen, value_name = "ADDR")]
+    pub nbd_listen: Option<SocketAddr>,
+
+    /// Serve NBD over plain TCP (on --nbd-listen, default 127.0.0.1:10809)
+    /// instead of TLS. Plain NBD has no authentication: whoever reaches the
+    /// address can read and write every volume. The server warns about it
+    /// when it starts.
     #[arg(long)]
     pub nbd_insecure: bool,
-
-    /// NBD's TCP listen address with --nbd-insecure (port 0 picks a free
-    /// port; ":PORT" means 127.0.0.1:PORT).
-    #[arg(long, default_value = "127.0.0.1:10809", value_parser = parse_listen,
-        value_name = "ADDR", requires = "nbd_insecure")]
-    pub nbd_listen: SocketAddr,
 
     /// Event loops serving NBD connections and NVMe/TCP I/O queues to
     /// single-node volumes, shared by both (each connection lives on one
@@ -240,6 +244,18 @@ fn parse_rate(s: &str) -> Result<u64, String> {
 }
 
 /// A listen address: `IP:PORT`, `localhost:PORT` or `:PORT` (loopback).
+/// NBD's TCP port unless --nbd-listen says otherwise.
+const DEFAULT_NBD_LISTEN: SocketAddr =
+    SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 10809);
+
+impl ServerArgs {
+    /// Where NBD over TCP listens, when it does (--nbd-listen or
+    /// --nbd-insecure).
+    fn nbd_tcp_listen(&self) -> SocketAddr {
+        self.nbd_listen.unwrap_or(DEFAULT_NBD_LISTEN)
+    }
+}
+
 fn parse_listen(s: &str) -> Result<SocketAddr, String> {
     let loopback = |port: &str| {
         port.parse::<u16>()
@@ -545,7 +561,9 @@ fn join_cluster(
     cfg.zone = args.zone.clone();
     cfg.peer_advertise = args.peer_advertise;
     // Plain TCP NBD only where the operator asked for it.
-    cfg.nbd_addr = args.nbd_insecure.then(|| client_addr(args.nbd_listen));
+    cfg.nbd_addr = args
+        .nbd_insecure
+        .then(|| client_addr(args.nbd_tcp_listen()));
     cfg.nvme_addr = Some(args.nvme_advertise.unwrap_or(client_addr(args.nvme_listen)));
     cfg.api_addr = Some(client_addr(args.api_listen));
     cfg.timing.lease_ms = args.lease_ms.max(100);
@@ -598,11 +616,22 @@ fn serve_frontends(
         let exports: Arc<dyn basalt_frontend_nbd::Exports> = Arc::new(VolumeExports::new(service.clone()));
         let socket = args.nbd_socket.clone().unwrap_or_else(|| data.root().join("nbd.sock"));
         let socket = std::path::absolute(&socket).unwrap_or(socket);
-        let nbd = NbdServers::start(&socket, args, exports, limits, loops.clone())?;
+        let tls = match (args.nbd_listen, args.nbd_insecure) {
+            (Some(_), false) => Some(Arc::new(
+                TlsPsk::new(Arc::new(CatalogPskKeys::new(service.clone())))
+                    .context("cannot set up TLS for NBD")?,
+            )),
+            _ => None,
+        };
+        let nbd = NbdServers::start(&socket, args, exports, limits, loops.clone(), tls)?;
         for server in nbd.all() {
             service.register_frontend(Arc::new(server.disconnector()));
         }
-        let nbd_addr = nbd.tcp.as_ref().and_then(|t| t.local_addr()).map(client_addr);
+        let tcp_addr = nbd.tcp.as_ref().and_then(|t| t.local_addr()).map(client_addr);
+        let (nbd_addr, nbd_tls_addr) = match args.nbd_insecure {
+            true => (tcp_addr, None),
+            false => (None, tcp_addr),
+        };
         if args.nvme_allow_hosts.is_empty() {
             tracing::info!("no --nvme-allow-host given: no NVMe/TCP host may connect");
         }
@@ -642,6 +671,7 @@ fn serve_frontends(
         let info = ServerInfo {
             api_url: format!("http://{api_addr}"),
             nbd: nbd_addr.map(|a| a.to_string()),
+            nbd_tls: nbd_tls_addr.map(|a| a.to_string()),
             nbd_socket: Some(socket.display().to_string()),
             nvme: Some(nvme_addr.to_string()),
             pid: std::process::id(),
@@ -654,7 +684,7 @@ fn serve_frontends(
             return Err(e);
         }
         tracing::info!(api = %info.api_url, nbd_socket = %socket.display(), nbd = ?info.nbd,
-            nvme = %nvme_addr, "basalt server ready");
+            nbd_tls = ?info.nbd_tls, nvme = %nvme_addr, "basalt server ready");
         if let Some(demo) = &settings.demo_volume {
             print_demo_usage(&demo.name, &socket, nbd_addr, data);
         }
@@ -734,8 +764,9 @@ fn print_demo_usage(name: &str, socket: &Path, tcp: Option<SocketAddr>, data: &D
     println!();
 }
 
-/// The NBD servers of a node: the Unix socket always, plain TCP with
-/// --nbd-insecure; one set of exports, limits and event loops.
+/// The NBD servers of a node: the Unix socket always, TCP with
+/// --nbd-listen (TLS) or --nbd-insecure (plain); one set of exports, limits
+/// and event loops.
 struct NbdServers {
     unix: NbdServer,
     tcp: Option<NbdServer>,
@@ -748,6 +779,7 @@ impl NbdServers {
         exports: Arc<dyn basalt_frontend_nbd::Exports>,
         limits: ServerLimits,
         loops: Option<Arc<basalt_reactor::Reactor>>,
+        tls: Option<Arc<TlsPsk>>,
     ) -> Result<NbdServers> {
         let unix = NbdServer::start_on(
             Listen::Unix(socket.to_path_buf()),
@@ -761,22 +793,33 @@ impl NbdServers {
                 socket.display()
             )
         })?;
-        let tcp = if args.nbd_insecure {
-            let server = NbdServer::start_on(Listen::Tcp(args.nbd_listen), exports, limits, loops)
-                .with_context(|| format!("cannot listen for NBD on {}", args.nbd_listen));
-            match server {
-                Ok(server) => {
-                    tracing::warn!(listen = %args.nbd_listen,
-                        "NBD over plain TCP (--nbd-insecure): anyone who can reach this address can read and write every volume");
-                    Some(server)
-                }
-                Err(err) => {
-                    unix.shutdown();
-                    return Err(err);
+        let addr = args.nbd_tcp_listen();
+        let listen = match (tls, args.nbd_insecure) {
+            (Some(tls), _) => Some(Listen::Tls(addr, tls)),
+            (None, true) => Some(Listen::Tcp(addr)),
+            (None, false) => None,
+        };
+        let tcp = match listen {
+            None => None,
+            Some(listen) => {
+                let server = NbdServer::start_on(listen, exports, limits, loops)
+                    .with_context(|| format!("cannot listen for NBD on {addr}"));
+                match server {
+                    Ok(server) if args.nbd_insecure => {
+                        tracing::warn!(listen = %addr,
+                            "NBD over plain TCP (--nbd-insecure): anyone who can reach this address can read and write every volume");
+                        Some(server)
+                    }
+                    Ok(server) => {
+                        tracing::info!(listen = %addr, "NBD over TLS with pre-shared keys (basalt nbd-key create)");
+                        Some(server)
+                    }
+                    Err(err) => {
+                        unix.shutdown();
+                        return Err(err);
+                    }
                 }
             }
-        } else {
-            None
         };
         Ok(NbdServers { unix, tcp })
     }

@@ -1,5 +1,6 @@
-//! `basalt project …`, `basalt token …` and `basalt type …`: tenants and
-//! their quotas, API tokens, volume types. One REST call each, printed as a
+//! `basalt project …`, `basalt token …`, `basalt nbd-key …` and `basalt
+//! type …`: tenants and their quotas, API tokens, NBD TLS keys, volume
+//! types. One REST call each, printed as a
 //! table or key/value block, or as the API's JSON with `--output json`.
 
 use crate::client::{ApiClient, ClientArgs, Output};
@@ -7,7 +8,8 @@ use crate::commands::{decode, parse_qos, path_segment, print_json};
 use crate::output::{fields, table, Align};
 use anyhow::{bail, Result};
 use basalt_api::types::{
-    CreatedToken, Project, ProjectList, Token, TokenList, VolumeType, VolumeTypeList,
+    CreatedNbdKey, CreatedToken, NbdKeyList, Project, ProjectList, Token, TokenList, VolumeType,
+    VolumeTypeList,
 };
 use basalt_volume::qos::QosSpec;
 use basalt_volume::{format_size, parse_size};
@@ -113,6 +115,26 @@ pub enum TokenCommand {
     },
     /// Revoke a token: refused from then on, on every node.
     Revoke { id: String },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum NbdKeyCommand {
+    /// Create a pre-shared key for NBD over TLS (the server's --nbd-listen
+    /// address). Prints its keys.psk line (IDENTITY:HEXKEY) once: give it
+    /// to qemu's tls-creds-psk (a keys.psk file in its dir) or libnbd's
+    /// tls-psk-file, with nbds://IDENTITY@HOST:PORT/VOLUME.
+    Create {
+        /// The project whose volumes it opens (without: every volume,
+        /// cluster admins only).
+        #[arg(long)]
+        project: Option<String>,
+        #[arg(long)]
+        description: Option<String>,
+    },
+    /// List NBD keys (never the keys).
+    List,
+    /// Revoke an NBD key: no new TLS session with it.
+    Revoke { identity: String },
 }
 
 #[derive(Subcommand, Debug)]
@@ -506,6 +528,73 @@ pub fn run_type(command: TypeCommand, client: &ClientArgs) -> Result<()> {
             match name.as_str() {
                 "none" => println!("no default volume type"),
                 name => println!("default volume type: {name}"),
+            }
+        }
+    }
+    Ok(())
+}
+
+pub fn run_nbd_key(command: NbdKeyCommand, client: &ClientArgs) -> Result<()> {
+    let api = ApiClient::discover(client)?;
+    let json_out = client.output == Output::Json;
+    match command {
+        NbdKeyCommand::Create {
+            project,
+            description,
+        } => {
+            let mut body = json!({});
+            if let Some(p) = project {
+                body["project"] = json!(p);
+            }
+            if let Some(d) = description {
+                body["description"] = json!(d);
+            }
+            let value = api.post("/api/v1/nbd-keys", body)?;
+            if json_out {
+                return print_json(&value);
+            }
+            let created: CreatedNbdKey = decode(value)?;
+            println!("{}", created.psk_line);
+            eprintln!(
+                "NBD key {} created; the line above is shown only now: put it in a keys.psk file (mode 0600) and connect with nbds://{}@HOST:PORT/VOLUME?tls-psk-file=keys.psk",
+                created.info.identity, created.info.identity
+            );
+        }
+        NbdKeyCommand::List => {
+            let value = api.get("/api/v1/nbd-keys")?;
+            if json_out {
+                return print_json(&value);
+            }
+            let list: NbdKeyList = decode(value)?;
+            let rows: Vec<Vec<String>> = list
+                .keys
+                .iter()
+                .map(|k| {
+                    vec![
+                        k.identity.clone(),
+                        k.project.clone().unwrap_or_else(|| "(all volumes)".into()),
+                        k.created_at.clone(),
+                        k.description.clone().unwrap_or_default(),
+                    ]
+                })
+                .collect();
+            print!(
+                "{}",
+                table(
+                    &[
+                        ("IDENTITY", Align::Left),
+                        ("PROJECT", Align::Left),
+                        ("CREATED", Align::Left),
+                        ("DESCRIPTION", Align::Left),
+                    ],
+                    &rows
+                )
+            );
+        }
+        NbdKeyCommand::Revoke { identity } => {
+            api.delete(&format!("/api/v1/nbd-keys/{}", path_segment(&identity)))?;
+            if !json_out {
+                println!("revoked NBD key {identity}");
             }
         }
     }

@@ -1,7 +1,8 @@
 //! NBD access control on this host: the Unix socket in the data directory
 //! serves qemu-io and nbdinfo (libnbd's `nbd+unix://` URIs) the same
 //! volumes as TCP, only its owner may connect (another user gets
-//! "permission denied"), and plain TCP needs `--nbd-insecure`.
+//! "permission denied"). TCP (TLS by default, plain with `--nbd-insecure`)
+//! is `nbd_tls.rs`.
 
 mod common;
 
@@ -66,25 +67,4 @@ fn the_unix_socket_serves_the_same_volumes_to_its_owner_only() {
     );
     // The server goes on serving its owner.
     tool("nbdinfo", ["--size", &unix]).ok();
-}
-
-#[test]
-fn plain_tcp_needs_nbd_insecure() {
-    let scratch = Scratch::new();
-    let out = run_cmd(
-        Command::new(bin()).args([
-            "server",
-            "--data-dir",
-            &scratch.path("node").display().to_string(),
-            "--nbd-listen",
-            "127.0.0.1:0",
-        ]),
-        Duration::from_secs(30),
-    );
-    out.cli_error(2);
-    assert!(
-        out.describe().contains("--nbd-insecure"),
-        "{}",
-        out.describe()
-    );
 }

@@ -6,7 +6,7 @@
 //!   e.g. nbd_serve 127.0.0.1:10809 /tmp/nbd.data 1024 60 vol=512
 //! The data file is created (overwritten); the server stops after SECONDS.
 
-use basalt_frontend_nbd::{Exports, NbdServer};
+use basalt_frontend_nbd::{Exports, NbdServer, Scope};
 use basalt_store::{FileDevice, FormatOptions, Store, VolumeId};
 use basalt_volume::{VolumeHandle, VolumeStats};
 use std::collections::BTreeMap;
@@ -18,11 +18,11 @@ struct StoreExports {
 }
 
 impl Exports for StoreExports {
-    fn list(&self) -> Vec<String> {
+    fn list(&self, _scope: &Scope) -> Vec<String> {
         self.volumes.keys().cloned().collect()
     }
 
-    fn open(&self, name: &str) -> Option<VolumeHandle> {
+    fn open(&self, _scope: &Scope, name: &str) -> Option<VolumeHandle> {
         let (id, stats) = self.volumes.get(name)?;
         let local = self.store.volume(*id).ok()?;
         Some(VolumeHandle::new(local, name.to_owned(), Arc::clone(stats)))

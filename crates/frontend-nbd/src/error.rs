@@ -25,6 +25,14 @@ pub enum HandshakeError {
     /// a valid name; that option cannot be answered with an error.
     #[error("NBD_OPT_EXPORT_NAME for unknown export {0:?}")]
     UnknownExport(String),
+    /// `NBD_OPT_EXPORT_NAME` before TLS on a listener that requires it
+    /// (that option cannot be answered with an error).
+    #[error("NBD_OPT_EXPORT_NAME before TLS on a listener that requires TLS")]
+    TlsRequired,
+    /// The TLS handshake failed (unknown identity, wrong key, no common
+    /// cipher, or the socket).
+    #[error("TLS handshake failed: {0}")]
+    Tls(io::Error),
     /// The client kept sending options without ever choosing an export.
     #[error("client sent more than {0} options without entering transmission")]
     TooManyOptions(usize),

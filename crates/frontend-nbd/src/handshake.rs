@@ -16,7 +16,8 @@
 //!   is finally chosen (the protocol makes BLOCK_STATUS invalid otherwise).
 
 use crate::stream::Stream;
-use crate::Exports;
+use crate::tls::TlsPsk;
+use crate::{Exports, Scope};
 use crate::{HandshakeError, MAX_PAYLOAD, MIN_BLOCK_SIZE, PREFERRED_BLOCK_SIZE};
 use basalt_nbd_wire::handshake::{CLIENT_FLAGS_LEN, OPTION_HEADER_LEN};
 use basalt_nbd_wire::{
@@ -27,6 +28,8 @@ use basalt_nbd_wire::{
 };
 use basalt_volume::VolumeHandle;
 use std::io::{self, Read, Write};
+use std::thread::JoinHandle;
+use std::time::Duration;
 
 /// Options a client may send before choosing an export; a client that sends
 /// more is treated as a denial of service attempt (the protocol allows a
@@ -75,19 +78,46 @@ struct MetaSelection {
     base_allocation: bool,
 }
 
+/// How the listener a connection came through treats TLS.
+#[derive(Clone, Copy)]
+pub enum Security<'a> {
+    /// No TLS: every export is in scope (the Unix socket, whose file
+    /// permissions admitted the client, or `--nbd-insecure` TCP).
+    Open,
+    /// TLS first: no option but STARTTLS and ABORT is answered until the
+    /// client proved it holds a key, which sets its scope.
+    TlsRequired {
+        tls: &'a TlsPsk,
+        /// Bound on each read of the TLS handshake.
+        timeout: Duration,
+    },
+}
+
 struct Handshake<'a> {
     stream: &'a mut Stream,
     exports: &'a dyn Exports,
+    security: Security<'a>,
+    /// What the client may see; nothing (a tenant with no name) until TLS
+    /// when the listener requires it.
+    scope: Scope,
+    /// TLS is required and not negotiated yet.
+    awaiting_tls: bool,
+    /// The pump of the TLS session, once there is one.
+    pump: &'a mut Option<JoinHandle<()>>,
     no_zeroes: bool,
     structured: bool,
     meta: Option<MetaSelection>,
     out: Vec<u8>,
 }
 
-/// Runs the handshake on a freshly accepted connection.
-pub fn negotiate(
-    stream: &mut Stream,
-    exports: &dyn Exports,
+/// Runs the handshake on a freshly accepted connection. After STARTTLS,
+/// `stream` is the plaintext side of the TLS session and `pump` the thread
+/// that carries it (the caller joins it when the server stops).
+pub fn negotiate<'a>(
+    stream: &'a mut Stream,
+    exports: &'a dyn Exports,
+    security: Security<'a>,
+    pump: &'a mut Option<JoinHandle<()>>,
 ) -> Result<HandshakeOutcome, HandshakeError> {
     let mut greeting = Vec::with_capacity(18);
     encode_server_greeting(
@@ -104,9 +134,18 @@ pub fn negotiate(
     }
     // A client without FIXED_NEWSTYLE still gets fixed newstyle replies: the
     // protocol allows it and every client of the last decade sets the flag.
+    let awaiting_tls = matches!(security, Security::TlsRequired { .. });
     let mut hs = Handshake {
         stream,
         exports,
+        security,
+        scope: if awaiting_tls {
+            Scope::Tenant(String::new())
+        } else {
+            Scope::All
+        },
+        awaiting_tls,
+        pump,
         no_zeroes: client_flags.contains(ClientFlags::NO_ZEROES),
         structured: false,
         meta: None,
@@ -182,6 +221,22 @@ impl Handshake<'_> {
         option: u32,
         decoded: ClientOption,
     ) -> Result<Option<HandshakeOutcome>, HandshakeError> {
+        if self.awaiting_tls {
+            match decoded {
+                ClientOption::StartTls | ClientOption::Abort => {}
+                ClientOption::ExportName(_) => return Err(HandshakeError::TlsRequired),
+                _ => {
+                    self.reply(
+                        option,
+                        &OptionReply::error(
+                            ErrorReply::TlsRequired,
+                            "this listener requires TLS with a pre-shared key (NBD_OPT_STARTTLS)",
+                        ),
+                    );
+                    return Ok(None);
+                }
+            }
+        }
         match decoded {
             ClientOption::ExportName(name) => {
                 let Some(handle) = self.open(&name) else {
@@ -201,20 +256,14 @@ impl Handshake<'_> {
                 Ok(Some(HandshakeOutcome::Aborted))
             }
             ClientOption::List => {
-                for name in self.exports.list() {
+                for name in self.exports.list(&self.scope) {
                     let description = self.exports.describe(&name).unwrap_or_default();
                     self.reply(option, &OptionReply::Server { name, description });
                 }
                 self.reply(option, &OptionReply::Ack);
                 Ok(None)
             }
-            ClientOption::StartTls => {
-                self.reply(
-                    option,
-                    &OptionReply::error(ErrorReply::Policy, "TLS is not available on this server"),
-                );
-                Ok(None)
-            }
+            ClientOption::StartTls => self.start_tls(option),
             ClientOption::StructuredReply => {
                 if self.structured {
                     self.reply(
@@ -255,17 +304,62 @@ impl Handshake<'_> {
         }
     }
 
+    /// NBD_OPT_STARTTLS: ACK, then the TLS handshake; afterwards the
+    /// handshake goes on inside TLS with the key's scope.
+    fn start_tls(&mut self, option: u32) -> Result<Option<HandshakeOutcome>, HandshakeError> {
+        let Security::TlsRequired { tls, timeout } = self.security else {
+            self.reply(
+                option,
+                &OptionReply::error(
+                    ErrorReply::Policy,
+                    "TLS is not offered on this listener (NBD over TLS is served on the server's --nbd-listen address)",
+                ),
+            );
+            return Ok(None);
+        };
+        if !self.awaiting_tls {
+            self.reply(
+                option,
+                &OptionReply::error(ErrorReply::Invalid, "TLS is already negotiated"),
+            );
+            return Ok(None);
+        }
+        let tcp = match &*self.stream {
+            Stream::Tcp(tcp) => tcp.try_clone()?,
+            Stream::Unix(_) => {
+                self.reply(
+                    option,
+                    &OptionReply::error(ErrorReply::Policy, "TLS is only offered over TCP"),
+                );
+                return Ok(None);
+            }
+        };
+        self.reply(option, &OptionReply::Ack);
+        self.stream.write_all(&self.out)?;
+        self.out.clear();
+        let session = tls.accept(tcp, timeout).map_err(HandshakeError::Tls)?;
+        tracing::debug!(identity = %session.identity, "NBD client negotiated TLS");
+        *self.stream = Stream::Unix(session.plain);
+        *self.pump = Some(session.pump);
+        self.scope = session.scope;
+        self.awaiting_tls = false;
+        // Nothing negotiated before TLS holds after it (the protocol).
+        self.structured = false;
+        self.meta = None;
+        Ok(None)
+    }
+
     /// Opens an export by name; the empty name means the default export,
-    /// which exists when the server has exactly one export.
+    /// which exists when the client's scope has exactly one export.
     fn open(&self, name: &str) -> Option<VolumeHandle> {
         if name.is_empty() {
-            let names = self.exports.list();
+            let names = self.exports.list(&self.scope);
             return match names.as_slice() {
-                [only] => self.exports.open(only),
+                [only] => self.exports.open(&self.scope, only),
                 _ => None,
             };
         }
-        self.exports.open(name)
+        self.exports.open(&self.scope, name)
     }
 
     /// Opens `name` for `option`, or answers the option with

@@ -1,5 +1,6 @@
 //! Basalt's NBD frontend: serves volumes to NBD clients (the Linux kernel's
-//! `nbd` driver, qemu, libnbd tools, fio) over TCP.
+//! `nbd` driver, qemu, libnbd tools, fio) over a Unix socket, TCP with TLS
+//! and pre-shared keys (module `tls`), or plain TCP.
 //!
 //! Shape: [`NbdServer::start`] binds a listener and runs one acceptor thread;
 //! every accepted connection gets an OS thread for the fixed newstyle
@@ -30,6 +31,7 @@ mod requests;
 mod server;
 mod socket;
 mod stream;
+mod tls;
 mod transmission;
 
 pub(crate) use error::{ConnectionError, HandshakeError};
@@ -41,21 +43,35 @@ pub use server::{
     DEFAULT_LANES_PER_CONNECTION, DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
 };
 pub use stream::Peer;
+pub use tls::{PskKey, PskKeys, TlsPsk};
 pub use transmission::{
     MAX_BATCH_BYTES, MAX_BATCH_REQUESTS, MAX_DISCARDED_WRITE, RECV_BUFFER_BYTES,
 };
 
 use basalt_volume::VolumeHandle;
 
+/// Which exports a client may list and open.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Scope {
+    /// Every export: a local user the Unix socket's permissions admitted, a
+    /// plain TCP listener (`--nbd-insecure`), or a cluster-wide TLS key.
+    All,
+    /// The exports of one tenant (a project's TLS key).
+    Tenant(String),
+}
+
 /// The volumes a server offers, looked up by export (volume) name.
 ///
 /// Implementations must be cheap enough to call once per handshake option:
 /// `open` is called for every INFO/GO/EXPORT_NAME and meta context option.
+/// An export outside the client's [`Scope`] must look exactly like one that
+/// does not exist.
 pub trait Exports: Send + Sync + 'static {
-    /// Names of every export, for `NBD_OPT_LIST`.
-    fn list(&self) -> Vec<String>;
-    /// Opens an export for I/O; `None` if there is no such export.
-    fn open(&self, name: &str) -> Option<VolumeHandle>;
+    /// Names of every export `scope` may see, for `NBD_OPT_LIST`.
+    fn list(&self, scope: &Scope) -> Vec<String>;
+    /// Opens an export for I/O; `None` if there is no such export in
+    /// `scope`.
+    fn open(&self, scope: &Scope, name: &str) -> Option<VolumeHandle>;
     /// Optional human-readable description (`NBD_INFO_DESCRIPTION`).
     fn describe(&self, name: &str) -> Option<String> {
         let _ = name;

@@ -22,8 +22,9 @@
 //!   hours between bursts.
 
 use crate::evented::EventedConnection;
-use crate::handshake::{self, HandshakeOutcome};
+use crate::handshake::{self, HandshakeOutcome, Security};
 use crate::stream::{Peer, Stream};
+use crate::tls::TlsPsk;
 use crate::transmission::{self, SessionEnd};
 use crate::ConnectionError;
 use crate::Exports;
@@ -56,10 +57,13 @@ pub const DEFAULT_LANES_PER_CONNECTION: usize = 2;
 pub const DEFAULT_MAX_CONNECTIONS_PER_ADDRESS: usize = 64;
 
 /// Where an NBD server listens.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub enum Listen {
     /// Plain TCP: anyone who can reach the address can use every export.
     Tcp(SocketAddr),
+    /// TCP requiring TLS with a pre-shared key before anything else; each
+    /// key opens the exports of its scope.
+    Tls(SocketAddr, Arc<TlsPsk>),
     /// A Unix socket at this path (mode 0600: only this user, unless the
     /// operator changes its mode or group); a stale socket file left by an
     /// earlier run is replaced.
@@ -75,7 +79,7 @@ enum Listener {
 impl Listener {
     fn bind(listen: &Listen) -> io::Result<Listener> {
         match listen {
-            Listen::Tcp(addr) => Ok(Listener::Tcp(TcpListener::bind(addr)?)),
+            Listen::Tcp(addr) | Listen::Tls(addr, _) => Ok(Listener::Tcp(TcpListener::bind(addr)?)),
             Listen::Unix(path) => {
                 remove_stale_socket(path)?;
                 let listener = UnixListener::bind(path)?;
@@ -187,6 +191,8 @@ pub fn default_event_loops() -> usize {
 
 struct Shared {
     exports: Arc<dyn Exports>,
+    /// The listener requires TLS with these keys.
+    tls: Option<Arc<TlsPsk>>,
     /// The event loops, if any.
     loops: Option<Loops>,
     limits: ServerLimits,
@@ -288,8 +294,13 @@ impl NbdServer {
                 max_per_address: limits.max_connections_per_address,
             },
         );
+        let tls = match &listen {
+            Listen::Tls(_, tls) => Some(Arc::clone(tls)),
+            Listen::Tcp(_) | Listen::Unix(_) => None,
+        };
         let shared = Arc::new(Shared {
             exports,
+            tls,
             loops,
             limits,
             admission,
@@ -404,7 +415,7 @@ fn describe(listen: &Listen, bound: Option<SocketAddr>) -> String {
     match (listen, bound) {
         (_, Some(addr)) => addr.to_string(),
         (Listen::Unix(path), None) => format!("unix socket {}", path.display()),
-        (Listen::Tcp(addr), None) => addr.to_string(),
+        (Listen::Tcp(addr) | Listen::Tls(addr, _), None) => addr.to_string(),
     }
 }
 
@@ -512,7 +523,20 @@ fn serve_connection(
         tracing::warn!(%peer, "NBD connection refused, cannot set the handshake timeout: {err}");
         return;
     }
-    let negotiated = match handshake::negotiate(&mut stream, shared.exports.as_ref()) {
+    let security = match &shared.tls {
+        Some(tls) => Security::TlsRequired {
+            tls,
+            timeout: shared.limits.handshake_timeout,
+        },
+        None => Security::Open,
+    };
+    let mut pump = None;
+    let outcome = handshake::negotiate(&mut stream, shared.exports.as_ref(), security, &mut pump);
+    if let Some(pump) = pump {
+        // Ends with the connection; joined at stop like this thread.
+        shared.workers.lock().push(pump);
+    }
+    let negotiated = match outcome {
         Ok(HandshakeOutcome::Transmission(negotiated)) => negotiated,
         Ok(HandshakeOutcome::Aborted) => {
             tracing::debug!(%peer, "NBD client ended the handshake (NBD_OPT_ABORT)");

@@ -515,6 +515,17 @@ impl Server {
     /// listening on its address (NBD, NVMe/TCP and API on port 0; the CLI
     /// runs there too). `None`: on 127.0.0.1 in the test's namespace.
     pub fn start_on(capacity: &str, extra: &[&str], host: Option<&netns::Host>) -> Server {
+        Self::launch(capacity, extra, host, true)
+    }
+
+    /// A server whose NBD over TCP requires TLS with pre-shared keys
+    /// (`--nbd-listen` without `--nbd-insecure`); `nbd_addr` is that
+    /// address.
+    pub fn start_tls(capacity: &str) -> Server {
+        Self::launch(capacity, &[], None, false)
+    }
+
+    fn launch(capacity: &str, extra: &[&str], host: Option<&netns::Host>, plain: bool) -> Server {
         let path = fresh_dir();
         let ip = host.map_or("127.0.0.1".to_string(), |h| h.ip.to_string());
         let any_port = format!("{ip}:0");
@@ -524,16 +535,20 @@ impl Server {
             path.display().to_string(),
             "--capacity".into(),
             capacity.into(),
+        ];
+        if plain {
             // The tests' clients speak NBD over TCP (the guest's kernel
             // client too); the Unix socket is tested on its own.
-            "--nbd-insecure".into(),
+            args.push("--nbd-insecure".into());
+        }
+        args.extend([
             "--nbd-listen".into(),
             any_port.clone(),
             "--nvme-listen".into(),
             any_port.clone(),
             "--api-listen".into(),
             any_port,
-        ];
+        ]);
         args.extend(extra.iter().map(|s| s.to_string()));
         let mut s = Server {
             path,
@@ -597,8 +612,10 @@ impl Server {
                                 .unwrap_or_else(|| panic!("server.json without api_url: {text}"))
                                 .trim_end_matches('/')
                                 .to_string(),
+                            // Plain TCP, or TLS (Server::start_tls).
                             nbd: v["nbd"]
                                 .as_str()
+                                .or(v["nbd_tls"].as_str())
                                 .unwrap_or_else(|| panic!("server.json without nbd: {text}"))
                                 .to_string(),
                             pid,

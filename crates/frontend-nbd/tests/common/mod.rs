@@ -4,7 +4,7 @@
 
 #![allow(dead_code)]
 
-use basalt_frontend_nbd::{Exports, NbdServer};
+use basalt_frontend_nbd::{Exports, NbdServer, Scope};
 use basalt_nbd_wire::handshake::{opt, OPTION_HEADER_LEN};
 use basalt_nbd_wire::transmission::CHUNK_HEADER_LEN;
 use basalt_nbd_wire::*;
@@ -89,11 +89,11 @@ impl StoreExports {
 }
 
 impl Exports for StoreExports {
-    fn list(&self) -> Vec<String> {
+    fn list(&self, _scope: &Scope) -> Vec<String> {
         self.volumes.lock().keys().cloned().collect()
     }
 
-    fn open(&self, name: &str) -> Option<VolumeHandle> {
+    fn open(&self, _scope: &Scope, name: &str) -> Option<VolumeHandle> {
         let (id, stats) = self.volumes.lock().get(name).cloned()?;
         let local = self.store.volume(id).ok()?;
         Some(VolumeHandle::new(local, name.to_owned(), stats))

@@ -1,5 +1,5 @@
-//! Tenancy: projects (tenants, with quotas), API tokens with roles, volume
-//! types (named policy bundles), and who may see and do what.
+//! Tenancy: projects (tenants, with quotas), API tokens with roles, NBD TLS
+//! keys, volume types (named policy bundles), and who may see and do what.
 //!
 //! Invariants:
 //! - A volume belongs to at most one project, fixed when it is created
@@ -17,6 +17,7 @@
 //! - Every change to a project, token, type or setting is a put-if-absent or
 //!   compare-and-swap on the catalog's revision, under the control lock.
 
+mod nbd_keys;
 mod principal;
 mod projects;
 mod quota;
@@ -24,6 +25,7 @@ mod tokens;
 mod types;
 
 pub use basalt_catalog::Quotas;
+pub use nbd_keys::NbdKeyInfo;
 pub use principal::Principal;
 pub use projects::{ProjectInfo, QuotaChange};
 pub use quota::{Growth, Usage};

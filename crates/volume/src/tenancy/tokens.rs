@@ -54,8 +54,15 @@ pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     std::hint::black_box(diff) == 0
 }
 
-fn hex(bytes: &[u8]) -> String {
+pub(crate) fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// `N` bytes from the operating system's random generator.
+pub(crate) fn random_bytes<const N: usize>() -> [u8; N] {
+    let mut bytes = [0u8; N];
+    rand::rngs::OsRng.fill_bytes(&mut bytes);
+    bytes
 }
 
 fn is_lower_hex(s: &str, len: usize) -> bool {
@@ -143,11 +150,10 @@ impl VolumeService {
                     })?,
             ),
         };
-        let mut id = [0u8; ID_BYTES];
-        let mut secret = [0u8; SECRET_BYTES];
-        rand::rngs::OsRng.fill_bytes(&mut id);
-        rand::rngs::OsRng.fill_bytes(&mut secret);
-        let (id, secret) = (hex(&id), hex(&secret));
+        let (id, secret) = (
+            hex(&random_bytes::<ID_BYTES>()),
+            hex(&random_bytes::<SECRET_BYTES>()),
+        );
         let record = TokenRecord {
             id: id.clone(),
             project: request.project.clone(),
