@@ -16,6 +16,8 @@
 #   qemu-system-x86     boots the Linux guest of the kernel-initiator tests
 #                       (crates/guest; with gcc for its placeholder libraries)
 #   iproute2            `ip netns`, for the network-partition cluster tests
+#   libssl-dev          OpenSSL and pkg-config, to build the openssl crate
+#   pkg-config          (NBD over TLS with pre-shared keys)
 # and makes sure apt's package lists are there: the guest harness downloads
 # the guest's kernel and tools with `apt-get download` (cached in
 # ~/.cache/basalt-guest, about 170 MB).
@@ -79,6 +81,8 @@ missing_packages() {
     command -v qemu-system-x86_64 >/dev/null 2>&1 || missing+=(qemu-system-x86)
     command -v cc >/dev/null 2>&1 || missing+=(gcc)
     command -v ip >/dev/null 2>&1 || missing+=(iproute2)
+    command -v pkg-config >/dev/null 2>&1 || missing+=(pkg-config)
+    pkg-config --exists openssl 2>/dev/null || missing+=(libssl-dev)
     echo "${missing[@]}"
 }
 
