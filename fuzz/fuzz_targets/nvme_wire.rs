@@ -2,7 +2,8 @@
 //! choose the connection settings (direction, digests, HPDA, CPDA), the
 //! rest is a received byte stream that is decoded PDU after PDU, as a
 //! target (or host) would. Every SQE that arrives is viewed as admin, I/O
-//! and Fabrics command, and in-capsule data as connect data and DSM ranges.
+//! and Fabrics command, and in-capsule data as connect data, DSM ranges
+//! and DH-HMAC-CHAP messages and secrets.
 //!
 //! Beyond "never panics", it checks that the decoder never claims more
 //! bytes than it was given, that every decoded PDU re-encodes to bytes
@@ -93,6 +94,16 @@ fn check_pdu(pdu: &Pdu<'_>, config: &DecoderConfig) {
         if let Ok(d) = ConnectData::parse(cmd.data) {
             let bytes = d.to_bytes().expect("parsed connect data re-encodes");
             assert_eq!(ConnectData::parse(&bytes).as_ref(), Ok(&d));
+        }
+        // In-capsule data as an Authentication Send message: a parsed one
+        // re-encodes to bytes that parse to the same message.
+        if let Ok(m) = auth::HostMessage::parse(cmd.data) {
+            let mut bytes = Vec::new();
+            m.encode(&mut bytes);
+            assert_eq!(auth::HostMessage::parse(&bytes).as_ref(), Ok(&m));
+        }
+        if let Ok(text) = std::str::from_utf8(cmd.data) {
+            let _ = auth::DhchapSecret::parse(text);
         }
         let ranges = (cmd.sqe.cdw10 & 0xff) as u16 + 1;
         if let Ok(iter) = parse_dsm_ranges(cmd.data, ranges) {

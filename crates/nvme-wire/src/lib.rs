@@ -3,7 +3,8 @@
 //! queue entries with typed views of the admin, NVM I/O and Fabrics
 //! commands (NVMe Base Specification 1.4/2.0, NVMe over Fabrics 1.1), and
 //! the data structures a controller returns (Identify, log pages,
-//! discovery log, controller properties).
+//! discovery log, controller properties), and the in-band authentication
+//! (DH-HMAC-CHAP) messages.
 //!
 //! The crate only turns bytes into typed values and back; it never touches
 //! a socket or a volume. Both directions exist for every PDU so that a
@@ -26,6 +27,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod auth;
 mod bytes;
 pub mod command;
 pub mod completion;
