@@ -26,6 +26,9 @@ pub struct Volume {
     /// Host NQNs attached to the volume for NVMe/TCP.
     #[serde(default)]
     pub nvme_hosts: Vec<String>,
+    /// Those that must authenticate in-band (DH-HMAC-CHAP).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nvme_hosts_dhchap: Vec<String>,
     /// Desired number of replicas (clustered volumes).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replicas_wanted: Option<u32>,
@@ -176,6 +179,7 @@ impl From<VolumeInfo> for Volume {
             created_at: v.created_at,
             open_connections: v.open_connections,
             nvme_hosts: v.nvme_hosts,
+            nvme_hosts_dhchap: v.nvme_hosts_dhchap,
             replicas_wanted: v.replicas_wanted,
             replicas: v.replicas.into_iter().map(Replica::from).collect(),
             clone_of: v.clone_of,
@@ -370,6 +374,23 @@ pub struct SetQos {
 #[serde(deny_unknown_fields)]
 pub struct AttachHost {
     pub host_nqn: String,
+    /// Also make the host authenticate in-band (DH-HMAC-CHAP) with fresh
+    /// secrets, returned once (volumes only).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub dhchap: bool,
+}
+
+/// The answer to `POST /api/v1/volumes/{name}/nvme-hosts`: the volume, and
+/// with `dhchap` the secrets for `nvme connect --dhchap-secret` and
+/// `--dhchap-ctrl-secret`, shown only here.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AttachedHost {
+    #[serde(flatten)]
+    pub volume: Volume,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dhchap_secret: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dhchap_ctrl_secret: Option<String>,
 }
 
 /// The body of every error response.

@@ -5,7 +5,7 @@
 
 use crate::error::ApiError;
 use crate::types::{
-    AttachHost, CreateSnapshot, CreateVolume, FlattenResult, FlattenVolume, ResizeVolume, Retype,
+    AttachHost, AttachedHost, CreateSnapshot, CreateVolume, FlattenResult, FlattenVolume, ResizeVolume, Retype,
     Rollback, ScrubResult, ScrubVolume, SetQos, Snapshot, SnapshotList, Volume, VolumeList,
 };
 use crate::{blocking, AppState, JsonBody};
@@ -189,10 +189,25 @@ pub(crate) async fn attach_host(
     Extension(who): Extension<Principal>,
     Path(name): Path<String>,
     JsonBody(req): JsonBody<AttachHost>,
-) -> Result<Json<Volume>, ApiError> {
+) -> Result<Json<AttachedHost>, ApiError> {
     visible(&app, &who, &name).await?;
-    let info = blocking(move || app.service.attach_host(&name, &req.host_nqn)).await?;
-    Ok(Json(info.into()))
+    let attached = blocking(move || match req.dhchap {
+        false => Ok(AttachedHost {
+            volume: app.service.attach_host(&name, &req.host_nqn)?.into(),
+            dhchap_secret: None,
+            dhchap_ctrl_secret: None,
+        }),
+        true => {
+            let (info, keys) = app.service.attach_host_dhchap(&name, &req.host_nqn)?;
+            Ok(AttachedHost {
+                volume: info.into(),
+                dhchap_secret: Some(keys.host_secret.clone()),
+                dhchap_ctrl_secret: keys.controller_secret.clone(),
+            })
+        }
+    })
+    .await?;
+    Ok(Json(attached))
 }
 
 pub(crate) async fn set_qos(
@@ -302,6 +317,11 @@ pub(crate) async fn attach_snapshot_host(
     Path((name, snapshot)): Path<(String, String)>,
     JsonBody(req): JsonBody<AttachHost>,
 ) -> Result<Json<Snapshot>, ApiError> {
+    if req.dhchap {
+        return Err(ApiError::bad_request(
+            "DH-HMAC-CHAP secrets are per volume attachment; a snapshot's hosts read it without",
+        ));
+    }
     visible(&app, &who, &name).await?;
     let info = blocking(move || {
         app.service

@@ -32,6 +32,10 @@ pub struct VolumeRecord {
     /// hosts the server allows for every volume); absent when empty.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub nvme_hosts: Vec<String>,
+    /// DH-HMAC-CHAP secrets of attached hosts (host NQN → secrets): such a
+    /// host must authenticate in-band on every queue; absent when none.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub nvme_host_keys: std::collections::BTreeMap<String, NvmeHostKeys>,
     /// Desired number of replicas in a cluster (absent: single-node volume,
     /// or the cluster's default chosen at creation).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -57,6 +61,31 @@ pub struct VolumeRecord {
     /// Fields written by a newer basalt that this version does not know.
     #[serde(flatten)]
     pub unknown: serde_json::Map<String, serde_json::Value>,
+}
+
+/// The DH-HMAC-CHAP secrets of one host attachment, in the `DHHC-1` form
+/// `nvme connect --dhchap-secret` takes. Stored as they are: the target
+/// computes with them.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NvmeHostKeys {
+    /// What the host proves it holds.
+    pub host_secret: String,
+    /// What the controller proves it holds when the host asks
+    /// (bidirectional authentication).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub controller_secret: Option<String>,
+    /// Fields written by a newer basalt that this version does not know.
+    #[serde(flatten)]
+    pub unknown: serde_json::Map<String, serde_json::Value>,
+}
+
+impl std::fmt::Debug for NvmeHostKeys {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never print secrets.
+        f.debug_struct("NvmeHostKeys")
+            .field("bidirectional", &self.controller_secret.is_some())
+            .finish_non_exhaustive()
+    }
 }
 
 /// One snapshot of a volume: a read-only point-in-time copy, named
@@ -128,6 +157,7 @@ impl VolumeRecord {
             size_bytes,
             created_at: humantime::format_rfc3339_seconds(now).to_string(),
             nvme_hosts: Vec::new(),
+            nvme_host_keys: Default::default(),
             replicas: None,
             snapshots: Vec::new(),
             clone_of: None,

@@ -5,7 +5,7 @@
 use crate::client::{ApiClient, ClientArgs, Output};
 use crate::output::{fields, table, Align};
 use anyhow::{anyhow, bail, Context, Result};
-use basalt_api::types::{Node, NodeList, Status, Volume, VolumeList};
+use basalt_api::types::{AttachedHost, Node, NodeList, Status, Volume, VolumeList};
 use basalt_volume::qos::QosSpec;
 use basalt_volume::{format_size, parse_size};
 use clap::Subcommand;
@@ -119,6 +119,11 @@ pub enum VolumeCommand {
         /// The host's NQN, e.g. the content of /etc/nvme/hostnqn.
         #[arg(long = "host-nqn", value_name = "NQN")]
         host_nqn: String,
+        /// Also make the host authenticate in-band (NVMe DH-HMAC-CHAP):
+        /// prints fresh secrets once, for nvme connect --dhchap-secret
+        /// (and --dhchap-ctrl-secret to authenticate the target too).
+        #[arg(long)]
+        dhchap: bool,
     },
     /// Read every allocated block of this node's copy of a volume (its
     /// replica in a cluster) and check it against its checksum; lists the
@@ -213,7 +218,15 @@ fn volume_fields(volume: &Volume, client: &ApiClient) -> String {
         }
     }
     if !volume.nvme_hosts.is_empty() {
-        pairs.push(("nvme hosts", volume.nvme_hosts.join(", ")));
+        let hosts: Vec<String> = volume
+            .nvme_hosts
+            .iter()
+            .map(|h| match volume.nvme_hosts_dhchap.contains(h) {
+                true => format!("{h} (DH-HMAC-CHAP)"),
+                false => h.clone(),
+            })
+            .collect();
+        pairs.push(("nvme hosts", hosts.join(", ")));
     }
     if !volume.qos.is_empty() {
         pairs.push(("qos", QosSpec(volume.qos.clone()).to_text()));
@@ -472,21 +485,34 @@ pub fn run_volume(command: VolumeCommand, client: &ClientArgs) -> Result<()> {
                 ),
             }
         }
-        VolumeCommand::Attach { name, host_nqn } => {
+        VolumeCommand::Attach {
+            name,
+            host_nqn,
+            dhchap,
+        } => {
             let api = ApiClient::discover(client)?;
-            let value = api.post(
-                &format!("{}/nvme-hosts", volume_path(&name)),
-                json!({ "host_nqn": host_nqn }),
-            )?;
+            let mut body = json!({ "host_nqn": host_nqn });
+            if dhchap {
+                body["dhchap"] = json!(true);
+            }
+            let value = api.post(&format!("{}/nvme-hosts", volume_path(&name)), body)?;
             if client.output == Output::Json {
                 return print_json(&value);
             }
-            let volume: Volume = decode(value)?;
+            let attached: AttachedHost = decode(value)?;
+            let subnqn = nvme_nqn(&attached.volume.name);
             println!(
-                "host {host_nqn} may connect to {} ({})",
-                nvme_nqn(&volume.name),
-                volume.name
+                "host {host_nqn} may connect to {subnqn} ({})",
+                attached.volume.name
             );
+            if let Some(secret) = &attached.dhchap_secret {
+                println!("DH-HMAC-CHAP host secret:       {secret}");
+                if let Some(ctrl) = &attached.dhchap_ctrl_secret {
+                    println!("DH-HMAC-CHAP controller secret: {ctrl}");
+                }
+                println!("(shown only now) e.g.:\n  nvme connect -t tcp -a ADDR -s PORT -n {subnqn} --hostnqn {host_nqn} --dhchap-secret {secret}{}",
+                    attached.dhchap_ctrl_secret.as_deref().map(|c| format!(" --dhchap-ctrl-secret {c}")).unwrap_or_default());
+            }
         }
         VolumeCommand::Detach { name, host_nqn } => {
             let api = ApiClient::discover(client)?;

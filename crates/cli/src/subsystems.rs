@@ -8,11 +8,14 @@
 //! write protected) only for the hosts attached to it (`basalt snapshot
 //! attach`).
 //!
+//! In-band authentication: a host attached with `--dhchap` must prove its
+//! DH-HMAC-CHAP secret (kept in the volume's record) on every queue.
+//!
 //! Path state (ANA): a clustered volume's path through this node is
 //! optimized when this node is its primary and non-optimized otherwise
 //! (requests are forwarded); on a single node every path is optimized.
 
-use basalt_frontend_nvme::{OpenError, PathState, Subsystems};
+use basalt_frontend_nvme::{DhchapKeys, DhchapSecret, OpenError, PathState, Subsystems};
 use basalt_volume::{VolumeError, VolumeHandle, VolumeService};
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -99,5 +102,26 @@ impl Subsystems for VolumeSubsystems {
         } else {
             PathState::NonOptimized
         }
+    }
+
+    fn dhchap_keys(&self, host_nqn: &str, volume: &str) -> Option<DhchapKeys> {
+        let keys = self.service.nvme_host_keys(volume, host_nqn)?;
+        let parse = |text: &str| match DhchapSecret::parse(text) {
+            Ok(secret) => Some(secret),
+            Err(e) => {
+                // Fail closed: a host with an unreadable secret cannot
+                // authenticate (rather than connect without).
+                tracing::error!(volume, host_nqn, "stored DH-HMAC-CHAP secret is unreadable: {e}");
+                None
+            }
+        };
+        let host = parse(&keys.host_secret).unwrap_or(DhchapSecret {
+            transform: 0,
+            key: Vec::new(),
+        });
+        Some(DhchapKeys {
+            host,
+            controller: keys.controller_secret.as_deref().and_then(parse),
+        })
     }
 }

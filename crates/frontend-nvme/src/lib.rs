@@ -57,6 +57,7 @@
 
 #![deny(unsafe_code)]
 
+mod auth;
 mod controller;
 mod error;
 mod evented;
@@ -65,6 +66,8 @@ mod queue;
 mod server;
 mod transport;
 
+pub use auth::DhchapKeys;
+pub use basalt_nvme_wire::auth::{DhchapSecret, SecretError};
 pub use basalt_nvme_wire::NQN_MAX_LEN;
 pub use error::ConnectionError;
 pub use server::{
@@ -136,5 +139,12 @@ pub trait Subsystems: Send + Sync + 'static {
     fn path_state(&self, volume: &VolumeHandle) -> PathState {
         let _ = volume;
         PathState::Optimized
+    }
+    /// The DH-HMAC-CHAP secrets `host_nqn` must prove on `volume`'s
+    /// subsystem; `None`: no in-band authentication. Called at every
+    /// queue's Connect. Default: none.
+    fn dhchap_keys(&self, host_nqn: &str, volume: &str) -> Option<DhchapKeys> {
+        let _ = (host_nqn, volume);
+        None
     }
 }

@@ -348,7 +348,11 @@ impl Transport {
         }
         let sgl = sqe.sgl();
         let host_to_controller = sqe.opcode & 0x03 == 0x01
-            || (sqe.opcode == FABRICS_OPCODE && sqe.fctype() == fctype::CONNECT);
+            || (sqe.opcode == FABRICS_OPCODE
+                && matches!(
+                    sqe.fctype(),
+                    fctype::CONNECT | fctype::AUTHENTICATION_SEND
+                ));
         let len = sgl.length as usize;
         let failed = |status: Status| Ready {
             sqe,

@@ -1,6 +1,7 @@
 //! Debian packages for the guest, through the host's own apt: resolves names
 //! to the candidate version apt would install (`apt-cache show
-//! --no-all-versions`, from the local package lists, no network), downloads
+//! --no-all-versions`, from the local package lists, no network; or from the
+//! lists of another suite kept in the cache, [`Lists::suite`]), downloads
 //! each `.deb` once with `apt-get download` into the cache (file names carry
 //! the version, so a new version is a new file), and unpacks them with
 //! `dpkg-deb -x`. Nothing is installed on the host.
@@ -21,6 +22,76 @@ use crate::error::{Error, Result};
 /// The metapackage whose dependency names the current kernel image package.
 pub const KERNEL_METAPACKAGE: &str = "linux-image-amd64";
 
+/// Which package lists apt reads: the host's own, or those of a suite the
+/// host's sources do not name (e.g. bookworm-backports), kept in the
+/// guest cache with their own `sources.list` so the host's apt
+/// configuration is never touched.
+#[derive(Debug, Clone, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Lists {
+    /// `-o` options pointing apt at the suite's lists (empty: the host's).
+    options: Vec<String>,
+}
+
+/// Lists older than this are refreshed (`apt-get update` of the one suite).
+const LISTS_MAX_AGE: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
+
+impl Lists {
+    /// The host's package lists.
+    pub fn host() -> Lists {
+        Lists::default()
+    }
+
+    /// The lists of the suite `deb_line` names (a `sources.list` line),
+    /// in `dir`, fetched now when missing or older than a day.
+    pub fn suite(dir: &Path, deb_line: &str) -> Result<Lists> {
+        let lists = dir.join("lists");
+        fs::create_dir_all(lists.join("partial"))
+            .map_err(|e| Error::io(format!("create {}", lists.display()), e))?;
+        let sources = dir.join("sources.list");
+        let line = format!("{deb_line}\n");
+        if fs::read_to_string(&sources).ok().as_deref() != Some(line.as_str()) {
+            fs::write(&sources, &line)
+                .map_err(|e| Error::io(format!("write {}", sources.display()), e))?;
+        }
+        let suite = Lists {
+            options: [
+                format!("Dir::Etc::sourcelist={}", sources.display()),
+                "Dir::Etc::sourceparts=-".to_string(),
+                format!("Dir::State::Lists={}", lists.display()),
+                "APT::Get::List-Cleanup=0".to_string(),
+            ]
+            .into_iter()
+            .flat_map(|o| ["-o".to_string(), o])
+            .collect(),
+        };
+        let stamp = dir.join("updated");
+        let fresh = fs::metadata(&stamp)
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|age| age < LISTS_MAX_AGE);
+        if !fresh {
+            tracing::info!(suite = deb_line, "fetching the package lists of a suite for the guest");
+            let out = run(
+                Command::new("apt-get")
+                    .args(&suite.options)
+                    .args(["update", "-q"]),
+                "apt-get",
+            )?;
+            if !out.status.success() {
+                return Err(Error::Apt(format!(
+                    "apt-get update of {deb_line:?} failed ({}): {}",
+                    out.status,
+                    String::from_utf8_lossy(&out.stderr).trim()
+                )));
+            }
+            fs::write(&stamp, b"")
+                .map_err(|e| Error::io(format!("write {}", stamp.display()), e))?;
+        }
+        Ok(suite)
+    }
+}
+
 /// A package as apt resolved it.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Package {
@@ -29,6 +100,8 @@ pub struct Package {
     pub arch: String,
     /// The raw `Depends:` field (used to find the kernel package).
     pub depends: String,
+    /// The lists it was found in (and is downloaded through).
+    pub lists: Lists,
 }
 
 impl Package {
@@ -83,21 +156,27 @@ fn parse_show(text: &str) -> BTreeMap<String, Package> {
                 version: version.clone(),
                 arch: arch.clone(),
                 depends: fields.get("Depends").cloned().unwrap_or_default(),
+                lists: Lists::host(),
             });
         }
     }
     out
 }
 
-/// The candidate version of each named package, in the order given.
-pub fn resolve(names: &[&str]) -> Result<Vec<Package>> {
+/// The candidate version of each named package in `lists`, in the order
+/// given.
+pub fn resolve(names: &[&str], lists: &Lists) -> Result<Vec<Package>> {
     let out = run(
         Command::new("apt-cache")
+            .args(&lists.options)
             .args(["show", "--no-all-versions"])
             .args(names),
         "apt-cache",
     )?;
-    let found = parse_show(&String::from_utf8_lossy(&out.stdout));
+    let mut found = parse_show(&String::from_utf8_lossy(&out.stdout));
+    for p in found.values_mut() {
+        p.lists = lists.clone();
+    }
     let missing: Vec<&str> = names
         .iter()
         .copied()
@@ -133,14 +212,21 @@ fn kernel_dependency(depends: &str) -> Option<(String, Option<String>)> {
     })
 }
 
-/// The current kernel image package (what [`KERNEL_METAPACKAGE`] depends
-/// on) followed by `names`, all at their candidate versions: one
-/// `apt-cache` call when the metapackage pins the kernel's version, as
+/// The current kernel image package of `kernel_lists` (what
+/// [`KERNEL_METAPACKAGE`] depends on there) followed by `names` from the
+/// host's lists, all at their candidate versions: one `apt-cache` call per
+/// set of lists when the metapackage pins the kernel's version, as
 /// Debian's does.
-pub fn resolve_with_kernel(names: &[&str]) -> Result<Vec<Package>> {
-    let mut all: Vec<&str> = vec![KERNEL_METAPACKAGE];
-    all.extend_from_slice(names);
-    let mut found = resolve(&all)?;
+pub fn resolve_with_kernel(names: &[&str], kernel_lists: &Lists) -> Result<Vec<Package>> {
+    let mut found = if *kernel_lists == Lists::host() {
+        let mut all: Vec<&str> = vec![KERNEL_METAPACKAGE];
+        all.extend_from_slice(names);
+        resolve(&all, &Lists::host())?
+    } else {
+        let mut found = resolve(&[KERNEL_METAPACKAGE], kernel_lists)?;
+        found.extend(resolve(names, &Lists::host())?);
+        found
+    };
     let meta = found.remove(0);
     let (kernel, version) = kernel_dependency(&meta.depends).ok_or_else(|| {
         Error::Apt(format!(
@@ -154,8 +240,9 @@ pub fn resolve_with_kernel(names: &[&str]) -> Result<Vec<Package>> {
             version,
             arch: meta.arch.clone(),
             depends: String::new(),
+            lists: meta.lists.clone(),
         },
-        None => resolve(&[kernel.as_str()])?.remove(0),
+        None => resolve(&[kernel.as_str()], &meta.lists)?.remove(0),
     };
     found.insert(0, kernel);
     Ok(found)
@@ -183,26 +270,33 @@ pub fn download(packages: &[Package], debs_dir: &Path) -> Result<Vec<PathBuf>> {
         // apt drops privileges to `_apt` for downloads when it can write the
         // target directory as that user; otherwise it warns and downloads as
         // the caller. Both work.
-        let specs: Vec<String> = missing
-            .iter()
-            .map(|p| format!("{}={}", p.name, p.version))
-            .collect();
-        tracing::info!(packages = %specs.join(" "), "downloading guest packages");
-        let out = run(
-            Command::new("apt-get")
-                .args(["download", "-q"])
-                .args(&specs)
-                .current_dir(tmp.path()),
-            "apt-get",
-        )?;
-        if !out.status.success() {
-            return Err(Error::Apt(format!(
-                "apt-get download {} failed ({}; stale package lists name versions the \
-                 mirror no longer has: `apt-get update` refreshes them): {}",
-                specs.join(" "),
-                out.status,
-                String::from_utf8_lossy(&out.stderr).trim()
-            )));
+        // One download per set of lists the packages came from.
+        let mut by_lists: BTreeMap<&Lists, Vec<String>> = BTreeMap::new();
+        for p in &missing {
+            by_lists
+                .entry(&p.lists)
+                .or_default()
+                .push(format!("{}={}", p.name, p.version));
+        }
+        for (lists, specs) in by_lists {
+            tracing::info!(packages = %specs.join(" "), "downloading guest packages");
+            let out = run(
+                Command::new("apt-get")
+                    .args(&lists.options)
+                    .args(["download", "-q"])
+                    .args(&specs)
+                    .current_dir(tmp.path()),
+                "apt-get",
+            )?;
+            if !out.status.success() {
+                return Err(Error::Apt(format!(
+                    "apt-get download {} failed ({}; stale package lists name versions the \
+                     mirror no longer has: `apt-get update` refreshes them): {}",
+                    specs.join(" "),
+                    out.status,
+                    String::from_utf8_lossy(&out.stderr).trim()
+                )));
+            }
         }
         for p in &missing {
             let name = p.deb_file_name();
@@ -313,6 +407,7 @@ Package: busybox-static\nVersion: 1:1.30.1-6\nArchitecture: amd64\n\n";
             version: "3.33-3".into(),
             arch: "amd64".into(),
             depends: String::new(),
+            lists: Lists::host(),
         };
         for f in [
             "fio_3.33-3_amd64.deb",

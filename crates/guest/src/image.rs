@@ -26,6 +26,7 @@ use std::sync::Mutex;
 use std::time::{Duration, SystemTime};
 
 use crate::apt::{self, Package};
+use crate::GuestKernel;
 use crate::cache::Cache;
 use crate::cpio::CpioWriter;
 use crate::elf::Elf;
@@ -271,23 +272,33 @@ fn image_key(packages: &[Package]) -> String {
     format!("{:016x}", fnv1a(desc.as_bytes()))
 }
 
+/// The `sources.list` line of Debian 12's backports suite.
+const BACKPORTS: &str = "deb http://deb.debian.org/debian bookworm-backports main";
+
 /// The guest's packages at their candidate versions, kernel first; asked
-/// of apt once per process (each `apt-cache` call costs more than a second).
-fn resolved_packages() -> Result<Vec<Package>> {
-    static RESOLVED: Mutex<Option<Vec<Package>>> = Mutex::new(None);
+/// of apt once per process and kernel (each `apt-cache` call costs more
+/// than a second).
+fn resolved_packages(cache: &Cache, kernel: GuestKernel) -> Result<Vec<Package>> {
+    static RESOLVED: Mutex<Vec<(GuestKernel, Vec<Package>)>> = Mutex::new(Vec::new());
     let mut slot = RESOLVED.lock().unwrap_or_else(|p| p.into_inner());
-    if let Some(p) = slot.as_ref() {
+    if let Some((_, p)) = slot.iter().find(|(k, _)| *k == kernel) {
         return Ok(p.clone());
     }
-    let packages = apt::resolve_with_kernel(PACKAGES)?;
-    *slot = Some(packages.clone());
+    let lists = match kernel {
+        GuestKernel::Debian12 => apt::Lists::host(),
+        GuestKernel::Backports => {
+            apt::Lists::suite(&cache.root().join("apt-bookworm-backports"), BACKPORTS)?
+        }
+    };
+    let packages = apt::resolve_with_kernel(PACKAGES, &lists)?;
+    slot.push((kernel, packages.clone()));
     Ok(packages)
 }
 
-/// Returns the image for the current Debian packages, building it first if
-/// the cache does not have it.
-pub fn ensure(cache: &Cache) -> Result<Image> {
-    let packages = resolved_packages()?;
+/// Returns the image for the current Debian packages with `kernel`,
+/// building it first if the cache does not have it.
+pub fn ensure(cache: &Cache, kernel: GuestKernel) -> Result<Image> {
+    let packages = resolved_packages(cache, kernel)?;
     let key = image_key(&packages);
     let kernel = &packages[0];
     let dir = cache.images_dir().join(format!("{}-{key}", kernel.version));
@@ -774,6 +785,7 @@ mod tests {
             version: v.into(),
             arch: "amd64".into(),
             depends: String::new(),
+            lists: apt::Lists::host(),
         };
         assert_eq!(image_key(&[p("1")]), image_key(&[p("1")]));
         assert_ne!(image_key(&[p("1")]), image_key(&[p("2")]));

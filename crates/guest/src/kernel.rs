@@ -6,7 +6,8 @@
 //! The compressed payload is located from the x86 boot protocol header
 //! (`payload_offset`/`payload_length`, protocol 2.08+; see the kernel's
 //! `Documentation/arch/x86/boot.rst`) rather than by scanning for magic
-//! bytes. Debian's 6.1 kernels compress it with xz (x86 BCJ + LZMA2).
+//! bytes. Debian's 6.1 kernels compress it with xz (x86 BCJ + LZMA2),
+//! newer ones (the backports 6.12) with zstd.
 //!
 //! Invariants: the result is an ELF file whose length matches the size the
 //! kernel build appended to the payload, and which carries the PVH entry
@@ -30,10 +31,12 @@ pub enum KernelError {
         len: usize,
         file: usize,
     },
-    #[error("payload is {0}-compressed; only xz is supported (Debian's 6.1 kernels use xz)")]
+    #[error("payload is {0}-compressed; only xz (Debian's 6.1 kernels) and zstd (newer ones) are supported")]
     UnsupportedCompression(&'static str),
     #[error("xz payload: {0}")]
     Xz(String),
+    #[error("zstd payload: {0}")]
+    Zstd(String),
     #[error("decompressed {got} bytes, the image says {want}")]
     SizeMismatch { got: usize, want: usize },
     #[error("the decompressed kernel is not an ELF file ({0})")]
@@ -105,7 +108,7 @@ fn payload(bzimage: &[u8]) -> Result<&[u8], KernelError> {
 pub fn extract_vmlinux(bzimage: &[u8]) -> Result<Vec<u8>, KernelError> {
     let payload = payload(bzimage)?;
     let kind = compression(payload);
-    if kind != "xz" {
+    if kind != "xz" && kind != "zstd" {
         return Err(KernelError::UnsupportedCompression(kind));
     }
     // The kernel build appends the uncompressed size (le32) to the stream.
@@ -114,10 +117,19 @@ pub fn extract_vmlinux(bzimage: &[u8]) -> Result<Vec<u8>, KernelError> {
         "payload shorter than its size trailer".into(),
     ))? as usize;
     let mut out = Vec::with_capacity(want);
-    let mut reader = xz4rust::XzReader::new(std::io::Cursor::new(stream.to_vec()));
-    reader
-        .read_to_end(&mut out)
-        .map_err(|e| KernelError::Xz(e.to_string()))?;
+    if kind == "xz" {
+        let mut reader = xz4rust::XzReader::new(std::io::Cursor::new(stream.to_vec()));
+        reader
+            .read_to_end(&mut out)
+            .map_err(|e| KernelError::Xz(e.to_string()))?;
+    } else {
+        let mut input = stream;
+        let mut reader = ruzstd::decoding::StreamingDecoder::new(&mut input)
+            .map_err(|e| KernelError::Zstd(e.to_string()))?;
+        reader
+            .read_to_end(&mut out)
+            .map_err(|e| KernelError::Zstd(e.to_string()))?;
+    }
     if out.len() != want {
         return Err(KernelError::SizeMismatch {
             got: out.len(),

@@ -22,7 +22,8 @@
 //! # Ok(()) }
 //! ```
 //!
-//! The guest is Debian 12's current kernel and a busybox initramfs with
+//! The guest is Debian 12's current kernel (or its backports kernel,
+//! [`GuestKernel`]) and a busybox initramfs with
 //! nbd-client, nvme-cli, fio and e2fsprogs, built from Debian packages that
 //! are downloaded with the host's apt on first use and cached (see
 //! [`image`], [`cache`]). Its init loads the nbd, nvme-tcp (with
@@ -82,9 +83,23 @@ const POWEROFF_GRACE: Duration = Duration::from_secs(15);
 /// The guest's kernel (66 MB) and initramfs must fit with room to work.
 const MIN_MEMORY_MIB: u32 = 256;
 
+/// The guest's kernel.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum GuestKernel {
+    /// Debian 12's current kernel (6.1).
+    #[default]
+    Debian12,
+    /// Debian 12's backports kernel (6.12): what 6.1 lacks, such as NVMe
+    /// in-band authentication (DH-HMAC-CHAP). Its package lists are fetched
+    /// into the cache (the host's apt sources are not changed).
+    Backports,
+}
+
 /// How to boot a guest.
 #[derive(Debug, Clone)]
 pub struct GuestConfig {
+    /// Which kernel boots.
+    pub kernel: GuestKernel,
     /// Guest-side addresses that lead to host sockets.
     pub forwards: Vec<Forward>,
     pub memory_mib: u32,
@@ -99,6 +114,7 @@ pub struct GuestConfig {
 impl Default for GuestConfig {
     fn default() -> GuestConfig {
         GuestConfig {
+            kernel: GuestKernel::default(),
             forwards: Vec::new(),
             memory_mib: 512,
             timeout: Duration::from_secs(300),
@@ -170,7 +186,7 @@ impl Guest {
     pub fn prepare(config: &GuestConfig) -> Result<Guest> {
         let cache = cache::Cache::locate(config.cache_dir.as_deref())?;
         let started = Instant::now();
-        let image = image::ensure(&cache)?;
+        let image = image::ensure(&cache, config.kernel)?;
         tracing::info!(kernel = %image.kernel, dir = %image.dir.display(), took = ?started.elapsed(), "guest image ready");
         Ok(Guest { image })
     }

@@ -8,6 +8,7 @@ pub mod admission;
 mod clients;
 mod error;
 mod handle;
+mod nvme_hosts;
 pub mod qos;
 mod qos_control;
 mod service;

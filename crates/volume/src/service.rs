@@ -90,6 +90,8 @@ pub struct VolumeInfo {
     pub open_connections: usize,
     /// Host NQNs attached to the volume (NVMe/TCP access).
     pub nvme_hosts: Vec<String>,
+    /// Those of them that must authenticate (DH-HMAC-CHAP).
+    pub nvme_hosts_dhchap: Vec<String>,
     /// Desired replica count (clustered volumes only).
     pub replicas_wanted: Option<u32>,
     /// Where the replicas are and their state (clustered volumes only).
@@ -601,6 +603,7 @@ impl VolumeService {
             created_at: record.created_at.clone(),
             open_connections: self.open_handles(record.id),
             nvme_hosts: record.nvme_hosts.clone(),
+            nvme_hosts_dhchap: record.nvme_host_keys.keys().cloned().collect(),
             replicas_wanted: record.replicas,
             replicas: self
                 .cluster
@@ -839,44 +842,6 @@ impl VolumeService {
             tracing::info!(volume = name, from = %format_size(old_size), to = %format_size(size), "grew replicated volume");
             // `_per_gb` limits follow the size.
             self.throttle_for(&record);
-        }
-        drop(control);
-        self.get(name)
-    }
-
-    /// Lets host `nqn` access `name` over NVMe/TCP (idempotent).
-    pub fn attach_host(&self, name: &str, nqn: &str) -> Result<VolumeInfo, VolumeError> {
-        validate_host_nqn(nqn)?;
-        self.update_hosts(name, |hosts| {
-            if !hosts.iter().any(|h| h == nqn) {
-                hosts.push(nqn.to_string());
-            }
-        })
-    }
-
-    /// Revokes host `nqn`'s access to `name` (idempotent). Connected hosts
-    /// keep their controller until they disconnect.
-    pub fn detach_host(&self, name: &str, nqn: &str) -> Result<VolumeInfo, VolumeError> {
-        self.update_hosts(name, |hosts| hosts.retain(|h| h != nqn))
-    }
-
-    fn update_hosts(
-        &self,
-        name: &str,
-        change: impl FnOnce(&mut Vec<String>),
-    ) -> Result<VolumeInfo, VolumeError> {
-        let control = self.control.lock();
-        let records = self.catalog.list().map_err(catalog_error)?;
-        let Some(current) = records.iter().find(|v| v.record.name == name) else {
-            return Err(VolumeError::NotFound(name.to_string()));
-        };
-        let mut record = current.record.clone();
-        change(&mut record.nvme_hosts);
-        if record.nvme_hosts != current.record.nvme_hosts {
-            self.catalog
-                .update(&record, current.revision)
-                .map_err(catalog_error)?;
-            tracing::info!(volume = name, hosts = ?record.nvme_hosts, "NVMe hosts changed");
         }
         drop(control);
         self.get(name)

@@ -11,16 +11,21 @@
 //!   checked it, so a teardown cannot miss the queue.
 //! - Property Get/Set and admin commands are only accepted on the admin
 //!   queue of a ready controller.
+//! - A queue whose host has a DH-HMAC-CHAP secret for the subsystem runs
+//!   nothing but Authentication Send/Receive (and Disconnect) until its
+//!   transaction succeeded; a failed one ends the connection.
 
 use super::{data_reply, fail, Queue, Reply, AER_LIMIT};
+use crate::auth::Authenticator;
 use crate::controller::{self, Controller, IdentifySettings, Kind};
 use crate::transport::Ready;
 use crate::{volume_of_nqn, OpenError, PathState, NSID};
 use basalt_nvme_wire::command::{
     cns, feature_id, log_id, number_of_queues_result, AdminCommand, GetLogPage, Identify,
 };
+use basalt_nvme_wire::auth::{SECP_NVME, SPSP};
 use basalt_nvme_wire::fabrics::{
-    connect_data_offset, connect_invalid_parameter_result, connect_sqe_offset,
+    connect_data_offset, Authentication, connect_invalid_parameter_result, connect_sqe_offset,
     connect_success_result, FabricsCommand, CNTLID_DYNAMIC, CNTLID_STATIC_ANY, CONNECT_DATA_LEN,
 };
 use basalt_nvme_wire::log_page::{copy_log_window, ANA_LSP_RETURN_GROUPS_ONLY};
@@ -29,8 +34,22 @@ use basalt_nvme_wire::{Sqe, Status};
 use std::sync::Arc;
 use std::time::Instant;
 
+/// Connect's authentication requirements: ATR, an authentication
+/// transaction is required before other commands.
+const AUTHREQ_ATR: u16 = 1 << 1;
+
 impl Queue<'_> {
     pub(super) fn fabrics(&mut self, f: FabricsCommand, r: &Ready) -> Reply {
+        if self.auth.is_some()
+            && !matches!(
+                f,
+                FabricsCommand::AuthenticationSend(_)
+                    | FabricsCommand::AuthenticationReceive(_)
+                    | FabricsCommand::Disconnect { .. }
+            )
+        {
+            return fail(Status::AUTHENTICATION_REQUIRED);
+        }
         match f {
             FabricsCommand::Connect(c) => self.connect(c, r.data.as_deref().unwrap_or(&[])),
             FabricsCommand::PropertyGet(p) => {
@@ -69,9 +88,67 @@ impl Queue<'_> {
                 self.disconnect = true;
                 Reply::Status(Status::SUCCESS)
             }
-            FabricsCommand::AuthenticationSend(_)
-            | FabricsCommand::AuthenticationReceive(_)
-            | FabricsCommand::Other { .. } => fail(Status::INVALID_OPCODE),
+            FabricsCommand::AuthenticationSend(a) => self.auth_send(a, r),
+            FabricsCommand::AuthenticationReceive(a) => self.auth_receive(a, &r.sqe),
+            FabricsCommand::Other { .. } => fail(Status::INVALID_OPCODE),
+        }
+    }
+
+    /// Authentication Send: a host message of the queue's transaction.
+    fn auth_send(&mut self, a: Authentication, r: &Ready) -> Reply {
+        let Some(auth) = self.auth.as_mut() else {
+            return fail(Status::COMMAND_SEQUENCE_ERROR);
+        };
+        let data = r.data.as_deref().unwrap_or(&[]);
+        if a.secp != SECP_NVME || a.spsp0 != SPSP || a.spsp1 != SPSP || a.length as usize != data.len() {
+            return fail(Status::INVALID_FIELD);
+        }
+        auth.send(data);
+        // Only AUTH_Success2 (bidirectional) or AUTH_Failure2 end a
+        // transaction on a Send.
+        self.auth_progress();
+        Reply::Status(Status::SUCCESS)
+    }
+
+    /// Ends a finished transaction: the queue becomes usable, or (failed)
+    /// its connection ends.
+    fn auth_progress(&mut self) {
+        let Some(auth) = &self.auth else {
+            return;
+        };
+        if auth.failed() {
+            tracing::warn!(peer = %self.peer, qid = self.transport.qid,
+                hostnqn = ?self.ctrl.as_ref().map(|c| c.hostnqn.clone()),
+                "NVMe in-band authentication failed (DH-HMAC-CHAP): the connection is closed");
+            self.disconnect = true;
+        } else if auth.is_done() {
+            self.auth = None;
+            if let Some(ctrl) = &self.ctrl {
+                tracing::debug!(peer = %self.peer, cntlid = ctrl.cntlid, qid = self.transport.qid,
+                    "NVMe host authenticated (DH-HMAC-CHAP)");
+            }
+            self.clear_connect_timeout();
+        }
+    }
+
+    /// Authentication Receive: the controller's next message; the queue
+    /// ends after a failure and is usable after a success.
+    fn auth_receive(&mut self, a: Authentication, sqe: &Sqe) -> Reply {
+        let Some(auth) = self.auth.as_mut() else {
+            return fail(Status::COMMAND_SEQUENCE_ERROR);
+        };
+        if a.secp != SECP_NVME || a.spsp0 != SPSP || a.spsp1 != SPSP {
+            return fail(Status::INVALID_FIELD);
+        }
+        let message = auth.receive();
+        self.auth_progress();
+        data_reply(sqe, message)
+    }
+
+    /// The queue may be used: the connect timeout no longer applies.
+    fn clear_connect_timeout(&mut self) {
+        if let Err(e) = self.reader.set_read_timeout(None) {
+            tracing::warn!(peer = %self.peer, "cannot clear the connect timeout: {e}");
         }
     }
 
@@ -192,17 +269,30 @@ impl Queue<'_> {
             drop(st);
             ctrl
         };
-        if let Err(e) = self.reader.set_read_timeout(None) {
-            tracing::warn!(peer = %self.peer, "cannot clear the connect timeout: {e}");
-        }
         self.transport
             .connected(c.qid, c.queue_entries(), !c.disable_sq_flow_control());
         let cntlid = ctrl.cntlid;
         if c.qid != 0 {
             tracing::debug!(peer = %self.peer, cntlid, qid = c.qid, size = c.queue_entries(), "NVMe I/O queue connected");
         }
+        // In-band authentication, when the host has a secret for this
+        // subsystem: every queue proves it before its first other command
+        // (and keeps the connect timeout until then).
+        let keys = volume_of_nqn(&ctrl.subnqn)
+            .filter(|_| !ctrl.is_discovery())
+            .and_then(|volume| self.shared.subsystems.dhchap_keys(&ctrl.hostnqn, volume));
+        let authreq = match keys {
+            Some(keys) => {
+                self.auth = Some(Authenticator::new(keys, &ctrl.hostnqn, &ctrl.subnqn));
+                AUTHREQ_ATR
+            }
+            None => {
+                self.clear_connect_timeout();
+                0
+            }
+        };
         self.ctrl = Some(ctrl);
-        Reply::Result(u64::from(connect_success_result(cntlid, 0)))
+        Reply::Result(u64::from(connect_success_result(cntlid, authreq)))
     }
 
     pub(super) fn admin(&mut self, ctrl: &Arc<Controller>, a: AdminCommand, sqe: &Sqe) -> Reply {

@@ -23,6 +23,7 @@
 
 mod admin;
 
+use crate::auth::Authenticator;
 use crate::controller::{Controller, Writer};
 use crate::io_commands::{check_transfer, io_status, run_io_command};
 use crate::server::{Guards, Shared};
@@ -169,6 +170,10 @@ struct Queue<'a> {
     out: Vec<u8>,
     transport: Transport,
     ctrl: Option<Arc<Controller>>,
+    /// The queue's DH-HMAC-CHAP transaction, while the host must still
+    /// authenticate (`crate::auth`); only authentication commands run
+    /// until it is done.
+    auth: Option<Authenticator>,
     disconnect: bool,
 }
 
@@ -192,6 +197,7 @@ impl<'a> Queue<'a> {
             out: Vec::with_capacity(64 * 1024),
             transport: Transport::new(shared.limits, peer),
             ctrl: None,
+            auth: None,
             disconnect: false,
         }
     }
@@ -260,6 +266,7 @@ impl<'a> Queue<'a> {
     /// event loops to take it.
     fn may_hand_off(&self) -> bool {
         self.transport.qid != 0
+            && self.auth.is_none()
             && self.transport.is_quiet()
             && self.shared.loops.is_some()
             && self
@@ -337,7 +344,11 @@ impl<'a> Queue<'a> {
                 self.give_back(r.data.take());
                 continue;
             }
-            if self.transport.qid != 0 && self.ctrl.is_some() && r.sqe.opcode != FABRICS_OPCODE {
+            if self.transport.qid != 0
+                && self.ctrl.is_some()
+                && self.auth.is_none()
+                && r.sqe.opcode != FABRICS_OPCODE
+            {
                 if let Some(item) = self.as_batch_item(&mut r) {
                     match item {
                         Ok(item) => {
@@ -451,6 +462,9 @@ impl<'a> Queue<'a> {
         let cmd = parse_command(&r.sqe, queue_type);
         if let Command::Fabrics(f) = cmd {
             return self.fabrics(f, r);
+        }
+        if self.auth.is_some() {
+            return fail(Status::AUTHENTICATION_REQUIRED);
         }
         let Some(ctrl) = self.ctrl.clone() else {
             return fail(Status::COMMAND_SEQUENCE_ERROR);
