@@ -5,7 +5,8 @@
 //! bidirectional (the kernel checks the target's response too), and writes
 //! and reads through the namespace; a wrong secret, a missing secret and a
 //! wrong controller secret are refused and leave no namespace. The guest
-//! prints how long each authenticated connect took (BENCHMARKS.md).
+//! prints how long each connect took, with one to a volume attached without
+//! secrets as the baseline (BENCHMARKS.md).
 //!
 //! Needs qemu-system-x86 and the network to the Debian mirror on first run
 //! (the backports kernel is downloaded into the guest cache once).
@@ -20,6 +21,8 @@ use common::guest::*;
 use common::*;
 
 const VOLUME: &str = "authvol";
+/// Attached without secrets: the connect-time baseline.
+const PLAIN: &str = "plainvol";
 const GUEST_NVME_PORT: u16 = 4420;
 const HOST_NQN: &str = "nqn.2014-08.org.nvmexpress:uuid:1f0c7a52-3b1e-4c6f-9d2a-5e8b7c6d4a31";
 const HOST_ID: &str = "1f0c7a52-3b1e-4c6f-9d2a-5e8b7c6d4a31";
@@ -72,6 +75,14 @@ cmp /tmp/blob /tmp/back2
 nvme disconnect -n $SUB
 wait_until 100 no_ns
 
+step baseline without authentication
+t0=$(ms)
+nvme connect $T -n {plain_sub}
+wait_until 100 has_ns
+echo "AUTH-CONNECT-MS none $(( $(ms) - t0 ))"
+nvme disconnect -n {plain_sub}
+wait_until 100 no_ns
+
 step wrong controller secret
 if nvme connect $T -n $SUB --dhchap-secret {secret} --dhchap-ctrl-secret {wrong}; then
     echo "accepted a controller that proved a wrong secret"; exit 1
@@ -81,6 +92,7 @@ if dmesg | grep -i "I/O error"; then exit 1; fi
 echo guest-auth-done
 "#,
         sub = subsystem_nqn(VOLUME),
+        plain_sub = subsystem_nqn(PLAIN),
         ip = FORWARD_IP,
         port = GUEST_NVME_PORT,
         host = HOST_NQN,
@@ -97,6 +109,8 @@ fn kernel_initiator_authenticates_with_dhchap() {
     let advertise = format!("{FORWARD_IP}:{GUEST_NVME_PORT}");
     let s = Server::start_with("512M", &["--nvme-advertise", &advertise]);
     s.create_volume(VOLUME, "64M");
+    s.create_volume(PLAIN, "64M");
+    s.cli(&["volume", "attach", PLAIN, "--host-nqn", HOST_NQN]).ok();
     let attached = s.cli_json(&[
         "volume",
         "attach",
