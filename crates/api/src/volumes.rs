@@ -5,8 +5,9 @@
 
 use crate::error::ApiError;
 use crate::types::{
-    AttachHost, AttachedHost, CreateSnapshot, CreateVolume, FlattenResult, FlattenVolume, ResizeVolume, Retype,
-    Rollback, ScrubResult, ScrubVolume, SetQos, Snapshot, SnapshotList, Volume, VolumeList,
+    AttachHost, AttachedHost, CreateSnapshot, CreateVolume, FlattenResult, FlattenVolume,
+    ResizeVolume, Retype, Rollback, ScrubResult, ScrubVolume, SetQos, Snapshot, SnapshotList,
+    Volume, VolumeList,
 };
 use crate::{blocking, AppState, JsonBody};
 use axum::extract::{Extension, Path, RawQuery, State};

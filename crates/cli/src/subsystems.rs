@@ -111,7 +111,11 @@ impl Subsystems for VolumeSubsystems {
             Err(e) => {
                 // Fail closed: a host with an unreadable secret cannot
                 // authenticate (rather than connect without).
-                tracing::error!(volume, host_nqn, "stored DH-HMAC-CHAP secret is unreadable: {e}");
+                tracing::error!(
+                    volume,
+                    host_nqn,
+                    "stored DH-HMAC-CHAP secret is unreadable: {e}"
+                );
                 None
             }
         };

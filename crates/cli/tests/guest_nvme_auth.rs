@@ -110,7 +110,8 @@ fn kernel_initiator_authenticates_with_dhchap() {
     let s = Server::start_with("512M", &["--nvme-advertise", &advertise]);
     s.create_volume(VOLUME, "64M");
     s.create_volume(PLAIN, "64M");
-    s.cli(&["volume", "attach", PLAIN, "--host-nqn", HOST_NQN]).ok();
+    s.cli(&["volume", "attach", PLAIN, "--host-nqn", HOST_NQN])
+        .ok();
     let attached = s.cli_json(&[
         "volume",
         "attach",

@@ -58,7 +58,9 @@ pub trait PskKeys: Send + Sync + 'static {
 /// The TLS side of a listener that requires TLS.
 pub struct TlsPsk {
     context: SslContext,
-    scope: Index<Ssl, Scope>,
+    /// Set by the key callback: the scope and identity of the key used
+    /// (OpenSSL does not report the identity of a TLS 1.3 PSK session).
+    client: Index<Ssl, (Scope, String)>,
 }
 
 impl std::fmt::Debug for TlsPsk {
@@ -80,7 +82,7 @@ pub(crate) struct TlsSession {
 impl TlsPsk {
     /// A TLS acceptor whose keys come from `keys`.
     pub fn new(keys: Arc<dyn PskKeys>) -> Result<TlsPsk, ErrorStack> {
-        let scope = Ssl::new_ex_index::<Scope>()?;
+        let client = Ssl::new_ex_index::<(Scope, String)>()?;
         let mut builder = SslContextBuilder::new(SslMethod::tls_server())?;
         builder.set_min_proto_version(Some(SslVersion::TLS1_2))?;
         builder.set_cipher_list(TLS12_PSK_CIPHERS)?;
@@ -91,7 +93,7 @@ impl TlsPsk {
             match keys.key(identity) {
                 Some(found) if found.key.len() <= out.len() => {
                     out[..found.key.len()].copy_from_slice(&found.key);
-                    ssl.set_ex_data(scope, found.scope);
+                    ssl.set_ex_data(client, (found.scope, identity.to_string()));
                     Ok(found.key.len())
                 }
                 // No key: OpenSSL fails the handshake.
@@ -103,7 +105,7 @@ impl TlsPsk {
         });
         Ok(TlsPsk {
             context: builder.build(),
-            scope,
+            client,
         })
     }
 
@@ -115,17 +117,12 @@ impl TlsPsk {
         let tls = ssl
             .accept(tcp)
             .map_err(|e| io::Error::new(io::ErrorKind::PermissionDenied, e.to_string()))?;
-        let scope = tls.ssl().ex_data(self.scope).cloned().ok_or_else(|| {
+        let (scope, identity) = tls.ssl().ex_data(self.client).cloned().ok_or_else(|| {
             io::Error::new(
                 io::ErrorKind::PermissionDenied,
                 "TLS without a pre-shared key",
             )
         })?;
-        let identity = tls
-            .ssl()
-            .psk_identity()
-            .map(|i| String::from_utf8_lossy(i).into_owned())
-            .unwrap_or_default();
         let (plain, outer) = UnixStream::pair()?;
         plain.set_read_timeout(Some(timeout))?;
         tls.get_ref().set_read_timeout(None)?;
@@ -143,31 +140,41 @@ impl TlsPsk {
     }
 }
 
-/// Bytes waiting to be written on, with how much went already.
+/// A buffer of bytes waiting to be written on: `buf[sent..len]`. The
+/// buffer is allocated (and zeroed) once; reads go straight into it.
 struct Pending {
-    bytes: Vec<u8>,
+    buf: Vec<u8>,
+    len: usize,
     sent: usize,
 }
 
 impl Pending {
     fn new() -> Pending {
         Pending {
-            bytes: Vec::with_capacity(PUMP_BUFFER),
+            buf: vec![0; PUMP_BUFFER],
+            len: 0,
             sent: 0,
         }
     }
 
     fn is_empty(&self) -> bool {
-        self.sent == self.bytes.len()
+        self.sent == self.len
     }
 
     fn rest(&self) -> &[u8] {
-        &self.bytes[self.sent..]
+        &self.buf[self.sent..self.len]
     }
 
-    fn clear(&mut self) {
-        self.bytes.clear();
-        self.sent = 0;
+    /// Starts over at the buffer's beginning once everything was written.
+    fn rewind_if_written(&mut self) {
+        if self.is_empty() {
+            (self.len, self.sent) = (0, 0);
+        }
+    }
+
+    /// Room to read into.
+    fn room(&mut self) -> &mut [u8] {
+        &mut self.buf[self.len..]
     }
 }
 
@@ -185,7 +192,6 @@ struct Pump {
     up: Pending,
     /// From the server, for the client.
     down: Pending,
-    buf: Vec<u8>,
     /// The client may still send.
     client_open: bool,
     /// The server may still send.
@@ -205,7 +211,6 @@ impl Pump {
             plain,
             up: Pending::new(),
             down: Pending::new(),
-            buf: vec![0; PUMP_BUFFER],
             client_open: true,
             server_open: true,
         }
@@ -239,11 +244,11 @@ impl Pump {
         let mut progress = false;
         // Client to server: decrypt while the server has taken everything.
         if self.up.is_empty() && self.client_open {
-            self.up.clear();
-            while self.up.bytes.len() < PUMP_BUFFER {
-                match self.tls.ssl_read(&mut self.buf) {
+            self.up.rewind_if_written();
+            while self.up.len < PUMP_BUFFER {
+                match self.tls.ssl_read(self.up.room()) {
                     Ok(n) => {
-                        self.up.bytes.extend_from_slice(&self.buf[..n]);
+                        self.up.len += n;
                         progress = true;
                     }
                     Err(e) => match e.code() {
@@ -282,19 +287,17 @@ impl Pump {
         }
         // Server to client: encrypt what the server wrote.
         if self.down.is_empty() && self.server_open {
-            self.down.clear();
-            self.down.bytes.resize(PUMP_BUFFER, 0);
-            match self.plain.read(&mut self.down.bytes) {
+            self.down.rewind_if_written();
+            match self.plain.read(self.down.room()) {
                 Ok(0) => {
-                    self.down.bytes.clear();
                     self.server_open = false;
                     progress = true;
                 }
                 Ok(n) => {
-                    self.down.bytes.truncate(n);
+                    self.down.len += n;
                     progress = true;
                 }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => self.down.bytes.clear(),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                 Err(e) => return Err(e),
             }
         }
@@ -375,5 +378,129 @@ impl Pump {
                 return Err(err);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use openssl::ssl::SslConnector;
+    use std::net::TcpListener;
+    use std::sync::mpsc;
+
+    const KEY: [u8; 32] = [0x5a; 32];
+
+    struct OneKey;
+
+    impl PskKeys for OneKey {
+        fn key(&self, identity: &str) -> Option<PskKey> {
+            (identity == "p.1").then(|| PskKey {
+                key: KEY.to_vec(),
+                scope: Scope::Tenant("p".into()),
+            })
+        }
+    }
+
+    /// A TLS-PSK client on `addr` presenting `identity` and `key`.
+    fn client(
+        addr: std::net::SocketAddr,
+        identity: &'static str,
+        key: [u8; 32],
+    ) -> io::Result<SslStream<TcpStream>> {
+        let mut b = SslConnector::builder(SslMethod::tls_client()).map_err(io::Error::other)?;
+        b.set_cipher_list(TLS12_PSK_CIPHERS)
+            .map_err(io::Error::other)?;
+        b.set_psk_client_callback(move |_, _hint, id, psk| {
+            id[..identity.len()].copy_from_slice(identity.as_bytes());
+            id[identity.len()] = 0;
+            psk[..key.len()].copy_from_slice(&key);
+            Ok(key.len())
+        });
+        let connector = b.build();
+        let tcp = TcpStream::connect(addr)?;
+        let mut config = connector.configure().map_err(io::Error::other)?;
+        config.set_verify_hostname(false);
+        config.set_verify(openssl::ssl::SslVerifyMode::NONE);
+        config
+            .connect("basalt", tcp)
+            .map_err(|e| io::Error::other(e.to_string()))
+    }
+
+    fn pattern(len: usize, seed: u8) -> Vec<u8> {
+        (0..len)
+            .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+            .collect()
+    }
+
+    /// Megabytes both ways in writes larger than the pump's buffer (a
+    /// full buffer of decrypted bytes once left the pump spinning with
+    /// OpenSSL still holding more), and the connection ends when the
+    /// client goes. Fails instead of hanging.
+    #[test]
+    fn the_pump_carries_large_transfers_both_ways_and_ends_with_the_client() {
+        let tls = Arc::new(TlsPsk::new(Arc::new(OneKey)).unwrap());
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (done, finished) = mpsc::channel();
+        let up = pattern(5 << 20, 1);
+        let down = pattern(3 << 20, 7);
+        let (up2, down2) = (up.clone(), down.clone());
+        std::thread::spawn(move || {
+            let (tcp, _) = listener.accept().unwrap();
+            let session = tls.accept(tcp, Duration::from_secs(10)).unwrap();
+            assert_eq!(session.scope, Scope::Tenant("p".into()));
+            assert_eq!(session.identity, "p.1");
+            let mut plain = session.plain;
+            plain.set_read_timeout(None).unwrap();
+            let mut got = vec![0u8; up2.len()];
+            plain.read_exact(&mut got).unwrap();
+            assert!(got == up2, "bytes from the client differ");
+            plain.write_all(&down2).unwrap();
+            // The client closes: the plaintext side sees the end.
+            let mut rest = Vec::new();
+            plain.read_to_end(&mut rest).unwrap();
+            assert!(rest.is_empty());
+            // The connection ends: the pump ends with it.
+            drop(plain);
+            session.pump.join().unwrap();
+            done.send(()).unwrap();
+        });
+        let (client_done, client_finished) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut c = client(addr, "p.1", KEY).unwrap();
+            for chunk in up.chunks(1 << 20) {
+                c.write_all(chunk).unwrap();
+            }
+            let mut got = vec![0u8; down.len()];
+            c.read_exact(&mut got).unwrap();
+            assert!(got == down, "bytes from the server differ");
+            c.shutdown().unwrap();
+            drop(c);
+            client_done.send(()).unwrap();
+        });
+        client_finished
+            .recv_timeout(Duration::from_secs(30))
+            .expect("the client's transfers finished");
+        finished
+            .recv_timeout(Duration::from_secs(30))
+            .expect("the server side and its pump finished");
+    }
+
+    #[test]
+    fn unknown_identities_and_wrong_keys_get_no_session() {
+        let tls = Arc::new(TlsPsk::new(Arc::new(OneKey)).unwrap());
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = std::thread::spawn(move || {
+            (0..2)
+                .map(|_| {
+                    let (tcp, _) = listener.accept().unwrap();
+                    tls.accept(tcp, Duration::from_secs(10)).is_ok()
+                })
+                .collect::<Vec<bool>>()
+        });
+        assert!(client(addr, "nobody", KEY).is_err());
+        assert!(client(addr, "p.1", [0; 32]).is_err());
+        assert_eq!(server.join().unwrap(), [false, false]);
     }
 }

@@ -73,8 +73,8 @@ fn digest(hash: u8, data: &[u8]) -> Vec<u8> {
 fn hmac(hash: u8, key: &[u8], parts: &[&[u8]]) -> Vec<u8> {
     fn run<M: Mac + hmac::digest::KeyInit>(key: &[u8], parts: &[&[u8]]) -> Vec<u8> {
         // HMAC takes keys of any length.
-        let mut mac = <M as hmac::digest::KeyInit>::new_from_slice(key)
-            .expect("HMAC accepts any key length");
+        let mut mac =
+            <M as hmac::digest::KeyInit>::new_from_slice(key).expect("HMAC accepts any key length");
         for p in parts {
             mac.update(p);
         }
@@ -132,7 +132,8 @@ pub(crate) fn response(
 }
 
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && std::hint::black_box(a.iter().zip(b).fold(0u8, |d, (x, y)| d | (x ^ y))) == 0
+    a.len() == b.len()
+        && std::hint::black_box(a.iter().zip(b).fold(0u8, |d, (x, y)| d | (x ^ y))) == 0
 }
 
 fn random(len: usize) -> Vec<u8> {
@@ -249,7 +250,11 @@ enum State {
     /// Waiting for the host's AUTH_Negotiate.
     AwaitNegotiate,
     /// Negotiated; the next Receive returns the challenge.
-    Negotiated { tid: u16, hash: u8, group: u8 },
+    Negotiated {
+        tid: u16,
+        hash: u8,
+        group: u8,
+    },
     /// Challenge sent; waiting for the host's reply.
     AwaitReply {
         tid: u16,
@@ -266,9 +271,14 @@ enum State {
         response: Option<Vec<u8>>,
     },
     /// Waiting for the host's AUTH_Success2 (bidirectional only).
-    AwaitSuccess2 { tid: u16 },
+    AwaitSuccess2 {
+        tid: u16,
+    },
     /// Failed; the next Receive returns AUTH_Failure1.
-    Failing { tid: u16, explanation: u8 },
+    Failing {
+        tid: u16,
+        explanation: u8,
+    },
     Done,
     Failed,
 }
@@ -628,7 +638,10 @@ mod tests {
             };
             let mut a = Authenticator::new(keys, HOST, SUB);
             let last = run_host(&mut a, &secret(1), groups.clone(), None);
-            assert!(matches!(last, ControllerMessage::Success1 { response: None, .. }), "{groups:?}: {last:?}");
+            assert!(
+                matches!(last, ControllerMessage::Success1 { response: None, .. }),
+                "{groups:?}: {last:?}"
+            );
             assert!(a.is_done());
         }
     }
@@ -667,7 +680,10 @@ mod tests {
         };
         let mut a = Authenticator::new(keys, HOST, SUB);
         let last = run_host(&mut a, &secret(1), vec![0], Some(&secret(3)));
-        assert!(matches!(last, ControllerMessage::Failure1 { .. }), "{last:?}");
+        assert!(
+            matches!(last, ControllerMessage::Failure1 { .. }),
+            "{last:?}"
+        );
     }
 
     #[test]

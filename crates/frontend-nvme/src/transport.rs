@@ -349,10 +349,7 @@ impl Transport {
         let sgl = sqe.sgl();
         let host_to_controller = sqe.opcode & 0x03 == 0x01
             || (sqe.opcode == FABRICS_OPCODE
-                && matches!(
-                    sqe.fctype(),
-                    fctype::CONNECT | fctype::AUTHENTICATION_SEND
-                ));
+                && matches!(sqe.fctype(), fctype::CONNECT | fctype::AUTHENTICATION_SEND));
         let len = sgl.length as usize;
         let failed = |status: Status| Ready {
             sqe,

@@ -71,7 +71,10 @@ impl Lists {
             .and_then(|t| t.elapsed().ok())
             .is_some_and(|age| age < LISTS_MAX_AGE);
         if !fresh {
-            tracing::info!(suite = deb_line, "fetching the package lists of a suite for the guest");
+            tracing::info!(
+                suite = deb_line,
+                "fetching the package lists of a suite for the guest"
+            );
             let out = run(
                 Command::new("apt-get")
                     .args(&suite.options)

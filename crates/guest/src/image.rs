@@ -26,7 +26,6 @@ use std::sync::Mutex;
 use std::time::{Duration, SystemTime};
 
 use crate::apt::{self, Package};
-use crate::GuestKernel;
 use crate::cache::Cache;
 use crate::cpio::CpioWriter;
 use crate::elf::Elf;
@@ -34,6 +33,7 @@ use crate::error::{Error, Result};
 use crate::kernel;
 use crate::modules::ModuleTree;
 use crate::stubs;
+use crate::GuestKernel;
 
 /// The Debian packages of the guest besides the kernel, which is whatever
 /// `linux-image-amd64` depends on. Libraries are listed explicitly: the

@@ -422,7 +422,10 @@ pub enum SecretError {
 impl DhchapSecret {
     /// Parses a secret as `nvme gen-dhchap-key` writes it.
     pub fn parse(text: &str) -> Result<DhchapSecret, SecretError> {
-        let rest = text.trim().strip_prefix("DHHC-1:").ok_or(SecretError::Format)?;
+        let rest = text
+            .trim()
+            .strip_prefix("DHHC-1:")
+            .ok_or(SecretError::Format)?;
         let (hh, rest) = rest.split_once(':').ok_or(SecretError::Format)?;
         let b64 = rest.strip_suffix(':').ok_or(SecretError::Format)?;
         if hh.len() != 2 {
@@ -562,13 +565,22 @@ mod tests {
             key: (0..32).collect(),
         };
         let text = s.encode();
-        assert!(text.starts_with("DHHC-1:01:") && text.ends_with(':'), "{text}");
+        assert!(
+            text.starts_with("DHHC-1:01:") && text.ends_with(':'),
+            "{text}"
+        );
         assert_eq!(DhchapSecret::parse(&text), Ok(s.clone()));
         // One changed character breaks the checksum (or the base64).
         let mut bad = text.clone().into_bytes();
         bad[12] = if bad[12] == b'A' { b'B' } else { b'A' };
         assert!(DhchapSecret::parse(std::str::from_utf8(&bad).unwrap()).is_err());
-        for wrong in ["", "DHHC-1:01:", "DHHC-2:00:AAAA:", "DHHC-1:09:AAAA:", "DHHC-1:00:!!!!:"] {
+        for wrong in [
+            "",
+            "DHHC-1:01:",
+            "DHHC-2:00:AAAA:",
+            "DHHC-1:09:AAAA:",
+            "DHHC-1:00:!!!!:",
+        ] {
             assert!(DhchapSecret::parse(wrong).is_err(), "{wrong}");
         }
         assert!(!format!("{s:?}").contains("[0, 1"), "Debug shows no key");

@@ -20,13 +20,14 @@ use crate::auth::Authenticator;
 use crate::controller::{self, Controller, IdentifySettings, Kind};
 use crate::transport::Ready;
 use crate::{volume_of_nqn, OpenError, PathState, NSID};
+use basalt_nvme_wire::auth::{SECP_NVME, SPSP};
 use basalt_nvme_wire::command::{
     cns, feature_id, log_id, number_of_queues_result, AdminCommand, GetLogPage, Identify,
 };
-use basalt_nvme_wire::auth::{SECP_NVME, SPSP};
 use basalt_nvme_wire::fabrics::{
-    connect_data_offset, Authentication, connect_invalid_parameter_result, connect_sqe_offset,
-    connect_success_result, FabricsCommand, CNTLID_DYNAMIC, CNTLID_STATIC_ANY, CONNECT_DATA_LEN,
+    connect_data_offset, connect_invalid_parameter_result, connect_sqe_offset,
+    connect_success_result, Authentication, FabricsCommand, CNTLID_DYNAMIC, CNTLID_STATIC_ANY,
+    CONNECT_DATA_LEN,
 };
 use basalt_nvme_wire::log_page::{copy_log_window, ANA_LSP_RETURN_GROUPS_ONLY};
 use basalt_nvme_wire::properties::{Cap, Property, Vs};
@@ -100,7 +101,11 @@ impl Queue<'_> {
             return fail(Status::COMMAND_SEQUENCE_ERROR);
         };
         let data = r.data.as_deref().unwrap_or(&[]);
-        if a.secp != SECP_NVME || a.spsp0 != SPSP || a.spsp1 != SPSP || a.length as usize != data.len() {
+        if a.secp != SECP_NVME
+            || a.spsp0 != SPSP
+            || a.spsp1 != SPSP
+            || a.length as usize != data.len()
+        {
             return fail(Status::INVALID_FIELD);
         }
         auth.send(data);
