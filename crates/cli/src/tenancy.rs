@@ -81,7 +81,8 @@ pub enum ProjectCommand {
         #[command(flatten)]
         quotas: QuotaArgs,
     },
-    /// Delete a project and its tokens (refused while it has volumes).
+    /// Delete a project with its tokens and NBD keys (refused while it has
+    /// volumes).
     Delete { name: String },
 }
 

@@ -218,4 +218,18 @@ fn project_admins_manage_their_own_nbd_keys_only() {
         keys[0].get("key_hex").is_none(),
         "keys are never listed: {listed}"
     );
+
+    // A deleted project's keys go with it: a project created later under
+    // the same name is not opened by them.
+    require_tool("nbdinfo");
+    let dir = Scratch::new();
+    s.cli(&["project", "create", "p3"]).ok();
+    let k3 = dir.path("p3.psk");
+    let id3 = nbd_key(&s, &["--project", "p3"], &k3);
+    s.cli(&["project", "delete", "p3"]).ok();
+    s.cli(&["project", "create", "p3"]).ok();
+    s.cli(&["volume", "create", "v3", "--size", "4M", "--project", "p3"])
+        .ok();
+    let out = tool("nbdinfo", ["--size", &nbds(&s, &id3, "v3", &k3)]);
+    assert!(out.code() != Some(0), "{}", out.describe());
 }

@@ -6,7 +6,8 @@ use super::{entry_error, validate_entry_name, Principal};
 use crate::service::{catalog_error, ProvisioningGuard};
 use crate::{VolumeError, VolumeService};
 use basalt_catalog::{
-    CatalogError, Entries, ProjectRecord, Quotas, TokenRecord, Versioned, VolumeRecord,
+    CatalogError, Entries, NbdKeyRecord, ProjectRecord, Quotas, TokenRecord, Versioned,
+    VolumeRecord,
 };
 use std::time::SystemTime;
 
@@ -171,8 +172,8 @@ impl VolumeService {
         Ok(self.project_info(record, &records))
     }
 
-    /// Deletes project `name` and its tokens (cluster admins only); refused
-    /// while it has volumes.
+    /// Deletes project `name` with its tokens and NBD keys (cluster admins
+    /// only); refused while it has volumes.
     pub fn delete_project(&self, principal: &Principal, name: &str) -> Result<(), VolumeError> {
         principal.require_cluster_admin("deleting a project")?;
         let _control = self.control.lock();
@@ -193,8 +194,9 @@ impl VolumeService {
                 volumes,
             });
         }
-        // Tokens first: a project whose delete failed halfway keeps no
-        // token that could act in a project that is gone.
+        // Credentials first: a project whose delete failed halfway keeps
+        // no token or NBD key that could act in a project of the same
+        // name created later.
         for token in self
             .catalog
             .entries::<TokenRecord>()
@@ -204,6 +206,21 @@ impl VolumeService {
                 match self
                     .catalog
                     .delete_entry_record::<TokenRecord>(&token.record.id, token.revision)
+                {
+                    Ok(()) | Err(CatalogError::NotFound(_)) => {}
+                    Err(e) => return Err(catalog_error(e)),
+                }
+            }
+        }
+        for key in self
+            .catalog
+            .entries::<NbdKeyRecord>()
+            .map_err(catalog_error)?
+        {
+            if key.record.project.as_deref() == Some(name) {
+                match self
+                    .catalog
+                    .delete_entry_record::<NbdKeyRecord>(&key.record.identity, key.revision)
                 {
                     Ok(()) | Err(CatalogError::NotFound(_)) => {}
                     Err(e) => return Err(catalog_error(e)),
