@@ -528,6 +528,15 @@ fn serve(
         service = service.with_cluster(m.clone());
     }
     let service = Arc::new(service);
+    if let Some(m) = &member {
+        // QoS changed through another node applies here at once.
+        let weak = Arc::downgrade(&service);
+        m.on_volume_record(Box::new(move |record| {
+            if let Some(service) = weak.upgrade() {
+                service.volume_record_changed(record);
+            }
+        }));
+    }
     let node_id = member.as_ref().map(|m| m.id().0);
     let result = serve_frontends(data, &service, node_id, token, args, settings);
     if let Some(m) = member {

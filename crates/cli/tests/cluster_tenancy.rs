@@ -2,8 +2,10 @@
 //! and volume types live in etcd with the catalog, so a token made through
 //! one node works on every node and is revoked on all at once; a quota is
 //! enforced atomically across nodes (two creates through two nodes racing
-//! for the last volume: exactly one wins); and a retype changes a volume's
-//! replica count through the cluster's placement, up and down.
+//! for the last volume: exactly one wins); a retype changes a volume's
+//! replica count through the cluster's placement, up and down; and a QoS
+//! change made through one node throttles a client connected through
+//! another at once.
 
 mod common;
 
@@ -107,5 +109,60 @@ fn tokens_quotas_and_types_hold_across_nodes() {
     for via in 0..3 {
         let err = as_token(&c, via, &token, &["volume", "list"]).cli_error(1);
         assert!(err.contains("invalid token"), "node {via}: {err}");
+    }
+}
+
+#[test]
+fn a_qos_change_through_one_node_applies_on_another_at_once() {
+    let c = Cluster::start(2, &[]);
+    c.nodes[0]
+        .cli(&["volume", "create", "q", "--size", "64M", "--replicas", "1"])
+        .ok();
+    c.wait_volume(0, "q", "placed", |v| all_in_sync(v, 1));
+    let dir = Scratch::new();
+    let uri = c.nodes[1].uri("q");
+    // fio through node 1 for 8 s, IOPS logged per second; the limit is set
+    // through node 0 after 3 s.
+    let mut fio = std::process::Command::new(require_tool("fio"));
+    fio.current_dir(&dir.0).args([
+        "--name=q",
+        "--ioengine=nbd",
+        &format!("--uri={uri}"),
+        "--rw=randread",
+        "--bs=4k",
+        "--iodepth=8",
+        "--size=32M",
+        "--time_based",
+        "--runtime=8",
+        "--write_iops_log=q",
+        "--log_avg_msec=1000",
+    ]);
+    let running = std::thread::spawn(move || run_cmd(&mut fio, CMD_TIMEOUT));
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    c.nodes[0]
+        .cli(&["volume", "set-qos", "q", "total_iops_sec=200"])
+        .ok();
+    let out = running.join().expect("fio thread");
+    assert!(out.status.success(), "{}", out.describe());
+    let log = std::fs::read_dir(&dir.0)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .find(|e| e.file_name().to_string_lossy().starts_with("q_iops"))
+        .map(|e| std::fs::read_to_string(e.path()).unwrap())
+        .expect("fio's IOPS log");
+    let per_second: Vec<f64> = log
+        .lines()
+        .filter_map(|l| l.split(',').nth(1))
+        .filter_map(|v| v.trim().parse().ok())
+        .collect();
+    assert!(per_second.len() >= 7, "{log}");
+    // Unthrottled before (far above the limit), at the limit for the last
+    // seconds (generous bounds: the machine is shared).
+    assert!(per_second[1] > 600.0, "before the limit: {per_second:?}");
+    for iops in &per_second[per_second.len() - 3..] {
+        assert!(
+            (140.0..=260.0).contains(iops),
+            "after the limit: {per_second:?}"
+        );
     }
 }

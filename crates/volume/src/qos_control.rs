@@ -7,8 +7,9 @@
 //! - A spec is validated before it is stored; the record is updated by
 //!   compare-and-swap under the control lock, like every record change.
 //! - This node's throttle of a volume takes a new spec (or a new size, for
-//!   `_per_gb` limits) at once; another node's picks it up when the volume
-//!   is next opened there.
+//!   `_per_gb` limits) at once; in a cluster, every other node's as soon
+//!   as its catalog watch delivers the record
+//!   ([`VolumeService::volume_record_changed`]).
 
 use crate::qos::{QosSpec, Throttle};
 use crate::service::catalog_error;
@@ -36,6 +37,17 @@ impl VolumeService {
         self.throttle_for(&record);
         drop(control);
         self.get(name)
+    }
+
+    /// Applies `record`'s QoS to this node's throttle of the volume, if
+    /// the volume is open here (a change made through another node of the
+    /// cluster, seen by the catalog watch); nothing otherwise (an open
+    /// configures the throttle from the record it reads).
+    pub fn volume_record_changed(&self, record: &VolumeRecord) {
+        let throttle = self.throttles.lock().get(&record.id).cloned();
+        if let Some(throttle) = throttle {
+            throttle.configure(&QosSpec(record.qos.clone()).limits(record.size_bytes));
+        }
     }
 
     /// The shared throttle of the volume `record` describes, configured

@@ -66,6 +66,9 @@ pub(crate) struct Inner {
     /// The catalog's volume records by name, as the catalog watch last
     /// saw them.
     volumes: RwLock<std::collections::BTreeMap<String, VolumeRecord>>,
+    /// Told of every volume record the catalog watch delivers (e.g. the
+    /// volume service, to apply a QoS change made through another node).
+    record_listeners: RwLock<Vec<RecordListener>>,
     replicas: Mutex<HashMap<VolumeId, ReplicaHandle>>,
     /// Drives every replica's clock on a fixed set of threads.
     ticker: Ticker,
@@ -96,6 +99,9 @@ pub(crate) struct Inner {
     /// their own copy failed its checksum (read repair).
     read_repairs: AtomicU64,
 }
+
+/// See [`ClusterMember::on_volume_record`].
+pub type RecordListener = Box<dyn Fn(&VolumeRecord) + Send + Sync>;
 
 /// A running cluster member; see the module docs.
 pub struct ClusterMember {
@@ -196,6 +202,7 @@ impl ClusterMember {
             records: RwLock::new(HashMap::new()),
             nodes: RwLock::new(Vec::new()),
             volumes: RwLock::new(Default::default()),
+            record_listeners: RwLock::new(Vec::new()),
             replicas: Mutex::new(HashMap::new()),
             ticker: Ticker::start(Ticker::default_threads())
                 .map_err(|e| ClusterError::Thread(e.to_string()))?,
@@ -224,6 +231,11 @@ impl ClusterMember {
         let w = weak.clone();
         let catalog_guard = inner.meta.watch_catalog(Box::new(move |name, record| {
             if let Some(inner) = w.upgrade() {
+                if let Some(r) = &record {
+                    for listener in inner.record_listeners.read().iter() {
+                        listener(r);
+                    }
+                }
                 let mut volumes = inner.volumes.write();
                 match record {
                     Some(r) => volumes.insert(name.to_string(), r),
@@ -288,6 +300,13 @@ impl ClusterMember {
     }
 
     /// This node's id in the cluster.
+    /// Calls `listener` with every volume record the catalog watch
+    /// delivers from now on (created or changed, through any node), on the
+    /// watch's thread: it must not block.
+    pub fn on_volume_record(&self, listener: RecordListener) {
+        self.inner.record_listeners.write().push(listener);
+    }
+
     pub fn id(&self) -> NodeId {
         self.inner.me
     }
