@@ -279,7 +279,7 @@ impl VolumeService {
     }
 
     /// Gives volume `name` the policies of type `type_name`, online: its QoS
-    /// at once on this node (on others at their next open), its replica
+    /// at once on every node that serves it, its replica
     /// count through the cluster's placement (replicas are added or removed
     /// by the coordinator like after a node loss).
     pub fn retype(&self, name: &str, type_name: &str) -> Result<VolumeInfo, VolumeError> {
