@@ -11,7 +11,7 @@ use super::tokens::{hex, random_bytes};
 use super::{entry_error, projects::project_missing, Principal};
 use crate::service::catalog_error;
 use crate::{VolumeError, VolumeService};
-use basalt_catalog::{Entries, NbdKeyRecord, ProjectRecord};
+use basalt_catalog::{Entries, NbdKeyRecord};
 use std::time::SystemTime;
 
 /// Key length: 256 bits.
@@ -90,14 +90,7 @@ impl VolumeService {
         };
         let _control = self.control.lock();
         if let Some(p) = project {
-            if self
-                .catalog
-                .entry::<ProjectRecord>(p)
-                .map_err(catalog_error)?
-                .is_none()
-            {
-                return Err(project_missing(p));
-            }
+            self.project_record(p)?;
         }
         self.catalog
             .insert_entry_record(&record)

@@ -62,7 +62,11 @@ impl VolumeService {
             .transpose()
     }
 
-    fn project_record(&self, name: &str) -> Result<Versioned<ProjectRecord>, VolumeError> {
+    /// Project `name`'s record, or [`VolumeError::EntryNotFound`].
+    pub(crate) fn project_record(
+        &self,
+        name: &str,
+    ) -> Result<Versioned<ProjectRecord>, VolumeError> {
         self.catalog
             .entry::<ProjectRecord>(name)
             .map_err(catalog_error)?

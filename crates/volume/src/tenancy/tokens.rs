@@ -11,7 +11,7 @@ use super::projects::project_missing;
 use super::{entry_error, Principal};
 use crate::service::catalog_error;
 use crate::{VolumeError, VolumeService};
-use basalt_catalog::{Entries, ProjectRecord, Role, TokenRecord};
+use basalt_catalog::{Entries, Role, TokenRecord};
 use rand::RngCore;
 use sha2::{Digest, Sha256};
 use std::time::{Duration, SystemTime};
@@ -166,14 +166,7 @@ impl VolumeService {
         };
         let _control = self.control.lock();
         if let Some(project) = &request.project {
-            if self
-                .catalog
-                .entry::<ProjectRecord>(project)
-                .map_err(catalog_error)?
-                .is_none()
-            {
-                return Err(project_missing(project));
-            }
+            self.project_record(project)?;
         }
         self.catalog
             .insert_entry_record(&record)

@@ -7,13 +7,12 @@
 //! type's as of its create or last retype (a later `set-qos` overrides the
 //! QoS, as Cinder's per-volume QoS does).
 
-use super::projects::project_missing;
 use super::{entry_error, validate_entry_name, Principal};
 use crate::qos::QosSpec;
 use crate::service::catalog_error;
 use crate::{VolumeError, VolumeInfo, VolumeService};
 use basalt_catalog::policy::DEFAULT_VOLUME_TYPE;
-use basalt_catalog::{Entries, ProjectRecord, SettingRecord, VolumeTypeRecord};
+use basalt_catalog::{Entries, SettingRecord, VolumeTypeRecord};
 use std::time::SystemTime;
 
 /// What to create a volume type with.
@@ -113,14 +112,7 @@ impl VolumeService {
         };
         let control = self.control.lock();
         for project in &request.projects {
-            if self
-                .catalog
-                .entry::<ProjectRecord>(project)
-                .map_err(catalog_error)?
-                .is_none()
-            {
-                return Err(project_missing(project));
-            }
+            self.project_record(project)?;
         }
         self.catalog
             .insert_entry_record(&record)
