@@ -26,6 +26,7 @@
 use basalt_nvme_wire::auth::{
     dh_group, failure, hash_id, ControllerMessage, DhchapSecret, HostMessage,
 };
+use basalt_volume::tenancy::constant_time_eq;
 use hmac::{Hmac, Mac};
 use openssl::bn::{BigNum, BigNumContext};
 use rand::RngCore;
@@ -129,11 +130,6 @@ pub(crate) fn response(
             nqn2.as_bytes(),
         ],
     )
-}
-
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len()
-        && std::hint::black_box(a.iter().zip(b).fold(0u8, |d, (x, y)| d | (x ^ y))) == 0
 }
 
 fn random(len: usize) -> Vec<u8> {
