@@ -23,6 +23,7 @@ mod alloc;
 mod buf;
 mod check;
 pub mod device;
+mod diff;
 mod engine;
 mod error;
 pub mod format;
@@ -41,6 +42,7 @@ mod volume;
 
 pub use buf::AlignedBuf;
 pub use check::CheckReport;
+pub use diff::ChangedRun;
 pub use device::{BlockDevice, FileDevice, IoKind, IoOp, MemDevice, SimDevice};
 pub use engine::{
     FlushStats, FormatOptions, IntegrityStats, OpenOptions, RecoveryReport, Store, StoreUsage,
