@@ -11,6 +11,7 @@
 //! metadata commits), so handlers run it on tokio's blocking pool.
 
 mod auth;
+mod diff;
 pub mod error;
 mod tenancy;
 mod tenancy_types;
@@ -144,6 +145,7 @@ fn build(service: Arc<VolumeService>, token: String) -> (Router, Vec<RouteSpec>)
     )
     .post("/api/v1/volumes/{name}/rollback", volumes::rollback_volume)
     .post("/api/v1/volumes/{name}/flatten", volumes::flatten_volume)
+    .get("/api/v1/volumes/{name}/diff", diff::volume_diff)
     .post(
         "/api/v1/volumes/{name}/snapshots/{snapshot}/nvme-hosts",
         volumes::attach_snapshot_host,

@@ -127,6 +127,31 @@ pub struct FlattenResult {
     pub detached: bool,
 }
 
+/// One range of a diff.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct DiffExtent {
+    pub offset: u64,
+    pub length: u64,
+    /// The newer side reads data here; `false`: it reads zeros.
+    pub data: bool,
+}
+
+/// `GET /api/v1/volumes/{name}/diff`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct VolumeDiffBody {
+    pub volume: String,
+    /// `VOL@SNAP` the diff starts from; absent: from an empty volume.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from: Option<String>,
+    /// `VOL@SNAP` or the volume's name (its current content).
+    pub to: String,
+    /// The size of `to`.
+    pub size_bytes: u64,
+    /// Bytes of the ranges with `data: true`.
+    pub data_bytes: u64,
+    pub extents: Vec<DiffExtent>,
+}
+
 /// `POST /api/v1/volumes/{name}/rollback`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -389,7 +389,7 @@ pub(crate) async fn retype_volume(
 }
 
 /// Fails with 404, as for a missing volume, unless `who` may see `volume`.
-async fn visible(app: &AppState, who: &Principal, volume: &str) -> Result<(), ApiError> {
+pub(crate) async fn visible(app: &AppState, who: &Principal, volume: &str) -> Result<(), ApiError> {
     if who.is_cluster_admin() {
         return Ok(());
     }

@@ -97,6 +97,76 @@ pub enum VolumeCommand {
         #[arg(long)]
         rate: Option<String>,
     },
+    /// Create a volume from a disk image (raw or qcow2), streamed over NBD;
+    /// holes stay holes and blocks of zeros are not written.
+    Import {
+        /// The new volume's name.
+        name: String,
+        file: std::path::PathBuf,
+        /// raw, qcow2, or auto (from the file's first bytes).
+        #[arg(long, default_value = "auto")]
+        format: String,
+        /// Volume size (default: the image's, rounded up to 4 KiB).
+        #[arg(long)]
+        size: Option<String>,
+        #[arg(long = "type", value_name = "TYPE")]
+        volume_type: Option<String>,
+        #[arg(long)]
+        project: Option<String>,
+        #[command(flatten)]
+        nbd: crate::transfer::NbdArgs,
+    },
+    /// Write a volume or snapshot to a disk image (raw or qcow2), streamed
+    /// over NBD; holes stay holes.
+    Export {
+        #[arg(value_name = "VOLUME[@SNAPSHOT]")]
+        source: String,
+        file: std::path::PathBuf,
+        /// raw or qcow2 (default: qcow2 for a .qcow2 file, else raw).
+        #[arg(long)]
+        format: Option<String>,
+        /// Overwrite FILE if it exists.
+        #[arg(long)]
+        force: bool,
+        #[command(flatten)]
+        nbd: crate::transfer::NbdArgs,
+    },
+    /// List the byte ranges that may differ between a snapshot and a later
+    /// snapshot or the volume now (found from the layers, no data read).
+    Diff {
+        /// The older side: VOLUME@SNAPSHOT (or VOLUME: every range with data).
+        #[arg(value_name = "VOLUME@SNAPSHOT")]
+        from: String,
+        /// The newer side (default: FROM's volume now).
+        #[arg(value_name = "VOLUME[@SNAPSHOT]")]
+        to: Option<String>,
+    },
+    /// Write the changes of VOLUME[@SNAPSHOT] since --from-snap (or all its
+    /// data) as a checksummed stream that import-diff applies elsewhere.
+    ExportDiff {
+        #[arg(value_name = "VOLUME[@SNAPSHOT]")]
+        source: String,
+        /// The stream's file, or - for standard output.
+        file: std::path::PathBuf,
+        /// The snapshot the diff starts from: SNAPSHOT of the same volume or
+        /// VOLUME@SNAPSHOT (e.g. a clone's source).
+        #[arg(long, value_name = "SNAPSHOT")]
+        from_snap: Option<String>,
+        /// Overwrite FILE if it exists.
+        #[arg(long)]
+        force: bool,
+        #[command(flatten)]
+        nbd: crate::transfer::NbdArgs,
+    },
+    /// Apply a stream from export-diff to a volume that has the snapshot
+    /// it starts from, then take the snapshot it leads to.
+    ImportDiff {
+        /// The stream's file, or - for standard input.
+        file: std::path::PathBuf,
+        volume: String,
+        #[command(flatten)]
+        nbd: crate::transfer::NbdArgs,
+    },
     /// Close every NBD and NVMe/TCP connection this node serves a volume
     /// on; clients see the connection drop, as after a server crash (writes
     /// acknowledged with FUA or covered by a completed FLUSH stay).
@@ -453,6 +523,41 @@ pub fn run_volume(command: VolumeCommand, client: &ClientArgs) -> Result<()> {
         }
         VolumeCommand::Scrub { name, rate } => scrub(&name, rate.as_deref(), client)?,
         VolumeCommand::Flatten { name, rate } => flatten(&name, rate.as_deref(), client)?,
+        VolumeCommand::Import {
+            name,
+            file,
+            format,
+            size,
+            volume_type,
+            project,
+            nbd,
+        } => {
+            let options = crate::images::ImportOptions {
+                format,
+                size,
+                volume_type,
+                project,
+            };
+            crate::images::import(&name, &file, &options, &nbd, client)?
+        }
+        VolumeCommand::Export {
+            source,
+            file,
+            format,
+            force,
+            nbd,
+        } => crate::images::export(&source, &file, format.as_deref(), force, &nbd, client)?,
+        VolumeCommand::Diff { from, to } => crate::diffs::diff(&from, to.as_deref(), client)?,
+        VolumeCommand::ExportDiff {
+            source,
+            file,
+            from_snap,
+            force,
+            nbd,
+        } => crate::diffs::export_diff(&source, &file, from_snap.as_deref(), force, &nbd, client)?,
+        VolumeCommand::ImportDiff { file, volume, nbd } => {
+            crate::diffs::import_diff(&file, &volume, &nbd, client)?
+        }
         VolumeCommand::LocalDigest { name } => {
             let api = ApiClient::discover(client)?;
             let value = api.get(&format!("{}/local-digest", volume_path(&name)))?;

@@ -12,13 +12,16 @@ mod bench;
 mod client;
 mod commands;
 mod datadir;
+mod diffs;
 mod exports;
+mod images;
 mod output;
 mod server;
 mod snapshots;
 mod store_cmd;
 mod subsystems;
 mod tenancy;
+mod transfer;
 
 use clap::parser::ValueSource;
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};

@@ -6,6 +6,7 @@
 
 pub mod admission;
 mod clients;
+mod diff;
 mod error;
 mod handle;
 mod nvme_hosts;
@@ -18,8 +19,9 @@ mod stats;
 pub mod tenancy;
 
 pub use basalt_catalog::Role;
-pub use basalt_store::{DataKind, DataOp, IoError, MappingRun};
+pub use basalt_store::{ChangedRun, DataKind, DataOp, IoError, MappingRun};
 pub use clients::ClientDisconnect;
+pub use diff::VolumeDiff;
 pub use error::VolumeError;
 pub use handle::{BlockIo, VolumeHandle, WriteAck};
 pub use service::{

@@ -1,0 +1,100 @@
+//! Changed blocks between a snapshot and a later point of a volume, named as
+//! users name them (`VOLUME@SNAPSHOT`): what `volume diff` lists and what
+//! `export-diff` streams. The store finds the blocks (`Store::changed_blocks`);
+//! this module turns names into layers.
+//!
+//! Invariants:
+//! - `from` is a snapshot: of the volume itself, or (`VOL@SNAP`) of any
+//!   volume, such as the snapshot a clone was made from; `to` is the volume
+//!   or one of its snapshots. Everything a diff names exists when it is
+//!   computed (looked up under the control lock).
+//! - Replicated volumes are refused, like their snapshots.
+
+use crate::error::VolumeError;
+use crate::service::VolumeService;
+use crate::snapshots::split_snapshot_name;
+use basalt_store::{ChangedRun, VolumeId};
+
+/// The changed ranges of one diff.
+#[derive(Clone, Debug, PartialEq)]
+pub struct VolumeDiff {
+    pub volume: String,
+    /// `VOL@SNAP` the diff starts from; `None`: from an empty volume.
+    pub from: Option<String>,
+    /// `VOL@SNAP`, or the volume's name for its current content.
+    pub to: String,
+    /// The size of `to`.
+    pub size_bytes: u64,
+    /// Ranges that may differ, in order; `data: false` reads as zeros in
+    /// `to`.
+    pub extents: Vec<ChangedRun>,
+}
+
+impl VolumeDiff {
+    /// Bytes `to` reads as data in the changed ranges.
+    pub fn data_bytes(&self) -> u64 {
+        self.extents.iter().filter(|e| e.data).map(|e| e.len).sum()
+    }
+}
+
+impl VolumeService {
+    /// The layer of `VOL@SNAP` (or of snapshot `SNAP` of `volume`) and its
+    /// full name.
+    fn snapshot_layer(&self, volume: &str, name: &str) -> Result<(VolumeId, String), VolumeError> {
+        let (owner, snap) = split_snapshot_name(name).unwrap_or((volume, name));
+        let record = self.record(owner)?.record;
+        let found = record
+            .snapshot(snap)
+            .ok_or_else(|| VolumeError::SnapshotNotFound {
+                volume: owner.to_string(),
+                name: snap.to_string(),
+            })?;
+        Ok((found.id, format!("{owner}@{snap}")))
+    }
+
+    /// The ranges of `volume` (or its snapshot `to`) that may differ from
+    /// snapshot `from` (`SNAP` of this volume or `VOL@SNAP`); without
+    /// `from`, every range that holds data.
+    pub fn diff(
+        &self,
+        volume: &str,
+        from: Option<&str>,
+        to: Option<&str>,
+    ) -> Result<VolumeDiff, VolumeError> {
+        if self.cluster.is_some() {
+            return Err(VolumeError::NotSupported(
+                "diffs of replicated volumes are not supported yet".into(),
+            ));
+        }
+        let _control = self.control.lock();
+        let record = self.record(volume)?.record;
+        let (to_id, to_name, size_bytes) = match to {
+            Some(snap) => {
+                let found = record
+                    .snapshot(snap)
+                    .ok_or_else(|| VolumeError::SnapshotNotFound {
+                        volume: volume.to_string(),
+                        name: snap.to_string(),
+                    })?;
+                (found.id, format!("{volume}@{snap}"), found.size_bytes)
+            }
+            None => (record.id, volume.to_string(), record.size_bytes),
+        };
+        let from = from.map(|f| self.snapshot_layer(volume, f)).transpose()?;
+        if from.as_ref().is_some_and(|(id, _)| *id == to_id) {
+            return Err(VolumeError::NotSupported(format!(
+                "{to_name} is both ends of the diff"
+            )));
+        }
+        let extents = self
+            .store
+            .changed_blocks(from.as_ref().map(|(id, _)| *id), to_id)?;
+        Ok(VolumeDiff {
+            volume: volume.to_string(),
+            from: from.map(|(_, name)| name),
+            to: to_name,
+            size_bytes,
+            extents,
+        })
+    }
+}
