@@ -245,3 +245,45 @@ fn diff_export_diff_and_import_diff_replicate_a_volume_snapshot_by_snapshot() {
     piped.ok();
     assert_eq!(digest(&s, "b"), digest(&s, "a"));
 }
+
+#[test]
+fn import_and_export_over_tls_with_a_projects_key() {
+    let s = Server::start_tls("512M");
+    let dir = Scratch::new();
+    s.cli(&["project", "create", "p1"]).ok();
+    s.cli(&["project", "create", "p2"]).ok();
+    s.cli(&["volume", "create", "other", "--size", "8M", "--project", "p2"])
+        .ok();
+    let keys = dir.path("p1.psk");
+    let line = s.cli(&["nbd-key", "create", "--project", "p1"]).ok().trim().to_string();
+    std::fs::write(&keys, format!("{line}\n")).unwrap();
+    let identity = line.split_once(':').unwrap().0.to_string();
+    let nbd = format!(
+        "nbds://{identity}@{}/?tls-psk-file={}",
+        s.nbd_addr(),
+        keys.display()
+    );
+
+    let src = dir.path("src.qcow2");
+    qemu_img(&["create", "-q", "-f", "qcow2", p(&src), "16M"]).ok();
+    tool("qemu-io", ["-f", "qcow2", "-c", "write -P 0x3c 4M 1M", p(&src)]).ok();
+    s.cli(&["volume", "import", "mine", p(&src), "--project", "p1", "--nbd", &nbd])
+        .ok();
+    let out = dir.path("mine.raw");
+    s.cli(&["volume", "export", "mine", p(&out), "--nbd", &nbd]).ok();
+    compare(p(&out), "raw", p(&src), "qcow2").ok();
+
+    // Another project's volume is not there for this key; no file is left.
+    let theirs = dir.path("theirs.raw");
+    let err = s
+        .cli(&["volume", "export", "other", p(&theirs), "--nbd", &nbd])
+        .cli_error(1);
+    assert!(err.contains("refused export other"), "{err}");
+    assert!(!theirs.exists());
+    // A wrong key gets no session.
+    std::fs::write(&keys, format!("{identity}:{}\n", "00".repeat(32))).unwrap();
+    let err = s
+        .cli(&["volume", "export", "mine", p(&theirs), "--nbd", &nbd])
+        .cli_error(1);
+    assert!(err.contains("TLS"), "{err}");
+}
