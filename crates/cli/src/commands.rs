@@ -113,6 +113,9 @@ pub enum VolumeCommand {
         volume_type: Option<String>,
         #[arg(long)]
         project: Option<String>,
+        /// Copies kept on distinct nodes of a cluster, 1-5.
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..=5))]
+        replicas: Option<u32>,
         #[command(flatten)]
         nbd: crate::transfer::NbdArgs,
     },
@@ -530,6 +533,7 @@ pub fn run_volume(command: VolumeCommand, client: &ClientArgs) -> Result<()> {
             size,
             volume_type,
             project,
+            replicas,
             nbd,
         } => {
             let options = crate::images::ImportOptions {
@@ -537,6 +541,7 @@ pub fn run_volume(command: VolumeCommand, client: &ClientArgs) -> Result<()> {
                 size,
                 volume_type,
                 project,
+                replicas,
             };
             crate::images::import(&name, &file, &options, &nbd, client)?
         }

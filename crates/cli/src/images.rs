@@ -9,9 +9,10 @@
 //! - An export is durable (fsync) before it reports success.
 
 use crate::client::{ApiClient, ClientArgs, Output};
-use crate::commands::{print_json, volume_path};
+use crate::commands::{decode, print_json, volume_path};
 use crate::transfer::{chunks, nonzero_runs, NbdArgs, Progress, WINDOW};
 use anyhow::{anyhow, bail, Context, Result};
+use basalt_api::types::Volume;
 use basalt_image::{ExtentKind, ImageFormat, Qcow2Reader, Qcow2Writer, ReadAt};
 use basalt_nbd_client::{Allocation, WriteOp};
 use basalt_volume::{format_size, parse_size};
@@ -31,6 +32,29 @@ pub struct ImportOptions {
     pub size: Option<String>,
     pub volume_type: Option<String>,
     pub project: Option<String>,
+    pub replicas: Option<u32>,
+}
+
+/// How long an import waits for a new replicated volume's primary.
+const PLACEMENT_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Waits until volume `name` has a primary to write to (a new replicated
+/// volume is placed by the cluster's coordinator shortly after its record).
+fn wait_for_primary(api: &ApiClient, name: &str) -> Result<()> {
+    let deadline = std::time::Instant::now() + PLACEMENT_WAIT;
+    loop {
+        let volume: Volume = decode(api.get(&volume_path(name))?)?;
+        if volume.replicas_wanted.is_none() || volume.replicas.iter().any(|r| r.primary) {
+            return Ok(());
+        }
+        if std::time::Instant::now() >= deadline {
+            bail!(
+                "volume {name} was not placed on the cluster's nodes within {} s",
+                PLACEMENT_WAIT.as_secs()
+            );
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
 }
 
 /// An opened image to import.
@@ -151,9 +175,14 @@ pub fn import(
     if let Some(p) = &options.project {
         body["project"] = json!(p);
     }
+    if let Some(n) = options.replicas {
+        body["replicas"] = json!(n);
+    }
     api.post("/api/v1/volumes", body)?;
     let started = std::time::Instant::now();
-    let copied = match copy_into_volume(&api, name, &source, &data, nbd, client) {
+    let copied = match wait_for_primary(&api, name)
+        .and_then(|()| copy_into_volume(&api, name, &source, &data, nbd, client))
+    {
         Ok(copied) => copied,
         Err(e) => {
             if let Err(undo) = api.delete(&format!("{}?force=true", volume_path(name))) {

@@ -10,6 +10,7 @@
 
 mod common;
 
+use common::cluster::{healthy, Cluster};
 use common::*;
 use serde_json::Value;
 use std::path::Path;
@@ -252,10 +253,22 @@ fn import_and_export_over_tls_with_a_projects_key() {
     let dir = Scratch::new();
     s.cli(&["project", "create", "p1"]).ok();
     s.cli(&["project", "create", "p2"]).ok();
-    s.cli(&["volume", "create", "other", "--size", "8M", "--project", "p2"])
-        .ok();
+    s.cli(&[
+        "volume",
+        "create",
+        "other",
+        "--size",
+        "8M",
+        "--project",
+        "p2",
+    ])
+    .ok();
     let keys = dir.path("p1.psk");
-    let line = s.cli(&["nbd-key", "create", "--project", "p1"]).ok().trim().to_string();
+    let line = s
+        .cli(&["nbd-key", "create", "--project", "p1"])
+        .ok()
+        .trim()
+        .to_string();
     std::fs::write(&keys, format!("{line}\n")).unwrap();
     let identity = line.split_once(':').unwrap().0.to_string();
     let nbd = format!(
@@ -266,11 +279,25 @@ fn import_and_export_over_tls_with_a_projects_key() {
 
     let src = dir.path("src.qcow2");
     qemu_img(&["create", "-q", "-f", "qcow2", p(&src), "16M"]).ok();
-    tool("qemu-io", ["-f", "qcow2", "-c", "write -P 0x3c 4M 1M", p(&src)]).ok();
-    s.cli(&["volume", "import", "mine", p(&src), "--project", "p1", "--nbd", &nbd])
-        .ok();
+    tool(
+        "qemu-io",
+        ["-f", "qcow2", "-c", "write -P 0x3c 4M 1M", p(&src)],
+    )
+    .ok();
+    s.cli(&[
+        "volume",
+        "import",
+        "mine",
+        p(&src),
+        "--project",
+        "p1",
+        "--nbd",
+        &nbd,
+    ])
+    .ok();
     let out = dir.path("mine.raw");
-    s.cli(&["volume", "export", "mine", p(&out), "--nbd", &nbd]).ok();
+    s.cli(&["volume", "export", "mine", p(&out), "--nbd", &nbd])
+        .ok();
     compare(p(&out), "raw", p(&src), "qcow2").ok();
 
     // Another project's volume is not there for this key; no file is left.
@@ -286,4 +313,36 @@ fn import_and_export_over_tls_with_a_projects_key() {
         .cli(&["volume", "export", "mine", p(&theirs), "--nbd", &nbd])
         .cli_error(1);
     assert!(err.contains("TLS"), "{err}");
+}
+
+#[test]
+fn a_replicated_volume_imports_and_exports_through_any_node() {
+    let c = Cluster::start(3, &[]);
+    let dir = Scratch::new();
+    let src = dir.path("src.qcow2");
+    qemu_img(&["create", "-q", "-f", "qcow2", p(&src), "24M"]).ok();
+    tool(
+        "qemu-io",
+        [
+            "-f",
+            "qcow2",
+            "-c",
+            "write -P 0x61 0 2M",
+            "-c",
+            "write -P 0x62 20M 1M",
+            p(&src),
+        ],
+    )
+    .ok();
+    c.nodes[0]
+        .cli(&["volume", "import", "rep", p(&src), "--replicas", "3"])
+        .ok();
+    c.wait_volume(0, "rep", "placed and in sync", healthy);
+    c.assert_replicas_equal(&[0, 1, 2], "rep");
+    let out = dir.path("rep.raw");
+    c.nodes[2].cli(&["volume", "export", "rep", p(&out)]).ok();
+    compare(p(&out), "raw", p(&src), "qcow2").ok();
+    // Diffs need snapshots, which replicated volumes do not have yet.
+    let err = c.nodes[1].cli(&["volume", "diff", "rep"]).cli_error(1);
+    assert!(err.contains("replicated volumes"), "{err}");
 }
