@@ -70,9 +70,10 @@ impl Source {
         let format = match ImageFormat::parse_choice(format)? {
             Some(f) => f,
             None => {
-                let mut magic = [0u8; 4];
+                let mut magic = [0u8; 64];
                 let n = file.read(&mut magic)?;
-                basalt_image::probe(&magic[..n])
+                basalt_image::probe_auto(&magic[..n])
+                    .with_context(|| format!("{}", path.display()))?
             }
         };
         let source = match format {

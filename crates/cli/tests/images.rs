@@ -130,6 +130,13 @@ fn import_and_export_keep_content_and_holes() {
         .cli(&["volume", "import", "bad", p(&junk), "--format", "qcow2"])
         .cli_error(1);
     assert!(err.contains("not a qcow2 image"), "{err}");
+    let vmdk = dir.path("disk.vmdk");
+    qemu_img(&["create", "-q", "-f", "vmdk", p(&vmdk), "8M"]).ok();
+    let err = s.cli(&["volume", "import", "bad", p(&vmdk)]).cli_error(1);
+    assert!(
+        err.contains("VMDK image") && err.contains("qemu-img convert"),
+        "{err}"
+    );
     let err = s
         .cli(&["volume", "import", "bad", p(&raw), "--size", "1M"])
         .cli_error(1);

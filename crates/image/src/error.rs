@@ -11,6 +11,10 @@ pub enum ImageError {
     #[error("unknown image format {0:?}: expected raw, qcow2 or auto")]
     UnknownFormat(String),
 
+    /// `--format auto` found an image of a format Basalt does not read.
+    #[error("this is a {0} image, which cannot be imported directly; convert it first: qemu-img convert -O qcow2 <image> <new.qcow2>")]
+    ForeignFormat(&'static str),
+
     /// The file does not start with the qcow2 magic (or is too short to).
     #[error("not a qcow2 image: {0}")]
     NotQcow2(String),

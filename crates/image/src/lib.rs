@@ -103,3 +103,29 @@ pub fn probe(first_bytes: &[u8]) -> ImageFormat {
         ImageFormat::Raw
     }
 }
+
+/// Image formats `--format auto` recognises but does not import, by the
+/// magic they start with (QEMU's own probes look for these).
+const FOREIGN: &[(&[u8], &str)] = &[
+    (b"KDMV", "VMDK"),
+    (b"# Disk DescriptorFile", "VMDK (descriptor)"),
+    (b"vhdxfile", "VHDX"),
+    (b"conectix", "VHD (VPC)"),
+    (b"QED\0", "QED"),
+    (b"<<< Oracle VM VirtualBox Disk Image >>>", "VDI"),
+    (b"<<< Sun xVM VirtualBox Disk Image >>>", "VDI"),
+    (b"<<< Sun VirtualBox Disk Image >>>", "VDI"),
+    (b"<<< innotek VirtualBox Disk Image >>>", "VDI"),
+];
+
+/// [`probe`] for `--format auto`: refuses images of other formats that it
+/// recognises (VMDK, VHD/VHDX, VDI, QED) instead of importing their bytes as
+/// a raw disk. Needs the first 64 bytes (fewer: only what they show).
+pub fn probe_auto(first_bytes: &[u8]) -> Result<ImageFormat, ImageError> {
+    for (magic, name) in FOREIGN {
+        if first_bytes.starts_with(magic) {
+            return Err(ImageError::ForeignFormat(name));
+        }
+    }
+    Ok(probe(first_bytes))
+}

@@ -400,6 +400,15 @@ fn probe_and_format_names() {
     assert_eq!(probe(b"QFI\xfb\0\0\0\x03"), ImageFormat::Qcow2);
     assert_eq!(probe(b"QFI"), ImageFormat::Raw);
     assert_eq!(probe(&[0; 512]), ImageFormat::Raw);
+    assert!(matches!(
+        crate::probe_auto(b"KDMV\x01\0\0\0"),
+        Err(ImageError::ForeignFormat("VMDK"))
+    ));
+    assert!(matches!(
+        crate::probe_auto(b"vhdxfile"),
+        Err(ImageError::ForeignFormat("VHDX"))
+    ));
+    assert_eq!(crate::probe_auto(&[0; 64]).unwrap(), ImageFormat::Raw);
     assert_eq!("qcow2".parse::<ImageFormat>().unwrap(), ImageFormat::Qcow2);
     assert_eq!("RAW".parse::<ImageFormat>().unwrap(), ImageFormat::Raw);
     assert!("vmdk".parse::<ImageFormat>().is_err());
