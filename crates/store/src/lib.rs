@@ -42,8 +42,8 @@ mod volume;
 
 pub use buf::AlignedBuf;
 pub use check::CheckReport;
-pub use diff::ChangedRun;
 pub use device::{BlockDevice, FileDevice, IoKind, IoOp, MemDevice, SimDevice};
+pub use diff::ChangedRun;
 pub use engine::{
     FlushStats, FormatOptions, IntegrityStats, OpenOptions, RecoveryReport, Store, StoreUsage,
     VolumeUsage, DEFAULT_SCRUB_INTERVAL, DEFAULT_SCRUB_RATE,
