@@ -53,6 +53,22 @@ pub struct Volume {
     /// Its volume type (absent: none).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub volume_type: Option<String>,
+    /// A clone being flattened through this node: how far (absent
+    /// otherwise, and once it is detached).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub flatten: Option<FlattenStatus>,
+}
+
+/// How far a clone's flattening has come.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct FlattenStatus {
+    /// The end of the last window copied.
+    pub done_bytes: u64,
+    pub total_bytes: u64,
+    /// Bytes copied into the clone so far.
+    pub copied_bytes: u64,
+    /// Seconds since the last window ended.
+    pub idle_seconds: f64,
 }
 
 /// A snapshot, as returned by the snapshot endpoints.
@@ -213,6 +229,12 @@ impl From<VolumeInfo> for Volume {
             throttled_seconds: v.throttled.as_secs_f64(),
             project: v.project,
             volume_type: v.volume_type,
+            flatten: v.flatten.map(|f| FlattenStatus {
+                done_bytes: f.done_bytes,
+                total_bytes: f.total_bytes,
+                copied_bytes: f.copied_bytes,
+                idle_seconds: f.updated.elapsed().as_secs_f64(),
+            }),
         }
     }
 }

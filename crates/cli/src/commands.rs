@@ -311,6 +311,19 @@ fn volume_fields(volume: &Volume, client: &ApiClient) -> String {
     if let Some(source) = &volume.clone_of {
         pairs.push(("clone of", source.clone()));
     }
+    if let Some(f) = &volume.flatten {
+        pairs.push((
+            "flattening",
+            format!(
+                "{}% ({} of {} walked, {} copied; last window {:.0} s ago)",
+                f.done_bytes.saturating_mul(100) / f.total_bytes.max(1),
+                format_size(f.done_bytes),
+                format_size(f.total_bytes),
+                format_size(f.copied_bytes),
+                f.idle_seconds
+            ),
+        ));
+    }
     if !volume.snapshots.is_empty() {
         pairs.push(("snapshots", volume.snapshots.join(", ")));
     }

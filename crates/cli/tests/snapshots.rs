@@ -173,6 +173,21 @@ fn snapshots_clones_and_rollback_with_real_clients() {
     // Flattening the clone makes it independent: the snapshot can go, and
     // neither the clone nor the volume changes.
     let clone_before = copy_of(&s, "c1", &dir, "c1.raw");
+    // One window through the API (as the CLI walks it): `volume show`
+    // says how far the flattening has come.
+    let window = http(
+        s.api_url(),
+        "POST",
+        "/api/v1/volumes/c1/flatten",
+        Some(&s.token()),
+        Some(r#"{"offset": 0, "length": "16M"}"#),
+    );
+    assert_eq!(window.status, 200, "{}", window.body);
+    let show = s.cli_json(&["volume", "show", "c1"]);
+    assert_eq!(show["flatten"]["done_bytes"], 16 << 20, "{show}");
+    assert_eq!(show["flatten"]["total_bytes"], show["size_bytes"], "{show}");
+    let table = s.cli(&["volume", "show", "c1"]);
+    assert!(table.ok().contains("flattening"), "{}", table.stdout);
     let out = s.cli(&["volume", "flatten", "c1", "--rate", "1G"]);
     assert!(
         out.ok().contains("no longer depends on it"),
@@ -181,6 +196,7 @@ fn snapshots_clones_and_rollback_with_real_clients() {
     );
     let show = s.cli_json(&["volume", "show", "c1"]);
     assert!(show.get("clone_of").is_none(), "{show}");
+    assert!(show.get("flatten").is_none(), "{show}");
     let err = s.cli(&["volume", "flatten", "c1"]).cli_error(1);
     assert!(err.contains("not a clone"), "{err}");
 

@@ -30,5 +30,5 @@ pub use service::{
     VolumeService, DEFAULT_OVERCOMMIT_RATIO,
 };
 pub use size::{format_size, parse_size, ParseSizeError};
-pub use snapshots::{split_snapshot_name, validate_snapshot_name, SnapshotInfo};
+pub use snapshots::{split_snapshot_name, validate_snapshot_name, FlattenProgress, SnapshotInfo};
 pub use stats::{OpKind, VolumeStats};

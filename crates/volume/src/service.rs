@@ -108,6 +108,8 @@ pub struct VolumeInfo {
     pub project: Option<String>,
     /// The volume type it was created or last retyped with.
     pub volume_type: Option<String>,
+    /// A clone being flattened through this node: how far.
+    pub flatten: Option<crate::snapshots::FlattenProgress>,
 }
 
 /// The node's store as the control plane reports it.
@@ -299,6 +301,8 @@ pub struct VolumeService {
     pub(crate) throttles: Mutex<HashMap<VolumeId, Arc<crate::qos::Throttle>>>,
     /// Serialises mutations and opens; see the module invariants.
     pub(crate) control: Mutex<()>,
+    /// Clones being flattened through this node, until detached.
+    pub(crate) flattening: Mutex<HashMap<VolumeId, crate::snapshots::FlattenProgress>>,
     /// The frontends, to drop a volume's clients.
     pub(crate) clients: Clients,
 }
@@ -418,6 +422,7 @@ impl VolumeService {
             stats: Mutex::new(HashMap::new()),
             throttles: Mutex::new(HashMap::new()),
             control: Mutex::new(()),
+            flattening: Mutex::new(HashMap::new()),
             clients: Clients::default(),
         })
     }
@@ -619,6 +624,10 @@ impl VolumeService {
             throttled: self.throttled(record),
             project: record.project.clone(),
             volume_type: record.volume_type.clone(),
+            flatten: record
+                .clone_of
+                .as_ref()
+                .and_then(|_| self.flattening.lock().get(&record.id).cloned()),
         }
     }
 

@@ -63,6 +63,21 @@ pub struct SnapshotInfo {
     pub nvme_hosts: Vec<String>,
 }
 
+/// How far the flattening of a clone has come on this node: windows are
+/// copied one call at a time (`basalt volume flatten` walks the volume), and
+/// `volume show` reports the last one until the clone is detached.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FlattenProgress {
+    /// The end of the last window copied.
+    pub done_bytes: u64,
+    /// The clone's size.
+    pub total_bytes: u64,
+    /// Bytes copied into the clone so far by this flattening.
+    pub copied_bytes: u64,
+    /// When the last window ended.
+    pub updated: std::time::Instant,
+}
+
 /// Splits `VOLUME@SNAPSHOT`; `None` for a plain name.
 pub fn split_snapshot_name(full: &str) -> Option<(&str, &str)> {
     full.split_once('@')
@@ -407,7 +422,25 @@ impl VolumeService {
             )));
         }
         // Not under the control lock: this copies data for a long time.
+        let end = range.end.min(record.size_bytes);
         let report = self.store.flatten(record.id, range, rate, progress)?;
+        {
+            let mut flattening = self.flattening.lock();
+            if report.detached {
+                flattening.remove(&record.id);
+            } else {
+                let entry = flattening.entry(record.id).or_insert(FlattenProgress {
+                    done_bytes: 0,
+                    total_bytes: record.size_bytes,
+                    copied_bytes: 0,
+                    updated: std::time::Instant::now(),
+                });
+                entry.done_bytes = end;
+                entry.total_bytes = record.size_bytes;
+                entry.copied_bytes += report.copied_blocks * basalt_store::BLOCK_SIZE;
+                entry.updated = std::time::Instant::now();
+            }
+        }
         if report.detached {
             let _control = self.control.lock();
             self.forget_clone_source(name)?;
