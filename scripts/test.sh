@@ -18,6 +18,7 @@
 #   iproute2            `ip netns`, for the network-partition cluster tests
 #   libssl-dev          OpenSSL and pkg-config, to build the openssl crate
 #   pkg-config          (NBD over TLS with pre-shared keys)
+#   python3-venv        the virtual environment of the Cinder driver's tests
 # and makes sure apt's package lists are there: the guest harness downloads
 # the guest's kernel and tools with `apt-get download` (cached in
 # ~/.cache/basalt-guest, about 170 MB).
@@ -28,6 +29,9 @@
 #   loom: the event loops' mailbox protocol under every interleaving
 #         (RUSTFLAGS="--cfg loom" cargo test -p basalt-reactor --lib, in its
 #         own target directory so the main build stays cached)
+#   integrations/openstack/run-tests.sh: the Cinder driver with Cinder's own
+#         code (pinned, from PyPI, into a cached virtual environment) against
+#         a live server
 #   fuzz/run.sh 30                                          (skip: --no-fuzz)
 # Every step runs even if an earlier one failed; the exit status is non-zero
 # if any failed. Safe to run repeatedly.
@@ -83,6 +87,7 @@ missing_packages() {
     command -v ip >/dev/null 2>&1 || missing+=(iproute2)
     command -v pkg-config >/dev/null 2>&1 || missing+=(pkg-config)
     pkg-config --exists openssl 2>/dev/null || missing+=(libssl-dev)
+    python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || missing+=(python3-venv)
     echo "${missing[@]}"
 }
 
@@ -182,6 +187,7 @@ fi
 step test cargo_test "${test_args[@]}"
 step loom env RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR="$ROOT/target/loom" \
     cargo test -p basalt-reactor --lib --release
+step openstack bash integrations/openstack/run-tests.sh
 if [ "$run_fuzz" = 1 ]; then
     if [ -f fuzz/run.sh ]; then
         step fuzz bash fuzz/run.sh 30

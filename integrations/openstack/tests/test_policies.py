@@ -1,0 +1,77 @@
+"""Volume types, QoS specs, retype and manage through the driver (admin token
+where Basalt requires one: per-volume QoS is a cluster-admin operation)."""
+
+from __future__ import annotations
+
+from basalt_cinder import driver as basalt_driver
+from basalt_cinder.client import BasaltError
+from conftest import BasaltManagerTestCase, GiB, admin, exists
+
+
+def ensure_type(name: str, **body: object) -> None:
+    try:
+        admin().request("POST", "/api/v1/types", {"name": name, **body})
+    except BasaltError as err:
+        if err.status != 409:
+            raise
+
+
+class AdminTokenPolicyTest(BasaltManagerTestCase):
+    token_env = "BASALT_ADMIN_TOKEN"
+
+    def test_extra_specs_and_qos_specs(self) -> None:
+        ensure_type("cinder-gold", replicas=1, qos={"total_iops_sec": 5000})
+        vtype = self.volume_type(
+            extra_specs={"basalt:type": "cinder-gold", "basalt:replicas": "1",
+                         "basalt:compression": "true"},
+            qos={"read_iops_sec": "800", "write_bytes_sec_per_gb": "1048576"},
+        )
+        vol = self.create(volume_type_id=vtype.id)
+        self.assertEqual("available", vol.status)
+        info = admin().get_volume(basalt_driver.volume_name(vol))
+        self.assertEqual("cinder-gold", info["volume_type"])
+        self.assertEqual({"read_iops_sec": 800, "write_bytes_sec_per_gb": 1048576},
+                         info["qos"])
+
+    def test_front_end_qos_is_left_to_nova(self) -> None:
+        vtype = self.volume_type(qos={"total_iops_sec": "100"}, consumer="front-end")
+        vol = self.create(volume_type_id=vtype.id)
+        info = admin().get_volume(basalt_driver.volume_name(vol))
+        self.assertFalse(bool(info.get("qos")))
+
+    def test_retype_changes_type_and_qos_online(self) -> None:
+        ensure_type("cinder-silver", replicas=1, qos={"total_iops_sec": 1000})
+        ensure_type("cinder-gold", replicas=1, qos={"total_iops_sec": 5000})
+        old = self.volume_type(extra_specs={"basalt:type": "cinder-silver"})
+        new = self.volume_type(extra_specs={"basalt:type": "cinder-gold"},
+                               qos={"total_bytes_sec": "104857600"})
+        vol = self.create(volume_type_id=old.id)
+        name = basalt_driver.volume_name(vol)
+        self.assertEqual("cinder-silver", admin().get_volume(name)["volume_type"])
+        done, _update = self.driver.retype(self.context, vol, {"id": new.id}, {}, {})
+        self.assertTrue(done)
+        info = admin().get_volume(name)
+        self.assertEqual("cinder-gold", info["volume_type"])
+        self.assertEqual({"total_bytes_sec": 104857600}, info["qos"])
+
+    def test_manage_and_unmanage(self) -> None:
+        admin().create_volume("legacy-disk", 3 * GiB // 2)
+        self.addCleanup(lambda: exists("legacy-disk") and admin().delete_volume("legacy-disk"))
+        listed = self.driver.get_manageable_volumes([], None, 1000, 0, ["size"], ["asc"])
+        entry = next(e for e in listed if e["reference"]["source-name"] == "legacy-disk")
+        self.assertTrue(entry["safe_to_manage"])
+        self.assertEqual(2, entry["size"])
+        vol = self.new_volume(size=2)
+        ref = {"source-name": "legacy-disk"}
+        self.assertEqual(2, self.driver.manage_existing_get_size(vol, ref))
+        update = self.driver.manage_existing(vol, ref)
+        self.assertEqual({"provider_id": "legacy-disk"}, update)
+        self.assertEqual(2 * GiB, admin().get_volume("legacy-disk")["size_bytes"])
+        vol.provider_id = "legacy-disk"
+        vol.save()
+        listed = self.driver.get_manageable_volumes([vol], None, 1000, 0, ["size"], ["asc"])
+        entry = next(e for e in listed if e["reference"]["source-name"] == "legacy-disk")
+        self.assertFalse(entry["safe_to_manage"])
+        self.assertEqual(vol.id, entry["cinder_id"])
+        self.driver.unmanage(vol)
+        self.assertTrue(exists("legacy-disk"))
