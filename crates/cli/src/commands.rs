@@ -4,6 +4,7 @@
 
 use crate::client::{ApiClient, ClientArgs, Output};
 use crate::output::{fields, table, Align};
+use crate::transfer::Progress;
 use anyhow::{anyhow, bail, Context, Result};
 use basalt_api::types::{AttachedHost, Node, NodeList, Status, Volume, VolumeList};
 use basalt_volume::qos::QosSpec;
@@ -747,8 +748,7 @@ pub fn run_status(client: &ClientArgs) -> Result<()> {
 /// progress bar moves.
 const WINDOW: u64 = 1 << 30;
 
-/// `volume scrub`: window by window, with a progress bar on a terminal.
-/// Flattens a clone window by window, with a progress bar.
+/// Flattens a clone window by window, with progress (`transfer::Progress`).
 fn flatten(name: &str, rate: Option<&str>, client: &ClientArgs) -> Result<()> {
     let rate = rate.map(parse_size).transpose()?;
     if rate == Some(0) {
@@ -759,7 +759,7 @@ fn flatten(name: &str, rate: Option<&str>, client: &ClientArgs) -> Result<()> {
     let Some(source) = volume.clone_of.clone() else {
         bail!("volume {name} is not a clone; there is nothing to flatten");
     };
-    let bar = progress_bar(volume.size_bytes, "flattening", name, client);
+    let mut bar = Progress::new(volume.size_bytes, "flattening", name, client);
     let (mut copied, mut detached) = (0u64, false);
     let mut offset = 0;
     while offset < volume.size_bytes {
@@ -774,7 +774,7 @@ fn flatten(name: &str, rate: Option<&str>, client: &ClientArgs) -> Result<()> {
         offset += length;
         bar.set_position(offset);
     }
-    bar.finish_and_clear();
+    bar.finish();
     if client.output == Output::Json {
         return print_json(&json!({
             "volume": name, "copied_bytes": copied, "detached": detached,
@@ -792,23 +792,7 @@ fn flatten(name: &str, rate: Option<&str>, client: &ClientArgs) -> Result<()> {
     Ok(())
 }
 
-/// A progress bar over `total` bytes (hidden with --output json).
-fn progress_bar(total: u64, verb: &str, name: &str, client: &ClientArgs) -> indicatif::ProgressBar {
-    let bar = indicatif::ProgressBar::new(total);
-    bar.set_style(
-        indicatif::ProgressStyle::with_template(&format!(
-            "{verb} {{msg}} [{{bar:30}}] {{bytes}}/{{total_bytes}} ({{bytes_per_sec}}, {{eta}} left)"
-        ))
-        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
-        .progress_chars("=> "),
-    );
-    bar.set_message(name.to_string());
-    if client.output == Output::Json {
-        bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
-    }
-    bar
-}
-
+/// `volume scrub`: window by window, with progress (`transfer::Progress`).
 fn scrub(name: &str, rate: Option<&str>, client: &ClientArgs) -> Result<()> {
     let rate = rate.map(parse_size).transpose()?;
     if rate == Some(0) {
@@ -818,7 +802,7 @@ fn scrub(name: &str, rate: Option<&str>, client: &ClientArgs) -> Result<()> {
     let size = api.get(&volume_path(name))?["size_bytes"]
         .as_u64()
         .context("the server's volume record has no size")?;
-    let bar = progress_bar(size, "scrubbing", name, client);
+    let mut bar = Progress::new(size, "scrubbing", name, client);
     let (mut checked, mut bad, mut checksums) = (0u64, Vec::<u64>::new(), true);
     let mut offset = 0;
     while offset < size {
@@ -836,7 +820,7 @@ fn scrub(name: &str, rate: Option<&str>, client: &ClientArgs) -> Result<()> {
         offset += length;
         bar.set_position(offset);
     }
-    bar.finish_and_clear();
+    bar.finish();
     if client.output == Output::Json {
         print_json(&json!({
             "volume": name,

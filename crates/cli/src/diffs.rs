@@ -18,8 +18,8 @@
 use crate::client::{ApiClient, ClientArgs, Output};
 use crate::commands::{decode, path_segment, print_json, volume_path};
 use crate::output::{table, Align};
-use crate::transfer::{chunks, nonzero_runs, NbdArgs, Progress, WINDOW};
-use anyhow::{anyhow, bail, Context, Result};
+use crate::transfer::{chunks, create_output, data_and_zero_runs, NbdArgs, Progress, WINDOW};
+use anyhow::{bail, Context, Result};
 use basalt_api::types::{Volume, VolumeDiffBody};
 use basalt_image::diff_stream::{
     encode_magic, encode_record, DiffParser, DiffRecord, DiffStreamError,
@@ -28,9 +28,8 @@ use basalt_nbd_client::WriteOp;
 use basalt_volume::{format_size, split_snapshot_name};
 use serde_json::json;
 use std::collections::BTreeMap;
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::{BufReader, BufWriter, Read, Write};
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
 /// Largest WRITE_ZEROES sent at once.
@@ -142,20 +141,7 @@ pub fn export_diff(
     let mut sink = if file == Path::new("-") {
         Sink::Stdout(BufWriter::new(std::io::stdout()))
     } else {
-        let mut open = OpenOptions::new();
-        open.write(true).mode(0o600);
-        if force {
-            open.create(true).truncate(true);
-        } else {
-            open.create_new(true);
-        }
-        let out = open.open(file).map_err(|e| match e.kind() {
-            std::io::ErrorKind::AlreadyExists => anyhow!(
-                "{} exists; remove it or pass --force to overwrite it",
-                file.display()
-            ),
-            _ => anyhow!("cannot create {}: {e}", file.display()),
-        })?;
+        let out = create_output(file, force)?;
         Sink::File {
             path: file.to_path_buf(),
             out: BufWriter::with_capacity(1 << 20, out),
@@ -256,39 +242,20 @@ fn write_stream(
                     let Some(data) = early.remove(&offset) else {
                         break;
                     };
-                    let mut at = 0usize;
-                    for (s, e) in nonzero_runs(&data) {
-                        if s > at {
-                            let len = (s - at) as u64;
-                            emit(
-                                DiffRecord::Zero {
-                                    offset: offset + at as u64,
-                                    len,
-                                },
-                                &mut buf,
-                                out,
-                            )?;
-                        }
-                        emit(
+                    for (s, e, holds_data) in data_and_zero_runs(&data) {
+                        let at = offset + s as u64;
+                        let record = if holds_data {
                             DiffRecord::Data {
-                                offset: offset + s as u64,
+                                offset: at,
                                 data: data[s..e].to_vec(),
-                            },
-                            &mut buf,
-                            out,
-                        )?;
-                        at = e;
-                    }
-                    if at < data.len() {
-                        let len = (data.len() - at) as u64;
-                        emit(
+                            }
+                        } else {
                             DiffRecord::Zero {
-                                offset: offset + at as u64,
-                                len,
-                            },
-                            &mut buf,
-                            out,
-                        )?;
+                                offset: at,
+                                len: (e - s) as u64,
+                            }
+                        };
+                        emit(record, &mut buf, out)?;
                     }
                     progress.add(data.len() as u64);
                 }

@@ -10,16 +10,16 @@
 
 use crate::client::{ApiClient, ClientArgs, Output};
 use crate::commands::{decode, print_json, volume_path};
-use crate::transfer::{chunks, nonzero_runs, NbdArgs, Progress, WINDOW};
+use crate::transfer::{chunks, create_output, nonzero_runs, NbdArgs, Progress, WINDOW};
 use anyhow::{anyhow, bail, Context, Result};
 use basalt_api::types::Volume;
 use basalt_image::{ExtentKind, ImageFormat, Qcow2Reader, Qcow2Writer, ReadAt};
 use basalt_nbd_client::{Allocation, WriteOp};
 use basalt_volume::{format_size, parse_size};
 use serde_json::json;
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::Read;
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::os::unix::fs::FileExt;
 use std::os::unix::io::AsRawFd;
 use std::path::Path;
 
@@ -276,20 +276,7 @@ pub fn export(
     let api = ApiClient::discover(client)?;
     let mut conn = nbd.connect(&api, source)?;
     let size = conn.size();
-    let mut open = OpenOptions::new();
-    open.write(true).read(true).mode(0o600);
-    if force {
-        open.create(true).truncate(true);
-    } else {
-        open.create_new(true);
-    }
-    let file = open.open(path).map_err(|e| match e.kind() {
-        std::io::ErrorKind::AlreadyExists => anyhow!(
-            "{} exists; remove it or pass --force to overwrite it",
-            path.display()
-        ),
-        _ => anyhow!("cannot create {}: {e}", path.display()),
-    })?;
+    let file = create_output(path, force)?;
     let started = std::time::Instant::now();
     let result = (|| -> Result<u64> {
         let runs: Vec<(u64, u64)> = conn

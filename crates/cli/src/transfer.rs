@@ -5,10 +5,13 @@
 //! line every few seconds otherwise).
 
 use crate::client::{ApiClient, ClientArgs, Output};
-use anyhow::{bail, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use basalt_nbd_client::{Endpoint, NbdClient};
 use clap::Args;
+use std::fs::{File, OpenOptions};
 use std::io::IsTerminal;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 /// Bytes per NBD request.
@@ -47,6 +50,25 @@ impl NbdArgs {
     }
 }
 
+/// Creates the file an export writes: mode 0600, refused if it exists
+/// unless `force` (then truncated).
+pub fn create_output(path: &Path, force: bool) -> Result<File> {
+    let mut open = OpenOptions::new();
+    open.read(true).write(true).mode(0o600);
+    if force {
+        open.create(true).truncate(true);
+    } else {
+        open.create_new(true);
+    }
+    open.open(path).map_err(|e| match e.kind() {
+        std::io::ErrorKind::AlreadyExists => anyhow!(
+            "{} exists; remove it or pass --force to overwrite it",
+            path.display()
+        ),
+        _ => anyhow!("cannot create {}: {e}", path.display()),
+    })
+}
+
 /// Nonzero runs of `data` (at block granularity) as (start, end) offsets.
 pub fn nonzero_runs(data: &[u8]) -> Vec<(usize, usize)> {
     let mut runs: Vec<(usize, usize)> = Vec::new();
@@ -61,6 +83,24 @@ pub fn nonzero_runs(data: &[u8]) -> Vec<(usize, usize)> {
         }
     }
     runs
+}
+
+/// `data` cut into consecutive runs of data and of zeros (at block
+/// granularity), as (start, end, holds data).
+pub fn data_and_zero_runs(data: &[u8]) -> Vec<(usize, usize, bool)> {
+    let mut out = Vec::new();
+    let mut at = 0;
+    for (start, end) in nonzero_runs(data) {
+        if start > at {
+            out.push((at, start, false));
+        }
+        out.push((start, end, true));
+        at = end;
+    }
+    if at < data.len() {
+        out.push((at, data.len(), false));
+    }
+    out
 }
 
 /// Splits [offset, offset+len) into requests of at most [`CHUNK`] bytes,
@@ -142,6 +182,11 @@ impl Progress {
         }
     }
 
+    /// `pos` bytes handled in all.
+    pub fn set_position(&mut self, pos: u64) {
+        self.add(pos.saturating_sub(self.done));
+    }
+
     pub fn finish(&self) {
         if let Some(bar) = &self.bar {
             bar.finish_and_clear();
@@ -164,6 +209,15 @@ mod tests {
             vec![(BLOCK, 3 * BLOCK), (5 * BLOCK, 5 * BLOCK + 100)]
         );
         assert!(nonzero_runs(&[0u8; 3 * BLOCK]).is_empty());
+        assert_eq!(
+            data_and_zero_runs(&data),
+            vec![
+                (0, BLOCK, false),
+                (BLOCK, 3 * BLOCK, true),
+                (3 * BLOCK, 5 * BLOCK, false),
+                (5 * BLOCK, 5 * BLOCK + 100, true)
+            ]
+        );
     }
 
     #[test]

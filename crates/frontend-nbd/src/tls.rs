@@ -37,10 +37,9 @@ use std::time::Duration;
 /// Bytes the pump moves per read, each way.
 const PUMP_BUFFER: usize = 256 * 1024;
 
-/// TLS 1.2 suites with a pre-shared key and authenticated encryption (TLS
-/// 1.3 suites are all of that kind).
-const TLS12_PSK_CIPHERS: &str = "ECDHE-PSK-CHACHA20-POLY1305:DHE-PSK-AES256-GCM-SHA384:\
-DHE-PSK-AES128-GCM-SHA256:PSK-AES256-GCM-SHA384:PSK-AES128-GCM-SHA256";
+// TLS 1.2 suites with a pre-shared key and authenticated encryption (TLS
+// 1.3 suites are all of that kind).
+use basalt_nbd_wire::TLS_PSK_CIPHERS as TLS12_PSK_CIPHERS;
 
 /// A pre-shared key and what it opens.
 #[derive(Clone, Debug)]

@@ -23,10 +23,6 @@ use std::net::TcpStream;
 use std::os::unix::net::UnixStream;
 use std::time::Duration;
 
-/// TLS 1.2 PSK suites, forward-secret first (what the server offers).
-const PSK_CIPHERS: &str = "ECDHE-PSK-CHACHA20-POLY1305:DHE-PSK-AES256-GCM-SHA384:\
-DHE-PSK-AES128-GCM-SHA256:PSK-AES256-GCM-SHA384:PSK-AES128-GCM-SHA256";
-
 /// A server that stays silent this long is taken for dead.
 const REPLY_TIMEOUT: Duration = Duration::from_secs(300);
 
@@ -702,11 +698,8 @@ fn start_tls(tcp: TcpStream, psk: &PskCredentials) -> Result<Box<dyn Stream>, Cl
     let mut b = SslConnector::builder(SslMethod::tls_client()).map_err(|e| tls(&e))?;
     b.set_min_proto_version(Some(SslVersion::TLS1_2))
         .map_err(|e| tls(&e))?;
-    // PSK suites are TLS 1.2's; 1.3 would need a session ticket shape
-    // the server does not offer.
-    b.set_max_proto_version(Some(SslVersion::TLS1_2))
+    b.set_cipher_list(basalt_nbd_wire::TLS_PSK_CIPHERS)
         .map_err(|e| tls(&e))?;
-    b.set_cipher_list(PSK_CIPHERS).map_err(|e| tls(&e))?;
     let (identity, key) = (psk.identity.clone(), psk.key.clone());
     b.set_psk_client_callback(move |_, _hint, id_out, key_out| {
         let id = identity.as_bytes();

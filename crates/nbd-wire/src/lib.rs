@@ -51,6 +51,12 @@ pub use transmission::{
     SimpleReply,
 };
 
+/// The TLS 1.2 pre-shared-key cipher suites (OpenSSL names) Basalt's NBD
+/// server offers and its client asks for, forward-secret ones first; what
+/// GnuTLS clients (qemu, libnbd) negotiate with a PSK.
+pub const TLS_PSK_CIPHERS: &str = "ECDHE-PSK-CHACHA20-POLY1305:DHE-PSK-AES256-GCM-SHA384:\
+DHE-PSK-AES128-GCM-SHA256:PSK-AES256-GCM-SHA384:PSK-AES128-GCM-SHA256";
+
 /// `NBDMAGIC`, the first eight bytes the server sends.
 pub const NBD_MAGIC: u64 = 0x4e42_444d_4147_4943;
 /// `IHAVEOPT`: second magic of the newstyle greeting, and the magic that
