@@ -12,7 +12,10 @@
 #     failure injection).
 # The server it started is stopped by its PID and the directory removed on exit.
 # Environment: BASALT_CINDER_PYTHON (default python3), BASALT_CINDER_VENV,
-# BASALT_BIN (default target/release/basalt, built when missing), PYTEST_ARGS.
+# BASALT_BIN (default target/release/basalt, built when missing), PYTEST_ARGS
+# (instead of every tests/test_*.py),
+# BASALT_CINDER_CAPACITY (the server's store, default 4G; tests/bench_lifecycle.py
+# needs 200G, sparse).
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -68,7 +71,7 @@ cleanup() {
 }
 trap cleanup EXIT
 data="$tmp/data"
-"$basalt" server --data-dir "$data" --capacity 4G \
+"$basalt" server --data-dir "$data" --capacity "${BASALT_CINDER_CAPACITY:-4G}" \
     --api-listen 127.0.0.1:0 --nvme-listen 127.0.0.1:0 >"$tmp/server.log" 2>&1 &
 server_pid=$!
 for _ in $(seq 200); do
@@ -90,7 +93,7 @@ log "basalt server pid $server_pid at $BASALT_API_URL (nvme $BASALT_NVME)"
 # --- tests --------------------------------------------------------------------------
 log "pytest"
 status=0
-(cd "$here/tests" && "$venv/bin/python" -m pytest -p no:cacheprovider -q ${PYTEST_ARGS:-} .) || status=$?
+(cd "$here/tests" && "$venv/bin/python" -m pytest -p no:cacheprovider -q ${PYTEST_ARGS:-.}) || status=$?
 if [[ $status -ne 0 ]]; then
     echo "--- basalt server log (last 40 lines) ---" >&2
     tail -n 40 "$tmp/server.log" >&2
