@@ -332,20 +332,40 @@ fn export_raw(
     progress: &mut Progress,
 ) -> Result<u64> {
     file.set_len(size)?;
-    let mut written = 0u64;
-    conn.read_pipelined::<anyhow::Error>(
-        runs.iter().flat_map(|&(o, l)| chunks(o, l)),
-        WINDOW,
-        |offset, data| {
-            for (s, e) in nonzero_runs(&data) {
-                file.write_all_at(&data[s..e], offset + s as u64)?;
-                written += (e - s) as u64;
+    // The file is written on a thread of its own, so the window of NBD
+    // reads stays full while the page cache takes the data.
+    let (tx, rx) = std::sync::mpsc::sync_channel::<(u64, Vec<u8>)>(WINDOW);
+    std::thread::scope(|scope| {
+        let writer = scope.spawn(move || -> Result<u64> {
+            let mut written = 0u64;
+            for (offset, data) in rx {
+                for (s, e) in nonzero_runs(&data) {
+                    file.write_all_at(&data[s..e], offset + s as u64)?;
+                    written += (e - s) as u64;
+                }
             }
-            progress.add(data.len() as u64);
-            Ok(())
-        },
-    )?;
-    Ok(written)
+            Ok(written)
+        });
+        let read = conn.read_pipelined::<anyhow::Error>(
+            runs.iter().flat_map(|&(o, l)| chunks(o, l)),
+            WINDOW,
+            |offset, data| {
+                let len = data.len() as u64;
+                tx.send((offset, data))
+                    .map_err(|_| anyhow!("the file writer stopped"))?;
+                progress.add(len);
+                Ok(())
+            },
+        );
+        drop(tx);
+        let written = writer
+            .join()
+            .map_err(|_| anyhow!("the file writer panicked"))?;
+        // The writer's own error says more than "stopped".
+        let written = written?;
+        read?;
+        Ok(written)
+    })
 }
 
 fn export_qcow2(
