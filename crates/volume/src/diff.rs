@@ -43,12 +43,7 @@ impl VolumeService {
     fn snapshot_layer(&self, volume: &str, name: &str) -> Result<(VolumeId, String), VolumeError> {
         let (owner, snap) = split_snapshot_name(name).unwrap_or((volume, name));
         let record = self.record(owner)?.record;
-        let found = record
-            .snapshot(snap)
-            .ok_or_else(|| VolumeError::SnapshotNotFound {
-                volume: owner.to_string(),
-                name: snap.to_string(),
-            })?;
+        let found = Self::snapshot_of(&record, snap)?;
         Ok((found.id, format!("{owner}@{snap}")))
     }
 
@@ -70,12 +65,7 @@ impl VolumeService {
         let record = self.record(volume)?.record;
         let (to_id, to_name, size_bytes) = match to {
             Some(snap) => {
-                let found = record
-                    .snapshot(snap)
-                    .ok_or_else(|| VolumeError::SnapshotNotFound {
-                        volume: volume.to_string(),
-                        name: snap.to_string(),
-                    })?;
+                let found = Self::snapshot_of(&record, snap)?;
                 (found.id, format!("{volume}@{snap}"), found.size_bytes)
             }
             None => (record.id, volume.to_string(), record.size_bytes),

@@ -103,7 +103,7 @@ impl VolumeService {
         Ok(())
     }
 
-    fn snapshot_of<'a>(
+    pub(crate) fn snapshot_of<'a>(
         record: &'a VolumeRecord,
         name: &str,
     ) -> Result<&'a SnapshotRecord, VolumeError> {
