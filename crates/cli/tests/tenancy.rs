@@ -77,6 +77,12 @@ fn projects_are_isolated_through_the_cli_and_the_api() {
         ("snapshot", vec!["snapshot", "create", "a-vol", "mine"]),
         ("snapshot show", vec!["snapshot", "show", "a-vol@s1"]),
         ("snapshot delete", vec!["snapshot", "delete", "a-vol@s1"]),
+        ("diff", vec!["volume", "diff", "a-vol@s1"]),
+        // Its own volume against A's snapshot: A's blocks stay unseen.
+        (
+            "diff from A's snapshot",
+            vec!["volume", "diff", "a-vol@s1", "b-vol"],
+        ),
         (
             "attach",
             vec![
