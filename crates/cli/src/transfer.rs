@@ -19,7 +19,7 @@ pub const CHUNK: u64 = 1 << 20;
 /// Requests kept in flight.
 pub const WINDOW: usize = 8;
 /// The granularity of zero detection: the store's block.
-pub const BLOCK: usize = 4096;
+pub const BLOCK: usize = basalt_store::BLOCK_SIZE as usize;
 
 /// Where the data moves: the NBD endpoint of the node.
 #[derive(Args, Debug, Clone)]
