@@ -18,8 +18,8 @@
 //! - The encoding is canonical: a frame has exactly one byte form (flags
 //!   and booleans are checked, no padding), so `encode(decode(b)) == b` for
 //!   every `b` that decodes.
-//! - A `Msg` carrying a volume (`Repl`, `ReplAck`, `ReplStarted`, `Fenced`,
-//!   `HeartbeatAck`, `RepairRead`, `RepairData`)
+//! - A `Msg` carrying a volume (`Repl`, `ReplAck`, `ReplDigest`,
+//!   `ReplStarted`, `Fenced`, `HeartbeatAck`, `RepairRead`, `RepairData`)
 //!   must name the frame's volume: the volume is written once, in the
 //!   frame, and decoded into both places, so a receiver can never see the
 //!   two disagree.
@@ -51,8 +51,11 @@ pub const MAGIC: [u8; 4] = *b"BSPW";
 /// mutual authentication of the two ends: a `nonce` and a `proof` in
 /// `Hello`, and the `Auth` kind (10) the dialer proves itself with.
 /// Version 6 added read repair: the `RepairRead` (11) and `RepairData` (12)
-/// kinds and the `Unreadable` client reply (2).
-pub const VERSION: u8 = 6;
+/// kinds and the `Unreadable` client reply (2). Version 7 added the replica
+/// compare: `Repl` op 4 (`Digest`), `ClientReq` req 4 (`Compare`) and the
+/// `ReplDigest` kind (13), and made `RepairRead` name the stream entry the
+/// replica must have applied before it reads (`session`, `after`).
+pub const VERSION: u8 = 7;
 /// Bytes in a frame header.
 pub const HEADER_LEN: usize = 20;
 /// The largest payload a decoder accepts (and an encoder produces).
@@ -72,6 +75,7 @@ pub mod kind {
     pub const AUTH: u8 = 10;
     pub const REPAIR_READ: u8 = 11;
     pub const REPAIR_DATA: u8 = 12;
+    pub const REPL_DIGEST: u8 = 13;
 }
 
 /// Bytes of a Hello's nonce.
@@ -244,13 +248,20 @@ fn check(frame: &Frame) -> Result<(u8, &[u8]), EncodeError> {
             same(v)?;
             let data = match op {
                 ReplOp::Write { data, .. } => data.as_slice(),
-                ReplOp::Start | ReplOp::Flush | ReplOp::WriteZeroes { .. } => &[],
+                ReplOp::Start
+                | ReplOp::Flush
+                | ReplOp::WriteZeroes { .. }
+                | ReplOp::Digest { .. } => &[],
             };
             (kind::REPL, data)
         }
         Msg::ReplAck { vol: v, .. } => {
             same(v)?;
             (kind::REPL_ACK, &[])
+        }
+        Msg::ReplDigest { vol: v, .. } => {
+            same(v)?;
+            (kind::REPL_DIGEST, &[])
         }
         Msg::ReplStarted { vol: v, prior, .. } => {
             same(v)?;
@@ -293,7 +304,9 @@ fn check(frame: &Frame) -> Result<(u8, &[u8]), EncodeError> {
                     (kind::CLIENT_REQ, data.as_slice())
                 }
             }
-            ClientReq::Flush | ClientReq::Read { .. } => (kind::CLIENT_REQ, &[]),
+            ClientReq::Flush | ClientReq::Read { .. } | ClientReq::Compare { .. } => {
+                (kind::CLIENT_REQ, &[])
+            }
         },
         Msg::ClientReply { reply, .. } => match reply {
             ClientReply::Ok {
@@ -329,15 +342,17 @@ fn fields_len(frame: &Frame) -> usize {
                 + match op {
                     ReplOp::Write { .. } => 8 + 1 + 4,
                     ReplOp::WriteZeroes { .. } => 8 + 1 + 8,
+                    ReplOp::Digest { .. } => 16,
                     ReplOp::Start | ReplOp::Flush => 0,
                 }
         }
         Msg::ReplAck { .. } => 24,
+        Msg::ReplDigest { digest, .. } => 24 + 1 + if digest.is_some() { 4 } else { 0 },
         Msg::ReplStarted { prior, .. } => {
             16 + 8 + 8 + 4 + 4 * prior.as_ref().map_or(0, |p| p.regions.len())
         }
         Msg::Fenced { .. } => 8,
-        Msg::RepairRead { .. } => 32,
+        Msg::RepairRead { .. } => 48,
         Msg::RepairData { data, .. } => 8 + 8 + 1 + if data.is_some() { 4 } else { 0 },
         Msg::Heartbeat { .. } => 16,
         Msg::HeartbeatAck { .. } => 28,
@@ -347,7 +362,7 @@ fn fields_len(frame: &Frame) -> usize {
                     // Data form or zeros form: the same fields.
                     ClientReq::Write { .. } => 8 + 1 + 4,
                     ClientReq::Flush => 0,
-                    ClientReq::Read { .. } => 16,
+                    ClientReq::Read { .. } | ClientReq::Compare { .. } => 16,
                 }
         }
         Msg::ClientReply { reply, .. } => {
@@ -423,6 +438,29 @@ fn write_fields(frame: &Frame, data: &[u8], out: &mut Vec<u8>) {
                     out.push(u8::from(*fua));
                     u64le(out, *blocks);
                 }
+                ReplOp::Digest { lba, blocks } => {
+                    out.push(4);
+                    u64le(out, *lba);
+                    u64le(out, *blocks);
+                }
+            }
+        }
+        Msg::ReplDigest {
+            epoch,
+            session,
+            lseq,
+            digest,
+            ..
+        } => {
+            u64le(out, epoch.0);
+            u64le(out, *session);
+            u64le(out, *lseq);
+            match digest {
+                Some(d) => {
+                    out.push(1);
+                    u32le(out, *d);
+                }
+                None => out.push(0),
             }
         }
         Msg::ReplAck {
@@ -465,12 +503,16 @@ fn write_fields(frame: &Frame, data: &[u8], out: &mut Vec<u8>) {
             id,
             lba,
             blocks,
+            session,
+            after,
             ..
         } => {
             u64le(out, epoch.0);
             u64le(out, *id);
             u64le(out, *lba);
             u64le(out, *blocks);
+            u64le(out, *session);
+            u64le(out, *after);
         }
         Msg::RepairData {
             epoch, id, data, ..
@@ -515,6 +557,11 @@ fn write_fields(frame: &Frame, data: &[u8], out: &mut Vec<u8>) {
                 ClientReq::Flush => out.push(1),
                 ClientReq::Read { lba, blocks } => {
                     out.push(2);
+                    u64le(out, *lba);
+                    u64le(out, *blocks);
+                }
+                ClientReq::Compare { lba, blocks } => {
+                    out.push(4);
                     u64le(out, *lba);
                     u64le(out, *blocks);
                 }
@@ -588,7 +635,7 @@ pub fn decode_header(buf: &[u8]) -> Result<Option<Header>, DecodeError> {
         return Err(DecodeError::HeaderCrc { expected, actual });
     }
     let kind = h[5];
-    if !(kind::HELLO..=kind::REPAIR_DATA).contains(&kind) {
+    if !(kind::HELLO..=kind::REPL_DIGEST).contains(&kind) {
         return Err(DecodeError::UnknownKind(kind));
     }
     let flags = u16::from_le_bytes([h[6], h[7]]);
@@ -729,6 +776,7 @@ fn kind_name(kind: u8) -> &'static str {
         kind::AUTH => "Auth",
         kind::REPAIR_READ => "RepairRead",
         kind::REPAIR_DATA => "RepairData",
+        kind::REPL_DIGEST => "ReplDigest",
         _ => "unknown",
     }
 }
@@ -778,6 +826,10 @@ fn decode_payload(kind: u8, payload: &[u8]) -> Result<Frame, DecodeError> {
                     fua: r.bool("fua")?,
                     blocks: r.u64("blocks")?,
                 },
+                4 => ReplOp::Digest {
+                    lba: r.u64("lba")?,
+                    blocks: r.u64("blocks")?,
+                },
                 other => return Err(r.invalid("op", other)),
             };
             Msg::Repl {
@@ -797,6 +849,23 @@ fn decode_payload(kind: u8, payload: &[u8]) -> Result<Frame, DecodeError> {
             session: r.u64("session")?,
             lseq: r.u64("lseq")?,
         },
+        kind::REPL_DIGEST => {
+            let epoch = Epoch(r.u64("epoch")?);
+            let session = r.u64("session")?;
+            let lseq = r.u64("lseq")?;
+            let digest = if r.bool("has_digest")? {
+                Some(r.u32("digest")?)
+            } else {
+                None
+            };
+            Msg::ReplDigest {
+                vol,
+                epoch,
+                session,
+                lseq,
+                digest,
+            }
+        }
         kind::REPL_STARTED => {
             let epoch = Epoch(r.u64("epoch")?);
             let session = r.u64("session")?;
@@ -845,6 +914,8 @@ fn decode_payload(kind: u8, payload: &[u8]) -> Result<Frame, DecodeError> {
             id: r.u64("id")?,
             lba: r.u64("lba")?,
             blocks: r.u64("blocks")?,
+            session: r.u64("session")?,
+            after: r.u64("after")?,
         },
         kind::REPAIR_DATA => {
             let epoch = Epoch(r.u64("epoch")?);
@@ -886,6 +957,10 @@ fn decode_payload(kind: u8, payload: &[u8]) -> Result<Frame, DecodeError> {
                 }
                 1 => ClientReq::Flush,
                 2 => ClientReq::Read {
+                    lba: r.u64("lba")?,
+                    blocks: r.u64("blocks")?,
+                },
+                4 => ClientReq::Compare {
                     lba: r.u64("lba")?,
                     blocks: r.u64("blocks")?,
                 },

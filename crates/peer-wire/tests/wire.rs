@@ -37,7 +37,7 @@ fn hello_literal() {
         proof: [0x33; 32],
     };
     let bytes = hex("
-        42 53 50 57  06  01  00 00  4c 00 00 00  13 8a 7c 76  ee 55 3e 27
+        42 53 50 57  07  01  00 00  4c 00 00 00  13 8a 7c 76  de 81 4f 16
         11 11 11 11 11 11 11 11 11 11 11 11 11 11 11 11  07 00 00 00  08 07 06 05 04 03 02 01
         22 22 22 22 22 22 22 22 22 22 22 22 22 22 22 22
         33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33");
@@ -64,7 +64,7 @@ fn repl_write_literal() {
         },
     };
     let bytes = hex("
-        42 53 50 57  06  02  00 00  56 00 00 00  95 00 1d 92  ce 8e 1d 12
+        42 53 50 57  07  02  00 00  56 00 00 00  95 00 1d 92  fe 5a 6c 23
         ff ee dd cc bb aa 99 88 77 66 55 44 33 22 11 00
         02 00 00 00 00 00 00 00  03 00 00 00 00 00 00 00
         04 00 00 00 00 00 00 00  05 00 00 00 00 00 00 00
@@ -100,7 +100,7 @@ fn repl_write_zeroes_literal() {
         },
     };
     let bytes = hex("
-        42 53 50 57  06  02  00 00  52 00 00 00  b3 3f c9 60  4a 65 e9 9a
+        42 53 50 57  07  02  00 00  52 00 00 00  b3 3f c9 60  7a b1 98 ab
         ff ee dd cc bb aa 99 88 77 66 55 44 33 22 11 00
         02 00 00 00 00 00 00 00  03 00 00 00 00 00 00 00
         04 00 00 00 00 00 00 00  05 00 00 00 00 00 00 00
@@ -129,7 +129,7 @@ fn repl_started_literal() {
         },
     };
     let bytes = hex("
-        42 53 50 57  06  09  00 00  3c 00 00 00  19 b4 b0 e6  98 fb b1 6c
+        42 53 50 57  07  09  00 00  3c 00 00 00  19 b4 b0 e6  a8 2f c0 5d
         ff ee dd cc bb aa 99 88 77 66 55 44 33 22 11 00
         02 00 00 00 00 00 00 00  03 00 00 00 00 00 00 00
         01 00 00 00 00 00 00 00  20 00 00 00 00 00 00 00
@@ -182,7 +182,7 @@ fn client_write_of_zeros_literal() {
         },
     };
     let bytes = hex("
-        42 53 50 57  06  07  00 00  26 00 00 00  0a 17 b7 81  0d 88 c0 2d
+        42 53 50 57  07  07  00 00  26 00 00 00  0a 17 b7 81  3d 5c b1 1c
         ff ee dd cc bb aa 99 88 77 66 55 44 33 22 11 00
         0b 00 00 00 00 00 00 00  03  06 00 00 00 00 00 00 00  01  00 30 00 00");
     assert_literal(&frame, &bytes);
@@ -264,7 +264,7 @@ fn heartbeat_literal() {
         },
     };
     let bytes = hex("
-        42 53 50 57  06  05  00 00  20 00 00 00  23 35 8e d5  11 19 e2 bf
+        42 53 50 57  07  05  00 00  20 00 00 00  23 35 8e d5  21 cd 93 8e
         ff ee dd cc bb aa 99 88 77 66 55 44 33 22 11 00
         09 00 00 00 00 00 00 00  0a 00 00 00 00 00 00 00");
     assert_literal(&frame, &bytes);
@@ -285,9 +285,10 @@ fn typed_errors_name_the_problem() {
     assert!(matches!(decode(b"BSX"), Err(DecodeError::BadMagic { .. })));
     assert_eq!(decode(b"BSP"), Ok(None));
     // A version 1 peer (no zero forms), 2 (no failover watermarks), 3 (no
-    // lease in heartbeat answers), 4 (no authentication) or 5 (no read
-    // repair) is refused, as is a future one.
-    for v in [1, 2, 3, 4, 5, 7] {
+    // lease in heartbeat answers), 4 (no authentication), 5 (no read
+    // repair) or 6 (no replica compare, unordered repair reads) is refused,
+    // as is a future one.
+    for v in [1, 2, 3, 4, 5, 6, 8] {
         let mut b = good.clone();
         b[4] = v;
         assert_eq!(decode(&b), Err(DecodeError::UnsupportedVersion(v)));
@@ -310,7 +311,7 @@ fn typed_errors_name_the_problem() {
         h.extend_from_slice(payload);
         h
     };
-    assert_eq!(decode(&rebuild(13, &[])), Err(DecodeError::UnknownKind(13)));
+    assert_eq!(decode(&rebuild(14, &[])), Err(DecodeError::UnknownKind(14)));
     assert!(matches!(
         decode(&rebuild(kind::HEARTBEAT, &good[20..good.len() - 1])),
         Err(DecodeError::Truncated {
@@ -332,13 +333,13 @@ fn typed_errors_name_the_problem() {
     fenced.extend_from_slice(&[0; 8]);
     fenced.extend_from_slice(&[0; 8]); // session
     fenced.extend_from_slice(&[0; 32]); // lseq, vseq, commit, floor
-    fenced.push(4); // no such op
+    fenced.push(5); // no such op
     assert_eq!(
         decode(&rebuild(kind::REPL, &fenced)),
         Err(DecodeError::InvalidValue {
             kind: "Repl",
             field: "op",
-            value: 4
+            value: 5
         })
     );
 }
@@ -397,6 +398,7 @@ fn repl_op() -> impl Strategy<Value = ReplOp> {
         }),
         (any::<u64>(), any::<bool>(), any::<u64>())
             .prop_map(|(lba, fua, blocks)| { ReplOp::WriteZeroes { lba, fua, blocks } }),
+        (any::<u64>(), any::<u64>()).prop_map(|(lba, blocks)| ReplOp::Digest { lba, blocks }),
     ]
 }
 
@@ -409,6 +411,7 @@ fn client_req() -> impl Strategy<Value = ClientReq> {
             data
         }),
         (any::<u64>(), any::<u64>()).prop_map(|(lba, blocks)| ClientReq::Read { lba, blocks }),
+        (any::<u64>(), any::<u64>()).prop_map(|(lba, blocks)| ClientReq::Compare { lba, blocks }),
     ]
 }
 
@@ -474,13 +477,26 @@ fn msg(vol: VolumeId) -> impl Strategy<Value = Msg> {
             vol,
             epoch: Epoch(e)
         }),
-        (n(), n(), n(), n()).prop_map(move |(e, id, lba, blocks)| Msg::RepairRead {
-            vol,
-            epoch: Epoch(e),
-            id,
-            lba,
-            blocks,
+        (n(), n(), n(), n(), (n(), n())).prop_map(move |(e, id, lba, blocks, (session, after))| {
+            Msg::RepairRead {
+                vol,
+                epoch: Epoch(e),
+                id,
+                lba,
+                blocks,
+                session,
+                after,
+            }
         }),
+        (n(), n(), n(), prop::option::of(any::<u32>())).prop_map(
+            move |(e, session, lseq, digest)| Msg::ReplDigest {
+                vol,
+                epoch: Epoch(e),
+                session,
+                lseq,
+                digest,
+            }
+        ),
         (n(), n(), prop::option::of(data())).prop_map(move |(e, id, data)| Msg::RepairData {
             vol,
             epoch: Epoch(e),

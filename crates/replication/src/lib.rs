@@ -25,7 +25,8 @@ mod uncertain;
 
 pub use coordinator::{Change, ChangeOutcome, Coordinator, CoordinatorBug};
 pub use msg::{
-    Action, ClientReply, ClientReq, DiskOp, DiskResult, Endpoint, Input, IoId, Msg, Prior, ReplOp,
+    digest, Action, ClientReply, ClientReq, Compared, DiskOp, DiskResult, Endpoint, Input, IoId,
+    Msg, Prior, ReplOp,
 };
 pub use node::{Node, RoleKind, SavedLogs};
 pub use types::{

@@ -34,25 +34,102 @@ pub enum ReplOp {
     /// never-written region, a client's TRIM or WRITE_ZEROES), so that
     /// zeros never cross the network as bytes.
     WriteZeroes { lba: Lba, blocks: u64, fua: bool },
+    /// Checksum your copy of `blocks` blocks at `lba` at this point of the
+    /// stream (after every earlier entry, before every later one) and
+    /// answer with a `ReplDigest`: the replica compare of a scrub.
+    Digest { lba: Lba, blocks: u64 },
 }
 
 impl ReplOp {
     /// The blocks it writes, (first, count) with `block_len`-byte blocks;
-    /// None for a start or a flush.
+    /// None for a start, a flush or a digest.
     pub fn extent(&self, block_len: u64) -> Option<(Lba, u64)> {
         match self {
             ReplOp::Write { lba, data, .. } => Some((*lba, data.len() as u64 / block_len.max(1))),
             ReplOp::WriteZeroes { lba, blocks, .. } => Some((*lba, *blocks)),
-            ReplOp::Start | ReplOp::Flush => None,
+            ReplOp::Start | ReplOp::Flush | ReplOp::Digest { .. } => None,
         }
+    }
+
+    /// The blocks it reads or writes (a digest's included): the replica's
+    /// disk must hold them.
+    pub fn span(&self, block_len: u64) -> Option<(Lba, u64)> {
+        match self {
+            ReplOp::Digest { lba, blocks } => Some((*lba, *blocks)),
+            _ => self.extent(block_len),
+        }
+    }
+}
+
+/// The checksum a replica compare uses: CRC32C of the blocks' bytes.
+pub fn digest(data: &[u8]) -> u32 {
+    crc32c::crc32c(data)
+}
+
+/// What a `Compare` found, carried as its `Ok` reply's data.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Compared {
+    /// The replicas (besides the primary) whose checksum was compared: the
+    /// ones InSync from the request to the answer.
+    pub replicas: Vec<NodeId>,
+    /// Those of them whose copy differed (or failed its block checksums):
+    /// their copy of the regions is being rewritten from the primary's.
+    pub differing: Vec<NodeId>,
+}
+
+impl Compared {
+    /// `u32` count of `replicas`, the ids, then the ids of `differing`
+    /// (all little-endian).
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = (self.replicas.len() as u32).to_le_bytes().to_vec();
+        for n in self.replicas.iter().chain(&self.differing) {
+            out.extend_from_slice(&n.0.to_le_bytes());
+        }
+        out
+    }
+
+    /// Reads [`Compared::encode`]'s bytes back; None if they are not that.
+    pub fn decode(data: &[u8]) -> Option<Compared> {
+        let (count, rest) = data.split_first_chunk::<4>()?;
+        let count = u32::from_le_bytes(*count) as usize;
+        if !rest.len().is_multiple_of(4) || rest.len() / 4 < count {
+            return None;
+        }
+        let ids: Vec<NodeId> = rest
+            .chunks_exact(4)
+            .map(|c| NodeId(u32::from_le_bytes([c[0], c[1], c[2], c[3]])))
+            .collect();
+        let (replicas, differing) = ids.split_at(count);
+        Some(Compared {
+            replicas: replicas.to_vec(),
+            differing: differing.to_vec(),
+        })
     }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ClientReq {
-    Write { lba: Lba, data: Vec<u8>, fua: bool },
+    Write {
+        lba: Lba,
+        data: Vec<u8>,
+        fua: bool,
+    },
     Flush,
-    Read { lba: Lba, blocks: u64 },
+    Read {
+        lba: Lba,
+        blocks: u64,
+    },
+    /// Compare every in-sync replica's copy of these blocks with the
+    /// primary's (a checksum of each, taken at the same point of the
+    /// stream) and rewrite the copies that differ from the primary's, whose
+    /// read verified the blocks' checksums (or was repaired). Answered `Ok`
+    /// with a [`Compared`] ([`Compared::encode`]) as `data`, or
+    /// `Unreadable` if the primary's copy fails its checksum and no replica
+    /// gave a good one.
+    Compare {
+        lba: Lba,
+        blocks: u64,
+    },
 }
 
 impl ClientReq {
@@ -63,7 +140,9 @@ impl ClientReq {
             ClientReq::Write { lba, data, .. } => {
                 Some((*lba, data.len() as u64 / block_len.max(1)))
             }
-            ClientReq::Read { lba, blocks } => Some((*lba, *blocks)),
+            ClientReq::Read { lba, blocks } | ClientReq::Compare { lba, blocks } => {
+                Some((*lba, *blocks))
+            }
             ClientReq::Flush => None,
         }
     }
@@ -128,6 +207,16 @@ pub enum Msg {
         session: u64,
         lseq: u64,
     },
+    /// Secondary → primary: entry `lseq`, a `Digest`, is done: the
+    /// checksum of its blocks here ([`digest`]), None if they fail their
+    /// block checksums here. Acknowledges the entry like a `ReplAck`.
+    ReplDigest {
+        vol: VolumeId,
+        epoch: Epoch,
+        session: u64,
+        lseq: u64,
+        digest: Option<u32>,
+    },
     /// Secondary → sender: your epoch is older than mine; refused.
     Fenced {
         vol: VolumeId,
@@ -163,7 +252,9 @@ pub enum Msg {
         cas_ok: Option<bool>,
     },
     /// Primary → in-sync secondary: read `blocks` blocks at `lba` from your
-    /// copy for me (mine fails its checksum there); answered by
+    /// copy for me (mine fails its checksum there), once you have applied
+    /// entry `after` of stream `session` (every write streamed to you before
+    /// this request, which the network may deliver after it); answered by
     /// `RepairData` with the same `id`.
     RepairRead {
         vol: VolumeId,
@@ -171,6 +262,8 @@ pub enum Msg {
         id: u64,
         lba: Lba,
         blocks: u64,
+        session: u64,
+        after: u64,
     },
     /// Secondary → primary: the blocks asked for by `RepairRead` `id`, or
     /// None if this replica cannot give them (its copy fails its checksum

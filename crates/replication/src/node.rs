@@ -136,6 +136,9 @@ pub struct Node {
     /// Reads asked of this node by a primary whose copy failed its
     /// checksum, to submit at the end of the current input.
     repair_reads: Vec<(DiskOp, Tag)>,
+    /// Repair reads waiting for this secondary to apply the stream up to
+    /// the entry the primary had sent when it asked: (session, entry, read).
+    parked_repairs: Vec<(u64, u64, DiskOp, Tag)>,
     /// Blocks asked of the local disk: the last grow issued (`cfg`'s
     /// `volume_blocks` follows it, for the roles created from now on).
     want_blocks: u64,
@@ -210,6 +213,7 @@ impl Node {
             narrowed: (0, 0),
             decided: Vec::new(),
             repair_reads: Vec::new(),
+            parked_repairs: Vec::new(),
             disk_blocks: cfg_blocks,
             want_blocks: cfg_blocks,
             crash: CrashLog::default(),
@@ -434,6 +438,15 @@ impl Node {
         }
     }
 
+    /// Client operations this node, as primary, has taken and not yet
+    /// answered.
+    pub fn pending_ops(&self) -> usize {
+        match &self.role {
+            Role::Primary(p) => p.pending_ops(),
+            _ => 0,
+        }
+    }
+
     /// Whether this node, as primary, is copying regions to a replica now.
     pub fn copying(&self) -> bool {
         match &self.role {
@@ -551,11 +564,41 @@ impl Node {
         }
     }
 
+    /// Parked repair reads whose entry the stream has reached are issued;
+    /// those of a stream no longer open here are answered with nothing.
+    fn release_parked_repairs(&mut self, out: &mut Out) {
+        if self.parked_repairs.is_empty() {
+            return;
+        }
+        for (session, after, op, tag) in std::mem::take(&mut self.parked_repairs) {
+            let applied = match &self.role {
+                Role::Secondary(s) => s.applied(session),
+                _ => None,
+            };
+            match (applied, tag) {
+                (Some(a), _) if a >= after => self.repair_reads.push((op, tag)),
+                (Some(_), _) => self.parked_repairs.push((session, after, op, tag)),
+                (None, Tag::Repair { to, epoch, id }) => out.sends.push((
+                    Endpoint::Node(to),
+                    Msg::RepairData {
+                        vol: self.vol,
+                        epoch,
+                        id,
+                        data: None,
+                    },
+                )),
+                (None, _) => {}
+            }
+        }
+    }
+
     fn become_role(&mut self, role: Role, out: &mut Out) {
         if let Role::Primary(p) = &mut self.role {
             p.abandon(out);
         }
         self.role = role;
+        // The primary that asked chases an unanswered repair elsewhere.
+        self.parked_repairs.clear();
         self.gen += 1;
         self.lease_until = 0;
         self.last_hb = None;
@@ -704,7 +747,7 @@ impl Node {
                             p.on_disk_done(now, t, data, &mut out)
                         }
                         (Tag::S(t), Role::Secondary(s)) if gen == self.gen => {
-                            s.on_disk_done(t, &mut out.sends)
+                            s.on_disk_done(t, data, &mut out.sends)
                         }
                         _ => {}
                     }
@@ -732,6 +775,7 @@ impl Node {
         for (op, t) in sdisk {
             self.submit_disk(op, Tag::S(t), &mut acts);
         }
+        self.release_parked_repairs(&mut out);
         for (op, t) in std::mem::take(&mut self.repair_reads) {
             self.submit_disk(op, t, &mut acts);
         }
@@ -818,7 +862,7 @@ impl Node {
                 // A write beyond the size asked of the disk so far (its
                 // primary saw a larger record before we did): grow first.
                 let end = op
-                    .extent(self.cfg.block_len)
+                    .span(self.cfg.block_len)
                     .map_or(0, |(lba, blocks)| lba.saturating_add(blocks));
                 if matches!(&self.role, Role::Secondary(s) if epoch >= s.epoch) {
                     self.want(end, grows);
@@ -847,6 +891,17 @@ impl Node {
                     p.on_ack(f, epoch, session, lseq);
                 }
             }
+            Msg::ReplDigest {
+                vol,
+                epoch,
+                session,
+                lseq,
+                digest,
+            } if vol == self.vol => {
+                if let (Role::Primary(p), Endpoint::Node(f)) = (&mut self.role, from) {
+                    p.on_digest(f, epoch, session, lseq, digest);
+                }
+            }
             Msg::ReplStarted {
                 vol,
                 epoch,
@@ -869,20 +924,31 @@ impl Node {
                 id,
                 lba,
                 blocks,
+                session,
+                after,
             } if vol == self.vol => {
                 let Endpoint::Node(to) = from else {
                     return;
                 };
-                // Only a secondary of the asker's epoch holds what it needs
-                // (every write it acknowledged); its disk queue orders the
-                // read after the writes it received before the request.
-                let serves = matches!(&self.role, Role::Secondary(s) if s.epoch == epoch)
-                    && lba
-                        .checked_add(blocks)
-                        .is_some_and(|end| end <= self.disk_blocks);
-                if serves {
-                    self.repair_reads
-                        .push((DiskOp::Read { lba, blocks }, Tag::Repair { to, epoch, id }));
+                // Only a secondary of the asker's epoch and stream holds what
+                // it needs (every write it acknowledged); the read waits
+                // until the stream is applied up to the entry the primary
+                // had sent when it asked, and the disk queue orders it after
+                // those writes.
+                let applied = match &self.role {
+                    Role::Secondary(s) if s.epoch == epoch => s.applied(session),
+                    _ => None,
+                };
+                let fits = lba
+                    .checked_add(blocks)
+                    .is_some_and(|end| end <= self.disk_blocks);
+                let read = (DiskOp::Read { lba, blocks }, Tag::Repair { to, epoch, id });
+                if let (Some(applied), true) = (applied, fits) {
+                    if applied >= after {
+                        self.repair_reads.push(read);
+                    } else {
+                        self.parked_repairs.push((session, after, read.0, read.1));
+                    }
                 } else {
                     out.sends.push((
                         from,
@@ -1422,6 +1488,97 @@ mod tests {
             },
         );
         (node, p, s, rec)
+    }
+
+    /// A compare checksums the primary's copy and the in-sync secondary's
+    /// at the same point of the stream; a secondary whose copy differs is
+    /// named in the reply and gets the primary's copy of the region,
+    /// streamed like a resync copy while it stays InSync.
+    #[test]
+    fn a_compare_names_a_differing_replica_and_rewrites_its_copy() {
+        let (mut node, _, s, _) = rf2_primary_with_lease();
+        let msg = |from, msg| Input::Msg { from, msg };
+        let compare = |node: &mut Node, t: u64, id: u64, theirs: Option<u32>| {
+            let acts = client(node, t, id, ClientReq::Compare { lba: 4, blocks: 4 });
+            let (lseq, op) = sends(&acts)
+                .into_iter()
+                .find_map(|(to, m)| match m {
+                    Msg::Repl { lseq, op, .. } if to == Endpoint::Node(s) => Some((lseq, op)),
+                    _ => None,
+                })
+                .expect("the digest is streamed to the secondary");
+            assert_eq!(op, ReplOp::Digest { lba: 4, blocks: 4 });
+            let [(d, DiskOp::Read { lba: 4, blocks: 4 })] = disk_ops(&acts)[..] else {
+                panic!("the primary reads its own copy: {acts:?}");
+            };
+            let result = DiskResult::Done {
+                data: Some(vec![1, 2, 3, 4]),
+            };
+            let mut all = node.handle(t, Input::Disk { id: d, result });
+            let digest = Msg::ReplDigest {
+                vol: VolumeId(1),
+                epoch: Epoch(1),
+                session: 0,
+                lseq,
+                digest: theirs,
+            };
+            all.extend(node.handle(t, msg(Endpoint::Node(s), digest)));
+            all
+        };
+        let same = crate::msg::digest(&[1, 2, 3, 4]);
+        let acts = compare(&mut node, 10, 1, Some(same));
+        let Some(ClientReply::Ok { data: Some(d), .. }) = replied(&acts, 1) else {
+            panic!("compare answered: {acts:?}");
+        };
+        let outcome = crate::msg::Compared::decode(&d);
+        assert_eq!(
+            outcome,
+            Some(crate::msg::Compared {
+                replicas: vec![s],
+                differing: vec![]
+            })
+        );
+        assert!(disk_ops(&acts).is_empty(), "nothing to copy: {acts:?}");
+
+        // The secondary's copy differs (or fails its checksums there).
+        for (id, theirs) in [(2, Some(same ^ 1)), (3, None)] {
+            let t = id * 10;
+            let acts = compare(&mut node, t, id, theirs);
+            let Some(ClientReply::Ok { data: Some(d), .. }) = replied(&acts, id) else {
+                panic!("compare answered: {acts:?}");
+            };
+            let outcome = crate::msg::Compared::decode(&d).expect("a compare's outcome");
+            assert_eq!((outcome.replicas, outcome.differing), (vec![s], vec![s]));
+            let acts = node.handle(t + 1, Input::Tick);
+            let [(r, DiskOp::Read { lba: 4, blocks: 4 })] = disk_ops(&acts)[..] else {
+                panic!("region 1 is read for a copy: {acts:?}");
+            };
+            let result = DiskResult::Done {
+                data: Some(vec![1, 2, 3, 4]),
+            };
+            let acts = node.handle(t + 2, Input::Disk { id: r, result });
+            let copy = sends(&acts).into_iter().find_map(|(to, m)| match m {
+                Msg::Repl { op, lseq, .. } if to == Endpoint::Node(s) => Some((op, lseq)),
+                _ => None,
+            });
+            let Some((ReplOp::Write { lba: 4, data, .. }, lseq)) = copy else {
+                panic!("the copy is streamed: {acts:?}");
+            };
+            assert_eq!(data, vec![1, 2, 3, 4]);
+            let ack = Msg::ReplAck {
+                vol: VolumeId(1),
+                epoch: Epoch(1),
+                session: 0,
+                lseq,
+            };
+            node.handle(t + 3, msg(Endpoint::Node(s), ack));
+            let acts = node.handle(t + 4, Input::Tick);
+            assert!(
+                disk_ops(&acts).is_empty(),
+                "acknowledged: no copy again: {acts:?}"
+            );
+        }
+        assert_eq!(node.role(), RoleKind::Primary(Epoch(1)), "still InSync");
     }
 
     /// A replica out of sync holds the floor back (its regions stay in the

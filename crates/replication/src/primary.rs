@@ -45,7 +45,7 @@
 //!   resync"); the regions so left out are unflushed (dirty again if the
 //!   link fails) until the replica acknowledges a flush of the stream.
 
-use crate::msg::{ClientReply, ClientReq, DiskOp, Endpoint, Msg, Prior, ReplOp};
+use crate::msg::{ClientReply, ClientReq, Compared, DiskOp, Endpoint, Msg, Prior, ReplOp};
 use crate::types::{Epoch, Membership, NodeId, ReplicaState, VolumeId};
 use crate::uncertain::Uncertain;
 use crate::Config;
@@ -252,6 +252,15 @@ enum Kind {
     Write,
     Flush,
     Read,
+    /// A replica compare (`ClientReq::Compare`).
+    Compare,
+}
+
+impl Kind {
+    /// Whether it changes no block (and so holds back no `commit`).
+    fn reads(self) -> bool {
+        matches!(self, Kind::Read | Kind::Compare)
+    }
 }
 
 struct Op {
@@ -267,6 +276,9 @@ struct Op {
     read: Option<(u64, u64)>,
     /// No replica could give a good copy: answered `Unreadable`.
     unreadable: bool,
+    /// A compare: each replica's checksum of the blocks (None: they fail
+    /// their block checksums there).
+    digests: BTreeMap<NodeId, Option<u32>>,
 }
 
 /// Blocks whose local copy failed its checksum, being read from an in-sync
@@ -276,8 +288,9 @@ struct Repair {
     op: Option<u64>,
     lba: u64,
     blocks: u64,
-    /// The generation of each region the blocks cover when the local read
-    /// was issued: the local copy is rewritten only if no write was issued
+    /// The generation of each region the blocks cover when the replica
+    /// last asked was asked (it reads after applying every entry sent to
+    /// it by then): the local copy is rewritten only if no write was issued
     /// to them since.
     gens: Vec<(usize, u64)>,
     /// Replicas asked so far, and when the last was asked.
@@ -410,6 +423,10 @@ impl Primary {
         }
     }
 
+    pub(crate) fn pending_ops(&self) -> usize {
+        self.ops.len()
+    }
+
     /// Whether a replica is being copied to now (a link in the copying
     /// phase with regions left), as opposed to waiting for one to return.
     pub(crate) fn copying(&self) -> bool {
@@ -476,6 +493,15 @@ impl Primary {
     /// One line per link, for traces.
     pub(crate) fn describe(&self) -> String {
         let mut s = format!("primary e{} cas={:?}", self.epoch.0, self.cas);
+        for (v, op) in &self.ops {
+            s += &format!(
+                " op{v}:{:?}{}{:?}/{:?}",
+                op.kind,
+                if op.local_done { "+" } else { "-" },
+                op.sent,
+                op.acked
+            );
+        }
         for (n, l) in &self.links {
             s += &format!(
                 " | n{} {:?} s{} next{} inflight{:?} dirty{:?} copying{:?} chunks{:?}",
@@ -521,7 +547,7 @@ impl Primary {
         let commit = self
             .ops
             .iter()
-            .find(|(_, op)| op.kind != Kind::Read)
+            .find(|(_, op)| !op.kind.reads())
             .map_or(self.next_vseq - 1, |(v, _)| v - 1);
         let floor = self
             .links
@@ -605,6 +631,15 @@ impl Primary {
                 let blocks = blocks.min(self.cfg.volume_blocks.saturating_sub(lba));
                 (Kind::Read, Vec::new(), None, DiskOp::Read { lba, blocks })
             }
+            ClientReq::Compare { lba, blocks } => {
+                let blocks = blocks.min(self.cfg.volume_blocks.saturating_sub(lba));
+                (
+                    Kind::Compare,
+                    Vec::new(),
+                    Some(ReplOp::Digest { lba, blocks }),
+                    DiskOp::Read { lba, blocks },
+                )
+            }
         };
         let read = match &disk {
             DiskOp::Read { lba, blocks } => Some((*lba, *blocks)),
@@ -617,6 +652,11 @@ impl Primary {
                 let Some(l) = self.links.get_mut(&n) else {
                     continue;
                 };
+                // Only in-sync replicas are compared: the others are being
+                // (or will be) copied to anyway.
+                if kind == Kind::Compare && l.mode != Mode::InSync {
+                    continue;
+                }
                 if l.mode.streams() {
                     let c = if l.mode == Mode::InSync { commit } else { 0 };
                     let (session, lseq) = {
@@ -648,6 +688,7 @@ impl Primary {
                 regions,
                 read,
                 unreadable: false,
+                digests: BTreeMap::new(),
             },
         );
         out.disk.push((disk, PrimTag::Op(vseq)));
@@ -678,8 +719,7 @@ impl Primary {
             }
             PrimTag::Rewrite => return,
         };
-        // The generations as of the read (no write to these regions can
-        // have been issued since: a write waits for an overlapping read).
+        // Set again whenever a replica is asked (`ask_repair`).
         let gens = self
             .regions_of(lba, blocks)
             .into_iter()
@@ -713,13 +753,19 @@ impl Primary {
             .links
             .iter()
             .filter(|(n, l)| l.mode == Mode::InSync && !r.asked.contains(n))
-            .map(|(n, _)| *n)
+            .map(|(n, l)| (*n, l.session, l.next_lseq - 1))
             .next()
             .filter(|_| !self.cfg.ack_before_secondaries);
         match next {
-            Some(n) => {
+            Some((n, session, after)) => {
                 r.asked.insert(n);
                 r.asked_at = now;
+                // The replica reads once it applied every entry sent to it
+                // so far, so its data holds every write issued here until
+                // now: the generations to compare with at the answer.
+                for (g, gen) in r.gens.iter_mut() {
+                    *gen = self.region_gen[*g];
+                }
                 out.sends.push((
                     Endpoint::Node(n),
                     Msg::RepairRead {
@@ -728,6 +774,8 @@ impl Primary {
                         id,
                         lba: r.lba,
                         blocks: r.blocks,
+                        session,
+                        after,
                     },
                 ));
             }
@@ -782,9 +830,13 @@ impl Primary {
             return;
         };
         // Rewrite the copy here only if nothing was written to these
-        // regions since the read and every earlier write is acknowledged by
-        // the replicas (so the data given holds it): else a newer write
-        // could be overwritten with older data.
+        // regions since the replica was asked (it read after applying every
+        // write streamed to it by then, so its data holds them all) and no
+        // write to them is unanswered: else a newer write could be
+        // overwritten with older data. (The data was once taken without
+        // waiting for the stream: a write the network delivered after the
+        // request was then erased by the rewrite, found by the simulator
+        // when compares changed its histories.)
         let unchanged = r.gens.iter().all(|&(g, gen)| self.region_gen[g] == gen);
         let settled = !self.ops.values().any(|o| {
             o.kind == Kind::Write
@@ -866,7 +918,12 @@ impl Primary {
                 let Some(l) = self.links.get_mut(&peer) else {
                     return;
                 };
-                if l.session != session || l.mode != Mode::Resyncing || !l.copying.remove(&region) {
+                // An InSync link is copied to only where a compare found it
+                // differing.
+                if l.session != session
+                    || !matches!(l.mode, Mode::Resyncing | Mode::InSync)
+                    || !l.copying.remove(&region)
+                {
                     return;
                 }
                 // A write to the region was issued since the read: the data
@@ -879,7 +936,7 @@ impl Primary {
                 self.next_vseq += 1;
                 let lseq = l.next_lseq;
                 l.next_lseq += 1;
-                // A link being resynced is not InSync: no `commit`.
+                // No `commit` on a copy: it is no client operation.
                 l.inflight.insert(lseq, (now, Pend::Chunk(region), 0));
                 l.unflushed.insert(lseq, vec![region]);
                 l.chunks.insert(region);
@@ -901,6 +958,33 @@ impl Primary {
                 out.sends.push((Endpoint::Node(peer), msg));
             }
         }
+    }
+
+    /// A secondary's checksum for the `Digest` at `lseq` (its ack).
+    pub(crate) fn on_digest(
+        &mut self,
+        from: NodeId,
+        epoch: Epoch,
+        session: u64,
+        lseq: u64,
+        digest: Option<u32>,
+    ) {
+        if epoch != self.epoch {
+            return;
+        }
+        let op = self
+            .links
+            .get(&from)
+            .filter(|l| l.session == session)
+            .and_then(|l| l.inflight.get(&lseq))
+            .and_then(|(_, pend, _)| match pend {
+                Pend::Op(v) => Some(*v),
+                _ => None,
+            });
+        if let Some(op) = op.and_then(|v| self.ops.get_mut(&v)) {
+            op.digests.insert(from, digest);
+        }
+        self.on_ack(from, epoch, session, lseq);
     }
 
     pub(crate) fn on_ack(&mut self, from: NodeId, epoch: Epoch, session: u64, lseq: u64) {
@@ -1024,6 +1108,21 @@ impl Primary {
         Some(keep)
     }
 
+    /// The stream to `n` is gone: no operation waits for its
+    /// acknowledgement any more (the ack rule waits for the link to leave
+    /// instead, or for nothing once it is out of the record). One that
+    /// still did would wait for ever once the link is InSync again (or a
+    /// new link to the node is), holding `commit` and read repairs of its
+    /// regions back: the simulator's final check that the primary owes
+    /// nothing found both.
+    fn unwait(&mut self, n: NodeId) {
+        for op in self.ops.values_mut() {
+            if !op.acked.contains(&n) {
+                op.sent.remove(&n);
+            }
+        }
+    }
+
     fn link_failed(&mut self, n: NodeId) {
         let Some(l) = self.links.get_mut(&n) else {
             return;
@@ -1038,6 +1137,9 @@ impl Primary {
             Mode::Faulty => Mode::Faulty,
             _ => Mode::OutOfSync,
         };
+        // What the link missed is in its dirty set: the regions of the
+        // writes sent to it were in `unflushed`.
+        self.unwait(n);
     }
 
     pub(crate) fn on_record(&mut self, rec: &Membership, out: &mut Out) {
@@ -1056,7 +1158,16 @@ impl Primary {
         self.rec = rec.clone();
         // Replicas removed from the record (replaced, moved away): nothing
         // waits for them any more.
-        self.links.retain(|n, _| rec.replicas.contains_key(n));
+        let removed: Vec<NodeId> = self
+            .links
+            .keys()
+            .filter(|n| !rec.replicas.contains_key(n))
+            .copied()
+            .collect();
+        for n in removed {
+            self.links.remove(&n);
+            self.unwait(n);
+        }
         // Replicas added (a rebuild, a degraded volume completed): they hold
         // nothing yet, so every region is dirty; the resync starts at once.
         let regions = self.region_gen.len();
@@ -1206,7 +1317,11 @@ impl Primary {
                 let Some(l) = self.links.get_mut(n) else {
                     continue;
                 };
-                if l.mode != Mode::Resyncing || l.copies_in_flight() >= limit {
+                // InSync links have dirty regions only where a compare
+                // found them differing.
+                if !matches!(l.mode, Mode::Resyncing | Mode::InSync)
+                    || l.copies_in_flight() >= limit
+                {
                     continue;
                 }
                 // A region is copied only while no client write to it is in
@@ -1351,6 +1466,30 @@ impl Primary {
         in_sync < self.rec.min_in_sync
     }
 
+    /// A compare's outcome: the replicas still InSync whose checksum
+    /// differs from this copy's get the regions it covers marked dirty
+    /// (copied from here, as a resync copies, at the resync rate); returns
+    /// the replicas compared and those, encoded as the reply's data.
+    fn compared(&mut self, op: &Op) -> Vec<u8> {
+        let (Some((lba, blocks)), Some(data)) = (op.read, op.data.as_deref()) else {
+            return Compared::default().encode();
+        };
+        let mine = crate::msg::digest(data);
+        let regions = self.regions_of(lba, blocks);
+        let mut outcome = Compared::default();
+        for (n, theirs) in &op.digests {
+            let Some(l) = self.links.get_mut(n).filter(|l| l.mode == Mode::InSync) else {
+                continue;
+            };
+            outcome.replicas.push(*n);
+            if *theirs != Some(mine) {
+                l.dirty.extend(regions.iter().copied());
+                outcome.differing.push(*n);
+            }
+        }
+        outcome.encode()
+    }
+
     fn try_acks(&mut self, now: u64, lease_until: u64, out: &mut Out) {
         if now >= lease_until {
             return;
@@ -1363,6 +1502,11 @@ impl Primary {
             }
             let ok = match op.kind {
                 Kind::Read => true,
+                // Compared with the replicas still InSync that were asked
+                // (one that left is resynced where it may differ anyway).
+                Kind::Compare => op.sent.iter().all(|n| {
+                    op.acked.contains(n) || self.links.get(n).is_none_or(|l| l.mode != Mode::InSync)
+                }),
                 _ if self.cfg.ack_before_secondaries => true,
                 _ => {
                     enough
@@ -1381,7 +1525,10 @@ impl Primary {
             }
         }
         for v in done {
-            if let Some(op) = self.ops.remove(&v) {
+            if let Some(mut op) = self.ops.remove(&v) {
+                if op.kind == Kind::Compare && !op.unreadable {
+                    op.data = Some(self.compared(&op));
+                }
                 let reply = if op.unreadable {
                     ClientReply::Unreadable {
                         by: self.me,

@@ -32,6 +32,8 @@ pub(crate) struct SecTag {
     epoch: Epoch,
     session: u64,
     lseq: u64,
+    /// The read of a `Digest`: answered with the checksum of its data.
+    digest: bool,
 }
 
 pub(crate) struct Secondary {
@@ -224,6 +226,7 @@ impl Secondary {
                 epoch: self.epoch,
                 session,
                 lseq: self.next_lseq,
+                digest: matches!(op, ReplOp::Digest { .. }),
             };
             self.next_lseq += 1;
             match op {
@@ -235,8 +238,18 @@ impl Secondary {
                 ReplOp::WriteZeroes { lba, blocks, fua } => {
                     disk.push((DiskOp::WriteZeroes { lba, blocks, fua }, tag))
                 }
+                // A read, ordered by the disk queue after every earlier
+                // write of the stream to these blocks and before every
+                // later one, as the primary's own read of them is.
+                ReplOp::Digest { lba, blocks } => disk.push((DiskOp::Read { lba, blocks }, tag)),
             }
         }
+    }
+
+    /// The last entry of stream `session` applied (handed to the disk in
+    /// order), if that stream is the one open here.
+    pub(crate) fn applied(&self, session: u64) -> Option<u64> {
+        (self.session == Some(session)).then(|| self.next_lseq - 1)
     }
 
     fn ack(&self, session: u64, lseq: u64) -> Msg {
@@ -248,13 +261,32 @@ impl Secondary {
         }
     }
 
-    pub(crate) fn on_disk_done(&mut self, tag: SecTag, sends: &mut Vec<(Endpoint, Msg)>) {
+    /// Operation `tag` completed: `data` is a read's (None if it failed
+    /// its block checksums).
+    pub(crate) fn on_disk_done(
+        &mut self,
+        tag: SecTag,
+        data: Option<Vec<u8>>,
+        sends: &mut Vec<(Endpoint, Msg)>,
+    ) {
         if tag.epoch != self.epoch || self.session != Some(tag.session) {
             return;
         }
-        if let Some(p) = self.primary {
-            sends.push((Endpoint::Node(p), self.ack(tag.session, tag.lseq)));
-        }
+        let Some(p) = self.primary else {
+            return;
+        };
+        let msg = if tag.digest {
+            Msg::ReplDigest {
+                vol: self.vol,
+                epoch: self.epoch,
+                session: tag.session,
+                lseq: tag.lseq,
+                digest: data.as_deref().map(crate::msg::digest),
+            }
+        } else {
+            self.ack(tag.session, tag.lseq)
+        };
+        sends.push((Endpoint::Node(p), msg));
     }
 }
 
@@ -366,7 +398,7 @@ mod tests {
             &mut disk,
         );
         assert_eq!(disk.len(), 3);
-        s.on_disk_done(disk[2].1, &mut sends);
+        s.on_disk_done(disk[2].1, None, &mut sends);
         assert_eq!(
             sends.last(),
             Some(&(
@@ -381,7 +413,7 @@ mod tests {
         );
         // The old epoch's completion is not acknowledged.
         let n = sends.len();
-        s.on_disk_done(disk[0].1, &mut sends);
+        s.on_disk_done(disk[0].1, None, &mut sends);
         assert_eq!(sends.len(), n);
     }
 

@@ -32,7 +32,7 @@
 //! and writes travel as `WriteZeroes` as well as data.
 
 use basalt_replication::{
-    Action, CasError, Change, ChangeOutcome, ClientReply, ClientReq, Config, Coordinator,
+    Action, CasError, Change, ChangeOutcome, ClientReply, ClientReq, Compared, Config, Coordinator,
     CoordinatorBug, DiskOp, DiskResult, Endpoint, Input, IoId, Membership, MetaStore, Msg, Node,
     NodeId, ReplOp, ReplicaInfo, ReplicaState, RoleKind, SavedLogs, VolumeId,
 };
@@ -71,6 +71,10 @@ const BLOCKS: u64 = 64;
 const INITIAL_BLOCKS: u64 = 36;
 const REGION_BLOCKS: u64 = 8;
 const REGION_BYTES: u64 = REGION_BLOCKS * BL as u64;
+/// The token a block silently drifted to on one replica (a value no write
+/// carries, which the block's checksum does not catch): only a replica
+/// compare finds it.
+const DRIFT: u64 = u64::MAX;
 
 fn enc(tokens: &[u64]) -> Vec<u8> {
     tokens.iter().flat_map(|t| t.to_le_bytes()).collect()
@@ -290,6 +294,9 @@ enum Ev {
     },
     ClientTick,
     Fault,
+    /// Late in the heal phase: damage one replica silently and another
+    /// block by rot, then compare every region (a scrub's sweep).
+    Scrub,
 }
 
 /// The coordinator role's lease in etcd (ms); a coordinator answers
@@ -336,6 +343,7 @@ enum ReqKind {
     Write,
     Flush,
     Read,
+    Compare,
 }
 
 struct Req {
@@ -541,6 +549,45 @@ pub struct Sim {
     rotten_reads: u64,
     repairs: u64,
     unreadable: u64,
+    /// Compares answered, and replicas they found differing.
+    compares: u64,
+    differing: u64,
+    /// The heal phase's scrub sweep, while a pass runs.
+    sweep: Option<Sweep>,
+    /// Passes that ran with the record unchanged and all its replicas
+    /// InSync (so every replica was compared everywhere), and the record
+    /// version the last one ended at: a later change starts another pass.
+    sweeps_done: u64,
+    clean_version: Option<u64>,
+    /// Passes completed, clean or not.
+    passes: u64,
+    /// Silent damage injected, while the epoch it was injected in lasts.
+    damaged: Option<Damage>,
+    /// Injections undone because a failover followed them.
+    damage_voided: u64,
+}
+
+/// The silent damage the scrub event injects.
+#[derive(Clone, Copy)]
+struct Damage {
+    /// The epoch it was injected in.
+    epoch: u64,
+    /// The drifted node and block, and the block's (current, durable)
+    /// values before.
+    drift: (usize, usize, (u64, u64)),
+    /// The node and block that rotted.
+    rot: (usize, usize),
+}
+
+/// One pass of the sweep: the region to compare next, the request in
+/// flight (id, when sent) and the record's version when the pass began.
+#[derive(Clone, Copy)]
+struct Sweep {
+    region: usize,
+    inflight: Option<(u64, u64)>,
+    version: u64,
+    /// Every compare of the pass so far compared every replica.
+    complete: bool,
 }
 
 fn pair(a: Endpoint, b: Endpoint) -> (Endpoint, Endpoint) {
@@ -614,6 +661,14 @@ impl Sim {
             rotten_reads: 0,
             repairs: 0,
             unreadable: 0,
+            compares: 0,
+            differing: 0,
+            sweep: None,
+            sweeps_done: 0,
+            clean_version: None,
+            passes: 0,
+            damaged: None,
+            damage_voided: 0,
             seed,
             rng,
             now: 0,
@@ -671,6 +726,11 @@ impl Sim {
         }
         sim.at(1, Ev::ClientTick);
         sim.at(10, Ev::Fault);
+        if sim.rot.is_some() {
+            // When the client goes quiet.
+            let at = sim.p.fault_ms + sim.p.heal_ms / 3;
+            sim.at(at, Ev::Scrub);
+        }
         sim
     }
 
@@ -737,6 +797,9 @@ impl Sim {
             match a {
                 Action::Send { to, msg } => self.send(Endpoint::Node(NodeId(i as u32)), to, msg),
                 Action::Disk { id, op } => {
+                    if self.trace {
+                        self.trace(format!("n{i} disk {id}: {op:?}"));
+                    }
                     let inc = self.procs[i].inc;
                     if op == DiskOp::Flush {
                         let mark = self.procs[i].disk.done_seq + 1;
@@ -1282,6 +1345,20 @@ impl Sim {
                 req_epoch = e;
                 self.stale_reads += 1;
             }
+            // One read in ten is a replica compare instead (drawn from
+            // rot's generator: seeds with a bug switch keep their history).
+            if self.rot.as_mut().is_some_and(|r| r.chance(100)) {
+                self.outstanding_compare(id, epoch, lba, count);
+                self.send(
+                    Endpoint::Client,
+                    Endpoint::Node(rec.primary),
+                    Msg::ClientReq {
+                        id,
+                        req: ClientReq::Compare { lba, blocks: count },
+                    },
+                );
+                return;
+            }
             (
                 Req {
                     kind: ReqKind::Read,
@@ -1300,6 +1377,186 @@ impl Sim {
             Endpoint::Client,
             Endpoint::Node(target),
             Msg::ClientReq { id, req: msgreq },
+        );
+    }
+
+    /// Records compare `id` of `epoch` as outstanding.
+    fn outstanding_compare(&mut self, id: u64, epoch: u64, lba: u64, count: u64) {
+        let req = Req {
+            kind: ReqKind::Compare,
+            epoch,
+            blocks: vec![(lba as usize, count as usize)],
+            fua: false,
+            floor: vec![],
+            covers: vec![],
+            issued: self.now,
+        };
+        self.m.outstanding.insert(id, req);
+    }
+
+    /// The scrub event: once every replica of the record is InSync under a
+    /// serving primary, drift one block of a secondary and rot another
+    /// block of a secondary, then start the sweep (compare every region in
+    /// turn, pass after pass); until then, try again a little later.
+    fn scrub(&mut self) {
+        let rec = self.rec();
+        let p = rec.primary.0 as usize;
+        let serving =
+            self.procs[p].node.as_ref().map(Node::role) == Some(RoleKind::Primary(rec.epoch));
+        // Nor a failover on its way (a coordinator's change not in etcd).
+        let deciding = self
+            .coords
+            .iter()
+            .filter_map(|c| c.coord.as_ref())
+            .any(|c| c.has_pending(VOL));
+        let stable = serving
+            && !deciding
+            && rec
+                .replicas
+                .values()
+                .all(|i| i.state == ReplicaState::InSync);
+        if !stable {
+            if self.now + 100 < self.p.fault_ms + self.p.heal_ms * 4 / 5 {
+                self.at(50, Ev::Scrub);
+            }
+            return;
+        }
+        let Some(rot) = self.rot.as_mut() else {
+            return;
+        };
+        let members: Vec<usize> = rec.replicas.keys().map(|n| n.0 as usize).collect();
+        // In different regions: a read repair takes a whole range from one
+        // replica, so a rotten block beside a silently different one would
+        // carry that replica's difference into the primary's copy (a
+        // double fault this sweep does not model; docs/simulation.md).
+        let regions = rec.blocks.div_ceil(REGION_BLOCKS);
+        let drift_block = rot.below(rec.blocks) as usize;
+        let drift_region = drift_block as u64 / REGION_BLOCKS;
+        let rot_region = (drift_region + 1 + rot.below(regions.max(2) - 1)) % regions.max(1);
+        let rot_block =
+            (rot_region * REGION_BLOCKS + rot.below(REGION_BLOCKS)).min(rec.blocks - 1) as usize;
+        let secondaries: Vec<usize> = members.iter().copied().filter(|i| *i != p).collect();
+        if !secondaries.is_empty() {
+            let i = secondaries[rot.below(secondaries.len() as u64) as usize];
+            // On a secondary too: rot on the primary's copy is repaired
+            // from an in-sync replica only, and a link failing meanwhile (a
+            // long delay) would leave none, for good (what heal() avoids).
+            let j = secondaries[rot.below(secondaries.len() as u64) as usize];
+            self.trace(format!(
+                "drift n{i} block {drift_block}, rot n{j} block {rot_block}"
+            ));
+            let d = &mut self.procs[i].disk;
+            let before = (d.current[drift_block], d.durable[drift_block]);
+            d.current[drift_block] = DRIFT;
+            d.durable[drift_block] = DRIFT;
+            d.cache[drift_block].clear();
+            self.procs[j].disk.rotten.insert(rot_block);
+            self.damaged = Some(Damage {
+                epoch: rec.epoch.0,
+                drift: (i, drift_block, before),
+                rot: (j, rot_block),
+            });
+        }
+        self.sweep = Some(Sweep {
+            region: 0,
+            inflight: None,
+            version: rec.version,
+            complete: true,
+        });
+        self.sweep_step();
+    }
+
+    /// Sends the sweep's next compare (or sends one again that went
+    /// unanswered for 200 ms). A pass that ends with the record as it
+    /// began, every replica InSync, ends the sweep; else another pass
+    /// follows (a replica out of sync during one is compared in the next),
+    /// and a record changed after the sweep ended starts one again. Nothing
+    /// is sent in the last 300 ms, so that the primary owes nothing at the
+    /// end.
+    /// Checked after every step: a failover after the damage was injected
+    /// undoes it (before any node acts on the new record).
+    fn void_damage(&mut self) {
+        let rec = self.rec();
+        // A failover after the damage was injected: the promoted node may
+        // hold it, as the only copy (its silent drift becomes the volume's
+        // content; its rot can be repaired from no replica that is resynced
+        // from it). No protocol without a vote among copies survives that;
+        // the damage is undone, as heal() clears rot.
+        if let Some(Damage {
+            epoch,
+            drift: (i, b, (cur, dur)),
+            rot: (j, rb),
+        }) = self.damaged
+        {
+            if epoch != rec.epoch.0 {
+                let d = &mut self.procs[i].disk;
+                if d.current[b] == DRIFT {
+                    d.current[b] = cur;
+                }
+                if d.durable[b] == DRIFT {
+                    d.durable[b] = dur;
+                }
+                self.procs[j].disk.rotten.remove(&rb);
+                self.damaged = None;
+                self.damage_voided += 1;
+            }
+        }
+    }
+
+    fn sweep_step(&mut self) {
+        let rec = self.rec();
+        if self.now + 300 > self.p.fault_ms + self.p.heal_ms {
+            return;
+        }
+        let mut sweep = match self.sweep {
+            Some(s) => s,
+            None if self.clean_version.is_some_and(|v| v != rec.version) => Sweep {
+                region: 0,
+                inflight: None,
+                version: rec.version,
+                complete: true,
+            },
+            None => return,
+        };
+        if sweep
+            .inflight
+            .is_some_and(|(id, at)| self.m.outstanding.contains_key(&id) && self.now < at + 200)
+        {
+            return;
+        }
+        if sweep.region as u64 * REGION_BLOCKS >= rec.blocks {
+            self.passes += 1;
+            let all_in_sync = rec
+                .replicas
+                .values()
+                .all(|i| i.state == ReplicaState::InSync);
+            if rec.version == sweep.version && all_in_sync && sweep.complete {
+                self.sweeps_done += 1;
+                self.clean_version = Some(rec.version);
+                self.sweep = None;
+                return;
+            }
+            sweep = Sweep {
+                region: 0,
+                inflight: None,
+                version: rec.version,
+                complete: true,
+            };
+        }
+        let lba = sweep.region as u64 * REGION_BLOCKS;
+        let id = self.m.next_id;
+        self.m.next_id += 1;
+        let count = REGION_BLOCKS.min(rec.blocks - lba);
+        self.outstanding_compare(id, rec.epoch.0, lba, count);
+        sweep.inflight = Some((id, self.now));
+        self.sweep = Some(sweep);
+        self.send(
+            Endpoint::Client,
+            Endpoint::Node(rec.primary),
+            Msg::ClientReq {
+                id,
+                req: ClientReq::Compare { lba, blocks: count },
+            },
         );
     }
 
@@ -1328,9 +1585,10 @@ impl Sim {
                 // Outcome unknown: blocks stay locked for this epoch.
             }
             ClientReply::Unreadable { epoch, .. } => {
-                // Only a read, of the request's epoch: no in-sync replica
-                // gave a good copy of a block rotten on the primary.
-                if epoch.0 != req.epoch || !matches!(req.kind, ReqKind::Read) {
+                // Only a read or compare, of the request's epoch: no
+                // in-sync replica gave a good copy of a block rotten on the
+                // primary.
+                if epoch.0 != req.epoch || !matches!(req.kind, ReqKind::Read | ReqKind::Compare) {
                     return Err(self.fail(format!(
                         "a {:?} request of epoch {} answered Unreadable in epoch {}",
                         req.kind, req.epoch, epoch.0
@@ -1415,6 +1673,32 @@ impl Sim {
                         for (b, i) in &req.covers {
                             let d = &mut self.m.durable[*b];
                             *d = Some(d.map_or(*i, |x| x.max(*i)));
+                        }
+                    }
+                    ReqKind::Compare => {
+                        self.compares += 1;
+                        let Some(outcome) = Compared::decode(data.as_deref().unwrap_or_default())
+                        else {
+                            return Err(self.fail(format!("compare answered {data:?}")));
+                        };
+                        self.differing += outcome.differing.len() as u64;
+                        if let Some(sw) = self.sweep {
+                            if sw.inflight.is_some_and(|(sid, _)| sid == id) {
+                                // Every replica of the record but the
+                                // primary compared, or the pass is not clean.
+                                let rec = self.rec();
+                                let all = rec
+                                    .replicas
+                                    .keys()
+                                    .all(|n| *n == rec.primary || outcome.replicas.contains(n));
+                                self.sweep = Some(Sweep {
+                                    region: sw.region + 1,
+                                    inflight: None,
+                                    complete: sw.complete && all,
+                                    ..sw
+                                });
+                                self.sweep_step();
+                            }
                         }
                     }
                     ReqKind::Read => {
@@ -1525,6 +1809,11 @@ impl Sim {
             let disk = &self.procs[n.0 as usize].disk;
             for b in 0..BLOCKS as usize {
                 let Some(d) = self.m.durable[b] else { continue };
+                // Silent damage, injected on purpose: the final state
+                // must show it repaired.
+                if disk.durable[b] == DRIFT {
+                    continue;
+                }
                 let t = disk.durable[b] as usize;
                 let fine = t != 0
                     && self
@@ -2009,8 +2298,10 @@ impl Sim {
             }
             Ev::ClientTick => {
                 self.client_tick(active);
+                self.sweep_step();
                 self.at(2, Ev::ClientTick);
             }
+            Ev::Scrub => self.scrub(),
             Ev::Fault => {
                 if self.now < self.p.fault_ms {
                     self.fault();
@@ -2020,6 +2311,9 @@ impl Sim {
                     self.heal();
                 }
             }
+        }
+        if self.damaged.is_some() {
+            self.void_damage();
         }
         self.check_step()
     }
@@ -2082,6 +2376,10 @@ impl Sim {
             rotten_reads: self.rotten_reads,
             repairs: self.repairs,
             unreadable: self.unreadable,
+            compares: self.compares,
+            differing: self.differing,
+            sweeps: self.sweeps_done,
+            damage_voided: self.damage_voided,
             stalls: self
                 .coords
                 .iter()
@@ -2120,6 +2418,22 @@ impl Sim {
                 rec.state(*n)
             )));
         }
+        // Passes go on while links flap (a long delay, then a resync): the
+        // damage must be gone at the end all the same (checked below).
+        if self.damaged.is_some() && self.passes == 0 {
+            return Err(self.fail("no scrub pass ended after the silent damage".into()));
+        }
+        // The client went quiet a while ago: the primary owes it nothing.
+        let owed = self.procs[rec.primary.0 as usize]
+            .node
+            .as_ref()
+            .map_or(0, Node::pending_ops);
+        if owed > 0 {
+            return Err(self.fail(format!(
+                "not converged: primary {} still holds {owed} client operations unanswered",
+                rec.primary.0
+            )));
+        }
         let p = &self.procs[rec.primary.0 as usize].disk;
         // Nodes outside the record (spares, removed replicas) hold whatever
         // they held; only members must equal the primary.
@@ -2129,6 +2443,11 @@ impl Sim {
                 return Err(self.fail(format!(
                     "not converged: node {i}'s disk holds {} blocks, the volume {}",
                     q.disk.size, rec.blocks
+                )));
+            }
+            if let Some(b) = q.disk.rotten.first() {
+                return Err(self.fail(format!(
+                    "not converged: node {i} block {b} still fails its checksum after the scrub"
                 )));
             }
             if q.disk.current != p.current {
@@ -2175,6 +2494,10 @@ pub struct Summary {
     pub rotten_reads: u64,
     pub repairs: u64,
     pub unreadable: u64,
+    pub compares: u64,
+    pub differing: u64,
+    pub sweeps: u64,
+    pub damage_voided: u64,
 }
 
 impl Summary {
@@ -2200,6 +2523,10 @@ impl Summary {
         self.rotten_reads += s.rotten_reads;
         self.repairs += s.repairs;
         self.unreadable += s.unreadable;
+        self.compares += s.compares;
+        self.differing += s.differing;
+        self.sweeps += s.sweeps;
+        self.damage_voided += s.damage_voided;
         self.long_delays += s.long_delays;
         self.stalls += s.stalls;
     }
@@ -2256,9 +2583,17 @@ fn seeds() {
         "block rot: {} reads of rotten blocks, {} repairs from an in-sync replica, {} reads answered Unreadable",
         t.rotten_reads, t.repairs, t.unreadable
     );
+    eprintln!(
+        "replica compares: {} answered, {} replicas found differing, {} scrub sweeps after silent damage ({} injections undone by a failover)",
+        t.compares, t.differing, t.sweeps, t.damage_voided
+    );
     assert!(
         n < 100 || t.repairs > 0,
         "rotten blocks must be repaired from in-sync replicas"
+    );
+    assert!(
+        n < 100 || (t.compares > 0 && t.differing > 0 && t.sweeps > 0),
+        "replica compares must run, find differing replicas and sweep after silent damage"
     );
     assert!(
         t.durable_acks > 0 && t.failovers > 0 && t.membership_changes > 0,
