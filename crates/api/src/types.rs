@@ -271,19 +271,57 @@ pub struct Status {
     pub checksum_errors: u64,
 }
 
-/// What a scrub of a volume's local copy found.
+/// What a scrub of a volume found: this node's copy checked against its
+/// checksums and, in a cluster, the replicas compared.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ScrubResult {
     pub volume: String,
     /// The window scrubbed.
     pub offset: u64,
     pub length: u64,
-    /// Bytes read and checked (allocated extents).
+    /// Bytes of this node's copy read and checked (allocated extents).
     pub bytes_checked: u64,
-    /// Volume offsets of 4 KiB blocks that fail their checksum.
+    /// Volume offsets of this node's 4 KiB blocks that fail their checksum.
     pub bad_blocks: Vec<u64>,
     /// False if the store keeps no data checksums (nothing was checked).
     pub data_checksums: bool,
+    /// False if this node holds no copy of the volume (a cluster node
+    /// without a replica: only the compare ran).
+    #[serde(default = "yes")]
+    pub local_copy: bool,
+    /// Of `bad_blocks`, those the replica compare repaired.
+    #[serde(default)]
+    pub repaired_blocks: Vec<u64>,
+    /// In a cluster: the compare of the volume's replicas.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replicas: Option<ReplicaCompare>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// The compare of a replicated volume's copies in a scrub's window.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ReplicaCompare {
+    /// Bytes compared (every region of the window).
+    pub bytes_compared: u64,
+    /// Bytes compared with fewer than all replicas (one was out of sync:
+    /// its resync covers whatever may differ there).
+    pub bytes_partial: u64,
+    /// Regions where replicas' copies differed from the primary's: being
+    /// rewritten from it.
+    pub differing: Vec<DifferingRegion>,
+    /// Offsets of regions no replica holds a good copy of.
+    pub unreadable: Vec<u64>,
+}
+
+/// A region where replicas (node names) differed from the primary's copy.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct DifferingRegion {
+    pub offset: u64,
+    pub length: u64,
+    pub replicas: Vec<String>,
 }
 
 impl From<StoreStatus> for Status {

@@ -5,9 +5,9 @@
 
 use crate::error::ApiError;
 use crate::types::{
-    AttachHost, AttachedHost, CreateSnapshot, CreateVolume, FlattenResult, FlattenVolume,
-    ResizeVolume, Retype, Rollback, ScrubResult, ScrubVolume, SetQos, Snapshot, SnapshotList,
-    Volume, VolumeList,
+    AttachHost, AttachedHost, CreateSnapshot, CreateVolume, DifferingRegion, FlattenResult,
+    FlattenVolume, ReplicaCompare, ResizeVolume, Retype, Rollback, ScrubResult, ScrubVolume,
+    SetQos, Snapshot, SnapshotList, Volume, VolumeList,
 };
 use crate::{blocking, AppState, JsonBody};
 use axum::extract::{Extension, Path, RawQuery, State};
@@ -163,14 +163,31 @@ pub(crate) async fn scrub_volume(
     let volume = name.clone();
     let (range, rate) = req.range_and_rate();
     let (offset, length) = (range.start, range.end - range.start);
-    let report = blocking(move || app.service.scrub(&name, range, rate, &mut |_, _| {})).await?;
+    let scrub = blocking(move || app.service.scrub(&name, range, rate, &mut |_, _| {})).await?;
+    let local = scrub.local.clone().unwrap_or_default();
     Ok(Json(ScrubResult {
         volume,
         offset,
         length,
-        bytes_checked: report.bytes_checked,
-        bad_blocks: report.bad_blocks,
-        data_checksums: report.checksums,
+        bytes_checked: local.bytes_checked,
+        bad_blocks: local.bad_blocks,
+        data_checksums: scrub.local.as_ref().is_none_or(|l| l.checksums),
+        local_copy: scrub.local.is_some(),
+        repaired_blocks: scrub.repaired_blocks,
+        replicas: scrub.replicas.map(|c| ReplicaCompare {
+            bytes_compared: c.bytes_compared,
+            bytes_partial: c.bytes_partial,
+            differing: c
+                .differing
+                .into_iter()
+                .map(|d| DifferingRegion {
+                    offset: d.offset,
+                    length: d.length,
+                    replicas: d.replicas,
+                })
+                .collect(),
+            unreadable: c.unreadable,
+        }),
     }))
 }
 

@@ -792,7 +792,9 @@ fn flatten(name: &str, rate: Option<&str>, client: &ClientArgs) -> Result<()> {
     Ok(())
 }
 
-/// `volume scrub`: window by window, with progress (`transfer::Progress`).
+/// `volume scrub`: window by window, with progress (`transfer::Progress`):
+/// this node's copy checked against its checksums and, in a cluster, the
+/// replicas compared (differing copies rewritten from the primary's).
 fn scrub(name: &str, rate: Option<&str>, client: &ClientArgs) -> Result<()> {
     let rate = rate.map(parse_size).transpose()?;
     if rate == Some(0) {
@@ -804,6 +806,8 @@ fn scrub(name: &str, rate: Option<&str>, client: &ClientArgs) -> Result<()> {
         .context("the server's volume record has no size")?;
     let mut bar = Progress::new(size, "scrubbing", name, client);
     let (mut checked, mut bad, mut checksums) = (0u64, Vec::<u64>::new(), true);
+    let (mut repaired, mut local_copy) = (Vec::<u64>::new(), true);
+    let mut cmp: Option<ScrubCompare> = None;
     let mut offset = 0;
     while offset < size {
         let length = WINDOW.min(size - offset);
@@ -814,43 +818,123 @@ fn scrub(name: &str, rate: Option<&str>, client: &ClientArgs) -> Result<()> {
         let window = api.post(&format!("{}/scrub", volume_path(name)), body)?;
         checked += window["bytes_checked"].as_u64().unwrap_or(0);
         checksums &= window["data_checksums"].as_bool().unwrap_or(false);
-        if let Some(blocks) = window["bad_blocks"].as_array() {
-            bad.extend(blocks.iter().filter_map(|b| b.as_u64()));
+        local_copy &= window["local_copy"].as_bool().unwrap_or(true);
+        let offsets = |v: &Value| -> Vec<u64> {
+            v.as_array()
+                .map(|a| a.iter().filter_map(Value::as_u64).collect())
+                .unwrap_or_default()
+        };
+        bad.extend(offsets(&window["bad_blocks"]));
+        repaired.extend(offsets(&window["repaired_blocks"]));
+        if let Some(r) = window.get("replicas").filter(|r| r.is_object()) {
+            let c = cmp.get_or_insert_with(ScrubCompare::default);
+            c.compared += r["bytes_compared"].as_u64().unwrap_or(0);
+            c.partial += r["bytes_partial"].as_u64().unwrap_or(0);
+            c.unreadable.extend(offsets(&r["unreadable"]));
+            if let Some(d) = r["differing"].as_array() {
+                c.differing.extend(d.iter().cloned());
+            }
         }
         offset += length;
         bar.set_position(offset);
     }
     bar.finish();
+    let unrepaired: Vec<u64> = bad
+        .iter()
+        .copied()
+        .filter(|b| !repaired.contains(b))
+        .collect();
     if client.output == Output::Json {
-        print_json(&json!({
+        let mut out = json!({
             "volume": name,
             "bytes_checked": checked,
             "bad_blocks": bad,
+            "repaired_blocks": repaired,
             "data_checksums": checksums,
-        }))?;
-    } else if !checksums {
+            "local_copy": local_copy,
+        });
+        if let Some(c) = &cmp {
+            out["replicas"] = json!({
+                "bytes_compared": c.compared,
+                "bytes_partial": c.partial,
+                "differing": c.differing,
+                "unreadable": c.unreadable,
+            });
+        }
+        print_json(&out)?;
+    } else if !checksums && cmp.is_none() {
         println!("volume {name}: this store keeps no data checksums (formatted before they existed); nothing to check");
     } else {
-        let mut pairs = vec![
-            ("volume", name.to_string()),
-            ("checked", format_size(checked)),
-            ("damaged blocks", bad.len().to_string()),
-        ];
-        if !bad.is_empty() {
-            let shown: Vec<String> = bad.iter().take(8).map(|o| o.to_string()).collect();
-            let more = if bad.len() > 8 { ", …" } else { "" };
-            pairs.push(("at offsets", format!("{}{more}", shown.join(", "))));
+        let mut pairs = vec![("volume", name.to_string())];
+        if local_copy {
+            pairs.push(("checked here", format_size(checked)));
+            pairs.push(("damaged blocks here", bad.len().to_string()));
+            if !bad.is_empty() {
+                let shown: Vec<String> = bad.iter().take(8).map(|o| o.to_string()).collect();
+                let more = if bad.len() > 8 { ", …" } else { "" };
+                pairs.push(("at offsets", format!("{}{more}", shown.join(", "))));
+                pairs.push(("repaired from replicas", repaired.len().to_string()));
+            }
+        } else {
+            pairs.push(("checked here", "no copy on this node".to_string()));
+        }
+        if let Some(c) = &cmp {
+            pairs.push(("replicas compared", format_size(c.compared)));
+            if c.partial > 0 {
+                pairs.push((
+                    "compared without a replica out of sync",
+                    format_size(c.partial),
+                ));
+            }
+            pairs.push(("regions differing", c.differing.len().to_string()));
+            for d in c.differing.iter().take(8) {
+                pairs.push((
+                    "  rewritten",
+                    format!(
+                        "{} at offset {} on {}",
+                        format_size(d["length"].as_u64().unwrap_or(0)),
+                        d["offset"].as_u64().unwrap_or(0),
+                        d["replicas"]
+                            .as_array()
+                            .map(|r| r
+                                .iter()
+                                .filter_map(Value::as_str)
+                                .collect::<Vec<_>>()
+                                .join(", "))
+                            .unwrap_or_default()
+                    ),
+                ));
+            }
+            if !c.unreadable.is_empty() {
+                pairs.push(("regions unreadable", c.unreadable.len().to_string()));
+            }
         }
         print!("{}", fields(&pairs));
     }
-    if !bad.is_empty() {
+    if let Some(c) = cmp.as_ref().filter(|c| !c.unreadable.is_empty()) {
+        bail!(
+            "volume {name} has {} region{} no replica holds a good copy of (reads there fail; restore from a backup)",
+            c.unreadable.len(),
+            if c.unreadable.len() == 1 { "" } else { "s" }
+        );
+    }
+    if !unrepaired.is_empty() {
         bail!(
             "volume {name} has {} damaged 4 KiB block{} (reads of them fail; rewrite them, or restore from a replica or backup)",
-            bad.len(),
-            if bad.len() == 1 { "" } else { "s" }
+            unrepaired.len(),
+            if unrepaired.len() == 1 { "" } else { "s" }
         );
     }
     Ok(())
+}
+
+/// The replica compare of a scrub, summed over its windows.
+#[derive(Default)]
+struct ScrubCompare {
+    compared: u64,
+    partial: u64,
+    differing: Vec<Value>,
+    unreadable: Vec<u64>,
 }
 
 pub fn run_node(command: NodeCommand, client: &ClientArgs) -> Result<()> {

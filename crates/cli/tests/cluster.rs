@@ -1084,28 +1084,7 @@ fn a_rotten_block_on_the_primary_is_read_from_a_replica_and_rewritten() {
 
     // The block in the primary's data file (the only 4 KiB of 0x5c there).
     let data = c.nodes[p].data_dir().join("basalt.data");
-    let bytes = std::fs::read(&data).unwrap();
-    let at = bytes
-        .chunks(4096)
-        .position(|b| b.iter().all(|&x| x == 0x5c))
-        .expect("the block on the primary's disk") as u64
-        * 4096;
-    drop(bytes);
-    let flip = |f: &std::fs::File| {
-        use std::os::unix::fs::FileExt;
-        let mut b = [0u8; 1];
-        f.read_exact_at(&mut b, at + 123).unwrap();
-        b[0] ^= 0x08;
-        f.write_all_at(&b, at + 123).unwrap();
-        f.sync_all().unwrap();
-    };
-    flip(
-        &std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(&data)
-            .unwrap(),
-    );
+    let at = rot_block(&data, 0x5c);
 
     let out = qemu_io("read -P 0x5c 5M 4k");
     out.ok();
@@ -1153,4 +1132,116 @@ fn a_rotten_block_on_the_primary_is_read_from_a_replica_and_rewritten() {
         metrics.contains("basalt_read_repairs_total 1"),
         "one read repaired, counted: {metrics}"
     );
+}
+
+/// Flips a bit in the only 4 KiB block of `data` (a node's store file)
+/// filled with `pattern`, as a disk rots it; returns its offset.
+fn rot_block(data: &std::path::Path, pattern: u8) -> u64 {
+    use std::os::unix::fs::FileExt;
+    let bytes = std::fs::read(data).unwrap();
+    let at = bytes
+        .chunks(4096)
+        .position(|b| b.iter().all(|&x| x == pattern))
+        .expect("the block on the node's disk") as u64
+        * 4096;
+    drop(bytes);
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(data)
+        .unwrap();
+    let mut b = [0u8; 1];
+    f.read_exact_at(&mut b, at + 123).unwrap();
+    b[0] ^= 0x08;
+    f.write_all_at(&b, at + 123).unwrap();
+    f.sync_all().unwrap();
+    at
+}
+
+/// A bit flipped in a secondary's copy, which no client read ever reaches,
+/// is found by `volume scrub` (run on that node: its local check reports
+/// the block, the replica compare names the node as differing), and the
+/// secondary's copy is rewritten from the primary's while every replica
+/// stays in sync.
+#[test]
+fn scrub_compares_replicas_and_rewrites_a_rotten_secondary() {
+    use std::os::unix::fs::FileExt;
+    let c = Cluster::start(3, &[]);
+    c.create_rf3("db", "32M");
+    let v = c.wait_volume(0, "db", "in sync", healthy);
+    let p = node_index(&primary(&v).expect("a primary"));
+    let s = (p + 1) % 3;
+    let uri = c.nodes[p].uri("db");
+    let qemu_io = |cmd: &str| tool("qemu-io", ["-f", "raw", &uri, "-c", cmd]);
+    qemu_io("write -P 0x3d 9M 4k").ok();
+    qemu_io("flush").ok();
+    c.wait_volume(0, "db", "in sync", healthy);
+    let data = c.nodes[s].data_dir().join("basalt.data");
+    let at = rot_block(&data, 0x3d);
+
+    // Client reads never reach a secondary: the damage stays unseen.
+    let out = qemu_io("read -P 0x3d 9M 4k");
+    out.ok();
+    assert!(!out.stdout.contains("mismatch"), "{}", out.describe());
+
+    let scrub = c.nodes[s].cli(&["volume", "scrub", "db", "--output", "json"]);
+    let report: Value = serde_json::from_str(scrub.ok()).unwrap();
+    let block = 9u64 << 20;
+    assert_eq!(report["bad_blocks"], serde_json::json!([block]), "{report}");
+    assert_eq!(
+        report["repaired_blocks"],
+        serde_json::json!([block]),
+        "{report}"
+    );
+    let differing = report["replicas"]["differing"]
+        .as_array()
+        .expect("a compare");
+    assert_eq!(differing.len(), 1, "one region differed: {report}");
+    assert_eq!(differing[0]["offset"], serde_json::json!(block), "{report}");
+    assert_eq!(
+        differing[0]["replicas"],
+        serde_json::json!([format!("node{s}")]),
+        "{report}"
+    );
+    assert_eq!(
+        report["replicas"]["bytes_compared"],
+        serde_json::json!(32u64 << 20)
+    );
+    assert_eq!(report["replicas"]["bytes_partial"], serde_json::json!(0));
+
+    // Rewritten from the primary's copy, in the background.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let mut b = vec![0u8; 4096];
+        std::fs::File::open(&data)
+            .unwrap()
+            .read_exact_at(&mut b, at)
+            .unwrap();
+        if b.iter().all(|&x| x == 0x3d) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the secondary's copy was not rewritten"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    c.assert_replicas_equal(&[0, 1, 2], "db");
+    let v = c.show(0, "db");
+    assert!(healthy(&v), "no replica was failed over the rot: {v}");
+
+    // A second scrub, through another node, finds nothing; the table says
+    // what was compared.
+    let again = c.nodes[(s + 1) % 3].cli(&["volume", "scrub", "db"]);
+    let text = again.ok();
+    assert!(text.contains("replicas compared"), "{text}");
+    assert!(text.contains("regions differing"), "{text}");
+    let again = c.nodes[p].cli(&["volume", "scrub", "db", "--output", "json"]);
+    let report: Value = serde_json::from_str(again.ok()).unwrap();
+    assert_eq!(
+        report["replicas"]["differing"],
+        serde_json::json!([]),
+        "{report}"
+    );
+    assert_eq!(report["bad_blocks"], serde_json::json!([]), "{report}");
 }

@@ -12,6 +12,7 @@ mod handle;
 mod nvme_hosts;
 pub mod qos;
 mod qos_control;
+mod scrub;
 mod service;
 pub mod size;
 mod snapshots;
@@ -24,6 +25,7 @@ pub use clients::ClientDisconnect;
 pub use diff::VolumeDiff;
 pub use error::VolumeError;
 pub use handle::{BlockIo, VolumeHandle, WriteAck};
+pub use scrub::{DifferingRange, ReplicaComparison, VolumeScrub};
 pub use service::{
     validate_host_nqn, validate_volume_name, validate_volume_size, ClusterVolumes, NewVolume,
     NodeView, ProvisioningGuard, ReconcileReport, ReplicaStatus, StoreStatus, VolumeInfo,

@@ -223,6 +223,18 @@ pub trait ClusterVolumes: Send + Sync {
     /// new blocks are served once the primary has grown (see
     /// `basalt_replication`'s `Node`). Idempotent.
     fn grow(&self, record: &VolumeRecord, size: u64) -> Result<(), VolumeError>;
+    /// Compares every in-sync replica's copy of `range` (bytes) with the
+    /// primary's, region by region at the same point of the replication
+    /// stream, at most `rate` bytes per second; copies that differ are
+    /// rewritten from the primary's (whose read verified its checksums or
+    /// was repaired). `progress(done, total)` in bytes.
+    fn compare_replicas(
+        &self,
+        record: &VolumeRecord,
+        range: std::ops::Range<u64>,
+        rate: Option<u64>,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<crate::scrub::ReplicaComparison, VolumeError>;
 }
 
 /// A cluster node as `node list` reports it.
@@ -496,6 +508,11 @@ impl VolumeService {
     /// Whether volumes are replicated across a cluster.
     pub fn is_clustered(&self) -> bool {
         self.cluster.is_some()
+    }
+
+    /// The cluster this node is a member of, if any.
+    pub(crate) fn cluster_volumes(&self) -> Option<&Arc<dyn ClusterVolumes>> {
+        self.cluster.as_ref()
     }
 
     fn cluster(&self) -> Result<&Arc<dyn ClusterVolumes>, VolumeError> {
@@ -945,7 +962,7 @@ impl VolumeService {
     }
 
     /// This node's local copy of `name` (its replica in a cluster).
-    fn local_copy(&self, name: &str) -> Result<basalt_store::LocalVolume, VolumeError> {
+    pub(crate) fn local_copy(&self, name: &str) -> Result<basalt_store::LocalVolume, VolumeError> {
         let record = self.record(name)?.record;
         self.store.volume(record.id).map_err(|e| match e {
             StoreError::NotFound(_) => {
@@ -1011,31 +1028,6 @@ impl VolumeService {
             data_checksums: self.store.integrity().data_checksums,
             checksum_errors: self.store.integrity().checksum_errors,
         })
-    }
-
-    /// Reads every allocated block of this node's copy of `name` (its
-    /// replica in a cluster) in `range` and checks it against its checksum,
-    /// at most `rate` bytes per second; `progress(done, total)` as it goes.
-    pub fn scrub(
-        &self,
-        name: &str,
-        range: std::ops::Range<u64>,
-        rate: Option<u64>,
-        progress: &mut dyn FnMut(u64, u64),
-    ) -> Result<basalt_store::ScrubReport, VolumeError> {
-        let local = self.local_copy(name)?;
-        let report = local
-            .scrub(range, rate, progress)
-            .map_err(|e| VolumeError::Cluster(format!("scrubbing the local copy: {e}")))?;
-        if !report.bad_blocks.is_empty() {
-            tracing::error!(
-                volume = name,
-                bad_blocks = report.bad_blocks.len(),
-                first = report.bad_blocks[0],
-                "scrub found blocks that fail their checksum"
-            );
-        }
-        Ok(report)
     }
 
     /// Converges the store on the catalog after a start (see the module docs

@@ -23,6 +23,7 @@
 //!   compare-and-swap, with the rules of `basalt_replication`.
 
 mod admin;
+mod compare;
 mod config;
 mod housekeeping;
 mod lifecycle;

@@ -524,7 +524,7 @@ impl Inner {
     /// and kept nowhere else. `ack`, given only for a batch of writes, is
     /// called if the first attempt succeeds, by the thread that brings its
     /// last reply (see [`EarlyAck`]).
-    fn execute(
+    pub(super) fn execute(
         &self,
         vol: VolumeId,
         n: usize,
@@ -561,7 +561,9 @@ impl Inner {
                     // No replica holds a good copy: a media error, not retried.
                     Ok((i, ClientReply::Unreadable { .. })) => {
                         let offset = match request(i) {
-                            ClientReq::Read { lba, .. } => lba * BLOCK_SIZE,
+                            ClientReq::Read { lba, .. } | ClientReq::Compare { lba, .. } => {
+                                lba * BLOCK_SIZE
+                            }
                             _ => 0,
                         };
                         results[i] = Some(Err(IoError::Corrupt { offset }))

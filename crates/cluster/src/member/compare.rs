@@ -1,0 +1,119 @@
+//! Replica compare: the cluster half of a scrub. Sends the volume's primary
+//! a `ClientReq::Compare` per region of the range (a few at a time, at the
+//! rate asked), which checksums every in-sync replica's copy at the same
+//! point of the replication stream and rewrites the copies that differ
+//! from the primary's (`basalt_replication`'s primary); collects what the
+//! answers say.
+//!
+//! Invariants: regions are whole replication regions (the unit a differing
+//! copy is rewritten in), the first and last clipped to the volume; a region
+//! the primary cannot read from any replica is reported unreadable, never
+//! retried as if transient; the rate is kept over the whole run, not per
+//! batch.
+
+use super::{vol_of, ClusterMember};
+use basalt_catalog::VolumeRecord;
+use basalt_replication::{ClientReq, Compared};
+use basalt_store::BLOCK_SIZE;
+use basalt_volume::{DifferingRange, IoError, ReplicaComparison, VolumeError};
+use std::time::{Duration, Instant};
+
+/// Regions compared concurrently (each one primary read and one checksum
+/// per replica).
+const IN_FLIGHT: u64 = 4;
+
+impl ClusterMember {
+    pub(super) fn compare(
+        &self,
+        record: &VolumeRecord,
+        range: std::ops::Range<u64>,
+        rate: Option<u64>,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<ReplicaComparison, VolumeError> {
+        let inner = &self.inner;
+        let vol = vol_of(record.id);
+        let region = inner.cfg.timing.region_blocks.max(1) * BLOCK_SIZE;
+        let rec = inner.records.read().get(&vol).cloned().ok_or_else(|| {
+            VolumeError::Cluster(format!(
+                "volume {} is not placed yet; nothing to compare",
+                record.name
+            ))
+        })?;
+        let size = record.size_bytes.min(rec.blocks * BLOCK_SIZE);
+        let end = range.end.min(size);
+        let first = range.start - range.start % region;
+        let name_of = |id| {
+            inner
+                .nodes
+                .read()
+                .iter()
+                .find(|n| n.id == id)
+                .map_or_else(|| format!("node-{}", id.0), |n| n.info.name.clone())
+        };
+        let mut out = ReplicaComparison {
+            region_bytes: region,
+            this_node: inner.cfg.name.clone(),
+            this_node_primary: rec.primary == inner.me,
+            ..ReplicaComparison::default()
+        };
+        let others = rec.replicas.len().saturating_sub(1);
+        let total = end.saturating_sub(first);
+        let started = Instant::now();
+        let mut at = first;
+        while at < end {
+            let starts: Vec<u64> = (0..IN_FLIGHT)
+                .map(|k| at + k * region)
+                .filter(|s| *s < end)
+                .collect();
+            let req = |k: usize| {
+                let s = starts[k];
+                ClientReq::Compare {
+                    lba: s / BLOCK_SIZE,
+                    blocks: (region.min(end - s)).div_ceil(BLOCK_SIZE),
+                }
+            };
+            let answers = inner.execute(vol, starts.len(), req, None);
+            for (s, answer) in starts.iter().zip(answers) {
+                let len = region.min(end - s);
+                match answer {
+                    Ok(data) => {
+                        let found = data.as_deref().and_then(Compared::decode).ok_or_else(|| {
+                            VolumeError::Cluster(
+                                "the primary answered a replica compare with something else (a node of an older version?)"
+                                    .into(),
+                            )
+                        })?;
+                        out.bytes_compared += len;
+                        if found.replicas.len() < others {
+                            out.bytes_partial += len;
+                        }
+                        if !found.differing.is_empty() {
+                            out.differing.push(DifferingRange {
+                                offset: *s,
+                                length: len,
+                                replicas: found.differing.into_iter().map(name_of).collect(),
+                            });
+                        }
+                    }
+                    Err(IoError::Corrupt { .. }) => out.unreadable.push(*s),
+                    Err(e) => {
+                        return Err(VolumeError::Cluster(format!(
+                            "comparing the replicas of {} at offset {s}: {e}",
+                            record.name
+                        )))
+                    }
+                }
+            }
+            at = starts.last().map_or(end, |s| s + region);
+            let done = at.min(end) - first;
+            progress(done, total);
+            if let Some(rate) = rate.filter(|r| *r > 0) {
+                let due = Duration::from_secs_f64(done as f64 / rate as f64);
+                if let Some(wait) = due.checked_sub(started.elapsed()) {
+                    std::thread::sleep(wait);
+                }
+            }
+        }
+        Ok(out)
+    }
+}
