@@ -1826,6 +1826,15 @@ pub(crate) mod tests {
             self.grown.lock().push((record.name.clone(), size));
             Ok(())
         }
+        fn compare_replicas(
+            &self,
+            _: &VolumeRecord,
+            _: std::ops::Range<u64>,
+            _: Option<u64>,
+            _: &mut dyn FnMut(u64, u64),
+        ) -> Result<crate::scrub::ReplicaComparison, VolumeError> {
+            Err(VolumeError::NotSupported("fake".into()))
+        }
     }
 
     #[test]
