@@ -1245,3 +1245,77 @@ fn scrub_compares_replicas_and_rewrites_a_rotten_secondary() {
     );
     assert_eq!(report["bad_blocks"], serde_json::json!([]), "{report}");
 }
+
+/// The background scrubber compares replicas too: after its pass over the
+/// primary's copy it compares every replica's, so a rotten secondary is
+/// rewritten with nobody asking (logged and counted on the primary).
+#[test]
+fn background_scrub_compares_replicas_and_rewrites_a_rotten_secondary() {
+    use std::os::unix::fs::FileExt;
+    let c = Cluster::start_with(3, &[], |_| vec!["--scrub-interval".into(), "3s".into()]);
+    c.create_rf3("db", "32M");
+    let v = c.wait_volume(0, "db", "in sync", healthy);
+    let p = node_index(&primary(&v).expect("a primary"));
+    let s = (p + 2) % 3;
+    let uri = c.nodes[p].uri("db");
+    tool("qemu-io", ["-f", "raw", &uri, "-c", "write -P 0x6e 17M 4k"]).ok();
+    tool("qemu-io", ["-f", "raw", &uri, "-c", "flush"]).ok();
+    c.wait_volume(0, "db", "in sync", healthy);
+    let data = c.nodes[s].data_dir().join("basalt.data");
+    let at = rot_block(&data, 0x6e);
+
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let mut b = vec![0u8; 4096];
+        std::fs::File::open(&data)
+            .unwrap()
+            .read_exact_at(&mut b, at)
+            .unwrap();
+        if b.iter().all(|&x| x == 0x6e) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no background compare rewrote the secondary's copy:\n{}",
+            c.nodes[p].log()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // The compare reports once it went over the whole volume.
+    let metrics = || {
+        ureq::get(&format!("{}/metrics", c.nodes[p].api_url()))
+            .set("Authorization", &format!("Bearer {}", c.nodes[p].token()))
+            .call()
+            .unwrap()
+            .into_string()
+            .unwrap()
+    };
+    while metric_value(&metrics(), "basalt_replica_compare_passes_total") < 1.0 {
+        assert!(
+            Instant::now() < deadline,
+            "no background compare pass ended:\n{}",
+            c.nodes[p].log()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let log = c.nodes[p].log();
+    assert!(
+        log.contains("background replica compare: copies differ from the primary's"),
+        "{log}"
+    );
+    let m = metrics();
+    assert!(
+        metric_value(&m, "basalt_replica_compare_differing_regions_total") >= 1.0,
+        "{m}"
+    );
+    c.assert_replicas_equal(&[0, 1, 2], "db");
+    assert!(healthy(&c.show(0, "db")), "no replica failed over the rot");
+}
+
+/// The value of the unlabelled metric `name` in a `/metrics` text.
+fn metric_value(metrics: &str, name: &str) -> f64 {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in:\n{metrics}"))
+}

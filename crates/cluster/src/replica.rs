@@ -494,10 +494,12 @@ impl<E: ReplicaEnv> Replica<E> {
                 let outcome = match &op.result {
                     Ok(()) => Outcome::Done,
                     // Not a transient error: retrying reads the same bytes.
-                    // The state machine reads them from another replica.
+                    // A primary's state machine reads them from another
+                    // replica; a secondary's reports them to the primary
+                    // (a compare), which rewrites them.
                     Err(e @ IoError::Corrupt { .. }) => {
                         tracing::warn!(volume = %uuid::Uuid::from_u128(self.vol.0), error = %e,
-                            "local copy fails its checksum; reading it from another replica");
+                            "local copy fails its checksum; reading it from another replica (primary) or having it rewritten from the primary's (secondary)");
                         Outcome::Corrupt
                     }
                     Err(e) => {

@@ -51,7 +51,7 @@ pub use engine::{
 pub use error::{IoError, StoreError};
 pub use layers::{FlattenReport, SnapshotUsage};
 pub use recovery::{inspect, StoreInfo};
-pub use scrub::ScrubReport;
+pub use scrub::{ScrubFollowUp, ScrubReport};
 pub use staged::{fail_fua_writes, Contended, DevicePiece, StagedBatch};
 pub use volume::{DataKind, DataOp, LocalVolume, MappingRun};
 

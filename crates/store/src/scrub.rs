@@ -178,17 +178,32 @@ struct Stop {
     stop: bool,
 }
 
+/// Called on the scrubbing thread after each complete background pass of
+/// a volume, with the volume and the scrubber's rate: what a layer above
+/// adds to a scrub (a cluster compares the volume's replicas).
+pub type ScrubFollowUp = Arc<dyn Fn(VolumeId, u64) + Send + Sync>;
+
 /// The background scrubbing thread of a store.
 #[derive(Default)]
 pub(crate) struct Scrubber {
     signal: Arc<(Mutex<Stop>, Condvar)>,
     thread: Mutex<Option<JoinHandle<()>>>,
+    follow_up: Arc<Mutex<Option<ScrubFollowUp>>>,
+}
+
+impl Store {
+    /// Sets what runs after each complete background scrub of a volume
+    /// (replacing what was set before).
+    pub fn on_scrub_pass(&self, follow_up: ScrubFollowUp) {
+        *self.scrubber.follow_up.lock() = Some(follow_up);
+    }
 }
 
 impl Scrubber {
     pub fn spawn(store: &Arc<Store>, interval: Duration, rate: u64) {
         let weak: Weak<Store> = Arc::downgrade(store);
         let signal = store.scrubber.signal.clone();
+        let follow_up = store.scrubber.follow_up.clone();
         // Waits up to `d`; false once asked to stop or the store is gone.
         let pause = move |d: Duration, weak: &Weak<Store>| {
             let (lock, cv) = &*signal;
@@ -239,6 +254,11 @@ impl Scrubber {
                             tracing::error!(volume = %id, damaged_blocks = bad, "background scrub found blocks that fail their checksum");
                         } else {
                             tracing::info!(volume = %id, seconds = started.elapsed().as_secs(), "background scrub found no damage");
+                        }
+                        drop(store);
+                        let f = follow_up.lock().clone();
+                        if let Some(f) = f {
+                            f(id, rate);
                         }
                     }
                 }

@@ -182,6 +182,11 @@ pub trait ClusterVolumes: Send + Sync {
     fn read_repairs(&self) -> u64 {
         0
     }
+    /// Replica compares since the start: (complete background passes of
+    /// volumes this node is primary of, regions found differing).
+    fn replica_compares(&self) -> (u64, u64) {
+        (0, 0)
+    }
     /// Whether this node is the primary of volume `id` as it knows now,
     /// from memory (cheap: polled by the NVMe/TCP target for its ANA
     /// state); `None` while the volume is unknown or not placed.
@@ -1227,6 +1232,17 @@ impl VolumeService {
                 out,
                 "# HELP {metric} Reads this node's primaries asked of an in-sync replica because their own copy failed its checksum.\n# TYPE {metric} counter\n{metric} {}",
                 cluster.read_repairs()
+            );
+            let (passes, differing) = cluster.replica_compares();
+            let metric = "basalt_replica_compare_passes_total";
+            let _ = writeln!(
+                out,
+                "# HELP {metric} Complete background compares of the replicas of volumes this node is primary of.\n# TYPE {metric} counter\n{metric} {passes}"
+            );
+            let metric = "basalt_replica_compare_differing_regions_total";
+            let _ = writeln!(
+                out,
+                "# HELP {metric} Regions where replica compares (background and asked for) found a replica's copy differing from the primary's, and rewrote it.\n# TYPE {metric} counter\n{metric} {differing}"
             );
         }
         for (metric, kind, help, value) in store_metrics {

@@ -140,7 +140,7 @@ impl ClusterVolumes for ClusterMember {
         rate: Option<u64>,
         progress: &mut dyn FnMut(u64, u64),
     ) -> Result<basalt_volume::ReplicaComparison, VolumeError> {
-        self.compare(record, range, rate, progress)
+        self.inner.compare(record, range, rate, progress)
     }
 
     fn replicas(&self, record: &VolumeRecord) -> Vec<ReplicaStatus> {
@@ -291,6 +291,13 @@ impl ClusterVolumes for ClusterMember {
             "the membership record of {} changed too often to record its new size; the coordinator will",
             record.name
         )))
+    }
+
+    fn replica_compares(&self) -> (u64, u64) {
+        (
+            self.inner.compare_passes.load(Ordering::Relaxed),
+            self.inner.compare_differing.load(Ordering::Relaxed),
+        )
     }
 
     fn read_repairs(&self) -> u64 {

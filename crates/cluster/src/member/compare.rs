@@ -5,24 +5,30 @@
 //! from the primary's (`basalt_replication`'s primary); collects what the
 //! answers say.
 //!
+//! The background scrubber runs it too: after each complete background
+//! pass over a volume's local copy on the volume's primary node
+//! (`Store::on_scrub_pass`), at the scrubber's rate, so every volume's
+//! replicas are compared once per scrub interval.
+//!
 //! Invariants: regions are whole replication regions (the unit a differing
 //! copy is rewritten in), the first and last clipped to the volume; a region
 //! the primary cannot read from any replica is reported unreadable, never
 //! retried as if transient; the rate is kept over the whole run, not per
-//! batch.
+//! batch; a stopping member ends a compare between batches.
 
-use super::{vol_of, ClusterMember};
+use super::{vol_of, Inner};
 use basalt_catalog::VolumeRecord;
 use basalt_replication::{ClientReq, Compared};
 use basalt_store::BLOCK_SIZE;
 use basalt_volume::{DifferingRange, IoError, ReplicaComparison, VolumeError};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 /// Regions compared concurrently (each one primary read and one checksum
 /// per replica).
 const IN_FLIGHT: u64 = 4;
 
-impl ClusterMember {
+impl Inner {
     pub(super) fn compare(
         &self,
         record: &VolumeRecord,
@@ -30,7 +36,7 @@ impl ClusterMember {
         rate: Option<u64>,
         progress: &mut dyn FnMut(u64, u64),
     ) -> Result<ReplicaComparison, VolumeError> {
-        let inner = &self.inner;
+        let inner = self;
         let vol = vol_of(record.id);
         let region = inner.cfg.timing.region_blocks.max(1) * BLOCK_SIZE;
         let rec = inner.records.read().get(&vol).cloned().ok_or_else(|| {
@@ -61,6 +67,11 @@ impl ClusterMember {
         let started = Instant::now();
         let mut at = first;
         while at < end {
+            if inner.stopping.load(Ordering::SeqCst) {
+                return Err(VolumeError::Cluster(
+                    "the cluster member is stopping".into(),
+                ));
+            }
             let starts: Vec<u64> = (0..IN_FLIGHT)
                 .map(|k| at + k * region)
                 .filter(|s| *s < end)
@@ -88,6 +99,7 @@ impl ClusterMember {
                             out.bytes_partial += len;
                         }
                         if !found.differing.is_empty() {
+                            inner.compare_differing.fetch_add(1, Ordering::Relaxed);
                             out.differing.push(DifferingRange {
                                 offset: *s,
                                 length: len,
@@ -115,5 +127,55 @@ impl ClusterMember {
             }
         }
         Ok(out)
+    }
+}
+
+impl Inner {
+    /// After a background scrub pass over volume `id`'s local copy: if this
+    /// node is the volume's primary, compares its replicas at `rate`.
+    pub(super) fn compare_after_scrub(&self, id: uuid::Uuid, rate: u64) {
+        let vol = vol_of(id);
+        let primary = self
+            .records
+            .read()
+            .get(&vol)
+            .is_some_and(|r| r.primary == self.me && r.replicas.len() > 1);
+        let record = self.volumes.read().values().find(|r| r.id == id).cloned();
+        let (true, Some(record)) = (primary, record) else {
+            return;
+        };
+        let started = Instant::now();
+        match self.compare(&record, 0..record.size_bytes, Some(rate), &mut |_, _| {}) {
+            Ok(c) => {
+                self.compare_passes.fetch_add(1, Ordering::Relaxed);
+                if c.differing.is_empty() && c.unreadable.is_empty() {
+                    tracing::info!(
+                        volume = %record.name,
+                        seconds = started.elapsed().as_secs(),
+                        partial_bytes = c.bytes_partial,
+                        "background replica compare found the copies identical"
+                    );
+                }
+                for d in &c.differing {
+                    tracing::warn!(
+                        volume = %record.name,
+                        offset = d.offset,
+                        length = d.length,
+                        replicas = ?d.replicas,
+                        "background replica compare: copies differ from the primary's; rewriting them"
+                    );
+                }
+                for offset in &c.unreadable {
+                    tracing::error!(
+                        volume = %record.name,
+                        offset,
+                        "background replica compare: no replica holds a good copy of this region"
+                    );
+                }
+            }
+            Err(e) => {
+                tracing::warn!(volume = %record.name, error = %e, "background replica compare stopped")
+            }
+        }
     }
 }

@@ -99,6 +99,10 @@ pub(crate) struct Inner {
     /// Reads this node's primaries asked of an in-sync replica because
     /// their own copy failed its checksum (read repair).
     read_repairs: AtomicU64,
+    /// Replica compares: regions found differing (asked for and
+    /// background), and complete background passes.
+    compare_differing: AtomicU64,
+    compare_passes: AtomicU64,
 }
 
 /// See [`ClusterMember::on_volume_record`].
@@ -216,6 +220,8 @@ impl ClusterMember {
             guards: Mutex::new(Vec::new()),
             stopping: std::sync::atomic::AtomicBool::new(false),
             read_repairs: AtomicU64::new(0),
+            compare_differing: AtomicU64::new(0),
+            compare_passes: AtomicU64::new(0),
         });
         let _ = router.0.set(Arc::downgrade(&inner));
         let member = ClusterMember {
@@ -229,6 +235,12 @@ impl ClusterMember {
     fn wire(&self) -> Result<(), ClusterError> {
         let inner = &self.inner;
         let weak = Arc::downgrade(inner);
+        let w = weak.clone();
+        inner.store.on_scrub_pass(Arc::new(move |id, rate| {
+            if let Some(inner) = w.upgrade() {
+                inner.compare_after_scrub(id, rate);
+            }
+        }));
         let w = weak.clone();
         let catalog_guard = inner.meta.watch_catalog(Box::new(move |name, record| {
             if let Some(inner) = w.upgrade() {
