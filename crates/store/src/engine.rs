@@ -56,6 +56,9 @@ pub struct FormatOptions {
     /// Layers: snapshots and clones (default: on; `Some(false)` formats
     /// without the presence region).
     pub layers: Option<bool>,
+    /// Key slots: each volume's wrapped data key, for encryption at rest
+    /// (default: on; `Some(false)` formats without the key slot region).
+    pub key_slots: Option<bool>,
 }
 
 impl FormatOptions {
@@ -67,6 +70,9 @@ impl FormatOptions {
         }
         if self.layers.unwrap_or(true) {
             bits |= INCOMPAT_LAYERS;
+        }
+        if self.key_slots.unwrap_or(true) {
+            bits |= crate::format::INCOMPAT_KEY_SLOTS;
         }
         bits
     }
@@ -179,6 +185,9 @@ pub struct RecoveryReport {
     /// sector old or new); the layered blocks they cover are taken as
     /// present, and the event is logged.
     pub bad_presence_sectors: u64,
+    /// Key slot entries that failed to verify (damaged: a stop leaves every
+    /// entry old or new); their volumes read as having no key.
+    pub bad_key_slots: u64,
 }
 
 /// Data checksums at work.
@@ -272,6 +281,8 @@ pub struct Store {
     pub(crate) intent: Option<Intent>,
     /// Presence bits of layered extents; `None` in a store without layers.
     pub(crate) presence: Option<Presence>,
+    /// Wrapped volume keys; `None` in a store without key slots.
+    pub(crate) keys: Option<crate::keys::KeySlots>,
     /// One cooling round at a time.
     pub(crate) cooling: Mutex<()>,
     pub(crate) cooling_interval: Duration,
@@ -413,6 +424,9 @@ impl Store {
             // Every page verifies from the start: every block holds zeros.
             recovery::write_zero_checksum_pages(device.as_ref(), &layout)?;
         }
+        if layout.has_key_slots() {
+            crate::keys::KeySlots::format(device.as_ref(), &layout)?;
+        }
         device.flush()?;
         let sb = Superblock {
             version: FORMAT_VERSION,
@@ -469,6 +483,13 @@ impl Store {
         } else {
             None
         };
+        let keys = if layout.has_key_slots() {
+            Some(crate::keys::KeySlots::load(device.as_ref(), &layout)?)
+        } else {
+            None
+        };
+        let bad_key_slots = keys.as_ref().map_or(0, |k| k.bad_entries);
+        let keys = keys.map(|k| k.slots);
         let report = RecoveryReport {
             unclean: !sb.clean,
             upgraded_from_v1,
@@ -481,7 +502,14 @@ impl Store {
             recomputed_extents: integrity.as_ref().map_or(0, |i| i.recomputed_extents),
             bad_checksum_pages: integrity.as_ref().map_or(0, |i| i.bad_pages),
             bad_presence_sectors: loaded.bad_presence_sectors,
+            bad_key_slots,
         };
+        if bad_key_slots > 0 {
+            tracing::warn!(
+                entries = bad_key_slots,
+                "key slot entries fail their checksum (damaged); their volumes read as having no key"
+            );
+        }
         tracing::info!(
             store = %sb.store_id,
             clean = sb.clean,
@@ -540,6 +568,7 @@ impl Store {
             checksums,
             intent,
             presence,
+            keys,
             cooling: Mutex::new(()),
             cooling_interval: options.cooling_interval,
             scrubber: Scrubber::default(),
@@ -560,6 +589,13 @@ impl Store {
             Zeroer::spawn(&store);
         }
         store.finish_snapshot_deletions()?;
+        let shredded = store.shred_orphan_keys()?;
+        if shredded > 0 {
+            tracing::info!(
+                keys = shredded,
+                "emptied the key slots of volumes deleted before a crash"
+            );
+        }
         if let Some(interval) = options.scrub_interval.filter(|_| store.checksums.is_some()) {
             Scrubber::spawn(&store, interval, options.scrub_rate.max(1));
         }
@@ -943,7 +979,9 @@ impl Store {
             map.resize(0);
             map.parent = None;
         }
-        self.commit()
+        self.commit()?;
+        // Once the deletion is durable: the wrapped key leaves the device.
+        self.shred_key(id)
     }
 
     pub(crate) fn volume_state(&self, id: VolumeId) -> Result<Arc<VolumeState>, StoreError> {

@@ -232,6 +232,12 @@ impl Store {
     /// volume's next layer, or a single clone), it is merged into that
     /// layer first; with more (clones), it is refused.
     pub fn delete_snapshot(&self, snap: VolumeId) -> Result<(), StoreError> {
+        self.delete_snapshot_layer(snap)?;
+        // A key of its own, if it had one, goes with it.
+        self.shred_key(snap)
+    }
+
+    fn delete_snapshot_layer(&self, snap: VolumeId) -> Result<(), StoreError> {
         self.require_layers()?;
         let _op = self.layer_ops.lock();
         let s = self.volume_state(snap)?;

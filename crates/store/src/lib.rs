@@ -30,6 +30,7 @@ pub mod format;
 mod integrity;
 mod intent;
 mod journal;
+mod keys;
 mod layer_map;
 mod layers;
 mod meta;
@@ -49,6 +50,7 @@ pub use engine::{
     VolumeUsage, DEFAULT_SCRUB_INTERVAL, DEFAULT_SCRUB_RATE,
 };
 pub use error::{IoError, StoreError};
+pub use format::WrappedKey;
 pub use layers::{FlattenReport, SnapshotUsage};
 pub use recovery::{inspect, StoreInfo};
 pub use scrub::{ScrubFollowUp, ScrubReport};

@@ -1,7 +1,8 @@
 //! Power loss at every device operation. For each seeded history of store
 //! calls (creates, deletes, resizes, aligned and unaligned writes, FUA,
 //! zeroing and TRIM, flushes, zeroing passes, cooling rounds, snapshots,
-//! clones, rollbacks, snapshot deletions, clean restarts), the history
+//! clones, rollbacks, snapshot deletions, clean restarts, wrapped volume
+//! keys set and replaced), the history
 //! is run once to count its device operations, then once per operation k
 //! with the power cut after op k: the device fails from then on, and the
 //! crash drops, reorders and tears (per 512 B sector) every write that was
@@ -17,7 +18,9 @@
 //! written to that volume (data patterns are per volume, so another
 //! volume's bytes never match) or zero; every snapshot reads exactly what
 //! its volume held when it was taken; `Store::check` finds every extent in
-//! exactly one place and every free extent zero; nothing was stray.
+//! exactly one place and every free extent zero; nothing was stray; every
+//! volume's key is the last one set (or the one being set), a snapshot's
+//! its volume's, and no deleted volume's wrapped key is left on the device.
 //!
 //! The journal holds 6 (or 16) blocks, so it wraps and checkpoints
 //! constantly. Two shapes of history: small volumes, and bulk writes and
@@ -26,7 +29,10 @@
 //! caps the cuts tried per history (default 250 small, 100 bulk, spread
 //! over it).
 
-use basalt_store::{FormatOptions, IoError, OpenOptions, SimDevice, Store, StoreError};
+use basalt_store::format::Superblock;
+use basalt_store::{
+    BlockDevice, FormatOptions, IoError, OpenOptions, SimDevice, Store, StoreError, WrappedKey,
+};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::collections::HashMap;
@@ -123,6 +129,11 @@ enum Op {
         vol: usize,
     },
     CleanRestart,
+    /// Sets (or replaces) a volume's wrapped key.
+    SetKey {
+        vol: usize,
+        seed: u64,
+    },
 }
 
 fn history(seed: u64, shape: Shape) -> Vec<Op> {
@@ -163,7 +174,32 @@ fn history(seed: u64, shape: Shape) -> Vec<Op> {
             36 => Op::Flatten { vol: rng.gen() },
             _ => Op::CleanRestart,
         })
+        .collect::<Vec<Op>>()
+        .into_iter()
+        // Key operations come from a stream of their own, between the
+        // others (whose draws stay as they were).
+        .flat_map({
+            let mut keys = StdRng::seed_from_u64(seed ^ 0x6b65_7973);
+            move |op| {
+                let key = keys.gen_bool(0.15).then(|| Op::SetKey {
+                    vol: keys.gen(),
+                    seed: keys.gen(),
+                });
+                std::iter::once(op).chain(key)
+            }
+        })
         .collect()
+}
+
+/// The wrapped key a `SetKey` of `seed` sets: 72 bytes (a 64-byte key
+/// wrapped by AES-KW), distinct per seed.
+fn wrapped_key(seed: u64) -> WrappedKey {
+    let mut rng = StdRng::seed_from_u64(seed);
+    WrappedKey {
+        suite: 1,
+        master_key_id: rng.gen(),
+        blob: (0..72).map(|_| rng.gen()).collect(),
+    }
 }
 
 /// Blocks a layer of `size` bytes can hold: whole extents.
@@ -277,6 +313,10 @@ enum InFlight {
         index: usize,
         snap: usize,
     },
+    SetKey {
+        id: uuid::Uuid,
+        key: WrappedKey,
+    },
 }
 
 /// The power was cut during the call.
@@ -292,6 +332,11 @@ struct Harness {
     in_flight: InFlight,
     crashes: u32,
     shape: Shape,
+    /// Each volume's key as last set.
+    keys: HashMap<uuid::Uuid, WrappedKey>,
+    /// The keys of volumes deleted: never again on the device once the
+    /// store reopened.
+    shredded: Vec<Vec<u8>>,
 }
 
 fn open_options() -> OpenOptions {
@@ -325,6 +370,8 @@ impl Harness {
             in_flight: InFlight::None,
             crashes: 0,
             shape,
+            keys: HashMap::new(),
+            shredded: Vec::new(),
         }
     }
 
@@ -414,7 +461,13 @@ impl Harness {
                 self.cut(r, "delete")?;
                 self.in_flight = InFlight::None;
                 assert!(matches!(h.read(0, &mut [0u8; 4096]), Err(IoError::Gone)));
+                if let Some(k) = self.keys.remove(&self.model[i].id) {
+                    self.shredded.push(k.blob);
+                }
                 self.model.remove(i);
+                if self.shape.check_every_call {
+                    self.check_keys();
+                }
                 self.all_durable();
             }
             Op::Resize { vol, blocks } => {
@@ -622,6 +675,21 @@ impl Harness {
                 self.check_current(i)?;
                 self.check_snapshots()?;
             }
+            Op::SetKey { vol, seed } => {
+                let Some(i) = self.pick(vol) else {
+                    return Ok(());
+                };
+                let (id, key) = (self.model[i].id, wrapped_key(seed));
+                self.in_flight = InFlight::SetKey {
+                    id,
+                    key: key.clone(),
+                };
+                let r = self.store.set_volume_key(id, &key);
+                self.cut(r, "set key")?;
+                self.in_flight = InFlight::None;
+                self.keys.insert(id, key.clone());
+                assert_eq!(self.store.volume_key(id).expect("key"), Some(key));
+            }
             Op::CleanRestart => {
                 self.cut(self.store.close(), "close")?;
                 self.all_durable();
@@ -706,7 +774,21 @@ impl Harness {
                 }
             }
             InFlight::Delete { index } if !present.contains_key(&self.model[*index].id) => {
+                if let Some(k) = self.keys.remove(&self.model[*index].id) {
+                    self.shredded.push(k.blob);
+                }
                 self.model.remove(*index);
+            }
+            InFlight::SetKey { id, key } => {
+                let got = self.store.volume_key(*id).expect("key after crash");
+                assert!(
+                    got.as_ref() == Some(key) || got.as_ref() == self.keys.get(id),
+                    "volume {id}'s key after crash {} is neither the one being set nor the one before",
+                    self.crashes
+                );
+                if got.as_ref() == Some(key) {
+                    self.keys.insert(*id, key.clone());
+                }
             }
             InFlight::Rollback { index, snap } => {
                 // Done (the snapshot's content, exactly) or not at all.
@@ -813,9 +895,49 @@ impl Harness {
                 );
             }
         }
+        self.check_keys();
         self.store
             .check()
             .unwrap_or_else(|e| panic!("after crash {}: {e}", self.crashes));
+    }
+
+    /// Every volume's key is the model's, a snapshot's its volume's, and no
+    /// deleted volume's wrapped key is in the key slot region.
+    fn check_keys(&self) {
+        for v in &self.model {
+            let got = self.store.volume_key(v.id).expect("key");
+            assert_eq!(got.as_ref(), self.keys.get(&v.id), "key of volume {}", v.id);
+        }
+        for s in &self.snapshots {
+            let got = self.store.volume_key(s.id).expect("key");
+            assert_eq!(
+                got.as_ref(),
+                self.keys.get(&s.volume),
+                "key of snapshot {}",
+                s.id
+            );
+        }
+        let sb = [0u64, 4096]
+            .iter()
+            .filter_map(|at| {
+                let mut page = vec![0u8; 4096];
+                self.dev.read_at(&mut page, *at).ok()?;
+                Superblock::decode(&page).ok()
+            })
+            .max_by_key(|sb| sb.generation)
+            .expect("a superblock");
+        let l = sb.layout;
+        let mut region = vec![0u8; l.key_len() as usize];
+        self.dev
+            .read_at(&mut region, l.key_offset)
+            .expect("read key slots");
+        for blob in &self.shredded {
+            assert!(
+                !region.windows(blob.len()).any(|w| w == &blob[..]),
+                "a deleted volume's wrapped key is still on the device after crash {}",
+                self.crashes
+            );
+        }
     }
 }
 

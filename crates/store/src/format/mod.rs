@@ -16,6 +16,7 @@
 
 mod checksums;
 mod journal;
+mod keys;
 mod presence;
 mod superblock;
 mod tables;
@@ -27,6 +28,9 @@ pub use checksums::{
 pub use journal::{
     decode_journal_block, decode_journal_block_v1, encode_journal_block, pack_journal_blocks,
     JournalBlock, JournalEntry, JOURNAL_ENTRIES_PER_BLOCK, JOURNAL_ENTRY_SIZE, JOURNAL_HEADER_SIZE,
+};
+pub use keys::{
+    decode_key_slot, encode_key_slot, KeySlot, WrappedKey, KEY_SLOT_SIZE, MAX_WRAPPED_KEY,
 };
 pub use presence::{
     decode_presence_sector, encode_presence_sector, presence_bit, PRESENCE_BITS_PER_SECTOR,
@@ -60,15 +64,19 @@ pub const INCOMPAT_DATA_CHECKSUMS: u64 = 1 << 0;
 /// slots carry a parent and an origin, and the journal has the layer
 /// entries (docs/format.md, "Layers"). Set at format (the default).
 pub const INCOMPAT_LAYERS: u64 = 1 << 1;
+/// Incompatible feature: per-volume key slots (wrapped data keys for
+/// encryption at rest) in a region of their own.
+pub const INCOMPAT_KEY_SLOTS: u64 = 1 << 2;
 
 /// What a new store is formatted with.
-pub const DEFAULT_FEATURES: u64 = INCOMPAT_DATA_CHECKSUMS | INCOMPAT_LAYERS;
+pub const DEFAULT_FEATURES: u64 = INCOMPAT_DATA_CHECKSUMS | INCOMPAT_LAYERS | INCOMPAT_KEY_SLOTS;
 
 /// Feature bits a reader must understand to open the store, by name.
 /// Compression and encryption add theirs.
 pub const INCOMPAT_FEATURES: &[(u64, &str)] = &[
     (INCOMPAT_DATA_CHECKSUMS, "data-checksums"),
     (INCOMPAT_LAYERS, "layers"),
+    (INCOMPAT_KEY_SLOTS, "key-slots"),
 ];
 
 /// The names of feature bits, for messages ("data-checksums, layers").
@@ -127,6 +135,10 @@ pub struct Layout {
     /// sector); 0 sectors without the layers feature.
     pub presence_offset: u64,
     pub presence_sectors: u64,
+    /// Key slots (key-slots feature; else 0): entries for volume slots
+    /// 1..=key_slots.
+    pub key_offset: u64,
+    pub key_slots: u64,
     pub data_offset: u64,
 }
 
@@ -144,6 +156,7 @@ impl Layout {
     ) -> Result<Layout, String> {
         let data_checksums = features & INCOMPAT_DATA_CHECKSUMS != 0;
         let layers = features & INCOMPAT_LAYERS != 0;
+        let key_slots = features & INCOMPAT_KEY_SLOTS != 0;
         let es = extent_size as u64;
         if extent_size < 64 * 1024 || !extent_size.is_power_of_two() || extent_size > 64 << 20 {
             return Err(format!(
@@ -180,7 +193,14 @@ impl Layout {
             0
         };
         let presence_len = (presence_sectors * PRESENCE_SECTOR as u64).div_ceil(PAGE) * PAGE;
-        let data_offset = (presence_offset + presence_len).div_ceil(es) * es;
+        let key_offset = presence_offset + presence_len;
+        let key_slots = if key_slots {
+            Layout::key_slots_for(device_size)
+        } else {
+            0
+        };
+        let key_len = (key_slots * KEY_SLOT_SIZE as u64).div_ceil(PAGE) * PAGE;
+        let data_offset = (key_offset + key_len).div_ceil(es) * es;
         if data_offset >= device_size {
             return Err(format!(
                 "{device_size} bytes cannot hold the metadata and one extent"
@@ -206,8 +226,27 @@ impl Layout {
             checksum_pages,
             presence_offset: if layers { presence_offset } else { 0 },
             presence_sectors,
+            key_offset: if key_slots > 0 { key_offset } else { 0 },
+            key_slots,
             data_offset,
         })
+    }
+
+    /// Key slots a store formatted on `device_size` bytes gets: one per
+    /// MiB, at least 64 and at most one per volume slot (a small store
+    /// spends 8 KiB on them, a store of 16 GiB or more 2 MiB). Volumes in
+    /// slots beyond cannot hold a key.
+    pub fn key_slots_for(device_size: u64) -> u64 {
+        (device_size >> 20).clamp(64, MAX_VOLUMES as u64)
+    }
+
+    pub fn has_key_slots(&self) -> bool {
+        self.key_slots > 0
+    }
+
+    /// Bytes of the key slot region, whole pages.
+    pub fn key_len(&self) -> u64 {
+        (self.key_slots * KEY_SLOT_SIZE as u64).div_ceil(PAGE) * PAGE
     }
 
     pub fn has_data_checksums(&self) -> bool {

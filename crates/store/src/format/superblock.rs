@@ -6,8 +6,8 @@
 
 use super::{
     block_crc, get_u32, get_u64, get_uuid, known_incompat_features, put_u32, put_u64, FormatError,
-    Layout, FORMAT_VERSION, INCOMPAT_DATA_CHECKSUMS, INCOMPAT_LAYERS, MAX_VOLUMES, PAGE,
-    SUPERBLOCK_MAGIC,
+    Layout, FORMAT_VERSION, INCOMPAT_DATA_CHECKSUMS, INCOMPAT_KEY_SLOTS, INCOMPAT_LAYERS,
+    KEY_SLOT_SIZE, MAX_VOLUMES, PAGE, SUPERBLOCK_MAGIC,
 };
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -62,6 +62,8 @@ impl Superblock {
             put_u64(&mut b, 168, l.checksum_pages);
             put_u64(&mut b, 176, l.presence_offset);
             put_u64(&mut b, 184, l.presence_sectors);
+            put_u64(&mut b, 192, l.key_offset);
+            put_u64(&mut b, 200, l.key_slots);
         }
         let crc = block_crc(&b, 12);
         put_u32(&mut b, 12, crc);
@@ -90,6 +92,7 @@ impl Superblock {
         }
         let checksums = version >= 2 && incompat_features & INCOMPAT_DATA_CHECKSUMS != 0;
         let layers = version >= 2 && incompat_features & INCOMPAT_LAYERS != 0;
+        let keys = version >= 2 && incompat_features & INCOMPAT_KEY_SLOTS != 0;
         let layout = Layout {
             extent_size: get_u32(b, 64),
             volume_slots: get_u32(b, 68),
@@ -102,6 +105,8 @@ impl Superblock {
             checksum_pages: if checksums { get_u64(b, 168) } else { 0 },
             presence_offset: if layers { get_u64(b, 176) } else { 0 },
             presence_sectors: if layers { get_u64(b, 184) } else { 0 },
+            key_offset: if keys { get_u64(b, 192) } else { 0 },
+            key_slots: if keys { get_u64(b, 200) } else { 0 },
             data_offset: get_u64(b, 112),
         };
         let sb = Superblock {
@@ -183,6 +188,24 @@ impl Superblock {
         {
             return bad("presence region");
         }
+        let keys = self.incompat_features & INCOMPAT_KEY_SLOTS != 0;
+        if keys != l.has_key_slots() {
+            return bad("key slot region and feature bit disagree");
+        }
+        if keys
+            && (l.key_offset < l.presence_offset + l.presence_len()
+                || l.key_offset < l.checksum_offset + l.checksum_pages * PAGE
+                || l.key_offset < l.journal_offset + l.journal_blocks * PAGE
+                || l.key_slots > l.volume_slots as u64
+                || overflow(
+                    l.key_slots
+                        .checked_mul(KEY_SLOT_SIZE as u64)
+                        .and_then(|c| c.checked_add(l.key_offset)),
+                    l.data_offset,
+                ))
+        {
+            return bad("key slot region");
+        }
         if self
             .journal_tail_seq
             .checked_add(l.journal_blocks)
@@ -202,7 +225,7 @@ mod tests {
     fn sample_sb() -> Superblock {
         Superblock {
             version: FORMAT_VERSION,
-            incompat_features: INCOMPAT_DATA_CHECKSUMS | INCOMPAT_LAYERS,
+            incompat_features: INCOMPAT_DATA_CHECKSUMS | INCOMPAT_LAYERS | INCOMPAT_KEY_SLOTS,
             compat_features: 0,
             store_id: uuid::Uuid::from_u128(42),
             generation: 3,
@@ -249,6 +272,13 @@ mod tests {
         let read = Superblock::decode(&plain.encode()).unwrap();
         assert!(!read.layout.has_data_checksums());
         assert!(!read.layout.has_layers());
+        assert!(!read.layout.has_key_slots());
+        let mut too_many_keys = sb.clone();
+        too_many_keys.layout.key_slots = MAX_VOLUMES as u64 + 1;
+        assert!(matches!(
+            Superblock::decode(&too_many_keys.encode()),
+            Err(FormatError::Inconsistent(_))
+        ));
         let mut no_presence = sb.clone();
         no_presence.layout.presence_sectors = 1;
         assert!(matches!(
@@ -262,7 +292,7 @@ mod tests {
             Err(FormatError::Inconsistent(_))
         ));
         let mut feat = sb.clone();
-        feat.incompat_features = 1 << 5;
+        feat.incompat_features = 1 << 7;
         assert!(matches!(
             Superblock::decode(&feat.encode()),
             Err(FormatError::UnknownFeatures(_))
