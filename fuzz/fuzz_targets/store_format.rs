@@ -1,6 +1,6 @@
 //! Feeds arbitrary bytes to the store's metadata decoders (superblock,
 //! volume slot, extent entry, journal block of both versions, checksum
-//! page, presence sector): raw, and
+//! page, presence sector, key slot entry): raw, and
 //! with magic and checksums fixed up so that the field parsers behind them
 //! are reached, which random bytes behind a CRC almost never do.
 //!
@@ -10,9 +10,10 @@
 #![no_main]
 
 use basalt_store::format::{
-    decode_checksum_page, decode_journal_block, decode_journal_block_v1, decode_presence_sector,
-    encode_checksum_page, encode_journal_block, encode_presence_sector, ExtentState, SlotState,
-    Superblock, JOURNAL_ENTRIES_PER_BLOCK, PRESENCE_SECTOR,
+    decode_checksum_page, decode_journal_block, decode_journal_block_v1, decode_key_slot,
+    decode_presence_sector, encode_checksum_page, encode_journal_block, encode_key_slot,
+    encode_presence_sector, ExtentState, KeySlot, SlotState, Superblock,
+    JOURNAL_ENTRIES_PER_BLOCK, KEY_SLOT_SIZE, PRESENCE_SECTOR,
 };
 use libfuzzer_sys::fuzz_target;
 
@@ -42,8 +43,8 @@ fn superblock(data: &[u8]) {
     page[..8].copy_from_slice(b"BASALTSB");
     page[8..12].copy_from_slice(&(1 + (data.first().copied().unwrap_or(0) % 2) as u32).to_le_bytes());
     // Any combination of the known incompatible features (data checksums,
-    // layers).
-    let features = data.get(1).map_or(0u64, |b| (*b % 4) as u64);
+    // layers, key slots).
+    let features = data.get(1).map_or(0u64, |b| (*b % 8) as u64);
     page[16..24].copy_from_slice(&features.to_le_bytes());
     fix_crc(&mut page, 12);
     if let Ok(sb) = Superblock::decode(&page) {
@@ -132,10 +133,32 @@ fn presence_sector(data: &[u8]) {
     assert_eq!(again, sector);
 }
 
+fn key_slot(data: &[u8]) {
+    let index = data.len() as u32;
+    let _ = decode_key_slot(index, data);
+    let mut entry = [0u8; KEY_SLOT_SIZE];
+    let n = data.len().min(KEY_SLOT_SIZE);
+    entry[..n].copy_from_slice(&data[..n]);
+    // A plausible header, so that the field checks behind the CRC run.
+    entry[0] = data.first().map_or(1, |b| b % 3);
+    let crc = salted(index, &entry[..124]);
+    entry[124..].copy_from_slice(&crc.to_le_bytes());
+    if let Some(slot) = decode_key_slot(index, &entry) {
+        let mut again = [0u8; KEY_SLOT_SIZE];
+        match &slot {
+            KeySlot::Empty => encode_key_slot(index, None, &mut again),
+            KeySlot::Key { volume, key } => encode_key_slot(index, Some((*volume, key)), &mut again),
+        }
+        assert_eq!(decode_key_slot(index, &again), Some(slot));
+        assert_eq!(again, entry, "the encoding is canonical");
+    }
+}
+
 fuzz_target!(|data: &[u8]| {
     superblock(data);
     table_entries(data);
     journal_block(data);
     checksum_page(data);
     presence_sector(data);
+    key_slot(data);
 });

@@ -466,7 +466,7 @@ impl Harness {
                 }
                 self.model.remove(i);
                 if self.shape.check_every_call {
-                    self.check_keys();
+                    self.check_keys()?;
                 }
                 self.all_durable();
             }
@@ -895,7 +895,9 @@ impl Harness {
                 );
             }
         }
-        self.check_keys();
+        if self.check_keys().is_err() {
+            panic!("the device failed after crash {}", self.crashes);
+        }
         self.store
             .check()
             .unwrap_or_else(|e| panic!("after crash {}: {e}", self.crashes));
@@ -903,7 +905,7 @@ impl Harness {
 
     /// Every volume's key is the model's, a snapshot's its volume's, and no
     /// deleted volume's wrapped key is in the key slot region.
-    fn check_keys(&self) {
+    fn check_keys(&self) -> Result<(), Cut> {
         for v in &self.model {
             let got = self.store.volume_key(v.id).expect("key");
             assert_eq!(got.as_ref(), self.keys.get(&v.id), "key of volume {}", v.id);
@@ -917,20 +919,22 @@ impl Harness {
                 s.id
             );
         }
-        let sb = [0u64, 4096]
-            .iter()
-            .filter_map(|at| {
-                let mut page = vec![0u8; 4096];
-                self.dev.read_at(&mut page, *at).ok()?;
-                Superblock::decode(&page).ok()
-            })
-            .max_by_key(|sb| sb.generation)
-            .expect("a superblock");
-        let l = sb.layout;
+        let mut newest: Option<Superblock> = None;
+        for at in [0u64, 4096] {
+            let mut page = vec![0u8; 4096];
+            self.cut(self.dev.read_at(&mut page, at), "read a superblock")?;
+            if let Ok(sb) = Superblock::decode(&page) {
+                if newest.as_ref().is_none_or(|n| sb.generation > n.generation) {
+                    newest = Some(sb);
+                }
+            }
+        }
+        let l = newest.expect("a superblock").layout;
         let mut region = vec![0u8; l.key_len() as usize];
-        self.dev
-            .read_at(&mut region, l.key_offset)
-            .expect("read key slots");
+        self.cut(
+            self.dev.read_at(&mut region, l.key_offset),
+            "read key slots",
+        )?;
         for blob in &self.shredded {
             assert!(
                 !region.windows(blob.len()).any(|w| w == &blob[..]),
@@ -938,6 +942,7 @@ impl Harness {
                 self.crashes
             );
         }
+        Ok(())
     }
 }
 
