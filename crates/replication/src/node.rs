@@ -13,6 +13,9 @@
 //! - the lease is extended only by a heartbeat answer naming this node the
 //!   primary of its epoch, and only to `sent_at + lease`;
 //! - a disk completion reaches the role that issued it, never a later role;
+//! - as a secondary, a repair read is issued only once the stream it names
+//!   is applied up to the entry the primary had sent when it asked (parked
+//!   until then; answered empty if that stream is gone);
 //! - with crash logs (`Config::crash_log_regions` > 0), every write
 //!   (zeroing included) is submitted after a log save that holds its
 //!   regions, and no save submitted between that one and the write's

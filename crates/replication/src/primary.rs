@@ -44,6 +44,17 @@
 //!   floor, and neither log overflowed (`docs/simulation.md`, "Failover
 //!   resync"); the regions so left out are unflushed (dirty again if the
 //!   link fails) until the replica acknowledges a flush of the stream.
+//! - a compare is checksummed at the same point of the stream here and on
+//!   every InSync link it was sent to; a link whose checksum differs from
+//!   this copy's (read with its checksums verified, or repaired) gets the
+//!   compared regions in its dirty set and is copied to like a resyncing
+//!   link, while it stays InSync (an InSync link has dirty regions only
+//!   so);
+//! - an operation never waits for a link whose stream failed or that left
+//!   the record (what the link missed is in its dirty set);
+//! - a repair read's data is used only if no write to its regions was
+//!   issued here since the replica was asked, and the replica reads only
+//!   after applying every entry streamed to it before the request.
 
 use crate::msg::{ClientReply, ClientReq, Compared, DiskOp, Endpoint, Msg, Prior, ReplOp};
 use crate::types::{Epoch, Membership, NodeId, ReplicaState, VolumeId};
