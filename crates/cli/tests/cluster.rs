@@ -1099,23 +1099,9 @@ fn a_rotten_block_on_the_primary_is_read_from_a_replica_and_rewritten() {
         "{log}"
     );
     // Rewritten in place: the primary's file holds the good block again.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let mut b = vec![0u8; 4096];
-        use std::os::unix::fs::FileExt;
-        std::fs::File::open(&data)
-            .unwrap()
-            .read_exact_at(&mut b, at)
-            .unwrap();
-        if b.iter().all(|&x| x == 0x5c) {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the primary's copy was not rewritten"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_rewritten(&data, at, 0x5c, Duration::from_secs(10), || {
+        "the primary's copy was not rewritten".into()
+    });
     let scrub = c.nodes[p].cli(&["volume", "scrub", "db", "--output", "json"]);
     let report: Value = serde_json::from_str(scrub.ok()).unwrap();
     assert_eq!(report["bad_blocks"], serde_json::json!([]), "{report}");
@@ -1132,6 +1118,31 @@ fn a_rotten_block_on_the_primary_is_read_from_a_replica_and_rewritten() {
         metrics.contains("basalt_read_repairs_total 1"),
         "one read repaired, counted: {metrics}"
     );
+}
+
+/// Waits until the 4 KiB block at `at` of `data` (a node's store file) is
+/// all `pattern` again; fails with `what()` after `patience`.
+fn wait_rewritten(
+    data: &std::path::Path,
+    at: u64,
+    pattern: u8,
+    patience: Duration,
+    what: impl Fn() -> String,
+) {
+    use std::os::unix::fs::FileExt;
+    let deadline = Instant::now() + patience;
+    loop {
+        let mut b = vec![0u8; 4096];
+        std::fs::File::open(data)
+            .unwrap()
+            .read_exact_at(&mut b, at)
+            .unwrap();
+        if b.iter().all(|&x| x == pattern) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{}", what());
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 /// Flips a bit in the only 4 KiB block of `data` (a node's store file)
@@ -1165,7 +1176,6 @@ fn rot_block(data: &std::path::Path, pattern: u8) -> u64 {
 /// stays in sync.
 #[test]
 fn scrub_compares_replicas_and_rewrites_a_rotten_secondary() {
-    use std::os::unix::fs::FileExt;
     let c = Cluster::start(3, &[]);
     c.create_rf3("db", "32M");
     let v = c.wait_volume(0, "db", "in sync", healthy);
@@ -1210,22 +1220,9 @@ fn scrub_compares_replicas_and_rewrites_a_rotten_secondary() {
     assert_eq!(report["replicas"]["bytes_partial"], serde_json::json!(0));
 
     // Rewritten from the primary's copy, in the background.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let mut b = vec![0u8; 4096];
-        std::fs::File::open(&data)
-            .unwrap()
-            .read_exact_at(&mut b, at)
-            .unwrap();
-        if b.iter().all(|&x| x == 0x3d) {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the secondary's copy was not rewritten"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_rewritten(&data, at, 0x3d, Duration::from_secs(10), || {
+        "the secondary's copy was not rewritten".into()
+    });
     c.assert_replicas_equal(&[0, 1, 2], "db");
     let v = c.show(0, "db");
     assert!(healthy(&v), "no replica was failed over the rot: {v}");
@@ -1247,11 +1244,12 @@ fn scrub_compares_replicas_and_rewrites_a_rotten_secondary() {
 }
 
 /// The background scrubber compares replicas too: after its pass over the
-/// primary's copy it compares every replica's, so a rotten secondary is
-/// rewritten with nobody asking (logged and counted on the primary).
+/// primary's copy it compares every replica's, and after a pass over a
+/// secondary's that found damage it has the primary compare those regions,
+/// so a rotten secondary is rewritten with nobody asking (logged and
+/// counted where the compare ran).
 #[test]
 fn background_scrub_compares_replicas_and_rewrites_a_rotten_secondary() {
-    use std::os::unix::fs::FileExt;
     let c = Cluster::start_with(3, &[], |_| vec!["--scrub-interval".into(), "3s".into()]);
     c.create_rf3("db", "32M");
     let v = c.wait_volume(0, "db", "in sync", healthy);
@@ -1265,32 +1263,43 @@ fn background_scrub_compares_replicas_and_rewrites_a_rotten_secondary() {
     let at = rot_block(&data, 0x6e);
 
     let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let mut b = vec![0u8; 4096];
-        std::fs::File::open(&data)
-            .unwrap()
-            .read_exact_at(&mut b, at)
-            .unwrap();
-        if b.iter().all(|&x| x == 0x6e) {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
+    wait_rewritten(&data, at, 0x6e, Duration::from_secs(60), || {
+        format!(
             "no background compare rewrote the secondary's copy:\n{}",
             c.nodes[p].log()
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    // The compare reports once it went over the whole volume.
-    let metrics = || {
-        ureq::get(&format!("{}/metrics", c.nodes[p].api_url()))
-            .set("Authorization", &format!("Bearer {}", c.nodes[p].token()))
+        )
+    });
+    let metrics = |n: usize| {
+        ureq::get(&format!("{}/metrics", c.nodes[n].api_url()))
+            .set("Authorization", &format!("Bearer {}", c.nodes[n].token()))
             .call()
             .unwrap()
             .into_string()
             .unwrap()
     };
-    while metric_value(&metrics(), "basalt_replica_compare_passes_total") < 1.0 {
+    // Whichever pass came first did it: the secondary's, which found the
+    // damage and had the primary compare that region, or the primary's,
+    // which compares the whole volume. The one that did logs and counts it.
+    let by = if c.nodes[s]
+        .log()
+        .contains("asking the primary to compare the regions where this copy is damaged")
+    {
+        s
+    } else {
+        p
+    };
+    let log = c.nodes[by].log();
+    assert!(
+        log.contains("background replica compare: copies differ from the primary's"),
+        "{log}"
+    );
+    let m = metrics(by);
+    assert!(
+        metric_value(&m, "basalt_replica_compare_differing_regions_total") >= 1.0,
+        "{m}"
+    );
+    // The primary's own pass compares the whole volume, and counts it.
+    while metric_value(&metrics(p), "basalt_replica_compare_passes_total") < 1.0 {
         assert!(
             Instant::now() < deadline,
             "no background compare pass ended:\n{}",
@@ -1298,16 +1307,6 @@ fn background_scrub_compares_replicas_and_rewrites_a_rotten_secondary() {
         );
         std::thread::sleep(Duration::from_millis(200));
     }
-    let log = c.nodes[p].log();
-    assert!(
-        log.contains("background replica compare: copies differ from the primary's"),
-        "{log}"
-    );
-    let m = metrics();
-    assert!(
-        metric_value(&m, "basalt_replica_compare_differing_regions_total") >= 1.0,
-        "{m}"
-    );
     c.assert_replicas_equal(&[0, 1, 2], "db");
     assert!(healthy(&c.show(0, "db")), "no replica failed over the rot");
 }

@@ -1348,15 +1348,7 @@ impl Sim {
             // One read in ten is a replica compare instead (drawn from
             // rot's generator: seeds with a bug switch keep their history).
             if self.rot.as_mut().is_some_and(|r| r.chance(100)) {
-                self.outstanding_compare(id, epoch, lba, count);
-                self.send(
-                    Endpoint::Client,
-                    Endpoint::Node(rec.primary),
-                    Msg::ClientReq {
-                        id,
-                        req: ClientReq::Compare { lba, blocks: count },
-                    },
-                );
+                self.send_compare(id, lba, count);
                 return;
             }
             (
@@ -1380,11 +1372,12 @@ impl Sim {
         );
     }
 
-    /// Records compare `id` of `epoch` as outstanding.
-    fn outstanding_compare(&mut self, id: u64, epoch: u64, lba: u64, count: u64) {
+    /// Sends compare `id` to the record's primary, outstanding in its epoch.
+    fn send_compare(&mut self, id: u64, lba: u64, count: u64) {
+        let rec = self.rec();
         let req = Req {
             kind: ReqKind::Compare,
-            epoch,
+            epoch: rec.epoch.0,
             blocks: vec![(lba as usize, count as usize)],
             fua: false,
             floor: vec![],
@@ -1392,6 +1385,14 @@ impl Sim {
             issued: self.now,
         };
         self.m.outstanding.insert(id, req);
+        self.send(
+            Endpoint::Client,
+            Endpoint::Node(rec.primary),
+            Msg::ClientReq {
+                id,
+                req: ClientReq::Compare { lba, blocks: count },
+            },
+        );
     }
 
     /// The scrub event: once every replica of the record is InSync under a
@@ -1547,17 +1548,9 @@ impl Sim {
         let id = self.m.next_id;
         self.m.next_id += 1;
         let count = REGION_BLOCKS.min(rec.blocks - lba);
-        self.outstanding_compare(id, rec.epoch.0, lba, count);
         sweep.inflight = Some((id, self.now));
         self.sweep = Some(sweep);
-        self.send(
-            Endpoint::Client,
-            Endpoint::Node(rec.primary),
-            Msg::ClientReq {
-                id,
-                req: ClientReq::Compare { lba, blocks: count },
-            },
-        );
+        self.send_compare(id, lba, count);
     }
 
     /// Node `node`'s disk applied `op`.

@@ -179,9 +179,11 @@ struct Stop {
 }
 
 /// Called on the scrubbing thread after each complete background pass of
-/// a volume, with the volume and the scrubber's rate: what a layer above
-/// adds to a scrub (a cluster compares the volume's replicas).
-pub type ScrubFollowUp = Arc<dyn Fn(VolumeId, u64) + Send + Sync>;
+/// a volume, with the volume, the scrubber's rate and the volume offsets
+/// of the blocks the pass found damaged: what a layer above adds to a
+/// scrub (a cluster compares the volume's replicas, and has damage on a
+/// secondary rewritten from the primary's copy).
+pub type ScrubFollowUp = Arc<dyn Fn(VolumeId, u64, &[u64]) + Send + Sync>;
 
 /// The background scrubbing thread of a store.
 #[derive(Default)]
@@ -225,7 +227,7 @@ impl Scrubber {
                         continue;
                     };
                     let mut at = 0;
-                    let mut bad = 0;
+                    let mut bad: Vec<u64> = Vec::new();
                     let started = Instant::now();
                     let finished = loop {
                         let Some(vol) = weak.upgrade().and_then(|s| s.volume(id).ok()) else {
@@ -235,7 +237,7 @@ impl Scrubber {
                             break true;
                         }
                         match vol.scrub(at..at + SCRUB_WINDOW, Some(rate), &mut |_, _| {}) {
-                            Ok(r) => bad += r.bad_blocks.len(),
+                            Ok(r) => bad.extend(r.bad_blocks),
                             Err(e) => {
                                 tracing::warn!(volume = %id, error = %e, "background scrub stopped");
                                 break false;
@@ -250,15 +252,15 @@ impl Scrubber {
                     if let (true, Some(store)) = (finished, weak.upgrade()) {
                         store.record_scrub(id, now_unix());
                         store.scrubbed.passes.fetch_add(1, Ordering::Relaxed);
-                        if bad > 0 {
-                            tracing::error!(volume = %id, damaged_blocks = bad, "background scrub found blocks that fail their checksum");
+                        if !bad.is_empty() {
+                            tracing::error!(volume = %id, damaged_blocks = bad.len(), "background scrub found blocks that fail their checksum");
                         } else {
                             tracing::info!(volume = %id, seconds = started.elapsed().as_secs(), "background scrub found no damage");
                         }
                         drop(store);
                         let f = follow_up.lock().clone();
                         if let Some(f) = f {
-                            f(id, rate);
+                            f(id, rate, &bad);
                         }
                     }
                 }

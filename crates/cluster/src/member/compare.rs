@@ -5,10 +5,12 @@
 //! from the primary's (`basalt_replication`'s primary); collects what the
 //! answers say.
 //!
-//! The background scrubber runs it too: after each complete background
-//! pass over a volume's local copy on the volume's primary node
-//! (`Store::on_scrub_pass`), at the scrubber's rate, so every volume's
-//! replicas are compared once per scrub interval.
+//! The background scrubber runs it too (`Store::on_scrub_pass`), at its
+//! rate: after each complete pass over a volume's local copy on the
+//! volume's primary node, over the whole volume, so every volume's replicas
+//! are compared once per scrub interval; after a pass on another replica's
+//! node that found damage, over the regions holding it, so the damage is
+//! rewritten at once rather than at the primary's next pass.
 //!
 //! Invariants: regions are whole replication regions (the unit a differing
 //! copy is rewritten in), the first and last clipped to the volume; a region
@@ -132,50 +134,81 @@ impl Inner {
 
 impl Inner {
     /// After a background scrub pass over volume `id`'s local copy: if this
-    /// node is the volume's primary, compares its replicas at `rate`.
-    pub(super) fn compare_after_scrub(&self, id: uuid::Uuid, rate: u64) {
+    /// node is the volume's primary, compares all its replicas at `rate`;
+    /// else, if the pass found `damaged` blocks (volume offsets), has the
+    /// primary compare the regions holding them at once (this copy is
+    /// rewritten from the primary's), rather than wait for the primary's
+    /// next pass.
+    pub(super) fn compare_after_scrub(&self, id: uuid::Uuid, rate: u64, damaged: &[u64]) {
         let vol = vol_of(id);
-        let primary = self
-            .records
-            .read()
-            .get(&vol)
-            .is_some_and(|r| r.primary == self.me && r.replicas.len() > 1);
+        let (primary, replicated) = self.records.read().get(&vol).map_or((false, false), |r| {
+            (r.primary == self.me, r.replicas.len() > 1)
+        });
         let record = self.volumes.read().values().find(|r| r.id == id).cloned();
-        let (true, Some(record)) = (primary, record) else {
+        let (true, Some(record)) = (replicated, record) else {
             return;
         };
+        if !primary {
+            let region = self.cfg.timing.region_blocks.max(1) * BLOCK_SIZE;
+            let mut starts: Vec<u64> = damaged.iter().map(|b| b - b % region).collect();
+            starts.dedup();
+            if !starts.is_empty() {
+                tracing::warn!(
+                    volume = %record.name,
+                    regions = starts.len(),
+                    "asking the primary to compare the regions where this copy is damaged"
+                );
+            }
+            for start in starts {
+                let end = (start + region).min(record.size_bytes);
+                match self.compare(&record, start..end, Some(rate), &mut |_, _| {}) {
+                    Ok(c) => self.report_compare(&record.name, &c, None),
+                    Err(e) => {
+                        tracing::warn!(volume = %record.name, error = %e, "replica compare stopped");
+                        return;
+                    }
+                }
+            }
+            return;
+        }
         let started = Instant::now();
         match self.compare(&record, 0..record.size_bytes, Some(rate), &mut |_, _| {}) {
             Ok(c) => {
                 self.compare_passes.fetch_add(1, Ordering::Relaxed);
-                if c.differing.is_empty() && c.unreadable.is_empty() {
-                    tracing::info!(
-                        volume = %record.name,
-                        seconds = started.elapsed().as_secs(),
-                        partial_bytes = c.bytes_partial,
-                        "background replica compare found the copies identical"
-                    );
-                }
-                for d in &c.differing {
-                    tracing::warn!(
-                        volume = %record.name,
-                        offset = d.offset,
-                        length = d.length,
-                        replicas = ?d.replicas,
-                        "background replica compare: copies differ from the primary's; rewriting them"
-                    );
-                }
-                for offset in &c.unreadable {
-                    tracing::error!(
-                        volume = %record.name,
-                        offset,
-                        "background replica compare: no replica holds a good copy of this region"
-                    );
-                }
+                self.report_compare(&record.name, &c, Some(started));
             }
             Err(e) => {
                 tracing::warn!(volume = %record.name, error = %e, "background replica compare stopped")
             }
+        }
+    }
+
+    /// Logs what a background compare found (`started`: of a whole pass).
+    fn report_compare(&self, volume: &str, c: &ReplicaComparison, started: Option<Instant>) {
+        if let Some(started) = started.filter(|_| c.differing.is_empty() && c.unreadable.is_empty())
+        {
+            tracing::info!(
+                volume,
+                seconds = started.elapsed().as_secs(),
+                partial_bytes = c.bytes_partial,
+                "background replica compare found the copies identical"
+            );
+        }
+        for d in &c.differing {
+            tracing::warn!(
+                volume,
+                offset = d.offset,
+                length = d.length,
+                replicas = ?d.replicas,
+                "background replica compare: copies differ from the primary's; rewriting them"
+            );
+        }
+        for offset in &c.unreadable {
+            tracing::error!(
+                volume,
+                offset,
+                "background replica compare: no replica holds a good copy of this region"
+            );
         }
     }
 }

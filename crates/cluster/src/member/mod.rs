@@ -236,11 +236,13 @@ impl ClusterMember {
         let inner = &self.inner;
         let weak = Arc::downgrade(inner);
         let w = weak.clone();
-        inner.store.on_scrub_pass(Arc::new(move |id, rate| {
-            if let Some(inner) = w.upgrade() {
-                inner.compare_after_scrub(id, rate);
-            }
-        }));
+        inner
+            .store
+            .on_scrub_pass(Arc::new(move |id, rate, damaged| {
+                if let Some(inner) = w.upgrade() {
+                    inner.compare_after_scrub(id, rate, damaged);
+                }
+            }));
         let w = weak.clone();
         let catalog_guard = inner.meta.watch_catalog(Box::new(move |name, record| {
             if let Some(inner) = w.upgrade() {
