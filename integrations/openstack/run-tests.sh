@@ -7,10 +7,14 @@
 #   - ruff and mypy on the package;
 #   - a Basalt server (target/release/basalt) in a temporary directory, a
 #     project and a project-scoped token for the driver;
+#   - a two-node Basalt cluster with its own etcd (the `etcd` binary, Debian's
+#     etcd-server), the same project and a token, for what differs in a cluster
+#     (the replica count the driver reports);
 #   - pytest tests/ (interface compliance, the lifecycle through Cinder's
-#     VolumeManager with data checked over NBD, os-brick's NVMe-oF parsing,
-#     failure injection).
-# The server it started is stopped by its PID and the directory removed on exit.
+#     VolumeManager with data checked over NBD, multiattach, os-brick's NVMe-oF
+#     parsing, failure injection, replica counts).
+# The processes it started are stopped by their PIDs and the directory removed
+# on exit.
 # Environment: BASALT_CINDER_PYTHON (default python3), BASALT_CINDER_VENV,
 # BASALT_BIN (default target/release/basalt, built when missing), PYTEST_ARGS
 # (instead of every tests/test_*.py),
@@ -30,6 +34,9 @@ log() { printf '[basalt-cinder %3ds] %s\n' "$((SECONDS - start))" "$*"; }
 # --- virtual environment (pinned) -------------------------------------------
 "$python" -c 'import sys; assert sys.version_info >= (3, 10), sys.version' || {
     echo "basalt-cinder tests need Python >= 3.10 ($python)" >&2; exit 1; }
+command -v etcd >/dev/null 2>&1 || {
+    echo "basalt-cinder tests need etcd for their Basalt cluster (apt-get install etcd-server)" >&2
+    exit 1; }
 stamp="$("$python" -c 'import sys; print(sys.version.split()[0])') $(sha256sum "$here/constraints.txt" | cut -c1-16)"
 if [[ ! -x "$venv/bin/python" || "$(cat "$venv/.basalt-stamp" 2>/dev/null)" != "$stamp" ]]; then
     log "creating $venv ($stamp)"
@@ -61,28 +68,51 @@ if [[ ! -x "$basalt" ]]; then
 fi
 tmp="$(mktemp -d /tmp/basalt-cinder-test.XXXXXX)"
 server_pid=""
+pids=()  # every process started below, stopped last-started first
+stop() {
+    local pid=$1
+    kill -0 "$pid" 2>/dev/null || return 0
+    kill "$pid" 2>/dev/null || true
+    for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || return 0; sleep 0.1; done
+    kill -9 "$pid" 2>/dev/null || true
+}
 cleanup() {
-    if [[ -n "$server_pid" ]] && kill -0 "$server_pid" 2>/dev/null; then
-        kill "$server_pid" 2>/dev/null || true
-        for _ in $(seq 50); do kill -0 "$server_pid" 2>/dev/null || break; sleep 0.1; done
-        kill -9 "$server_pid" 2>/dev/null || true
-    fi
+    local i
+    for ((i = ${#pids[@]} - 1; i >= 0; i--)); do stop "${pids[i]}"; done
     rm -rf "$tmp"
 }
 trap cleanup EXIT
+free_port() { "$venv/bin/python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+json() { "$venv/bin/python" -c "import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])" "$1/server.json" "$2"; }
+# wait_ready DATA_DIR PID LOG: until the server wrote its server.json and api-token.
+wait_ready() {
+    for _ in $(seq 200); do
+        [[ -s "$1/server.json" && -s "$1/api-token" ]] && return 0
+        kill -0 "$2" 2>/dev/null || { cat "$3" >&2; exit 1; }
+        sleep 0.1
+    done
+    echo "basalt server in $1 did not start; its log:" >&2; cat "$3" >&2; exit 1
+}
+
 data="$tmp/data"
 "$basalt" server --data-dir "$data" --capacity "${BASALT_CINDER_CAPACITY:-4G}" \
     --api-listen 127.0.0.1:0 --nvme-listen 127.0.0.1:0 >"$tmp/server.log" 2>&1 &
 server_pid=$!
-for _ in $(seq 200); do
-    [[ -s "$data/server.json" && -s "$data/api-token" ]] && break
-    kill -0 "$server_pid" 2>/dev/null || { cat "$tmp/server.log" >&2; exit 1; }
-    sleep 0.1
-done
-json() { "$venv/bin/python" -c "import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])" "$data/server.json" "$1"; }
-BASALT_API_URL="$(json api_url)"
-BASALT_NVME="$(json nvme)"
-BASALT_NBD_SOCKET="$(json nbd_socket)"
+pids+=("$server_pid")
+
+# The cluster's etcd starts meanwhile.
+etcd_client="http://127.0.0.1:$(free_port)"
+etcd_peer="http://127.0.0.1:$(free_port)"
+etcd --name basalt-cinder --data-dir "$tmp/etcd" \
+    --listen-client-urls "$etcd_client" --advertise-client-urls "$etcd_client" \
+    --listen-peer-urls "$etcd_peer" --initial-advertise-peer-urls "$etcd_peer" \
+    --initial-cluster "basalt-cinder=$etcd_peer" >"$tmp/etcd.log" 2>&1 &
+pids+=("$!")
+
+wait_ready "$data" "$server_pid" "$tmp/server.log"
+BASALT_API_URL="$(json "$data" api_url)"
+BASALT_NVME="$(json "$data" nvme)"
+BASALT_NBD_SOCKET="$(json "$data" nbd_socket)"
 BASALT_ADMIN_TOKEN="$(cat "$data/api-token")"
 "$basalt" --data-dir "$data" project create cinder-test >/dev/null
 BASALT_TOKEN="$("$basalt" --data-dir "$data" token create --project cinder-test --role admin | grep '^bst_')"
@@ -90,13 +120,66 @@ export BASALT_API_URL BASALT_NVME BASALT_NBD_SOCKET BASALT_ADMIN_TOKEN BASALT_TO
 export BASALT_PROJECT=cinder-test BASALT_BIN="$basalt" BASALT_SERVER_PID="$server_pid"
 log "basalt server pid $server_pid at $BASALT_API_URL (nvme $BASALT_NVME)"
 
+# --- a two-node Basalt cluster ----------------------------------------------------
+"$venv/bin/python" - "$etcd_client" <<'PY' || { tail -n 40 "$tmp/etcd.log" >&2; exit 1; }
+import sys, time, urllib.request
+for _ in range(300):
+    try:
+        urllib.request.urlopen(sys.argv[1] + "/health", timeout=1)
+        sys.exit(0)
+    except OSError:
+        time.sleep(0.1)
+sys.exit(f"etcd at {sys.argv[1]} did not become healthy")
+PY
+(umask 077 && "$venv/bin/python" -c 'import secrets; print(secrets.token_hex(32))' >"$tmp/cluster-secret")
+declare -A node_pid
+nodes=(n0 n1)
+for node in "${nodes[@]}"; do
+    "$basalt" server --data-dir "$tmp/$node" --capacity 1G --etcd "$etcd_client" \
+        --node-name "$node" --peer-listen "127.0.0.1:$(free_port)" \
+        --cluster-secret-file "$tmp/cluster-secret" \
+        --api-listen 127.0.0.1:0 --nvme-listen 127.0.0.1:0 >"$tmp/$node.log" 2>&1 &
+    node_pid[$node]=$!
+    pids+=("$!")
+done
+for node in "${nodes[@]}"; do
+    wait_ready "$tmp/$node" "${node_pid[$node]}" "$tmp/$node.log"
+done
+BASALT_CLUSTER_API_URL="$(json "$tmp/n0" api_url)"
+BASALT_CLUSTER_ADMIN_TOKEN="$(cat "$tmp/n0/api-token")"
+# Until every node is alive and active in etcd.
+"$venv/bin/python" - "$BASALT_CLUSTER_API_URL" "$BASALT_CLUSTER_ADMIN_TOKEN" "${#nodes[@]}" <<'PY'
+import sys, time, requests
+url, token, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
+nodes = []
+for _ in range(300):
+    try:
+        answer = requests.get(url + "/api/v1/nodes",
+                              headers={"Authorization": "Bearer " + token}, timeout=5)
+        nodes = answer.json().get("nodes", []) if answer.ok else []
+    except requests.RequestException:
+        nodes = []
+    if sum(1 for n in nodes if n["alive"] and n["state"] == "active") == count:
+        sys.exit(0)
+    time.sleep(0.1)
+sys.exit(f"the cluster's {count} nodes did not all become active: {nodes}")
+PY
+# (the CLI would send BASALT_TOKEN, the single server's token, exported above)
+n0_cli() { env -u BASALT_TOKEN "$basalt" --data-dir "$tmp/n0" "$@"; }
+n0_cli project create cinder-test >/dev/null
+BASALT_CLUSTER_TOKEN="$(n0_cli token create --project cinder-test --role admin | grep '^bst_')"
+export BASALT_CLUSTER_API_URL BASALT_CLUSTER_ADMIN_TOKEN BASALT_CLUSTER_TOKEN
+log "basalt cluster (${nodes[*]}, etcd $etcd_client) at $BASALT_CLUSTER_API_URL"
+
 # --- tests --------------------------------------------------------------------------
 log "pytest"
 status=0
 (cd "$here/tests" && "$venv/bin/python" -m pytest -p no:cacheprovider -q ${PYTEST_ARGS:-.}) || status=$?
 if [[ $status -ne 0 ]]; then
-    echo "--- basalt server log (last 40 lines) ---" >&2
-    tail -n 40 "$tmp/server.log" >&2
+    for name in server n0 n1; do
+        echo "--- basalt $name log (last 40 lines) ---" >&2
+        tail -n 40 "$tmp/$name.log" >&2
+    done
 fi
 log "done (exit $status)"
 exit $status

@@ -147,7 +147,15 @@ class BasaltClient:
         return self.request("GET", "/api/v1/status")
 
     def nodes(self) -> list[dict[str, Any]]:
+        """The cluster's nodes (a cluster-admin token; a single node answers 400)."""
         return self.request("GET", "/api/v1/nodes")["nodes"]
+
+    def list_types(self) -> list[dict[str, Any]]:
+        """The volume types the token may use (the default one has is_default)."""
+        return self.request("GET", "/api/v1/types")["types"]
+
+    def get_type(self, name: str) -> dict[str, Any]:
+        return self.request("GET", f"/api/v1/types/{quote(name)}")
 
     def list_volumes(self) -> list[dict[str, Any]]:
         return self.request("GET", "/api/v1/volumes")["volumes"]

@@ -83,8 +83,15 @@ CONF.register_opts(basalt_opts, group=configuration.SHARED_CONF_GROUP)
 #: NVMe subsystem NQN of a Basalt volume.
 NQN_PREFIX = "nqn.2026-11.io.basalt:volume:"
 NVME_DEFAULT_PORT = 4420
+#: Attachment states whose host has the volume (Cinder's VolumeAttachStatus):
+#: "attaching" from attachment_update until the attach is completed.
+CONNECTED_STATUSES = ("attaching", "attached")
 #: The snapshot Basalt takes on a source volume for a clone (from=VOLUME).
 CLONE_SNAPSHOT_PREFIX = "clone-"
+
+#: Most replicas Basalt gives a volume in a cluster when neither the request nor
+#: its volume type names a count (one per active node, up to this).
+CLUSTER_DEFAULT_REPLICAS = 3
 
 EXTRA_SPEC_TYPE = "basalt:type"
 EXTRA_SPEC_REPLICAS = "basalt:replicas"
@@ -149,6 +156,21 @@ def qos_from_specs(specs: dict[str, Any] | None) -> dict[str, int]:
     return limits
 
 
+def is_cluster(status: dict[str, Any]) -> bool:
+    """Whether ``GET /api/v1/status`` came from a cluster member: only those
+    report replication health (``volumes_degraded``)."""
+    return "volumes_degraded" in status
+
+
+def cluster_default_replicas(nodes: list[dict[str, Any]]) -> int:
+    """Replicas a cluster gives a new volume that names no count and whose type
+    names none (Basalt's rule): one per live active node, from 1 to 3.
+
+    ``nodes`` is ``GET /api/v1/nodes``'s list."""
+    active = sum(1 for n in nodes if n.get("alive") and n.get("state") == "active")
+    return max(1, min(CLUSTER_DEFAULT_REPLICAS, active))
+
+
 @interface.volumedriver
 class BasaltVolumeDriver(driver.VolumeDriver):
     """Basalt volumes over NVMe/TCP.
@@ -167,6 +189,7 @@ class BasaltVolumeDriver(driver.VolumeDriver):
         self.configuration.append_config_values(basalt_opts)
         self.client: BasaltClient | None = None
         self._stats: dict[str, Any] = {}
+        self._replicas_unknown_logged = False
 
     @classmethod
     def get_driver_options(cls) -> list[Any]:
@@ -478,22 +501,29 @@ class BasaltVolumeDriver(driver.VolumeDriver):
         }
 
     def terminate_connection(self, volume: Any, connector: dict[str, Any] | None,
-                             **kwargs: Any) -> None:
+                             **kwargs: Any) -> bool:
+        """Revoke the connector's host NQN (every host's without a connector).
+
+        Each host has one attachment on Basalt, its NQN, whatever the number of
+        Cinder attachments on it: the NQN stays while another attachment of a
+        multiattach volume is on that host, and True (a shared connection) is
+        returned then. Revoking a host that is not attached, or a volume that
+        is gone, succeeds, so Cinder may retry."""
         if not connector:
             # Force-detach from every host: revoke every attached host.
             try:
                 hosts = self._api.get_volume(volume_name(volume)).get("nvme_hosts") or []
             except BasaltError as err:
                 if err.status == 404:
-                    return
+                    return False
                 raise self._translate(err, volume=volume) from err
         else:
             if not connector.get("nqn"):
-                return
+                return False
             if self._other_attachments_on_host(volume, connector):
                 LOG.debug("Volume %s stays attached: another attachment uses it on %s.",
                           volume.id, connector.get("host"))
-                return
+                return True
             hosts = [connector["nqn"]]
         for nqn in hosts:
             try:
@@ -501,19 +531,21 @@ class BasaltVolumeDriver(driver.VolumeDriver):
             except BasaltError as err:
                 if err.status != 404:
                     raise self._translate(err, volume=volume) from err
+        return False
 
     @staticmethod
     def _other_attachments_on_host(volume: Any, connector: dict[str, Any]) -> bool:
-        """Multiattach: another attachment of this volume on the same host."""
+        """Multiattach: another attachment of this volume on the same host, attached
+        or being attached (its host was given the volume and may be connecting)."""
         if not getattr(volume, "multiattach", False):
             return False
         attachments = getattr(volume, "volume_attachment", None) or []
         host = connector.get("host")
-        attached = [
+        connected = [
             a for a in attachments
-            if a.attach_status == "attached" and a.attached_host == host
+            if a.attach_status in CONNECTED_STATUSES and a.attached_host == host
         ]
-        return len(attached) > 1
+        return len(connected) > 1
 
     def create_export(self, context: Any, volume: Any, connector: Any) -> None:
         return None
@@ -550,9 +582,11 @@ class BasaltVolumeDriver(driver.VolumeDriver):
             "QoS_support": True,
             "multiattach": True,
             "total_volumes": status["volume_count"],
-            "replication_count": self._replication_count(),
             "location_info": f"BasaltVolumeDriver:{self._api.urls[0]}",
         }
+        replicas = self._default_replicas(status)
+        if replicas is not None:
+            pool["replication_count"] = replicas
         self._stats = {
             "volume_backend_name": backend,
             "vendor_name": "Basalt",
@@ -562,14 +596,37 @@ class BasaltVolumeDriver(driver.VolumeDriver):
             "pools": [pool],
         }
 
-    def _replication_count(self) -> int:
-        """Replica count of new volumes: 1 on a single node, else the cluster's (≤ 3)."""
+    def _default_replicas(self, status: dict[str, Any]) -> int | None:
+        """Replicas Basalt gives a new volume whose Cinder type sets neither
+        basalt:replicas nor basalt:type, as Basalt reports it; None when this
+        token cannot find out (a project token in a cluster whose default type
+        names no count: only cluster admins may list the nodes)."""
+        if not is_cluster(status):
+            return 1  # a single-node server keeps one copy of every volume
         try:
-            nodes = self._api.nodes()
-        except BasaltError:
-            return 1
-        active = [n for n in nodes if n.get("state") == "active"]
-        return max(1, min(3, len(active)))
+            replicas = self._default_type_replicas()
+            if replicas is None:
+                replicas = cluster_default_replicas(self._api.nodes())
+        except BasaltError as err:
+            log = LOG.debug if self._replicas_unknown_logged else LOG.warning
+            self._replicas_unknown_logged = True
+            log("replication_count is not reported: Basalt did not tell how many "
+                "replicas new volumes get (%s). Give the default Basalt type a replica "
+                "count, or use a cluster-admin token.", err)
+            return None
+        return replicas
+
+    def _default_type_replicas(self) -> int | None:
+        """The replica count of the Basalt type a volume gets when its Cinder type
+        names none: basalt_default_type, else Basalt's default type (None: no
+        such type, or it names no count)."""
+        name = self.configuration.basalt_default_type
+        if name:
+            vtype: dict[str, Any] | None = self._api.get_type(name)
+        else:
+            vtype = next((t for t in self._api.list_types() if t.get("is_default")), None)
+        replicas = (vtype or {}).get("replicas")
+        return int(replicas) if replicas else None
 
     # -- retype ------------------------------------------------------------
 

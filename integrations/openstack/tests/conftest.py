@@ -1,6 +1,6 @@
-"""Shared helpers: the live Basalt server run-tests.sh started, NBD data checks,
-and a Cinder unit-test base (sqlite database, in-process messaging) whose
-VolumeManager runs BasaltVolumeDriver.
+"""Shared helpers: the live Basalt server and two-node cluster run-tests.sh
+started, NBD data checks, and a Cinder unit-test base (sqlite database,
+in-process messaging) whose VolumeManager runs BasaltVolumeDriver.
 
 Nothing here replaces Basalt: every call goes to the real server, and every
 check of Basalt's state is made through its REST API or over NBD.
@@ -97,14 +97,17 @@ class CinderTestCase(test.TestCase):
 class BasaltManagerTestCase(CinderTestCase):
     """Cinder's unit-test base with a real VolumeManager running our driver."""
 
+    api_url_env = "BASALT_API_URL"
     token_env = "BASALT_TOKEN"
+    #: The cluster-admin token of the same server, for checks and cleanup.
+    admin_token_env = "BASALT_ADMIN_TOKEN"
 
     def setUp(self) -> None:
         super().setUp()
         self.flags(
             group=BACKEND,
             volume_driver="basalt_cinder.driver.BasaltVolumeDriver",
-            basalt_api_url=[env("BASALT_API_URL")],
+            basalt_api_url=[env(self.api_url_env)],
             basalt_api_token=env(self.token_env),
             basalt_nvme_portals=[env("BASALT_NVME")],
             volume_backend_name="basalt-test",
@@ -156,10 +159,14 @@ class BasaltManagerTestCase(CinderTestCase):
         snap.refresh()
         return snap
 
+    def basalt_admin(self) -> BasaltClient:
+        """A cluster-admin client of the server the driver uses."""
+        return BasaltClient([env(self.api_url_env)], env(self.admin_token_env))
+
     def _forget(self, volume: objects.Volume) -> None:
         """Test cleanup: delete what a failed test left on Basalt (admin)."""
         name = basalt_driver.volume_name(volume)
-        client = admin()
+        client = self.basalt_admin()
         try:
             info = client.get_volume(name)
         except BasaltError:
