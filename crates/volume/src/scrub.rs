@@ -98,7 +98,10 @@ impl VolumeService {
         progress: &mut dyn FnMut(u64, u64),
     ) -> Result<VolumeScrub, VolumeError> {
         let record = self.record(name)?.record;
-        let cluster = self.cluster_volumes();
+        // A volume of one replica has nothing to compare.
+        let cluster = self
+            .cluster_volumes()
+            .filter(|_| record.replicas != Some(1));
         let len = range.end.saturating_sub(range.start);
         let total = if cluster.is_some() { 2 * len } else { len };
         let local = match self.local_copy(name) {
