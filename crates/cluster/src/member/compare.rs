@@ -31,6 +31,9 @@ use std::time::{Duration, Instant};
 const IN_FLIGHT: u64 = 4;
 
 impl Inner {
+    /// Compares the replicas of `record`'s volume over `range` (bytes,
+    /// widened to whole regions), at most `rate` bytes per second;
+    /// `progress(done, total)` in bytes after each batch.
     pub(super) fn compare(
         &self,
         record: &VolumeRecord,
