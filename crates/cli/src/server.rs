@@ -21,7 +21,7 @@ use crate::subsystems::VolumeSubsystems;
 use anyhow::{anyhow, bail, Context, Result};
 use basalt_catalog::{Catalog, EtcdCatalog, EtcdConfig, RedbCatalog};
 use basalt_cluster::secret::ClusterSecret;
-use basalt_cluster::{ClusterMember, MemberConfig};
+use basalt_cluster::{ClientAddrs, ClusterMember, MemberConfig};
 use basalt_frontend_nbd::{Listen, NbdServer, ServerLimits, TlsPsk};
 use basalt_frontend_nvme::{cluster_cntlid_range, NvmeServer, TargetConfig};
 use basalt_store::{BlockDevice, FileDevice, FormatOptions, OpenOptions, Store};
@@ -537,8 +537,7 @@ fn serve(
             }
         }));
     }
-    let node_id = member.as_ref().map(|m| m.id().0);
-    let result = serve_frontends(data, &service, node_id, token, args, settings);
+    let result = serve_frontends(data, &service, member.as_deref(), token, args, settings);
     if let Some(m) = member {
         m.shutdown();
     }
@@ -586,11 +585,12 @@ fn join_cluster(
 fn serve_frontends(
     data: &DataDir,
     service: &Arc<VolumeService>,
-    node_id: Option<u32>,
+    member: Option<&ClusterMember>,
     token: String,
     args: &ServerArgs,
     settings: &Settings,
 ) -> Result<()> {
+    let node_id = member.map(|m| m.id().0);
     service.reconcile()?;
     if let Some(demo) = &settings.demo_volume {
         ensure_demo_volume(service, demo)?;
@@ -671,6 +671,17 @@ fn serve_frontends(
             }
         };
         let nvme_addr = client_addr(nvme.local_addr());
+        if let Some(m) = member {
+            // The ports bound, not the configured ones (port 0 lets the
+            // system pick), for the node registry.
+            let addrs = ClientAddrs {
+                nbd: nbd_addr,
+                nvme: Some(args.nvme_advertise.unwrap_or(nvme_addr)),
+                api: Some(api_addr),
+            };
+            // An etcd write: off the async worker.
+            tokio::task::block_in_place(|| m.set_client_addrs(addrs));
+        }
 
         let (stop_api, api_stopped) = tokio::sync::oneshot::channel::<()>();
         let mut api = tokio::spawn(basalt_api::serve(api_listener, service.clone(), token, async {

@@ -1318,3 +1318,33 @@ fn metric_value(metrics: &str, name: &str) -> f64 {
         .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
         .unwrap_or_else(|| panic!("no {name} in:\n{metrics}"))
 }
+
+/// The node registry names the ports the frontends bound, not the port 0
+/// they were asked to listen on (so clients and the Cinder driver can reach
+/// every node from `node list`).
+#[test]
+fn the_node_registry_names_the_bound_ports() {
+    let c = Cluster::start(2, &[]);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let listed = c.nodes[0].cli_json(&["node", "list"]);
+        let nodes = listed["nodes"].as_array().cloned().unwrap_or_default();
+        let bound = |i: usize| {
+            nodes.iter().any(|n| {
+                n["name"] == format!("node{i}")
+                    && n["nvme_addr"] == c.nodes[i].nvme_addr().to_string()
+                    && c.nodes[i]
+                        .api_url()
+                        .ends_with(n["api_addr"].as_str().unwrap_or("-"))
+            })
+        };
+        if bound(0) && bound(1) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the registry does not name the bound ports: {listed}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}

@@ -34,7 +34,7 @@ mod saved_logs;
 pub mod secret;
 mod ticker;
 
-pub use member::{ClusterMember, MemberConfig, Timing};
+pub use member::{ClientAddrs, ClusterMember, MemberConfig, Timing};
 
 /// Why the cluster layer could not do something.
 #[derive(Debug, thiserror::Error)]

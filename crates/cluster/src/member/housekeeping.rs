@@ -122,8 +122,8 @@ impl Inner {
         }
     }
 
-    fn publish_usage(&self) {
-        let info = node_info(&self.cfg, &self.store);
+    pub(super) fn publish_usage(&self) {
+        let info = node_info(&self.cfg, &self.store, *self.client_addrs.lock());
         if let Some(reg) = self.registration.lock().as_ref() {
             if let Err(e) = self.meta.update_node_info(reg, info) {
                 tracing::debug!(error = %e, "could not publish the node's free capacity");

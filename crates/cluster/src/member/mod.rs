@@ -103,6 +103,19 @@ pub(crate) struct Inner {
     /// background), and complete background passes.
     compare_differing: AtomicU64,
     compare_passes: AtomicU64,
+    /// The client addresses the frontends were bound to, once known
+    /// ([`ClusterMember::set_client_addrs`]): published instead of the
+    /// configured ones (which may name port 0).
+    client_addrs: Mutex<Option<ClientAddrs>>,
+}
+
+/// Where clients reach this node: NBD over TCP (if offered), NVMe/TCP and
+/// the API.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ClientAddrs {
+    pub nbd: Option<std::net::SocketAddr>,
+    pub nvme: Option<std::net::SocketAddr>,
+    pub api: Option<std::net::SocketAddr>,
 }
 
 /// See [`ClusterMember::on_volume_record`].
@@ -115,15 +128,21 @@ pub struct ClusterMember {
     threads: Mutex<Vec<JoinHandle<()>>>,
 }
 
-/// What this node publishes about itself in the registry.
-fn node_info(cfg: &MemberConfig, store: &Store) -> NodeInfo {
+/// What this node publishes about itself in the registry: the client
+/// addresses bound (`bound`) once known, else the configured ones.
+fn node_info(cfg: &MemberConfig, store: &Store, bound: Option<ClientAddrs>) -> NodeInfo {
     let usage = store.usage();
+    let addrs = bound.unwrap_or(ClientAddrs {
+        nbd: cfg.nbd_addr,
+        nvme: cfg.nvme_addr,
+        api: cfg.api_addr,
+    });
     NodeInfo {
         name: cfg.name.clone(),
         peer_addr: cfg.peer_advertise.unwrap_or(cfg.peer_listen),
-        nbd_addr: cfg.nbd_addr,
-        nvme_addr: cfg.nvme_addr,
-        api_addr: cfg.api_addr,
+        nbd_addr: addrs.nbd,
+        nvme_addr: addrs.nvme,
+        api_addr: addrs.api,
         zone: cfg.zone.clone(),
         capacity_bytes: usage.capacity_bytes,
         free_bytes: usage.capacity_bytes.saturating_sub(usage.allocated_bytes),
@@ -169,7 +188,7 @@ impl ClusterMember {
     ) -> Result<ClusterMember, ClusterError> {
         let meta = Arc::new(ClusterMeta::connect(cfg.etcd.clone())?);
         let cluster = meta.cluster_id()?;
-        let registration = meta.register_node(node_info(&cfg, &store), cfg.node_ttl)?;
+        let registration = meta.register_node(node_info(&cfg, &store, None), cfg.node_ttl)?;
         let me = registration.id();
         let boot = registration.boot();
         tracing::info!(node = %cfg.name, id = me.0, boot, "joined the cluster");
@@ -222,6 +241,7 @@ impl ClusterMember {
             read_repairs: AtomicU64::new(0),
             compare_differing: AtomicU64::new(0),
             compare_passes: AtomicU64::new(0),
+            client_addrs: Mutex::new(None),
         });
         let _ = router.0.set(Arc::downgrade(&inner));
         let member = ClusterMember {
@@ -324,6 +344,14 @@ impl ClusterMember {
 
     pub fn id(&self) -> NodeId {
         self.inner.me
+    }
+
+    /// The addresses the frontends were bound to: published in the node
+    /// registry from now on (at once), in place of the configured ones,
+    /// which name port 0 when the operating system picks the port.
+    pub fn set_client_addrs(&self, addrs: ClientAddrs) {
+        *self.inner.client_addrs.lock() = Some(addrs);
+        self.inner.publish_usage();
     }
 
     /// Every node known to the cluster.
