@@ -122,7 +122,8 @@ fn a_qos_change_through_one_node_applies_on_another_at_once() {
     let dir = Scratch::new();
     let uri = c.nodes[1].uri("q");
     // fio through node 1 for 8 s, IOPS logged per second; the limit is set
-    // through node 0 after 3 s.
+    // through node 0 after 4 s (fio may take a second or two to start on a
+    // loaded machine: its first logged second is before the limit).
     let mut fio = std::process::Command::new(require_tool("fio"));
     fio.current_dir(&dir.0).args([
         "--name=q",
@@ -138,7 +139,7 @@ fn a_qos_change_through_one_node_applies_on_another_at_once() {
         "--log_avg_msec=1000",
     ]);
     let running = std::thread::spawn(move || run_cmd(&mut fio, CMD_TIMEOUT));
-    std::thread::sleep(std::time::Duration::from_secs(3));
+    std::thread::sleep(std::time::Duration::from_secs(4));
     c.nodes[0]
         .cli(&["volume", "set-qos", "q", "total_iops_sec=200"])
         .ok();
@@ -158,7 +159,7 @@ fn a_qos_change_through_one_node_applies_on_another_at_once() {
     assert!(per_second.len() >= 7, "{log}");
     // Unthrottled before (far above the limit), at the limit for the last
     // seconds (generous bounds: the machine is shared).
-    assert!(per_second[1] > 600.0, "before the limit: {per_second:?}");
+    assert!(per_second[0] > 600.0, "before the limit: {per_second:?}");
     for iops in &per_second[per_second.len() - 3..] {
         assert!(
             (140.0..=260.0).contains(iops),
