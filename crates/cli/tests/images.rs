@@ -10,7 +10,7 @@
 
 mod common;
 
-use common::cluster::{healthy, Cluster};
+use common::cluster::{healthy, node_index, primary, Cluster};
 use common::*;
 use serde_json::Value;
 use std::path::Path;
@@ -349,7 +349,20 @@ fn a_replicated_volume_imports_and_exports_through_any_node() {
     let out = dir.path("rep.raw");
     c.nodes[2].cli(&["volume", "export", "rep", p(&out)]).ok();
     compare(p(&out), "raw", p(&src), "qcow2").ok();
-    // Diffs need snapshots, which replicated volumes do not have yet.
-    let err = c.nodes[1].cli(&["volume", "diff", "rep"]).cli_error(1);
-    assert!(err.contains("replicated volumes"), "{err}");
+    // The live volume is diffed on its primary's node only (the head that
+    // holds every acknowledged write); elsewhere, one clear line.
+    let v = c.show(0, "rep");
+    let p = node_index(&primary(&v).expect("a primary"));
+    let d = c.nodes[p].cli_json(&["volume", "diff", "rep"]);
+    let changed: u64 = d["extents"]
+        .as_array()
+        .expect("extents")
+        .iter()
+        .map(|e| e["length"].as_u64().unwrap_or(0))
+        .sum();
+    assert_eq!(changed, 3 * MIB, "the imported data, holes left out: {d}");
+    let err = c.nodes[(p + 1) % 3]
+        .cli(&["volume", "diff", "rep"])
+        .cli_error(1);
+    assert!(err.contains("its primary is on another node"), "{err}");
 }

@@ -32,6 +32,10 @@
 //! - once stopped, a replica answers every pending and every new client
 //!   request with NotPrimary (the origin retries elsewhere) and issues
 //!   nothing more;
+//! - a layer operation (snapshot, layer deletion, rebase, changed regions,
+//!   a read of a snapshot layer) is carried out by the node around it on
+//!   its store ([`ReplicaEnv::layer_op`]); the state machine issues all but
+//!   the layer reads alone, so they never share a batch with data I/O;
 //! - a replica whose disk keeps failing stops (its heartbeats stop with it,
 //!   so the coordinator marks it Faulty or replaces it as primary) rather
 //!   than retrying forever; that includes a local store that cannot grow
@@ -40,8 +44,8 @@
 
 use crate::ticker::{Tick, TickSlot};
 use basalt_replication::{
-    Action, ClientReply, ClientReq, Config, DiskOp, DiskResult, Endpoint, Input, Membership, Msg,
-    Node, NodeId, RoleKind, SavedLogs, VolumeId,
+    Action, ClientReply, ClientReq, Config, DiskOp, DiskResult, Endpoint, Input, LayerId,
+    Membership, Msg, Node, NodeId, RoleKind, SavedLogs, VolumeId,
 };
 use basalt_store::{DataOp, IoError, LocalVolume};
 use parking_lot::{Mutex, RwLock};
@@ -88,6 +92,10 @@ pub(crate) trait ReplicaEnv: Send + Sync + 'static {
     /// Makes `logs` the crash-safe copy of this node's logs of `vol`
     /// (durable on return).
     fn save_crash_logs(&self, vol: VolumeId, logs: &SavedLogs) -> Result<(), String>;
+    /// Carries out a layer operation of `vol`'s state machine on the local
+    /// store (`DiskOp::Snapshot`, `DeleteLayer`, `Rebase`, `Changed`,
+    /// `ReadLayer`), with the data it completes with.
+    fn layer_op(&self, vol: VolumeId, op: &DiskOp) -> Result<Option<Vec<u8>>, String>;
 }
 
 /// Which replica a driver runs: the state machine's identity and config,
@@ -101,6 +109,9 @@ pub(crate) struct ReplicaSpec {
     /// The logs this replica saved at the last clean stop, or else its
     /// crash-safe copy.
     pub saved: Option<SavedLogs>,
+    /// The snapshot layers of the volume the local store holds, oldest
+    /// first.
+    pub layers: Vec<LayerId>,
 }
 
 /// Consecutive failed disk batches after which the replica stops.
@@ -217,9 +228,10 @@ impl<E: ReplicaEnv> Replica<E> {
             cfg,
             initial,
             saved,
+            layers,
         } = spec;
         let block_len = cfg.block_len;
-        let mut node = Node::new(me, boot, vol, cfg, initial, now);
+        let mut node = Node::new(me, boot, vol, cfg, initial, now).with_layers(layers);
         if let Some(saved) = &saved {
             node.restore_logs(saved);
         }
@@ -452,6 +464,7 @@ impl<E: ReplicaEnv> Replica<E> {
         let mut zeroes = Vec::new();
         let mut grows = Vec::new();
         let mut saves = Vec::new();
+        let mut layer_ops = Vec::new();
         for (id, op) in ops {
             match op {
                 DiskOp::Read { lba, blocks } => {
@@ -472,6 +485,11 @@ impl<E: ReplicaEnv> Replica<E> {
                 // No write issued with it depends on it (the disk queue
                 // holds later writes until it completed): any order.
                 DiskOp::SaveLogs { logs } => saves.push((id, logs)),
+                op @ (DiskOp::Snapshot { .. }
+                | DiskOp::DeleteLayer { .. }
+                | DiskOp::Rebase { .. }
+                | DiskOp::Changed { .. }
+                | DiskOp::ReadLayer { .. }) => layer_ops.push((id, op)),
             }
         }
         let mut results = Vec::new();
@@ -528,6 +546,17 @@ impl<E: ReplicaEnv> Replica<E> {
                 Err(e) => {
                     tracing::error!(volume = %uuid::Uuid::from_u128(self.vol.0), bytes, error = %e,
                         "cannot grow the local replica to the volume's new size");
+                    DiskResult::Error
+                }
+            };
+            out.push((id, r));
+        }
+        for (id, op) in layer_ops {
+            let r = match self.env.layer_op(self.vol, &op) {
+                Ok(data) => DiskResult::Done { data },
+                Err(e) => {
+                    tracing::warn!(volume = %uuid::Uuid::from_u128(self.vol.0), ?op, error = %e,
+                        "replica layer operation failed");
                     DiskResult::Error
                 }
             };

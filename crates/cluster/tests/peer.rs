@@ -5,7 +5,9 @@
 
 use basalt_cluster::peer::{PeerConfig, PeerHandler, PeerNet, PeerStats};
 use basalt_cluster::secret::ClusterSecret;
-use basalt_replication::{ClientReply, ClientReq, Epoch, Msg, NodeId, Prior, ReplOp, VolumeId};
+use basalt_replication::{
+    ClientReply, ClientReq, Epoch, LayerId, Msg, NodeId, Prior, ReplOp, VolumeId,
+};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::{Arc, Mutex};
@@ -130,6 +132,7 @@ fn every_kind(tag: u64) -> Vec<Msg> {
                 synced: tag,
                 regions: vec![1, 5, 9],
             }),
+            layers: vec![LayerId(u128::from(tag) << 64 | 7)],
         },
         Msg::ReplAck {
             vol: VOL,

@@ -37,7 +37,9 @@
 
 #![forbid(unsafe_code)]
 
-use basalt_replication::{ClientReply, ClientReq, Epoch, Msg, NodeId, Prior, ReplOp, VolumeId};
+use basalt_replication::{
+    ClientReply, ClientReq, Epoch, LayerId, Msg, NodeId, Prior, ReplOp, VolumeId,
+};
 
 /// The first four bytes of every frame.
 pub const MAGIC: [u8; 4] = *b"BSPW";
@@ -55,7 +57,11 @@ pub const MAGIC: [u8; 4] = *b"BSPW";
 /// compare: `Repl` op 4 (`Digest`), `ClientReq` req 4 (`Compare`) and the
 /// `ReplDigest` kind (13), and made `RepairRead` name the stream entry the
 /// replica must have applied before it reads (`session`, `after`).
-pub const VERSION: u8 = 7;
+/// Version 8 added snapshot layers: `Repl` ops 5 (`Snapshot`), 6
+/// (`DeleteLayer`) and 7 (`Rebase`), the layers a secondary holds in
+/// `ReplStarted`, `ClientReq` reqs 5 (`Snapshot`), 6 (`DeleteSnapshot`)
+/// and 7 (`Rollback`), and the `NoSuchLayer` client reply (3).
+pub const VERSION: u8 = 8;
 /// Bytes in a frame header.
 pub const HEADER_LEN: usize = 20;
 /// The largest payload a decoder accepts (and an encoder produces).
@@ -251,7 +257,10 @@ fn check(frame: &Frame) -> Result<(u8, &[u8]), EncodeError> {
                 ReplOp::Start
                 | ReplOp::Flush
                 | ReplOp::WriteZeroes { .. }
-                | ReplOp::Digest { .. } => &[],
+                | ReplOp::Digest { .. }
+                | ReplOp::Snapshot { .. }
+                | ReplOp::DeleteLayer { .. }
+                | ReplOp::Rebase { .. } => &[],
             };
             (kind::REPL, data)
         }
@@ -304,9 +313,12 @@ fn check(frame: &Frame) -> Result<(u8, &[u8]), EncodeError> {
                     (kind::CLIENT_REQ, data.as_slice())
                 }
             }
-            ClientReq::Flush | ClientReq::Read { .. } | ClientReq::Compare { .. } => {
-                (kind::CLIENT_REQ, &[])
-            }
+            ClientReq::Flush
+            | ClientReq::Read { .. }
+            | ClientReq::Compare { .. }
+            | ClientReq::Snapshot { .. }
+            | ClientReq::DeleteSnapshot { .. }
+            | ClientReq::Rollback { .. } => (kind::CLIENT_REQ, &[]),
         },
         Msg::ClientReply { reply, .. } => match reply {
             ClientReply::Ok {
@@ -331,6 +343,7 @@ fn check(frame: &Frame) -> Result<(u8, &[u8]), EncodeError> {
 /// Payload bytes before the bulk data (for a frame `check` accepted).
 fn fields_len(frame: &Frame) -> usize {
     const VOL: usize = 16;
+    const LAYER: usize = 16;
     let msg = match frame {
         Frame::Hello { .. } => return 16 + 4 + 8 + NONCE_LEN + PROOF_LEN,
         Frame::Auth { .. } => return PROOF_LEN,
@@ -343,13 +356,20 @@ fn fields_len(frame: &Frame) -> usize {
                     ReplOp::Write { .. } => 8 + 1 + 4,
                     ReplOp::WriteZeroes { .. } => 8 + 1 + 8,
                     ReplOp::Digest { .. } => 16,
+                    ReplOp::Snapshot { .. } | ReplOp::DeleteLayer { .. } => LAYER,
+                    ReplOp::Rebase { onto } => 1 + if onto.is_some() { LAYER } else { 0 },
                     ReplOp::Start | ReplOp::Flush => 0,
                 }
         }
         Msg::ReplAck { .. } => 24,
         Msg::ReplDigest { digest, .. } => 24 + 1 + if digest.is_some() { 4 } else { 0 },
-        Msg::ReplStarted { prior, .. } => {
-            16 + 8 + 8 + 4 + 4 * prior.as_ref().map_or(0, |p| p.regions.len())
+        Msg::ReplStarted { prior, layers, .. } => {
+            16 + 8
+                + 8
+                + 4
+                + 4 * prior.as_ref().map_or(0, |p| p.regions.len())
+                + 4
+                + LAYER * layers.len()
         }
         Msg::Fenced { .. } => 8,
         Msg::RepairRead { .. } => 48,
@@ -363,6 +383,9 @@ fn fields_len(frame: &Frame) -> usize {
                     ClientReq::Write { .. } => 8 + 1 + 4,
                     ClientReq::Flush => 0,
                     ClientReq::Read { .. } | ClientReq::Compare { .. } => 16,
+                    ClientReq::Snapshot { .. }
+                    | ClientReq::DeleteSnapshot { .. }
+                    | ClientReq::Rollback { .. } => LAYER,
                 }
         }
         Msg::ClientReply { reply, .. } => {
@@ -371,7 +394,7 @@ fn fields_len(frame: &Frame) -> usize {
                     ClientReply::Ok { data: Some(_), .. } => 4 + 8 + 1 + 4,
                     ClientReply::Ok { data: None, .. } => 4 + 8 + 1,
                     ClientReply::NotPrimary => 0,
-                    ClientReply::Unreadable { .. } => 4 + 8,
+                    ClientReply::Unreadable { .. } | ClientReply::NoSuchLayer { .. } => 4 + 8,
                 }
         }
         Msg::MetaGet { .. } | Msg::MetaCas { .. } | Msg::MetaReply { .. } => 0,
@@ -382,6 +405,7 @@ fn fields_len(frame: &Frame) -> usize {
 fn write_fields(frame: &Frame, data: &[u8], out: &mut Vec<u8>) {
     let u64le = |out: &mut Vec<u8>, v: u64| out.extend_from_slice(&v.to_le_bytes());
     let u32le = |out: &mut Vec<u8>, v: u32| out.extend_from_slice(&v.to_le_bytes());
+    let layer = |out: &mut Vec<u8>, l: &LayerId| out.extend_from_slice(&l.0.to_le_bytes());
     // `check` bounded the payload by MAX_PAYLOAD, so the data length fits.
     let data_len = data.len() as u32;
     let (vol, msg) = match frame {
@@ -443,6 +467,24 @@ fn write_fields(frame: &Frame, data: &[u8], out: &mut Vec<u8>) {
                     u64le(out, *lba);
                     u64le(out, *blocks);
                 }
+                ReplOp::Snapshot { layer: l } => {
+                    out.push(5);
+                    layer(out, l);
+                }
+                ReplOp::DeleteLayer { layer: l } => {
+                    out.push(6);
+                    layer(out, l);
+                }
+                ReplOp::Rebase { onto } => {
+                    out.push(7);
+                    match onto {
+                        Some(l) => {
+                            out.push(1);
+                            layer(out, l);
+                        }
+                        None => out.push(0),
+                    }
+                }
             }
         }
         Msg::ReplDigest {
@@ -477,6 +519,7 @@ fn write_fields(frame: &Frame, data: &[u8], out: &mut Vec<u8>) {
             epoch,
             session,
             prior,
+            layers,
             ..
         } => {
             u64le(out, epoch.0);
@@ -495,6 +538,11 @@ fn write_fields(frame: &Frame, data: &[u8], out: &mut Vec<u8>) {
                     u64le(out, 0);
                     u32le(out, 0);
                 }
+            }
+            // `check` bounded the payload by MAX_PAYLOAD, so the count fits.
+            u32le(out, layers.len() as u32);
+            for l in layers {
+                layer(out, l);
             }
         }
         Msg::Fenced { epoch, .. } => u64le(out, epoch.0),
@@ -565,6 +613,18 @@ fn write_fields(frame: &Frame, data: &[u8], out: &mut Vec<u8>) {
                     u64le(out, *lba);
                     u64le(out, *blocks);
                 }
+                ClientReq::Snapshot { layer: l } => {
+                    out.push(5);
+                    layer(out, l);
+                }
+                ClientReq::DeleteSnapshot { layer: l } => {
+                    out.push(6);
+                    layer(out, l);
+                }
+                ClientReq::Rollback { layer: l } => {
+                    out.push(7);
+                    layer(out, l);
+                }
             }
         }
         Msg::ClientReply { id, reply } => {
@@ -585,6 +645,11 @@ fn write_fields(frame: &Frame, data: &[u8], out: &mut Vec<u8>) {
                 ClientReply::NotPrimary => out.push(1),
                 ClientReply::Unreadable { by, epoch } => {
                     out.push(2);
+                    u32le(out, by.0);
+                    u64le(out, epoch.0);
+                }
+                ClientReply::NoSuchLayer { by, epoch } => {
+                    out.push(3);
                     u32le(out, by.0);
                     u64le(out, epoch.0);
                 }
@@ -721,6 +786,26 @@ impl<'a> Reader<'a> {
         Ok(u64::from_le_bytes(self.array(field)?))
     }
 
+    fn layer(&mut self, field: &'static str) -> Result<LayerId, DecodeError> {
+        Ok(LayerId(u128::from_le_bytes(self.array(field)?)))
+    }
+
+    /// A `u32` count of `size`-byte items, checked against the bytes left
+    /// before anything is allocated for them.
+    fn count(&mut self, field: &'static str, size: usize) -> Result<usize, DecodeError> {
+        let count = self.u32(field)? as usize;
+        let need = count.saturating_mul(size);
+        if self.rest.len() < need {
+            return Err(DecodeError::Truncated {
+                kind: self.kind,
+                field,
+                need,
+                have: self.rest.len(),
+            });
+        }
+        Ok(count)
+    }
+
     fn bool(&mut self, field: &'static str) -> Result<bool, DecodeError> {
         match self.u8(field)? {
             0 => Ok(false),
@@ -830,6 +915,19 @@ fn decode_payload(kind: u8, payload: &[u8]) -> Result<Frame, DecodeError> {
                     lba: r.u64("lba")?,
                     blocks: r.u64("blocks")?,
                 },
+                5 => ReplOp::Snapshot {
+                    layer: r.layer("layer")?,
+                },
+                6 => ReplOp::DeleteLayer {
+                    layer: r.layer("layer")?,
+                },
+                7 => ReplOp::Rebase {
+                    onto: if r.bool("has_onto")? {
+                        Some(r.layer("onto")?)
+                    } else {
+                        None
+                    },
+                },
                 other => return Err(r.invalid("op", other)),
             };
             Msg::Repl {
@@ -871,16 +969,8 @@ fn decode_payload(kind: u8, payload: &[u8]) -> Result<Frame, DecodeError> {
             let session = r.u64("session")?;
             let prior_epoch = r.u64("prior_epoch")?;
             let synced = r.u64("synced")?;
-            let count = r.u32("regions")? as usize;
-            // Bounded by the payload before anything is allocated.
-            if r.rest.len() < count.saturating_mul(4) {
-                return Err(DecodeError::Truncated {
-                    kind: r.kind,
-                    field: "regions",
-                    need: count.saturating_mul(4),
-                    have: r.rest.len(),
-                });
-            }
+            // Counts are bounded by the payload before anything is allocated.
+            let count = r.count("regions", 4)?;
             let mut regions = Vec::with_capacity(count);
             for _ in 0..count {
                 regions.push(r.u32("region")?);
@@ -897,11 +987,17 @@ fn decode_payload(kind: u8, payload: &[u8]) -> Result<Frame, DecodeError> {
                     regions,
                 })
             };
+            let layer_count = r.count("layers", 16)?;
+            let mut layers = Vec::with_capacity(layer_count);
+            for _ in 0..layer_count {
+                layers.push(r.layer("layer")?);
+            }
             Msg::ReplStarted {
                 vol,
                 epoch,
                 session,
                 prior,
+                layers,
             }
         }
         kind::FENCED => Msg::Fenced {
@@ -964,6 +1060,15 @@ fn decode_payload(kind: u8, payload: &[u8]) -> Result<Frame, DecodeError> {
                     lba: r.u64("lba")?,
                     blocks: r.u64("blocks")?,
                 },
+                5 => ClientReq::Snapshot {
+                    layer: r.layer("layer")?,
+                },
+                6 => ClientReq::DeleteSnapshot {
+                    layer: r.layer("layer")?,
+                },
+                7 => ClientReq::Rollback {
+                    layer: r.layer("layer")?,
+                },
                 3 => {
                     let lba = r.u64("lba")?;
                     let fua = r.bool("fua")?;
@@ -1009,6 +1114,10 @@ fn decode_payload(kind: u8, payload: &[u8]) -> Result<Frame, DecodeError> {
                     by: NodeId(r.u32("by")?),
                     epoch: Epoch(r.u64("epoch")?),
                 },
+                3 => ClientReply::NoSuchLayer {
+                    by: NodeId(r.u32("by")?),
+                    epoch: Epoch(r.u64("epoch")?),
+                },
                 other => return Err(r.invalid("reply", other)),
             };
             Msg::ClientReply { id, reply }
@@ -1051,6 +1160,65 @@ mod tests {
             encoded_len(&frame),
             Err(EncodeError::VolumeMismatch { frame: 1, msg: 2 })
         );
+    }
+
+    #[test]
+    fn layer_fields_have_the_length_computed_for_them() {
+        let l = LayerId(0x0102_0304_0506_0708_090a_0b0c_0d0e_0f10);
+        let repl = |op| Msg::Repl {
+            vol: VolumeId(1),
+            epoch: Epoch(2),
+            session: 3,
+            lseq: 4,
+            vseq: 5,
+            commit: 6,
+            floor: 7,
+            op,
+        };
+        let client = |req| Msg::ClientReq { id: 9, req };
+        let msgs = [
+            (repl(ReplOp::Snapshot { layer: l }), 65 + 16),
+            (repl(ReplOp::DeleteLayer { layer: l }), 65 + 16),
+            (repl(ReplOp::Rebase { onto: Some(l) }), 65 + 1 + 16),
+            (repl(ReplOp::Rebase { onto: None }), 65 + 1),
+            (client(ClientReq::Snapshot { layer: l }), 25 + 16),
+            (client(ClientReq::DeleteSnapshot { layer: l }), 25 + 16),
+            (client(ClientReq::Rollback { layer: l }), 25 + 16),
+            (
+                Msg::ClientReply {
+                    id: 9,
+                    reply: ClientReply::NoSuchLayer {
+                        by: NodeId(1),
+                        epoch: Epoch(2),
+                    },
+                },
+                25 + 4 + 8,
+            ),
+            (
+                Msg::ReplStarted {
+                    vol: VolumeId(1),
+                    epoch: Epoch(2),
+                    session: 3,
+                    prior: Some(Prior {
+                        epoch: Epoch(1),
+                        synced: 4,
+                        regions: vec![5],
+                    }),
+                    layers: vec![l, LayerId(0)],
+                },
+                52 + 4 + 4 + 2 * 16,
+            ),
+        ];
+        for (msg, len) in msgs {
+            let frame = Frame::Msg {
+                vol: VolumeId(1),
+                msg,
+            };
+            let mut out = Vec::new();
+            write_fields(&frame, &[], &mut out);
+            assert_eq!((out.len(), fields_len(&frame)), (len, len), "{frame:?}");
+            assert_eq!(encoded_len(&frame), Ok(HEADER_LEN + len));
+        }
     }
 
     #[test]

@@ -4,7 +4,9 @@
 //! accepted and never a panic.
 
 use basalt_peer_wire::*;
-use basalt_replication::{ClientReply, ClientReq, Epoch, Msg, NodeId, Prior, ReplOp, VolumeId};
+use basalt_replication::{
+    ClientReply, ClientReq, Epoch, LayerId, Msg, NodeId, Prior, ReplOp, VolumeId,
+};
 use proptest::prelude::*;
 
 /// Hex digits with any separators; CRCs computed independently (a bitwise
@@ -18,6 +20,7 @@ fn hex(s: &str) -> Vec<u8> {
 }
 
 const VOL: VolumeId = VolumeId(0x0011_2233_4455_6677_8899_aabb_ccdd_eeff);
+const LAYER: LayerId = LayerId(0x0102_0304_0506_0708_090a_0b0c_0d0e_0f10);
 
 fn assert_literal(frame: &Frame, bytes: &[u8]) {
     let mut out = Vec::new();
@@ -37,7 +40,7 @@ fn hello_literal() {
         proof: [0x33; 32],
     };
     let bytes = hex("
-        42 53 50 57  07  01  00 00  4c 00 00 00  13 8a 7c 76  de 81 4f 16
+        42 53 50 57  08  01  00 00  4c 00 00 00  13 8a 7c 76  3f 7a 78 0e
         11 11 11 11 11 11 11 11 11 11 11 11 11 11 11 11  07 00 00 00  08 07 06 05 04 03 02 01
         22 22 22 22 22 22 22 22 22 22 22 22 22 22 22 22
         33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33");
@@ -64,7 +67,7 @@ fn repl_write_literal() {
         },
     };
     let bytes = hex("
-        42 53 50 57  07  02  00 00  56 00 00 00  95 00 1d 92  fe 5a 6c 23
+        42 53 50 57  08  02  00 00  56 00 00 00  95 00 1d 92  1f a1 5b 3b
         ff ee dd cc bb aa 99 88 77 66 55 44 33 22 11 00
         02 00 00 00 00 00 00 00  03 00 00 00 00 00 00 00
         04 00 00 00 00 00 00 00  05 00 00 00 00 00 00 00
@@ -100,7 +103,7 @@ fn repl_write_zeroes_literal() {
         },
     };
     let bytes = hex("
-        42 53 50 57  07  02  00 00  52 00 00 00  b3 3f c9 60  7a b1 98 ab
+        42 53 50 57  08  02  00 00  52 00 00 00  b3 3f c9 60  9b 4a af b3
         ff ee dd cc bb aa 99 88 77 66 55 44 33 22 11 00
         02 00 00 00 00 00 00 00  03 00 00 00 00 00 00 00
         04 00 00 00 00 00 00 00  05 00 00 00 00 00 00 00
@@ -114,7 +117,8 @@ fn repl_write_zeroes_literal() {
 #[test]
 fn repl_started_literal() {
     // The acknowledgement of a Start with the secondary's uncertain
-    // regions 1 and 9 of epoch 1 (synced at vseq 0x20).
+    // regions 1 and 9 of epoch 1 (synced at vseq 0x20), and its snapshot
+    // layers 7 and LAYER, oldest first.
     let frame = Frame::Msg {
         vol: VOL,
         msg: Msg::ReplStarted {
@@ -126,17 +130,21 @@ fn repl_started_literal() {
                 synced: 0x20,
                 regions: vec![1, 9],
             }),
+            layers: vec![LayerId(7), LAYER],
         },
     };
     let bytes = hex("
-        42 53 50 57  07  09  00 00  3c 00 00 00  19 b4 b0 e6  a8 2f c0 5d
+        42 53 50 57  08  09  00 00  60 00 00 00  e5 31 90 b2  ea 1e 0a ab
         ff ee dd cc bb aa 99 88 77 66 55 44 33 22 11 00
         02 00 00 00 00 00 00 00  03 00 00 00 00 00 00 00
         01 00 00 00 00 00 00 00  20 00 00 00 00 00 00 00
-        02 00 00 00  01 00 00 00  09 00 00 00");
+        02 00 00 00  01 00 00 00  09 00 00 00
+        02 00 00 00
+        07 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00
+        10 0f 0e 0d 0c 0b 0a 09 08 07 06 05 04 03 02 01");
     assert_literal(&frame, &bytes);
     // No prior: epoch, synced and count all zero; anything else there is
-    // not canonical.
+    // not canonical. No layers: a layer count of zero.
     let none = Frame::Msg {
         vol: VOL,
         msg: Msg::ReplStarted {
@@ -144,12 +152,13 @@ fn repl_started_literal() {
             epoch: Epoch(2),
             session: 3,
             prior: None,
+            layers: vec![],
         },
     };
     let mut out = Vec::new();
     encode(&none, &mut out).unwrap();
-    assert_eq!(out.len(), 20 + 16 + 36);
-    assert_eq!(&out[20 + 32..], &[0; 20]);
+    assert_eq!(out.len(), 20 + 16 + 40);
+    assert_eq!(&out[20 + 32..], &[0; 24]);
     let zero = Frame::Msg {
         vol: VOL,
         msg: Msg::ReplStarted {
@@ -161,9 +170,228 @@ fn repl_started_literal() {
                 synced: 1,
                 regions: vec![],
             }),
+            layers: vec![],
         },
     };
     assert_eq!(encoded_len(&zero), Err(EncodeError::PriorEpochZero));
+}
+
+/// A `Repl` entry of epoch 2, session 3, lseq 4 (vseq 0, commit 7, floor
+/// 6) carrying `op`.
+fn repl(op: ReplOp) -> Frame {
+    Frame::Msg {
+        vol: VOL,
+        msg: Msg::Repl {
+            vol: VOL,
+            epoch: Epoch(2),
+            session: 3,
+            lseq: 4,
+            vseq: 0,
+            commit: 7,
+            floor: 6,
+            op,
+        },
+    }
+}
+
+/// The `Repl` payload fields before the op of [`repl`]'s entries.
+const REPL_FIELDS: &str = "
+    ff ee dd cc bb aa 99 88 77 66 55 44 33 22 11 00
+    02 00 00 00 00 00 00 00  03 00 00 00 00 00 00 00
+    04 00 00 00 00 00 00 00  00 00 00 00 00 00 00 00
+    07 00 00 00 00 00 00 00  06 00 00 00 00 00 00 00";
+
+#[test]
+fn repl_layer_ops_literal() {
+    let cases = [
+        (
+            ReplOp::Snapshot { layer: LAYER },
+            "42 53 50 57  08  02  00 00  51 00 00 00  4f 25 c7 bc  3a 01 1d 4f",
+            "05  10 0f 0e 0d 0c 0b 0a 09 08 07 06 05 04 03 02 01",
+        ),
+        (
+            ReplOp::DeleteLayer { layer: LAYER },
+            "42 53 50 57  08  02  00 00  51 00 00 00  ae 41 ea 5c  0d 87 03 58",
+            "06  10 0f 0e 0d 0c 0b 0a 09 08 07 06 05 04 03 02 01",
+        ),
+        (
+            ReplOp::Rebase { onto: Some(LAYER) },
+            "42 53 50 57  08  02  00 00  52 00 00 00  47 8b e8 0a  ee dd d8 ed",
+            "07  01  10 0f 0e 0d 0c 0b 0a 09 08 07 06 05 04 03 02 01",
+        ),
+        (
+            ReplOp::Rebase { onto: None },
+            "42 53 50 57  08  02  00 00  42 00 00 00  68 1a 6a 14  15 31 ab 6f",
+            "07  00",
+        ),
+    ];
+    for (op, header, tail) in cases {
+        let frame = repl(op);
+        let bytes = hex(&format!("{header} {REPL_FIELDS} {tail}"));
+        assert_literal(&frame, &bytes);
+        let mut head = Vec::new();
+        assert_eq!(encode_split(&frame, &mut head), Ok(&[][..]));
+    }
+}
+
+#[test]
+fn client_layer_requests_and_no_such_layer_literal() {
+    let req = |req| Frame::Msg {
+        vol: VOL,
+        msg: Msg::ClientReq { id: 11, req },
+    };
+    let cases = [
+        (
+            req(ClientReq::Snapshot { layer: LAYER }),
+            "42 53 50 57  08  07  00 00  29 00 00 00  6a ca 97 83  2a fc f9 61",
+            "05  10 0f 0e 0d 0c 0b 0a 09 08 07 06 05 04 03 02 01",
+        ),
+        (
+            req(ClientReq::DeleteSnapshot { layer: LAYER }),
+            "42 53 50 57  08  07  00 00  29 00 00 00  8b ae ba 63  1d 7a e7 76",
+            "06  10 0f 0e 0d 0c 0b 0a 09 08 07 06 05 04 03 02 01",
+        ),
+        (
+            req(ClientReq::Rollback { layer: LAYER }),
+            "42 53 50 57  08  07  00 00  29 00 00 00  d4 72 5e 3c  f0 07 ed 7b",
+            "07  10 0f 0e 0d 0c 0b 0a 09 08 07 06 05 04 03 02 01",
+        ),
+        (
+            Frame::Msg {
+                vol: VOL,
+                msg: Msg::ClientReply {
+                    id: 11,
+                    reply: ClientReply::NoSuchLayer {
+                        by: NodeId(7),
+                        epoch: Epoch(2),
+                    },
+                },
+            },
+            "42 53 50 57  08  08  00 00  25 00 00 00  95 66 a7 27  f5 8d f0 85",
+            "03  07 00 00 00  02 00 00 00 00 00 00 00",
+        ),
+    ];
+    for (frame, header, tail) in cases {
+        let bytes = hex(&format!(
+            "{header} ff ee dd cc bb aa 99 88 77 66 55 44 33 22 11 00
+             0b 00 00 00 00 00 00 00 {tail}"
+        ));
+        assert_literal(&frame, &bytes);
+    }
+}
+
+#[test]
+fn malformed_layer_fields_are_refused() {
+    let rebuild = |kind: u8, payload: &[u8]| {
+        let mut h = Vec::from(MAGIC);
+        h.extend_from_slice(&[VERSION, kind, 0, 0]);
+        h.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+        h.extend_from_slice(&crc32c::crc32c(payload).to_le_bytes());
+        let crc = crc32c::crc32c(&h);
+        h.extend_from_slice(&crc.to_le_bytes());
+        h.extend_from_slice(payload);
+        h
+    };
+    // A Rebase's presence flag is 0 or 1, and the layer follows only a 1.
+    let mut rebase = hex(REPL_FIELDS);
+    rebase.extend_from_slice(&[7, 2]);
+    rebase.extend_from_slice(&LAYER.0.to_le_bytes());
+    assert_eq!(
+        decode(&rebuild(kind::REPL, &rebase)),
+        Err(DecodeError::InvalidValue {
+            kind: "Repl",
+            field: "has_onto",
+            value: 2
+        })
+    );
+    let mut rebase = hex(REPL_FIELDS);
+    rebase.extend_from_slice(&[7, 0]);
+    rebase.extend_from_slice(&LAYER.0.to_le_bytes());
+    assert_eq!(
+        decode(&rebuild(kind::REPL, &rebase)),
+        Err(DecodeError::TrailingBytes {
+            kind: "Repl",
+            extra: 16
+        })
+    );
+    let mut rebase = hex(REPL_FIELDS);
+    rebase.extend_from_slice(&[7, 1, 0x10]);
+    assert!(matches!(
+        decode(&rebuild(kind::REPL, &rebase)),
+        Err(DecodeError::Truncated {
+            kind: "Repl",
+            field: "onto",
+            ..
+        })
+    ));
+    // A layer count the payload cannot hold is refused before allocating.
+    let started = |count: u32, layers: usize| {
+        let mut p = VOL.0.to_le_bytes().to_vec();
+        p.extend_from_slice(&[0; 8 + 8 + 8 + 8 + 4]); // epoch … region count
+        p.extend_from_slice(&count.to_le_bytes());
+        for _ in 0..layers {
+            p.extend_from_slice(&LAYER.0.to_le_bytes());
+        }
+        rebuild(kind::REPL_STARTED, &p)
+    };
+    assert!(matches!(decode(&started(1, 1)), Ok(Some(_))));
+    for (count, layers) in [(2, 1), (u32::MAX, 1), (1, 0)] {
+        assert!(
+            matches!(
+                decode(&started(count, layers)),
+                Err(DecodeError::Truncated {
+                    kind: "ReplStarted",
+                    field: "layers",
+                    ..
+                })
+            ),
+            "count {count}, {layers} layers"
+        );
+    }
+    let mut long = started(1, 1)[20..].to_vec();
+    long.push(0);
+    assert_eq!(
+        decode(&rebuild(kind::REPL_STARTED, &long)),
+        Err(DecodeError::TrailingBytes {
+            kind: "ReplStarted",
+            extra: 1
+        })
+    );
+    // A Repl op, client req or client reply past the last one defined.
+    let mut op = hex(REPL_FIELDS);
+    op.push(8);
+    assert_eq!(
+        decode(&rebuild(kind::REPL, &op)),
+        Err(DecodeError::InvalidValue {
+            kind: "Repl",
+            field: "op",
+            value: 8
+        })
+    );
+    let mut p = VOL.0.to_le_bytes().to_vec();
+    p.extend_from_slice(&11u64.to_le_bytes());
+    p.push(8);
+    p.extend_from_slice(&LAYER.0.to_le_bytes());
+    assert_eq!(
+        decode(&rebuild(kind::CLIENT_REQ, &p)),
+        Err(DecodeError::InvalidValue {
+            kind: "ClientReq",
+            field: "req",
+            value: 8
+        })
+    );
+    let mut p = VOL.0.to_le_bytes().to_vec();
+    p.extend_from_slice(&11u64.to_le_bytes());
+    p.push(4);
+    p.extend_from_slice(&[0; 12]);
+    assert_eq!(
+        decode(&rebuild(kind::CLIENT_REPLY, &p)),
+        Err(DecodeError::InvalidValue {
+            kind: "ClientReply",
+            field: "reply",
+            value: 4
+        })
+    );
 }
 
 #[test]
@@ -182,7 +410,7 @@ fn client_write_of_zeros_literal() {
         },
     };
     let bytes = hex("
-        42 53 50 57  07  07  00 00  26 00 00 00  0a 17 b7 81  3d 5c b1 1c
+        42 53 50 57  08  07  00 00  26 00 00 00  0a 17 b7 81  dc a7 86 04
         ff ee dd cc bb aa 99 88 77 66 55 44 33 22 11 00
         0b 00 00 00 00 00 00 00  03  06 00 00 00 00 00 00 00  01  00 30 00 00");
     assert_literal(&frame, &bytes);
@@ -264,7 +492,7 @@ fn heartbeat_literal() {
         },
     };
     let bytes = hex("
-        42 53 50 57  07  05  00 00  20 00 00 00  23 35 8e d5  21 cd 93 8e
+        42 53 50 57  08  05  00 00  20 00 00 00  23 35 8e d5  c0 36 a4 96
         ff ee dd cc bb aa 99 88 77 66 55 44 33 22 11 00
         09 00 00 00 00 00 00 00  0a 00 00 00 00 00 00 00");
     assert_literal(&frame, &bytes);
@@ -286,9 +514,9 @@ fn typed_errors_name_the_problem() {
     assert_eq!(decode(b"BSP"), Ok(None));
     // A version 1 peer (no zero forms), 2 (no failover watermarks), 3 (no
     // lease in heartbeat answers), 4 (no authentication), 5 (no read
-    // repair) or 6 (no replica compare, unordered repair reads) is refused,
-    // as is a future one.
-    for v in [1, 2, 3, 4, 5, 6, 8] {
+    // repair), 6 (no replica compare, unordered repair reads) or 7 (no
+    // snapshot layers) is refused, as is a future one.
+    for v in [1, 2, 3, 4, 5, 6, 7, 9] {
         let mut b = good.clone();
         b[4] = v;
         assert_eq!(decode(&b), Err(DecodeError::UnsupportedVersion(v)));
@@ -333,13 +561,13 @@ fn typed_errors_name_the_problem() {
     fenced.extend_from_slice(&[0; 8]);
     fenced.extend_from_slice(&[0; 8]); // session
     fenced.extend_from_slice(&[0; 32]); // lseq, vseq, commit, floor
-    fenced.push(5); // no such op
+    fenced.push(8); // no such op
     assert_eq!(
         decode(&rebuild(kind::REPL, &fenced)),
         Err(DecodeError::InvalidValue {
             kind: "Repl",
             field: "op",
-            value: 5
+            value: 8
         })
     );
 }
@@ -387,6 +615,10 @@ fn write_data() -> impl Strategy<Value = Vec<u8>> {
     ]
 }
 
+fn layer() -> impl Strategy<Value = LayerId> {
+    any::<u128>().prop_map(LayerId)
+}
+
 fn repl_op() -> impl Strategy<Value = ReplOp> {
     prop_oneof![
         Just(ReplOp::Start),
@@ -399,6 +631,9 @@ fn repl_op() -> impl Strategy<Value = ReplOp> {
         (any::<u64>(), any::<bool>(), any::<u64>())
             .prop_map(|(lba, fua, blocks)| { ReplOp::WriteZeroes { lba, fua, blocks } }),
         (any::<u64>(), any::<u64>()).prop_map(|(lba, blocks)| ReplOp::Digest { lba, blocks }),
+        layer().prop_map(|layer| ReplOp::Snapshot { layer }),
+        layer().prop_map(|layer| ReplOp::DeleteLayer { layer }),
+        prop::option::of(layer()).prop_map(|onto| ReplOp::Rebase { onto }),
     ]
 }
 
@@ -412,6 +647,9 @@ fn client_req() -> impl Strategy<Value = ClientReq> {
         }),
         (any::<u64>(), any::<u64>()).prop_map(|(lba, blocks)| ClientReq::Read { lba, blocks }),
         (any::<u64>(), any::<u64>()).prop_map(|(lba, blocks)| ClientReq::Compare { lba, blocks }),
+        layer().prop_map(|layer| ClientReq::Snapshot { layer }),
+        layer().prop_map(|layer| ClientReq::DeleteSnapshot { layer }),
+        layer().prop_map(|layer| ClientReq::Rollback { layer }),
     ]
 }
 
@@ -419,6 +657,10 @@ fn client_reply() -> impl Strategy<Value = ClientReply> {
     prop_oneof![
         Just(ClientReply::NotPrimary),
         (any::<u32>(), any::<u64>()).prop_map(|(by, epoch)| ClientReply::Unreadable {
+            by: NodeId(by),
+            epoch: Epoch(epoch),
+        }),
+        (any::<u32>(), any::<u64>()).prop_map(|(by, epoch)| ClientReply::NoSuchLayer {
             by: NodeId(by),
             epoch: Epoch(epoch),
         }),
@@ -455,9 +697,10 @@ fn msg(vol: VolumeId) -> impl Strategy<Value = Msg> {
                 1..=u64::MAX,
                 n(),
                 proptest::collection::vec(any::<u32>(), 0..20)
-            ))
+            )),
+            proptest::collection::vec(layer(), 0..6)
         )
-            .prop_map(move |(e, session, prior)| Msg::ReplStarted {
+            .prop_map(move |(e, session, prior, layers)| Msg::ReplStarted {
                 vol,
                 epoch: Epoch(e),
                 session,
@@ -466,6 +709,7 @@ fn msg(vol: VolumeId) -> impl Strategy<Value = Msg> {
                     synced,
                     regions
                 }),
+                layers,
             }),
         (n(), n(), n()).prop_map(move |(e, session, lseq)| Msg::ReplAck {
             vol,
@@ -583,7 +827,7 @@ proptest! {
     fn arbitrary_bytes_never_panic(bytes in prop::collection::vec(any::<u8>(), 0..200)) {
         let _ = decode(&bytes);
         // With a valid header in front, the payload parsers see the bytes.
-        for k in 1..=8u8 {
+        for k in kind::HELLO..=kind::REPL_DIGEST {
             let mut h = Vec::from(MAGIC);
             h.extend_from_slice(&[VERSION, k, 0, 0]);
             h.extend_from_slice(&(bytes.len() as u32).to_le_bytes());

@@ -9,9 +9,13 @@
 //!   replica applies overlapping writes in stream order);
 //! - a flush is issued only once every earlier write (zeroing included) has
 //!   completed, so it makes all of them durable;
-//! - a grow runs alone: it is issued once nothing is in flight, and nothing
-//!   submitted after it is issued before it completed (so no operation
-//!   beyond the old end reaches a disk that has not grown yet);
+//! - a grow and the layer operations (snapshot, layer deletion, rebase,
+//!   changed regions) run alone: each is issued once nothing is in flight,
+//!   and nothing submitted after it is issued before it completed (so no
+//!   operation beyond the old end reaches a disk that has not grown yet,
+//!   and a snapshot holds exactly the writes submitted before it);
+//! - a read of a snapshot layer conflicts with nothing but those (a layer
+//!   does not change);
 //! - a log save (`SaveLogs`) is issued only when no other one is in flight
 //!   (so saves complete in submission order), and no write submitted after
 //!   it is issued before it completed (so a write's region is on disk in
@@ -63,7 +67,14 @@ fn range(op: &DiskOp, block_len: u64) -> Option<(u64, u64)> {
         DiskOp::Read { lba, blocks } | DiskOp::WriteZeroes { lba, blocks, .. } => {
             Some((*lba, *blocks))
         }
-        DiskOp::Flush | DiskOp::Grow { .. } | DiskOp::SaveLogs { .. } => None,
+        DiskOp::Flush
+        | DiskOp::Grow { .. }
+        | DiskOp::SaveLogs { .. }
+        | DiskOp::Snapshot { .. }
+        | DiskOp::DeleteLayer { .. }
+        | DiskOp::Rebase { .. }
+        | DiskOp::Changed { .. }
+        | DiskOp::ReadLayer { .. } => None,
     }
 }
 
@@ -97,16 +108,19 @@ impl<T> DiskQueue<T> {
     }
 
     fn issuable(&self, op: &DiskOp) -> bool {
-        if matches!(op, DiskOp::Grow { .. }) {
+        if op.runs_alone() {
             return self.inflight.is_empty();
         }
-        let (mut growing, mut saving) = (false, false);
+        let (mut alone, mut saving) = (false, false);
         for (o, _) in self.inflight.values() {
-            growing |= matches!(o, DiskOp::Grow { .. });
+            alone |= o.runs_alone();
             saving |= matches!(o, DiskOp::SaveLogs { .. });
         }
-        if growing {
+        if alone {
             return false;
+        }
+        if matches!(op, DiskOp::ReadLayer { .. }) {
+            return true;
         }
         let writes = is_write(op);
         if matches!(op, DiskOp::SaveLogs { .. }) {

@@ -25,13 +25,13 @@ mod uncertain;
 
 pub use coordinator::{Change, ChangeOutcome, Coordinator, CoordinatorBug};
 pub use msg::{
-    digest, Action, ClientReply, ClientReq, Compared, DiskOp, DiskResult, Endpoint, Input, IoId,
-    Msg, Prior, ReplOp,
+    decode_regions, digest, encode_regions, Action, ClientReply, ClientReq, Compared, DiskOp,
+    DiskResult, Endpoint, Input, IoId, Msg, Prior, ReplOp,
 };
 pub use node::{Node, RoleKind, SavedLogs};
 pub use types::{
-    CasError, Epoch, Lba, Membership, MetaStore, NodeId, ReplicaInfo, ReplicaState, VolumeId,
-    BLOCK_SIZE,
+    CasError, Epoch, LayerId, Lba, Membership, MetaStore, NodeId, ReplicaInfo, ReplicaState,
+    VolumeId, BLOCK_SIZE,
 };
 pub use uncertain::SavedLog;
 
@@ -88,6 +88,11 @@ pub struct Config {
     /// broken protocol, to prove the simulator's checks can fail).
     #[doc(hidden)]
     pub ack_before_secondaries: bool,
+    /// Test-only: stream snapshots to replicas still being copied to (a
+    /// deliberately broken protocol: their layer freezes a head that is not
+    /// the primary's yet).
+    #[doc(hidden)]
+    pub snapshot_resyncing_replicas: bool,
 }
 
 impl Config {
@@ -133,6 +138,7 @@ impl Default for Config {
             crash_log_regions: 0,
             crash_log_compact_ms: 1000,
             ack_before_secondaries: false,
+            snapshot_resyncing_replicas: false,
         }
     }
 }

@@ -8,7 +8,7 @@
 //! Invariant: every replication message carries the sender's epoch; a
 //! receiver compares it before looking at anything else.
 
-use crate::types::{Epoch, Lba, Membership, NodeId, VolumeId};
+use crate::types::{Epoch, LayerId, Lba, Membership, NodeId, VolumeId};
 
 /// Where a message goes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -38,17 +38,39 @@ pub enum ReplOp {
     /// stream (after every earlier entry, before every later one) and
     /// answer with a `ReplDigest`: the replica compare of a scrub.
     Digest { lba: Lba, blocks: u64 },
+    /// Freeze your copy as it stands at this point of the stream (every
+    /// earlier entry applied and flushed) into snapshot layer `layer`; the
+    /// head goes on, empty, over it. Nothing if you hold `layer` already.
+    Snapshot { layer: LayerId },
+    /// Delete snapshot layer `layer` if you hold it (what it holds that
+    /// a later layer needs moves there: no other layer reads differently).
+    DeleteLayer { layer: LayerId },
+    /// Make your head read exactly as layer `onto` (zeros: None) from this
+    /// point of the stream, keeping its size: a rollback, or the start of a
+    /// rebuild of the layers a replica lacks.
+    Rebase { onto: Option<LayerId> },
 }
 
 impl ReplOp {
     /// The blocks it writes, (first, count) with `block_len`-byte blocks;
-    /// None for a start, a flush or a digest.
+    /// None for a start, a flush, a digest and the layer operations (a
+    /// `Rebase` changes every block: see [`ReplOp::rewrites_all`]).
     pub fn extent(&self, block_len: u64) -> Option<(Lba, u64)> {
         match self {
             ReplOp::Write { lba, data, .. } => Some((*lba, data.len() as u64 / block_len.max(1))),
             ReplOp::WriteZeroes { lba, blocks, .. } => Some((*lba, *blocks)),
-            ReplOp::Start | ReplOp::Flush | ReplOp::Digest { .. } => None,
+            ReplOp::Start
+            | ReplOp::Flush
+            | ReplOp::Digest { .. }
+            | ReplOp::Snapshot { .. }
+            | ReplOp::DeleteLayer { .. }
+            | ReplOp::Rebase { .. } => None,
         }
+    }
+
+    /// Whether it changes every block of the volume (a `Rebase`).
+    pub fn rewrites_all(&self) -> bool {
+        matches!(self, ReplOp::Rebase { .. })
     }
 
     /// The blocks it reads or writes (a digest's included): the replica's
@@ -130,6 +152,25 @@ pub enum ClientReq {
         lba: Lba,
         blocks: u64,
     },
+    /// Take snapshot layer `layer` of the volume: at one point of the
+    /// write stream on every replica (every write acknowledged before the
+    /// request is in it, none sent after the answer). Answered `Ok` once
+    /// the primary and every in-sync replica hold it durably; `Ok` at once
+    /// if the primary holds `layer` already (a retry).
+    Snapshot {
+        layer: LayerId,
+    },
+    /// Delete snapshot layer `layer` on every replica (`Ok` also if no
+    /// replica holds it).
+    DeleteSnapshot {
+        layer: LayerId,
+    },
+    /// Make the volume read exactly as snapshot layer `layer` (its size is
+    /// kept: a volume never shrinks). Answered `NoSuchLayer` if the primary
+    /// does not hold it.
+    Rollback {
+        layer: LayerId,
+    },
 }
 
 impl ClientReq {
@@ -143,7 +184,10 @@ impl ClientReq {
             ClientReq::Read { lba, blocks } | ClientReq::Compare { lba, blocks } => {
                 Some((*lba, *blocks))
             }
-            ClientReq::Flush => None,
+            ClientReq::Flush
+            | ClientReq::Snapshot { .. }
+            | ClientReq::DeleteSnapshot { .. }
+            | ClientReq::Rollback { .. } => None,
         }
     }
 }
@@ -162,6 +206,8 @@ pub enum ClientReply {
     /// A read the primary `by` could not serve: its copy of a block fails
     /// its checksum and no in-sync replica gave a good one (a media error).
     Unreadable { by: NodeId, epoch: Epoch },
+    /// A rollback to a layer the primary `by` does not hold.
+    NoSuchLayer { by: NodeId, epoch: Epoch },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -192,12 +238,14 @@ pub enum Msg {
     /// Secondary → primary: the `Start` of `session` is applied (the
     /// acknowledgement of entry 0), with what the secondary knows of the
     /// stream it received in the epoch before (None: nothing usable, e.g.
-    /// it restarted since, or its record of it overflowed).
+    /// it restarted since, or its record of it overflowed) and the
+    /// snapshot layers it holds, oldest first.
     ReplStarted {
         vol: VolumeId,
         epoch: Epoch,
         session: u64,
         prior: Option<Prior>,
+        layers: Vec<LayerId>,
     },
     /// Secondary → primary: entry `lseq` is applied (for writes: completed on
     /// disk, durable if FUA; for flushes and Start: done).
@@ -335,6 +383,70 @@ pub enum DiskOp {
     SaveLogs {
         logs: crate::node::SavedLogs,
     },
+    /// Flush every earlier write, then freeze the volume's head into
+    /// snapshot layer `layer` (nothing if the disk holds it already); the
+    /// head goes on, empty, over it. Durable on completion. Issued alone,
+    /// like a grow.
+    Snapshot {
+        layer: LayerId,
+    },
+    /// Delete snapshot layer `layer` if the disk holds it, without
+    /// changing what any other layer reads. Durable on completion; issued
+    /// alone.
+    DeleteLayer {
+        layer: LayerId,
+    },
+    /// Make the head read exactly as layer `onto` (zeros: None), keeping
+    /// the disk's size. Durable on completion; issued alone.
+    Rebase {
+        onto: Option<LayerId>,
+    },
+    /// Which regions of `region_blocks` blocks may read differently in
+    /// `to` (the head: None) than in layer `from` (zeros: None); a region
+    /// left out certainly reads the same. Completes with the regions as
+    /// [`encode_regions`] bytes. Issued alone (it sees every write
+    /// submitted before it and none after).
+    Changed {
+        from: Option<LayerId>,
+        to: Option<LayerId>,
+        region_blocks: u64,
+    },
+    /// Read `blocks` blocks at `lba` of snapshot layer `layer` (zeros
+    /// beyond the layer's size).
+    ReadLayer {
+        layer: LayerId,
+        lba: Lba,
+        blocks: u64,
+    },
+}
+
+impl DiskOp {
+    /// Whether it is issued alone: once nothing else is in flight, and
+    /// before anything submitted after it.
+    pub fn runs_alone(&self) -> bool {
+        matches!(
+            self,
+            DiskOp::Grow { .. }
+                | DiskOp::Snapshot { .. }
+                | DiskOp::DeleteLayer { .. }
+                | DiskOp::Rebase { .. }
+                | DiskOp::Changed { .. }
+        )
+    }
+}
+
+/// Region numbers as a `Changed` completion carries them: `u32`
+/// little-endian each, ascending.
+pub fn encode_regions(regions: impl IntoIterator<Item = u32>) -> Vec<u8> {
+    regions.into_iter().flat_map(u32::to_le_bytes).collect()
+}
+
+/// Reads [`encode_regions`]'s bytes back (a trailing partial number is
+/// ignored).
+pub fn decode_regions(data: &[u8]) -> Vec<u32> {
+    data.chunks_exact(4)
+        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
 }
 
 /// Identifies one disk operation of a node.

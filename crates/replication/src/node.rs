@@ -47,7 +47,7 @@ use crate::disk::{Completion, DiskQueue};
 use crate::msg::{Action, ClientReply, ClientReq, DiskOp, Endpoint, Input, IoId, Msg};
 use crate::primary::{Out, PrimTag, Primary};
 use crate::secondary::{ReplIn, SecTag, Secondary};
-use crate::types::{Epoch, Membership, NodeId, ReplicaState, VolumeId};
+use crate::types::{Epoch, LayerId, Membership, NodeId, ReplicaState, VolumeId};
 use crate::uncertain::{SavedLog, Uncertain};
 use crate::Config;
 use serde::{Deserialize, Serialize};
@@ -146,6 +146,9 @@ pub struct Node {
     /// `volume_blocks` follows it, for the roles created from now on).
     want_blocks: u64,
     crash: CrashLog,
+    /// The snapshot layers of the volume the local disk holds, oldest
+    /// first, once the operations submitted to it complete.
+    layers: Vec<LayerId>,
 }
 
 /// The crash-safe copy of the node's uncertain-region logs: which regions
@@ -220,7 +223,24 @@ impl Node {
             disk_blocks: cfg_blocks,
             want_blocks: cfg_blocks,
             crash: CrashLog::default(),
+            layers: Vec::new(),
         }
+    }
+
+    /// The same node, whose local disk holds snapshot layers `layers` of
+    /// the volume (oldest first), as a restart finds them.
+    pub fn with_layers(mut self, layers: Vec<LayerId>) -> Self {
+        if let Role::Primary(p) = &mut self.role {
+            p.layers = layers.clone();
+        }
+        self.layers = layers;
+        self
+    }
+
+    /// The snapshot layers the local disk holds once the operations
+    /// submitted to it complete, oldest first.
+    pub fn layers(&self) -> &[LayerId] {
+        &self.layers
     }
 
     /// Log saves submitted so far (crash logs; for tests).
@@ -292,6 +312,11 @@ impl Node {
     /// save that holds its regions (the disk queue holds it until then),
     /// and a flush closes the group of writes it makes durable.
     fn submit_disk(&mut self, op: DiskOp, tag: Tag, acts: &mut Vec<Action>) {
+        match &op {
+            DiskOp::Snapshot { layer } if !self.layers.contains(layer) => self.layers.push(*layer),
+            DiskOp::DeleteLayer { layer } => self.layers.retain(|l| l != layer),
+            _ => {}
+        }
         if self.cfg.crash_log_regions == 0 {
             self.disk.submit(op, (self.gen, tag), acts);
             return;
@@ -301,6 +326,8 @@ impl Node {
                 Some((*lba, data.len() as u64 / self.cfg.block_len.max(1)))
             }
             DiskOp::WriteZeroes { lba, blocks, .. } => Some((*lba, *blocks)),
+            // A rebase changes what every block reads.
+            DiskOp::Rebase { .. } => Some((0, self.disk_blocks.max(self.want_blocks))),
             _ => None,
         };
         if let Some((lba, blocks)) = extent.filter(|(_, n)| *n > 0) {
@@ -511,7 +538,15 @@ impl Node {
     pub fn is_background(&self, id: IoId) -> bool {
         matches!(
             self.disk.tag(id),
-            Some((_, Tag::P(PrimTag::ResyncRead { .. })))
+            Some((
+                _,
+                Tag::P(
+                    PrimTag::ResyncRead { .. }
+                        | PrimTag::LayerRead { .. }
+                        | PrimTag::LayerDiff { .. }
+                        | PrimTag::HeadDiff { .. }
+                )
+            ))
         )
     }
 
@@ -661,7 +696,8 @@ impl Node {
                     volume_blocks: self.disk_blocks,
                     ..self.cfg.clone()
                 };
-                let p = Primary::new(self.me, rec, cfg, false, now, mine);
+                let mut p = Primary::new(self.me, rec, cfg, false, now, mine);
+                p.layers = self.layers.clone();
                 self.become_role(Role::Primary(Box::new(p)), out);
             }
             return;
@@ -802,10 +838,12 @@ impl Node {
         sdisk: &mut Vec<(DiskOp, SecTag)>,
         grows: &mut Vec<u64>,
     ) {
-        if let Msg::Fenced { vol, epoch }
-        | Msg::Repl { vol, epoch, .. }
-        | Msg::HeartbeatAck { vol, epoch, .. } = &msg
-        {
+        // Not from a heartbeat answer: its epoch may be a promotion the
+        // coordinator announced and never wrote (it lost etcd). A node
+        // that took it as seen would step down for good from the record's
+        // epoch, and fence the record's primary with it, leaving the volume
+        // with no primary (sim seed 2177).
+        if let Msg::Fenced { vol, epoch } | Msg::Repl { vol, epoch, .. } = &msg {
             if *vol == self.vol {
                 self.seen_epoch = self.seen_epoch.max(*epoch);
             }
@@ -881,7 +919,7 @@ impl Node {
                         floor,
                         op,
                     };
-                    s.on_repl(r, &mut out.sends, sdisk);
+                    s.on_repl(r, &self.layers, &mut out.sends, sdisk);
                 }
             }
             Msg::ReplAck {
@@ -910,9 +948,10 @@ impl Node {
                 epoch,
                 session,
                 prior,
+                layers,
             } if vol == self.vol => {
                 if let (Role::Primary(p), Endpoint::Node(f)) = (&mut self.role, from) {
-                    p.on_started(f, epoch, session, prior, out);
+                    p.on_started(now, f, epoch, session, (prior, layers), out);
                 }
             }
             Msg::Fenced { vol, epoch } if vol == self.vol => {
@@ -1880,6 +1919,7 @@ mod tests {
                                     epoch: Epoch(1),
                                     session,
                                     prior: None,
+                                    layers: Vec::new(),
                                 }
                             } else {
                                 Msg::ReplAck {

@@ -55,12 +55,35 @@
 //! - a repair read's data is used only if no write to its regions was
 //!   issued here since the replica was asked, and the replica reads only
 //!   after applying every entry streamed to it before the request.
+//!
+//! Snapshot layers (`docs/simulation.md`, "Snapshots of replicated
+//! volumes"):
+//! - a snapshot is streamed, at its place in the stream, only to links
+//!   whose copy equals this one there (InSync with nothing dirty,
+//!   Finishing, Joining); a link being resynced that misses it is failed,
+//!   one rebuilding its layers adds it to what it builds, and the snapshot
+//!   is acknowledged like a FUA write (so every replica InSync in the
+//!   record holds it, or was marked OutOfSync first);
+//! - a link is made InSync only once it holds exactly this node's layers:
+//!   at each `Start` the replica names its layers; extras are deleted, and
+//!   if any layer is missing the link rebuilds (`Mode::Layering`, no
+//!   client write streamed to it, writes kept dirty): its head is rebased
+//!   onto the newest layer both hold, each missing layer is copied (the
+//!   regions `Changed` since the one before) into the head and sealed with
+//!   a `Snapshot`, oldest first, and then the head is resynced from the
+//!   regions `Changed` since the newest layer, from a point of the stream
+//!   after which every write is streamed to it again;
+//! - a rollback is a rebase of every replica's head at one point of the
+//!   stream, a write of every region for everything else (dirty sets,
+//!   logs, copies).
 
-use crate::msg::{ClientReply, ClientReq, Compared, DiskOp, Endpoint, Msg, Prior, ReplOp};
-use crate::types::{Epoch, Membership, NodeId, ReplicaState, VolumeId};
+use crate::msg::{
+    decode_regions, ClientReply, ClientReq, Compared, DiskOp, Endpoint, Msg, Prior, ReplOp,
+};
+use crate::types::{Epoch, LayerId, Membership, NodeId, ReplicaState, VolumeId};
 use crate::uncertain::Uncertain;
 use crate::Config;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum PrimTag {
@@ -80,6 +103,26 @@ pub(crate) enum PrimTag {
     /// The rewrite of blocks whose copy here failed its checksum, with the
     /// data an in-sync replica gave.
     Rewrite,
+    /// The regions of the layer a link rebuilds next that differ from the
+    /// layer before it.
+    LayerDiff {
+        peer: NodeId,
+        session: u64,
+    },
+    /// A region of a layer a link rebuilds, read for it.
+    LayerRead {
+        peer: NodeId,
+        session: u64,
+        region: usize,
+        charged: bool,
+        blocks: u64,
+    },
+    /// The regions of the head that differ from the newest layer, for a
+    /// link that rebuilt its layers.
+    HeadDiff {
+        peer: NodeId,
+        session: u64,
+    },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -94,6 +137,9 @@ enum Mode {
     Finishing,
     /// CAS to InSync in flight; already counts as InSync.
     Joining,
+    /// Rebuilding the snapshot layers the replica lacks (`Link::build`):
+    /// no client operation is streamed to it.
+    Layering,
 }
 
 impl Mode {
@@ -116,6 +162,37 @@ enum Pend {
     FinalFlush,
     /// The flush that tells a link just made InSync this epoch's `commit`.
     CommitFlush,
+    /// A layer deletion or the rebase that starts a layer rebuild.
+    LayerStep,
+    /// A region of the layer being rebuilt.
+    LayerChunk(usize),
+    /// The `Snapshot` that seals the layer being rebuilt.
+    LayerSeal,
+}
+
+/// A link's rebuild of the snapshot layers its replica lacks.
+#[derive(Debug)]
+struct Build {
+    /// The newest layer the replica holds (its head was rebased onto it).
+    prev: Option<LayerId>,
+    /// The layers still to rebuild, oldest first.
+    todo: VecDeque<LayerId>,
+    /// The regions of `todo`'s first layer still to copy (None: not known
+    /// yet).
+    regions: Option<BTreeSet<usize>>,
+    /// The `Changed` of `todo`'s first layer is in flight here.
+    diffing: bool,
+    /// Regions being read here, and sent and not yet acknowledged.
+    copying: BTreeSet<usize>,
+    sent: BTreeSet<usize>,
+    /// The sealing `Snapshot` is sent and not yet acknowledged.
+    sealing: bool,
+}
+
+impl Build {
+    fn copies_in_flight(&self) -> usize {
+        self.copying.len() + self.sent.len()
+    }
 }
 
 struct Link {
@@ -143,6 +220,11 @@ struct Link {
     /// `dirty`).
     chunks: BTreeSet<usize>,
     last_attempt: u64,
+    /// The layer rebuild under way (`Mode::Layering`).
+    build: Option<Build>,
+    /// Rebuilt its layers and waits for the regions of the head to copy
+    /// (`PrimTag::HeadDiff`): not InSync before they are in.
+    head_diff: bool,
 }
 
 impl Link {
@@ -188,6 +270,19 @@ impl Link {
             copying: BTreeSet::new(),
             chunks: BTreeSet::new(),
             last_attempt: now,
+            build: None,
+            head_diff: false,
+        }
+    }
+
+    /// Whether the replica's copy equals this node's at the current end of
+    /// the stream, so that a snapshot streamed now freezes the same data
+    /// there: it is in sync with nothing left to copy.
+    fn holds_head(&self) -> bool {
+        match self.mode {
+            Mode::InSync => self.dirty.is_empty() && self.copies_in_flight() == 0,
+            Mode::Finishing | Mode::Joining => true,
+            _ => false,
         }
     }
 
@@ -265,6 +360,8 @@ enum Kind {
     Read,
     /// A replica compare (`ClientReq::Compare`).
     Compare,
+    /// A snapshot or a layer deletion.
+    Layer,
 }
 
 impl Kind {
@@ -364,6 +461,9 @@ pub(crate) struct Primary {
     /// Regions whose copy here no replica could repair, with the time until
     /// which resync copies skip them.
     unrepaired: BTreeMap<usize, u64>,
+    /// The snapshot layers of the volume here, oldest first, once the disk
+    /// operations submitted complete.
+    pub(crate) layers: Vec<LayerId>,
 }
 
 impl Primary {
@@ -430,6 +530,7 @@ impl Primary {
             repairs: BTreeMap::new(),
             next_repair: 1,
             unrepaired: BTreeMap::new(),
+            layers: Vec::new(),
             cfg,
         }
     }
@@ -595,6 +696,13 @@ impl Primary {
     }
 
     pub(crate) fn on_client(&mut self, now: u64, id: u64, req: ClientReq, out: &mut Out) {
+        if let ClientReq::Snapshot { layer }
+        | ClientReq::DeleteSnapshot { layer }
+        | ClientReq::Rollback { layer } = req
+        {
+            self.on_layer_request(now, id, req, layer, out);
+            return;
+        }
         let (commit, floor) = self.watermarks();
         let vseq = self.next_vseq;
         self.next_vseq += 1;
@@ -651,6 +759,9 @@ impl Primary {
                     DiskOp::Read { lba, blocks },
                 )
             }
+            ClientReq::Snapshot { .. }
+            | ClientReq::DeleteSnapshot { .. }
+            | ClientReq::Rollback { .. } => return,
         };
         let read = match &disk {
             DiskOp::Read { lba, blocks } => Some((*lba, *blocks)),
@@ -669,28 +780,33 @@ impl Primary {
                     continue;
                 }
                 if l.mode.streams() {
-                    let c = if l.mode == Mode::InSync { commit } else { 0 };
-                    let (session, lseq) = {
-                        let lseq = l.next_lseq;
-                        l.next_lseq += 1;
-                        l.inflight.insert(lseq, (now, Pend::Op(vseq), c));
-                        if !regions.is_empty() {
-                            l.unflushed.insert(lseq, regions.clone());
-                        }
-                        (l.session, lseq)
-                    };
-                    let msg = self.repl(session, lseq, vseq, c, floor, rop.clone());
-                    out.sends.push((Endpoint::Node(n), msg));
+                    self.stream_op(n, now, (vseq, commit, floor), &regions, rop.clone(), out);
                     sent.insert(n);
                 } else {
                     l.dirty.extend(regions.iter().copied());
                 }
             }
         }
+        self.queue_op(id, vseq, kind, sent, regions, read, disk, out);
+    }
+
+    /// Records client operation `vseq` and submits its local part.
+    #[allow(clippy::too_many_arguments)]
+    fn queue_op(
+        &mut self,
+        client_id: u64,
+        vseq: u64,
+        kind: Kind,
+        sent: BTreeSet<NodeId>,
+        regions: Vec<usize>,
+        read: Option<(u64, u64)>,
+        disk: DiskOp,
+        out: &mut Out,
+    ) {
         self.ops.insert(
             vseq,
             Op {
-                client_id: id,
+                client_id,
                 kind,
                 local_done: false,
                 sent,
@@ -703,6 +819,176 @@ impl Primary {
             },
         );
         out.disk.push((disk, PrimTag::Op(vseq)));
+    }
+
+    /// Streams client operation `vseq` to link `n` as its next entry
+    /// (`marks`: the operation's vseq and the (commit, floor) before it
+    /// took it); `regions` it writes stay unflushed there until a flush.
+    fn stream_op(
+        &mut self,
+        n: NodeId,
+        now: u64,
+        marks: (u64, u64, u64),
+        regions: &[usize],
+        rop: ReplOp,
+        out: &mut Out,
+    ) {
+        let (vseq, commit, floor) = marks;
+        let Some(l) = self.links.get_mut(&n) else {
+            return;
+        };
+        let c = if l.mode == Mode::InSync { commit } else { 0 };
+        let lseq = l.next_lseq;
+        l.next_lseq += 1;
+        l.inflight.insert(lseq, (now, Pend::Op(vseq), c));
+        if !regions.is_empty() {
+            l.unflushed.insert(lseq, regions.to_vec());
+        }
+        let session = l.session;
+        let msg = self.repl(session, lseq, vseq, c, floor, rop);
+        out.sends.push((Endpoint::Node(n), msg));
+    }
+
+    /// Streams `op`, no client operation, to link `n` as its next entry,
+    /// in flight as `pend`.
+    fn stream_step(&mut self, n: NodeId, now: u64, pend: Pend, op: ReplOp, out: &mut Out) {
+        let (_, floor) = self.watermarks();
+        let vseq = self.next_vseq;
+        self.next_vseq += 1;
+        let Some(l) = self.links.get_mut(&n) else {
+            return;
+        };
+        let lseq = l.next_lseq;
+        l.next_lseq += 1;
+        l.inflight.insert(lseq, (now, pend, 0));
+        let session = l.session;
+        let msg = self.repl(session, lseq, vseq, 0, floor, op);
+        out.sends.push((Endpoint::Node(n), msg));
+    }
+
+    fn reply(&self, id: u64, reply: ClientReply, out: &mut Out) {
+        out.sends
+            .push((Endpoint::Client, Msg::ClientReply { id, reply }));
+    }
+
+    /// A snapshot, layer deletion or rollback (see the module's
+    /// invariants on layers).
+    fn on_layer_request(
+        &mut self,
+        now: u64,
+        id: u64,
+        req: ClientReq,
+        layer: LayerId,
+        out: &mut Out,
+    ) {
+        let held = self.layers.contains(&layer);
+        let (by, epoch) = (self.me, self.epoch);
+        match req {
+            // A retry of a snapshot taken, or a deletion done: nothing to do.
+            ClientReq::Snapshot { .. } | ClientReq::DeleteSnapshot { .. }
+                if held == matches!(req, ClientReq::Snapshot { .. }) =>
+            {
+                return self.reply(
+                    id,
+                    ClientReply::Ok {
+                        by,
+                        epoch,
+                        data: None,
+                    },
+                    out,
+                );
+            }
+            ClientReq::Rollback { .. } if !held => {
+                return self.reply(id, ClientReply::NoSuchLayer { by, epoch }, out);
+            }
+            _ => {}
+        }
+        let (commit, floor) = self.watermarks();
+        let vseq = self.next_vseq;
+        self.next_vseq += 1;
+        let marks = (vseq, commit, floor);
+        let peers: Vec<NodeId> = self.links.keys().copied().collect();
+        let mut sent = BTreeSet::new();
+        let (kind, regions, disk) = match req {
+            ClientReq::Snapshot { .. } => {
+                self.layers.push(layer);
+                for n in peers {
+                    let Some(l) = self.links.get_mut(&n) else {
+                        continue;
+                    };
+                    let broken = self.cfg.snapshot_resyncing_replicas && l.mode == Mode::Resyncing;
+                    if l.holds_head() || broken {
+                        self.stream_op(n, now, marks, &[], ReplOp::Snapshot { layer }, out);
+                        sent.insert(n);
+                    } else if let Some(b) = l.build.as_mut() {
+                        b.todo.push_back(layer);
+                    } else if l.mode.streams() || l.mode == Mode::InSync {
+                        // Being copied to: its copy of the head is not this
+                        // one yet. It rebuilds the layer when it starts again.
+                        self.link_failed(n);
+                    }
+                }
+                (Kind::Layer, Vec::new(), DiskOp::Snapshot { layer })
+            }
+            ClientReq::DeleteSnapshot { .. } => {
+                self.layers.retain(|l| *l != layer);
+                for n in peers {
+                    let Some(l) = self.links.get_mut(&n) else {
+                        continue;
+                    };
+                    if let Some(b) = l.build.as_mut() {
+                        if b.todo.front() == Some(&layer) || b.prev == Some(layer) {
+                            // Being read here, or the base of the next one.
+                            self.link_failed(n);
+                            continue;
+                        }
+                        if b.todo.contains(&layer) {
+                            b.todo.retain(|x| *x != layer);
+                            continue;
+                        }
+                    } else if !l.mode.streams() {
+                        // Deleted there when it starts again.
+                        continue;
+                    }
+                    self.stream_op(n, now, marks, &[], ReplOp::DeleteLayer { layer }, out);
+                    sent.insert(n);
+                }
+                (Kind::Layer, Vec::new(), DiskOp::DeleteLayer { layer })
+            }
+            _ => {
+                // A rollback changes every region.
+                let regions: Vec<usize> = (0..self.region_gen.len()).collect();
+                self.written.extend(regions.iter().copied());
+                self.own.on_repl(vseq, commit, floor, &regions);
+                for r in &regions {
+                    self.region_gen[*r] += 1;
+                    self.region_inflight[*r] += 1;
+                }
+                for n in peers {
+                    let Some(l) = self.links.get_mut(&n) else {
+                        continue;
+                    };
+                    // Neither a replica rebuilding its layers nor one that
+                    // has not named them yet may lack the layer for long:
+                    // they start again.
+                    if l.build.is_some() || l.mode == Mode::Starting {
+                        self.link_failed(n);
+                        if let Some(l) = self.links.get_mut(&n) {
+                            l.dirty.extend(regions.iter().copied());
+                        }
+                    } else if l.mode.streams() {
+                        let op = ReplOp::Rebase { onto: Some(layer) };
+                        self.stream_op(n, now, marks, &regions, op, out);
+                        sent.insert(n);
+                    } else {
+                        l.dirty.extend(regions.iter().copied());
+                    }
+                }
+                let disk = DiskOp::Rebase { onto: Some(layer) };
+                (Kind::Write, regions, disk)
+            }
+        };
+        self.queue_op(id, vseq, kind, sent, regions, None, disk, out);
     }
 
     /// A read's data failed its checksum here: the blocks are asked of an
@@ -728,7 +1014,25 @@ impl Primary {
                 }
                 (None, region as u64 * self.cfg.region_blocks, blocks)
             }
-            PrimTag::Rewrite => return,
+            // A snapshot layer's block failed its checksum here: no replica
+            // is asked (repairs read heads); the region is read again later.
+            PrimTag::LayerRead {
+                peer,
+                session,
+                region,
+                ..
+            } => {
+                if let Some(b) = self
+                    .links
+                    .get_mut(&peer)
+                    .filter(|l| l.session == session)
+                    .and_then(|l| l.build.as_mut())
+                {
+                    b.copying.remove(&region);
+                }
+                return;
+            }
+            PrimTag::Rewrite | PrimTag::LayerDiff { .. } | PrimTag::HeadDiff { .. } => return,
         };
         // Set again whenever a replica is asked (`ask_repair`).
         let gens = self
@@ -893,6 +1197,9 @@ impl Primary {
     ) {
         match tag {
             PrimTag::Rewrite => {}
+            PrimTag::LayerDiff { .. } | PrimTag::LayerRead { .. } | PrimTag::HeadDiff { .. } => {
+                self.on_build_done(now, tag, data, out)
+            }
             PrimTag::Op(v) => {
                 if let Some(op) = self.ops.get_mut(&v) {
                     op.local_done = true;
@@ -1022,6 +1329,22 @@ impl Primary {
                 l.chunks.remove(&r);
                 l.dirty.remove(&r);
             }
+            Pend::LayerStep => {}
+            Pend::LayerChunk(r) => {
+                if let Some(b) = l.build.as_mut() {
+                    b.sent.remove(&r);
+                    if let Some(regions) = b.regions.as_mut() {
+                        regions.remove(&r);
+                    }
+                }
+            }
+            Pend::LayerSeal => {
+                if let Some(b) = l.build.as_mut().filter(|b| b.sealing) {
+                    b.sealing = false;
+                    b.prev = b.todo.pop_front();
+                    b.regions = None;
+                }
+            }
             Pend::FinalFlush | Pend::CommitFlush => {
                 l.unflushed.retain(|k, _| *k > lseq);
                 if l.mode == Mode::Finishing {
@@ -1046,13 +1369,25 @@ impl Primary {
     /// module's invariants).
     pub(crate) fn on_started(
         &mut self,
+        now: u64,
         from: NodeId,
         epoch: Epoch,
         session: u64,
-        prior: Option<Prior>,
+        started: (Option<Prior>, Vec<LayerId>),
         out: &mut Out,
     ) {
         if epoch != self.epoch {
+            return;
+        }
+        let (prior, layers) = started;
+        let starting = self.links.get(&from).is_some_and(|l| {
+            l.session == session && l.mode == Mode::Starting && l.inflight.contains_key(&0)
+        });
+        if starting && layers != self.layers && self.start_layers(now, from, &layers, out) {
+            self.on_ack(from, epoch, session, 0);
+            if let Some(l) = self.links.get_mut(&from) {
+                l.mode = Mode::Layering;
+            }
             return;
         }
         let keep = self.failover_regions(prior.as_ref());
@@ -1085,6 +1420,222 @@ impl Primary {
             }
         }
         self.on_ack(from, epoch, session, 0);
+    }
+
+    /// A replica that started a stream holds `theirs`, not this node's
+    /// layers: the layers it holds that are not a prefix of this node's are
+    /// deleted there, and if it lacks any, its head is rebased onto the
+    /// newest it keeps and its rebuild is set up (returns true: the link
+    /// rebuilds, see the module's invariants).
+    fn start_layers(&mut self, now: u64, n: NodeId, theirs: &[LayerId], out: &mut Out) -> bool {
+        let kept = self
+            .layers
+            .iter()
+            .take_while(|l| theirs.contains(l))
+            .count();
+        let prefix = &self.layers[..kept];
+        let delete: Vec<LayerId> = theirs
+            .iter()
+            .filter(|l| !prefix.contains(l))
+            .copied()
+            .collect();
+        for layer in delete {
+            self.stream_step(n, now, Pend::LayerStep, ReplOp::DeleteLayer { layer }, out);
+        }
+        if kept == self.layers.len() {
+            return false;
+        }
+        let prev = kept.checked_sub(1).map(|i| self.layers[i]);
+        let todo = self.layers[kept..].iter().copied().collect();
+        self.stream_step(n, now, Pend::LayerStep, ReplOp::Rebase { onto: prev }, out);
+        let all = 0..self.region_gen.len();
+        if let Some(l) = self.links.get_mut(&n) {
+            // Rebased, its head may differ anywhere (all of it is copied if
+            // the rebuild fails); once rebuilt, only where this one differs
+            // from the newest layer.
+            l.dirty.extend(all);
+            l.narrow = false;
+            l.build = Some(Build {
+                prev,
+                todo,
+                regions: None,
+                diffing: false,
+                copying: BTreeSet::new(),
+                sent: BTreeSet::new(),
+                sealing: false,
+            });
+        }
+        true
+    }
+
+    /// The next steps of every layer rebuild that take no copy: the
+    /// regions of the next layer, its seal once every copy of it is in,
+    /// and at the end the regions of the head (from then on, client writes
+    /// are streamed to the link). Copies go with the resync copies
+    /// (`build_copy`).
+    fn build_steps(&mut self, now: u64, out: &mut Out) {
+        let peers: Vec<NodeId> = self.links.keys().copied().collect();
+        for n in peers {
+            let Some(l) = self.links.get_mut(&n) else {
+                continue;
+            };
+            let session = l.session;
+            let Some(b) = l.build.as_mut() else {
+                continue;
+            };
+            if b.diffing || b.sealing {
+                continue;
+            }
+            let Some(&layer) = b.todo.front() else {
+                // Every layer is in: the head is copied where it differs
+                // from the newest, and client writes streamed from here.
+                let from = b.prev;
+                l.build = None;
+                l.dirty.clear();
+                l.head_diff = true;
+                l.mode = Mode::Resyncing;
+                let op = DiskOp::Changed {
+                    from,
+                    to: None,
+                    region_blocks: self.cfg.region_blocks,
+                };
+                out.disk.push((op, PrimTag::HeadDiff { peer: n, session }));
+                continue;
+            };
+            match b.regions.as_ref() {
+                None => {
+                    b.diffing = true;
+                    let op = DiskOp::Changed {
+                        from: b.prev,
+                        to: Some(layer),
+                        region_blocks: self.cfg.region_blocks,
+                    };
+                    out.disk.push((op, PrimTag::LayerDiff { peer: n, session }));
+                }
+                Some(regions) if regions.is_empty() && b.copies_in_flight() == 0 => {
+                    b.sealing = true;
+                    self.stream_step(n, now, Pend::LayerSeal, ReplOp::Snapshot { layer }, out);
+                }
+                Some(_) => {}
+            }
+        }
+    }
+
+    /// Starts the next copy of the layer link `n` rebuilds, if one is due
+    /// and the in-flight limit allows: Some(false) if the rate bucket
+    /// refused it, Some(true) if started, None if none was due.
+    fn build_copy(&mut self, n: NodeId, urgent: bool, out: &mut Out) -> Option<bool> {
+        let limit = self.cfg.resync_inflight.max(1);
+        let l = self.links.get_mut(&n)?;
+        let session = l.session;
+        let b = l.build.as_mut().filter(|b| !b.sealing && !b.diffing)?;
+        if b.copies_in_flight() >= limit {
+            return None;
+        }
+        let layer = *b.todo.front()?;
+        let r = b
+            .regions
+            .as_ref()?
+            .iter()
+            .copied()
+            .find(|r| !b.copying.contains(r) && !b.sent.contains(r))?;
+        let blocks = self.cfg.region_len(r);
+        let bytes = blocks * self.cfg.block_len;
+        if urgent {
+            self.unmetered_bytes += bytes;
+        } else if !self.bucket.take(bytes) {
+            return Some(false);
+        }
+        b.copying.insert(r);
+        let lba = r as u64 * self.cfg.region_blocks;
+        let tag = PrimTag::LayerRead {
+            peer: n,
+            session,
+            region: r,
+            charged: !urgent,
+            blocks,
+        };
+        out.disk
+            .push((DiskOp::ReadLayer { layer, lba, blocks }, tag));
+        Some(true)
+    }
+
+    /// A local step of a layer rebuild completed (`data`: a `Changed`'s
+    /// regions or a layer read's blocks).
+    fn on_build_done(&mut self, now: u64, tag: PrimTag, data: Option<Vec<u8>>, out: &mut Out) {
+        let peer = match tag {
+            PrimTag::LayerDiff { peer, .. }
+            | PrimTag::LayerRead { peer, .. }
+            | PrimTag::HeadDiff { peer, .. } => peer,
+            _ => return,
+        };
+        let total = self.region_gen.len();
+        let Some(l) = self.links.get_mut(&peer) else {
+            return;
+        };
+        match tag {
+            PrimTag::HeadDiff { session, .. } if l.session == session && l.head_diff => {
+                l.head_diff = false;
+                let regions = decode_regions(data.as_deref().unwrap_or_default());
+                l.dirty.extend(
+                    regions
+                        .into_iter()
+                        .map(|r| r as usize)
+                        .filter(|r| *r < total),
+                );
+            }
+            PrimTag::LayerDiff { session, .. } if l.session == session => {
+                if let Some(b) = l.build.as_mut().filter(|b| b.diffing) {
+                    b.diffing = false;
+                    let regions = decode_regions(data.as_deref().unwrap_or_default());
+                    b.regions = Some(
+                        regions
+                            .into_iter()
+                            .map(|r| r as usize)
+                            .filter(|r| *r < total)
+                            .collect(),
+                    );
+                }
+            }
+            PrimTag::LayerRead {
+                session,
+                region,
+                charged,
+                blocks,
+                ..
+            } if l.session == session => {
+                let Some(b) = l.build.as_mut() else {
+                    return;
+                };
+                if !b.copying.remove(&region) {
+                    return;
+                }
+                let data = data.unwrap_or_default();
+                let zero = is_zero(&data);
+                if zero && charged {
+                    let reserved = blocks * self.cfg.block_len;
+                    self.bucket
+                        .refund(reserved - self.cfg.zero_copy_cost(reserved));
+                }
+                b.sent.insert(region);
+                let lba = region as u64 * self.cfg.region_blocks;
+                let op = if zero {
+                    ReplOp::WriteZeroes {
+                        lba,
+                        blocks,
+                        fua: false,
+                    }
+                } else {
+                    ReplOp::Write {
+                        lba,
+                        data,
+                        fua: false,
+                    }
+                };
+                self.stream_step(peer, now, Pend::LayerChunk(region), op, out);
+            }
+            _ => {}
+        }
     }
 
     /// The regions where a replica that reported `prior` may differ from
@@ -1143,6 +1694,12 @@ impl Primary {
         l.dirty.extend(std::mem::take(&mut l.chunks));
         l.dirty.extend(std::mem::take(&mut l.copying));
         l.inflight.clear();
+        // A rebuild starts over at the next `Start`; a head whose regions
+        // to copy are not known yet may differ anywhere.
+        l.build = None;
+        if std::mem::take(&mut l.head_diff) {
+            l.dirty.extend(0..self.region_gen.len());
+        }
         l.mode = match l.mode {
             Mode::InSync | Mode::Joining | Mode::Leaving => Mode::Leaving,
             Mode::Faulty => Mode::Faulty,
@@ -1316,6 +1873,7 @@ impl Primary {
         // the copies then go as fast as they can, uncapped (blocked clients
         // are worse than a busy disk).
         let urgent = self.below_min_in_sync();
+        self.build_steps(now, out);
         // Links in round-robin order, starting after the last one admitted.
         let mut order: Vec<NodeId> = self.links.keys().copied().collect();
         if let Some(last) = self.last_copy {
@@ -1325,6 +1883,16 @@ impl Primary {
         'rounds: loop {
             let mut started = false;
             for n in &order {
+                // A link rebuilding layers copies those in its turn.
+                match self.build_copy(*n, urgent, out) {
+                    Some(true) => {
+                        self.last_copy = Some(*n);
+                        started = true;
+                        continue;
+                    }
+                    Some(false) => break 'rounds,
+                    None => {}
+                }
                 let Some(l) = self.links.get_mut(n) else {
                     continue;
                 };
@@ -1399,7 +1967,7 @@ impl Primary {
                     l.stream_flush(self.vol, self.epoch, now, Pend::CommitFlush, commit, floor);
                 out.sends.push((Endpoint::Node(*n), flush));
             }
-            if l.mode == Mode::Resyncing && l.dirty.is_empty() {
+            if l.mode == Mode::Resyncing && l.dirty.is_empty() && !l.head_diff {
                 l.mode = Mode::Finishing;
                 let flush = l.stream_flush(self.vol, self.epoch, now, Pend::FinalFlush, 0, floor);
                 out.sends.push((Endpoint::Node(*n), flush));

@@ -18,10 +18,16 @@
 //!   before the current one is kept and reported in `ReplStarted` to the
 //!   next primary that opens a stream (a new epoch's `Repl` starts a new
 //!   log, never an epoch learned from the record alone); a deposed primary
-//!   starts as a secondary holding its own log of its epoch.
+//!   starts as a secondary holding its own log of its epoch;
+//! - a `Rebase` counts as a write of every region in that log (it changes
+//!   what the head reads anywhere), so a replica whose head was rebased is
+//!   resynced in full if it is not resynced by the primary that rebased it;
+//! - layer operations (snapshot, deletion, rebase) are applied in stream
+//!   order like writes: the disk queue runs each alone, after every
+//!   earlier entry and before every later one.
 
 use crate::msg::{DiskOp, Endpoint, Msg, ReplOp};
-use crate::types::{Epoch, NodeId, VolumeId};
+use crate::types::{Epoch, LayerId, NodeId, VolumeId};
 use crate::uncertain::Uncertain;
 use crate::Config;
 use std::collections::BTreeMap;
@@ -141,6 +147,10 @@ impl Secondary {
     }
 
     fn regions_of(&self, op: &ReplOp) -> Vec<usize> {
+        if op.rewrites_all() {
+            let regions = self.volume_blocks.div_ceil(self.region_blocks) as usize;
+            return (0..regions).collect();
+        }
         let Some((lba, blocks)) = op.extent(self.block_len).filter(|(_, n)| *n > 0) else {
             return Vec::new();
         };
@@ -164,9 +174,12 @@ impl Secondary {
         }
     }
 
+    /// `layers`: the snapshot layers the local disk holds (once the
+    /// operations submitted complete), reported at a `Start`.
     pub(crate) fn on_repl(
         &mut self,
         r: ReplIn,
+        layers: &[LayerId],
         sends: &mut Vec<(Endpoint, Msg)>,
         disk: &mut Vec<(DiskOp, SecTag)>,
     ) {
@@ -207,6 +220,7 @@ impl Secondary {
                         epoch: self.epoch,
                         session,
                         prior: self.prev.as_ref().and_then(Uncertain::report),
+                        layers: layers.to_vec(),
                     },
                 ));
             }
@@ -242,6 +256,9 @@ impl Secondary {
                 // write of the stream to these blocks and before every
                 // later one, as the primary's own read of them is.
                 ReplOp::Digest { lba, blocks } => disk.push((DiskOp::Read { lba, blocks }, tag)),
+                ReplOp::Snapshot { layer } => disk.push((DiskOp::Snapshot { layer }, tag)),
+                ReplOp::DeleteLayer { layer } => disk.push((DiskOp::DeleteLayer { layer }, tag)),
+                ReplOp::Rebase { onto } => disk.push((DiskOp::Rebase { onto }, tag)),
             }
         }
     }
@@ -315,7 +332,7 @@ mod tests {
             floor: 0,
             op,
         };
-        s.on_repl(r, sends, disk);
+        s.on_repl(r, &[], sends, disk);
     }
 
     fn cfg() -> Config {
@@ -439,7 +456,7 @@ mod tests {
                 floor,
                 op: wr(lba),
             };
-            s.on_repl(r, &mut sends, &mut disk);
+            s.on_repl(r, &[], &mut sends, &mut disk);
         }
         // The record alone (epoch 2) changes nothing; the new primary's
         // Start gets the report of epoch 1.

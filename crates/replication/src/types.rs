@@ -41,6 +41,12 @@ pub struct Epoch(pub u64);
 #[serde(transparent)]
 pub struct VolumeId(pub u128);
 
+/// A snapshot layer of a volume: the catalog's UUID of the snapshot as a
+/// number, the same on every replica (the layer's id in each node's store).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct LayerId(pub u128);
+
 /// A block address, in units of [`BLOCK_SIZE`].
 pub type Lba = u64;
 

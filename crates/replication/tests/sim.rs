@@ -25,6 +25,14 @@
 //!   before it applies anything beyond the old end), and at the end every
 //!   replica in the record has grown to the record's size.
 //!
+//! - snapshot layers (`docs/simulation.md`, "Snapshots of replicated
+//!   volumes"): an acknowledged snapshot holds, per block, the durable
+//!   write of when it was asked for or a later one, and no write sent
+//!   after its answer; after faults heal, every replica holds exactly the
+//!   primary's layers with the primary's contents, every acknowledged
+//!   snapshot not deleted is there unchanged, no deleted one is; a
+//!   rollback makes the volume read as its snapshot, durably.
+//!
 //! Online resizes (the record's size grows) and membership changes
 //! (replace, grow, shrink, `min_in_sync`) are injected with the faults, using 1–2 spare nodes outside the initial record. Each
 //! seed also draws the resync settings (copies in flight per replica, rate
@@ -33,8 +41,8 @@
 
 use basalt_replication::{
     Action, CasError, Change, ChangeOutcome, ClientReply, ClientReq, Compared, Config, Coordinator,
-    CoordinatorBug, DiskOp, DiskResult, Endpoint, Input, IoId, Membership, MetaStore, Msg, Node,
-    NodeId, ReplOp, ReplicaInfo, ReplicaState, RoleKind, SavedLogs, VolumeId,
+    CoordinatorBug, DiskOp, DiskResult, Endpoint, Input, IoId, LayerId, Membership, MetaStore, Msg,
+    Node, NodeId, ReplOp, ReplicaInfo, ReplicaState, RoleKind, SavedLogs, VolumeId,
 };
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap};
@@ -105,6 +113,8 @@ struct Disk {
     /// Blocks whose bits rotted on the media: a read covering one fails its
     /// checksum (`DiskResult::Corrupt`) until a write replaces the block.
     rotten: BTreeSet<usize>,
+    /// Snapshot layers, oldest first, with their blocks (durable at once).
+    layers: Vec<(LayerId, Vec<u64>)>,
 }
 
 impl Disk {
@@ -119,7 +129,14 @@ impl Disk {
             err_per_mille: 0,
             logs: None,
             rotten: BTreeSet::new(),
+            layers: Vec::new(),
         }
+    }
+    fn layer(&self, id: LayerId) -> Option<&Vec<u64>> {
+        self.layers.iter().find(|(l, _)| *l == id).map(|(_, b)| b)
+    }
+    fn layer_ids(&self) -> Vec<LayerId> {
+        self.layers.iter().map(|(l, _)| *l).collect()
     }
     /// Whether `op` reads a rotten block.
     fn reads_rot(&self, op: &DiskOp) -> bool {
@@ -149,9 +166,22 @@ impl Disk {
     fn complete(&mut self, id: IoId, op: &DiskOp) -> Result<Option<Vec<u8>>, String> {
         let end = match op {
             DiskOp::Write { lba, data, .. } => lba + (data.len() / BL) as u64,
-            DiskOp::WriteZeroes { lba, blocks, .. } | DiskOp::Read { lba, blocks } => lba + blocks,
-            DiskOp::Flush | DiskOp::Grow { .. } | DiskOp::SaveLogs { .. } => 0,
+            DiskOp::WriteZeroes { lba, blocks, .. }
+            | DiskOp::Read { lba, blocks }
+            | DiskOp::ReadLayer { lba, blocks, .. } => lba + blocks,
+            _ => 0,
         };
+        let named: Vec<LayerId> = match op {
+            DiskOp::ReadLayer { layer, .. } => vec![*layer],
+            DiskOp::Rebase { onto } => onto.iter().copied().collect(),
+            DiskOp::Changed { from, to, .. } => from.iter().chain(to.iter()).copied().collect(),
+            _ => Vec::new(),
+        };
+        if let Some(l) = named.into_iter().find(|l| self.layer(*l).is_none()) {
+            return Err(format!(
+                "{op:?} names layer {l:?}, which the disk does not hold"
+            ));
+        }
         if end > self.size {
             return Err(format!(
                 "{op:?} reaches block {end}, beyond the disk's {} blocks",
@@ -183,6 +213,48 @@ impl Disk {
             DiskOp::SaveLogs { logs } => {
                 self.logs = Some(logs.clone());
                 None
+            }
+            DiskOp::Snapshot { layer } => {
+                if self.layer(*layer).is_none() {
+                    self.flush_all();
+                    self.layers.push((*layer, self.current.clone()));
+                }
+                None
+            }
+            DiskOp::DeleteLayer { layer } => {
+                self.layers.retain(|(l, _)| l != layer);
+                None
+            }
+            DiskOp::Rebase { onto } => {
+                let blocks = match onto {
+                    Some(l) => self.layer(*l).cloned().unwrap_or_default(),
+                    None => vec![0; BLOCKS as usize],
+                };
+                self.current = blocks;
+                self.rotten.clear();
+                self.flush_all();
+                None
+            }
+            DiskOp::Changed {
+                from,
+                to,
+                region_blocks,
+            } => {
+                let zeros = vec![0; BLOCKS as usize];
+                let a = from.and_then(|l| self.layer(l)).unwrap_or(&zeros);
+                let b = match to {
+                    Some(l) => self.layer(*l).unwrap_or(&zeros),
+                    None => &self.current,
+                };
+                let rb = *region_blocks as usize;
+                let regions = (0..BLOCKS as usize / rb)
+                    .filter(|r| a[r * rb..(r + 1) * rb] != b[r * rb..(r + 1) * rb])
+                    .map(|r| r as u32);
+                Some(basalt_replication::encode_regions(regions))
+            }
+            DiskOp::ReadLayer { layer, lba, blocks } => {
+                let l = self.layer(*layer)?;
+                Some(enc(&l[*lba as usize..(*lba + *blocks) as usize]))
             }
             DiskOp::Flush => {
                 let mark = self.flush_marks.remove(&id).unwrap_or(0);
@@ -344,6 +416,9 @@ enum ReqKind {
     Flush,
     Read,
     Compare,
+    Snapshot,
+    DeleteSnapshot,
+    Rollback,
 }
 
 struct Req {
@@ -358,6 +433,8 @@ struct Req {
     covers: Vec<(usize, usize)>,
     /// When it was sent.
     issued: u64,
+    /// Layer operations: the layer.
+    layer: Option<LayerId>,
 }
 
 #[derive(Default)]
@@ -376,6 +453,22 @@ struct Model {
     acked_by: BTreeMap<u64, NodeId>,
     acks: u64,
     durable_acks: u64,
+    /// Token → the index it was written at again by a rollback (the
+    /// newest), for the tokens a rollback brought back.
+    reissued: HashMap<u64, usize>,
+    /// Snapshots acknowledged and not asked to be deleted, with their
+    /// blocks as the acknowledging primary held them.
+    snaps: BTreeMap<LayerId, Vec<u64>>,
+    /// Snapshots whose deletion was acknowledged.
+    deleted: BTreeSet<LayerId>,
+    /// Snapshots asked for (acknowledged or not).
+    asked: Vec<LayerId>,
+    snapshots: u64,
+    deletions: u64,
+    rollbacks: u64,
+    /// A rollback waits for every block to be unlocked: no write is sent
+    /// meanwhile.
+    rollback_due: bool,
 }
 
 /// A deliberately broken protocol or control plane, to prove the checks
@@ -384,6 +477,8 @@ struct Model {
 pub enum Bug {
     /// Primaries acknowledge after the local disk alone.
     AckBeforeSecondaries,
+    /// Primaries stream snapshots to replicas still being copied to.
+    SnapshotResyncingReplicas,
     /// etcd applies a coordinator's change without checking its election
     /// revision.
     Unfenced,
@@ -565,6 +660,10 @@ pub struct Sim {
     damaged: Option<Damage>,
     /// Injections undone because a failover followed them.
     damage_voided: u64,
+    /// Snapshots, layer deletions and rollbacks: their own generator.
+    layer_rng: Rng,
+    /// Layer blocks read to rebuild a replica's layers.
+    layer_copies: u64,
 }
 
 /// The silent damage the scrub event injects.
@@ -605,6 +704,7 @@ impl Sim {
             volume_blocks: INITIAL_BLOCKS,
             region_blocks: REGION_BLOCKS,
             ack_before_secondaries: p.bug == Some(Bug::AckBeforeSecondaries),
+            snapshot_resyncing_replicas: p.bug == Some(Bug::SnapshotResyncingReplicas),
             resync_inflight: p.resync_inflight,
             resync_rate: p.resync_rate,
             uncertain_limit: p.uncertain_limit,
@@ -669,6 +769,8 @@ impl Sim {
             passes: 0,
             damaged: None,
             damage_voided: 0,
+            layer_rng: Rng(seed ^ 0x1A7E_5EED),
+            layer_copies: 0,
             seed,
             rng,
             now: 0,
@@ -1261,6 +1363,16 @@ impl Sim {
         if !active || current >= 4 {
             return;
         }
+        // Layer operations only before silent damage (a snapshot would
+        // freeze a drifted block on one replica only).
+        // Not on seeds with a bug switch: their histories stay as they
+        // were, so the switches are caught where they were.
+        let layers = matches!(self.p.bug, None | Some(Bug::SnapshotResyncingReplicas))
+            && self.damaged.is_none();
+        if layers && (self.m.rollback_due || self.layer_rng.chance(5)) {
+            self.layer_request();
+            return;
+        }
         let roll = self.rng.below(100);
         let id = self.m.next_id;
         self.m.next_id += 1;
@@ -1304,6 +1416,7 @@ impl Sim {
                     floor: vec![],
                     covers: vec![],
                     issued: now,
+                    layer: None,
                 },
                 ClientReq::Write { lba, data, fua },
             )
@@ -1324,6 +1437,7 @@ impl Sim {
                     floor: vec![],
                     covers,
                     issued: now,
+                    layer: None,
                 },
                 ClientReq::Flush,
             )
@@ -1360,6 +1474,7 @@ impl Sim {
                     floor,
                     covers: vec![],
                     issued: now,
+                    layer: None,
                 },
                 ClientReq::Read { lba, blocks: count },
             )
@@ -1370,6 +1485,127 @@ impl Sim {
             Endpoint::Node(target),
             Msg::ClientReq { id, req: msgreq },
         );
+    }
+
+    /// Sends a snapshot (half), a layer deletion or a rollback (a quarter
+    /// each) to the record's primary. A deletion names a layer asked for
+    /// with nothing outstanding on it; a rollback an acknowledged snapshot,
+    /// with no block locked (it writes every block: each takes the
+    /// snapshot's token as its next write, durable once answered).
+    fn layer_request(&mut self) {
+        let rec = self.rec();
+        let epoch = rec.epoch.0;
+        let roll = self.layer_rng.below(100);
+        let busy: BTreeSet<LayerId> = self
+            .m
+            .outstanding
+            .values()
+            .filter_map(|r| r.layer)
+            .collect();
+        let free: Vec<LayerId> = self
+            .m
+            .asked
+            .iter()
+            .copied()
+            .filter(|l| !busy.contains(l))
+            .collect();
+        let acked: Vec<LayerId> = self
+            .m
+            .snaps
+            .keys()
+            .copied()
+            .filter(|l| !busy.contains(l))
+            .collect();
+        let roll = if self.m.rollback_due { 99 } else { roll };
+        let (kind, req, layer, blocks, floor) = if acked.is_empty() && self.m.rollback_due {
+            self.m.rollback_due = false;
+            return;
+        } else if roll < 50 || free.is_empty() {
+            let layer = LayerId(1000 + self.m.asked.len() as u128);
+            self.m.asked.push(layer);
+            let floor = self.m.durable.clone();
+            (
+                ReqKind::Snapshot,
+                ClientReq::Snapshot { layer },
+                layer,
+                vec![],
+                floor,
+            )
+        } else if roll < 75 || acked.is_empty() {
+            let layer = free[self.layer_rng.below(free.len() as u64) as usize];
+            // From now on it may be gone, whatever the answer.
+            self.m.snaps.remove(&layer);
+            let req = ClientReq::DeleteSnapshot { layer };
+            (ReqKind::DeleteSnapshot, req, layer, vec![], vec![])
+        } else {
+            if self.m.locked.iter().any(Option::is_some) {
+                self.m.rollback_due = true;
+                return;
+            }
+            self.m.rollback_due = false;
+            let layer = acked[self.layer_rng.below(acked.len() as u64) as usize];
+            let content = self.m.snaps[&layer].clone();
+            let mut blocks = Vec::new();
+            for (b, t) in content.into_iter().enumerate() {
+                let i = self.m.writes[b].len();
+                self.m.writes[b].push(t);
+                if t != 0 {
+                    self.m.reissued.insert(t, i);
+                }
+                self.m.locked[b] = Some(epoch);
+                blocks.push((b, i));
+            }
+            let req = ClientReq::Rollback { layer };
+            (ReqKind::Rollback, req, layer, blocks, vec![])
+        };
+        let id = self.m.next_id;
+        self.m.next_id += 1;
+        self.trace(format!("client {id}: {req:?}"));
+        let r = Req {
+            kind,
+            epoch,
+            blocks,
+            fua: false,
+            floor,
+            covers: vec![],
+            issued: self.now,
+            layer: Some(layer),
+        };
+        self.m.outstanding.insert(id, r);
+        self.send(
+            Endpoint::Client,
+            Endpoint::Node(rec.primary),
+            Msg::ClientReq { id, req },
+        );
+    }
+
+    /// A snapshot `layer` acknowledged by `by`: its blocks there hold, each,
+    /// the durable write of when it was asked for or a later one, and no
+    /// write sent after this answer.
+    fn snapshot_acked(&mut self, by: NodeId, req: &Req) -> Result<(), String> {
+        let Some(layer) = req.layer else {
+            return Ok(());
+        };
+        let Some(content) = self.procs[by.0 as usize].disk.layer(layer).cloned() else {
+            return Err(self.fail(format!(
+                "snapshot {layer:?} acknowledged by n{} without it on its disk",
+                by.0
+            )));
+        };
+        for (b, t) in content.iter().enumerate() {
+            self.check_value(b, *t, req.floor[b], "snapshot")?;
+            if let Some((_, i)) = self.m.token.get(*t as usize).filter(|_| *t != 0) {
+                if *i >= self.m.writes[b].len() {
+                    return Err(self.fail(format!(
+                        "snapshot {layer:?}: block {b} holds write #{i}, sent after the answer"
+                    )));
+                }
+            }
+        }
+        self.m.snapshots += 1;
+        self.m.deleted.remove(&layer);
+        self.m.snaps.insert(layer, content);
+        Ok(())
     }
 
     /// Sends compare `id` to the record's primary, outstanding in its epoch.
@@ -1383,6 +1619,7 @@ impl Sim {
             floor: vec![],
             covers: vec![],
             issued: self.now,
+            layer: None,
         };
         self.m.outstanding.insert(id, req);
         self.send(
@@ -1410,8 +1647,12 @@ impl Sim {
             .iter()
             .filter_map(|c| c.coord.as_ref())
             .any(|c| c.has_pending(VOL));
+        // Nor a layer operation on its way (it would freeze the damage on
+        // one replica only).
+        let layering = self.m.outstanding.values().any(|r| r.layer.is_some());
         let stable = serving
             && !deciding
+            && !layering
             && rec
                 .replicas
                 .values()
@@ -1555,6 +1796,9 @@ impl Sim {
 
     /// Node `node`'s disk applied `op`.
     fn note_applied(&mut self, node: usize, op: &DiskOp) {
+        if matches!(op, DiskOp::ReadLayer { .. }) {
+            self.layer_copies += 1;
+        }
         if let DiskOp::Write { data, .. } = op {
             for t in dec(data).into_iter().filter(|t| *t != 0) {
                 self.applied.entry(t).or_default().insert(node);
@@ -1576,6 +1820,14 @@ impl Sim {
         match reply {
             ClientReply::NotPrimary => {
                 // Outcome unknown: blocks stay locked for this epoch.
+            }
+            ClientReply::NoSuchLayer { .. } => {
+                // Asked only of acknowledged snapshots with nothing
+                // outstanding on them.
+                return Err(self.fail(format!(
+                    "a {:?} of {:?} answered NoSuchLayer",
+                    req.kind, req.layer
+                )));
             }
             ClientReply::Unreadable { epoch, .. } => {
                 // Only a read or compare, of the request's epoch: no
@@ -1661,6 +1913,34 @@ impl Sim {
                             self.m.durable_acks += 1;
                         }
                     }
+                    ReqKind::Snapshot => self.snapshot_acked(by, &req)?,
+                    ReqKind::DeleteSnapshot => {
+                        if let Some(layer) = req.layer {
+                            self.m.deletions += 1;
+                            self.m.snaps.remove(&layer);
+                            self.m.deleted.insert(layer);
+                        }
+                    }
+                    ReqKind::Rollback => {
+                        self.m.rollbacks += 1;
+                        // The primary's copy reads as the snapshot now (no
+                        // block was written since: all were locked).
+                        let disk = &self.procs[by.0 as usize].disk;
+                        for (b, i) in &req.blocks {
+                            let t = self.m.writes[*b][*i];
+                            if disk.current[*b] != t {
+                                return Err(self.fail(format!(
+                                    "rollback to {:?} answered, but n{} block {b} reads {} instead of {t}",
+                                    req.layer, by.0, disk.current[*b]
+                                )));
+                            }
+                            if self.m.locked[*b] == Some(req.epoch) {
+                                self.m.locked[*b] = None;
+                            }
+                            let d = &mut self.m.durable[*b];
+                            *d = Some(d.map_or(*i, |x| x.max(*i)));
+                        }
+                    }
                     ReqKind::Flush => {
                         self.m.durable_acks += 1;
                         for (b, i) in &req.covers {
@@ -1734,6 +2014,7 @@ impl Sim {
         }
         match self.m.token.get(t as usize) {
             Some((tb, i)) if *tb == b => {
+                let i = &self.m.reissued.get(&t).copied().unwrap_or(*i).max(*i);
                 if floor.is_some_and(|d| *i < d) {
                     return Err(self.fail(format!(
                         "{what}: block {b} holds write #{i}, older than durable write #{}",
@@ -1759,6 +2040,7 @@ impl Sim {
         let (lba, blocks) = match op {
             DiskOp::Write { lba, data, .. } => (*lba, (data.len() / BL) as u64),
             DiskOp::WriteZeroes { lba, blocks, .. } => (*lba, *blocks),
+            DiskOp::Rebase { .. } => (0, self.procs[node].disk.size),
             _ => return Ok(()),
         };
         if blocks == 0 {
@@ -1809,11 +2091,10 @@ impl Sim {
                 }
                 let t = disk.durable[b] as usize;
                 let fine = t != 0
-                    && self
-                        .m
-                        .token
-                        .get(t)
-                        .is_some_and(|(tb, i)| *tb == b && *i >= d);
+                    && self.m.token.get(t).is_some_and(|(tb, i)| {
+                        let i = self.m.reissued.get(&(t as u64)).map_or(*i, |r| *r.max(i));
+                        *tb == b && i >= d
+                    });
                 if !fine {
                     let what = format!("InSync replica {}", n.0);
                     self.check_value(b, disk.durable[b], Some(d), &what)?;
@@ -2070,14 +2351,17 @@ impl Sim {
             volume_blocks: p.disk.size,
             ..self.cfg.clone()
         };
-        p.node = Some(Node::new(
-            NodeId(i as u32),
-            p.boot,
-            VOL,
-            cfg,
-            None,
-            self.now + self.skew[i],
-        ));
+        p.node = Some(
+            Node::new(
+                NodeId(i as u32),
+                p.boot,
+                VOL,
+                cfg,
+                None,
+                self.now + self.skew[i],
+            )
+            .with_layers(p.disk.layer_ids()),
+        );
         // A clean stop's logs, else (after a crash) the crash-safe copy.
         let (saved, from_crash_log) = match p.saved.take() {
             Some(clean) => (Some(clean), false),
@@ -2312,9 +2596,25 @@ impl Sim {
     }
 
     pub fn run(&mut self) -> Result<Summary, String> {
-        let end = self.p.fault_ms + self.p.heal_ms;
+        let mut end = self.p.fault_ms + self.p.heal_ms;
+        // Replicas that missed snapshots copy their layers besides their
+        // heads, within the same rate cap: a seed with layers gets up to 3
+        // s more, 100 ms at a time, while its replicas are still being
+        // copied to (a stuck one still fails).
+        let limit = end + 3_000;
         while let Some(Reverse((t, s))) = self.queue.pop() {
             if t > end {
+                let copying = !self.m.asked.is_empty()
+                    && self
+                        .rec()
+                        .replicas
+                        .values()
+                        .any(|i| i.state != ReplicaState::InSync);
+                if copying && end < limit {
+                    end += 100;
+                    self.queue.push(Reverse((t, s)));
+                    continue;
+                }
                 break;
             }
             self.now = t;
@@ -2373,6 +2673,10 @@ impl Sim {
             differing: self.differing,
             sweeps: self.sweeps_done,
             damage_voided: self.damage_voided,
+            snapshots: self.m.snapshots,
+            layer_deletions: self.m.deletions,
+            rollbacks: self.m.rollbacks,
+            layer_copies: self.layer_copies,
             stalls: self
                 .coords
                 .iter()
@@ -2456,6 +2760,56 @@ impl Sim {
         for b in 0..BLOCKS as usize {
             self.check_value(b, p.current[b], self.m.durable[b], "final state")?;
         }
+        self.check_layers_converged()
+    }
+
+    /// Every member holds exactly the primary's layers, with the same
+    /// blocks; every snapshot acknowledged and not deleted is there as it
+    /// was acknowledged; no deleted one is; the primary's node knows its
+    /// layers as its disk holds them.
+    fn check_layers_converged(&self) -> Result<(), String> {
+        let rec = self.rec();
+        let i = rec.primary.0 as usize;
+        let p = &self.procs[i].disk;
+        let ids = p.layer_ids();
+        if let Some(node) = &self.procs[i].node {
+            if node.layers() != ids.as_slice() {
+                return Err(self.fail(format!(
+                    "primary n{i} knows layers {:?}, its disk holds {ids:?}",
+                    node.layers()
+                )));
+            }
+        }
+        for n in rec.replicas.keys() {
+            let q = &self.procs[n.0 as usize].disk;
+            if q.layer_ids() != ids {
+                return Err(self.fail(format!(
+                    "not converged: n{} holds layers {:?}, the primary {ids:?}",
+                    n.0,
+                    q.layer_ids()
+                )));
+            }
+            for (l, blocks) in &q.layers {
+                if Some(blocks) != p.layer(*l) {
+                    return Err(self.fail(format!(
+                        "layer {l:?} on n{} differs from the primary's: {blocks:?} vs {:?}",
+                        n.0,
+                        p.layer(*l)
+                    )));
+                }
+            }
+        }
+        for (l, blocks) in &self.m.snaps {
+            if p.layer(*l) != Some(blocks) {
+                return Err(self.fail(format!(
+                    "acknowledged snapshot {l:?} is {:?} on the primary, was {blocks:?}",
+                    p.layer(*l)
+                )));
+            }
+        }
+        if let Some(l) = self.m.deleted.iter().find(|l| p.layer(**l).is_some()) {
+            return Err(self.fail(format!("deleted snapshot {l:?} is still on the primary")));
+        }
         Ok(())
     }
 }
@@ -2491,6 +2845,10 @@ pub struct Summary {
     pub differing: u64,
     pub sweeps: u64,
     pub damage_voided: u64,
+    pub snapshots: u64,
+    pub layer_deletions: u64,
+    pub rollbacks: u64,
+    pub layer_copies: u64,
 }
 
 impl Summary {
@@ -2520,6 +2878,10 @@ impl Summary {
         self.differing += s.differing;
         self.sweeps += s.sweeps;
         self.damage_voided += s.damage_voided;
+        self.snapshots += s.snapshots;
+        self.layer_deletions += s.layer_deletions;
+        self.rollbacks += s.rollbacks;
+        self.layer_copies += s.layer_copies;
         self.long_delays += s.long_delays;
         self.stalls += s.stalls;
     }
@@ -2580,6 +2942,15 @@ fn seeds() {
         "replica compares: {} answered, {} replicas found differing, {} scrub sweeps after silent damage ({} injections undone by a failover)",
         t.compares, t.differing, t.sweeps, t.damage_voided
     );
+    eprintln!(
+        "layers: {} snapshots, {} deletions and {} rollbacks acknowledged, {} layer regions copied to rebuild replicas",
+        t.snapshots, t.layer_deletions, t.rollbacks, t.layer_copies
+    );
+    assert!(
+        n < 100
+            || (t.snapshots > 0 && t.layer_deletions > 0 && t.rollbacks > 0 && t.layer_copies > 0),
+        "snapshots, deletions and rollbacks must be acknowledged and replicas' layers rebuilt"
+    );
     assert!(
         n < 100 || t.repairs > 0,
         "rotten blocks must be repaired from in-sync replicas"
@@ -2623,6 +2994,7 @@ fn replay_seed() {
         Some("own-writes") => Some(Bug::CoordinatorIgnoresOwnWrites),
         Some("stall") => Some(Bug::NoStallCredit),
         Some("blocking") => Some(Bug::HeartbeatsBehindWrites),
+        Some("snapshot") => Some(Bug::SnapshotResyncingReplicas),
         _ => None,
     };
     let a = run_seed(seed, bug);
@@ -2653,6 +3025,11 @@ fn assert_caught(bug: Bug, limit: u64) {
 #[test]
 fn acknowledging_before_the_secondaries_is_caught() {
     assert_caught(Bug::AckBeforeSecondaries, 50);
+}
+
+#[test]
+fn a_snapshot_of_a_replica_still_being_copied_to_is_caught() {
+    assert_caught(Bug::SnapshotResyncingReplicas, 300);
 }
 
 #[test]

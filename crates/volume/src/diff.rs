@@ -8,7 +8,10 @@
 //!   volume, such as the snapshot a clone was made from; `to` is the volume
 //!   or one of its snapshots. Everything a diff names exists when it is
 //!   computed (looked up under the control lock).
-//! - Replicated volumes are refused, like their snapshots.
+//! - A replicated volume is diffed from this node's replica: between
+//!   snapshots on any node holding one (every replica's layers are the
+//!   same), up to the live volume only on its primary's node (the only
+//!   head that holds every acknowledged write).
 
 use crate::error::VolumeError;
 use crate::service::VolumeService;
@@ -56,13 +59,21 @@ impl VolumeService {
         from: Option<&str>,
         to: Option<&str>,
     ) -> Result<VolumeDiff, VolumeError> {
-        if self.cluster.is_some() {
-            return Err(VolumeError::NotSupported(
-                "diffs of replicated volumes are not supported yet".into(),
-            ));
-        }
         let _control = self.control.lock();
         let record = self.record(volume)?.record;
+        // In a cluster, from this node's replica: its snapshot layers are
+        // every replica's, but its head is current only on the primary.
+        if let Some(cluster) = &self.cluster {
+            match cluster.is_local_primary(record.id) {
+                Some(true) => {}
+                Some(false) if to.is_some() => {}
+                _ => {
+                    return Err(VolumeError::NotSupported(format!(
+                        "{volume} is replicated and its primary is on another node: diff one of its snapshots here, or the live volume through the node named primary in `volume show {volume}`"
+                    )))
+                }
+            }
+        }
         let (to_id, to_name, size_bytes) = match to {
             Some(snap) => {
                 let found = Self::snapshot_of(&record, snap)?;

@@ -27,9 +27,9 @@ pub use error::VolumeError;
 pub use handle::{BlockIo, VolumeHandle, WriteAck};
 pub use scrub::{DifferingRange, ReplicaComparison, VolumeScrub};
 pub use service::{
-    validate_host_nqn, validate_volume_name, validate_volume_size, ClusterVolumes, NewVolume,
-    NodeView, ProvisioningGuard, ReconcileReport, ReplicaStatus, StoreStatus, VolumeInfo,
-    VolumeService, DEFAULT_OVERCOMMIT_RATIO,
+    validate_host_nqn, validate_volume_name, validate_volume_size, ClusterVolumes, LayerRequest,
+    NewVolume, NodeView, ProvisioningGuard, ReconcileReport, ReplicaStatus, StoreStatus,
+    VolumeInfo, VolumeService, DEFAULT_OVERCOMMIT_RATIO,
 };
 pub use size::{format_size, parse_size, ParseSizeError};
 pub use snapshots::{split_snapshot_name, validate_snapshot_name, FlattenProgress, SnapshotInfo};

@@ -164,6 +164,19 @@ impl ReconcileReport {
 /// ([`ClusterVolumes::lock_provisioning`]).
 pub type ProvisioningGuard = Box<dyn Send>;
 
+/// A snapshot layer operation of a replicated volume, asked of its
+/// primary ([`ClusterVolumes::layer_request`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LayerRequest {
+    /// Take snapshot `id` (the catalog's snapshot UUID, the layer's id in
+    /// every replica's store).
+    Snapshot(uuid::Uuid),
+    /// Delete snapshot `id` on every replica.
+    Delete(uuid::Uuid),
+    /// Make the volume read as snapshot `id` (its size is kept).
+    Rollback(uuid::Uuid),
+}
+
 /// What the cluster layer provides to the volume service of a clustered
 /// node: the replicated data path and replica placement. In a cluster the
 /// service only keeps the catalog; the cluster layer places replicas and
@@ -228,6 +241,10 @@ pub trait ClusterVolumes: Send + Sync {
     /// new blocks are served once the primary has grown (see
     /// `basalt_replication`'s `Node`). Idempotent.
     fn grow(&self, record: &VolumeRecord, size: u64) -> Result<(), VolumeError>;
+    /// Carries out `req` on `record`'s volume at one point of its
+    /// replication stream on every replica: answered once the primary and
+    /// every in-sync replica did it durably.
+    fn layer_request(&self, record: &VolumeRecord, req: LayerRequest) -> Result<(), VolumeError>;
     /// Compares every in-sync replica's copy of `range` (bytes) with the
     /// primary's, region by region at the same point of the replication
     /// stream, at most `rate` bytes per second; copies that differ are
@@ -966,10 +983,17 @@ impl VolumeService {
         )
     }
 
-    /// This node's local copy of `name` (its replica in a cluster).
+    /// This node's local copy of `name` (its replica in a cluster), or of
+    /// snapshot `VOLUME@SNAPSHOT` (its layer in this node's replica).
     pub(crate) fn local_copy(&self, name: &str) -> Result<basalt_store::LocalVolume, VolumeError> {
-        let record = self.record(name)?.record;
-        self.store.volume(record.id).map_err(|e| match e {
+        let id = match crate::split_snapshot_name(name) {
+            Some((volume, snapshot)) => {
+                let record = self.record(volume)?.record;
+                crate::snapshots::snapshot_id(&record, snapshot)?
+            }
+            None => self.record(name)?.record.id,
+        };
+        self.store.volume(id).map_err(|e| match e {
             StoreError::NotFound(_) => {
                 VolumeError::NotFound(format!("{name} (no replica on this node)"))
             }
@@ -1849,6 +1873,9 @@ pub(crate) mod tests {
             _: Option<u64>,
             _: &mut dyn FnMut(u64, u64),
         ) -> Result<crate::scrub::ReplicaComparison, VolumeError> {
+            Err(VolumeError::NotSupported("fake".into()))
+        }
+        fn layer_request(&self, _: &VolumeRecord, _: LayerRequest) -> Result<(), VolumeError> {
             Err(VolumeError::NotSupported("fake".into()))
         }
     }

@@ -27,7 +27,9 @@
 //! ordered operation of the replication protocol.
 
 use crate::error::VolumeError;
-use crate::service::{catalog_error, validate_volume_name, VolumeInfo, VolumeService};
+use crate::service::{
+    catalog_error, validate_volume_name, LayerRequest, VolumeInfo, VolumeService,
+};
 use crate::size::format_size;
 use crate::tenancy::Growth;
 use basalt_catalog::{CloneSource, SnapshotRecord, Versioned, VolumeRecord};
@@ -93,12 +95,33 @@ pub fn validate_snapshot_name(name: &str) -> Result<(), VolumeError> {
     })
 }
 
+/// The id of snapshot `name` of `record`'s volume.
+pub(crate) fn snapshot_id(record: &VolumeRecord, name: &str) -> Result<VolumeId, VolumeError> {
+    VolumeService::snapshot_of(record, name).map(|s| s.id)
+}
+
 impl VolumeService {
+    /// Clones (and so flattening) are single-node only for now.
     fn require_single_node(&self) -> Result<(), VolumeError> {
         if self.cluster.is_some() {
             return Err(VolumeError::NotSupported(
-                "snapshots and clones of replicated volumes are not supported yet".into(),
+                "clones of replicated volumes are not supported yet (snapshots, rollback and snapshot exports are)".into(),
             ));
+        }
+        Ok(())
+    }
+
+    /// Carries out layer operation `req` on `record`'s volume: in a
+    /// cluster through its primary, at one point of the replication stream
+    /// on every replica; else on the local store.
+    fn layer_request(&self, record: &VolumeRecord, req: LayerRequest) -> Result<(), VolumeError> {
+        if let Some(cluster) = &self.cluster {
+            return cluster.layer_request(record, req);
+        }
+        match req {
+            LayerRequest::Snapshot(snap) => self.store.snapshot(record.id, snap)?,
+            LayerRequest::Delete(snap) => self.store.delete_snapshot(snap)?,
+            LayerRequest::Rollback(snap) => self.store.rollback(record.id, snap)?,
         }
         Ok(())
     }
@@ -201,7 +224,6 @@ impl VolumeService {
     /// completed before the call is in it), instant, read-only.
     pub fn create_snapshot(&self, volume: &str, name: &str) -> Result<SnapshotInfo, VolumeError> {
         validate_snapshot_name(name)?;
-        self.require_single_node()?;
         let _control = self.control.lock();
         let snap = self.create_snapshot_locked(volume, name)?;
         self.snapshot_locked(volume, &snap.name)
@@ -233,11 +255,11 @@ impl VolumeService {
             current.record.size_bytes,
             SystemTime::now(),
         );
-        self.store.snapshot(current.record.id, snap.id)?;
+        self.layer_request(&current.record, LayerRequest::Snapshot(snap.id))?;
         let mut record = current.record.clone();
         record.snapshots.push(snap.clone());
         if let Err(e) = self.catalog.update(&record, current.revision) {
-            if let Err(undo) = self.store.delete_snapshot(snap.id) {
+            if let Err(undo) = self.layer_request(&record, LayerRequest::Delete(snap.id)) {
                 tracing::error!(volume, snapshot = name, error = %undo,
                     "could not remove the store snapshot after the catalog refused it; the next start will");
             }
@@ -308,10 +330,10 @@ impl VolumeService {
             .update(&record, current.revision)
             .map_err(catalog_error)?;
         self.stats.lock().remove(&snap.id);
-        if let Err(e) = self.store.delete_snapshot(snap.id) {
+        if let Err(e) = self.layer_request(&record, LayerRequest::Delete(snap.id)) {
             tracing::error!(volume, snapshot = name, error = %e,
                 "snapshot removed from the catalog, but the store could not delete it; the next start will retry");
-            return Err(e.into());
+            return Err(e);
         }
         tracing::info!(volume, snapshot = name, "snapshot deleted");
         Ok(())
@@ -371,15 +393,15 @@ impl VolumeService {
     }
 
     /// Makes `volume` hold exactly what its snapshot `snapshot` holds (its
-    /// size included). Refused while clients are connected, unless `force`
-    /// disconnects them first.
+    /// size included, but for a replicated volume, which never shrinks: it
+    /// reads zeros past the snapshot's end). Refused while clients are
+    /// connected to this node, unless `force` disconnects them first.
     pub fn rollback(
         &self,
         volume: &str,
         snapshot: &str,
         force: bool,
     ) -> Result<VolumeInfo, VolumeError> {
-        self.require_single_node()?;
         let _control = self.control.lock();
         let current = self.record(volume)?;
         let snap = Self::snapshot_of(&current.record, snapshot)?.clone();
@@ -393,9 +415,11 @@ impl VolumeService {
             }
             self.disconnect_locked(volume, DISCONNECT_WAIT)?;
         }
-        self.store.rollback(current.record.id, snap.id)?;
+        self.layer_request(&current.record, LayerRequest::Rollback(snap.id))?;
         let mut record = current.record.clone();
-        record.size_bytes = snap.size_bytes;
+        if self.cluster.is_none() {
+            record.size_bytes = snap.size_bytes;
+        }
         self.catalog
             .update(&record, current.revision)
             .map_err(catalog_error)?;

@@ -143,6 +143,14 @@ impl ClusterVolumes for ClusterMember {
         self.inner.compare(record, range, rate, progress)
     }
 
+    fn layer_request(
+        &self,
+        record: &VolumeRecord,
+        req: basalt_volume::LayerRequest,
+    ) -> Result<(), VolumeError> {
+        self.inner.layer_request(record, req)
+    }
+
     fn replicas(&self, record: &VolumeRecord) -> Vec<ReplicaStatus> {
         let rec = self.inner.records.read().get(&vol_of(record.id)).cloned();
         let Some(rec) = rec else {

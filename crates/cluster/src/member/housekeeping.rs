@@ -165,7 +165,7 @@ impl Inner {
             if self.replicas.lock().contains_key(&vol_of(id)) {
                 continue;
             }
-            match self.store.delete_volume(id) {
+            match self.delete_local_copy(id) {
                 Ok(()) => {
                     tracing::info!(volume = %id, "deleted the local replica of a deleted volume");
                     if let Some(dir) = &self.cfg.log_dir {

@@ -15,7 +15,9 @@ use crate::ticker::Tick;
 use crate::ClusterError;
 use crate::{crash_logs, saved_logs};
 use basalt_catalog::VolumeRecord;
-use basalt_replication::{ClientReply, Config, Membership, Msg, NodeId, SavedLogs, VolumeId};
+use basalt_replication::{
+    ClientReply, Config, DiskOp, Membership, Msg, NodeId, SavedLogs, VolumeId,
+};
 use basalt_store::{StoreError, BLOCK_SIZE};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -168,6 +170,11 @@ impl ReplicaEnv for Env {
         inner
             .grow_local_copy(id, current, bytes)
             .map_err(|e| e.to_string())
+    }
+
+    fn layer_op(&self, vol: VolumeId, op: &DiskOp) -> Result<Option<Vec<u8>>, String> {
+        let inner = self.0.upgrade().ok_or("the cluster member is stopping")?;
+        inner.layer_disk_op(vol, op)
     }
 
     fn save_crash_logs(&self, vol: VolumeId, logs: &SavedLogs) -> Result<(), String> {
@@ -369,6 +376,7 @@ impl Inner {
             },
             crash_log_compact_ms: t.crash_log_compact_ms,
             ack_before_secondaries: false,
+            snapshot_resyncing_replicas: false,
         };
         // A record that still is the volume's first one and carries this
         // boot describes a volume created while this process runs: every
@@ -387,6 +395,7 @@ impl Inner {
                 cfg,
                 initial: fresh.then(|| rec.clone()),
                 saved,
+                layers: self.local_layers(vol),
             },
             local,
             Arc::new(Env(Arc::downgrade(self))),

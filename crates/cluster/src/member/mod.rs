@@ -26,6 +26,7 @@ mod admin;
 mod compare;
 mod config;
 mod housekeeping;
+mod layers;
 mod lifecycle;
 mod routing;
 

@@ -568,6 +568,12 @@ impl Inner {
                         };
                         results[i] = Some(Err(IoError::Corrupt { offset }))
                     }
+                    Ok((i, ClientReply::NoSuchLayer { .. })) => {
+                        results[i] = Some(Err(IoError::Io(std::io::Error::new(
+                            std::io::ErrorKind::NotFound,
+                            "the primary holds no such snapshot",
+                        ))))
+                    }
                     Ok((_, ClientReply::NotPrimary)) => retry = true,
                     Err(_) => {
                         self.forget(&ids);

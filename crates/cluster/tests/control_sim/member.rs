@@ -280,6 +280,15 @@ impl Sim {
                 }
             }
             DiskOp::Flush | DiskOp::SaveLogs { .. } => {}
+            // Its clients take no snapshots (the protocol's simulator does).
+            DiskOp::Snapshot { .. }
+            | DiskOp::DeleteLayer { .. }
+            | DiskOp::Rebase { .. }
+            | DiskOp::Changed { .. }
+            | DiskOp::ReadLayer { .. } => {
+                self.fail(format!("n{node} got a layer operation: {op:?}"));
+                return;
+            }
         }
         self.input(
             node,
