@@ -1,5 +1,6 @@
 //! The member's periodic work: the coordinator's address, the node's
-//! published capacity, local replicas of deleted volumes, the nodes' share
+//! published capacity, local replicas of deleted volumes, orphan snapshot
+//! layers (`layers.rs`), the nodes' share
 //! of the resync rate, and the heartbeat sender that sends this node's
 //! heartbeats to the coordinator as one batch.
 
@@ -50,9 +51,10 @@ pub(super) fn send_heartbeats(weak: Weak<Inner>) {
 }
 
 /// Periodic work: the coordinator's address, free capacity in the node
-/// record, local replicas of deleted volumes.
+/// record, local replicas of deleted volumes, orphan snapshot layers.
 pub(super) fn housekeeping(weak: Weak<Inner>) {
     let mut last_info = Instant::now();
+    let mut last_layers = Instant::now();
     loop {
         for _ in 0..5 {
             std::thread::sleep(Duration::from_millis(100));
@@ -68,6 +70,10 @@ pub(super) fn housekeeping(weak: Weak<Inner>) {
         if last_info.elapsed() >= Duration::from_secs(10) {
             last_info = Instant::now();
             inner.publish_usage();
+        }
+        if last_layers.elapsed() >= Duration::from_secs(60) {
+            last_layers = Instant::now();
+            inner.drop_orphan_layers();
         }
     }
 }

@@ -14,13 +14,43 @@
 //!   shrinks; rolling back to a smaller snapshot reads zeros past its end);
 //! - deleting a layer the store does not hold succeeds (the operation is
 //!   retried after failures and sent again after restarts);
-//! - a local copy is deleted together with its snapshot layers.
+//! - a local copy is deleted together with its snapshot layers;
+//! - a layer no catalog entry names (a snapshot its primary took but never
+//!   answered, having failed over, or one whose catalog update failed and
+//!   whose undo did not reach the primary) is deleted on every replica by
+//!   the volume's primary once it is [`ORPHAN_LAYER_AGE`] old, through the
+//!   protocol like any deletion; younger ones may still be on their way
+//!   into the catalog.
 
 use super::{uuid_of, vol_of, Inner};
 use basalt_catalog::VolumeRecord;
 use basalt_replication::{encode_regions, ClientReq, DiskOp, LayerId, VolumeId};
 use basalt_store::{StoreError, BLOCK_SIZE};
 use basalt_volume::{IoError, LayerRequest, VolumeError};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// How old a snapshot layer no catalog entry names must be before its
+/// volume's primary deletes it: far longer than a snapshot takes between
+/// its layer and its catalog entry.
+pub(super) const ORPHAN_LAYER_AGE: Duration = Duration::from_secs(600);
+
+/// The layers of `layers` ((layer, created, Unix seconds), oldest first)
+/// that `named` (the catalog's snapshot ids of the volume) lacks and that
+/// are at least `age` old at `now`.
+fn orphan_layers(
+    layers: &[(LayerId, u64)],
+    named: &[uuid::Uuid],
+    now: u64,
+    age: Duration,
+) -> Vec<LayerId> {
+    layers
+        .iter()
+        .filter(|(l, created)| {
+            !named.contains(&uuid_of_layer(*l)) && now >= created.saturating_add(age.as_secs())
+        })
+        .map(|(l, _)| *l)
+        .collect()
+}
 
 fn layer_of(id: uuid::Uuid) -> LayerId {
     LayerId(id.as_u128())
@@ -186,11 +216,86 @@ impl Inner {
         }
     }
 
+    /// Deletes, through the protocol, the orphan layers (see the module's
+    /// invariants) of the volumes this node is primary of.
+    pub(super) fn drop_orphan_layers(&self) {
+        let mine: Vec<VolumeId> = self
+            .records
+            .read()
+            .values()
+            .filter(|r| r.primary == self.me)
+            .map(|r| r.volume)
+            .collect();
+        if mine.is_empty() {
+            return;
+        }
+        let Ok(catalog) = self.catalog.list() else {
+            return;
+        };
+        let created: Vec<(uuid::Uuid, u64)> = self
+            .store
+            .snapshots()
+            .into_iter()
+            .map(|s| (s.id, s.created_unix))
+            .collect();
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        for vol in mine {
+            let id = uuid_of(vol);
+            let Some(record) = catalog.iter().find(|v| v.record.id == id) else {
+                continue;
+            };
+            let layers: Vec<(LayerId, u64)> = self
+                .local_layers(vol)
+                .into_iter()
+                .filter_map(|l| {
+                    let at = created.iter().find(|(s, _)| *s == uuid_of_layer(l))?.1;
+                    Some((l, at))
+                })
+                .collect();
+            let named: Vec<uuid::Uuid> = record.record.snapshots.iter().map(|s| s.id).collect();
+            for layer in orphan_layers(&layers, &named, now, ORPHAN_LAYER_AGE) {
+                let snap = uuid_of_layer(layer);
+                tracing::warn!(volume = %record.record.name, snapshot = %snap,
+                    "deleting a snapshot layer no catalog entry names");
+                if let Err(e) = self.layer_request(&record.record, LayerRequest::Delete(snap)) {
+                    tracing::warn!(volume = %record.record.name, snapshot = %snap, error = %e,
+                        "could not delete an orphan snapshot layer; trying again later");
+                }
+            }
+        }
+    }
+
     /// Deletes the local copy `id` and its snapshot layers (newest first).
     pub(super) fn delete_local_copy(&self, id: uuid::Uuid) -> Result<(), StoreError> {
         for layer in self.local_layers(vol_of(id)).into_iter().rev() {
             self.store.delete_snapshot(uuid_of_layer(layer))?;
         }
         self.store.delete_volume(id)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_old_layers_no_catalog_entry_names_are_orphans() {
+        let (a, b, c) = (
+            uuid::Uuid::new_v4(),
+            uuid::Uuid::new_v4(),
+            uuid::Uuid::new_v4(),
+        );
+        let layers = [(layer_of(a), 100), (layer_of(b), 100), (layer_of(c), 1000)];
+        let age = Duration::from_secs(600);
+        // b is named; c is too young at 1500; a is old and unnamed.
+        assert_eq!(orphan_layers(&layers, &[b], 1500, age), vec![layer_of(a)]);
+        assert_eq!(
+            orphan_layers(&layers, &[b], 1600, age),
+            vec![layer_of(a), layer_of(c)]
+        );
+        assert!(orphan_layers(&layers, &[a, b, c], 10_000, age).is_empty());
+        assert!(orphan_layers(&layers, &[], 650, age).is_empty());
     }
 }
