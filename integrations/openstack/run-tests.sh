@@ -9,10 +9,11 @@
 #     project and a project-scoped token for the driver;
 #   - a two-node Basalt cluster with its own etcd (the `etcd` binary, Debian's
 #     etcd-server), the same project and a token, for what differs in a cluster
-#     (the replica count the driver reports);
+#     (the replica count the driver reports, snapshots of replicated volumes);
 #   - pytest tests/ (interface compliance, the lifecycle through Cinder's
 #     VolumeManager with data checked over NBD, multiattach, os-brick's NVMe-oF
-#     parsing, failure injection, replica counts).
+#     parsing, failure injection, replica counts, snapshots and reverts of
+#     replicated volumes).
 # The processes it started are stopped by their PIDs and the directory removed
 # on exit.
 # Environment: BASALT_CINDER_PYTHON (default python3), BASALT_CINDER_VENV,
@@ -134,8 +135,10 @@ PY
 (umask 077 && "$venv/bin/python" -c 'import secrets; print(secrets.token_hex(32))' >"$tmp/cluster-secret")
 declare -A node_pid
 nodes=(n0 n1)
+# 2G each: tests/test_replicated_snapshots.py extends a two-replica volume to
+# 2 GiB, more than 1G x the overcommit ratio 2 after the store's metadata.
 for node in "${nodes[@]}"; do
-    "$basalt" server --data-dir "$tmp/$node" --capacity 1G --etcd "$etcd_client" \
+    "$basalt" server --data-dir "$tmp/$node" --capacity 2G --etcd "$etcd_client" \
         --node-name "$node" --peer-listen "127.0.0.1:$(free_port)" \
         --cluster-secret-file "$tmp/cluster-secret" \
         --api-listen 127.0.0.1:0 --nvme-listen 127.0.0.1:0 >"$tmp/$node.log" 2>&1 &
@@ -146,6 +149,7 @@ for node in "${nodes[@]}"; do
     wait_ready "$tmp/$node" "${node_pid[$node]}" "$tmp/$node.log"
 done
 BASALT_CLUSTER_API_URL="$(json "$tmp/n0" api_url)"
+BASALT_CLUSTER_NBD_SOCKET="$(json "$tmp/n0" nbd_socket)"
 BASALT_CLUSTER_ADMIN_TOKEN="$(cat "$tmp/n0/api-token")"
 # Until every node is alive and active in etcd.
 "$venv/bin/python" - "$BASALT_CLUSTER_API_URL" "$BASALT_CLUSTER_ADMIN_TOKEN" "${#nodes[@]}" <<'PY'
@@ -168,7 +172,7 @@ PY
 n0_cli() { env -u BASALT_TOKEN "$basalt" --data-dir "$tmp/n0" "$@"; }
 n0_cli project create cinder-test >/dev/null
 BASALT_CLUSTER_TOKEN="$(n0_cli token create --project cinder-test --role admin | grep '^bst_')"
-export BASALT_CLUSTER_API_URL BASALT_CLUSTER_ADMIN_TOKEN BASALT_CLUSTER_TOKEN
+export BASALT_CLUSTER_API_URL BASALT_CLUSTER_NBD_SOCKET BASALT_CLUSTER_ADMIN_TOKEN BASALT_CLUSTER_TOKEN
 log "basalt cluster (${nodes[*]}, etcd $etcd_client) at $BASALT_CLUSTER_API_URL"
 
 # --- tests --------------------------------------------------------------------------

@@ -182,12 +182,12 @@ fn replicated_snapshots_survive_failover_rebuild_rollback_and_delete() {
         .collect();
     assert_eq!(names, vec!["s1"], "{list:#}");
     assert_same_everywhere(&c, "sv@s1");
-    // Clones of replicated volumes are not there yet: one clear line.
+    // Clones in a cluster are not there yet: one clear line.
     let out = c.nodes[0].cli(&["volume", "create", "cl", "--from", "sv@s1"]);
     assert_ne!(out.code(), Some(0));
     assert!(
         out.stderr
-            .contains("clones of replicated volumes are not supported yet"),
+            .contains("clones in a cluster are not supported yet"),
         "{}",
         out.describe()
     );

@@ -105,7 +105,7 @@ impl VolumeService {
     fn require_single_node(&self) -> Result<(), VolumeError> {
         if self.cluster.is_some() {
             return Err(VolumeError::NotSupported(
-                "clones of replicated volumes are not supported yet (snapshots, rollback and snapshot exports are)".into(),
+                "clones in a cluster are not supported yet (snapshots, rollback and snapshot exports are)".into(),
             ));
         }
         Ok(())

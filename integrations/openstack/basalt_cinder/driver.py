@@ -13,6 +13,12 @@ flattens (copies) the clones still reading from it, so that Cinder's volumes sta
 independent as Cinder expects. Volumes created from a Cinder snapshot read that
 snapshot's blocks until flattened: deleting such a snapshot is refused with
 SnapshotIsBusy, as with RBD.
+
+Clusters: snapshots and reverts of replicated volumes are taken by Basalt at one
+point of the replication stream on every replica. Clones (volumes from a
+snapshot or from a volume) are single-node only in Basalt for now: a cluster
+refuses them (400, "... not supported ..."), raised as NotSupportedOperation
+with Basalt's message.
 """
 
 from __future__ import annotations
@@ -448,7 +454,8 @@ class BasaltVolumeDriver(driver.VolumeDriver):
         name = volume_name(volume)
         with self._errors(volume=volume, snapshot=snapshot):
             info = self._api.rollback(name, snapshot_name(snapshot))
-            # Basalt restores the snapshot's size; Cinder keeps the volume's.
+            # On a single node Basalt restores the snapshot's size (a replicated
+            # volume keeps its own); Cinder keeps the volume's.
             if info["size_bytes"] < volume.size * GiB:
                 self._api.resize_volume(name, volume.size * GiB)
 

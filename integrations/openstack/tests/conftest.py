@@ -52,15 +52,18 @@ def exists(name: str) -> bool:
     return True
 
 
-def nbd_uri(export: str) -> str:
-    return f"nbd+unix:///{export}?socket={env('BASALT_NBD_SOCKET')}"
+def nbd_uri(export: str, socket: str | None = None) -> str:
+    """The NBD URI of ``export`` on the single server's socket, or on ``socket``
+    (a cluster node's: BASALT_CLUSTER_NBD_SOCKET)."""
+    return f"nbd+unix:///{export}?socket={socket or env('BASALT_NBD_SOCKET')}"
 
 
-def qemu_io(export: str, command: str, read_only: bool = False) -> str:
+def qemu_io(export: str, command: str, read_only: bool = False,
+            socket: str | None = None) -> str:
     args = ["qemu-io", "-f", "raw"]
     if read_only:
         args.append("-r")
-    args += ["-c", command, nbd_uri(export)]
+    args += ["-c", command, nbd_uri(export, socket)]
     out = subprocess.run(args, capture_output=True, text=True, timeout=60, check=False)
     text = out.stdout + out.stderr
     if out.returncode != 0 or "failed" in text.lower() or "error" in text.lower():
@@ -68,13 +71,15 @@ def qemu_io(export: str, command: str, read_only: bool = False) -> str:
     return text
 
 
-def write_pattern(export: str, byte: int, offset: int = 0, length: int = 1 << 20) -> None:
-    qemu_io(export, f"write -P {byte:#x} {offset} {length}")
+def write_pattern(export: str, byte: int, offset: int = 0, length: int = 1 << 20,
+                  socket: str | None = None) -> None:
+    qemu_io(export, f"write -P {byte:#x} {offset} {length}", socket=socket)
 
 
-def has_pattern(export: str, byte: int, offset: int = 0, length: int = 1 << 20) -> bool:
+def has_pattern(export: str, byte: int, offset: int = 0, length: int = 1 << 20,
+                socket: str | None = None) -> bool:
     args = ["qemu-io", "-f", "raw", "-r", "-c", f"read -P {byte:#x} {offset} {length}",
-            nbd_uri(export)]
+            nbd_uri(export, socket)]
     out = subprocess.run(args, capture_output=True, text=True, timeout=60, check=False)
     text = out.stdout + out.stderr
     if "Pattern verification failed" in text:

@@ -29,6 +29,9 @@ use basalt_store::{StoreError, BLOCK_SIZE};
 use basalt_volume::{IoError, LayerRequest, VolumeError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+/// How long a layer operation waits for a volume just created to be placed.
+const PLACEMENT_WAIT: Duration = Duration::from_secs(10);
+
 /// How old a snapshot layer no catalog entry names must be before its
 /// volume's primary deletes it: far longer than a snapshot takes between
 /// its layer and its catalog entry.
@@ -78,11 +81,17 @@ impl Inner {
         req: LayerRequest,
     ) -> Result<(), VolumeError> {
         let vol = vol_of(record.id);
-        if !self.records.read().contains_key(&vol) {
-            return Err(VolumeError::Cluster(format!(
-                "volume {} is not placed yet; try again in a moment",
-                record.name
-            )));
+        // A volume just created is placed within a coordinator round or
+        // two: wait for it rather than fail a snapshot taken right away.
+        let deadline = std::time::Instant::now() + PLACEMENT_WAIT;
+        while !self.records.read().contains_key(&vol) {
+            if std::time::Instant::now() >= deadline {
+                return Err(VolumeError::Cluster(format!(
+                    "volume {} is not placed yet; try again in a moment",
+                    record.name
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(100));
         }
         let request = match req {
             LayerRequest::Snapshot(id) => ClientReq::Snapshot {
