@@ -9,13 +9,14 @@
 //!   replica applies overlapping writes in stream order);
 //! - a flush is issued only once every earlier write (zeroing included) has
 //!   completed, so it makes all of them durable;
-//! - a grow and the layer operations (snapshot, layer deletion, rebase,
+//! - a grow and the layer operations but deletion (snapshot, rebase,
 //!   changed regions) run alone: each is issued once nothing is in flight,
 //!   and nothing submitted after it is issued before it completed (so no
 //!   operation beyond the old end reaches a disk that has not grown yet,
 //!   and a snapshot holds exactly the writes submitted before it);
-//! - a read of a snapshot layer conflicts with nothing but those (a layer
-//!   does not change);
+//! - a read of a snapshot layer and a layer deletion conflict with nothing
+//!   but those and each other (a layer does not change; a deletion changes
+//!   what no head reads, and may take long: writes go on beside it);
 //! - a log save (`SaveLogs`) is issued only when no other one is in flight
 //!   (so saves complete in submission order), and no write submitted after
 //!   it is issued before it completed (so a write's region is on disk in
@@ -42,6 +43,11 @@ pub(crate) struct DiskQueue<T> {
 }
 
 impl<T> DiskQueue<T> {
+    /// Operation `id` while it is issued and not completed.
+    pub(crate) fn op(&self, id: IoId) -> Option<&DiskOp> {
+        self.inflight.get(&id).map(|(op, _)| op)
+    }
+
     /// The tag of operation `id` while it is issued and not completed.
     pub(crate) fn tag(&self, id: IoId) -> Option<&T> {
         self.inflight.get(&id).map(|(_, t)| t)
@@ -119,8 +125,14 @@ impl<T> DiskQueue<T> {
         if alone {
             return false;
         }
-        if matches!(op, DiskOp::ReadLayer { .. }) {
-            return true;
+        if matches!(op, DiskOp::ReadLayer { .. } | DiskOp::DeleteLayer { .. }) {
+            let layer_op =
+                |o: &DiskOp| matches!(o, DiskOp::ReadLayer { .. } | DiskOp::DeleteLayer { .. });
+            return !self.inflight.values().any(|(o, _)| {
+                layer_op(o)
+                    && (matches!(op, DiskOp::DeleteLayer { .. })
+                        || matches!(o, DiskOp::DeleteLayer { .. }))
+            });
         }
         let writes = is_write(op);
         if matches!(op, DiskOp::SaveLogs { .. }) {

@@ -391,8 +391,10 @@ pub enum DiskOp {
         layer: LayerId,
     },
     /// Delete snapshot layer `layer` if the disk holds it, without
-    /// changing what any other layer reads. Durable on completion; issued
-    /// alone.
+    /// changing what any other layer reads (its blocks a later layer needs
+    /// move there while writes go on, so it is not issued alone: it waits
+    /// only for layer operations and reads of layers). Durable on
+    /// completion.
     DeleteLayer {
         layer: LayerId,
     },
@@ -428,7 +430,6 @@ impl DiskOp {
             self,
             DiskOp::Grow { .. }
                 | DiskOp::Snapshot { .. }
-                | DiskOp::DeleteLayer { .. }
                 | DiskOp::Rebase { .. }
                 | DiskOp::Changed { .. }
         )
