@@ -74,6 +74,14 @@ pub(crate) enum Event {
         req: ClientReq,
         origin: Origin,
     },
+    /// A disk operation carried out on a thread of its own completed
+    /// ([`ReplicaEnv::layer_op_async`]); `instance` names the driver that
+    /// issued it (another one for the same volume ignores it).
+    Disk {
+        instance: u64,
+        id: u64,
+        result: DiskResult,
+    },
 }
 
 /// What the driver needs from the node around it. Called without the
@@ -96,7 +104,16 @@ pub(crate) trait ReplicaEnv: Send + Sync + 'static {
     /// store (`DiskOp::Snapshot`, `DeleteLayer`, `Rebase`, `Changed`,
     /// `ReadLayer`), with the data it completes with.
     fn layer_op(&self, vol: VolumeId, op: &DiskOp) -> Result<Option<Vec<u8>>, String>;
+    /// Carries out layer operation `op` (`id`) of `vol`'s driver `instance`
+    /// on a thread of its own, and delivers its completion to the replica
+    /// as [`Event::Disk`]: for one that may take long (a deletion merges a
+    /// layer's blocks into the next), which must hold up neither a client's
+    /// thread nor the ticker (its replicas' heartbeats and leases).
+    fn layer_op_async(&self, vol: VolumeId, instance: u64, id: u64, op: DiskOp);
 }
+
+/// Driver instances: each [`Replica`] takes the next.
+static INSTANCES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 /// Which replica a driver runs: the state machine's identity and config,
 /// and the volume's first record when it was created during this boot.
@@ -120,6 +137,8 @@ const MAX_DISK_FAILURES: u32 = 50;
 /// One volume's replica on this node; see the module docs.
 pub(crate) struct Replica<E: ReplicaEnv> {
     vol: VolumeId,
+    /// This driver among all (`Event::Disk` names it).
+    instance: u64,
     local: LocalVolume,
     env: Arc<E>,
     block_len: u64,
@@ -161,8 +180,20 @@ struct Round {
 }
 
 impl State {
-    fn input(&mut self, ev: Event) -> Input {
-        match ev {
+    /// The state machine's input for `ev`; None for a completion meant for
+    /// another driver instance.
+    fn input(&mut self, ev: Event, instance: u64) -> Option<Input> {
+        Some(match ev {
+            Event::Disk {
+                instance: of,
+                id,
+                result,
+            } => {
+                if of != instance {
+                    return None;
+                }
+                Input::Disk { id, result }
+            }
             Event::Peer { from, msg } => Input::Msg {
                 from: Endpoint::Node(from),
                 msg,
@@ -180,7 +211,7 @@ impl State {
                     msg: Msg::ClientReq { id: own, req },
                 }
             }
-        }
+        })
     }
 
     /// Sorts actions into sends, client replies (mapped back to their
@@ -238,6 +269,7 @@ impl<E: ReplicaEnv> Replica<E> {
         let role = node.role();
         Replica {
             vol,
+            instance: INSTANCES.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             local,
             env,
             block_len,
@@ -304,8 +336,9 @@ impl<E: ReplicaEnv> Replica<E> {
                 }
                 let mailbox = std::mem::take(&mut st.mailbox);
                 for ev in events.drain(..).chain(mailbox) {
-                    let input = st.input(ev);
-                    actions.extend(st.node.handle(now, input));
+                    if let Some(input) = st.input(ev, self.instance) {
+                        actions.extend(st.node.handle(now, input));
+                    }
                 }
                 if now >= st.next_tick {
                     st.next_tick = now + self.tick_ms;
@@ -552,6 +585,10 @@ impl<E: ReplicaEnv> Replica<E> {
             out.push((id, r));
         }
         for (id, op) in layer_ops {
+            if matches!(op, DiskOp::DeleteLayer { .. }) {
+                self.env.layer_op_async(self.vol, self.instance, id, op);
+                continue;
+            }
             let r = match self.env.layer_op(self.vol, &op) {
                 Ok(data) => DiskResult::Done { data },
                 Err(e) => {

@@ -16,7 +16,7 @@ use crate::ClusterError;
 use crate::{crash_logs, saved_logs};
 use basalt_catalog::VolumeRecord;
 use basalt_replication::{
-    ClientReply, Config, DiskOp, Membership, Msg, NodeId, SavedLogs, VolumeId,
+    ClientReply, Config, DiskOp, DiskResult, Membership, Msg, NodeId, SavedLogs, VolumeId,
 };
 use basalt_store::{StoreError, BLOCK_SIZE};
 use std::sync::{Arc, Weak};
@@ -175,6 +175,45 @@ impl ReplicaEnv for Env {
     fn layer_op(&self, vol: VolumeId, op: &DiskOp) -> Result<Option<Vec<u8>>, String> {
         let inner = self.0.upgrade().ok_or("the cluster member is stopping")?;
         inner.layer_disk_op(vol, op)
+    }
+
+    fn layer_op_async(&self, vol: VolumeId, instance: u64, id: u64, op: DiskOp) {
+        let weak = self.0.clone();
+        let spawned = std::thread::Builder::new()
+            .name("layer-op".into())
+            .spawn(move || {
+                let Some(inner) = weak.upgrade() else { return };
+                let result = match inner.layer_disk_op(vol, &op) {
+                    Ok(data) => DiskResult::Done { data },
+                    Err(e) => {
+                        tracing::warn!(volume = %uuid_of(vol), ?op, error = %e,
+                            "replica layer operation failed");
+                        DiskResult::Error
+                    }
+                };
+                inner.to_replica(
+                    vol,
+                    Event::Disk {
+                        instance,
+                        id,
+                        result,
+                    },
+                );
+            });
+        if let Err(e) = spawned {
+            // Retried by the state machine, like a failed operation.
+            tracing::warn!(volume = %uuid_of(vol), error = %e, "cannot start a layer operation");
+            if let Some(inner) = self.0.upgrade() {
+                inner.to_replica(
+                    vol,
+                    Event::Disk {
+                        instance,
+                        id,
+                        result: DiskResult::Error,
+                    },
+                );
+            }
+        }
     }
 
     fn save_crash_logs(&self, vol: VolumeId, logs: &SavedLogs) -> Result<(), String> {
