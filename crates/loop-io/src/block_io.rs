@@ -24,7 +24,12 @@
 //!   piece on the ring (the kernel reads or writes its buffer), no job on
 //!   the pool, no commit pending.
 //! - A contended map lock is never waited for on the loop: the request
-//!   stays `Staging` and is retried (`Io::retry_later`).
+//!   stays `Staging` and is retried (`Io::retry_later`); after
+//!   [`CONTENDED_TRIES`] tries it runs on the pool, which waits for the lock
+//!   in its queue (a layer operation that takes the lock extent after
+//!   extent, handing it over fairly, would otherwise keep a request that
+//!   only ever tries it out for the whole operation: a snapshot deletion
+//!   held a write back 2 s).
 //! - A write that needs a commit before its data (checked when started,
 //!   and again when staged after a contended lock) runs on the pool. (An
 //!   extent cooled by the store's background thread between that check and
@@ -69,6 +74,10 @@ const TIMER_TAG: u32 = FRONTEND_TAGS - 1;
 pub const THROTTLE_TICK: Duration = Duration::from_millis(50);
 
 const BLOCK: u64 = 4096;
+
+/// Tries of a request whose map lock is contended before it runs on the
+/// offload pool (about 2 ms of retries).
+const CONTENDED_TRIES: u32 = 10;
 
 /// A frontend command run on the offload pool (or inline for a lone
 /// request): a flush, a trim, a block-status query.
@@ -153,6 +162,8 @@ struct Slot<T, C> {
     lone: bool,
     /// Staging found its map lock contended at least once.
     contended: bool,
+    /// Tries that found it contended.
+    contended_tries: u32,
     started: Instant,
     outcome: Option<Outcome<C>>,
 }
@@ -349,6 +360,7 @@ impl<T: Send + 'static, C: Send + 'static> BlockIo<T, C> {
             state: State::Running,
             lone,
             contended: false,
+            contended_tries: 0,
             started: Instant::now(),
             outcome: None,
         };
@@ -458,8 +470,13 @@ impl<T: Send + 'static, C: Send + 'static> BlockIo<T, C> {
             return;
         };
         let staged = match self.volume.try_stage(std::slice::from_mut(&mut op)) {
+            Err(Contended) if req.contended_tries + 1 >= CONTENDED_TRIES => {
+                self.offload_blocking(io, slot, req);
+                return;
+            }
             Err(Contended) => {
                 req.contended = true;
+                req.contended_tries += 1;
                 if !self.retrying {
                     self.retrying = true;
                     io.retry_later();

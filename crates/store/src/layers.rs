@@ -23,6 +23,8 @@
 //!   above); it is detached only once it holds every block it reads.
 //! - One layer operation runs at a time (`Store::layer_ops`); flattening
 //!   takes it only to detach.
+//! - A merge or a flatten takes a layer's map lock extent by extent and
+//!   hands it over fairly after each, so I/O waiting for it goes first.
 
 use crate::buf::AlignedBuf;
 use crate::engine::{now_unix, Store};
@@ -366,10 +368,17 @@ impl Store {
                     s.remove_allocated(1);
                 }
             }
-            let mut m = self.meta.lock();
-            for e in entries {
-                m.push(e);
+            {
+                let mut m = self.meta.lock();
+                for e in entries {
+                    m.push(e);
+                }
             }
+            // Handed to the I/O waiting for them: this loop takes them again
+            // at once for the next extent, and would otherwise keep writes
+            // to the child out for the whole merge (seconds).
+            parking_lot::RwLockWriteGuard::unlock_fair(smap);
+            parking_lot::RwLockWriteGuard::unlock_fair(cmap);
         }
         {
             let mut cmap = c.map.write();
@@ -533,10 +542,15 @@ impl Store {
                 };
                 report.copied_blocks += copied;
                 copied_bytes += copied * BLOCK_SIZE;
-                let mut m = self.meta.lock();
-                for e in entries {
-                    m.push(e);
+                {
+                    let mut m = self.meta.lock();
+                    for e in entries {
+                        m.push(e);
+                    }
                 }
+                // Handed to the I/O waiting (see `merge_into_child`).
+                drop(ancestors);
+                parking_lot::RwLockWriteGuard::unlock_fair(map);
             }
             progress((logical + 1 - first) * es, (last - first) * es);
             if let Some(rate) = rate.filter(|&r| r > 0) {
