@@ -23,7 +23,7 @@
 //!   stream, a write of every region for everything else (dirty sets,
 //!   logs, copies).
 
-use super::{is_zero, Kind, Mode, Out, Pend, PrimTag, Primary};
+use super::{copy_op, is_zero, Kind, Mode, Out, Pend, PrimTag, Primary};
 use crate::msg::{decode_regions, ClientReply, ClientReq, DiskOp, ReplOp};
 use crate::types::{LayerId, NodeId};
 use std::collections::{BTreeSet, VecDeque};
@@ -382,20 +382,7 @@ impl Primary {
                         .refund(reserved - self.cfg.zero_copy_cost(reserved));
                 }
                 b.sent.insert(region);
-                let lba = region as u64 * self.cfg.region_blocks;
-                let op = if zero {
-                    ReplOp::WriteZeroes {
-                        lba,
-                        blocks,
-                        fua: false,
-                    }
-                } else {
-                    ReplOp::Write {
-                        lba,
-                        data,
-                        fua: false,
-                    }
-                };
+                let op = copy_op(region as u64 * self.cfg.region_blocks, blocks, data, zero);
                 self.stream_step(peer, now, Pend::LayerChunk(region), op, out);
             }
             _ => {}

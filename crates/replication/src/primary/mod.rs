@@ -245,6 +245,24 @@ impl Link {
     }
 }
 
+/// The stream entry copying `blocks` blocks of `data` to `lba` (a region,
+/// for a resync or a layer rebuild): a zeroing if `zero`.
+fn copy_op(lba: u64, blocks: u64, data: Vec<u8>, zero: bool) -> ReplOp {
+    if zero {
+        ReplOp::WriteZeroes {
+            lba,
+            blocks,
+            fua: false,
+        }
+    } else {
+        ReplOp::Write {
+            lba,
+            data,
+            fua: false,
+        }
+    }
+}
+
 /// Whether `data` is all zero bytes. OR-folds fixed-size chunks (which
 /// vectorizes) and stops at the first chunk that is not zero.
 fn is_zero(data: &[u8]) -> bool {
@@ -823,20 +841,7 @@ impl Primary {
                 l.inflight.insert(lseq, (now, Pend::Chunk(region), 0));
                 l.unflushed.insert(lseq, vec![region]);
                 l.chunks.insert(region);
-                let lba = region as u64 * self.cfg.region_blocks;
-                let op = if zero {
-                    ReplOp::WriteZeroes {
-                        lba,
-                        blocks,
-                        fua: false,
-                    }
-                } else {
-                    ReplOp::Write {
-                        lba,
-                        data,
-                        fua: false,
-                    }
-                };
+                let op = copy_op(region as u64 * self.cfg.region_blocks, blocks, data, zero);
                 let msg = self.repl(session, lseq, vseq, 0, floor, op);
                 out.sends.push((Endpoint::Node(peer), msg));
             }
