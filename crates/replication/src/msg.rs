@@ -155,8 +155,12 @@ pub enum ClientReq {
     /// Take snapshot layer `layer` of the volume: at one point of the
     /// write stream on every replica (every write acknowledged before the
     /// request is in it, none sent after the answer). Answered `Ok` once
-    /// the primary and every in-sync replica hold it durably; `Ok` at once
-    /// if the primary holds `layer` already (a retry).
+    /// the primary and every in-sync replica hold it durably; a retry (the
+    /// primary holds `layer` already) is answered once they hold it, as a
+    /// flush is. A client asks for a `layer` id of one primary only: one
+    /// not answered (the primary changed) is asked again under a new id,
+    /// since a primary lacking it would take it again at another point of
+    /// the stream while replicas hold the first.
     Snapshot {
         layer: LayerId,
     },

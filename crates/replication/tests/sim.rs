@@ -466,6 +466,10 @@ struct Model {
     snapshots: u64,
     deletions: u64,
     rollbacks: u64,
+    /// Snapshots and deletions asked again after a NotPrimary.
+    retries: u64,
+    /// Those waiting to be asked again, with when (20 ms later).
+    resends: Vec<(u64, Req)>,
     /// A rollback waits for every block to be unlocked: no write is sent
     /// meanwhile.
     rollback_due: bool,
@@ -479,6 +483,9 @@ pub enum Bug {
     AckBeforeSecondaries,
     /// Primaries stream snapshots to replicas still being copied to.
     SnapshotResyncingReplicas,
+    /// The client asks for a snapshot it got no answer for again under the
+    /// same layer id.
+    SnapshotRetriedUnderSameId,
     /// etcd applies a coordinator's change without checking its election
     /// revision.
     Unfenced,
@@ -1352,7 +1359,14 @@ impl Sim {
             .map(|(id, _)| *id)
             .collect();
         for id in stale {
-            self.m.outstanding.remove(&id);
+            // A snapshot or a deletion is asked again (see `client_reply`).
+            if let Some(req) = self.m.outstanding.remove(&id) {
+                if matches!(req.kind, ReqKind::Snapshot | ReqKind::DeleteSnapshot)
+                    && self.now < self.p.fault_ms
+                {
+                    self.m.resends.push((self.now + 20, req));
+                }
+            }
         }
         let current = self
             .m
@@ -1367,8 +1381,15 @@ impl Sim {
         // freeze a drifted block on one replica only).
         // Not on seeds with a bug switch: their histories stay as they
         // were, so the switches are caught where they were.
-        let layers = matches!(self.p.bug, None | Some(Bug::SnapshotResyncingReplicas))
-            && self.damaged.is_none();
+        let layers = matches!(
+            self.p.bug,
+            None | Some(Bug::SnapshotResyncingReplicas | Bug::SnapshotRetriedUnderSameId)
+        ) && self.damaged.is_none();
+        if let Some(k) = self.m.resends.iter().position(|(at, _)| *at <= self.now) {
+            let (_, req) = self.m.resends.remove(k);
+            self.resend_layer(req);
+            return;
+        }
         if layers && (self.m.rollback_due || self.layer_rng.chance(5)) {
             self.layer_request();
             return;
@@ -1500,6 +1521,7 @@ impl Sim {
             .m
             .outstanding
             .values()
+            .chain(self.m.resends.iter().map(|(_, r)| r))
             .filter_map(|r| r.layer)
             .collect();
         let free: Vec<LayerId> = self
@@ -1579,6 +1601,45 @@ impl Sim {
         );
     }
 
+    /// Sends layer request `req` again, under a new request id (and a
+    /// snapshot under a new layer id), to the record's primary (its epoch
+    /// now).
+    fn resend_layer(&mut self, mut req: Req) {
+        let Some(layer) = req.layer else {
+            return;
+        };
+        let rec = self.rec();
+        let msgreq = match req.kind {
+            // Under a new id, as the cluster's client does: an id names one
+            // barrier's layer, and asked of a primary that lacks it (the
+            // one that took it failed over), it would be taken again at
+            // another point of the stream while replicas hold the first.
+            ReqKind::Snapshot if self.p.bug == Some(Bug::SnapshotRetriedUnderSameId) => {
+                ClientReq::Snapshot { layer }
+            }
+            ReqKind::Snapshot => {
+                let fresh = LayerId(1000 + self.m.asked.len() as u128);
+                self.m.asked.push(fresh);
+                req.layer = Some(fresh);
+                ClientReq::Snapshot { layer: fresh }
+            }
+            ReqKind::DeleteSnapshot => ClientReq::DeleteSnapshot { layer },
+            _ => return,
+        };
+        let id = self.m.next_id;
+        self.m.next_id += 1;
+        self.m.retries += 1;
+        req.epoch = rec.epoch.0;
+        req.issued = self.now;
+        self.trace(format!("client {id}: again {msgreq:?}"));
+        self.m.outstanding.insert(id, req);
+        self.send(
+            Endpoint::Client,
+            Endpoint::Node(rec.primary),
+            Msg::ClientReq { id, req: msgreq },
+        );
+    }
+
     /// A snapshot `layer` acknowledged by `by`: its blocks there hold, each,
     /// the durable write of when it was asked for or a later one, and no
     /// write sent after this answer.
@@ -1601,6 +1662,25 @@ impl Sim {
                     )));
                 }
             }
+        }
+        // Like invariant 8: at least `min_in_sync` disks hold it (the
+        // least any record of the epoch asked for).
+        let need = self
+            .history
+            .iter()
+            .filter(|r| r.epoch.0 == req.epoch)
+            .map(|r| r.min_in_sync)
+            .min()
+            .unwrap_or(1);
+        let held = self
+            .procs
+            .iter()
+            .filter(|p| p.disk.layer(layer).is_some())
+            .count();
+        if held < need {
+            return Err(self.fail(format!(
+                "snapshot {layer:?} acknowledged with {held} disks holding it, min_in_sync {need}"
+            )));
         }
         self.m.snapshots += 1;
         self.m.deleted.remove(&layer);
@@ -1819,7 +1899,17 @@ impl Sim {
         };
         match reply {
             ClientReply::NotPrimary => {
-                // Outcome unknown: blocks stay locked for this epoch.
+                // Outcome unknown: blocks stay locked for this epoch. A
+                // snapshot or a deletion is asked again of the current
+                // primary, as the cluster's client retries it (a retry of a
+                // barrier that did happen must still be answered only once
+                // it is safe: the final checks see a snapshot acknowledged
+                // too early vanish).
+                if matches!(req.kind, ReqKind::Snapshot | ReqKind::DeleteSnapshot)
+                    && self.now < self.p.fault_ms
+                {
+                    self.m.resends.push((self.now + 20, req));
+                }
             }
             ClientReply::NoSuchLayer { .. } => {
                 // Asked only of acknowledged snapshots with nothing
@@ -2677,6 +2767,7 @@ impl Sim {
             layer_deletions: self.m.deletions,
             rollbacks: self.m.rollbacks,
             layer_copies: self.layer_copies,
+            layer_retries: self.m.retries,
             stalls: self
                 .coords
                 .iter()
@@ -2849,6 +2940,7 @@ pub struct Summary {
     pub layer_deletions: u64,
     pub rollbacks: u64,
     pub layer_copies: u64,
+    pub layer_retries: u64,
 }
 
 impl Summary {
@@ -2882,6 +2974,7 @@ impl Summary {
         self.layer_deletions += s.layer_deletions;
         self.rollbacks += s.rollbacks;
         self.layer_copies += s.layer_copies;
+        self.layer_retries += s.layer_retries;
         self.long_delays += s.long_delays;
         self.stalls += s.stalls;
     }
@@ -2943,8 +3036,8 @@ fn seeds() {
         t.compares, t.differing, t.sweeps, t.damage_voided
     );
     eprintln!(
-        "layers: {} snapshots, {} deletions and {} rollbacks acknowledged, {} layer regions copied to rebuild replicas",
-        t.snapshots, t.layer_deletions, t.rollbacks, t.layer_copies
+        "layers: {} snapshots, {} deletions and {} rollbacks acknowledged ({} snapshots and deletions asked again after NotPrimary), {} layer regions copied to rebuild replicas",
+        t.snapshots, t.layer_deletions, t.rollbacks, t.layer_retries, t.layer_copies
     );
     assert!(
         n < 100
@@ -2995,6 +3088,7 @@ fn replay_seed() {
         Some("stall") => Some(Bug::NoStallCredit),
         Some("blocking") => Some(Bug::HeartbeatsBehindWrites),
         Some("snapshot") => Some(Bug::SnapshotResyncingReplicas),
+        Some("same-id") => Some(Bug::SnapshotRetriedUnderSameId),
         _ => None,
     };
     let a = run_seed(seed, bug);
@@ -3030,6 +3124,11 @@ fn acknowledging_before_the_secondaries_is_caught() {
 #[test]
 fn a_snapshot_of_a_replica_still_being_copied_to_is_caught() {
     assert_caught(Bug::SnapshotResyncingReplicas, 300);
+}
+
+#[test]
+fn a_snapshot_asked_again_under_the_same_id_is_caught() {
+    assert_caught(Bug::SnapshotRetriedUnderSameId, 2000);
 }
 
 #[test]

@@ -249,13 +249,30 @@ impl VolumeService {
             };
             self.check_quota(Some(project), &records, growth)?;
         }
-        let snap = SnapshotRecord::new(
-            VolumeId::new_v4(),
-            name,
-            current.record.size_bytes,
-            SystemTime::now(),
-        );
-        self.layer_request(&current.record, LayerRequest::Snapshot(snap.id))?;
+        // In a cluster a snapshot id is asked for once (an id names one
+        // barrier's layer): one the primary did not answer, because it
+        // changed meanwhile, is asked again under a new id.
+        let tries = if self.cluster.is_some() { 3 } else { 1 };
+        let mut snap = None;
+        for attempt in 1..=tries {
+            let fresh = SnapshotRecord::new(
+                VolumeId::new_v4(),
+                name,
+                current.record.size_bytes,
+                SystemTime::now(),
+            );
+            match self.layer_request(&current.record, LayerRequest::Snapshot(fresh.id)) {
+                Ok(()) => {
+                    snap = Some(fresh);
+                    break;
+                }
+                Err(e @ VolumeError::Cluster(_)) if attempt < tries => {
+                    tracing::warn!(volume, snapshot = name, error = %e, "snapshot not answered; asking again under a new id");
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        let snap = snap.ok_or_else(|| VolumeError::Cluster("the snapshot was not taken".into()))?;
         let mut record = current.record.clone();
         record.snapshots.push(snap.clone());
         if let Err(e) = self.catalog.update(&record, current.revision) {

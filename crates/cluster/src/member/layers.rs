@@ -6,7 +6,8 @@
 //!
 //! Invariants:
 //! - a layer has the same id on every replica: the catalog's snapshot UUID,
-//!   which is its id in each node's store;
+//!   which is its id in each node's store; a snapshot is asked for once per
+//!   id (never resent), so an id names one barrier's layer;
 //! - a snapshot layer is frozen only after a flush of the volume, so what it
 //!   holds is durable before the layer is, and a power loss cannot leave a
 //!   replica with a layer that lacks writes the others' hold;
@@ -24,7 +25,7 @@
 
 use super::{uuid_of, vol_of, Inner};
 use basalt_catalog::VolumeRecord;
-use basalt_replication::{encode_regions, ClientReq, DiskOp, LayerId, VolumeId};
+use basalt_replication::{encode_regions, ClientReply, ClientReq, DiskOp, LayerId, VolumeId};
 use basalt_store::{StoreError, BLOCK_SIZE};
 use basalt_volume::{IoError, LayerRequest, VolumeError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -94,9 +95,7 @@ impl Inner {
             std::thread::sleep(Duration::from_millis(100));
         }
         let request = match req {
-            LayerRequest::Snapshot(id) => ClientReq::Snapshot {
-                layer: layer_of(id),
-            },
+            LayerRequest::Snapshot(id) => return self.snapshot_once(record, vol, layer_of(id)),
             LayerRequest::Delete(id) => ClientReq::DeleteSnapshot {
                 layer: layer_of(id),
             },
@@ -118,6 +117,38 @@ impl Inner {
                 record.name
             ))),
             None => Err(VolumeError::Cluster("no answer from the primary".into())),
+        }
+    }
+
+    /// Asks the primary for snapshot `layer` once, never again: a layer id
+    /// is taken by one barrier only. Asked again of a primary that lacks it
+    /// (the one that took it failed over before answering, and some
+    /// replicas hold it), the id would be taken a second time at another
+    /// point of the stream, and replicas holding the first one would
+    /// count as holding the second. The caller asks for a new id instead;
+    /// a layer the first try left behind is an orphan (see the module's
+    /// invariants).
+    fn snapshot_once(
+        &self,
+        record: &VolumeRecord,
+        vol: VolumeId,
+        layer: LayerId,
+    ) -> Result<(), VolumeError> {
+        let (ids, rx) = self.submit_once(vol, ClientReq::Snapshot { layer });
+        let answer = rx.recv_timeout(self.cfg.request_deadline);
+        match answer {
+            Ok((_, ClientReply::Ok { .. })) => Ok(()),
+            Ok((_, ClientReply::NotPrimary)) | Err(_) => {
+                self.forget(&ids);
+                Err(VolumeError::Cluster(format!(
+                    "the primary of {} did not answer the snapshot (it may have changed); nothing was recorded",
+                    record.name
+                )))
+            }
+            Ok((_, other)) => Err(VolumeError::Cluster(format!(
+                "the primary of {} answered the snapshot with {other:?}",
+                record.name
+            ))),
         }
     }
 

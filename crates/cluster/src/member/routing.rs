@@ -509,7 +509,17 @@ impl Inner {
 
     /// Drops the requests still waiting among `ids` (their replies, should
     /// they come, go nowhere).
-    fn forget(&self, ids: &[u64]) {
+    /// Sends one request to the volume's primary, once (no retry): its
+    /// ids (for [`Inner::forget`]) and where its answer arrives.
+    pub(super) fn submit_once(
+        &self,
+        vol: VolumeId,
+        req: ClientReq,
+    ) -> (Vec<u64>, mpsc::Receiver<(usize, ClientReply)>) {
+        self.submit(vol, vec![(0, req)], None)
+    }
+
+    pub(super) fn forget(&self, ids: &[u64]) {
         let mut p = self.pending.lock();
         for id in ids {
             p.waiting.remove(id);

@@ -67,19 +67,15 @@ impl Primary {
         let held = self.layers.contains(&layer);
         let (by, epoch) = (self.me, self.epoch);
         match req {
-            // A retry of a snapshot taken, or a deletion done: nothing to do.
+            // A retry of a snapshot taken, or of a deletion done (here, or
+            // by a primary before this one): answered as a flush is, once
+            // this node and every replica the ack rule counts hold it
+            // durably. Answered at once, it could name a snapshot only
+            // this node holds, or one whose barrier is still on its way.
             ClientReq::Snapshot { .. } | ClientReq::DeleteSnapshot { .. }
                 if held == matches!(req, ClientReq::Snapshot { .. }) =>
             {
-                return self.reply(
-                    id,
-                    ClientReply::Ok {
-                        by,
-                        epoch,
-                        data: None,
-                    },
-                    out,
-                );
+                return self.on_client(now, id, ClientReq::Flush, out);
             }
             ClientReq::Rollback { .. } if !held => {
                 return self.reply(id, ClientReply::NoSuchLayer { by, epoch }, out);
