@@ -187,7 +187,10 @@ impl ReplicaEnv for Env {
                     Ok(data) => DiskResult::Done { data },
                     Err(e) => {
                         tracing::warn!(volume = %uuid_of(vol), ?op, error = %e,
-                            "replica layer operation failed");
+                            "replica layer operation failed; trying again in a second");
+                        // The state machine issues it again at once: a
+                        // failure that lasts must not spin.
+                        std::thread::sleep(std::time::Duration::from_secs(1));
                         DiskResult::Error
                     }
                 };
