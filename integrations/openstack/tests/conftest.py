@@ -14,6 +14,7 @@ import uuid
 from typing import Any
 
 from cinder import context, objects
+from cinder.objects import fields
 from cinder.tests.unit import test
 from cinder.tests.unit import utils as tests_utils
 from oslo_config import cfg
@@ -143,6 +144,19 @@ class BasaltManagerTestCase(CinderTestCase):
             spec = qos_specs.create(self.context, f"q-{name}", {"consumer": consumer, **qos})
             qos_specs.associate_qos_with_type(self.context, spec.id, vtype.id)
         return vtype
+
+    def revert(self, vol: objects.Volume, snap: objects.Snapshot) -> None:
+        """Reverts `vol` to `snap` through the manager, with the statuses the
+        API sets first, and checks both end available."""
+        vol.status = "reverting"
+        vol.save()
+        snap.status = fields.SnapshotStatus.RESTORING
+        snap.save()
+        self.manager.revert_to_snapshot(self.context, vol, snap)
+        vol.refresh()
+        snap.refresh()
+        self.assertEqual("available", vol.status)
+        self.assertEqual(fields.SnapshotStatus.AVAILABLE, snap.status)
 
     def new_volume(self, size: int = 1, **kwargs: Any) -> objects.Volume:
         kwargs.setdefault("volume_type_id", self.volume_type().id)

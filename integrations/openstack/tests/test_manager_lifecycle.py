@@ -77,15 +77,7 @@ class ManagerLifecycleTest(BasaltManagerTestCase):
         self.assertEqual(3, vol.size)
         self.assertEqual(3 * GiB, client.get_volume(name)["size_bytes"])
         write_pattern(name, C, offset=2 * GiB)
-        vol.status = "reverting"
-        vol.save()
-        snap.status = fields.SnapshotStatus.RESTORING
-        snap.save()
-        self.manager.revert_to_snapshot(self.context, vol, snap)
-        vol.refresh()
-        snap.refresh()
-        self.assertEqual("available", vol.status)
-        self.assertEqual(fields.SnapshotStatus.AVAILABLE, snap.status)
+        self.revert(vol, snap)
         self.assertTrue(has_pattern(name, A))
         self.assertTrue(has_pattern(name, 0, offset=2 * GiB))
         self.assertEqual(3 * GiB, client.get_volume(name)["size_bytes"])

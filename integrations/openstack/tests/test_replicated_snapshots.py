@@ -106,17 +106,6 @@ class ReplicatedSnapshotTest(BasaltManagerTestCase):
         self.assertEqual(1 * GiB, info["size_bytes"])
         return vol, name
 
-    def revert(self, vol: objects.Volume, snap: objects.Snapshot) -> None:
-        vol.status = "reverting"
-        vol.save()
-        snap.status = fields.SnapshotStatus.RESTORING
-        snap.save()
-        self.manager.revert_to_snapshot(self.context, vol, snap)
-        vol.refresh()
-        snap.refresh()
-        self.assertEqual("available", vol.status)
-        self.assertEqual(fields.SnapshotStatus.AVAILABLE, snap.status)
-
     def delete_snapshot(self, name: str, snap: objects.Snapshot) -> None:
         self.manager.delete_snapshot(self.context, snap)
         gone = objects.Snapshot.get_by_id(self.context.elevated(read_deleted="yes"), snap.id)
