@@ -4,7 +4,9 @@
 //! down when a snapshot was taken rebuilds it when it returns (and its
 //! head); the snapshot is exported read-only over NBD by each replica's
 //! node; rollback makes every replica read as the snapshot; deletion
-//! removes the snapshot everywhere.
+//! removes the snapshot everywhere. A clone of a replicated snapshot is
+//! replicated on the nodes holding it, and rebuilt in full on one that
+//! does not.
 
 mod common;
 
@@ -182,13 +184,159 @@ fn replicated_snapshots_survive_failover_rebuild_rollback_and_delete() {
         .collect();
     assert_eq!(names, vec!["s1"], "{list:#}");
     assert_same_everywhere(&c, "sv@s1");
-    // Clones in a cluster are not there yet: one clear line.
-    let out = c.nodes[0].cli(&["volume", "create", "cl", "--from", "sv@s1"]);
-    assert_ne!(out.code(), Some(0));
-    assert!(
-        out.stderr
-            .contains("clones in a cluster are not supported yet"),
-        "{}",
-        out.describe()
+}
+
+/// The nodes `v`'s replicas are on, by index, sorted.
+fn replica_nodes(v: &Value) -> Vec<usize> {
+    node_names(v).iter().map(|n| node_index(n)).collect()
+}
+
+#[test]
+fn clones_of_replicated_snapshots_are_replicated_and_rebuilt_in_full_elsewhere() {
+    let seed = test_seed("replicated_clones") % 1_000_000;
+    // Replicas unreachable for 2 s are rebuilt on another node.
+    let mut c = Cluster::start_with(3, &[], |_| vec!["--replace-after".into(), "2".into()]);
+    c.nodes[0]
+        .cli(&[
+            "volume",
+            "create",
+            "gold",
+            "--size",
+            "16M",
+            "--replicas",
+            "2",
+        ])
+        .ok();
+    let gold = c.wait_volume(0, "gold", "placed and in sync", healthy);
+    let holders = replica_nodes(&gold);
+    write_pattern(None, &c.nodes[0].uri("gold"), seed, 1, 0, 12 * MIB);
+    let out = c.nodes[0].cli(&["snapshot", "create", "gold", "base"]);
+    assert!(out.code() == Some(0), "snapshot create: {}", out.describe());
+    write_pattern(None, &c.nodes[0].uri("gold"), seed, 2, 0, 4 * MIB);
+
+    // A clone is replicated as its source is, on the nodes holding the
+    // snapshot, each replica made from it there: equal from the start.
+    let out = c.nodes[0].cli(&["volume", "create", "vm1", "--from", "gold@base"]);
+    assert!(out.code() == Some(0), "clone: {}", out.describe());
+    let vm1 = c.wait_volume(0, "vm1", "placed and in sync", healthy);
+    assert_eq!(replica_nodes(&vm1), holders, "{vm1:#}");
+    assert_eq!(vm1["clone_of"], "gold@base", "{vm1:#}");
+    let base = local_digests(&c, &holders, "gold@base")[0];
+    assert_eq!(
+        local_digests(&c, &holders, "vm1"),
+        vec![base; holders.len()],
+        "the clone's replicas read as the snapshot"
     );
+    for i in 0..3 {
+        verify_pattern(None, &c.nodes[i].uri("vm1"), seed, 1, 0, 12 * MIB);
+    }
+    for h in &holders {
+        assert!(
+            c.nodes[*h]
+                .log()
+                .contains("created the local replica from its source snapshot"),
+            "node{h} did not make its replica of vm1 from the snapshot:\n{}",
+            c.nodes[*h].log()
+        );
+    }
+    // It diverges on write, on every replica, without touching its source.
+    write_pattern(None, &c.nodes[0].uri("vm1"), seed, 3, 8 * MIB, 8 * MIB);
+    c.assert_replicas_equal(&holders, "vm1");
+    assert_eq!(local_digests(&c, &holders, "gold@base"), vec![base; 2]);
+    verify_pattern(None, &c.nodes[1].uri("gold"), seed, 2, 0, 4 * MIB);
+    verify_pattern(None, &c.nodes[2].uri("vm1"), seed, 1, 0, 8 * MIB);
+    verify_pattern(None, &c.nodes[2].uri("vm1"), seed, 3, 8 * MIB, 8 * MIB);
+
+    // A snapshot with clones is not deleted: one line naming them.
+    let out = c.nodes[0].cli(&["snapshot", "delete", "gold@base"]);
+    assert_ne!(out.code(), Some(0));
+    assert!(out.stderr.contains("vm1"), "{}", out.describe());
+
+    // A holder lost: both volumes are rebuilt on the third node, which
+    // lacks the snapshot, so vm1's new replica is a full copy.
+    let p = node_index(&primary(&vm1).expect("a primary"));
+    let lost = *holders.iter().find(|h| **h != p).expect("a second holder");
+    let spare = (0..3).find(|i| !holders.contains(i)).expect("a spare node");
+    c.nodes[lost].kill9();
+    for name in ["vm1", "gold"] {
+        c.wait_volume(p, name, "rebuilt on the spare node", |v| {
+            healthy(v) && replica_nodes(v).contains(&spare)
+        });
+    }
+    c.assert_replicas_equal(&[p, spare], "vm1");
+    c.assert_replicas_equal(&[p, spare], "gold@base");
+    verify_pattern(None, &c.nodes[spare].uri("vm1"), seed, 1, 0, 8 * MIB);
+    verify_pattern(None, &c.nodes[spare].uri("vm1"), seed, 3, 8 * MIB, 8 * MIB);
+    // The lost node returns: its old copies go, the clone's (flattened
+    // first if the source's goes before it) without a failure.
+    c.nodes[lost].restart();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while std::time::Instant::now() < deadline
+        && c.nodes[lost].cli(&["volume", "local-digest", "vm1"]).code() == Some(0)
+    {
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let log = c.nodes[lost].log();
+    assert!(
+        !log.contains("could not delete a local replica"),
+        "node{lost} could not delete its old copies:\n{log}"
+    );
+
+    // `--from VOLUME` snapshots implicitly; deleting the clones frees the
+    // snapshot.
+    let out = c.nodes[spare].cli(&["volume", "create", "vm2", "--from", "gold"]);
+    assert!(out.code() == Some(0), "clone: {}", out.describe());
+    let vm2 = c.wait_volume(spare, "vm2", "placed and in sync", healthy);
+    assert_eq!(replica_nodes(&vm2), vec![p.min(spare), p.max(spare)]);
+    verify_pattern(None, &c.nodes[lost].uri("vm2"), seed, 2, 0, 4 * MIB);
+
+    // Flattening goes to every replica: vm1 no longer needs gold@base,
+    // which can then go while vm1 keeps its content.
+    let out = c.nodes[lost].cli(&["volume", "flatten", "vm1", "--rate", "64M"]);
+    assert!(out.code() == Some(0), "flatten: {}", out.describe());
+    assert!(
+        c.show(p, "vm1")["clone_of"].is_null(),
+        "{:#}",
+        c.show(p, "vm1")
+    );
+    let out = c.nodes[p].cli(&["snapshot", "delete", "gold@base"]);
+    assert!(out.code() == Some(0), "snapshot delete: {}", out.describe());
+    // Every replica was flattened by the protocol, none only when the
+    // snapshot went.
+    let vm1_id = c.show(p, "vm1")["id"].as_str().expect("an id").to_string();
+    for i in [p, spare] {
+        let log = c.nodes[i].log();
+        assert!(
+            !log.lines()
+                .any(|l| l.contains("flattening a local clone") && l.contains(&vm1_id)),
+            "node{i} flattened vm1 only when its source snapshot went:\n{log}"
+        );
+    }
+    c.assert_replicas_equal(&[p, spare], "vm1");
+    c.assert_replicas_equal(&[p, spare], "gold");
+    verify_pattern(None, &c.nodes[lost].uri("vm1"), seed, 1, 0, 8 * MIB);
+    verify_pattern(None, &c.nodes[lost].uri("vm1"), seed, 3, 8 * MIB, 8 * MIB);
+    // A replicated clone with snapshots of its own is not flattened.
+    let out = c.nodes[p].cli(&["snapshot", "create", "vm2", "mine"]);
+    assert!(out.code() == Some(0), "snapshot create: {}", out.describe());
+    let out = c.nodes[p].cli(&["volume", "flatten", "vm2"]);
+    assert_ne!(out.code(), Some(0));
+    assert!(out.stderr.contains("has snapshots"), "{}", out.describe());
+    // Deleting the clone (its snapshot first) frees its source snapshot.
+    for args in [
+        &["snapshot", "delete", "vm2@mine"][..],
+        &["volume", "delete", "vm2"],
+        &["snapshot", "delete", "gold@clone-vm2"],
+    ] {
+        let out = c.nodes[p].cli(args);
+        assert!(out.code() == Some(0), "{args:?}: {}", out.describe());
+    }
+    c.assert_replicas_equal(&[p, spare], "gold");
+    for i in 0..3 {
+        let log = c.nodes[i].log();
+        assert!(
+            !log.contains("replica layer operation failed"),
+            "layer operations failed on node{i}:\n{log}"
+        );
+    }
 }

@@ -10,7 +10,8 @@
 //! Invariants:
 //! - a new record is proposed only for a catalog volume no record places,
 //!   on distinct alive, active nodes with room for it (see [`placement`]),
-//!   with the boot ids the nodes registered with;
+//!   with the boot ids the nodes registered with; a clone only on nodes
+//!   whose replica of its source is InSync (they hold its snapshot);
 //! - an orphan is a record whose volume the catalog copy lacks; the caller
 //!   may drop it only once its catalog copy is known to hold every change up
 //!   to the record's revision (a catalog entry is written before any record
@@ -80,9 +81,22 @@ impl Load {
         want: usize,
         coordinator: Option<NodeId>,
     ) -> Option<Placement> {
+        self.place_on(nodes, size, want, coordinator, None)
+    }
+
+    /// As [`Load::place`], on the nodes of `only` alone when given.
+    fn place_on(
+        &self,
+        nodes: &[NodeStatus],
+        size: u64,
+        want: usize,
+        coordinator: Option<NodeId>,
+        only: Option<&HashSet<NodeId>>,
+    ) -> Option<Placement> {
         let candidates: Vec<Candidate> = nodes
             .iter()
             .filter(|n| n.alive && n.state == NodeState::Active)
+            .filter(|n| only.is_none_or(|o| o.contains(&n.id)))
             .filter(|n| {
                 placement::node_has_room(&self.provisioned, n.id, n.info.provision_limit(), size)
             })
@@ -120,10 +134,43 @@ pub struct NewRecord {
     pub missing: usize,
 }
 
+/// The nodes that hold the snapshot clone `v` is made from: its source
+/// volume's InSync replicas (an InSync replica holds every layer of its
+/// volume). `None` for a volume that is not a clone.
+fn clone_holders(
+    v: &VolumeRecord,
+    catalog: &[VolumeRecord],
+    records: &[Membership],
+) -> Option<HashSet<NodeId>> {
+    let source = v.clone_of.as_ref()?;
+    let source_id = catalog
+        .iter()
+        .find(|c| c.name == source.volume)
+        .map(|c| VolumeId(c.id.as_u128()));
+    let holders = records
+        .iter()
+        .find(|r| Some(r.volume) == source_id)
+        .map(|r| {
+            r.replicas
+                .iter()
+                .filter(|(_, i)| i.state == ReplicaState::InSync)
+                .map(|(n, _)| *n)
+                .collect()
+        })
+        .unwrap_or_default();
+    Some(holders)
+}
+
 /// Records for the catalog volumes that no record in `records` places,
 /// placed on `nodes` one after the other (each counts in the load the next
 /// one sees); volumes that fit nowhere yet are left out. Returns the load
 /// with them added.
+///
+/// A clone is placed only on nodes that hold its source snapshot (see
+/// [`clone_holders`]): each makes its replica from the snapshot there,
+/// so that every replica of the new record starts equal, as a new volume's
+/// do. Replicas past the holders are added later as OutOfSync (copied in
+/// full) by [`reconfigure`].
 pub fn new_records(
     catalog: &[VolumeRecord],
     records: &[Membership],
@@ -140,8 +187,13 @@ pub fn new_records(
         }
         let size = v.size_bytes;
         let want = wanted_replicas(v);
-        let Some(p) = load.place(nodes, size, want, coordinator) else {
-            tracing::warn!(volume = %v.name, "no node can take a replica yet");
+        let holders = clone_holders(v, catalog, records);
+        let Some(p) = load.place_on(nodes, size, want, coordinator, holders.as_ref()) else {
+            if holders.is_some() {
+                tracing::warn!(volume = %v.name, "no node holding the clone's source snapshot can take a replica yet");
+            } else {
+                tracing::warn!(volume = %v.name, "no node can take a replica yet");
+            }
             continue;
         };
         let min = default_min_in_sync(want).min(p.nodes.len());
@@ -434,5 +486,51 @@ mod tests {
             changes[0].record.replicas[&NodeId(2)].state,
             ReplicaState::OutOfSync
         );
+    }
+
+    #[test]
+    fn a_clone_is_placed_only_where_its_source_is_in_sync() {
+        let source_id = uuid::Uuid::from_u128(1);
+        let mut source =
+            VolumeRecord::new(source_id, "gold", 16 * BLOCK_SIZE, std::time::UNIX_EPOCH);
+        source.replicas = Some(2);
+        let mut clone = VolumeRecord::new(
+            uuid::Uuid::from_u128(2),
+            "vm1",
+            16 * BLOCK_SIZE,
+            std::time::UNIX_EPOCH,
+        );
+        clone.replicas = Some(2);
+        clone.clone_of = Some(basalt_catalog::CloneSource::new(
+            "gold",
+            "base",
+            uuid::Uuid::from_u128(3),
+        ));
+        let nodes = [node(0), node(1), node(2), node(3)];
+        let mut rec = Membership::new(
+            VolumeId(1),
+            &[NodeId(1), NodeId(2), NodeId(3)],
+            NodeId(1),
+            2,
+        )
+        .with_blocks(16);
+        if let Some(r) = rec.replicas.get_mut(&NodeId(3)) {
+            r.state = ReplicaState::OutOfSync;
+        }
+        let catalog = [source.clone(), clone.clone()];
+        let (new, _) = new_records(&catalog, &[rec.clone()], &nodes, None);
+        let mut placed = new[0].record.replicas.keys().copied().collect::<Vec<_>>();
+        placed.sort();
+        assert_eq!(placed, [NodeId(1), NodeId(2)]);
+        assert_eq!(new[0].missing, 0);
+        // Three wanted, two holders: two now, the third copied later.
+        clone.replicas = Some(3);
+        let catalog = [source.clone(), clone.clone()];
+        let (new, _) = new_records(&catalog, &[rec.clone()], &nodes, None);
+        assert_eq!(new[0].record.replicas.len(), 2);
+        assert_eq!(new[0].missing, 1);
+        // No holder in sync (or the source not placed yet): not placed.
+        let (new, _) = new_records(&catalog, &[], &nodes, None);
+        assert!(new.iter().all(|r| r.name != "vm1"), "{new:?}");
     }
 }

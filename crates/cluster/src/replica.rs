@@ -102,12 +102,13 @@ pub(crate) trait ReplicaEnv: Send + Sync + 'static {
     fn save_crash_logs(&self, vol: VolumeId, logs: &SavedLogs) -> Result<(), String>;
     /// Carries out a layer operation of `vol`'s state machine on the local
     /// store (`DiskOp::Snapshot`, `DeleteLayer`, `Rebase`, `Changed`,
-    /// `ReadLayer`), with the data it completes with.
+    /// `ReadLayer`, `Flatten`), with the data it completes with.
     fn layer_op(&self, vol: VolumeId, op: &DiskOp) -> Result<Option<Vec<u8>>, String>;
     /// Carries out layer operation `op` (`id`) of `vol`'s driver `instance`
     /// on a thread of its own, and delivers its completion to the replica
     /// as [`Event::Disk`]: for one that may take long (a deletion merges a
-    /// layer's blocks into the next), which must hold up neither a client's
+    /// layer's blocks into the next, a flatten copies a clone's source's),
+    /// which must hold up neither a client's
     /// thread nor the ticker (its replicas' heartbeats and leases).
     fn layer_op_async(&self, vol: VolumeId, instance: u64, id: u64, op: DiskOp);
 }
@@ -522,7 +523,8 @@ impl<E: ReplicaEnv> Replica<E> {
                 | DiskOp::DeleteLayer { .. }
                 | DiskOp::Rebase { .. }
                 | DiskOp::Changed { .. }
-                | DiskOp::ReadLayer { .. }) => layer_ops.push((id, op)),
+                | DiskOp::ReadLayer { .. }
+                | DiskOp::Flatten { .. }) => layer_ops.push((id, op)),
             }
         }
         let mut results = Vec::new();
@@ -585,7 +587,7 @@ impl<E: ReplicaEnv> Replica<E> {
             out.push((id, r));
         }
         for (id, op) in layer_ops {
-            if matches!(op, DiskOp::DeleteLayer { .. }) {
+            if matches!(op, DiskOp::DeleteLayer { .. } | DiskOp::Flatten { .. }) {
                 self.env.layer_op_async(self.vol, self.instance, id, op);
                 continue;
             }

@@ -61,7 +61,9 @@ pub const MAGIC: [u8; 4] = *b"BSPW";
 /// (`DeleteLayer`) and 7 (`Rebase`), the layers a secondary holds in
 /// `ReplStarted`, `ClientReq` reqs 5 (`Snapshot`), 6 (`DeleteSnapshot`)
 /// and 7 (`Rollback`), and the `NoSuchLayer` client reply (3).
-pub const VERSION: u8 = 8;
+/// Version 9 added the flattening of clones: `Repl` op 8 (`Flatten`) and
+/// `ClientReq` req 8 (`Flatten`).
+pub const VERSION: u8 = 9;
 /// Bytes in a frame header.
 pub const HEADER_LEN: usize = 20;
 /// The largest payload a decoder accepts (and an encoder produces).
@@ -260,7 +262,8 @@ fn check(frame: &Frame) -> Result<(u8, &[u8]), EncodeError> {
                 | ReplOp::Digest { .. }
                 | ReplOp::Snapshot { .. }
                 | ReplOp::DeleteLayer { .. }
-                | ReplOp::Rebase { .. } => &[],
+                | ReplOp::Rebase { .. }
+                | ReplOp::Flatten { .. } => &[],
             };
             (kind::REPL, data)
         }
@@ -318,7 +321,8 @@ fn check(frame: &Frame) -> Result<(u8, &[u8]), EncodeError> {
             | ClientReq::Compare { .. }
             | ClientReq::Snapshot { .. }
             | ClientReq::DeleteSnapshot { .. }
-            | ClientReq::Rollback { .. } => (kind::CLIENT_REQ, &[]),
+            | ClientReq::Rollback { .. }
+            | ClientReq::Flatten { .. } => (kind::CLIENT_REQ, &[]),
         },
         Msg::ClientReply { reply, .. } => match reply {
             ClientReply::Ok {
@@ -358,6 +362,7 @@ fn fields_len(frame: &Frame) -> usize {
                     ReplOp::Digest { .. } => 16,
                     ReplOp::Snapshot { .. } | ReplOp::DeleteLayer { .. } => LAYER,
                     ReplOp::Rebase { onto } => 1 + if onto.is_some() { LAYER } else { 0 },
+                    ReplOp::Flatten { .. } => 24,
                     ReplOp::Start | ReplOp::Flush => 0,
                 }
         }
@@ -386,6 +391,7 @@ fn fields_len(frame: &Frame) -> usize {
                     ClientReq::Snapshot { .. }
                     | ClientReq::DeleteSnapshot { .. }
                     | ClientReq::Rollback { .. } => LAYER,
+                    ClientReq::Flatten { .. } => 24,
                 }
         }
         Msg::ClientReply { reply, .. } => {
@@ -484,6 +490,12 @@ fn write_fields(frame: &Frame, data: &[u8], out: &mut Vec<u8>) {
                         }
                         None => out.push(0),
                     }
+                }
+                ReplOp::Flatten { lba, blocks, rate } => {
+                    out.push(8);
+                    u64le(out, *lba);
+                    u64le(out, *blocks);
+                    u64le(out, *rate);
                 }
             }
         }
@@ -624,6 +636,12 @@ fn write_fields(frame: &Frame, data: &[u8], out: &mut Vec<u8>) {
                 ClientReq::Rollback { layer: l } => {
                     out.push(7);
                     layer(out, l);
+                }
+                ClientReq::Flatten { lba, blocks, rate } => {
+                    out.push(8);
+                    u64le(out, *lba);
+                    u64le(out, *blocks);
+                    u64le(out, *rate);
                 }
             }
         }
@@ -928,6 +946,11 @@ fn decode_payload(kind: u8, payload: &[u8]) -> Result<Frame, DecodeError> {
                         None
                     },
                 },
+                8 => ReplOp::Flatten {
+                    lba: r.u64("lba")?,
+                    blocks: r.u64("blocks")?,
+                    rate: r.u64("rate")?,
+                },
                 other => return Err(r.invalid("op", other)),
             };
             Msg::Repl {
@@ -1069,6 +1092,11 @@ fn decode_payload(kind: u8, payload: &[u8]) -> Result<Frame, DecodeError> {
                 7 => ClientReq::Rollback {
                     layer: r.layer("layer")?,
                 },
+                8 => ClientReq::Flatten {
+                    lba: r.u64("lba")?,
+                    blocks: r.u64("blocks")?,
+                    rate: r.u64("rate")?,
+                },
                 3 => {
                     let lba = r.u64("lba")?;
                     let fua = r.bool("fua")?;
@@ -1184,6 +1212,22 @@ mod tests {
             (client(ClientReq::Snapshot { layer: l }), 25 + 16),
             (client(ClientReq::DeleteSnapshot { layer: l }), 25 + 16),
             (client(ClientReq::Rollback { layer: l }), 25 + 16),
+            (
+                repl(ReplOp::Flatten {
+                    lba: 1,
+                    blocks: 2,
+                    rate: 3,
+                }),
+                65 + 24,
+            ),
+            (
+                client(ClientReq::Flatten {
+                    lba: 1,
+                    blocks: 2,
+                    rate: 3,
+                }),
+                25 + 24,
+            ),
             (
                 Msg::ClientReply {
                     id: 9,

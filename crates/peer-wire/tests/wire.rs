@@ -40,7 +40,7 @@ fn hello_literal() {
         proof: [0x33; 32],
     };
     let bytes = hex("
-        42 53 50 57  08  01  00 00  4c 00 00 00  13 8a 7c 76  3f 7a 78 0e
+        42 53 50 57  09  01  00 00  4c 00 00 00  13 8a 7c 76  0f ae 09 3f
         11 11 11 11 11 11 11 11 11 11 11 11 11 11 11 11  07 00 00 00  08 07 06 05 04 03 02 01
         22 22 22 22 22 22 22 22 22 22 22 22 22 22 22 22
         33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33");
@@ -67,7 +67,7 @@ fn repl_write_literal() {
         },
     };
     let bytes = hex("
-        42 53 50 57  08  02  00 00  56 00 00 00  95 00 1d 92  1f a1 5b 3b
+        42 53 50 57  09  02  00 00  56 00 00 00  95 00 1d 92  2f 75 2a 0a
         ff ee dd cc bb aa 99 88 77 66 55 44 33 22 11 00
         02 00 00 00 00 00 00 00  03 00 00 00 00 00 00 00
         04 00 00 00 00 00 00 00  05 00 00 00 00 00 00 00
@@ -103,7 +103,7 @@ fn repl_write_zeroes_literal() {
         },
     };
     let bytes = hex("
-        42 53 50 57  08  02  00 00  52 00 00 00  b3 3f c9 60  9b 4a af b3
+        42 53 50 57  09  02  00 00  52 00 00 00  b3 3f c9 60  ab 9e de 82
         ff ee dd cc bb aa 99 88 77 66 55 44 33 22 11 00
         02 00 00 00 00 00 00 00  03 00 00 00 00 00 00 00
         04 00 00 00 00 00 00 00  05 00 00 00 00 00 00 00
@@ -134,7 +134,7 @@ fn repl_started_literal() {
         },
     };
     let bytes = hex("
-        42 53 50 57  08  09  00 00  60 00 00 00  e5 31 90 b2  ea 1e 0a ab
+        42 53 50 57  09  09  00 00  60 00 00 00  e5 31 90 b2  da ca 7b 9a
         ff ee dd cc bb aa 99 88 77 66 55 44 33 22 11 00
         02 00 00 00 00 00 00 00  03 00 00 00 00 00 00 00
         01 00 00 00 00 00 00 00  20 00 00 00 00 00 00 00
@@ -206,23 +206,32 @@ fn repl_layer_ops_literal() {
     let cases = [
         (
             ReplOp::Snapshot { layer: LAYER },
-            "42 53 50 57  08  02  00 00  51 00 00 00  4f 25 c7 bc  3a 01 1d 4f",
+            "42 53 50 57  09  02  00 00  51 00 00 00  4f 25 c7 bc  0a d5 6c 7e",
             "05  10 0f 0e 0d 0c 0b 0a 09 08 07 06 05 04 03 02 01",
         ),
         (
             ReplOp::DeleteLayer { layer: LAYER },
-            "42 53 50 57  08  02  00 00  51 00 00 00  ae 41 ea 5c  0d 87 03 58",
+            "42 53 50 57  09  02  00 00  51 00 00 00  ae 41 ea 5c  3d 53 72 69",
             "06  10 0f 0e 0d 0c 0b 0a 09 08 07 06 05 04 03 02 01",
         ),
         (
             ReplOp::Rebase { onto: Some(LAYER) },
-            "42 53 50 57  08  02  00 00  52 00 00 00  47 8b e8 0a  ee dd d8 ed",
+            "42 53 50 57  09  02  00 00  52 00 00 00  47 8b e8 0a  de 09 a9 dc",
             "07  01  10 0f 0e 0d 0c 0b 0a 09 08 07 06 05 04 03 02 01",
         ),
         (
             ReplOp::Rebase { onto: None },
-            "42 53 50 57  08  02  00 00  42 00 00 00  68 1a 6a 14  15 31 ab 6f",
+            "42 53 50 57  09  02  00 00  42 00 00 00  68 1a 6a 14  25 e5 da 5e",
             "07  00",
+        ),
+        (
+            ReplOp::Flatten {
+                lba: 0x10,
+                blocks: 0x4000,
+                rate: 0x0200_0000,
+            },
+            "42 53 50 57  09  02  00 00  59 00 00 00  2d 31 77 18  6e aa 93 cf",
+            "08  10 00 00 00 00 00 00 00  00 40 00 00 00 00 00 00  00 00 00 02 00 00 00 00",
         ),
     ];
     for (op, header, tail) in cases {
@@ -243,18 +252,27 @@ fn client_layer_requests_and_no_such_layer_literal() {
     let cases = [
         (
             req(ClientReq::Snapshot { layer: LAYER }),
-            "42 53 50 57  08  07  00 00  29 00 00 00  6a ca 97 83  2a fc f9 61",
+            "42 53 50 57  09  07  00 00  29 00 00 00  6a ca 97 83  1a 28 88 50",
             "05  10 0f 0e 0d 0c 0b 0a 09 08 07 06 05 04 03 02 01",
         ),
         (
             req(ClientReq::DeleteSnapshot { layer: LAYER }),
-            "42 53 50 57  08  07  00 00  29 00 00 00  8b ae ba 63  1d 7a e7 76",
+            "42 53 50 57  09  07  00 00  29 00 00 00  8b ae ba 63  2d ae 96 47",
             "06  10 0f 0e 0d 0c 0b 0a 09 08 07 06 05 04 03 02 01",
         ),
         (
             req(ClientReq::Rollback { layer: LAYER }),
-            "42 53 50 57  08  07  00 00  29 00 00 00  d4 72 5e 3c  f0 07 ed 7b",
+            "42 53 50 57  09  07  00 00  29 00 00 00  d4 72 5e 3c  c0 d3 9c 4a",
             "07  10 0f 0e 0d 0c 0b 0a 09 08 07 06 05 04 03 02 01",
+        ),
+        (
+            req(ClientReq::Flatten {
+                lba: 0x10,
+                blocks: 0x4000,
+                rate: 0,
+            }),
+            "42 53 50 57  09  07  00 00  31 00 00 00  cb 09 ad db  58 06 8a 49",
+            "08  10 00 00 00 00 00 00 00  00 40 00 00 00 00 00 00  00 00 00 00 00 00 00 00",
         ),
         (
             Frame::Msg {
@@ -267,7 +285,7 @@ fn client_layer_requests_and_no_such_layer_literal() {
                     },
                 },
             },
-            "42 53 50 57  08  08  00 00  25 00 00 00  95 66 a7 27  f5 8d f0 85",
+            "42 53 50 57  09  08  00 00  25 00 00 00  95 66 a7 27  c5 59 81 b4",
             "03  07 00 00 00  02 00 00 00 00 00 00 00",
         ),
     ];
@@ -359,25 +377,25 @@ fn malformed_layer_fields_are_refused() {
     );
     // A Repl op, client req or client reply past the last one defined.
     let mut op = hex(REPL_FIELDS);
-    op.push(8);
+    op.push(9);
     assert_eq!(
         decode(&rebuild(kind::REPL, &op)),
         Err(DecodeError::InvalidValue {
             kind: "Repl",
             field: "op",
-            value: 8
+            value: 9
         })
     );
     let mut p = VOL.0.to_le_bytes().to_vec();
     p.extend_from_slice(&11u64.to_le_bytes());
-    p.push(8);
+    p.push(9);
     p.extend_from_slice(&LAYER.0.to_le_bytes());
     assert_eq!(
         decode(&rebuild(kind::CLIENT_REQ, &p)),
         Err(DecodeError::InvalidValue {
             kind: "ClientReq",
             field: "req",
-            value: 8
+            value: 9
         })
     );
     let mut p = VOL.0.to_le_bytes().to_vec();
@@ -410,7 +428,7 @@ fn client_write_of_zeros_literal() {
         },
     };
     let bytes = hex("
-        42 53 50 57  08  07  00 00  26 00 00 00  0a 17 b7 81  dc a7 86 04
+        42 53 50 57  09  07  00 00  26 00 00 00  0a 17 b7 81  ec 73 f7 35
         ff ee dd cc bb aa 99 88 77 66 55 44 33 22 11 00
         0b 00 00 00 00 00 00 00  03  06 00 00 00 00 00 00 00  01  00 30 00 00");
     assert_literal(&frame, &bytes);
@@ -492,7 +510,7 @@ fn heartbeat_literal() {
         },
     };
     let bytes = hex("
-        42 53 50 57  08  05  00 00  20 00 00 00  23 35 8e d5  c0 36 a4 96
+        42 53 50 57  09  05  00 00  20 00 00 00  23 35 8e d5  f0 e2 d5 a7
         ff ee dd cc bb aa 99 88 77 66 55 44 33 22 11 00
         09 00 00 00 00 00 00 00  0a 00 00 00 00 00 00 00");
     assert_literal(&frame, &bytes);
@@ -515,8 +533,8 @@ fn typed_errors_name_the_problem() {
     // A version 1 peer (no zero forms), 2 (no failover watermarks), 3 (no
     // lease in heartbeat answers), 4 (no authentication), 5 (no read
     // repair), 6 (no replica compare, unordered repair reads) or 7 (no
-    // snapshot layers) is refused, as is a future one.
-    for v in [1, 2, 3, 4, 5, 6, 7, 9] {
+    // snapshot layers) or 8 (no flattening) is refused, as is a future one.
+    for v in [1, 2, 3, 4, 5, 6, 7, 8, 10] {
         let mut b = good.clone();
         b[4] = v;
         assert_eq!(decode(&b), Err(DecodeError::UnsupportedVersion(v)));
@@ -561,13 +579,13 @@ fn typed_errors_name_the_problem() {
     fenced.extend_from_slice(&[0; 8]);
     fenced.extend_from_slice(&[0; 8]); // session
     fenced.extend_from_slice(&[0; 32]); // lseq, vseq, commit, floor
-    fenced.push(8); // no such op
+    fenced.push(9); // no such op
     assert_eq!(
         decode(&rebuild(kind::REPL, &fenced)),
         Err(DecodeError::InvalidValue {
             kind: "Repl",
             field: "op",
-            value: 8
+            value: 9
         })
     );
 }
@@ -634,6 +652,8 @@ fn repl_op() -> impl Strategy<Value = ReplOp> {
         layer().prop_map(|layer| ReplOp::Snapshot { layer }),
         layer().prop_map(|layer| ReplOp::DeleteLayer { layer }),
         prop::option::of(layer()).prop_map(|onto| ReplOp::Rebase { onto }),
+        (any::<u64>(), any::<u64>(), any::<u64>())
+            .prop_map(|(lba, blocks, rate)| ReplOp::Flatten { lba, blocks, rate }),
     ]
 }
 
@@ -650,6 +670,8 @@ fn client_req() -> impl Strategy<Value = ClientReq> {
         layer().prop_map(|layer| ClientReq::Snapshot { layer }),
         layer().prop_map(|layer| ClientReq::DeleteSnapshot { layer }),
         layer().prop_map(|layer| ClientReq::Rollback { layer }),
+        (any::<u64>(), any::<u64>(), any::<u64>())
+            .prop_map(|(lba, blocks, rate)| ClientReq::Flatten { lba, blocks, rate }),
     ]
 }
 

@@ -14,9 +14,10 @@
 //!   and nothing submitted after it is issued before it completed (so no
 //!   operation beyond the old end reaches a disk that has not grown yet,
 //!   and a snapshot holds exactly the writes submitted before it);
-//! - a read of a snapshot layer and a layer deletion conflict with nothing
-//!   but those and each other (a layer does not change; a deletion changes
-//!   what no head reads, and may take long: writes go on beside it);
+//! - a read of a snapshot layer, a layer deletion and a flatten conflict
+//!   with nothing but those, and with each other but for two reads (a
+//!   layer does not change; a deletion changes what no head reads, a
+//!   flatten no content, and both may take long: writes go on beside them);
 //! - a log save (`SaveLogs`) is issued only when no other one is in flight
 //!   (so saves complete in submission order), and no write submitted after
 //!   it is issued before it completed (so a write's region is on disk in
@@ -80,8 +81,19 @@ fn range(op: &DiskOp, block_len: u64) -> Option<(u64, u64)> {
         | DiskOp::DeleteLayer { .. }
         | DiskOp::Rebase { .. }
         | DiskOp::Changed { .. }
-        | DiskOp::ReadLayer { .. } => None,
+        | DiskOp::ReadLayer { .. }
+        | DiskOp::Flatten { .. } => None,
     }
+}
+
+/// Whether `op` is a layer operation that runs beside writes (a layer
+/// read, deletion or flatten): those wait for each other, except that
+/// layer reads go on together.
+fn is_side_layer_op(op: &DiskOp) -> bool {
+    matches!(
+        op,
+        DiskOp::ReadLayer { .. } | DiskOp::DeleteLayer { .. } | DiskOp::Flatten { .. }
+    )
 }
 
 /// Whether `op` changes blocks (and so must not overlap any other
@@ -125,14 +137,12 @@ impl<T> DiskQueue<T> {
         if alone {
             return false;
         }
-        if matches!(op, DiskOp::ReadLayer { .. } | DiskOp::DeleteLayer { .. }) {
-            let layer_op =
-                |o: &DiskOp| matches!(o, DiskOp::ReadLayer { .. } | DiskOp::DeleteLayer { .. });
-            return !self.inflight.values().any(|(o, _)| {
-                layer_op(o)
-                    && (matches!(op, DiskOp::DeleteLayer { .. })
-                        || matches!(o, DiskOp::DeleteLayer { .. }))
-            });
+        if is_side_layer_op(op) {
+            let read = |o: &DiskOp| matches!(o, DiskOp::ReadLayer { .. });
+            return !self
+                .inflight
+                .values()
+                .any(|(o, _)| is_side_layer_op(o) && !(read(op) && read(o)));
         }
         let writes = is_write(op);
         if matches!(op, DiskOp::SaveLogs { .. }) {

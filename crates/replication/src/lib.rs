@@ -26,7 +26,7 @@ mod uncertain;
 pub use coordinator::{Change, ChangeOutcome, Coordinator, CoordinatorBug};
 pub use msg::{
     decode_regions, digest, encode_regions, Action, ClientReply, ClientReq, Compared, DiskOp,
-    DiskResult, Endpoint, Input, IoId, Msg, Prior, ReplOp,
+    DiskResult, Endpoint, Flattened, Input, IoId, Msg, Prior, ReplOp,
 };
 pub use node::{Node, RoleKind, SavedLogs};
 pub use types::{

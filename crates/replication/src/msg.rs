@@ -49,6 +49,12 @@ pub enum ReplOp {
     /// point of the stream, keeping its size: a rollback, or the start of a
     /// rebuild of the layers a replica lacks.
     Rebase { onto: Option<LayerId> },
+    /// Copy into your head the blocks of `blocks` blocks at `lba` that it
+    /// reads through a snapshot of another volume (a clone's source), at
+    /// most `rate` bytes per second (0: no cap); once your head reads
+    /// nothing through it, stop reading through it. Changes no content, so
+    /// its place in the stream does not matter.
+    Flatten { lba: Lba, blocks: u64, rate: u64 },
 }
 
 impl ReplOp {
@@ -64,7 +70,8 @@ impl ReplOp {
             | ReplOp::Digest { .. }
             | ReplOp::Snapshot { .. }
             | ReplOp::DeleteLayer { .. }
-            | ReplOp::Rebase { .. } => None,
+            | ReplOp::Rebase { .. }
+            | ReplOp::Flatten { .. } => None,
         }
     }
 
@@ -175,6 +182,47 @@ pub enum ClientReq {
     Rollback {
         layer: LayerId,
     },
+    /// Flatten `blocks` blocks at `lba` of a clone on every replica
+    /// (`ReplOp::Flatten`), at most `rate` bytes per second each (0: no
+    /// cap). Answered `Ok` with the primary's [`Flattened`]
+    /// ([`Flattened::encode`]) as `data` once it and every replica it was
+    /// streamed to are done.
+    Flatten {
+        lba: Lba,
+        blocks: u64,
+        rate: u64,
+    },
+}
+
+/// What a flatten did on the primary's copy, carried as its `Ok` reply's
+/// data.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Flattened {
+    /// Blocks copied into the head.
+    pub copied_blocks: u64,
+    /// The head reads nothing through another volume's snapshot any more.
+    pub detached: bool,
+}
+
+impl Flattened {
+    /// `copied_blocks` (u64, little-endian), then `detached` (one byte).
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = self.copied_blocks.to_le_bytes().to_vec();
+        out.push(u8::from(self.detached));
+        out
+    }
+
+    /// Reads [`Flattened::encode`]'s bytes back; None if they are not that.
+    pub fn decode(data: &[u8]) -> Option<Flattened> {
+        let (copied, rest) = data.split_first_chunk::<8>()?;
+        match rest {
+            [d @ (0 | 1)] => Some(Flattened {
+                copied_blocks: u64::from_le_bytes(*copied),
+                detached: *d == 1,
+            }),
+            _ => None,
+        }
+    }
 }
 
 impl ClientReq {
@@ -191,7 +239,8 @@ impl ClientReq {
             ClientReq::Flush
             | ClientReq::Snapshot { .. }
             | ClientReq::DeleteSnapshot { .. }
-            | ClientReq::Rollback { .. } => None,
+            | ClientReq::Rollback { .. }
+            | ClientReq::Flatten { .. } => None,
         }
     }
 }
@@ -423,6 +472,15 @@ pub enum DiskOp {
         layer: LayerId,
         lba: Lba,
         blocks: u64,
+    },
+    /// `ReplOp::Flatten` on this disk; completes with a [`Flattened`]
+    /// ([`Flattened::encode`]). Changes no content: it goes on beside
+    /// writes, waiting only for the other layer operations that do
+    /// (deletions, layer reads, flattens). Durable on completion.
+    Flatten {
+        lba: Lba,
+        blocks: u64,
+        rate: u64,
     },
 }
 

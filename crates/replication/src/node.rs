@@ -534,22 +534,24 @@ impl Node {
     }
 
     /// Whether issued disk operation `id` is background work (a resync
-    /// read, a layer rebuild's reads, a layer deletion) that a driver may
-    /// run off the client's path.
+    /// read, a layer rebuild's reads, a layer deletion, a flatten) that a
+    /// driver may run off the client's path.
     pub fn is_background(&self, id: IoId) -> bool {
-        matches!(self.disk.op(id), Some(DiskOp::DeleteLayer { .. }))
-            || matches!(
-                self.disk.tag(id),
-                Some((
-                    _,
-                    Tag::P(
-                        PrimTag::ResyncRead { .. }
-                            | PrimTag::LayerRead { .. }
-                            | PrimTag::LayerDiff { .. }
-                            | PrimTag::HeadDiff { .. }
-                    )
-                ))
-            )
+        matches!(
+            self.disk.op(id),
+            Some(DiskOp::DeleteLayer { .. } | DiskOp::Flatten { .. })
+        ) || matches!(
+            self.disk.tag(id),
+            Some((
+                _,
+                Tag::P(
+                    PrimTag::ResyncRead { .. }
+                        | PrimTag::LayerRead { .. }
+                        | PrimTag::LayerDiff { .. }
+                        | PrimTag::HeadDiff { .. }
+                )
+            ))
+        )
     }
 
     /// Failover resyncs decided since the last call: per replica, (regions

@@ -259,6 +259,9 @@ impl Secondary {
                 ReplOp::Snapshot { layer } => disk.push((DiskOp::Snapshot { layer }, tag)),
                 ReplOp::DeleteLayer { layer } => disk.push((DiskOp::DeleteLayer { layer }, tag)),
                 ReplOp::Rebase { onto } => disk.push((DiskOp::Rebase { onto }, tag)),
+                ReplOp::Flatten { lba, blocks, rate } => {
+                    disk.push((DiskOp::Flatten { lba, blocks, rate }, tag))
+                }
             }
         }
     }

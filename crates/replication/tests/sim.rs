@@ -41,8 +41,8 @@
 
 use basalt_replication::{
     Action, CasError, Change, ChangeOutcome, ClientReply, ClientReq, Compared, Config, Coordinator,
-    CoordinatorBug, DiskOp, DiskResult, Endpoint, Input, IoId, LayerId, Membership, MetaStore, Msg,
-    Node, NodeId, ReplOp, ReplicaInfo, ReplicaState, RoleKind, SavedLogs, VolumeId,
+    CoordinatorBug, DiskOp, DiskResult, Endpoint, Flattened, Input, IoId, LayerId, Membership,
+    MetaStore, Msg, Node, NodeId, ReplOp, ReplicaInfo, ReplicaState, RoleKind, SavedLogs, VolumeId,
 };
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap};
@@ -256,6 +256,15 @@ impl Disk {
                 let l = self.layer(*layer)?;
                 Some(enc(&l[*lba as usize..(*lba + *blocks) as usize]))
             }
+            // A simulated disk holds no clones: nothing reads through
+            // another volume's snapshot, and nothing changes.
+            DiskOp::Flatten { .. } => Some(
+                Flattened {
+                    copied_blocks: 0,
+                    detached: true,
+                }
+                .encode(),
+            ),
             DiskOp::Flush => {
                 let mark = self.flush_marks.remove(&id).unwrap_or(0);
                 for b in 0..BLOCKS as usize {
@@ -419,6 +428,7 @@ enum ReqKind {
     Snapshot,
     DeleteSnapshot,
     Rollback,
+    Flatten,
 }
 
 struct Req {
@@ -466,6 +476,7 @@ struct Model {
     snapshots: u64,
     deletions: u64,
     rollbacks: u64,
+    flattens: u64,
     /// Snapshots and deletions asked again after a NotPrimary.
     retries: u64,
     /// Those waiting to be asked again, with when (20 ms later).
@@ -1508,11 +1519,12 @@ impl Sim {
         );
     }
 
-    /// Sends a snapshot (half), a layer deletion or a rollback (a quarter
-    /// each) to the record's primary. A deletion names a layer asked for
-    /// with nothing outstanding on it; a rollback an acknowledged snapshot,
-    /// with no block locked (it writes every block: each takes the
-    /// snapshot's token as its next write, durable once answered).
+    /// Sends a snapshot (42 in 100), a flatten of a random range (8), a
+    /// layer deletion or a rollback (25 each) to the record's primary. A deletion names a layer asked for with nothing
+    /// outstanding on it; a rollback an acknowledged snapshot, with no
+    /// block locked (it writes every block: each takes the snapshot's
+    /// token as its next write, durable once answered); a flatten changes
+    /// no block.
     fn layer_request(&mut self) {
         let rec = self.rec();
         let epoch = rec.epoch.0;
@@ -1542,6 +1554,15 @@ impl Sim {
         let (kind, req, layer, blocks, floor) = if acked.is_empty() && self.m.rollback_due {
             self.m.rollback_due = false;
             return;
+        } else if (42..50).contains(&roll) && !free.is_empty() {
+            let lba = self.layer_rng.below(INITIAL_BLOCKS);
+            let blocks = 1 + self.layer_rng.below(BLOCKS - lba);
+            let req = ClientReq::Flatten {
+                lba,
+                blocks,
+                rate: 0,
+            };
+            (ReqKind::Flatten, req, None, vec![], vec![])
         } else if roll < 50 || free.is_empty() {
             let layer = LayerId(1000 + self.m.asked.len() as u128);
             self.m.asked.push(layer);
@@ -1549,7 +1570,7 @@ impl Sim {
             (
                 ReqKind::Snapshot,
                 ClientReq::Snapshot { layer },
-                layer,
+                Some(layer),
                 vec![],
                 floor,
             )
@@ -1558,7 +1579,7 @@ impl Sim {
             // From now on it may be gone, whatever the answer.
             self.m.snaps.remove(&layer);
             let req = ClientReq::DeleteSnapshot { layer };
-            (ReqKind::DeleteSnapshot, req, layer, vec![], vec![])
+            (ReqKind::DeleteSnapshot, req, Some(layer), vec![], vec![])
         } else {
             if self.m.locked.iter().any(Option::is_some) {
                 self.m.rollback_due = true;
@@ -1578,7 +1599,7 @@ impl Sim {
                 blocks.push((b, i));
             }
             let req = ClientReq::Rollback { layer };
-            (ReqKind::Rollback, req, layer, blocks, vec![])
+            (ReqKind::Rollback, req, Some(layer), blocks, vec![])
         };
         let id = self.m.next_id;
         self.m.next_id += 1;
@@ -1591,7 +1612,7 @@ impl Sim {
             floor,
             covers: vec![],
             issued: self.now,
-            layer: Some(layer),
+            layer,
         };
         self.m.outstanding.insert(id, r);
         self.send(
@@ -2010,6 +2031,19 @@ impl Sim {
                             self.m.snaps.remove(&layer);
                             self.m.deleted.insert(layer);
                         }
+                    }
+                    ReqKind::Flatten => {
+                        if Flattened::decode(data.as_deref().unwrap_or_default())
+                            != Some(Flattened {
+                                copied_blocks: 0,
+                                detached: true,
+                            })
+                        {
+                            return Err(self.fail(format!(
+                                "a flatten answered with {data:?}, not what the primary's disk did"
+                            )));
+                        }
+                        self.m.flattens += 1;
                     }
                     ReqKind::Rollback => {
                         self.m.rollbacks += 1;
@@ -2766,6 +2800,7 @@ impl Sim {
             snapshots: self.m.snapshots,
             layer_deletions: self.m.deletions,
             rollbacks: self.m.rollbacks,
+            flattens: self.m.flattens,
             layer_copies: self.layer_copies,
             layer_retries: self.m.retries,
             stalls: self
@@ -2939,6 +2974,7 @@ pub struct Summary {
     pub snapshots: u64,
     pub layer_deletions: u64,
     pub rollbacks: u64,
+    pub flattens: u64,
     pub layer_copies: u64,
     pub layer_retries: u64,
 }
@@ -2973,6 +3009,7 @@ impl Summary {
         self.snapshots += s.snapshots;
         self.layer_deletions += s.layer_deletions;
         self.rollbacks += s.rollbacks;
+        self.flattens += s.flattens;
         self.layer_copies += s.layer_copies;
         self.layer_retries += s.layer_retries;
         self.long_delays += s.long_delays;
@@ -3036,13 +3073,17 @@ fn seeds() {
         t.compares, t.differing, t.sweeps, t.damage_voided
     );
     eprintln!(
-        "layers: {} snapshots, {} deletions and {} rollbacks acknowledged ({} snapshots and deletions asked again after NotPrimary), {} layer regions copied to rebuild replicas",
-        t.snapshots, t.layer_deletions, t.rollbacks, t.layer_retries, t.layer_copies
+        "layers: {} snapshots, {} deletions, {} rollbacks and {} flattens acknowledged ({} snapshots and deletions asked again after NotPrimary), {} layer regions copied to rebuild replicas",
+        t.snapshots, t.layer_deletions, t.rollbacks, t.flattens, t.layer_retries, t.layer_copies
     );
     assert!(
         n < 100
-            || (t.snapshots > 0 && t.layer_deletions > 0 && t.rollbacks > 0 && t.layer_copies > 0),
-        "snapshots, deletions and rollbacks must be acknowledged and replicas' layers rebuilt"
+            || (t.snapshots > 0
+                && t.layer_deletions > 0
+                && t.rollbacks > 0
+                && t.flattens > 0
+                && t.layer_copies > 0),
+        "snapshots, deletions, rollbacks and flattens must be acknowledged and replicas' layers rebuilt"
     );
     assert!(
         n < 100 || t.repairs > 0,

@@ -245,6 +245,18 @@ pub trait ClusterVolumes: Send + Sync {
     /// replication stream on every replica: answered once the primary and
     /// every in-sync replica did it durably.
     fn layer_request(&self, record: &VolumeRecord, req: LayerRequest) -> Result<(), VolumeError>;
+    /// Flattens `range` (bytes) of clone `record` on every replica that
+    /// holds the volume's current content, at most `rate` bytes per second
+    /// on each: each copies into its copy the blocks it reads through the
+    /// clone's source snapshot, and a copy that reads nothing through it
+    /// any more is detached from it. Reports what the primary's copy did.
+    fn flatten(
+        &self,
+        record: &VolumeRecord,
+        range: std::ops::Range<u64>,
+        rate: Option<u64>,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<basalt_store::FlattenReport, VolumeError>;
     /// Compares every in-sync replica's copy of `range` (bytes) with the
     /// primary's, region by region at the same point of the replication
     /// stream, at most `rate` bytes per second; copies that differ are
@@ -1876,6 +1888,15 @@ pub(crate) mod tests {
             Err(VolumeError::NotSupported("fake".into()))
         }
         fn layer_request(&self, _: &VolumeRecord, _: LayerRequest) -> Result<(), VolumeError> {
+            Err(VolumeError::NotSupported("fake".into()))
+        }
+        fn flatten(
+            &self,
+            _: &VolumeRecord,
+            _: std::ops::Range<u64>,
+            _: Option<u64>,
+            _: &mut dyn FnMut(u64, u64),
+        ) -> Result<basalt_store::FlattenReport, VolumeError> {
             Err(VolumeError::NotSupported("fake".into()))
         }
     }

@@ -23,8 +23,13 @@
 //!   leaves the old size in the record, and reconcile grows the volume back
 //!   to it (the snapshot's content, then zeros).
 //!
-//! Replicated volumes are refused for now: a snapshot there must be an
-//! ordered operation of the replication protocol.
+//! In a cluster, snapshots, deletions and rollbacks are ordered operations
+//! of the replication protocol (through the volume's primary); a clone is a
+//! catalog record naming its source, placed by the cluster layer on the
+//! nodes that hold the snapshot, which make their replicas from it; a
+//! flatten goes to every replica through the primary, and the record drops
+//! its source once the primary's copy is detached (a replica that missed
+//! it is flattened where the source snapshot is deleted).
 
 use crate::error::VolumeError;
 use crate::service::{
@@ -101,16 +106,6 @@ pub(crate) fn snapshot_id(record: &VolumeRecord, name: &str) -> Result<VolumeId,
 }
 
 impl VolumeService {
-    /// Clones (and so flattening) are single-node only for now.
-    fn require_single_node(&self) -> Result<(), VolumeError> {
-        if self.cluster.is_some() {
-            return Err(VolumeError::NotSupported(
-                "clones in a cluster are not supported yet (snapshots, rollback and snapshot exports are)".into(),
-            ));
-        }
-        Ok(())
-    }
-
     /// Carries out layer operation `req` on `record`'s volume: in a
     /// cluster through its primary, at one point of the replication stream
     /// on every replica; else on the local store.
@@ -455,7 +450,6 @@ impl VolumeService {
         rate: Option<u64>,
         progress: &mut dyn FnMut(u64, u64),
     ) -> Result<basalt_store::FlattenReport, VolumeError> {
-        self.require_single_node()?;
         let record = self.record(name)?.record;
         if record.clone_of.is_none() {
             return Err(VolumeError::NotSupported(format!(
@@ -464,7 +458,21 @@ impl VolumeService {
         }
         // Not under the control lock: this copies data for a long time.
         let end = range.end.min(record.size_bytes);
-        let report = self.store.flatten(record.id, range, rate, progress)?;
+        let report = match &self.cluster {
+            Some(cluster) => {
+                // A replica's copy is flattened over its own snapshots'
+                // layers only by detaching its head from them, which the
+                // replicas' layer bookkeeping does not allow.
+                if let Some(snap) = record.snapshots.first() {
+                    return Err(VolumeError::NotSupported(format!(
+                        "volume {name:?} has snapshots ({}@{} ...); a replicated clone is flattened only without snapshots of its own: delete them first",
+                        name, snap.name
+                    )));
+                }
+                cluster.flatten(&record, range, rate, progress)?
+            }
+            None => self.store.flatten(record.id, range, rate, progress)?,
+        };
         {
             let mut flattening = self.flattening.lock();
             if report.detached {
@@ -513,7 +521,6 @@ impl VolumeService {
         size: Option<u64>,
     ) -> Result<VolumeInfo, VolumeError> {
         validate_volume_name(name)?;
-        self.require_single_node()?;
         let _control = self.control.lock();
         if self.catalog.get(name).map_err(catalog_error)?.is_some() {
             return Err(VolumeError::AlreadyExists(name.to_string()));
@@ -555,13 +562,27 @@ impl VolumeService {
                 format_size(snap.size_bytes)
             )));
         }
-        let records = self.catalog.list().map_err(catalog_error)?;
-        self.check_capacity(Self::provisioned(&records), size)?;
         let mut record = VolumeRecord::new(VolumeId::new_v4(), name, size, SystemTime::now());
         record.clone_of = Some(CloneSource::new(volume, snapshot.clone(), snap.id));
         record.project = parent.project.clone();
         record.volume_type = parent.volume_type.clone();
         record.qos = parent.qos.clone();
+        let source = format!("{volume}@{snapshot}");
+        if let Some(cluster) = &self.cluster {
+            // As many replicas as the source; the cluster layer places them
+            // on the nodes holding the snapshot, each made from it there.
+            let n = parent
+                .replicas
+                .unwrap_or_else(|| cluster.default_replicas());
+            let _provisioning = cluster.lock_provisioning()?;
+            cluster.check_create(name, size, n, false)?;
+            record.replicas = Some(n);
+            self.catalog.insert(&record).map_err(catalog_error)?;
+            tracing::info!(volume = name, %source, size = %format_size(size), replicas = n, "replicated clone created");
+            return Ok(self.info(&record, &HashMap::new()));
+        }
+        let records = self.catalog.list().map_err(catalog_error)?;
+        self.check_capacity(Self::provisioned(&records), size)?;
         let revision = self.catalog.insert(&record).map_err(catalog_error)?;
         if let Err(e) = self.store.clone_snapshot(snap.id, record.id, Some(size)) {
             if let Err(undo) = self.catalog.delete(name, revision) {
@@ -570,7 +591,7 @@ impl VolumeService {
             }
             return Err(e.into());
         }
-        tracing::info!(volume = name, source = %format!("{volume}@{snapshot}"), size = %format_size(size), "clone created");
+        tracing::info!(volume = name, %source, size = %format_size(size), "clone created");
         Ok(self.info(&record, &HashMap::new()))
     }
 }

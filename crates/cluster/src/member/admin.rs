@@ -151,6 +151,16 @@ impl ClusterVolumes for ClusterMember {
         self.inner.layer_request(record, req)
     }
 
+    fn flatten(
+        &self,
+        record: &VolumeRecord,
+        range: std::ops::Range<u64>,
+        rate: Option<u64>,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<basalt_store::FlattenReport, VolumeError> {
+        self.inner.flatten(record, range, rate, progress)
+    }
+
     fn replicas(&self, record: &VolumeRecord) -> Vec<ReplicaStatus> {
         let rec = self.inner.records.read().get(&vol_of(record.id)).cloned();
         let Some(rec) = rec else {

@@ -15,7 +15,8 @@
 //!   shrinks; rolling back to a smaller snapshot reads zeros past its end);
 //! - deleting a layer the store does not hold succeeds (the operation is
 //!   retried after failures and sent again after restarts);
-//! - a local copy is deleted together with its snapshot layers;
+//! - a local copy is deleted together with its snapshot layers; a local
+//!   clone replica reading through one of them is flattened first;
 //! - a layer no catalog entry names (a snapshot its primary took but never
 //!   answered, having failed over, or one whose catalog update failed and
 //!   whose undo did not reach the primary) is deleted on every replica by
@@ -25,13 +26,19 @@
 
 use super::{uuid_of, vol_of, Inner};
 use basalt_catalog::VolumeRecord;
-use basalt_replication::{encode_regions, ClientReply, ClientReq, DiskOp, LayerId, VolumeId};
-use basalt_store::{StoreError, BLOCK_SIZE};
+use basalt_replication::{
+    encode_regions, ClientReply, ClientReq, DiskOp, Flattened, LayerId, VolumeId,
+};
+use basalt_store::{FlattenReport, StoreError, BLOCK_SIZE};
 use basalt_volume::{IoError, LayerRequest, VolumeError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// How long a layer operation waits for a volume just created to be placed.
 const PLACEMENT_WAIT: Duration = Duration::from_secs(10);
+
+/// The most one flatten request covers (fewer bytes at a low rate): it is
+/// done well within a request attempt, and progress moves.
+const FLATTEN_CHUNK: u64 = 64 << 20;
 
 /// How old a snapshot layer no catalog entry names must be before its
 /// volume's primary deletes it: far longer than a snapshot takes between
@@ -120,6 +127,78 @@ impl Inner {
         }
     }
 
+    /// Flattens `range` (bytes) of clone `record` on its replicas: a
+    /// `ClientReq::Flatten` per chunk, each small enough to finish well
+    /// within a request attempt at `rate` (which each replica keeps, and
+    /// the chunks keep over the whole run); `progress(done, total)` in
+    /// bytes after each. Reports the primary's copies and whether its copy
+    /// was detached (by a chunk reaching the volume's end: the store
+    /// detaches a copy once a flatten reaching its end left nothing to
+    /// read through the source).
+    pub(super) fn flatten(
+        &self,
+        record: &VolumeRecord,
+        range: std::ops::Range<u64>,
+        rate: Option<u64>,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<FlattenReport, VolumeError> {
+        let vol = vol_of(record.id);
+        let rec = self.records.read().get(&vol).cloned().ok_or_else(|| {
+            VolumeError::Cluster(format!(
+                "volume {} is not placed yet; try again in a moment",
+                record.name
+            ))
+        })?;
+        let size = record.size_bytes.max(rec.blocks * BLOCK_SIZE);
+        let (start, end) = (range.start.min(size), range.end.min(size));
+        let rate = rate.filter(|r| *r > 0);
+        let chunk = rate.map_or(FLATTEN_CHUNK, |r| {
+            (r.saturating_mul(2) / BLOCK_SIZE * BLOCK_SIZE).clamp(BLOCK_SIZE << 8, FLATTEN_CHUNK)
+        });
+        let mut report = FlattenReport::default();
+        let started = std::time::Instant::now();
+        let mut at = start;
+        while at < end {
+            if self.stopping.load(std::sync::atomic::Ordering::SeqCst) {
+                return Err(VolumeError::Cluster(
+                    "the cluster member is stopping".into(),
+                ));
+            }
+            let len = chunk.min(end - at);
+            let req = ClientReq::Flatten {
+                lba: at / BLOCK_SIZE,
+                blocks: len.div_ceil(BLOCK_SIZE),
+                rate: rate.unwrap_or(0),
+            };
+            let answer = self.execute(vol, 1, |_| req.clone(), None).pop();
+            let done = match answer {
+                Some(Ok(data)) => data.as_deref().and_then(Flattened::decode).ok_or_else(|| {
+                    VolumeError::Cluster(
+                        "the primary answered a flatten with something else (a node of an older version?)".into(),
+                    )
+                })?,
+                Some(Err(e)) => {
+                    return Err(VolumeError::Cluster(format!(
+                        "flattening {} at offset {at}: {e}",
+                        record.name
+                    )))
+                }
+                None => return Err(VolumeError::Cluster("no answer from the primary".into())),
+            };
+            report.copied_blocks += done.copied_blocks;
+            report.detached = done.detached;
+            at += len;
+            progress(at - start, end - start);
+            if let Some(rate) = rate {
+                let due = Duration::from_secs_f64((at - start) as f64 / rate as f64);
+                if let Some(wait) = due.checked_sub(started.elapsed()) {
+                    std::thread::sleep(wait);
+                }
+            }
+        }
+        Ok(report)
+    }
+
     /// Asks the primary for snapshot `layer` once, never again: a layer id
     /// is taken by one barrier only. Asked again of a primary that lacks it
     /// (the one that took it failed over before answering, and some
@@ -201,12 +280,10 @@ impl Inner {
                 self.store.snapshot(id, snap)?;
                 Ok(None)
             }
-            DiskOp::DeleteLayer { layer } => {
-                match self.store.delete_snapshot(uuid_of_layer(*layer)) {
-                    Ok(()) | Err(StoreError::NotFound(_)) => Ok(None),
-                    Err(e) => Err(e.into()),
-                }
-            }
+            DiskOp::DeleteLayer { layer } => match self.delete_local_layer(uuid_of_layer(*layer)) {
+                Ok(()) | Err(StoreError::NotFound(_)) => Ok(None),
+                Err(e) => Err(e.into()),
+            },
             DiskOp::Rebase { onto } => {
                 let local = self.store.volume(id)?;
                 let size = local.size();
@@ -251,6 +328,37 @@ impl Inner {
                     snap.read(offset, &mut data[..within as usize])?;
                 }
                 Ok(Some(data))
+            }
+            DiskOp::Flatten { lba, blocks, rate } => {
+                // Only a head right over its source snapshot: a clone with
+                // snapshots of its own would be detached from them (the
+                // volume service refuses those; a snapshot racing a flatten
+                // leaves it undone).
+                let parent = self
+                    .store
+                    .volumes()
+                    .into_iter()
+                    .find(|v| v.id == id)
+                    .ok_or(StoreError::NotFound(id))?
+                    .parent;
+                let own = parent.is_some_and(|p| {
+                    self.store
+                        .snapshots()
+                        .iter()
+                        .any(|s| s.id == p && s.volume == id)
+                });
+                let done = if own {
+                    Flattened::default()
+                } else {
+                    let range = lba * BLOCK_SIZE..(lba + blocks) * BLOCK_SIZE;
+                    let rate = (*rate > 0).then_some(*rate);
+                    let report = self.store.flatten(id, range, rate, &mut |_, _| {})?;
+                    Flattened {
+                        copied_blocks: report.copied_blocks,
+                        detached: report.detached,
+                    }
+                };
+                Ok(Some(done.encode()))
             }
             _ => Err(StoreError::Layers(format!("{op:?} is not a layer operation")).into()),
         }
@@ -310,9 +418,40 @@ impl Inner {
     /// Deletes the local copy `id` and its snapshot layers (newest first).
     pub(super) fn delete_local_copy(&self, id: uuid::Uuid) -> Result<(), StoreError> {
         for layer in self.local_layers(vol_of(id)).into_iter().rev() {
-            self.store.delete_snapshot(uuid_of_layer(layer))?;
+            self.delete_local_layer(uuid_of_layer(layer))?;
         }
         self.store.delete_volume(id)
+    }
+
+    /// Deletes snapshot layer `snap` from the local store. The store merges
+    /// a snapshot into at most one layer above it, so the local replicas of
+    /// clones that still read through it besides its own volume (a clone
+    /// made here whose source leaves this node, or one that missed its
+    /// flattening) are flattened first: they keep their content and no
+    /// longer need it.
+    fn delete_local_layer(&self, snap: uuid::Uuid) -> Result<(), StoreError> {
+        let snapshots = self.store.snapshots();
+        if let Some(s) = snapshots.iter().find(|s| s.id == snap) {
+            if s.children.len() > 1 {
+                let clones = s
+                    .children
+                    .iter()
+                    .filter(|c| **c != s.volume && !snapshots.iter().any(|o| o.id == **c));
+                for clone in clones {
+                    tracing::info!(snapshot = %snap, clone = %clone,
+                        "flattening a local clone replica that reads through a snapshot layer being deleted here");
+                    let report = self
+                        .store
+                        .flatten(*clone, 0..u64::MAX, None, &mut |_, _| {})?;
+                    if !report.detached {
+                        return Err(StoreError::Layers(format!(
+                            "the local replica of clone {clone} could not be detached from snapshot {snap}"
+                        )));
+                    }
+                }
+            }
+        }
+        self.store.delete_snapshot(snap)
     }
 }
 

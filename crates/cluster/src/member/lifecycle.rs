@@ -345,6 +345,48 @@ impl Inner {
         }
     }
 
+    /// Whether `rec` still is its volume's first record and places this
+    /// node with this boot: the volume was created while this process
+    /// runs, every replica holds its first content and session 0 is open.
+    fn first_placement(&self, rec: &Membership) -> bool {
+        rec.version == 1
+            && rec
+                .replicas
+                .get(&self.me)
+                .is_some_and(|r| r.boot == self.boot)
+    }
+
+    /// Creates this node's copy of `record`'s volume, `size` bytes. A clone
+    /// in its first placement is made from its source snapshot here (the
+    /// coordinator placed it on nodes that hold it), so that its replicas
+    /// start equal and thin; one added later starts empty and is copied in
+    /// full from the primary, like any new replica.
+    fn create_local_copy(
+        &self,
+        rec: &Membership,
+        record: &VolumeRecord,
+        size: u64,
+    ) -> Result<(), ClusterError> {
+        let id = record.id;
+        match &record.clone_of {
+            Some(source) if self.first_placement(rec) => {
+                self.store
+                    .clone_snapshot(source.snapshot_id, id, Some(size))
+                    .map_err(|e| {
+                        tracing::error!(volume = %record.name, %id, source = %format!("{}@{}", source.volume, source.snapshot), error = %e,
+                            "cannot make the clone's local replica from its source snapshot; it will be rebuilt elsewhere");
+                        e
+                    })?;
+                tracing::info!(volume = %record.name, %id, size, source = %format!("{}@{}", source.volume, source.snapshot), "created the local replica from its source snapshot");
+            }
+            _ => {
+                self.store.create_volume(id, size)?;
+                tracing::info!(volume = %record.name, %id, size, "created the local replica");
+            }
+        }
+        Ok(())
+    }
+
     fn start_replica(self: &Arc<Self>, rec: &Membership) -> Result<ReplicaHandle, ClusterError> {
         let vol = rec.volume;
         let id = uuid_of(vol);
@@ -378,8 +420,7 @@ impl Inner {
                     })?;
                 }
                 let size = record.size_bytes.max(recorded);
-                self.store.create_volume(id, size)?;
-                tracing::info!(volume = %record.name, %id, size, "created the local replica");
+                self.create_local_copy(rec, &record, size)?;
                 (size, None)
             }
         };
@@ -424,11 +465,7 @@ impl Inner {
         // boot describes a volume created while this process runs: every
         // replica is empty and session 0 is open. Anything else: learn the
         // role from the record (Idle until the coordinator has seen us).
-        let fresh = rec.version == 1
-            && rec
-                .replicas
-                .get(&self.me)
-                .is_some_and(|r| r.boot == self.boot);
+        let fresh = self.first_placement(rec);
         let replica = Arc::new(Replica::new(
             ReplicaSpec {
                 vol,

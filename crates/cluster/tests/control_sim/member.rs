@@ -285,7 +285,8 @@ impl Sim {
             | DiskOp::DeleteLayer { .. }
             | DiskOp::Rebase { .. }
             | DiskOp::Changed { .. }
-            | DiskOp::ReadLayer { .. } => {
+            | DiskOp::ReadLayer { .. }
+            | DiskOp::Flatten { .. } => {
                 self.fail(format!("n{node} got a layer operation: {op:?}"));
                 return;
             }

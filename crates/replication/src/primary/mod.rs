@@ -277,7 +277,7 @@ enum Kind {
     Read,
     /// A replica compare (`ClientReq::Compare`).
     Compare,
-    /// A snapshot or a layer deletion.
+    /// A snapshot, a layer deletion or a flatten.
     Layer,
 }
 
@@ -657,6 +657,19 @@ impl Primary {
                     Vec::new(),
                     Some(ReplOp::Digest { lba, blocks }),
                     DiskOp::Read { lba, blocks },
+                )
+            }
+            // Streamed to the replicas whose head is this one's: one being
+            // copied to flattens nothing it will not be given in full, and
+            // one that missed it is flattened when the snapshot it reads
+            // through is deleted there.
+            ClientReq::Flatten { lba, blocks, rate } => {
+                let blocks = blocks.min(self.cfg.volume_blocks.saturating_sub(lba));
+                (
+                    Kind::Layer,
+                    Vec::new(),
+                    Some(ReplOp::Flatten { lba, blocks, rate }),
+                    DiskOp::Flatten { lba, blocks, rate },
                 )
             }
             ClientReq::Snapshot { .. }
