@@ -9,11 +9,12 @@
 #     project and a project-scoped token for the driver;
 #   - a two-node Basalt cluster with its own etcd (the `etcd` binary, Debian's
 #     etcd-server), the same project and a token, for what differs in a cluster
-#     (the replica count the driver reports, snapshots of replicated volumes);
+#     (the replica count the driver reports, snapshots and clones of replicated
+#     volumes);
 #   - pytest tests/ (interface compliance, the lifecycle through Cinder's
 #     VolumeManager with data checked over NBD, multiattach, os-brick's NVMe-oF
-#     parsing, failure injection, replica counts, snapshots and reverts of
-#     replicated volumes).
+#     parsing, failure injection, replica counts, snapshots, reverts, clones
+#     and flattening of replicated volumes).
 # The processes it started are stopped by their PIDs and the directory removed
 # on exit.
 # Environment: BASALT_CINDER_PYTHON (default python3), BASALT_CINDER_VENV,

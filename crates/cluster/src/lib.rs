@@ -55,4 +55,6 @@ pub enum ClusterError {
     Stopped,
     #[error("replica crash-safe log copy: {0}")]
     CrashLog(std::io::Error),
+    #[error("clone {0} has no local copy here and its record calls this replica in sync: waiting to be marked out of sync and copied in full")]
+    CloneNotCopied(String),
 }

@@ -1,10 +1,16 @@
-"""Snapshots of replicated volumes, through Cinder's VolumeManager and the driver,
-on the two-node cluster run-tests.sh started: a volume whose Cinder type asks for
-two replicas (basalt:replicas=2) is snapshotted, reverted (Basalt keeps its
-size: it reads zeros past the snapshot's end) and its snapshot deleted, each
-taken at one point on both replicas; volumes from its snapshots and clones of it
-are refused by Basalt, which the driver raises as NotSupportedOperation with
-Basalt's message, leaving nothing behind.
+"""Snapshots and clones of replicated volumes, through Cinder's VolumeManager and
+the driver, on the two-node cluster run-tests.sh started: a volume whose Cinder
+type asks for two replicas (basalt:replicas=2) is snapshotted, reverted (Basalt
+keeps its size: it reads zeros past the snapshot's end) and its snapshot
+deleted, each taken at one point on both replicas. A volume from its snapshot
+and a clone of it get two replicas too, on the nodes holding the source
+snapshot, each reading the source as it was and diverging on write without
+touching it. The snapshot stays while the volume from it reads it
+(SnapshotIsBusy), until that volume is flattened through Basalt's API as an
+operator would; deleting the source then has the driver flatten the clone
+through the cluster (refused with VolumeIsBusy, the source kept, while the
+clone has snapshots of its own, which Basalt does not flatten in a cluster).
+Both keep their data, identical on both replicas, and nothing is left behind.
 
 Data is written and checked over NBD on node n0; each node's own copy is
 compared through its API (local-digest, one per replica)."""
@@ -94,6 +100,17 @@ class ReplicatedSnapshotTest(BasaltManagerTestCase):
         self.assertEqual(1, len(set(d.values())), f"{export} differs between replicas: {d}")
         return next(iter(d.values()))
 
+    def replica_nodes(self, info: dict[str, Any]) -> set[str]:
+        return {r["node"] for r in info.get("replicas") or []}
+
+    def assert_nothing_left(self, *names: str) -> None:
+        """No volume named ``names`` is left, and no snapshot of one."""
+        volumes = {v["name"] for v in self.client.list_volumes()}
+        snapshots = [f"{s['volume']}@{s['name']}" for s in self.client.list_snapshots()]
+        for name in names:
+            self.assertNotIn(name, volumes)
+            self.assertEqual([], [s for s in snapshots if s.startswith(name + "@")])
+
     # -- Cinder steps -----------------------------------------------------------
 
     def replicated_volume(self) -> tuple[objects.Volume, str]:
@@ -114,7 +131,7 @@ class ReplicatedSnapshotTest(BasaltManagerTestCase):
 
     # -- the test ---------------------------------------------------------------
 
-    def test_snapshot_revert_delete_and_no_clones(self) -> None:
+    def test_snapshot_revert_delete(self) -> None:
         vol, name = self.replicated_volume()
         self.write(name, A)
 
@@ -164,45 +181,138 @@ class ReplicatedSnapshotTest(BasaltManagerTestCase):
         self.assertFalse(bool(self.client.get_volume(name).get("snapshots")))
         self.assertTrue(self.reads(name, A))
 
-        # A second snapshot: no volume from it, and no clone of the volume.
-        # Basalt refuses both before making anything; the driver raises
-        # NotSupportedOperation with Basalt's message.
-        snap2 = self.snapshot(vol)
-        self.assertEqual(fields.SnapshotStatus.AVAILABLE, snap2.status)
-        snap2_name = basalt_driver.snapshot_name(snap2)
-        self.assertEqual([snap2_name], self.snapshot_names(name))
-        from_snap = self.new_volume(size=2, snapshot_id=snap2.id,
-                                    volume_type_id=vol.volume_type_id)
-        fs_name = basalt_driver.volume_name(from_snap)
-        err = self.assertRaises(exception.NotSupportedOperation,
-                                self.driver.create_volume_from_snapshot, from_snap, snap2)
-        self.assertIn("clones in a cluster are not supported", str(err))
-        self.assertFalse(self.exists(fs_name))
-        # Through the manager: the volume ends in error.
-        self.assertRaises(exception.NotSupportedOperation,
-                          self.manager.create_volume, self.context, from_snap)
-        from_snap.refresh()
-        self.assertEqual("error", from_snap.status)
-        self.assertFalse(self.exists(fs_name))
-
-        clone = self.new_volume(size=2, source_volid=vol.id,
-                                volume_type_id=vol.volume_type_id)
-        cl_name = basalt_driver.volume_name(clone)
-        err = self.assertRaises(exception.NotSupportedOperation,
-                                self.driver.create_cloned_volume, clone, vol)
-        self.assertIn("not supported", str(err))
-        self.assertRaises(exception.NotSupportedOperation,
-                          self.manager.create_volume, self.context, clone)
-        clone.refresh()
-        self.assertEqual("error", clone.status)
-        self.assertFalse(self.exists(cl_name))
-        # No clone-* snapshot was left on the source.
-        self.assertEqual([snap2_name], self.snapshot_names(name))
-
-        self.delete_snapshot(name, snap2)
-        self.assertFalse(bool(self.client.get_volume(name).get("snapshots")))
-        self.assertTrue(self.reads(name, A))
         vol.status = "deleting"
         vol.save()
         self.manager.delete_volume(self.context, vol)
         self.assertFalse(self.exists(name))
+        self.assert_nothing_left(name)
+
+    def test_clones_flattened_when_the_source_is_deleted(self) -> None:
+        vol, name = self.replicated_volume()
+        source_nodes = self.replica_nodes(self.client.get_volume(name))
+        self.assertEqual(REPLICAS, len(source_nodes))
+        self.write(name, A)
+        snap = self.snapshot(vol)
+        self.assertEqual(fields.SnapshotStatus.AVAILABLE, snap.status)
+        snap_name = basalt_driver.snapshot_name(snap)
+        self.write(name, B)  # the snapshot keeps A
+
+        # A volume from the snapshot: a replicated clone with the source's
+        # replica count, on the nodes holding the snapshot, reading A, the
+        # snapshot's very content on both replicas.
+        from_snap = self.create(size=1, snapshot_id=snap.id, volume_type_id=vol.volume_type_id)
+        self.assertEqual("available", from_snap.status)
+        fs_name = basalt_driver.volume_name(from_snap)
+        fs_info = self.wait_in_sync(fs_name)
+        self.assertEqual(f"{name}@{snap_name}", fs_info["clone_of"])
+        self.assertEqual(REPLICAS, fs_info["replicas_wanted"])
+        self.assertEqual(1 * GiB, fs_info["size_bytes"])
+        self.assertEqual(source_nodes, self.replica_nodes(fs_info))
+        self.assertTrue(self.reads(fs_name, A))
+        self.assertEqual(self.assert_same_on_every_replica(f"{name}@{snap_name}"),
+                         self.assert_same_on_every_replica(fs_name))
+
+        # A clone of the volume (through the hidden snapshot clone-NAME): B.
+        clone = self.create(size=1, source_volid=vol.id, volume_type_id=vol.volume_type_id)
+        self.assertEqual("available", clone.status)
+        cl_name = basalt_driver.volume_name(clone)
+        clone_snap = f"clone-{cl_name}"
+        cl_info = self.wait_in_sync(cl_name)
+        self.assertEqual(f"{name}@{clone_snap}", cl_info["clone_of"])
+        self.assertEqual(REPLICAS, cl_info["replicas_wanted"])
+        self.assertEqual(1 * GiB, cl_info["size_bytes"])
+        self.assertEqual(source_nodes, self.replica_nodes(cl_info))
+        self.assertEqual([snap_name, clone_snap], self.snapshot_names(name))
+        self.assertTrue(self.reads(cl_name, B))
+        self.assertEqual(self.assert_same_on_every_replica(f"{name}@{clone_snap}"),
+                         self.assert_same_on_every_replica(cl_name))
+
+        # The source moves on; its clones keep what they read.
+        self.write(name, C)
+        self.assertTrue(self.reads(fs_name, A))
+        self.assertTrue(self.reads(cl_name, B))
+        # Writes to the clones (past what they share with the source) stay
+        # theirs, on both of their replicas; the source is untouched.
+        self.write(fs_name, B, offset=1 << 20)
+        self.write(cl_name, A, offset=1 << 20)
+        self.assertTrue(self.reads(fs_name, A))
+        self.assertTrue(self.reads(fs_name, B, offset=1 << 20))
+        self.assertTrue(self.reads(cl_name, B))
+        self.assertTrue(self.reads(cl_name, A, offset=1 << 20))
+        self.assertTrue(self.reads(name, C))
+        self.assertTrue(self.reads(name, 0, offset=1 << 20))
+        self.assertTrue(self.reads(f"{name}@{snap_name}", A))
+        self.assertTrue(self.reads(f"{name}@{snap_name}", 0, offset=1 << 20))
+        fs_digest = self.assert_same_on_every_replica(fs_name)
+        cl_digest = self.assert_same_on_every_replica(cl_name)
+        self.assertNotEqual(fs_digest, self.assert_same_on_every_replica(f"{name}@{snap_name}"))
+        self.assertNotEqual(cl_digest, self.assert_same_on_every_replica(f"{name}@{clone_snap}"))
+
+        # Still refused: deleting the Cinder snapshot while a volume reads it
+        # (SnapshotIsBusy: Cinder keeps it available), and deleting the
+        # source while it has that snapshot (VolumeIsBusy: the source stays
+        # available and no clone was flattened).
+        self.manager.delete_snapshot(self.context, snap)
+        snap.refresh()
+        self.assertEqual(fields.SnapshotStatus.AVAILABLE, snap.status)
+        self.assertEqual([snap_name, clone_snap], self.snapshot_names(name))
+        vol.status = "deleting"
+        vol.save()
+        self.manager.delete_volume(self.context, vol)
+        vol.refresh()
+        self.assertEqual("available", vol.status)
+        self.assertTrue(self.exists(name))
+        self.assertEqual(f"{name}@{clone_snap}", self.client.get_volume(cl_name)["clone_of"])
+
+        # The volume from the snapshot is flattened as an operator would
+        # (basalt volume flatten, through the cluster): detached on both
+        # replicas, with its data; then Cinder deletes the snapshot.
+        flattened = self.client.flatten(fs_name, offset=0, length=1 * GiB)
+        self.assertTrue(flattened["detached"], flattened)
+        self.assertNotIn("clone_of", self.client.get_volume(fs_name))
+        self.assertEqual(fs_digest, self.assert_same_on_every_replica(fs_name))
+        self.delete_snapshot(name, snap)
+        self.assertEqual([clone_snap], self.snapshot_names(name))
+
+        # A snapshot of the clone: Basalt does not flatten a replicated clone
+        # with snapshots of its own, so deleting its source is refused
+        # (VolumeIsBusy, the source stays available with its data and the
+        # clone still reads through clone-NAME), until that snapshot is gone.
+        cl_snap = self.snapshot(clone)
+        self.assertEqual(fields.SnapshotStatus.AVAILABLE, cl_snap.status)
+        err = self.assertRaises(exception.VolumeIsBusy, self.driver.delete_volume, vol)
+        self.assertIn(f"its clone {cl_name} is flattened", str(err))
+        self.assertIn("has snapshots", str(err))
+        vol.status = "deleting"
+        vol.save()
+        self.manager.delete_volume(self.context, vol)
+        vol.refresh()
+        self.assertEqual("available", vol.status)
+        self.assertTrue(self.reads(name, C))
+        self.assertEqual([clone_snap], self.snapshot_names(name))
+        self.assertEqual(f"{name}@{clone_snap}", self.client.get_volume(cl_name)["clone_of"])
+        self.assertEqual(cl_digest, self.assert_same_on_every_replica(cl_name))
+        self.delete_snapshot(cl_name, cl_snap)
+
+        # Deleting the source: the driver flattens the clone first, on both
+        # of its replicas through the cluster, and deletes clone-NAME.
+        vol.status = "deleting"
+        vol.save()
+        self.manager.delete_volume(self.context, vol)
+        self.assertFalse(self.exists(name))
+        for clone_name, digest, first, second in ((fs_name, fs_digest, A, B),
+                                                  (cl_name, cl_digest, B, A)):
+            info = self.wait_in_sync(clone_name)
+            self.assertNotIn("clone_of", info)
+            self.assertEqual(source_nodes, self.replica_nodes(info))
+            self.assertTrue(self.reads(clone_name, first))
+            self.assertTrue(self.reads(clone_name, second, offset=1 << 20))
+            self.assertEqual(digest, self.assert_same_on_every_replica(clone_name))
+
+        for v in (from_snap, clone):
+            v.status = "deleting"
+            v.save()
+            self.manager.delete_volume(self.context, v)
+        self.assertFalse(self.exists(fs_name))
+        self.assertFalse(self.exists(cl_name))
+        self.assert_nothing_left(name, fs_name, cl_name)

@@ -16,7 +16,8 @@ use crate::ClusterError;
 use crate::{crash_logs, saved_logs};
 use basalt_catalog::VolumeRecord;
 use basalt_replication::{
-    ClientReply, Config, DiskOp, DiskResult, Membership, Msg, NodeId, SavedLogs, VolumeId,
+    ClientReply, Config, DiskOp, DiskResult, Membership, Msg, NodeId, ReplicaState, SavedLogs,
+    VolumeId,
 };
 use basalt_store::{StoreError, BLOCK_SIZE};
 use std::sync::{Arc, Weak};
@@ -360,7 +361,11 @@ impl Inner {
     /// in its first placement is made from its source snapshot here (the
     /// coordinator placed it on nodes that hold it), so that its replicas
     /// start equal and thin; one added later starts empty and is copied in
-    /// full from the primary, like any new replica.
+    /// full from the primary, like any new replica. An empty copy of a
+    /// clone is never started as InSync (it would read zeros where the
+    /// clone reads its source): that waits until the record no longer says
+    /// so (the primary marks a replica that does not answer out of sync),
+    /// and start is tried again at each record change.
     fn create_local_copy(
         &self,
         rec: &Membership,
@@ -378,6 +383,14 @@ impl Inner {
                         e
                     })?;
                 tracing::info!(volume = %record.name, %id, size, source = %format!("{}@{}", source.volume, source.snapshot), "created the local replica from its source snapshot");
+            }
+            Some(_)
+                if rec
+                    .replicas
+                    .get(&self.me)
+                    .is_some_and(|r| r.state == ReplicaState::InSync) =>
+            {
+                return Err(ClusterError::CloneNotCopied(record.name.clone()));
             }
             _ => {
                 self.store.create_volume(id, size)?;
