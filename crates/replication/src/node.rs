@@ -1043,7 +1043,7 @@ fn fits(req: &ClientReq, blocks: u64, block_len: u64) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::msg::{DiskResult, IoId, Prior, ReplOp};
+    use crate::msg::{DiskResult, Flattened, IoId, Prior, ReplOp};
     use crate::types::{ReplicaInfo, ReplicaState};
 
     fn sends(acts: &[Action]) -> Vec<(Endpoint, Msg)> {
@@ -1682,6 +1682,79 @@ mod tests {
                 assert!(!acked(&all, id), "write 3 acknowledged below min_in_sync");
             }
         }
+    }
+
+    /// A layer deletion or a flatten may take seconds on a replica (a
+    /// merge, a copy) while later writes go on: its entry unacknowledged
+    /// past the ack timeout does not fail the link (found measuring
+    /// snapshot deletions on RF3, which stalled writes for seconds while
+    /// each replica was marked out of sync and resynced), but a write's
+    /// does.
+    #[test]
+    fn a_slow_flatten_does_not_fail_its_link_and_a_slow_write_does() {
+        let (mut node, _, s, _) = rf2_primary_with_lease();
+        let timeout = Config::default().ack_timeout_ms;
+        let marks_out_of_sync = |acts: &[Action]| {
+            sends(acts).iter().any(|(to, m)| {
+                *to == Endpoint::Control
+                    && matches!(m, Msg::MetaCas { record, .. }
+                        if record.replicas.get(&s).is_some_and(|r| r.state != ReplicaState::InSync))
+            })
+        };
+        let req = ClientReq::Flatten {
+            lba: 0,
+            blocks: 16,
+            rate: 0,
+        };
+        let acts = client(&mut node, 1, 1, req);
+        let streamed = sends(&acts).iter().any(|(to, m)| {
+            *to == Endpoint::Node(s)
+                && matches!(
+                    m,
+                    Msg::Repl {
+                        op: ReplOp::Flatten { .. },
+                        ..
+                    }
+                )
+        });
+        assert!(
+            streamed,
+            "the flatten goes to the in-sync secondary: {acts:?}"
+        );
+        for (id, _) in disk_ops(&acts) {
+            node.handle(
+                2,
+                Input::Disk {
+                    id,
+                    result: DiskResult::Done {
+                        data: Some(Flattened::default().encode()),
+                    },
+                },
+            );
+        }
+        let acts = lease(&mut node, 3 * timeout, NodeId(0), VolumeId(1));
+        let mut all = acts;
+        all.extend(node.handle(3 * timeout, Input::Tick));
+        assert!(
+            !marks_out_of_sync(&all),
+            "a slow flatten failed its link: {all:?}"
+        );
+        let acts = client(&mut node, 3 * timeout, 2, write(3));
+        for (id, _) in disk_ops(&acts) {
+            node.handle(
+                3 * timeout,
+                Input::Disk {
+                    id,
+                    result: DiskResult::Done { data: None },
+                },
+            );
+        }
+        lease(&mut node, 5 * timeout, NodeId(0), VolumeId(1));
+        let all = node.handle(5 * timeout, Input::Tick);
+        assert!(
+            marks_out_of_sync(&all),
+            "an unacknowledged write did not fail its link: {all:?}"
+        );
     }
 
     #[test]

@@ -234,12 +234,24 @@ impl Store {
     /// volume's next layer, or a single clone), it is merged into that
     /// layer first; with more (clones), it is refused.
     pub fn delete_snapshot(&self, snap: VolumeId) -> Result<(), StoreError> {
-        self.delete_snapshot_layer(snap)?;
+        self.delete_snapshot_paced(snap, None)
+    }
+
+    /// [`Store::delete_snapshot`], its merge copying at most `rate` bytes
+    /// per second (blocks copied; extents handed over whole cost no I/O),
+    /// so that client writes beside it keep the disk: what a replica's
+    /// deletion does, like its resync copies.
+    pub fn delete_snapshot_paced(
+        &self,
+        snap: VolumeId,
+        rate: Option<u64>,
+    ) -> Result<(), StoreError> {
+        self.delete_snapshot_layer(snap, rate)?;
         // A key of its own, if it had one, goes with it.
         self.shred_key(snap)
     }
 
-    fn delete_snapshot_layer(&self, snap: VolumeId) -> Result<(), StoreError> {
+    fn delete_snapshot_layer(&self, snap: VolumeId, rate: Option<u64>) -> Result<(), StoreError> {
         self.require_layers()?;
         let _op = self.layer_ops.lock();
         let s = self.volume_state(snap)?;
@@ -263,7 +275,7 @@ impl Store {
                 }
                 self.commit()
             }
-            [child] => self.merge_into_child(&s, child),
+            [child] => self.merge_into_child(&s, child, rate),
             more => Err(StoreError::Layers(format!(
                 "snapshot {snap} has {} layers reading through it (clones); delete those clones first",
                 more.len()
@@ -297,7 +309,9 @@ impl Store {
         &self,
         s: &Arc<VolumeState>,
         c: &Arc<VolumeState>,
+        rate: Option<u64>,
     ) -> Result<(), StoreError> {
+        let started = std::time::Instant::now();
         let presence = self.presence.as_ref().ok_or(StoreError::NoLayers)?;
         {
             let smap = s.map.write();
@@ -379,6 +393,13 @@ impl Store {
             // to the child out for the whole merge (seconds).
             parking_lot::RwLockWriteGuard::unlock_fair(smap);
             parking_lot::RwLockWriteGuard::unlock_fair(cmap);
+            if let Some(rate) = rate.filter(|r| *r > 0) {
+                let due =
+                    std::time::Duration::from_secs_f64((copied * BLOCK_SIZE) as f64 / rate as f64);
+                if let Some(wait) = due.checked_sub(started.elapsed()) {
+                    std::thread::sleep(wait);
+                }
+            }
         }
         {
             let mut cmap = c.map.write();

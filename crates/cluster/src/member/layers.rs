@@ -428,7 +428,7 @@ impl Inner {
     /// clones that still read through it besides its own volume (a clone
     /// made here whose source leaves this node, or one that missed its
     /// flattening) are flattened first: they keep their content and no
-    /// longer need it.
+    /// longer need it. The merge copies at most the resync rate.
     fn delete_local_layer(&self, snap: uuid::Uuid) -> Result<(), StoreError> {
         let snapshots = self.store.snapshots();
         if let Some(s) = snapshots.iter().find(|s| s.id == snap) {
@@ -451,7 +451,11 @@ impl Inner {
                 }
             }
         }
-        self.store.delete_snapshot(snap)
+        // Paced like resync copies: merges on every replica at once would
+        // otherwise take the disk from client writes.
+        let rate = self.cfg.timing.resync_rate;
+        self.store
+            .delete_snapshot_paced(snap, (rate > 0).then_some(rate))
     }
 }
 

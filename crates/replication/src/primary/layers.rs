@@ -132,7 +132,7 @@ impl Primary {
                     self.stream_op(n, now, marks, &[], ReplOp::DeleteLayer { layer }, out);
                     sent.insert(n);
                 }
-                (Kind::Layer, Vec::new(), DiskOp::DeleteLayer { layer })
+                (Kind::Background, Vec::new(), DiskOp::DeleteLayer { layer })
             }
             _ => {
                 // A rollback changes every region.

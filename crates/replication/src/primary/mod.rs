@@ -277,8 +277,13 @@ enum Kind {
     Read,
     /// A replica compare (`ClientReq::Compare`).
     Compare,
-    /// A snapshot, a layer deletion or a flatten.
+    /// A snapshot.
     Layer,
+    /// A layer deletion or a flatten: on a replica it may take long (a
+    /// merge, a copy) beside later writes, so its stream entry never times
+    /// its link out (later entries do, and a replica that died is marked
+    /// faulty by the coordinator).
+    Background,
 }
 
 impl Kind {
@@ -666,7 +671,7 @@ impl Primary {
             ClientReq::Flatten { lba, blocks, rate } => {
                 let blocks = blocks.min(self.cfg.volume_blocks.saturating_sub(lba));
                 (
-                    Kind::Layer,
+                    Kind::Background,
                     Vec::new(),
                     Some(ReplOp::Flatten { lba, blocks, rate }),
                     DiskOp::Flatten { lba, blocks, rate },
@@ -1098,16 +1103,20 @@ impl Primary {
                     .push((Endpoint::Control, Msg::MetaGet { vol: self.vol }));
             }
         }
-        let peers: Vec<NodeId> = self.links.keys().copied().collect();
-        for n in &peers {
-            let expired = self.links.get(n).is_some_and(|l| {
+        let ops = &self.ops;
+        let background = |p: &Pend| matches!(p, Pend::Op(v) if ops.get(v).is_some_and(|o| o.kind == Kind::Background));
+        let expired: Vec<NodeId> = self
+            .links
+            .iter()
+            .filter(|(_, l)| {
                 l.inflight
                     .values()
-                    .any(|(t, _, _)| now > t + self.cfg.ack_timeout_ms)
-            });
-            if expired {
-                self.link_failed(*n);
-            }
+                    .any(|(t, p, _)| now > t + self.cfg.ack_timeout_ms && !background(p))
+            })
+            .map(|(n, _)| *n)
+            .collect();
+        for n in expired {
+            self.link_failed(n);
         }
         for (n, l) in self.links.iter_mut() {
             if l.mode == Mode::OutOfSync && now >= l.last_attempt + self.cfg.resync_retry_ms {
