@@ -1024,9 +1024,13 @@ impl VolumeService {
         let mut at = 0;
         while at < size {
             let n = (size - at).min(buf.len() as u64) as usize;
-            local
-                .read(at, &mut buf[..n])
-                .map_err(|e| VolumeError::Cluster(format!("reading the local copy: {e}")))?;
+            local.read(at, &mut buf[..n]).map_err(|e| match e {
+                // Deleted while read (its replica left this node).
+                basalt_store::IoError::Gone => {
+                    VolumeError::NotFound(format!("{name} (no replica on this node)"))
+                }
+                e => VolumeError::Cluster(format!("reading the local copy: {e}")),
+            })?;
             crc = crc32c::crc32c_append(crc, &buf[..n]);
             at += n as u64;
         }

@@ -173,7 +173,11 @@ impl Inner {
             }
             match self.delete_local_copy(id) {
                 Ok(()) => {
-                    tracing::info!(volume = %id, "deleted the local replica of a deleted volume");
+                    if moved_away {
+                        tracing::info!(volume = %id, "deleted the local copy of a replica that left this node");
+                    } else {
+                        tracing::info!(volume = %id, "deleted the local replica of a deleted volume");
+                    }
                     if let Some(dir) = &self.cfg.log_dir {
                         if let Err(e) = crash_logs::remove(dir, vol_of(id)) {
                             tracing::warn!(volume = %id, error = %e,
