@@ -311,7 +311,7 @@ impl Store {
         c: &Arc<VolumeState>,
         rate: Option<u64>,
     ) -> Result<(), StoreError> {
-        let started = std::time::Instant::now();
+        let pacer = crate::Pacer::new(rate);
         let presence = self.presence.as_ref().ok_or(StoreError::NoLayers)?;
         {
             let smap = s.map.write();
@@ -393,13 +393,7 @@ impl Store {
             // to the child out for the whole merge (seconds).
             parking_lot::RwLockWriteGuard::unlock_fair(smap);
             parking_lot::RwLockWriteGuard::unlock_fair(cmap);
-            if let Some(rate) = rate.filter(|r| *r > 0) {
-                let due =
-                    std::time::Duration::from_secs_f64((copied * BLOCK_SIZE) as f64 / rate as f64);
-                if let Some(wait) = due.checked_sub(started.elapsed()) {
-                    std::thread::sleep(wait);
-                }
-            }
+            pacer.wait(copied * BLOCK_SIZE);
         }
         {
             let mut cmap = c.map.write();
@@ -527,7 +521,7 @@ impl Store {
         let first = range.start / es;
         let last = range.end.min(vol.size()).div_ceil(es);
         let mut buf = AlignedBuf::zeroed(es as usize);
-        let started = std::time::Instant::now();
+        let pacer = crate::Pacer::new(rate);
         let mut copied_bytes = 0u64;
         for logical in first..last {
             let mut entries = Vec::new();
@@ -574,12 +568,7 @@ impl Store {
                 parking_lot::RwLockWriteGuard::unlock_fair(map);
             }
             progress((logical + 1 - first) * es, (last - first) * es);
-            if let Some(rate) = rate.filter(|&r| r > 0) {
-                let due = std::time::Duration::from_secs_f64(copied_bytes as f64 / rate as f64);
-                if let Some(wait) = due.checked_sub(started.elapsed()) {
-                    std::thread::sleep(wait);
-                }
-            }
+            pacer.wait(copied_bytes);
         }
         if range.end >= vol.size() {
             report.detached = self.detach(&vol)?;

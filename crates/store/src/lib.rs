@@ -34,6 +34,7 @@ mod keys;
 mod layer_map;
 mod layers;
 mod meta;
+mod pace;
 mod presence;
 mod recovery;
 mod scrub;
@@ -52,6 +53,7 @@ pub use engine::{
 pub use error::{IoError, StoreError};
 pub use format::WrappedKey;
 pub use layers::{FlattenReport, SnapshotUsage};
+pub use pace::Pacer;
 pub use recovery::{inspect, StoreInfo};
 pub use scrub::{ScrubFollowUp, ScrubReport};
 pub use staged::{fail_fua_writes, Contended, DevicePiece, StagedBatch};

@@ -80,7 +80,7 @@ impl LocalVolume {
             ..ScrubReport::default()
         };
         let mut buf = AlignedBuf::zeroed(es as usize);
-        let started = Instant::now();
+        let pacer = crate::Pacer::new(rate);
         let b = BLOCK_SIZE as usize;
         for logical in first..end {
             {
@@ -112,12 +112,7 @@ impl LocalVolume {
             report.bytes_checked += es;
             store.scrubbed.bytes.fetch_add(es, Ordering::Relaxed);
             progress(report.bytes_checked, total.max(report.bytes_checked));
-            if let Some(rate) = rate.filter(|&r| r > 0) {
-                let due = Duration::from_secs_f64(report.bytes_checked as f64 / rate as f64);
-                if let Some(wait) = due.checked_sub(started.elapsed()) {
-                    std::thread::sleep(wait);
-                }
-            }
+            pacer.wait(report.bytes_checked);
         }
         store
             .scrubbed

@@ -21,10 +21,10 @@
 use super::{vol_of, Inner};
 use basalt_catalog::VolumeRecord;
 use basalt_replication::{ClientReq, Compared};
-use basalt_store::BLOCK_SIZE;
+use basalt_store::{Pacer, BLOCK_SIZE};
 use basalt_volume::{DifferingRange, IoError, ReplicaComparison, VolumeError};
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 /// Regions compared concurrently (each one primary read and one checksum
 /// per replica).
@@ -69,7 +69,7 @@ impl Inner {
         };
         let others = rec.replicas.len().saturating_sub(1);
         let total = end.saturating_sub(first);
-        let started = Instant::now();
+        let pacer = Pacer::new(rate);
         let mut at = first;
         while at < end {
             if inner.stopping.load(Ordering::SeqCst) {
@@ -124,12 +124,7 @@ impl Inner {
             at = starts.last().map_or(end, |s| s + region);
             let done = at.min(end) - first;
             progress(done, total);
-            if let Some(rate) = rate.filter(|r| *r > 0) {
-                let due = Duration::from_secs_f64(done as f64 / rate as f64);
-                if let Some(wait) = due.checked_sub(started.elapsed()) {
-                    std::thread::sleep(wait);
-                }
-            }
+            pacer.wait(done);
         }
         Ok(out)
     }

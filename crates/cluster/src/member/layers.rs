@@ -29,7 +29,7 @@ use basalt_catalog::VolumeRecord;
 use basalt_replication::{
     encode_regions, ClientReply, ClientReq, DiskOp, Flattened, LayerId, VolumeId,
 };
-use basalt_store::{FlattenReport, StoreError, BLOCK_SIZE};
+use basalt_store::{FlattenReport, Pacer, StoreError, BLOCK_SIZE};
 use basalt_volume::{IoError, LayerRequest, VolumeError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -156,7 +156,7 @@ impl Inner {
             (r.saturating_mul(2) / BLOCK_SIZE * BLOCK_SIZE).clamp(BLOCK_SIZE << 8, FLATTEN_CHUNK)
         });
         let mut report = FlattenReport::default();
-        let started = std::time::Instant::now();
+        let pacer = Pacer::new(rate);
         let mut at = start;
         while at < end {
             if self.stopping.load(std::sync::atomic::Ordering::SeqCst) {
@@ -189,12 +189,7 @@ impl Inner {
             report.detached = done.detached;
             at += len;
             progress(at - start, end - start);
-            if let Some(rate) = rate {
-                let due = Duration::from_secs_f64((at - start) as f64 / rate as f64);
-                if let Some(wait) = due.checked_sub(started.elapsed()) {
-                    std::thread::sleep(wait);
-                }
-            }
+            pacer.wait(at - start);
         }
         Ok(report)
     }
