@@ -1288,11 +1288,16 @@ fn background_scrub_compares_replicas_and_rewrites_a_rotten_secondary() {
     } else {
         p
     };
+    // The copy is rewritten before the primary answers the compare, and
+    // the compare logs once every answer is in (and its rate allows): wait
+    // for the line.
+    let logged = Instant::now() + Duration::from_secs(10);
+    let differ = "background replica compare: copies differ from the primary's";
+    while !c.nodes[by].log().contains(differ) && Instant::now() < logged {
+        std::thread::sleep(Duration::from_millis(100));
+    }
     let log = c.nodes[by].log();
-    assert!(
-        log.contains("background replica compare: copies differ from the primary's"),
-        "{log}"
-    );
+    assert!(log.contains(differ), "{log}");
     let m = metrics(by);
     assert!(
         metric_value(&m, "basalt_replica_compare_differing_regions_total") >= 1.0,
