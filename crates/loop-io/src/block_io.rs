@@ -521,7 +521,7 @@ impl<T: Send + 'static, C: Send + 'static> BlockIo<T, C> {
                                 .build()
                         }
                         DataKind::Write(data) => {
-                            let ptr = data[piece.start..].as_ptr();
+                            let ptr = staged.write_data(k, data).as_ptr();
                             let write = opcode::Write::new(types::Fd(fd), ptr, len)
                                 .offset(piece.device_offset);
                             if piece.fua {
@@ -532,9 +532,9 @@ impl<T: Send + 'static, C: Send + 'static> BlockIo<T, C> {
                         }
                     };
                     let tag = ((slot as u32) << PIECE_BITS) | k as u32;
-                    // SAFETY: the buffer is the request's, which stays in
-                    // its slot (heap memory unmoved) until every piece has
-                    // completed; the device's file lives as long as the
+                    // SAFETY: the buffer is the request's (or, encrypted,
+                    // the staged batch's), which stays in its slot (heap
+                    // memory unmoved) until every piece has completed; the device's file lives as long as the
                     // store, which `volume` keeps.
                     unsafe { io.push(entry, tag) };
                 }

@@ -999,6 +999,7 @@ impl Store {
         if v.is_retired() {
             return Err(StoreError::NotFound(id));
         }
+        self.cipher_of(&v)?;
         Ok(LocalVolume::new(self.clone(), v))
     }
 

@@ -29,6 +29,10 @@ pub enum StoreError {
     Layers(String),
     #[error("this store was formatted without layers (snapshots and clones); format a new store to use them")]
     NoLayers,
+    /// An encrypted volume whose data key was not loaded: it is not served
+    /// rather than return ciphertext as data.
+    #[error("volume {0} is encrypted and its data key is not loaded (the server needs the master key that wrapped it)")]
+    Locked(VolumeId),
 }
 
 /// Errors of data-path operations on a volume.

@@ -187,14 +187,30 @@ impl Store {
                 parent.size()
             )));
         }
+        if self.meta.lock().volumes.contains_key(&id) {
+            return Err(StoreError::Exists(id));
+        }
+        // An encrypted snapshot's clone has its key before it exists.
+        let inherited = self.inherit_key(&parent, id)?;
         {
             // Held while the clone is queued: the parent cannot be merged
             // away meanwhile.
             let pmap = parent.map.read();
-            self.add_layer(&mut self.meta.lock(), id, size, Some((&parent, pmap.slot)))?;
+            let added =
+                self.add_layer(&mut self.meta.lock(), id, size, Some((&parent, pmap.slot)));
+            if let Err(e) = added {
+                if inherited.is_some() {
+                    self.shred_key(id)?;
+                }
+                return Err(e);
+            }
         }
         tracing::info!(snapshot = %snap, clone = %id, "clone created");
-        self.commit()
+        self.commit()?;
+        if let Some(cipher) = inherited {
+            self.set_inherited_cipher(id, cipher);
+        }
+        Ok(())
     }
 
     /// Makes `volume` read exactly what its snapshot `snap` holds (size

@@ -22,15 +22,26 @@
 //! - [`LocalVolume::try_stage`] never blocks on a map lock: an event loop
 //!   that holds other staged batches must not wait for a writer (a
 //!   snapshot, a trim) that waits for those batches to finish.
+//! - An encrypted volume's writes reach the device only as ciphertext:
+//!   staging encrypts each write piece into a buffer of the batch
+//!   ([`StagedBatch::write_data`]), and checksums cover that ciphertext;
+//!   `finish` decrypts what was read after verifying it. A block that is
+//!   all zeros on the device was never written through the cipher (a
+//!   fresh extent, a zeroed range) and reads as zeros without decrypting;
+//!   a written block is never all zeros (the chance that a block's
+//!   ciphertext is, is 2^-32768), so written zeros stay data.
 
+use crate::buf::AlignedBuf;
 use crate::device::IoOp;
 use crate::error::IoError;
 use crate::integrity::WriteSample;
 use crate::layer_map::{resolve, LayerGuard, VolumeState};
 use crate::volume::{check_range, DataKind, DataOp, LocalVolume};
 use crate::BLOCK_SIZE;
+use basalt_crypt::BlockCipher;
 use std::io;
 use std::os::fd::RawFd;
+use std::sync::Arc;
 
 /// One device I/O of a staged batch: `len` bytes at `device_offset`, read
 /// into or written from bytes `start..start + len` of op `op`'s buffer.
@@ -63,6 +74,11 @@ pub struct StagedBatch {
     samples: Vec<WriteSample>,
     /// Ops that failed while staging (allocation, range).
     failed: Vec<(usize, IoError)>,
+    /// An encrypted volume's cipher.
+    cipher: Option<Arc<BlockCipher>>,
+    /// With a cipher, for each piece: a write's ciphertext (`None` for a
+    /// read). Empty without one.
+    sealed: Vec<Option<AlignedBuf>>,
     fua_wanted: bool,
     /// The FUA writes need a commit: metadata was pending when staged.
     commit_after: bool,
@@ -112,6 +128,17 @@ impl LocalVolume {
             }
             return Ok(None);
         }
+        let cipher = match store.cipher_of(vol) {
+            Ok(c) => c,
+            Err(e) => {
+                // Opening refuses a locked volume; a handle never sees one.
+                tracing::error!(volume = %vol.id, error = %e, "I/O to a locked volume refused");
+                for op in ops.iter_mut() {
+                    op.result = Err(IoError::Failed);
+                }
+                return Ok(None);
+            }
+        };
         let writes = ops.iter().any(|o| matches!(o.kind, DataKind::Write(_)));
         if writes && (vol.is_snapshot() || store.check_usable().is_err()) {
             let snapshot = vol.is_snapshot();
@@ -137,6 +164,8 @@ impl LocalVolume {
             crcs: Vec::new(),
             samples: Vec::new(),
             failed: Vec::new(),
+            cipher,
+            sealed: Vec::new(),
             fua_wanted: false,
             commit_after: false,
             finished: false,
@@ -207,6 +236,9 @@ impl LocalVolume {
                                     write: false,
                                     fua: false,
                                 });
+                                if batch.cipher.is_some() {
+                                    batch.sealed.push(None);
+                                }
                             }
                             None => piece.fill(0),
                         }
@@ -239,13 +271,22 @@ impl LocalVolume {
                         match phys {
                             Ok(phys) => {
                                 let at = layout.extent_offset(phys) + within;
+                                let sealed = batch.cipher.as_ref().map(|c| {
+                                    let mut b = AlignedBuf::zeroed(n);
+                                    b.copy_from_slice(piece);
+                                    c.encrypt(off / BLOCK_SIZE, &mut b);
+                                    b
+                                });
                                 if let Some(sums) = sums {
                                     batch.checks_at.push(batch.crcs.len());
                                     sums.begin_writes(
                                         layout.data_block_at(at),
-                                        piece,
+                                        sealed.as_deref().unwrap_or(piece),
                                         &mut batch.crcs,
                                     );
+                                }
+                                if batch.cipher.is_some() {
+                                    batch.sealed.push(sealed);
                                 }
                                 batch.pieces.push(DevicePiece {
                                     op: i,
@@ -338,17 +379,28 @@ impl StagedBatch {
         &self.pieces
     }
 
+    /// What write piece `k` writes to the device, given its op's data:
+    /// that data's bytes, or for an encrypted volume their ciphertext,
+    /// which the batch holds (unmoved on the heap) until dropped.
+    pub fn write_data<'b>(&'b self, k: usize, data: &'b [u8]) -> &'b [u8] {
+        let p = &self.pieces[k];
+        match self.sealed.get(k) {
+            Some(Some(sealed)) => sealed,
+            _ => &data[p.start..p.start + p.len],
+        }
+    }
+
     /// The pieces as device ops over the ops' buffers (the batch must have
     /// been staged from these `ops`).
-    pub fn device_ios<'a>(&self, ops: &'a mut [DataOp<'_>]) -> Vec<IoOp<'a>> {
+    pub fn device_ios<'a>(&'a self, ops: &'a mut [DataOp<'_>]) -> Vec<IoOp<'a>> {
         let mut ios = Vec::with_capacity(self.pieces.len());
-        let mut pieces = self.pieces.iter().peekable();
+        let mut pieces = self.pieces.iter().enumerate().peekable();
         for (i, op) in ops.iter_mut().enumerate() {
             let mut pos = 0usize;
             match &mut op.kind {
                 DataKind::Read(buf) => {
                     let mut rest: &mut [u8] = buf;
-                    while let Some(p) = pieces.next_if(|p| p.op == i) {
+                    while let Some((_, p)) = pieces.next_if(|(_, p)| p.op == i) {
                         let skip = p.start.saturating_sub(pos);
                         let (_, tail) = std::mem::take(&mut rest).split_at_mut(skip);
                         let (piece, tail) = tail.split_at_mut(p.len);
@@ -359,8 +411,8 @@ impl StagedBatch {
                 }
                 DataKind::Write(data) => {
                     let data: &[u8] = data;
-                    while let Some(p) = pieces.next_if(|p| p.op == i) {
-                        let piece = &data[p.start..p.start + p.len];
+                    while let Some((k, p)) = pieces.next_if(|(_, p)| p.op == i) {
+                        let piece = self.write_data(k, data);
                         ios.push(IoOp::write(p.device_offset, piece, p.fua));
                     }
                 }
@@ -425,6 +477,14 @@ impl StagedBatch {
                     }
                 }
             }
+            if let (Some(cipher), false, true) = (&self.cipher, piece.write, result.is_ok()) {
+                if let Some(op) = ops.get_mut(piece.op) {
+                    let first = (op.offset + piece.start as u64) / BLOCK_SIZE;
+                    if let DataKind::Read(buf) = &mut op.kind {
+                        decrypt_written(cipher, first, &mut buf[piece.start..piece.start + piece.len]);
+                    }
+                }
+            }
             if self.layered && result.is_ok() && piece.write {
                 if let Some(presence) = &store.presence {
                     presence.mark(first, blocks as u64, &mut present);
@@ -474,5 +534,26 @@ impl Drop for StagedBatch {
                 sums.end_writes(first, &self.crcs[at..at + blocks], false);
             }
         }
+    }
+}
+
+/// Decrypts the blocks of `data` (block `first` of the volume onwards)
+/// that were written through the cipher; all-zero blocks (never written
+/// so) stay zeros.
+fn decrypt_written(cipher: &BlockCipher, first: u64, data: &mut [u8]) {
+    let bs = BLOCK_SIZE as usize;
+    let blocks = data.len() / bs;
+    let zero = |b: usize, data: &[u8]| data[b * bs..(b + 1) * bs].iter().all(|&x| x == 0);
+    let mut b = 0;
+    while b < blocks {
+        if zero(b, data) {
+            b += 1;
+            continue;
+        }
+        let start = b;
+        while b < blocks && !zero(b, data) {
+            b += 1;
+        }
+        cipher.decrypt(first + start as u64, &mut data[start * bs..b * bs]);
     }
 }

@@ -26,16 +26,9 @@ pub const KEY_SLOT_SIZE: usize = 128;
 /// by AES-256-GCM (12 B nonce, 16 B tag) or AES-KW (8 B more), with spare.
 pub const MAX_WRAPPED_KEY: usize = 100;
 
-/// A volume's data key as the store keeps it: wrapped, with what unwraps it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct WrappedKey {
-    /// How `blob` wraps the key (defined by the layer that encrypts; the
-    /// store only keeps it). Never 0.
-    pub suite: u8,
-    /// Which master key wrapped it (a rotation rewraps with a new one).
-    pub master_key_id: u32,
-    pub blob: Vec<u8>,
-}
+/// A volume's data key as the store keeps it: wrapped, with what unwraps
+/// it (the suite is defined by the encryption layer and is never 0).
+pub type WrappedKey = basalt_crypt::WrappedDataKey;
 
 fn entry_crc(index: u32, b: &[u8]) -> u32 {
     crc32c::crc32c_append(crc32c::crc32c(&index.to_le_bytes()), &b[..124])
