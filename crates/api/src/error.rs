@@ -74,6 +74,7 @@ pub fn status_for(err: &VolumeError) -> StatusCode {
         | VolumeError::EntryExists { .. }
         | VolumeError::ProjectNotEmpty { .. }
         | VolumeError::TypeInUse { .. }
+        | VolumeError::Locked(_)
         | VolumeError::Catalog(CatalogError::Conflict { .. }) => StatusCode::CONFLICT,
         VolumeError::Overcommit { .. }
         | VolumeError::ReplicaNodeFull { .. }

@@ -179,6 +179,7 @@ fn build(service: Arc<VolumeService>, token: String) -> (Router, Vec<RouteSpec>)
     .put("/api/v1/default-type", tenancy::set_default_type)
     .get("/api/v1/nodes", list_nodes)
     .post("/api/v1/nodes/{name}/state", set_node_state)
+    .post("/api/v1/keys/rotate", rotate_master_key)
     .get("/api/v1/status", status)
     .get("/api/v1/openapi.json", openapi)
     .get("/metrics", metrics);
@@ -248,6 +249,18 @@ async fn set_node_state(
     who.require_cluster_admin("changing a node's state")?;
     let node = blocking(move || app.service.set_node_state(&name, &req.state)).await?;
     Ok(Json(node.into()))
+}
+
+async fn rotate_master_key(
+    State(app): State<AppState>,
+    Extension(who): Extension<Principal>,
+) -> Result<Json<types::KeyRotation>, ApiError> {
+    who.require_cluster_admin("rotating the master key")?;
+    let report = blocking(move || app.service.rotate_master_key()).await?;
+    Ok(Json(types::KeyRotation {
+        master_key_id: format!("{:08x}", report.master_key_id),
+        rewrapped: report.rewrapped,
+    }))
 }
 
 async fn status(State(app): State<AppState>) -> Result<Json<Status>, ApiError> {

@@ -57,6 +57,9 @@ pub struct Volume {
     /// otherwise, and once it is detached).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub flatten: Option<FlattenStatus>,
+    /// Its data is encrypted at rest (AES-256-XTS).
+    #[serde(default)]
+    pub encrypted: bool,
 }
 
 /// How far a clone's flattening has come.
@@ -229,6 +232,7 @@ impl From<VolumeInfo> for Volume {
             throttled_seconds: v.throttled.as_secs_f64(),
             project: v.project,
             volume_type: v.volume_type,
+            encrypted: v.encrypted,
             flatten: v.flatten.map(|f| FlattenStatus {
                 done_bytes: f.done_bytes,
                 total_bytes: f.total_bytes,
@@ -404,6 +408,19 @@ pub struct CreateVolume {
     /// belong to none unless given.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub project: Option<String>,
+    /// Encrypt its data at rest (the server needs a master key). A clone
+    /// is encrypted exactly when its source is.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub encrypted: bool,
+}
+
+/// `POST /api/v1/keys/rotate`'s answer.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct KeyRotation {
+    /// The new master key's id (8 hex digits; a digest, not the key).
+    pub master_key_id: String,
+    /// Data keys rewrapped with it.
+    pub rewrapped: usize,
 }
 
 /// `POST /api/v1/volumes/{name}/resize`.

@@ -50,9 +50,13 @@ pub(crate) async fn create_volume(
         };
         match (&req.from, req.size) {
             (Some(source), size) => {
-                if req.replicas.is_some() || req.allow_degraded || req.volume_type.is_some() {
+                if req.replicas.is_some()
+                    || req.allow_degraded
+                    || req.volume_type.is_some()
+                    || req.encrypted
+                {
                     return Err(VolumeError::NotSupported(
-                        "a clone has its source's replica count and type; leave out replicas, allow_degraded and type"
+                        "a clone has its source's replica count, type and encryption; leave out replicas, allow_degraded, type and encrypted"
                             .into(),
                     ));
                 }
@@ -74,6 +78,7 @@ pub(crate) async fn create_volume(
                 allow_degraded: req.allow_degraded,
                 project,
                 volume_type: req.volume_type,
+                encrypted: req.encrypted,
             }),
             (None, None) => Err(VolumeError::InvalidSize(
                 "size is required (or from, to clone a snapshot)".into(),

@@ -58,6 +58,9 @@ pub struct VolumeRecord {
     /// The volume type it was created or last retyped with; absent: none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub volume_type: Option<String>,
+    /// Its data is encrypted at rest (each copy holds its wrapped key).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub encrypted: bool,
     /// Fields written by a newer basalt that this version does not know.
     #[serde(flatten)]
     pub unknown: serde_json::Map<String, serde_json::Value>,
@@ -164,6 +167,7 @@ impl VolumeRecord {
             qos: Default::default(),
             project: None,
             volume_type: None,
+            encrypted: false,
             unknown: serde_json::Map::new(),
         }
     }

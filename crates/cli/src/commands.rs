@@ -44,6 +44,12 @@ pub enum VolumeCommand {
         /// token's volumes always belong to its project).
         #[arg(long)]
         project: Option<String>,
+        /// Encrypt its data at rest (AES-256-XTS, a data key of its own
+        /// wrapped by the server's master key: basalt server
+        /// --master-key-file). A clone is encrypted exactly when its source
+        /// is.
+        #[arg(long, conflicts_with = "from")]
+        encrypted: bool,
     },
     /// Give a volume another volume type's policies, online (QoS at once,
     /// replica count through the cluster's placement).
@@ -223,6 +229,32 @@ pub enum VolumeCommand {
 }
 
 #[derive(Subcommand, Debug)]
+pub enum KeyCommand {
+    /// Rotate the server's master key: every encrypted volume's data key
+    /// is rewrapped with a new one, which then replaces the key file (no
+    /// data is rewritten).
+    Rotate,
+}
+
+pub fn run_key(command: KeyCommand, client: &ClientArgs) -> Result<()> {
+    let api = ApiClient::discover(client)?;
+    match command {
+        KeyCommand::Rotate => {
+            let value = api.post("/api/v1/keys/rotate", json!({}))?;
+            if client.output == Output::Json {
+                return print_json(&value);
+            }
+            let r: basalt_api::types::KeyRotation = decode(value)?;
+            println!(
+                "rotated the master key: now {}, {} data key(s) rewrapped",
+                r.master_key_id, r.rewrapped
+            );
+        }
+    }
+    Ok(())
+}
+
+#[derive(Subcommand, Debug)]
 pub enum NodeCommand {
     /// List the cluster's nodes.
     List,
@@ -284,6 +316,9 @@ fn volume_fields(volume: &Volume, client: &ApiClient) -> String {
     }
     if let Some(t) = &volume.volume_type {
         pairs.push(("type", t.clone()));
+    }
+    if volume.encrypted {
+        pairs.push(("encrypted", "yes (AES-256-XTS)".into()));
     }
     if let Some(server) = &client.server {
         pairs.extend(server.nbd_uris(&volume.name).map(|uri| ("nbd", uri)));
@@ -367,6 +402,7 @@ pub fn run_volume(command: VolumeCommand, client: &ClientArgs) -> Result<()> {
             allow_degraded,
             volume_type,
             project,
+            encrypted,
         } => {
             let size = size.as_deref().map(parse_size).transpose()?;
             let api = ApiClient::discover(client)?;
@@ -388,6 +424,9 @@ pub fn run_volume(command: VolumeCommand, client: &ClientArgs) -> Result<()> {
             }
             if let Some(p) = &project {
                 body["project"] = json!(p);
+            }
+            if encrypted {
+                body["encrypted"] = json!(true);
             }
             let value = api.post("/api/v1/volumes", body)?;
             if client.output == Output::Json {

@@ -81,6 +81,8 @@ enum Command {
     Status(client::ConnArgs),
     /// Manage the nodes of a cluster.
     Node(NodeArgs),
+    /// Manage the master key of encrypted volumes.
+    Key(KeyArgs),
     /// Benchmark Basalt and its peers with the published fio methodologies.
     Bench(bench::BenchArgs),
     /// Offline operations on this node's store (no server running).
@@ -136,6 +138,14 @@ struct TypeArgs {
     conn: client::ConnArgs,
     #[command(subcommand)]
     command: tenancy::TypeCommand,
+}
+
+#[derive(clap::Args, Debug)]
+struct KeyArgs {
+    #[command(flatten)]
+    conn: client::ConnArgs,
+    #[command(subcommand)]
+    command: commands::KeyCommand,
 }
 
 #[derive(clap::Args, Debug)]
@@ -200,6 +210,9 @@ fn main() -> ExitCode {
         Command::Status(conn) => commands::run_status(&ClientArgs::new(cli.data_dir, conn)),
         Command::Node(NodeArgs { conn, command }) => {
             commands::run_node(command, &ClientArgs::new(cli.data_dir, conn))
+        }
+        Command::Key(KeyArgs { conn, command }) => {
+            commands::run_key(command, &ClientArgs::new(cli.data_dir, conn))
         }
         Command::Bench(args) => bench::run(args, &cli.data_dir, data_dir_given),
         Command::Store { command } => store_cmd::run(command, &cli.data_dir),

@@ -26,8 +26,8 @@ use basalt_frontend_nbd::{Listen, NbdServer, ServerLimits, TlsPsk};
 use basalt_frontend_nvme::{cluster_cntlid_range, NvmeServer, TargetConfig};
 use basalt_store::{BlockDevice, FileDevice, FormatOptions, OpenOptions, Store};
 use basalt_volume::{
-    format_size, parse_size, validate_volume_name, validate_volume_size, VolumeError,
-    VolumeService, DEFAULT_OVERCOMMIT_RATIO,
+    format_size, parse_size, validate_volume_name, validate_volume_size, KeySource, Keyring,
+    VolumeError, VolumeService, DEFAULT_OVERCOMMIT_RATIO,
 };
 use clap::Args;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -124,6 +124,17 @@ pub struct ServerArgs {
     /// Most bytes per second the background scrubber reads (e.g. 16M).
     #[arg(long, default_value = "16M", value_parser = parse_rate, value_name = "BYTES")]
     pub scrub_rate: u64,
+
+    /// The master key of encrypted volumes: a file of 64 hex digits, mode
+    /// 0600 (refused otherwise). A missing file is created with a fresh
+    /// random key: keep a copy, as the volumes cannot be read without it.
+    #[arg(long, value_name = "PATH", conflicts_with = "master_key_command")]
+    pub master_key_file: Option<PathBuf>,
+
+    /// Get the master key from a command that prints its 64 hex digits
+    /// (run with sh -c at start; e.g. a Vault, Barbican or KMS client).
+    #[arg(long, value_name = "CMD")]
+    pub master_key_command: Option<String>,
 
     /// NVMe/TCP listen address (port 0 picks a free port; ":PORT" means 127.0.0.1:PORT).
     #[arg(long, default_value = "127.0.0.1:4420", value_parser = parse_listen, value_name = "ADDR")]
@@ -317,6 +328,24 @@ fn client_addr(addr: SocketAddr) -> SocketAddr {
 struct Settings {
     capacity: Option<u64>,
     demo_volume: Option<DemoVolume>,
+    /// The master key of encrypted volumes (loaded before anything else,
+    /// so a bad key file stops the start with nothing created).
+    keyring: Option<Arc<Keyring>>,
+}
+
+/// The master key `--master-key-file` or `--master-key-command` gives.
+fn load_keyring(args: &ServerArgs) -> Result<Option<Arc<Keyring>>> {
+    let source = match (&args.master_key_file, &args.master_key_command) {
+        (Some(path), _) => KeySource::File(path.clone()),
+        (None, Some(cmd)) => KeySource::Command(cmd.clone()),
+        (None, None) => return Ok(None),
+    };
+    let keyring = Keyring::load(source).context("cannot load the master key")?;
+    tracing::info!(
+        master_key = format!("{:08x}", keyring.current().id()),
+        "master key loaded"
+    );
+    Ok(Some(Arc::new(keyring)))
 }
 
 /// Runs the node on `data_dir` until SIGTERM or SIGINT.
@@ -329,6 +358,7 @@ pub fn run(args: ServerArgs, data_dir: &Path) -> Result<()> {
             .transpose()
             .context("--capacity")?,
         demo_volume: args.demo_volume.as_deref().map(parse_demo).transpose()?,
+        keyring: load_keyring(&args)?,
     };
     datadir::private_umask();
     let data = DataDir::new(data_dir);
@@ -527,6 +557,9 @@ fn serve(
     if let Some(m) = &member {
         service = service.with_cluster(m.clone());
     }
+    if let Some(keyring) = &settings.keyring {
+        service = service.with_keyring(keyring.clone());
+    }
     let service = Arc::new(service);
     if let Some(m) = &member {
         // QoS changed through another node applies here at once.
@@ -591,6 +624,8 @@ fn serve_frontends(
     settings: &Settings,
 ) -> Result<()> {
     let node_id = member.map(|m| m.id().0);
+    // Before reconciling: a clone it completes inherits an unlocked key.
+    service.unlock_volumes();
     service.reconcile()?;
     if let Some(demo) = &settings.demo_volume {
         ensure_demo_volume(service, demo)?;

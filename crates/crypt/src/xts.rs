@@ -54,12 +54,13 @@ impl DataKey {
     }
 }
 
-/// A data key as it is kept: wrapped under a master key.
+/// A data key as it is kept (in a store's key slots): wrapped under a
+/// master key.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct WrappedDataKey {
     pub suite: u8,
     /// [`MasterKey::id`] of the key that wrapped it.
-    pub master_id: u32,
+    pub master_key_id: u32,
     pub blob: Vec<u8>,
 }
 
@@ -70,9 +71,9 @@ impl WrappedDataKey {
         if self.suite != SUITE_XTS_AES256_KW {
             return Err(MasterKeyError::UnknownSuite(self.suite));
         }
-        if self.master_id != master.id() {
+        if self.master_key_id != master.id() {
             return Err(MasterKeyError::WrongMasterKey {
-                wanted: self.master_id,
+                wanted: self.master_key_id,
                 have: master.id(),
             });
         }
@@ -119,7 +120,7 @@ impl MasterKey {
     pub fn wrap(&self, key: &DataKey) -> WrappedDataKey {
         WrappedDataKey {
             suite: SUITE_XTS_AES256_KW,
-            master_id: self.id(),
+            master_key_id: self.id(),
             blob: self.wrap_blob(key.bytes()),
         }
     }

@@ -84,7 +84,7 @@ fn a_data_key_unwraps_only_with_its_master_key() {
     ));
     // Same id claimed, wrong key: the wrap's integrity check refuses it.
     let mut forged = wrapped.clone();
-    forged.master_id = other.id();
+    forged.master_key_id = other.id();
     assert!(matches!(
         forged.unwrap_with(&other),
         Err(MasterKeyError::Damaged)

@@ -247,7 +247,9 @@ impl Store {
                 *slot = Some(cipher);
                 Ok(())
             }
-            None => Err(StoreError::Format(format!("volume {id} has no key to unlock"))),
+            None => Err(StoreError::Format(format!(
+                "volume {id} has no key to unlock"
+            ))),
         }
     }
 

@@ -196,8 +196,7 @@ impl Store {
             // Held while the clone is queued: the parent cannot be merged
             // away meanwhile.
             let pmap = parent.map.read();
-            let added =
-                self.add_layer(&mut self.meta.lock(), id, size, Some((&parent, pmap.slot)));
+            let added = self.add_layer(&mut self.meta.lock(), id, size, Some((&parent, pmap.slot)));
             if let Err(e) = added {
                 if inherited.is_some() {
                     self.shred_key(id)?;

@@ -481,7 +481,11 @@ impl StagedBatch {
                 if let Some(op) = ops.get_mut(piece.op) {
                     let first = (op.offset + piece.start as u64) / BLOCK_SIZE;
                     if let DataKind::Read(buf) = &mut op.kind {
-                        decrypt_written(cipher, first, &mut buf[piece.start..piece.start + piece.len]);
+                        decrypt_written(
+                            cipher,
+                            first,
+                            &mut buf[piece.start..piece.start + piece.len],
+                        );
                     }
                 }
             }

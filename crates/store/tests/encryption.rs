@@ -86,7 +86,8 @@ fn the_device_holds_only_ciphertext_and_reads_give_the_plaintext() {
         let h = store.volume(v).unwrap();
         h.write(0, &data, true).unwrap();
         // Written zeros, then blocks left unwritten in the same extent.
-        h.write(2 * EXTENT, &vec![0u8; BLOCK as usize], true).unwrap();
+        h.write(2 * EXTENT, &vec![0u8; BLOCK as usize], true)
+            .unwrap();
     };
     write(a);
     write(b);
@@ -110,7 +111,10 @@ fn the_device_holds_only_ciphertext_and_reads_give_the_plaintext() {
         h.write(100, b"hello", false).unwrap();
         let mut small = [0u8; 9];
         h.read(98, &mut small).unwrap();
-        assert_eq!(&small, &[data[98], data[99], b'h', b'e', b'l', b'l', b'o', data[105], data[106]]);
+        assert_eq!(
+            &small,
+            &[data[98], data[99], b'h', b'e', b'l', b'l', b'o', data[105], data[106]]
+        );
     }
 }
 
@@ -186,9 +190,16 @@ fn snapshots_and_clones_read_with_their_lineage_key_and_a_missing_key_locks() {
     assert!(read(&store, clone, gold.len()) == expect);
     // A wrong master key never yields a cipher.
     let other = MasterKey::generate();
-    assert!(store.volume_key(vol).unwrap().unwrap().unwrap_with(&other).is_err());
+    assert!(store
+        .volume_key(vol)
+        .unwrap()
+        .unwrap()
+        .unwrap_with(&other)
+        .is_err());
     // Flattened, the clone keeps reading with its own entry.
-    let report = store.flatten(clone, 0..4 * EXTENT, None, &mut |_, _| ()).unwrap();
+    let report = store
+        .flatten(clone, 0..4 * EXTENT, None, &mut |_, _| ())
+        .unwrap();
     assert!(report.detached, "{report:?}");
     store.delete_snapshot(snap).unwrap();
     assert!(read(&store, clone, gold.len()) == expect);

@@ -103,6 +103,9 @@ pub enum VolumeError {
     #[error("{0}")]
     NotSupported(String),
 
+    #[error("volume {0:?} is encrypted and its key is not loaded: start the server with the master key that wrapped it (--master-key-file or --master-key-command)")]
+    Locked(String),
+
     #[error("{0}")]
     InvalidQos(String),
 

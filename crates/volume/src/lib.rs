@@ -7,6 +7,7 @@
 pub mod admission;
 mod clients;
 mod diff;
+mod encryption;
 mod error;
 mod handle;
 mod nvme_hosts;
@@ -20,9 +21,11 @@ mod stats;
 pub mod tenancy;
 
 pub use basalt_catalog::Role;
+pub use basalt_crypt::{KeySource, MasterKeyError};
 pub use basalt_store::{ChangedRun, DataKind, DataOp, IoError, MappingRun};
 pub use clients::ClientDisconnect;
 pub use diff::VolumeDiff;
+pub use encryption::{Keyring, RotationReport, UnlockReport};
 pub use error::VolumeError;
 pub use handle::{BlockIo, VolumeHandle, WriteAck};
 pub use scrub::{DifferingRange, ReplicaComparison, VolumeScrub};

@@ -73,6 +73,8 @@ pub struct NewVolume {
     pub project: Option<String>,
     /// Its volume type; `None`: the default type, if one is set.
     pub volume_type: Option<String>,
+    /// Encrypt its data at rest (needs the server's master key).
+    pub encrypted: bool,
 }
 
 /// A volume as the control plane reports it.
@@ -110,6 +112,8 @@ pub struct VolumeInfo {
     pub volume_type: Option<String>,
     /// A clone being flattened through this node: how far.
     pub flatten: Option<crate::snapshots::FlattenProgress>,
+    /// Its data is encrypted at rest.
+    pub encrypted: bool,
 }
 
 /// The node's store as the control plane reports it.
@@ -351,6 +355,8 @@ pub struct VolumeService {
     pub(crate) flattening: Mutex<HashMap<VolumeId, crate::snapshots::FlattenProgress>>,
     /// The frontends, to drop a volume's clients.
     pub(crate) clients: Clients,
+    /// The master key of encrypted volumes; `None`: none configured.
+    pub(crate) keyring: Option<Arc<crate::encryption::Keyring>>,
 }
 
 impl std::fmt::Debug for VolumeService {
@@ -470,6 +476,7 @@ impl VolumeService {
             control: Mutex::new(()),
             flattening: Mutex::new(HashMap::new()),
             clients: Clients::default(),
+            keyring: None,
         })
     }
 
@@ -675,6 +682,7 @@ impl VolumeService {
             throttled: self.throttled(record),
             project: record.project.clone(),
             volume_type: record.volume_type.clone(),
+            encrypted: record.encrypted,
             flatten: record
                 .clone_of
                 .as_ref()
@@ -749,7 +757,14 @@ impl VolumeService {
             volumes: 1,
             snapshots: 0,
         };
+        record.encrypted = request.encrypted;
         if let Some(cluster) = &self.cluster {
+            if record.encrypted {
+                return Err(VolumeError::NotSupported(
+                    "encrypted volumes are single-node for now: replicated volumes do not encrypt yet"
+                        .into(),
+                ));
+            }
             let n = replicas.unwrap_or_else(|| cluster.default_replicas());
             let _provisioning = cluster.lock_provisioning()?;
             if project.is_some() {
@@ -771,15 +786,25 @@ impl VolumeService {
         self.check_quota(project, &records, growth)?;
         self.check_capacity(Self::provisioned(&records), size)?;
 
+        let key = match record.encrypted {
+            true => Some(self.new_data_key()?),
+            false => None,
+        };
         let revision = self.catalog.insert(&record).map_err(catalog_error)?;
-        if let Err(e) = self.store.create_volume(record.id, size) {
+        let created = match key {
+            Some((wrapped, cipher)) => self
+                .store
+                .create_encrypted_volume(record.id, size, &wrapped, cipher),
+            None => self.store.create_volume(record.id, size),
+        };
+        if let Err(e) = created {
             if let Err(undo) = self.catalog.delete(name, revision) {
                 tracing::error!(volume = name, error = %undo,
                     "could not remove the catalog record after the store refused the volume; the next start will retry creating it");
             }
             return Err(e.into());
         }
-        tracing::info!(volume = name, id = %record.id, size = %format_size(size), project, "created volume");
+        tracing::info!(volume = name, id = %record.id, size = %format_size(size), project, encrypted = record.encrypted, "created volume");
         Ok(self.info(&record, &HashMap::new()))
     }
 
@@ -969,7 +994,7 @@ impl VolumeService {
                     volume: volume.to_string(),
                     name: snapshot.to_string(),
                 })?;
-            let local = self.store.volume(snap.id)?;
+            let local = self.open_local(snap.id, name)?;
             return Ok(VolumeHandle::new(
                 local,
                 name.to_string(),
@@ -988,11 +1013,24 @@ impl VolumeService {
             )
             .with_throttle(throttle));
         }
-        let local = self.store.volume(record.id)?;
+        let local = self.open_local(record.id, &record.name)?;
         Ok(
             VolumeHandle::new(local, record.name, self.stats_for(record.id))
                 .with_throttle(throttle),
         )
+    }
+
+    /// The store's volume `id` (named `name`), refused with the volume's
+    /// name if it is encrypted and locked.
+    fn open_local(
+        &self,
+        id: VolumeId,
+        name: &str,
+    ) -> Result<basalt_store::LocalVolume, VolumeError> {
+        self.store.volume(id).map_err(|e| match e {
+            StoreError::Locked(_) => VolumeError::Locked(name.to_string()),
+            e => e.into(),
+        })
     }
 
     /// This node's local copy of `name` (its replica in a cluster), or of
@@ -1108,6 +1146,15 @@ impl VolumeService {
                         record.id,
                         Some(record.size_bytes),
                     ),
+                    // Created in the catalog only: nothing was written.
+                    None if record.encrypted => self
+                        .new_data_key()
+                        .and_then(|(key, cipher)| {
+                            self.store
+                                .create_encrypted_volume(record.id, record.size_bytes, &key, cipher)
+                                .map_err(VolumeError::from)
+                        })
+                        .map_err(|e| basalt_store::StoreError::Format(e.to_string())),
                     None => self.store.create_volume(record.id, record.size_bytes),
                 }
                 .map(|()| report.created.push(name.clone())),

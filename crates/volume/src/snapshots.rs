@@ -567,6 +567,8 @@ impl VolumeService {
         record.project = parent.project.clone();
         record.volume_type = parent.volume_type.clone();
         record.qos = parent.qos.clone();
+        // The store gives the clone its parent's key.
+        record.encrypted = parent.encrypted;
         let source = format!("{volume}@{snapshot}");
         if let Some(cluster) = &self.cluster {
             // As many replicas as the source; the cluster layer places them
