@@ -1,8 +1,8 @@
 //! Power loss at every device operation. For each seeded history of store
 //! calls (creates, deletes, resizes, aligned and unaligned writes, FUA,
 //! zeroing and TRIM, flushes, zeroing passes, cooling rounds, snapshots,
-//! clones, rollbacks, snapshot deletions, clean restarts, wrapped volume
-//! keys set and replaced), the history
+//! clones, rollbacks, snapshot deletions, clean restarts; every other
+//! volume encrypted, its wrapped key replaced now and then), the history
 //! is run once to count its device operations, then once per operation k
 //! with the power cut after op k: the device fails from then on, and the
 //! crash drops, reorders and tears (per 512 B sector) every write that was
@@ -20,7 +20,14 @@
 //! its volume held when it was taken; `Store::check` finds every extent in
 //! exactly one place and every free extent zero; nothing was stray; every
 //! volume's key is the last one set (or the one being set), a snapshot's
-//! its volume's, and no deleted volume's wrapped key is left on the device.
+//! its volume's, a clone's its source's, no volume exists without its key
+//! or key without its volume, and no deleted volume's wrapped key is left
+//! on the device. Encrypted volumes are checked like the others through
+//! their cipher, with one difference: a 4 KiB block written and not
+//! flushed may be torn across sectors, and a torn block of ciphertext
+//! decrypts to neither version, so such a block may read as anything; so
+//! may a block of the tail a shrink cut short was zeroing (it was being
+//! dropped).
 //!
 //! The journal holds 6 (or 16) blocks, so it wraps and checkpoints
 //! constantly. Two shapes of history: small volumes, and bulk writes and
@@ -29,6 +36,7 @@
 //! caps the cuts tried per history (default 250 small, 100 bulk, spread
 //! over it).
 
+use basalt_crypt::{BlockCipher, DataKey};
 use basalt_store::format::Superblock;
 use basalt_store::{
     BlockDevice, FormatOptions, IoError, OpenOptions, SimDevice, Store, StoreError, WrappedKey,
@@ -229,6 +237,8 @@ struct ModelVolume {
     stable: Vec<u8>,
     /// Sectors written since: every content they held (any may survive).
     since: HashMap<usize, Vec<u64>>,
+    /// Its data is encrypted (a torn unflushed block reads as anything).
+    encrypted: bool,
 }
 
 impl ModelVolume {
@@ -240,6 +250,7 @@ impl ModelVolume {
             current: zeros.clone(),
             stable: zeros,
             since: HashMap::new(),
+            encrypted: false,
         }
     }
     fn write(&mut self, at: usize, data: &[u8]) {
@@ -256,6 +267,7 @@ impl ModelVolume {
             current: content.clone(),
             stable: content,
             since: HashMap::new(),
+            encrypted: false,
         }
     }
     /// The volume now holds `content` (a rollback), durably.
@@ -288,11 +300,13 @@ struct ModelSnapshot {
 /// not have taken effect.
 enum InFlight {
     None,
-    /// A create, or a clone of a snapshot (whose content it starts with).
+    /// A create, or a clone of a snapshot (whose content it starts with);
+    /// `key`: an encrypted one's.
     Create {
         id: uuid::Uuid,
         tag: u8,
         content: Vec<u8>,
+        key: Option<WrappedKey>,
     },
     Delete {
         index: usize,
@@ -337,6 +351,16 @@ struct Harness {
     /// The keys of volumes deleted: never again on the device once the
     /// store reopened.
     shredded: Vec<Vec<u8>>,
+    /// Encrypted volumes' ciphers (from before their create or clone was
+    /// called), to unlock them after each reopen.
+    ciphers: HashMap<uuid::Uuid, Arc<BlockCipher>>,
+}
+
+/// The data key of an encrypted volume created with `tag`.
+fn data_key(tag: u8) -> DataKey {
+    let mut rng = StdRng::seed_from_u64(0xd47a_0000 + u64::from(tag));
+    let bytes: Vec<u8> = (0..64).map(|_| rng.gen()).collect();
+    DataKey::from_bytes(&bytes).expect("64 bytes")
 }
 
 fn open_options() -> OpenOptions {
@@ -372,6 +396,7 @@ impl Harness {
             shape,
             keys: HashMap::new(),
             shredded: Vec::new(),
+            ciphers: HashMap::new(),
         }
     }
 
@@ -434,16 +459,32 @@ impl Harness {
                 let id = uuid::Uuid::new_v4();
                 let tag = self.next_tag;
                 self.next_tag = self.next_tag.wrapping_add(1).max(1);
+                // Every other volume is encrypted.
+                let key = (tag % 2 == 0).then(|| wrapped_key(u64::from(tag)));
                 self.in_flight = InFlight::Create {
                     id,
                     tag,
                     content: vec![0; (blocks * BLOCK) as usize],
+                    key: key.clone(),
                 };
-                let r = self.store.create_volume(id, blocks * BLOCK);
+                let r = match &key {
+                    Some(key) => {
+                        let cipher = Arc::new(data_key(tag).cipher());
+                        self.ciphers.insert(id, cipher.clone());
+                        self.store
+                            .create_encrypted_volume(id, blocks * BLOCK, key, cipher)
+                    }
+                    None => self.store.create_volume(id, blocks * BLOCK),
+                };
                 self.cut(r, "create")?;
                 self.in_flight = InFlight::None;
                 self.all_durable();
-                self.model.push(ModelVolume::new(id, tag, blocks * BLOCK));
+                let mut v = ModelVolume::new(id, tag, blocks * BLOCK);
+                if let Some(key) = key {
+                    v.encrypted = true;
+                    self.keys.insert(id, key);
+                }
+                self.model.push(v);
             }
             Op::Delete { vol } => {
                 let Some(i) = self.pick(vol) else {
@@ -602,6 +643,9 @@ impl Harness {
                     return Ok(());
                 }
                 let (snap_id, content) = (s.id, s.content.clone());
+                // An encrypted snapshot's clone has its volume's key.
+                let key = self.keys.get(&s.volume).cloned();
+                let cipher = self.ciphers.get(&s.volume).cloned();
                 let id = uuid::Uuid::new_v4();
                 let tag = self.next_tag;
                 self.next_tag = self.next_tag.wrapping_add(1).max(1);
@@ -609,12 +653,21 @@ impl Harness {
                     id,
                     tag,
                     content: content.clone(),
+                    key: key.clone(),
                 };
+                if let (Some(_), Some(c)) = (&key, cipher) {
+                    self.ciphers.insert(id, c);
+                }
                 let r = self.store.clone_snapshot(snap_id, id, None);
                 self.cut(r, "clone")?;
                 self.in_flight = InFlight::None;
                 self.all_durable();
-                self.model.push(ModelVolume::with_content(id, tag, content));
+                let mut v = ModelVolume::with_content(id, tag, content);
+                if let Some(key) = key {
+                    v.encrypted = true;
+                    self.keys.insert(id, key);
+                }
+                self.model.push(v);
                 self.check_current(self.model.len() - 1)?;
             }
             Op::DeleteSnapshot { snap } => {
@@ -679,6 +732,11 @@ impl Harness {
                 let Some(i) = self.pick(vol) else {
                     return Ok(());
                 };
+                // A key is replaced (as a master key rotation does); a
+                // plain volume has none.
+                if !self.model[i].encrypted {
+                    return Ok(());
+                }
                 let (id, key) = (self.model[i].id, wrapped_key(seed));
                 self.in_flight = InFlight::SetKey {
                     id,
@@ -695,6 +753,7 @@ impl Harness {
                 self.all_durable();
                 let r = Store::open_with(self.dev.clone(), &open_options());
                 self.store = self.cut(r, "open after a clean close")?;
+                self.unlock();
                 assert!(!self.store.recovery().unclean);
                 assert_eq!(
                     self.store.recovery().dirty_extents,
@@ -743,6 +802,7 @@ impl Harness {
         let store = Store::open_with(self.dev.clone(), &open_options())
             .unwrap_or_else(|e| panic!("open after crash {}: {e}", self.crashes));
         self.store = store;
+        self.unlock();
         let report = self.store.recovery().clone();
         assert_eq!(
             report.stray_extents, 0,
@@ -762,15 +822,24 @@ impl Harness {
             .map(|u| (u.id, u.size))
             .collect();
         match &in_flight {
-            InFlight::Create { id, tag, content } => {
+            InFlight::Create {
+                id,
+                tag,
+                content,
+                key,
+            } => {
                 if let Some(got) = present.get(id) {
                     assert_eq!(
                         *got,
                         content.len() as u64,
                         "size of a volume created during the crash"
                     );
-                    self.model
-                        .push(ModelVolume::with_content(*id, *tag, content.clone()));
+                    let mut v = ModelVolume::with_content(*id, *tag, content.clone());
+                    if let Some(key) = key {
+                        v.encrypted = true;
+                        self.keys.insert(*id, key.clone());
+                    }
+                    self.model.push(v);
                 }
             }
             InFlight::Delete { index } if !present.contains_key(&self.model[*index].id) => {
@@ -846,16 +915,29 @@ impl Harness {
             for s in 0..buf.len() / SECTOR {
                 let got = &buf[s * SECTOR..(s + 1) * SECTOR];
                 let stable = &v.stable[s * SECTOR..(s + 1) * SECTOR];
+                // A shrink cut short zeroes the tail it was dropping: each
+                // sector zero or not, so an encrypted block there may be
+                // torn (the data is being dropped; it reads as anything).
                 let zeroed_tail = resized.as_ref().is_some_and(|(index, r)| {
-                    *index == i && r.contains(&(s * SECTOR)) && got.iter().all(|&b| b == 0)
+                    *index == i
+                        && r.contains(&(s * SECTOR))
+                        && (v.encrypted || got.iter().all(|&b| b == 0))
                 });
+                // A torn unflushed block of ciphertext reads as anything.
+                let block = s / (BLOCK as usize / SECTOR) * (BLOCK as usize / SECTOR);
+                let torn_ciphertext = v.encrypted
+                    && (block..block + BLOCK as usize / SECTOR).any(|b| v.since.contains_key(&b));
                 let ok = got == stable
                     || zeroed_tail
+                    || torn_ciphertext
                     || v.since.get(&s).is_some_and(|c| c.contains(&hash(got)));
                 assert!(
                     ok,
-                    "volume {i} sector {s}: content after crash {} was never written there",
-                    self.crashes
+                    "volume {i} sector {s}: content after crash {} was never written there (encrypted: {}, read {:02x?}, stable {:02x?})",
+                    self.crashes,
+                    v.encrypted,
+                    &got[..8],
+                    &stable[..8]
                 );
             }
             v.current.clone_from(&buf);
@@ -901,6 +983,22 @@ impl Harness {
         self.store
             .check()
             .unwrap_or_else(|e| panic!("after crash {}: {e}", self.crashes));
+    }
+
+    /// After a reopen: every encrypted volume gets its cipher (one the
+    /// harness does not know was never created).
+    fn unlock(&self) {
+        for (id, locked) in self.store.keyed_volumes() {
+            let cipher = self
+                .ciphers
+                .get(&id)
+                .unwrap_or_else(|| panic!("volume {id} has a key it was never given"));
+            if locked {
+                self.store
+                    .unlock_volume(id, cipher.clone())
+                    .expect("unlock");
+            }
+        }
     }
 
     /// Every volume's key is the model's, a snapshot's its volume's, and no
