@@ -186,6 +186,44 @@ fn encrypted_volumes_leave_no_plaintext_and_need_their_master_key() {
     write_key(&key, good_key.trim());
     s.restart();
     assert!(!qemu_io(&s.uri("copy"), &["read 0 4k"]).status.success());
+
+    // A damaged key slot entry (the store reads it as empty): the volume
+    // is still refused, never served as plain.
+    assert!(s.sigterm(Duration::from_secs(30)).success());
+    write_key(&key, new_key.trim());
+    damage_key_entry(&data, &s.log(), "secret");
+    s.restart();
+    same_as(&s, "copy", &secret_text).ok();
+    assert!(!qemu_io(&s.uri("secret"), &["read 0 4k"]).status.success());
+    assert!(s.log().contains("key slot entry is missing or damaged"));
+}
+
+/// Flips a byte of the wrapped key in `volume`'s key slot entry (version
+/// 1, suite 1, 72-byte blob, then the volume's UUID), found by the UUID the
+/// server logged when it created the volume.
+fn damage_key_entry(data: &Path, log: &str, volume: &str) {
+    let line = log
+        .lines()
+        .find(|l| l.contains("created volume") && l.contains(&format!("volume=\"{volume}\"")))
+        .expect("creation logged");
+    let id = line
+        .split("id=")
+        .nth(1)
+        .unwrap()
+        .split_whitespace()
+        .next()
+        .unwrap();
+    let uuid: Vec<u8> = (0..16)
+        .map(|i| u8::from_str_radix(&id.replace('-', "")[2 * i..2 * i + 2], 16).unwrap())
+        .collect();
+    let mut raw = std::fs::read(data).unwrap();
+    let at = (8..raw.len() - 16)
+        .find(|&i| {
+            raw[i..i + 16] == uuid[..] && raw[i - 8] == 1 && raw[i - 7] == 1 && raw[i - 6] == 72
+        })
+        .expect("the key slot entry");
+    raw[at + 16 + 10] ^= 0x01;
+    std::fs::write(data, raw).unwrap();
 }
 
 #[test]

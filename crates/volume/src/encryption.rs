@@ -166,6 +166,20 @@ impl VolumeService {
                 }
             }
         }
+        // A record that says encrypted with no key in the store: its entry
+        // was damaged (the store read it as empty).
+        if let Ok(records) = self.catalog.list() {
+            let present: std::collections::HashSet<VolumeId> =
+                self.store.volumes().iter().map(|u| u.id).collect();
+            for v in records.iter().filter(|v| v.record.encrypted) {
+                let id = v.record.id;
+                if present.contains(&id) && !self.store.is_encrypted(id) {
+                    let why = "its key slot entry is missing or damaged".to_string();
+                    tracing::error!(volume = %v.record.name, "volume is encrypted and stays closed: {why}");
+                    report.locked.push((v.record.name.clone(), why));
+                }
+            }
+        }
         if report.unlocked > 0 {
             tracing::info!(volumes = report.unlocked, "unlocked encrypted volumes");
         }

@@ -994,7 +994,7 @@ impl VolumeService {
                     volume: volume.to_string(),
                     name: snapshot.to_string(),
                 })?;
-            let local = self.open_local(snap.id, name)?;
+            let local = self.open_local(snap.id, name, record.encrypted)?;
             return Ok(VolumeHandle::new(
                 local,
                 name.to_string(),
@@ -1013,7 +1013,7 @@ impl VolumeService {
             )
             .with_throttle(throttle));
         }
-        let local = self.open_local(record.id, &record.name)?;
+        let local = self.open_local(record.id, &record.name, record.encrypted)?;
         Ok(
             VolumeHandle::new(local, record.name, self.stats_for(record.id))
                 .with_throttle(throttle),
@@ -1021,16 +1021,23 @@ impl VolumeService {
     }
 
     /// The store's volume `id` (named `name`), refused with the volume's
-    /// name if it is encrypted and locked.
+    /// name if it is encrypted and locked, or if its record says encrypted
+    /// and the store holds no key for it (a damaged key slot entry): its
+    /// ciphertext is never served as data.
     fn open_local(
         &self,
         id: VolumeId,
         name: &str,
+        encrypted: bool,
     ) -> Result<basalt_store::LocalVolume, VolumeError> {
-        self.store.volume(id).map_err(|e| match e {
+        let local = self.store.volume(id).map_err(|e| match e {
             StoreError::Locked(_) => VolumeError::Locked(name.to_string()),
             e => e.into(),
-        })
+        })?;
+        if encrypted && !self.store.is_encrypted(id) {
+            return Err(VolumeError::Locked(name.to_string()));
+        }
+        Ok(local)
     }
 
     /// This node's local copy of `name` (its replica in a cluster), or of
