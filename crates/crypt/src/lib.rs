@@ -18,7 +18,7 @@ mod master;
 mod xts;
 
 pub use master::{KeySource, MasterKey, MasterKeyError};
-pub use xts::{BlockCipher, DataKey, WrappedDataKey, SUITE_XTS_AES256_KW};
+pub use xts::{BlockCipher, CipherError, DataKey, WrappedDataKey, SUITE_XTS_AES256_KW};
 
 /// Bytes of one encryption unit: a volume block.
 pub const UNIT: usize = 4096;

@@ -271,12 +271,19 @@ impl LocalVolume {
                         match phys {
                             Ok(phys) => {
                                 let at = layout.extent_offset(phys) + within;
-                                let sealed = batch.cipher.as_ref().map(|c| {
+                                let sealed = match batch.cipher.as_ref().map(|c| {
                                     let mut b = AlignedBuf::zeroed(n);
                                     b.copy_from_slice(piece);
-                                    c.encrypt(off / BLOCK_SIZE, &mut b);
-                                    b
-                                });
+                                    c.encrypt(off / BLOCK_SIZE, &mut b).map(|()| b)
+                                }) {
+                                    None => None,
+                                    Some(Ok(b)) => Some(b),
+                                    Some(Err(e)) => {
+                                        tracing::error!(volume = %vol.id, error = %e, "encryption failed; the write fails");
+                                        batch.failed.push((i, IoError::Failed));
+                                        break;
+                                    }
+                                };
                                 if let Some(sums) = sums {
                                     batch.checks_at.push(batch.crcs.len());
                                     sums.begin_writes(
@@ -481,11 +488,11 @@ impl StagedBatch {
                 if let Some(op) = ops.get_mut(piece.op) {
                     let first = (op.offset + piece.start as u64) / BLOCK_SIZE;
                     if let DataKind::Read(buf) = &mut op.kind {
-                        decrypt_written(
-                            cipher,
-                            first,
-                            &mut buf[piece.start..piece.start + piece.len],
-                        );
+                        let span = &mut buf[piece.start..piece.start + piece.len];
+                        if let Err(e) = decrypt_written(cipher, first, span) {
+                            tracing::error!(error = %e, "decryption failed; the read fails");
+                            result = Err(IoError::Failed);
+                        }
                     }
                 }
             }
@@ -544,7 +551,11 @@ impl Drop for StagedBatch {
 /// Decrypts the blocks of `data` (block `first` of the volume onwards)
 /// that were written through the cipher; all-zero blocks (never written
 /// so) stay zeros.
-fn decrypt_written(cipher: &BlockCipher, first: u64, data: &mut [u8]) {
+fn decrypt_written(
+    cipher: &BlockCipher,
+    first: u64,
+    data: &mut [u8],
+) -> Result<(), basalt_crypt::CipherError> {
     let bs = BLOCK_SIZE as usize;
     let blocks = data.len() / bs;
     let zero = |b: usize, data: &[u8]| data[b * bs..(b + 1) * bs].iter().all(|&x| x == 0);
@@ -558,6 +569,7 @@ fn decrypt_written(cipher: &BlockCipher, first: u64, data: &mut [u8]) {
         while b < blocks && !zero(b, data) {
             b += 1;
         }
-        cipher.decrypt(first + start as u64, &mut data[start * bs..b * bs]);
+        cipher.decrypt(first + start as u64, &mut data[start * bs..b * bs])?;
     }
+    Ok(())
 }
