@@ -208,7 +208,7 @@ impl MasterKey {
     }
 
     pub(crate) fn unwrap_blob(&self, blob: &[u8]) -> Result<Vec<u8>, MasterKeyError> {
-        if blob.len() < 24 || blob.len() % 8 != 0 {
+        if blob.len() < 24 || !blob.len().is_multiple_of(8) {
             return Err(MasterKeyError::Damaged);
         }
         let mut out = vec![0u8; blob.len() - 8];

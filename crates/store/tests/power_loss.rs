@@ -460,7 +460,7 @@ impl Harness {
                 let tag = self.next_tag;
                 self.next_tag = self.next_tag.wrapping_add(1).max(1);
                 // Every other volume is encrypted.
-                let key = (tag % 2 == 0).then(|| wrapped_key(u64::from(tag)));
+                let key = tag.is_multiple_of(2).then(|| wrapped_key(u64::from(tag)));
                 self.in_flight = InFlight::Create {
                     id,
                     tag,
