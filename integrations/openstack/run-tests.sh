@@ -98,7 +98,8 @@ wait_ready() {
 
 data="$tmp/data"
 "$basalt" server --data-dir "$data" --capacity "${BASALT_CINDER_CAPACITY:-4G}" \
-    --api-listen 127.0.0.1:0 --nvme-listen 127.0.0.1:0 >"$tmp/server.log" 2>&1 &
+    --api-listen 127.0.0.1:0 --nvme-listen 127.0.0.1:0 \
+    --master-key-file "$tmp/master.key" >"$tmp/server.log" 2>&1 &
 server_pid=$!
 pids+=("$server_pid")
 

@@ -176,6 +176,7 @@ pub(crate) async fn create_type(
         replicas: req.replicas,
         qos: QosSpec(req.qos),
         projects: req.projects,
+        encrypted: req.encrypted,
     };
     let info =
         blocking(move || app.service.create_volume_type(&who, &request, req.default)).await?;

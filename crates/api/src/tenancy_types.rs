@@ -188,6 +188,9 @@ pub struct VolumeType {
     /// Projects that may use it (absent: all).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub projects: Vec<String>,
+    /// Its volumes are encrypted at rest.
+    #[serde(default)]
+    pub encrypted: bool,
     #[serde(default)]
     pub is_default: bool,
 }
@@ -201,6 +204,7 @@ impl From<VolumeTypeInfo> for VolumeType {
             replicas: t.replicas,
             qos: t.qos.0,
             projects: t.projects,
+            encrypted: t.encrypted,
             is_default: t.is_default,
         }
     }
@@ -225,6 +229,9 @@ pub struct CreateVolumeType {
     pub qos: BTreeMap<String, u64>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub projects: Vec<String>,
+    /// Its volumes are encrypted at rest.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub encrypted: bool,
     /// Also make it the default type.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub default: bool,

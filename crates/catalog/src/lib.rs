@@ -38,7 +38,9 @@ pub use policy::{
     Entries, NbdKeyRecord, PolicyEntry, ProjectRecord, Quotas, Role, SettingRecord, TokenRecord,
     VolumeTypeRecord,
 };
-pub use record::{CloneSource, NvmeHostKeys, SnapshotRecord, VolumeRecord, MAX_VOLUME_NAME_LEN};
+pub use record::{
+    CloneSource, NvmeHostKeys, SnapshotRecord, VolumeRecord, WrappedKeyRecord, MAX_VOLUME_NAME_LEN,
+};
 pub use redb_catalog::RedbCatalog;
 
 use std::fmt;

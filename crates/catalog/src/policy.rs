@@ -250,6 +250,9 @@ pub struct VolumeTypeRecord {
     /// Projects that may use it; empty: every project (public).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub projects: Vec<String>,
+    /// Its volumes are encrypted at rest.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub encrypted: bool,
     /// Fields written by a newer basalt that this version does not know.
     #[serde(flatten)]
     pub unknown: serde_json::Map<String, serde_json::Value>,

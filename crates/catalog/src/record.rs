@@ -58,12 +58,28 @@ pub struct VolumeRecord {
     /// The volume type it was created or last retyped with; absent: none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub volume_type: Option<String>,
-    /// Its data is encrypted at rest (each copy holds its wrapped key).
+    /// Its data is encrypted at rest. A single-node volume's wrapped data
+    /// key is in its store's key slots; a replicated one's is here.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub encrypted: bool,
+    /// A replicated encrypted volume's data key, wrapped by the master key
+    /// every node of the cluster is started with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wrapped_key: Option<WrappedKeyRecord>,
     /// Fields written by a newer basalt that this version does not know.
     #[serde(flatten)]
     pub unknown: serde_json::Map<String, serde_json::Value>,
+}
+
+/// A data key wrapped by a master key, as a record keeps it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WrappedKeyRecord {
+    /// How `blob` wraps the key (1: AES-256 key wrap of an AES-256-XTS key).
+    pub suite: u8,
+    /// Which master key wrapped it (a digest of the key, not the key).
+    pub master_key_id: u32,
+    /// The wrapped key, in hex.
+    pub blob: String,
 }
 
 /// The DH-HMAC-CHAP secrets of one host attachment, in the `DHHC-1` form
@@ -168,6 +184,7 @@ impl VolumeRecord {
             project: None,
             volume_type: None,
             encrypted: false,
+            wrapped_key: None,
             unknown: serde_json::Map::new(),
         }
     }

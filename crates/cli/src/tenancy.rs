@@ -154,6 +154,10 @@ pub enum TypeCommand {
         /// Only this project may use it (repeat for several; default: all).
         #[arg(long = "project", value_name = "PROJECT")]
         projects: Vec<String>,
+        /// Its volumes are encrypted at rest (the server needs a master
+        /// key: basalt server --master-key-file).
+        #[arg(long)]
+        encrypted: bool,
         #[arg(long)]
         description: Option<String>,
         /// Also make it the default type.
@@ -248,6 +252,7 @@ fn type_fields(t: &VolumeType) -> String {
     ));
     pairs.push(("qos", qos_text(t)));
     pairs.push(("projects", projects_text(t)));
+    pairs.push(("encrypted", if t.encrypted { "yes" } else { "no" }.into()));
     pairs.push(("default", if t.is_default { "yes" } else { "no" }.into()));
     fields(&pairs)
 }
@@ -447,6 +452,7 @@ pub fn run_type(command: TypeCommand, client: &ClientArgs) -> Result<()> {
             replicas,
             qos,
             projects,
+            encrypted,
             description,
             default,
         } => {
@@ -463,6 +469,9 @@ pub fn run_type(command: TypeCommand, client: &ClientArgs) -> Result<()> {
             }
             if default {
                 body["default"] = json!(true);
+            }
+            if encrypted {
+                body["encrypted"] = json!(true);
             }
             let value = api.post("/api/v1/types", body)?;
             if json_out {

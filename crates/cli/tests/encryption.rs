@@ -5,10 +5,15 @@
 //! volume; snapshots and clones of it read back; a restart with the wrong
 //! master key serves the plain volume and refuses the encrypted one with
 //! one line; key rotation keeps everything readable; without a master
-//! key, `--encrypted` is one line and a non-zero exit.
+//! key, `--encrypted` is one line and a non-zero exit. Replicated: an RF3
+//! encrypted volume written through a node that is not its primary leaves
+//! no plaintext in any node's data file (the peer link and every replica
+//! carry ciphertext), its replicas are identical, and it fails over,
+//! resyncs and clones with its key.
 
 mod common;
 
+use common::cluster::*;
 use common::*;
 use std::collections::HashSet;
 use std::os::unix::fs::PermissionsExt;
@@ -46,6 +51,7 @@ fn write_text(s: &Server, volume: &str, file: &Path) {
     qemu_io(&s.uri(volume), &[&cmd]).ok();
 }
 
+/// The whole first 4 MiB of `volume` read through `s` equals `file`.
 fn same_as(s: &Server, volume: &str, file: &Path) -> CmdOutput {
     // The first 4 MiB of the volume against the file.
     tool(
@@ -253,4 +259,74 @@ fn without_a_master_key_encryption_is_one_line() {
     );
     let line = out.cli_error(1);
     assert!(line.contains("chmod 600"), "{line}");
+}
+
+#[test]
+fn replicated_encrypted_volumes_carry_ciphertext_and_fail_over() {
+    let keys = Scratch::new();
+    let key = keys.path("master.key");
+    // Every node is started with the same master key.
+    write_key(&key, &"5c".repeat(32));
+    let key_arg = key.display().to_string();
+    let mut c = Cluster::start_with(3, &[], |_| {
+        vec!["--master-key-file".to_string(), key_arg.clone()]
+    });
+    c.nodes[0]
+        .cli(&[
+            "volume",
+            "create",
+            "sec",
+            "--size",
+            "32M",
+            "--replicas",
+            "3",
+            "--encrypted",
+        ])
+        .ok();
+    let v = c.wait_volume(0, "sec", "placed and in sync", healthy);
+    assert_eq!(v["encrypted"], true, "{v}");
+    let p = node_index(&primary(&v).expect("a primary"));
+    let (via, other) = ((p + 1) % 3, (p + 2) % 3);
+
+    // Written through a node that is not the primary, read through another.
+    let dir = Scratch::new();
+    let file = dir.path("text");
+    let plain = text(7);
+    std::fs::write(&file, &plain).unwrap();
+    write_text(&c.nodes[via], "sec", &file);
+    same_as(&c.nodes[other], "sec", &file).ok();
+    c.assert_replicas_equal(&[0, 1, 2], "sec");
+    for n in &c.nodes {
+        let data = n.data_dir().join("basalt.data");
+        assert_eq!(
+            windows_in_file(&data, &plain),
+            0,
+            "plaintext of sec in {}",
+            data.display()
+        );
+    }
+
+    // The primary's node dies: a survivor takes over and serves the data.
+    c.nodes[p].kill9();
+    c.wait_volume(via, "sec", "served by another primary", |v| {
+        primary(v).is_some_and(|n| node_index(&n) != p)
+    });
+    same_as(&c.nodes[via], "sec", &file).ok();
+    c.nodes[p].restart();
+    c.wait_volume(via, "sec", "in sync again", healthy);
+    c.assert_replicas_equal(&[0, 1, 2], "sec");
+
+    // A clone of its snapshot is encrypted with its key.
+    c.nodes[via].cli(&["snapshot", "create", "sec", "s1"]).ok();
+    // Its snapshot exported from a node's own copy reads the plaintext.
+    same_as(&c.nodes[other], "sec@s1", &file).ok();
+    c.nodes[via]
+        .cli(&["volume", "create", "sec-copy", "--from", "sec@s1"])
+        .ok();
+    let copy = c.wait_volume(via, "sec-copy", "placed and in sync", healthy);
+    assert_eq!(copy["encrypted"], true, "{copy}");
+    same_as(&c.nodes[other], "sec-copy", &file).ok();
+    // Master key rotation is refused in a cluster, with one line.
+    let line = c.nodes[0].cli(&["key", "rotate"]).cli_error(1);
+    assert!(line.contains("single-node"), "{line}");
 }

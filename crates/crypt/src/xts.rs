@@ -174,6 +174,29 @@ impl BlockCipher {
         self.run(false, first_unit.into(), UNIT, data)
     }
 
+    /// Decrypts the units of `data` (unit `first_unit` of the volume
+    /// onwards) that were written through the cipher. A unit that is all
+    /// zeros was never written so (a fresh extent, a zeroed or trimmed
+    /// range) and stays zeros: the chance that a written unit's ciphertext
+    /// is all zeros is 2^-32768.
+    pub fn decrypt_written(&self, first_unit: u64, data: &mut [u8]) -> Result<(), CipherError> {
+        let units = data.len() / UNIT;
+        let zero = |u: usize, data: &[u8]| data[u * UNIT..(u + 1) * UNIT].iter().all(|&x| x == 0);
+        let mut u = 0;
+        while u < units {
+            if zero(u, data) {
+                u += 1;
+                continue;
+            }
+            let start = u;
+            while u < units && !zero(u, data) {
+                u += 1;
+            }
+            self.decrypt(first_unit + start as u64, &mut data[start * UNIT..u * UNIT])?;
+        }
+        Ok(())
+    }
+
     /// One data unit of any length (at least 16 bytes) with an explicit
     /// unit number: the IEEE 1619 primitive, for known-answer tests.
     pub fn encrypt_unit(&self, unit: u128, data: &mut [u8]) -> Result<(), CipherError> {

@@ -489,7 +489,7 @@ impl StagedBatch {
                     let first = (op.offset + piece.start as u64) / BLOCK_SIZE;
                     if let DataKind::Read(buf) = &mut op.kind {
                         let span = &mut buf[piece.start..piece.start + piece.len];
-                        if let Err(e) = decrypt_written(cipher, first, span) {
+                        if let Err(e) = cipher.decrypt_written(first, span) {
                             tracing::error!(error = %e, "decryption failed; the read fails");
                             result = Err(IoError::Failed);
                         }
@@ -546,30 +546,4 @@ impl Drop for StagedBatch {
             }
         }
     }
-}
-
-/// Decrypts the blocks of `data` (block `first` of the volume onwards)
-/// that were written through the cipher; all-zero blocks (never written
-/// so) stay zeros.
-fn decrypt_written(
-    cipher: &BlockCipher,
-    first: u64,
-    data: &mut [u8],
-) -> Result<(), basalt_crypt::CipherError> {
-    let bs = BLOCK_SIZE as usize;
-    let blocks = data.len() / bs;
-    let zero = |b: usize, data: &[u8]| data[b * bs..(b + 1) * bs].iter().all(|&x| x == 0);
-    let mut b = 0;
-    while b < blocks {
-        if zero(b, data) {
-            b += 1;
-            continue;
-        }
-        let start = b;
-        while b < blocks && !zero(b, data) {
-            b += 1;
-        }
-        cipher.decrypt(first + start as u64, &mut data[start * bs..b * bs])?;
-    }
-    Ok(())
 }

@@ -17,9 +17,15 @@
 //! - Rotation is refused while any data key does not unwrap with the keys
 //!   loaded, so it never leaves a volume behind under a key file it
 //!   replaced.
+//! - A replicated volume's wrapped key is in its catalog record; the node
+//!   serving a client of the volume unwraps it and encrypts there, so the
+//!   peer link and every replica's store carry ciphertext only, and a node
+//!   that only holds replicas never unwraps it. Every node of a cluster is
+//!   started with the same master key.
 
 use crate::error::VolumeError;
 use crate::service::VolumeService;
+use basalt_catalog::{VolumeRecord, WrappedKeyRecord};
 use basalt_crypt::{BlockCipher, DataKey, KeySource, MasterKey, MasterKeyError};
 use basalt_store::{VolumeId, WrappedKey};
 use parking_lot::{Mutex, RwLock};
@@ -82,6 +88,35 @@ impl Keyring {
     }
 }
 
+/// `key` as a catalog record keeps it.
+pub(crate) fn key_record(key: &WrappedKey) -> WrappedKeyRecord {
+    WrappedKeyRecord {
+        suite: key.suite,
+        master_key_id: key.master_key_id,
+        blob: key.blob.iter().map(|b| format!("{b:02x}")).collect(),
+    }
+}
+
+fn from_record(r: &WrappedKeyRecord) -> Option<WrappedKey> {
+    let hex = r.blob.as_bytes();
+    if !hex.len().is_multiple_of(2) {
+        return None;
+    }
+    let blob = hex
+        .chunks(2)
+        .map(|c| {
+            std::str::from_utf8(c)
+                .ok()
+                .and_then(|s| u8::from_str_radix(s, 16).ok())
+        })
+        .collect::<Option<Vec<u8>>>()?;
+    Some(WrappedKey {
+        suite: r.suite,
+        master_key_id: r.master_key_id,
+        blob,
+    })
+}
+
 /// What [`VolumeService::unlock_volumes`] did.
 #[derive(Debug, Default)]
 pub struct UnlockReport {
@@ -116,6 +151,32 @@ impl VolumeService {
         };
         let key = DataKey::generate();
         Ok((keyring.current().wrap(&key), Arc::new(key.cipher())))
+    }
+
+    /// The cipher of a replicated volume's record (`None`: not encrypted);
+    /// refused with the volume's name when its key does not unwrap here.
+    pub(crate) fn cluster_cipher(
+        &self,
+        record: &VolumeRecord,
+    ) -> Result<Option<Arc<BlockCipher>>, VolumeError> {
+        if !record.encrypted {
+            return Ok(None);
+        }
+        let why = match (
+            &self.keyring,
+            record.wrapped_key.as_ref().and_then(from_record),
+        ) {
+            (_, None) => "its record holds no readable wrapped key".to_string(),
+            (None, Some(_)) => {
+                "this node has no master key (--master-key-file or --master-key-command)".into()
+            }
+            (Some(keyring), Some(wrapped)) => match keyring.unwrap(&wrapped) {
+                Ok(key) => return Ok(Some(Arc::new(key.cipher()))),
+                Err(e) => e.to_string(),
+            },
+        };
+        tracing::error!(volume = %record.name, "volume is encrypted and cannot be opened here: {why}");
+        Err(VolumeError::Locked(record.name.clone()))
     }
 
     /// Names of the store's layers, for messages.
@@ -199,6 +260,11 @@ impl VolumeService {
                 "rotation needs --master-key-file: with --master-key-command the key manager holds the key".into(),
             ));
         };
+        if self.cluster.is_some() {
+            return Err(VolumeError::NotSupported(
+                "master key rotation is single-node for now: in a cluster every node's key file and every record's wrapped key would have to change together".into(),
+            ));
+        }
         let _rotation = keyring.rotation.lock();
         let names = self.names_by_id();
         let keyed = self.store.keyed_volumes();
@@ -257,5 +323,25 @@ impl VolumeService {
             master_key_id: next.id(),
             rewrapped,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_wrapped_key_survives_its_record_and_a_damaged_one_does_not_parse() {
+        let master = MasterKey::generate();
+        let wrapped = master.wrap(&DataKey::generate());
+        let record = key_record(&wrapped);
+        assert_eq!(record.blob.len(), 2 * wrapped.blob.len());
+        assert_eq!(from_record(&record), Some(wrapped.clone()));
+        let mut odd = record.clone();
+        odd.blob.pop();
+        assert_eq!(from_record(&odd), None);
+        let mut bad = record;
+        bad.blob.replace_range(0..2, "zz");
+        assert_eq!(from_record(&bad), None);
     }
 }

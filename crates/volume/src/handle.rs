@@ -37,6 +37,10 @@ pub trait WriteAck: Send + Sync {
 /// same meaning as the local store.
 pub trait BlockIo: Send + Sync {
     fn size(&self) -> u64;
+    /// Writes are refused (`IoError::ReadOnly`): a snapshot's export.
+    fn is_read_only(&self) -> bool {
+        false
+    }
     /// Executes a batch of reads and writes; each op's outcome is stored in it.
     fn submit(&self, ops: &mut [DataOp<'_>]);
     /// [`BlockIo::submit`] of a batch of writes, which may call `ack` (see
@@ -166,7 +170,7 @@ impl VolumeHandle {
     pub fn is_read_only(&self) -> bool {
         match &self.0.backend {
             Backend::Local(l) => l.is_read_only(),
-            Backend::Cluster { .. } => false,
+            Backend::Cluster { io, .. } => io.is_read_only(),
         }
     }
 

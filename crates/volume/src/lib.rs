@@ -14,6 +14,7 @@ mod nvme_hosts;
 pub mod qos;
 mod qos_control;
 mod scrub;
+mod sealed_snapshot;
 mod service;
 pub mod size;
 mod snapshots;
@@ -21,7 +22,7 @@ mod stats;
 pub mod tenancy;
 
 pub use basalt_catalog::Role;
-pub use basalt_crypt::{KeySource, MasterKeyError};
+pub use basalt_crypt::{BlockCipher, KeySource, MasterKeyError};
 pub use basalt_store::{ChangedRun, DataKind, DataOp, IoError, MappingRun};
 pub use clients::ClientDisconnect;
 pub use diff::VolumeDiff;

@@ -187,8 +187,14 @@ pub enum LayerRequest {
 /// converges each node's store on the placement.
 pub trait ClusterVolumes: Send + Sync {
     /// The replicated data path of `record`'s volume (served by its primary,
-    /// wherever it runs).
-    fn open(&self, record: &VolumeRecord) -> Result<Arc<dyn BlockIo>, VolumeError>;
+    /// wherever it runs). With `cipher` (an encrypted volume), writes leave
+    /// this node as its ciphertext and reads are decrypted here, so the
+    /// peer link and every replica carry ciphertext only.
+    fn open(
+        &self,
+        record: &VolumeRecord,
+        cipher: Option<Arc<basalt_crypt::BlockCipher>>,
+    ) -> Result<Arc<dyn BlockIo>, VolumeError>;
     /// Replicas of a volume created without an explicit count.
     fn default_replicas(&self) -> u32;
     /// The replicas of `record`'s volume as placed now (empty while not yet
@@ -757,13 +763,13 @@ impl VolumeService {
             volumes: 1,
             snapshots: 0,
         };
-        record.encrypted = request.encrypted;
+        record.encrypted = request.encrypted || volume_type.as_ref().is_some_and(|t| t.encrypted);
         if let Some(cluster) = &self.cluster {
             if record.encrypted {
-                return Err(VolumeError::NotSupported(
-                    "encrypted volumes are single-node for now: replicated volumes do not encrypt yet"
-                        .into(),
-                ));
+                // Kept in the record: each node serving the volume's
+                // clients unwraps it with the master key all nodes share.
+                let (key, _) = self.new_data_key()?;
+                record.wrapped_key = Some(crate::encryption::key_record(&key));
             }
             let n = replicas.unwrap_or_else(|| cluster.default_replicas());
             let _provisioning = cluster.lock_provisioning()?;
@@ -994,6 +1000,20 @@ impl VolumeService {
                     volume: volume.to_string(),
                     name: snapshot.to_string(),
                 })?;
+            if self.cluster.is_some() && record.encrypted {
+                // This node's copy holds the cluster's ciphertext.
+                let cipher = self
+                    .cluster_cipher(&record)?
+                    .ok_or(VolumeError::Locked(name.to_string()))?;
+                let local = self.store.volume(snap.id)?;
+                let io = Arc::new(crate::sealed_snapshot::SealedSnapshot { local, cipher });
+                return Ok(VolumeHandle::clustered(
+                    io,
+                    snap.id,
+                    name.to_string(),
+                    self.stats_for(snap.id),
+                ));
+            }
             let local = self.open_local(snap.id, name, record.encrypted)?;
             return Ok(VolumeHandle::new(
                 local,
@@ -1004,7 +1024,8 @@ impl VolumeService {
         let record = self.record(name)?.record;
         let throttle = self.throttle_for(&record);
         if let Some(cluster) = &self.cluster {
-            let io = cluster.open(&record)?;
+            let cipher = self.cluster_cipher(&record)?;
+            let io = cluster.open(&record, cipher)?;
             return Ok(VolumeHandle::clustered(
                 io,
                 record.id,
@@ -1896,7 +1917,11 @@ pub(crate) mod tests {
     }
 
     impl ClusterVolumes for FakeCluster {
-        fn open(&self, _: &VolumeRecord) -> Result<Arc<dyn BlockIo>, VolumeError> {
+        fn open(
+            &self,
+            _: &VolumeRecord,
+            _: Option<Arc<basalt_crypt::BlockCipher>>,
+        ) -> Result<Arc<dyn BlockIo>, VolumeError> {
             Err(VolumeError::NotSupported("fake".into()))
         }
         fn default_replicas(&self) -> u32 {

@@ -569,6 +569,7 @@ impl VolumeService {
         record.qos = parent.qos.clone();
         // The store gives the clone its parent's key.
         record.encrypted = parent.encrypted;
+        record.wrapped_key = parent.wrapped_key.clone();
         let source = format!("{volume}@{snapshot}");
         if let Some(cluster) = &self.cluster {
             // As many replicas as the source; the cluster layer places them

@@ -171,8 +171,11 @@ class BasaltClient:
         source: str | None = None,
         replicas: int | None = None,
         volume_type: str | None = None,
+        encrypted: bool = False,
     ) -> dict[str, Any]:
         body: dict[str, Any] = {"name": name}
+        if encrypted:
+            body["encrypted"] = True
         if size_bytes is not None:
             body["size"] = size_bytes
         if source is not None:

@@ -104,8 +104,10 @@ CLUSTER_DEFAULT_REPLICAS = 3
 
 EXTRA_SPEC_TYPE = "basalt:type"
 EXTRA_SPEC_REPLICAS = "basalt:replicas"
-#: Accepted now and ignored with a warning until Basalt encrypts and compresses.
-EXTRA_SPECS_FUTURE = ("basalt:encrypted", "basalt:compression")
+#: Encryption at rest (AES-256-XTS, Basalt's master key): "true", "<is> True".
+EXTRA_SPEC_ENCRYPTED = "basalt:encrypted"
+#: Accepted now and ignored with a warning until Basalt compresses.
+EXTRA_SPECS_FUTURE = ("basalt:compression",)
 
 #: Cinder QoS spec keys Basalt enforces (crates/api/openapi.json, QosSpec).
 _QOS_BASES = (
@@ -312,6 +314,23 @@ class BasaltVolumeDriver(driver.VolumeDriver):
             limits = qos_from_specs(qos_specs.get("specs"))
         return basalt_type, replicas, limits
 
+    def _type_encrypted(self, type_id: str | None) -> bool:
+        """Whether a Cinder volume type asks for encryption at rest
+        (basalt:encrypted, as a boolean extra spec: true, yes, 1, <is> True)."""
+        if not type_id:
+            return False
+        extra = volume_types.get_volume_type_extra_specs(type_id) or {}
+        raw = str(extra.get(EXTRA_SPEC_ENCRYPTED, "")).strip().lower()
+        raw = raw.removeprefix("<is>").strip()
+        if raw in ("", "false", "no", "0", "off"):
+            return False
+        if raw in ("true", "yes", "1", "on"):
+            return True
+        raise exception.InvalidVolumeType(
+            reason=_("%(key)s=%(raw)s: true or false is needed")
+            % {"key": EXTRA_SPEC_ENCRYPTED, "raw": extra[EXTRA_SPEC_ENCRYPTED]}
+        )
+
     def _apply_qos(self, name: str, limits: dict[str, int], volume: Any) -> None:
         with self._errors(volume=volume):
             self._api.set_qos(name, limits)
@@ -341,9 +360,11 @@ class BasaltVolumeDriver(driver.VolumeDriver):
     def create_volume(self, volume: Any) -> dict[str, Any]:
         name = volume_name(volume)
         basalt_type, replicas, qos = self._type_policy(volume.volume_type_id)
+        encrypted = self._type_encrypted(volume.volume_type_id)
         with self._errors(volume=volume):
             self._api.create_volume(
-                name, volume.size * GiB, replicas=replicas, volume_type=basalt_type
+                name, volume.size * GiB, replicas=replicas, volume_type=basalt_type,
+                encrypted=encrypted,
             )
         self._finish_create(name, volume, qos)
         return {}
@@ -658,6 +679,13 @@ class BasaltVolumeDriver(driver.VolumeDriver):
         name = volume_name(volume)
         old_type, old_replicas, old_qos = self._type_policy(volume.volume_type_id)
         new_basalt_type, new_replicas, new_qos = self._type_policy(new_type.get("id"))
+        if self._type_encrypted(new_type.get("id")) != bool(
+            self._api.get_volume(name).get("encrypted")
+        ):
+            # Basalt does not rewrite a volume in place to (un)encrypt it.
+            LOG.info("Retype of %s changes basalt:encrypted: Cinder must migrate it.",
+                     volume.id)
+            return False, {}
         if new_replicas != old_replicas and new_basalt_type == old_type:
             # Replica count changes go through a Basalt type (its placement
             # machinery); a bare basalt:replicas change needs a migration.

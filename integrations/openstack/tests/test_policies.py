@@ -3,6 +3,8 @@ where Basalt requires one: per-volume QoS is a cluster-admin operation)."""
 
 from __future__ import annotations
 
+from cinder import exception
+
 from basalt_cinder import driver as basalt_driver
 from basalt_cinder.client import BasaltError
 from conftest import BasaltManagerTestCase, GiB, admin, exists
@@ -32,6 +34,25 @@ class AdminTokenPolicyTest(BasaltManagerTestCase):
         self.assertEqual("cinder-gold", info["volume_type"])
         self.assertEqual({"read_iops_sec": 800, "write_bytes_sec_per_gb": 1048576},
                          info["qos"])
+
+    def test_encrypted_extra_spec_creates_an_encrypted_volume(self) -> None:
+        plain = self.volume_type(extra_specs={"basalt:encrypted": "<is> False"})
+        secret = self.volume_type(extra_specs={"basalt:encrypted": "<is> True"})
+        vol = self.create(volume_type_id=secret.id)
+        self.assertEqual("available", vol.status)
+        name = basalt_driver.volume_name(vol)
+        self.assertTrue(admin().get_volume(name)["encrypted"])
+        # A clone of it is encrypted too (Basalt gives it its source's key).
+        clone = self.create(volume_type_id=secret.id, source_volid=vol.id)
+        self.assertTrue(admin().get_volume(basalt_driver.volume_name(clone))["encrypted"])
+        other = self.create(volume_type_id=plain.id)
+        self.assertFalse(admin().get_volume(basalt_driver.volume_name(other))["encrypted"])
+        # Changing encryption is a migration, never an in-place retype.
+        done, _update = self.driver.retype(self.context, other, {"id": secret.id}, {}, {})
+        self.assertFalse(done)
+        bad = self.volume_type(extra_specs={"basalt:encrypted": "maybe"})
+        self.assertRaises(exception.InvalidVolumeType, self.driver.create_volume,
+                          self.new_volume(volume_type_id=bad.id))
 
     def test_front_end_qos_is_left_to_nova(self) -> None:
         vtype = self.volume_type(qos={"total_iops_sec": "100"}, consumer="front-end")

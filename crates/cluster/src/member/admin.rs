@@ -11,7 +11,7 @@ use basalt_catalog::VolumeRecord;
 use basalt_replication::{Membership, NodeId, ReplicaState};
 use basalt_store::BLOCK_SIZE;
 use basalt_volume::{
-    BlockIo, ClusterVolumes, NodeView, ProvisioningGuard, ReplicaStatus, VolumeError,
+    BlockCipher, BlockIo, ClusterVolumes, NodeView, ProvisioningGuard, ReplicaStatus, VolumeError,
 };
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -27,7 +27,11 @@ fn state_name(s: ReplicaState) -> &'static str {
 }
 
 impl ClusterVolumes for ClusterMember {
-    fn open(&self, record: &VolumeRecord) -> Result<Arc<dyn BlockIo>, VolumeError> {
+    fn open(
+        &self,
+        record: &VolumeRecord,
+        cipher: Option<Arc<BlockCipher>>,
+    ) -> Result<Arc<dyn BlockIo>, VolumeError> {
         let vol = vol_of(record.id);
         let recorded = self
             .inner
@@ -42,6 +46,7 @@ impl ClusterVolumes for ClusterMember {
             vol,
             size,
             partial: Mutex::new(()),
+            cipher,
         }))
     }
 

@@ -14,7 +14,7 @@ use crate::coordinator::Heartbeat;
 use crate::replica::{Event, Origin, Replica};
 use basalt_replication::{ClientReply, ClientReq, Membership, Msg, NodeId, VolumeId};
 use basalt_store::{DataKind, DataOp, IoError, BLOCK_SIZE};
-use basalt_volume::{BlockIo, WriteAck};
+use basalt_volume::{BlockCipher, BlockIo, WriteAck};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -118,6 +118,10 @@ pub(super) struct ClusterVolume {
     pub(super) size: Arc<AtomicU64>,
     /// Serialises read-modify-write of partial blocks.
     pub(super) partial: Mutex<()>,
+    /// An encrypted volume's cipher: writes leave this node as ciphertext
+    /// (the peer link and every replica carry nothing else), reads are
+    /// decrypted here.
+    pub(super) cipher: Option<Arc<BlockCipher>>,
 }
 
 /// Volumes of a peer batch grouped by a scan before an index is built.
@@ -135,6 +139,31 @@ fn op_len(op: &DataOp<'_>) -> u64 {
 }
 
 impl ClusterVolume {
+    /// `data` (whole blocks from block `lba`) as it is sent: encrypted
+    /// for an encrypted volume.
+    fn sealed(&self, lba: u64, data: &[u8]) -> Result<Vec<u8>, IoError> {
+        let mut out = data.to_vec();
+        if let Some(c) = &self.cipher {
+            c.encrypt(lba, &mut out).map_err(|e| {
+                tracing::error!(volume = ?self.vol, error = %e, "encryption failed; the write fails");
+                IoError::Failed
+            })?;
+        }
+        Ok(out)
+    }
+
+    /// Decrypts `data` (whole blocks from block `lba`) as read, for an
+    /// encrypted volume; never-written (all-zero) blocks stay zeros.
+    fn unsealed(&self, lba: u64, data: &mut [u8]) -> Result<(), IoError> {
+        match &self.cipher {
+            None => Ok(()),
+            Some(c) => c.decrypt_written(lba, data).map_err(|e| {
+                tracing::error!(volume = ?self.vol, error = %e, "decryption failed; the read fails");
+                IoError::Failed
+            }),
+        }
+    }
+
     pub(super) fn check(&self, offset: u64, len: u64) -> Result<(), IoError> {
         let size = self.size.load(Ordering::Relaxed);
         if offset.checked_add(len).is_none_or(|end| end > size) {
@@ -168,10 +197,12 @@ impl ClusterVolume {
             Some(Err(e)) => return Err(e),
             _ => return Err(IoError::Failed),
         };
+        self.unsealed(first, &mut buf)?;
         let at = (offset - first * BLOCK_SIZE) as usize;
         buf.get_mut(at..at + data.len())
             .ok_or(IoError::Failed)?
             .copy_from_slice(data);
+        let buf = self.sealed(first, &buf)?;
         let w = inner.execute(
             self.vol,
             1,
@@ -213,10 +244,32 @@ impl ClusterVolume {
                 aligned.push(i);
             }
         }
+        // An encrypted volume's writes, sealed once (each attempt sends a
+        // copy); a write that cannot be sealed fails and is not sent.
+        let mut sealed: Vec<Option<Vec<u8>>> = Vec::new();
+        if self.cipher.is_some() {
+            let mut kept = Vec::with_capacity(aligned.len());
+            for &i in &aligned {
+                let op = &mut ops[i];
+                match &op.kind {
+                    DataKind::Write(d) => match self.sealed(op.offset / BLOCK_SIZE, d) {
+                        Ok(s) => sealed.push(Some(s)),
+                        Err(e) => {
+                            op.result = Err(e);
+                            continue;
+                        }
+                    },
+                    DataKind::Read(_) => sealed.push(None),
+                }
+                kept.push(i);
+            }
+            aligned = kept;
+        }
         let results = if aligned.is_empty() {
             Vec::new()
         } else {
             let ops = &*ops;
+            let sealed = &sealed;
             let request = |k: usize| {
                 let op = &ops[aligned[k]];
                 let first = op.offset / BLOCK_SIZE;
@@ -227,7 +280,10 @@ impl ClusterVolume {
                     },
                     DataKind::Write(d) => ClientReq::Write {
                         lba: first,
-                        data: d.to_vec(),
+                        data: match sealed.get(k) {
+                            Some(Some(s)) => s.clone(),
+                            _ => d.to_vec(),
+                        },
                         fua: op.fua,
                     },
                 }
@@ -240,14 +296,17 @@ impl ClusterVolume {
             let op = &mut ops[i];
             let offset = op.offset;
             op.result = match (&mut op.kind, r) {
-                (DataKind::Read(buf), Ok(Some(data))) => {
+                (DataKind::Read(buf), Ok(Some(mut data))) => {
                     let at = (offset % BLOCK_SIZE) as usize;
-                    match data.get(at..at + buf.len()) {
-                        Some(src) => {
-                            buf.copy_from_slice(src);
-                            Ok(())
-                        }
-                        None => Err(IoError::Failed),
+                    match self.unsealed(offset / BLOCK_SIZE, &mut data) {
+                        Err(e) => Err(e),
+                        Ok(()) => match data.get(at..at + buf.len()) {
+                            Some(src) => {
+                                buf.copy_from_slice(src);
+                                Ok(())
+                            }
+                            None => Err(IoError::Failed),
+                        },
                     }
                 }
                 (DataKind::Read(_), Ok(None)) => Err(IoError::Failed),

@@ -1,4 +1,5 @@
-//! Volume types: named policy bundles (replica count, QoS limits) that
+//! Volume types: named policy bundles (replica count, QoS limits,
+//! encryption at rest) that
 //! volumes are created with (`--type`, else the default type) and can be
 //! moved between online (`retype`). A type may be limited to some projects.
 //!
@@ -25,6 +26,8 @@ pub struct NewVolumeType {
     pub qos: QosSpec,
     /// Projects that may use it; empty: all.
     pub projects: Vec<String>,
+    /// Its volumes are encrypted at rest.
+    pub encrypted: bool,
 }
 
 /// A volume type as the control plane reports it.
@@ -36,6 +39,7 @@ pub struct VolumeTypeInfo {
     pub replicas: Option<u32>,
     pub qos: QosSpec,
     pub projects: Vec<String>,
+    pub encrypted: bool,
     /// Volumes created without a type get this one.
     pub is_default: bool,
 }
@@ -64,6 +68,7 @@ fn info(t: VolumeTypeRecord, default: Option<&str>) -> VolumeTypeInfo {
         replicas: t.replicas,
         qos: QosSpec(t.qos),
         projects: t.projects,
+        encrypted: t.encrypted,
     }
 }
 
@@ -108,6 +113,7 @@ impl VolumeService {
             replicas: request.replicas,
             qos: request.qos.0.clone(),
             projects: request.projects.clone(),
+            encrypted: request.encrypted,
             unknown: Default::default(),
         };
         let control = self.control.lock();
@@ -117,7 +123,7 @@ impl VolumeService {
         self.catalog
             .insert_entry_record(&record)
             .map_err(|e| entry_error("volume type", e))?;
-        tracing::info!(volume_type = %record.name, replicas = ?record.replicas, qos = %request.qos.to_text(), "volume type created");
+        tracing::info!(volume_type = %record.name, replicas = ?record.replicas, qos = %request.qos.to_text(), encrypted = record.encrypted, "volume type created");
         drop(control);
         if make_default {
             self.set_default_volume_type(principal, Some(&record.name))?;
@@ -280,6 +286,13 @@ impl VolumeService {
         let t = self
             .resolve_volume_type(current.record.project.as_deref(), Some(type_name))?
             .ok_or_else(|| type_missing(type_name))?;
+        if t.encrypted != current.record.encrypted {
+            return Err(VolumeError::NotSupported(format!(
+                "type {type_name} {} encrypted and volume {name} {}: a retype between them would rewrite the volume, which Basalt does not do yet; copy it into a new volume of that type instead",
+                if t.encrypted { "is" } else { "is not" },
+                if current.record.encrypted { "is" } else { "is not" },
+            )));
+        }
         let mut record = current.record.clone();
         record.volume_type = Some(t.name.clone());
         record.qos = t.qos.clone();
