@@ -124,6 +124,41 @@ fn encrypted_volumes_leave_no_plaintext_and_need_their_master_key() {
     let out = run_cmd(&mut fio, CMD_TIMEOUT);
     assert!(out.status.success(), "fio: {}", out.describe());
 
+    // TRIM frees what fio wrote at 8 MiB: it reads as zeros and
+    // base:allocation reports a hole there, as on a plain volume.
+    qemu_io(&s.uri("secret"), &["discard 8M 1M"]).ok();
+    let zeros = qemu_io(&s.uri("secret"), &["read -P 0 8M 1M"]);
+    assert!(zeros.status.success(), "{}", zeros.describe());
+    let map = tool("nbdinfo", ["--map", &s.uri("secret")]);
+    let hole_at_8m = map.ok().lines().any(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        match (
+            f.first().map(|x| x.parse::<u64>()),
+            f.get(1).map(|x| x.parse::<u64>()),
+            f.get(2),
+        ) {
+            (Some(Ok(at)), Some(Ok(len)), Some(kind)) => {
+                at <= 8 * MIB as u64
+                    && 8 * MIB as u64 + MIB as u64 <= at + len
+                    && kind.parse::<u8>().is_ok_and(|k| k & 1 == 1)
+            }
+            _ => false,
+        }
+    });
+    assert!(hole_at_8m, "no hole at 8 MiB after TRIM:\n{}", map.stdout);
+
+    // A volume type with encryption gives it to its volumes; a retype
+    // across encryption is refused with one line.
+    s.cli(&["type", "create", "secure", "--encrypted"]).ok();
+    s.cli(&[
+        "volume", "create", "typed", "--size", "8M", "--type", "secure",
+    ])
+    .ok();
+    assert_eq!(s.cli_json(&["volume", "show", "typed"])["encrypted"], true);
+    assert_eq!(s.cli_json(&["type", "show", "secure"])["encrypted"], true);
+    let line = s.cli(&["volume", "retype", "plain", "secure"]).cli_error(1);
+    assert!(line.contains("would rewrite the volume"), "{line}");
+
     // Stopped (everything on the device), the data file has the plain
     // volume's text and not one 16-byte window of the encrypted one's.
     assert!(s.sigterm(Duration::from_secs(30)).success());
@@ -174,7 +209,7 @@ fn encrypted_volumes_leave_no_plaintext_and_need_their_master_key() {
     write_key(&key, good_key.trim());
     s.restart();
     let rotated = s.cli(&["key", "rotate"]).ok().to_string();
-    assert!(rotated.contains("2 data key(s) rewrapped"), "{rotated}");
+    assert!(rotated.contains("3 data key(s) rewrapped"), "{rotated}");
     let new_key = std::fs::read_to_string(&key).unwrap();
     assert_ne!(new_key, good_key);
     assert_eq!(
