@@ -5,38 +5,19 @@
 //! volume whose key is not loaded cannot be opened; a crash between a key
 //! and its volume leaves neither half behind.
 
+mod common;
+
 use basalt_crypt::{DataKey, MasterKey};
-use basalt_store::{
-    BlockDevice, FormatOptions, OpenOptions, SimDevice, Store, StoreError, WrappedKey,
-};
+use basalt_store::{BlockDevice, SimDevice, Store, StoreError, WrappedKey};
+use common::{format_small, id, quiet};
 use std::sync::Arc;
 use uuid::Uuid;
 
 const EXTENT: u64 = 64 * 1024;
 const BLOCK: u64 = 4096;
 
-fn quiet() -> OpenOptions {
-    OpenOptions {
-        background_zeroing: false,
-        ..Default::default()
-    }
-}
-
 fn format(dev: &Arc<SimDevice>) -> Arc<Store> {
-    Store::create_with(
-        dev.clone(),
-        &FormatOptions {
-            extent_size: Some(EXTENT as u32),
-            journal_blocks: Some(16),
-            ..Default::default()
-        },
-        &quiet(),
-    )
-    .unwrap()
-}
-
-fn id(n: u128) -> Uuid {
-    Uuid::from_u128(n)
+    format_small(dev, EXTENT)
 }
 
 /// A recognisable, non-repeating text.

@@ -5,36 +5,19 @@
 //! survives a reopen and a crash. (Power cuts at every device operation of
 //! histories with snapshots are in `power_loss.rs`.)
 
+mod common;
+
 use basalt_store::format::{Layout, DEFAULT_FEATURES};
-use basalt_store::{FormatOptions, IoError, OpenOptions, SimDevice, Store, StoreError};
+use basalt_store::{FormatOptions, IoError, SimDevice, Store, StoreError};
+use common::{format_small, id, quiet};
 use std::sync::Arc;
 use uuid::Uuid;
 
 const EXTENT: u64 = 64 * 1024;
 const BLOCK: u64 = 4096;
 
-fn quiet() -> OpenOptions {
-    OpenOptions {
-        background_zeroing: false,
-        ..Default::default()
-    }
-}
-
 fn format(dev: &Arc<SimDevice>) -> Arc<Store> {
-    Store::create_with(
-        dev.clone(),
-        &FormatOptions {
-            extent_size: Some(EXTENT as u32),
-            journal_blocks: Some(16),
-            ..Default::default()
-        },
-        &quiet(),
-    )
-    .unwrap()
-}
-
-fn id(n: u128) -> Uuid {
-    Uuid::from_u128(n)
+    format_small(dev, EXTENT)
 }
 
 fn read_all(store: &Arc<Store>, v: Uuid) -> Vec<u8> {

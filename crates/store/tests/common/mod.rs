@@ -1,8 +1,11 @@
 //! Helpers shared by the store's integration tests.
+#![allow(dead_code)] // each test crate uses some of them
 
+use basalt_store::{FormatOptions, OpenOptions as StoreOpenOptions, SimDevice, Store};
 use std::fs::OpenOptions;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
+use std::sync::Arc;
 
 /// Flips bit `bit` of the byte at `offset` of a file, durably: damage as a
 /// disk does it after the data was durable.
@@ -17,4 +20,32 @@ pub fn flip(path: &Path, offset: u64, bit: u8) {
     b[0] ^= 1 << bit;
     f.write_all_at(&b, offset).unwrap();
     f.sync_all().unwrap();
+}
+
+/// Open options without the background zeroing thread (deterministic).
+pub fn quiet() -> StoreOpenOptions {
+    StoreOpenOptions {
+        background_zeroing: false,
+        ..Default::default()
+    }
+}
+
+/// A fresh store on `dev` with `extent` byte extents and a 16-block
+/// journal.
+pub fn format_small(dev: &Arc<SimDevice>, extent: u64) -> Arc<Store> {
+    Store::create_with(
+        dev.clone(),
+        &FormatOptions {
+            extent_size: Some(extent as u32),
+            journal_blocks: Some(16),
+            ..Default::default()
+        },
+        &quiet(),
+    )
+    .unwrap()
+}
+
+/// Volume id `n`.
+pub fn id(n: u128) -> uuid::Uuid {
+    uuid::Uuid::from_u128(n)
 }
