@@ -5,7 +5,9 @@
 //! volume; snapshots and clones of it read back; a restart with the wrong
 //! master key serves the plain volume and refuses the encrypted one with
 //! one line; key rotation keeps everything readable; without a master
-//! key, `--encrypted` is one line and a non-zero exit. Replicated: an RF3
+//! key, `--encrypted` is one line and a non-zero exit; a key from
+//! `--master-key-command` works across restarts, and a failing command
+//! stops the start with its error. Replicated: an RF3
 //! encrypted volume written through a node that is not its primary leaves
 //! no plaintext in any node's data file (the peer link and every replica
 //! carry ciphertext), its replicas are identical, and it fails over,
@@ -294,6 +296,32 @@ fn without_a_master_key_encryption_is_one_line() {
     );
     let line = out.cli_error(1);
     assert!(line.contains("chmod 600"), "{line}");
+
+    // A key from a command (as from a key manager): encrypted volumes are
+    // created and unlocked across a restart with it.
+    let held = bad.path("held");
+    write_key(&held, &"3e".repeat(32));
+    let cmd = format!("cat {}", held.display());
+    let mut s = Server::start_with("64M", &["--master-key-command", &cmd]);
+    s.cli(&["volume", "create", "kms", "--size", "8M", "--encrypted"])
+        .ok();
+    qemu_io(&s.uri("kms"), &["write -P 0x7b 0 64k"]).ok();
+    assert!(s.sigterm(Duration::from_secs(30)).success());
+    s.restart();
+    qemu_io(&s.uri("kms"), &["read -P 0x7b 0 64k"]).ok();
+    // A command that fails stops the start with its error line.
+    let out = cli_in(
+        &bad.path("data2"),
+        &[
+            "server",
+            "--capacity",
+            "64M",
+            "--master-key-command",
+            "echo vault sealed >&2; exit 2",
+        ],
+    );
+    let line = out.cli_error(1);
+    assert!(line.contains("vault sealed"), "{line}");
 }
 
 #[test]
