@@ -212,6 +212,14 @@ done
 if [ -n "$failing" ]; then
     echo "failing tests:"
     echo "$failing"
+    # CI keeps only the end of this output: repeat where each of the first
+    # failures panicked, and the first lines of its message, down here.
+    echo "where they failed (first lines of each panic):"
+    awk 'BEGIN { lines = -1 }
+         /^---- .* stdout ----$/ { name = $2; lines = -1; if (++shown > 3) exit }
+         /panicked at/ && lines < 0 && name != "" { lines = 0; print "  " name ":" }
+         lines >= 0 && lines < 24 { print "    " substr($0, 1, 200); lines++ }' \
+        "$LOGDIR/cargo-test.log" 2>/dev/null
 fi
 rm -rf "$LOGDIR"
 if [ "$failed" != 0 ]; then

@@ -532,7 +532,11 @@ fn fio_verify_survives_etcd_restart_and_node_kill() {
     std::thread::sleep(Duration::from_secs(3));
     c.nodes[other].restart();
     let (st, out, err) = fio.finish(Duration::from_secs(120));
-    assert!(st.success(), "fio failed:\n{out}\n{err}\n{}", c.logs());
+    assert!(
+        st.success(),
+        "fio failed ({st:?}):\n{err}\n{out}\n{}",
+        c.logs()
+    );
     // fio's nbd engine prints a line of its own before the JSON.
     let start = out.find('{').unwrap_or(0);
     let json: Value = serde_json::from_str(&out[start..])
@@ -986,7 +990,11 @@ fn an_etcd_outage_pauses_io_no_longer_than_the_leases_require() {
     c.etcd.restart().expect("restart etcd");
     let back = monotonic_secs() - started;
     let (st, out, err) = fio.finish(Duration::from_secs(120));
-    assert!(st.success(), "fio failed:\n{out}\n{err}\n{}", c.logs());
+    assert!(
+        st.success(),
+        "fio failed ({st:?}):\n{err}\n{out}\n{}",
+        c.logs()
+    );
     // Completion times (ms since fio's start, a little after `started`).
     let log = std::fs::read_to_string(scratch.path("eo_clat.1.log")).expect("fio latency log");
     let mut done: Vec<f64> = log

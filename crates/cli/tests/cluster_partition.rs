@@ -184,7 +184,11 @@ fn partitioned_secondary_resyncs_under_io() {
     );
     eprintln!("pattern writer: {summary}");
     let (st, out, err) = fio.finish(Duration::from_secs(120));
-    assert!(st.success(), "fio failed:\n{out}\n{err}\n{}", c.logs());
+    assert!(
+        st.success(),
+        "fio failed ({st:?}):\n{err}\n{out}\n{}",
+        c.logs()
+    );
     // fio's nbd engine prints a line of its own before the JSON.
     let json: Value = serde_json::from_str(&out[out.find('{').unwrap_or(0)..])
         .unwrap_or_else(|e| panic!("fio output is not JSON ({e}):\n{out}\n{err}"));

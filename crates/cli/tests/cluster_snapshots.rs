@@ -67,7 +67,11 @@ fn replicated_snapshots_survive_failover_rebuild_rollback_and_delete() {
     std::thread::sleep(Duration::from_secs(3));
     c.nodes[p].restart();
     let (st, out, err) = fio.finish(Duration::from_secs(120));
-    assert!(st.success(), "fio failed:\n{out}\n{err}\n{}", c.logs());
+    assert!(
+        st.success(),
+        "fio failed ({st:?}):\n{err}\n{out}\n{}",
+        c.logs()
+    );
     c.wait_volume(via, "sv", "in sync after the primary returned", |v| {
         all_in_sync(v, 3)
     });

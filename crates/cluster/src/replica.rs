@@ -555,6 +555,11 @@ impl<E: ReplicaEnv> Replica<E> {
                             "local copy fails its checksum; reading it from another replica (primary) or having it rewritten from the primary's (secondary)");
                         Outcome::Corrupt
                     }
+                    Err(IoError::NoSpace) => {
+                        tracing::warn!(volume = %uuid::Uuid::from_u128(self.vol.0),
+                            "the local store has no space for a write of this replica");
+                        Outcome::NoSpace
+                    }
                     Err(e) => {
                         tracing::warn!(volume = %uuid::Uuid::from_u128(self.vol.0), error = %e, "replica disk operation failed");
                         Outcome::Failed
@@ -610,6 +615,7 @@ impl<E: ReplicaEnv> Replica<E> {
                         data: reads.remove(&id),
                     },
                     Outcome::Corrupt => DiskResult::Corrupt,
+                    Outcome::NoSpace => DiskResult::NoSpace,
                     Outcome::Failed => DiskResult::Error,
                 },
             ));
@@ -617,6 +623,9 @@ impl<E: ReplicaEnv> Replica<E> {
         for (id, offset, len, fua) in zeroes {
             let r = match self.local.write_zeroes(offset, len, true, fua) {
                 Ok(()) => DiskResult::Done { data: None },
+                // Zeroing a block shared with a snapshot copies the rest
+                // of its extent.
+                Err(IoError::NoSpace) => DiskResult::NoSpace,
                 Err(e) => {
                     tracing::warn!(volume = %uuid::Uuid::from_u128(self.vol.0), error = %e, "replica zeroing failed");
                     DiskResult::Error
@@ -643,6 +652,9 @@ enum Outcome {
     Done,
     /// A read whose data fails its checksum.
     Corrupt,
+    /// A write the store has no space for: not retried (the state machine
+    /// answers the client, or leaves the stream).
+    NoSpace,
     /// Anything else: retried by the state machine.
     Failed,
 }

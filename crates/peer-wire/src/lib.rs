@@ -19,7 +19,7 @@
 //!   and booleans are checked, no padding), so `encode(decode(b)) == b` for
 //!   every `b` that decodes.
 //! - A `Msg` carrying a volume (`Repl`, `ReplAck`, `ReplDigest`,
-//!   `ReplStarted`, `Fenced`, `HeartbeatAck`, `RepairRead`, `RepairData`)
+//!   `ReplNoSpace`, `ReplStarted`, `Fenced`, `HeartbeatAck`, `RepairRead`, `RepairData`)
 //!   must name the frame's volume: the volume is written once, in the
 //!   frame, and decoded into both places, so a receiver can never see the
 //!   two disagree.
@@ -62,8 +62,9 @@ pub const MAGIC: [u8; 4] = *b"BSPW";
 /// `ReplStarted`, `ClientReq` reqs 5 (`Snapshot`), 6 (`DeleteSnapshot`)
 /// and 7 (`Rollback`), and the `NoSuchLayer` client reply (3).
 /// Version 9 added the flattening of clones: `Repl` op 8 (`Flatten`) and
-/// `ClientReq` req 8 (`Flatten`).
-pub const VERSION: u8 = 9;
+/// `ClientReq` req 8 (`Flatten`). Version 10 added a full store: the
+/// `ReplNoSpace` kind (14) and the `NoSpace` client reply (4).
+pub const VERSION: u8 = 10;
 /// Bytes in a frame header.
 pub const HEADER_LEN: usize = 20;
 /// The largest payload a decoder accepts (and an encoder produces).
@@ -84,6 +85,7 @@ pub mod kind {
     pub const REPAIR_READ: u8 = 11;
     pub const REPAIR_DATA: u8 = 12;
     pub const REPL_DIGEST: u8 = 13;
+    pub const REPL_NO_SPACE: u8 = 14;
 }
 
 /// Bytes of a Hello's nonce.
@@ -275,6 +277,10 @@ fn check(frame: &Frame) -> Result<(u8, &[u8]), EncodeError> {
             same(v)?;
             (kind::REPL_DIGEST, &[])
         }
+        Msg::ReplNoSpace { vol: v, .. } => {
+            same(v)?;
+            (kind::REPL_NO_SPACE, &[])
+        }
         Msg::ReplStarted { vol: v, prior, .. } => {
             same(v)?;
             // Epoch 0 is the wire's "no prior": it must not be sent as one.
@@ -366,7 +372,7 @@ fn fields_len(frame: &Frame) -> usize {
                     ReplOp::Start | ReplOp::Flush => 0,
                 }
         }
-        Msg::ReplAck { .. } => 24,
+        Msg::ReplAck { .. } | Msg::ReplNoSpace { .. } => 24,
         Msg::ReplDigest { digest, .. } => 24 + 1 + if digest.is_some() { 4 } else { 0 },
         Msg::ReplStarted { prior, layers, .. } => {
             16 + 8
@@ -400,7 +406,9 @@ fn fields_len(frame: &Frame) -> usize {
                     ClientReply::Ok { data: Some(_), .. } => 4 + 8 + 1 + 4,
                     ClientReply::Ok { data: None, .. } => 4 + 8 + 1,
                     ClientReply::NotPrimary => 0,
-                    ClientReply::Unreadable { .. } | ClientReply::NoSuchLayer { .. } => 4 + 8,
+                    ClientReply::Unreadable { .. }
+                    | ClientReply::NoSuchLayer { .. }
+                    | ClientReply::NoSpace { .. } => 4 + 8,
                 }
         }
         Msg::MetaGet { .. } | Msg::MetaCas { .. } | Msg::MetaReply { .. } => 0,
@@ -518,6 +526,12 @@ fn write_fields(frame: &Frame, data: &[u8], out: &mut Vec<u8>) {
             }
         }
         Msg::ReplAck {
+            epoch,
+            session,
+            lseq,
+            ..
+        }
+        | Msg::ReplNoSpace {
             epoch,
             session,
             lseq,
@@ -671,6 +685,11 @@ fn write_fields(frame: &Frame, data: &[u8], out: &mut Vec<u8>) {
                     u32le(out, by.0);
                     u64le(out, epoch.0);
                 }
+                ClientReply::NoSpace { by, epoch } => {
+                    out.push(4);
+                    u32le(out, by.0);
+                    u64le(out, epoch.0);
+                }
             }
         }
         // Refused by `check`.
@@ -718,7 +737,7 @@ pub fn decode_header(buf: &[u8]) -> Result<Option<Header>, DecodeError> {
         return Err(DecodeError::HeaderCrc { expected, actual });
     }
     let kind = h[5];
-    if !(kind::HELLO..=kind::REPL_DIGEST).contains(&kind) {
+    if !(kind::HELLO..=kind::REPL_NO_SPACE).contains(&kind) {
         return Err(DecodeError::UnknownKind(kind));
     }
     let flags = u16::from_le_bytes([h[6], h[7]]);
@@ -880,6 +899,7 @@ fn kind_name(kind: u8) -> &'static str {
         kind::REPAIR_READ => "RepairRead",
         kind::REPAIR_DATA => "RepairData",
         kind::REPL_DIGEST => "ReplDigest",
+        kind::REPL_NO_SPACE => "ReplNoSpace",
         _ => "unknown",
     }
 }
@@ -965,6 +985,12 @@ fn decode_payload(kind: u8, payload: &[u8]) -> Result<Frame, DecodeError> {
             }
         }
         kind::REPL_ACK => Msg::ReplAck {
+            vol,
+            epoch: Epoch(r.u64("epoch")?),
+            session: r.u64("session")?,
+            lseq: r.u64("lseq")?,
+        },
+        kind::REPL_NO_SPACE => Msg::ReplNoSpace {
             vol,
             epoch: Epoch(r.u64("epoch")?),
             session: r.u64("session")?,
@@ -1146,6 +1172,10 @@ fn decode_payload(kind: u8, payload: &[u8]) -> Result<Frame, DecodeError> {
                     by: NodeId(r.u32("by")?),
                     epoch: Epoch(r.u64("epoch")?),
                 },
+                4 => ClientReply::NoSpace {
+                    by: NodeId(r.u32("by")?),
+                    epoch: Epoch(r.u64("epoch")?),
+                },
                 other => return Err(r.invalid("reply", other)),
             };
             Msg::ClientReply { id, reply }
@@ -1237,6 +1267,25 @@ mod tests {
                     },
                 },
                 25 + 4 + 8,
+            ),
+            (
+                Msg::ClientReply {
+                    id: 9,
+                    reply: ClientReply::NoSpace {
+                        by: NodeId(1),
+                        epoch: Epoch(2),
+                    },
+                },
+                25 + 4 + 8,
+            ),
+            (
+                Msg::ReplNoSpace {
+                    vol: VolumeId(1),
+                    epoch: Epoch(2),
+                    session: 3,
+                    lseq: 4,
+                },
+                16 + 24,
             ),
             (
                 Msg::ReplStarted {

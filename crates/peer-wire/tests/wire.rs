@@ -40,7 +40,7 @@ fn hello_literal() {
         proof: [0x33; 32],
     };
     let bytes = hex("
-        42 53 50 57  09  01  00 00  4c 00 00 00  13 8a 7c 76  0f ae 09 3f
+        42 53 50 57  0a  01  00 00  4c 00 00 00  13 8a 7c 76  5f d2 9b 6c
         11 11 11 11 11 11 11 11 11 11 11 11 11 11 11 11  07 00 00 00  08 07 06 05 04 03 02 01
         22 22 22 22 22 22 22 22 22 22 22 22 22 22 22 22
         33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33");
@@ -67,7 +67,7 @@ fn repl_write_literal() {
         },
     };
     let bytes = hex("
-        42 53 50 57  09  02  00 00  56 00 00 00  95 00 1d 92  2f 75 2a 0a
+        42 53 50 57  0a  02  00 00  56 00 00 00  95 00 1d 92  7f 09 b8 59
         ff ee dd cc bb aa 99 88 77 66 55 44 33 22 11 00
         02 00 00 00 00 00 00 00  03 00 00 00 00 00 00 00
         04 00 00 00 00 00 00 00  05 00 00 00 00 00 00 00
@@ -103,7 +103,7 @@ fn repl_write_zeroes_literal() {
         },
     };
     let bytes = hex("
-        42 53 50 57  09  02  00 00  52 00 00 00  b3 3f c9 60  ab 9e de 82
+        42 53 50 57  0a  02  00 00  52 00 00 00  b3 3f c9 60  fb e2 4c d1
         ff ee dd cc bb aa 99 88 77 66 55 44 33 22 11 00
         02 00 00 00 00 00 00 00  03 00 00 00 00 00 00 00
         04 00 00 00 00 00 00 00  05 00 00 00 00 00 00 00
@@ -134,7 +134,7 @@ fn repl_started_literal() {
         },
     };
     let bytes = hex("
-        42 53 50 57  09  09  00 00  60 00 00 00  e5 31 90 b2  da ca 7b 9a
+        42 53 50 57  0a  09  00 00  60 00 00 00  e5 31 90 b2  8a b6 e9 c9
         ff ee dd cc bb aa 99 88 77 66 55 44 33 22 11 00
         02 00 00 00 00 00 00 00  03 00 00 00 00 00 00 00
         01 00 00 00 00 00 00 00  20 00 00 00 00 00 00 00
@@ -206,22 +206,22 @@ fn repl_layer_ops_literal() {
     let cases = [
         (
             ReplOp::Snapshot { layer: LAYER },
-            "42 53 50 57  09  02  00 00  51 00 00 00  4f 25 c7 bc  0a d5 6c 7e",
+            "42 53 50 57  0a  02  00 00  51 00 00 00  4f 25 c7 bc  5a a9 fe 2d",
             "05  10 0f 0e 0d 0c 0b 0a 09 08 07 06 05 04 03 02 01",
         ),
         (
             ReplOp::DeleteLayer { layer: LAYER },
-            "42 53 50 57  09  02  00 00  51 00 00 00  ae 41 ea 5c  3d 53 72 69",
+            "42 53 50 57  0a  02  00 00  51 00 00 00  ae 41 ea 5c  6d 2f e0 3a",
             "06  10 0f 0e 0d 0c 0b 0a 09 08 07 06 05 04 03 02 01",
         ),
         (
             ReplOp::Rebase { onto: Some(LAYER) },
-            "42 53 50 57  09  02  00 00  52 00 00 00  47 8b e8 0a  de 09 a9 dc",
+            "42 53 50 57  0a  02  00 00  52 00 00 00  47 8b e8 0a  8e 75 3b 8f",
             "07  01  10 0f 0e 0d 0c 0b 0a 09 08 07 06 05 04 03 02 01",
         ),
         (
             ReplOp::Rebase { onto: None },
-            "42 53 50 57  09  02  00 00  42 00 00 00  68 1a 6a 14  25 e5 da 5e",
+            "42 53 50 57  0a  02  00 00  42 00 00 00  68 1a 6a 14  75 99 48 0d",
             "07  00",
         ),
         (
@@ -230,7 +230,7 @@ fn repl_layer_ops_literal() {
                 blocks: 0x4000,
                 rate: 0x0200_0000,
             },
-            "42 53 50 57  09  02  00 00  59 00 00 00  2d 31 77 18  6e aa 93 cf",
+            "42 53 50 57  0a  02  00 00  59 00 00 00  2d 31 77 18  3e d6 01 9c",
             "08  10 00 00 00 00 00 00 00  00 40 00 00 00 00 00 00  00 00 00 02 00 00 00 00",
         ),
     ];
@@ -252,17 +252,17 @@ fn client_layer_requests_and_no_such_layer_literal() {
     let cases = [
         (
             req(ClientReq::Snapshot { layer: LAYER }),
-            "42 53 50 57  09  07  00 00  29 00 00 00  6a ca 97 83  1a 28 88 50",
+            "42 53 50 57  0a  07  00 00  29 00 00 00  6a ca 97 83  4a 54 1a 03",
             "05  10 0f 0e 0d 0c 0b 0a 09 08 07 06 05 04 03 02 01",
         ),
         (
             req(ClientReq::DeleteSnapshot { layer: LAYER }),
-            "42 53 50 57  09  07  00 00  29 00 00 00  8b ae ba 63  2d ae 96 47",
+            "42 53 50 57  0a  07  00 00  29 00 00 00  8b ae ba 63  7d d2 04 14",
             "06  10 0f 0e 0d 0c 0b 0a 09 08 07 06 05 04 03 02 01",
         ),
         (
             req(ClientReq::Rollback { layer: LAYER }),
-            "42 53 50 57  09  07  00 00  29 00 00 00  d4 72 5e 3c  c0 d3 9c 4a",
+            "42 53 50 57  0a  07  00 00  29 00 00 00  d4 72 5e 3c  90 af 0e 19",
             "07  10 0f 0e 0d 0c 0b 0a 09 08 07 06 05 04 03 02 01",
         ),
         (
@@ -271,7 +271,7 @@ fn client_layer_requests_and_no_such_layer_literal() {
                 blocks: 0x4000,
                 rate: 0,
             }),
-            "42 53 50 57  09  07  00 00  31 00 00 00  cb 09 ad db  58 06 8a 49",
+            "42 53 50 57  0a  07  00 00  31 00 00 00  cb 09 ad db  08 7a 18 1a",
             "08  10 00 00 00 00 00 00 00  00 40 00 00 00 00 00 00  00 00 00 00 00 00 00 00",
         ),
         (
@@ -285,7 +285,7 @@ fn client_layer_requests_and_no_such_layer_literal() {
                     },
                 },
             },
-            "42 53 50 57  09  08  00 00  25 00 00 00  95 66 a7 27  c5 59 81 b4",
+            "42 53 50 57  0a  08  00 00  25 00 00 00  95 66 a7 27  95 25 13 e7",
             "03  07 00 00 00  02 00 00 00 00 00 00 00",
         ),
     ];
@@ -400,14 +400,14 @@ fn malformed_layer_fields_are_refused() {
     );
     let mut p = VOL.0.to_le_bytes().to_vec();
     p.extend_from_slice(&11u64.to_le_bytes());
-    p.push(4);
+    p.push(5);
     p.extend_from_slice(&[0; 12]);
     assert_eq!(
         decode(&rebuild(kind::CLIENT_REPLY, &p)),
         Err(DecodeError::InvalidValue {
             kind: "ClientReply",
             field: "reply",
-            value: 4
+            value: 5
         })
     );
 }
@@ -428,7 +428,7 @@ fn client_write_of_zeros_literal() {
         },
     };
     let bytes = hex("
-        42 53 50 57  09  07  00 00  26 00 00 00  0a 17 b7 81  ec 73 f7 35
+        42 53 50 57  0a  07  00 00  26 00 00 00  0a 17 b7 81  bc 0f 65 66
         ff ee dd cc bb aa 99 88 77 66 55 44 33 22 11 00
         0b 00 00 00 00 00 00 00  03  06 00 00 00 00 00 00 00  01  00 30 00 00");
     assert_literal(&frame, &bytes);
@@ -510,7 +510,7 @@ fn heartbeat_literal() {
         },
     };
     let bytes = hex("
-        42 53 50 57  09  05  00 00  20 00 00 00  23 35 8e d5  f0 e2 d5 a7
+        42 53 50 57  0a  05  00 00  20 00 00 00  23 35 8e d5  a0 9e 47 f4
         ff ee dd cc bb aa 99 88 77 66 55 44 33 22 11 00
         09 00 00 00 00 00 00 00  0a 00 00 00 00 00 00 00");
     assert_literal(&frame, &bytes);
@@ -533,8 +533,9 @@ fn typed_errors_name_the_problem() {
     // A version 1 peer (no zero forms), 2 (no failover watermarks), 3 (no
     // lease in heartbeat answers), 4 (no authentication), 5 (no read
     // repair), 6 (no replica compare, unordered repair reads) or 7 (no
-    // snapshot layers) or 8 (no flattening) is refused, as is a future one.
-    for v in [1, 2, 3, 4, 5, 6, 7, 8, 10] {
+    // snapshot layers), 8 (no flattening) or 9 (no full-store answers) is
+    // refused, as is a future one.
+    for v in [1, 2, 3, 4, 5, 6, 7, 8, 9, 11] {
         let mut b = good.clone();
         b[4] = v;
         assert_eq!(decode(&b), Err(DecodeError::UnsupportedVersion(v)));
@@ -557,7 +558,7 @@ fn typed_errors_name_the_problem() {
         h.extend_from_slice(payload);
         h
     };
-    assert_eq!(decode(&rebuild(14, &[])), Err(DecodeError::UnknownKind(14)));
+    assert_eq!(decode(&rebuild(15, &[])), Err(DecodeError::UnknownKind(15)));
     assert!(matches!(
         decode(&rebuild(kind::HEARTBEAT, &good[20..good.len() - 1])),
         Err(DecodeError::Truncated {
@@ -686,6 +687,10 @@ fn client_reply() -> impl Strategy<Value = ClientReply> {
             by: NodeId(by),
             epoch: Epoch(epoch),
         }),
+        (any::<u32>(), any::<u64>()).prop_map(|(by, epoch)| ClientReply::NoSpace {
+            by: NodeId(by),
+            epoch: Epoch(epoch),
+        }),
         (any::<u32>(), any::<u64>(), prop::option::of(data())).prop_map(|(by, epoch, data)| {
             ClientReply::Ok {
                 by: NodeId(by),
@@ -734,6 +739,12 @@ fn msg(vol: VolumeId) -> impl Strategy<Value = Msg> {
                 layers,
             }),
         (n(), n(), n()).prop_map(move |(e, session, lseq)| Msg::ReplAck {
+            vol,
+            epoch: Epoch(e),
+            session,
+            lseq
+        }),
+        (n(), n(), n()).prop_map(move |(e, session, lseq)| Msg::ReplNoSpace {
             vol,
             epoch: Epoch(e),
             session,
@@ -849,7 +860,7 @@ proptest! {
     fn arbitrary_bytes_never_panic(bytes in prop::collection::vec(any::<u8>(), 0..200)) {
         let _ = decode(&bytes);
         // With a valid header in front, the payload parsers see the bytes.
-        for k in kind::HELLO..=kind::REPL_DIGEST {
+        for k in kind::HELLO..=kind::REPL_NO_SPACE {
             let mut h = Vec::from(MAGIC);
             h.extend_from_slice(&[VERSION, k, 0, 0]);
             h.extend_from_slice(&(bytes.len() as u32).to_le_bytes());

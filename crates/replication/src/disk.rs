@@ -22,7 +22,10 @@
 //!   (so saves complete in submission order), and no write submitted after
 //!   it is issued before it completed (so a write's region is on disk in
 //!   the crash-safe log before the write can reach the disk);
-//! - an operation that fails is issued again, unchanged, under the same id.
+//! - an operation that fails is issued again, unchanged, under the same id,
+//!   except a write or zeroing the store has no space for: that one ends
+//!   (`Completion::NoSpace`), as retrying it would fail the same way until
+//!   space is freed.
 
 use crate::msg::{Action, DiskOp, DiskResult, IoId};
 
@@ -33,6 +36,8 @@ pub(crate) enum Completion {
     Done(Option<Vec<u8>>),
     /// A read whose data fails its checksum.
     Corrupt,
+    /// A write or zeroing the store had no space for.
+    NoSpace,
 }
 use std::collections::{BTreeMap, VecDeque};
 
@@ -182,8 +187,12 @@ impl<T> DiskQueue<T> {
         result: DiskResult,
         out: &mut Vec<Action>,
     ) -> Option<(T, Completion)> {
+        let no_space = result == DiskResult::NoSpace
+            && self.inflight.get(&id).is_some_and(|(op, _)| is_write(op));
         let outcome = match result {
-            DiskResult::Error => {
+            DiskResult::NoSpace if no_space => Completion::NoSpace,
+            // Nothing but a write allocates: anything else is retried.
+            DiskResult::Error | DiskResult::NoSpace => {
                 if let Some((op, _)) = self.inflight.get(&id) {
                     out.push(Action::Disk { id, op: op.clone() });
                 }
@@ -233,6 +242,41 @@ mod tests {
             out,
             vec![Action::Disk {
                 id: 4,
+                op: DiskOp::Flush
+            }]
+        );
+    }
+
+    #[test]
+    fn a_write_without_space_ends_and_lets_the_next_one_run() {
+        let mut q = DiskQueue::new(1);
+        let mut out = Vec::new();
+        let w = |lba| DiskOp::Write {
+            lba,
+            data: vec![0; 2],
+            fua: false,
+        };
+        q.submit(w(0), 1, &mut out);
+        q.submit(w(1), 2, &mut out); // overlaps the first
+        q.submit(DiskOp::Flush, 3, &mut out);
+        assert_eq!(out.len(), 1);
+        out.clear();
+        assert_eq!(
+            q.complete(1, DiskResult::NoSpace, &mut out),
+            Some((1, Completion::NoSpace)),
+            "not retried"
+        );
+        assert_eq!(out, vec![Action::Disk { id: 2, op: w(1) }]);
+        out.clear();
+        // A flush cannot lack space: retried like any error.
+        q.complete(2, DiskResult::Done { data: None }, &mut out);
+        assert_eq!(out.len(), 1);
+        out.clear();
+        assert_eq!(q.complete(3, DiskResult::NoSpace, &mut out), None);
+        assert_eq!(
+            out,
+            vec![Action::Disk {
+                id: 3,
                 op: DiskOp::Flush
             }]
         );

@@ -93,6 +93,11 @@ pub struct Config {
     /// the primary's yet).
     #[doc(hidden)]
     pub snapshot_resyncing_replicas: bool,
+    /// Test-only: a write the primary's store has no space for is answered
+    /// without failing the links it was streamed to (a deliberately broken
+    /// protocol: their copies may hold a write this one lacks).
+    #[doc(hidden)]
+    pub keep_links_without_space: bool,
 }
 
 impl Config {
@@ -139,6 +144,7 @@ impl Default for Config {
             crash_log_compact_ms: 1000,
             ack_before_secondaries: false,
             snapshot_resyncing_replicas: false,
+            keep_links_without_space: false,
         }
     }
 }

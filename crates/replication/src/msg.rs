@@ -261,6 +261,12 @@ pub enum ClientReply {
     Unreadable { by: NodeId, epoch: Epoch },
     /// A rollback to a layer the primary `by` does not hold.
     NoSuchLayer { by: NodeId, epoch: Epoch },
+    /// A write not done for lack of space: the primary's store had none
+    /// for it, or too few replicas did for the write to count (the volume
+    /// is below `min_in_sync` because replicas ran out of space). Like any
+    /// failed write, the blocks may hold the old data, the new, or a mix,
+    /// and every InSync replica holds the same.
+    NoSpace { by: NodeId, epoch: Epoch },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -317,6 +323,16 @@ pub enum Msg {
         session: u64,
         lseq: u64,
         digest: Option<u32>,
+    },
+    /// Secondary → primary: entry `lseq` of `session` could not be
+    /// applied for lack of space here; the secondary left that stream (it
+    /// applies and acknowledges nothing more of it), so the primary fails
+    /// the link at once rather than after the acknowledgement timeout.
+    ReplNoSpace {
+        vol: VolumeId,
+        epoch: Epoch,
+        session: u64,
+        lseq: u64,
     },
     /// Secondary → sender: your epoch is older than mine; refused.
     Fenced {
@@ -526,6 +542,11 @@ pub enum DiskResult {
     /// was written): not retried; a primary reads the blocks from an
     /// in-sync replica and rewrites its own copy.
     Corrupt,
+    /// A write (or zeroing) the local store has no space for: not
+    /// retried (it would fail the same way until space is freed). The
+    /// disk may hold any part of it. A primary answers the client
+    /// `NoSpace`; a secondary leaves the stream (`ReplNoSpace`).
+    NoSpace,
 }
 
 #[derive(Clone, Debug)]

@@ -766,9 +766,10 @@ impl Node {
                 if let Some(((gen, tag), outcome)) = self.disk.complete(id, result, &mut acts) {
                     self.crash_flushed(id);
                     let corrupt = outcome == Completion::Corrupt;
+                    let no_space = outcome == Completion::NoSpace;
                     let data = match outcome {
                         Completion::Done(data) => data,
-                        Completion::Corrupt => None,
+                        Completion::Corrupt | Completion::NoSpace => None,
                     };
                     match (tag, &mut self.role) {
                         // Nothing waits on a save but the disk queue.
@@ -785,6 +786,12 @@ impl Node {
                         )),
                         (Tag::P(t), Role::Primary(p)) if gen == self.gen && corrupt => {
                             p.on_disk_corrupt(now, t, &mut out)
+                        }
+                        (Tag::P(t), Role::Primary(p)) if gen == self.gen && no_space => {
+                            p.on_disk_no_space(t)
+                        }
+                        (Tag::S(t), Role::Secondary(s)) if gen == self.gen && no_space => {
+                            s.on_disk_no_space(t, &mut out.sends)
                         }
                         (Tag::P(t), Role::Primary(p)) if gen == self.gen => {
                             p.on_disk_done(now, t, data, &mut out)
@@ -945,6 +952,16 @@ impl Node {
             } if vol == self.vol => {
                 if let (Role::Primary(p), Endpoint::Node(f)) = (&mut self.role, from) {
                     p.on_digest(f, epoch, session, lseq, digest);
+                }
+            }
+            Msg::ReplNoSpace {
+                vol,
+                epoch,
+                session,
+                lseq,
+            } if vol == self.vol => {
+                if let (Role::Primary(p), Endpoint::Node(f)) = (&mut self.role, from) {
+                    p.on_no_space(f, epoch, session, lseq);
                 }
             }
             Msg::ReplStarted {

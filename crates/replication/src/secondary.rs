@@ -25,6 +25,11 @@
 //! - layer operations (snapshot, deletion, rebase) are applied in stream
 //!   order like writes: the disk queue runs each alone, after every
 //!   earlier entry and before every later one.
+//! - an entry the store has no space for ends the stream here: the
+//!   primary is told (`ReplNoSpace`) and nothing more of that session is
+//!   applied or acknowledged (acknowledging later entries would claim a
+//!   stream with a hole); the next `Start` opens a new one, whose resync
+//!   copies what this replica missed.
 
 use crate::msg::{DiskOp, Endpoint, Msg, ReplOp};
 use crate::types::{Epoch, LayerId, NodeId, VolumeId};
@@ -60,6 +65,8 @@ pub(crate) struct Secondary {
     /// An epoch this node restarted in without any log: the log it begins
     /// for it is incomplete.
     partial: Option<Epoch>,
+    /// The session this replica left for lack of space.
+    left: Option<u64>,
 }
 
 /// The fields of a `Repl`.
@@ -93,6 +100,7 @@ impl Secondary {
             cur: stream.map(|_| Uncertain::new(epoch, cfg.uncertain_limit)),
             prev: None,
             partial: None,
+            left: None,
             region_blocks: cfg.region_blocks.max(1),
             block_len: cfg.block_len.max(1),
             volume_blocks: cfg.volume_blocks,
@@ -226,7 +234,7 @@ impl Secondary {
             }
             return;
         }
-        if self.session != Some(session) || lseq < self.next_lseq {
+        if self.session != Some(session) || lseq < self.next_lseq || self.left == Some(session) {
             return;
         }
         self.primary = Some(from);
@@ -266,10 +274,34 @@ impl Secondary {
         }
     }
 
+    /// Operation `tag`, a write, found no space in the store: this
+    /// replica leaves the stream and tells the primary.
+    pub(crate) fn on_disk_no_space(&mut self, tag: SecTag, sends: &mut Vec<(Endpoint, Msg)>) {
+        if tag.epoch != self.epoch
+            || self.session != Some(tag.session)
+            || self.left == Some(tag.session)
+        {
+            return;
+        }
+        self.left = Some(tag.session);
+        self.buffer.clear();
+        if let Some(p) = self.primary {
+            sends.push((
+                Endpoint::Node(p),
+                Msg::ReplNoSpace {
+                    vol: self.vol,
+                    epoch: self.epoch,
+                    session: tag.session,
+                    lseq: tag.lseq,
+                },
+            ));
+        }
+    }
+
     /// The last entry of stream `session` applied (handed to the disk in
-    /// order), if that stream is the one open here.
+    /// order), if that stream is the one open here (and was not left).
     pub(crate) fn applied(&self, session: u64) -> Option<u64> {
-        (self.session == Some(session)).then(|| self.next_lseq - 1)
+        (self.session == Some(session) && self.left != Some(session)).then(|| self.next_lseq - 1)
     }
 
     fn ack(&self, session: u64, lseq: u64) -> Msg {
@@ -289,7 +321,10 @@ impl Secondary {
         data: Option<Vec<u8>>,
         sends: &mut Vec<(Endpoint, Msg)>,
     ) {
-        if tag.epoch != self.epoch || self.session != Some(tag.session) {
+        if tag.epoch != self.epoch
+            || self.session != Some(tag.session)
+            || self.left == Some(tag.session)
+        {
             return;
         }
         let Some(p) = self.primary else {

@@ -115,6 +115,9 @@ struct Disk {
     rotten: BTreeSet<usize>,
     /// Snapshot layers, oldest first, with their blocks (durable at once).
     layers: Vec<(LayerId, Vec<u64>)>,
+    /// The store is full: writes end `DiskResult::NoSpace`, having
+    /// applied none, all or a first part of their blocks.
+    full: bool,
 }
 
 impl Disk {
@@ -130,6 +133,7 @@ impl Disk {
             logs: None,
             rotten: BTreeSet::new(),
             layers: Vec::new(),
+            full: false,
         }
     }
     fn layer(&self, id: LayerId) -> Option<&Vec<u64>> {
@@ -510,6 +514,9 @@ pub enum Bug {
     /// arrive while a write is in flight wait until it is answered and the
     /// coordinator's next round has run.
     HeartbeatsBehindWrites,
+    /// A primary whose store had no space for a write answers it without
+    /// failing the links it streamed the write to.
+    KeepLinksWithoutSpace,
 }
 
 pub struct Params {
@@ -682,6 +689,12 @@ pub struct Sim {
     layer_rng: Rng,
     /// Layer blocks read to rebuild a replica's layers.
     layer_copies: u64,
+    /// Full stores, on seeds without a bug switch: their own generator,
+    /// so the other faults keep their stream.
+    space: Option<Rng>,
+    /// Writes a full store refused, and writes answered `NoSpace`.
+    no_space_writes: u64,
+    no_space_replies: u64,
 }
 
 /// The silent damage the scrub event injects.
@@ -723,6 +736,7 @@ impl Sim {
             region_blocks: REGION_BLOCKS,
             ack_before_secondaries: p.bug == Some(Bug::AckBeforeSecondaries),
             snapshot_resyncing_replicas: p.bug == Some(Bug::SnapshotResyncingReplicas),
+            keep_links_without_space: p.bug == Some(Bug::KeepLinksWithoutSpace),
             resync_inflight: p.resync_inflight,
             resync_rate: p.resync_rate,
             uncertain_limit: p.uncertain_limit,
@@ -789,6 +803,10 @@ impl Sim {
             damage_voided: 0,
             layer_rng: Rng(seed ^ 0x1A7E_5EED),
             layer_copies: 0,
+            space: matches!(p.bug, None | Some(Bug::KeepLinksWithoutSpace))
+                .then_some(Rng(seed ^ 0x0F11_5EED_0F11)),
+            no_space_writes: 0,
+            no_space_replies: 0,
             seed,
             rng,
             now: 0,
@@ -1895,6 +1913,40 @@ impl Sim {
         self.send_compare(id, lba, count);
     }
 
+    /// A write a full store refused: it applied none of its blocks, all of
+    /// them, or a first part (a real store may have written some extents
+    /// before it found none free for the next).
+    fn fill_partly(&mut self, node: usize, id: IoId, op: &DiskOp) -> Result<(), String> {
+        let DiskOp::Write { lba, data, fua } = op else {
+            return Ok(());
+        };
+        let Some(space) = self.space.as_mut() else {
+            return Ok(());
+        };
+        let blocks = data.len() / BL;
+        let keep = match space.below(3) {
+            0 => 0,
+            1 => blocks,
+            _ => space.below(blocks as u64 + 1) as usize,
+        };
+        if keep == 0 {
+            return Ok(());
+        }
+        let part = DiskOp::Write {
+            lba: *lba,
+            data: data[..keep * BL].to_vec(),
+            fua: *fua,
+        };
+        self.check_write_ahead(node, &part)?;
+        match self.procs[node].disk.complete(id, &part) {
+            Ok(_) => {
+                self.note_applied(node, &part);
+                Ok(())
+            }
+            Err(e) => Err(self.fail(format!("n{node}: {e}"))),
+        }
+    }
+
     /// Node `node`'s disk applied `op`.
     fn note_applied(&mut self, node: usize, op: &DiskOp) {
         if matches!(op, DiskOp::ReadLayer { .. }) {
@@ -1931,6 +1983,17 @@ impl Sim {
                 {
                     self.m.resends.push((self.now + 20, req));
                 }
+            }
+            ClientReply::NoSpace { epoch, .. } => {
+                // Outcome unknown, like NotPrimary; only ever a write, of
+                // the request's epoch.
+                if epoch.0 != req.epoch || req.kind != ReqKind::Write {
+                    return Err(self.fail(format!(
+                        "a {:?} request of epoch {} answered NoSpace in epoch {}",
+                        req.kind, req.epoch, epoch.0
+                    )));
+                }
+                self.no_space_replies += 1;
             }
             ClientReply::NoSuchLayer { .. } => {
                 // Asked only of acknowledged snapshots with nothing
@@ -2237,6 +2300,15 @@ impl Sim {
     }
 
     fn fault(&mut self) {
+        if let Some(space) = self.space.as_mut() {
+            if space.chance(40) {
+                let i = space.below(self.procs.len() as u64) as usize;
+                let d = &mut self.procs[i].disk;
+                d.full = !d.full;
+                let what = if d.full { "full" } else { "space freed" };
+                self.trace(format!("n{i} store {what}"));
+            }
+        }
         if let Some(rot) = self.rot.as_mut() {
             if rot.chance(60) {
                 let i = rot.below(self.procs.len() as u64) as usize;
@@ -2550,6 +2622,9 @@ impl Sim {
         self.loss_per_mille = 0;
         for i in 0..self.procs.len() {
             self.procs[i].disk.err_per_mille = 0;
+            // Space is freed at the heal, or no replica refused for it
+            // could ever be resynced.
+            self.procs[i].disk.full = false;
             // Like the other faults, rot stops at the heal: a block that no
             // in-sync replica holds intact is lost, and no protocol can
             // converge from that.
@@ -2594,8 +2669,13 @@ impl Sim {
                 fail,
             } => {
                 if self.procs[node].inc == inc {
+                    let full = self.procs[node].disk.full && matches!(op, DiskOp::Write { .. });
                     let result = if fail {
                         DiskResult::Error
+                    } else if full {
+                        self.no_space_writes += 1;
+                        self.fill_partly(node, id, &op)?;
+                        DiskResult::NoSpace
                     } else {
                         self.check_write_ahead(node, &op)?;
                         let rotten = self.procs[node].disk.reads_rot(&op);
@@ -2797,6 +2877,8 @@ impl Sim {
             differing: self.differing,
             sweeps: self.sweeps_done,
             damage_voided: self.damage_voided,
+            no_space_writes: self.no_space_writes,
+            no_space_replies: self.no_space_replies,
             snapshots: self.m.snapshots,
             layer_deletions: self.m.deletions,
             rollbacks: self.m.rollbacks,
@@ -2977,6 +3059,8 @@ pub struct Summary {
     pub flattens: u64,
     pub layer_copies: u64,
     pub layer_retries: u64,
+    pub no_space_writes: u64,
+    pub no_space_replies: u64,
 }
 
 impl Summary {
@@ -3008,6 +3092,8 @@ impl Summary {
         self.damage_voided += s.damage_voided;
         self.snapshots += s.snapshots;
         self.layer_deletions += s.layer_deletions;
+        self.no_space_writes += s.no_space_writes;
+        self.no_space_replies += s.no_space_replies;
         self.rollbacks += s.rollbacks;
         self.flattens += s.flattens;
         self.layer_copies += s.layer_copies;
@@ -3073,6 +3159,10 @@ fn seeds() {
         t.compares, t.differing, t.sweeps, t.damage_voided
     );
     eprintln!(
+        "full stores: {} writes refused for space, {} client writes answered NoSpace",
+        t.no_space_writes, t.no_space_replies
+    );
+    eprintln!(
         "layers: {} snapshots, {} deletions, {} rollbacks and {} flattens acknowledged ({} snapshots and deletions asked again after NotPrimary), {} layer regions copied to rebuild replicas",
         t.snapshots, t.layer_deletions, t.rollbacks, t.flattens, t.layer_retries, t.layer_copies
     );
@@ -3130,6 +3220,7 @@ fn replay_seed() {
         Some("blocking") => Some(Bug::HeartbeatsBehindWrites),
         Some("snapshot") => Some(Bug::SnapshotResyncingReplicas),
         Some("same-id") => Some(Bug::SnapshotRetriedUnderSameId),
+        Some("no-space") => Some(Bug::KeepLinksWithoutSpace),
         _ => None,
     };
     let a = run_seed(seed, bug);
@@ -3170,6 +3261,11 @@ fn a_snapshot_of_a_replica_still_being_copied_to_is_caught() {
 #[test]
 fn a_snapshot_asked_again_under_the_same_id_is_caught() {
     assert_caught(Bug::SnapshotRetriedUnderSameId, 2000);
+}
+
+#[test]
+fn answering_no_space_without_failing_the_links_is_caught() {
+    assert_caught(Bug::KeepLinksWithoutSpace, 300);
 }
 
 #[test]

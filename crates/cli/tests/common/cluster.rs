@@ -73,14 +73,31 @@ impl Cluster {
     /// [`Cluster::start`] with `extra(i)` appended to node `i`'s server
     /// arguments.
     pub fn start_with(n: usize, zones: &[&str], extra: impl Fn(usize) -> Vec<String>) -> Cluster {
-        Cluster::launch(None, n, zones, extra)
+        Cluster::launch(None, n, zones, extra, |_| "512M")
+    }
+
+    /// [`Cluster::start`] of one node per store capacity given.
+    pub fn start_sized(capacities: &[&'static str]) -> Cluster {
+        Cluster::launch(
+            None,
+            capacities.len(),
+            &[],
+            |_| Vec::new(),
+            |i| capacities[i],
+        )
     }
 
     /// `n` nodes, each in a network namespace of its own on a private
     /// bridge, etcd in the bridge's namespace, and a namespace for clients
     /// ([`Cluster::client_netns`]); [`TestNet::cut`] partitions a node.
     pub fn start_in_netns(n: usize) -> Cluster {
-        Cluster::launch(Some(TestNet::new(n + 1)), n, &[], |_| Vec::new())
+        Cluster::launch(
+            Some(TestNet::new(n + 1)),
+            n,
+            &[],
+            |_| Vec::new(),
+            |_| "512M",
+        )
     }
 
     fn launch(
@@ -88,6 +105,7 @@ impl Cluster {
         n: usize,
         zones: &[&str],
         extra: impl Fn(usize) -> Vec<String>,
+        capacity: impl Fn(usize) -> &'static str,
     ) -> Cluster {
         let etcd = match &net {
             None => EtcdServer::start().expect("start etcd"),
@@ -125,7 +143,7 @@ impl Cluster {
                 }
                 let more = extra(i);
                 args.extend(more.iter().map(String::as_str));
-                Server::start_on("512M", &args, host)
+                Server::start_on(capacity(i), &args, host)
             })
             .collect();
         Cluster {

@@ -473,6 +473,7 @@ impl Inner {
             crash_log_compact_ms: t.crash_log_compact_ms,
             ack_before_secondaries: false,
             snapshot_resyncing_replicas: false,
+            keep_links_without_space: false,
         };
         // A record that still is the volume's first one and carries this
         // boot describes a volume created while this process runs: every

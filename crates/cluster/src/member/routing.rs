@@ -643,6 +643,11 @@ impl Inner {
                             "the primary holds no such snapshot",
                         ))))
                     }
+                    // Not retried: the primary answers so only when no
+                    // attempt could succeed until space is freed.
+                    Ok((i, ClientReply::NoSpace { .. })) => {
+                        results[i] = Some(Err(IoError::NoSpace))
+                    }
                     Ok((_, ClientReply::NotPrimary)) => retry = true,
                     Err(_) => {
                         self.forget(&ids);

@@ -48,12 +48,25 @@
 //!   the record (what the link missed is in its dirty set);
 //! - read repair and compares: see `repair`; snapshot layers: see
 //!   `layers`.
+//! - a snapshot is streamed only once every write before it completed
+//!   here (later requests wait behind it): a write may still fail here for
+//!   lack of space after replicas applied it, and a snapshot streamed
+//!   before that was known would hold it there and not here;
+//! - lack of space: a write this node's store has no space for fails every
+//!   link it was streamed to (their copies may hold it, this one does not:
+//!   each is resynced in its regions from here) and is answered `NoSpace`
+//!   once none of those links counts as InSync; a secondary that had no
+//!   space for an entry leaves the stream (`ReplNoSpace`), its link fails
+//!   at once, and while such a link keeps the volume below `min_in_sync`,
+//!   writes are answered `NoSpace` (new ones before anything is done, those
+//!   already in flight once the ack rule but for `min_in_sync` holds)
+//!   rather than wait for a resync that cannot finish until space is freed.
 
 use crate::msg::{ClientReply, ClientReq, DiskOp, Endpoint, Msg, ReplOp};
 use crate::types::{Epoch, LayerId, Membership, NodeId, ReplicaState, VolumeId};
 use crate::uncertain::Uncertain;
 use crate::Config;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 mod layers;
 mod repair;
@@ -309,6 +322,12 @@ struct Op {
     /// A compare: each replica's checksum of the blocks (None: they fail
     /// their block checksums there).
     digests: BTreeMap<NodeId, Option<u32>>,
+    /// A write this node's store had no space for: answered `NoSpace`.
+    no_space: bool,
+    /// A client's write (not a rollback, which needs no space): answered
+    /// `NoSpace` while replicas short of space keep the volume below
+    /// `min_in_sync`.
+    client_write: bool,
 }
 
 /// What the primary wants done.
@@ -369,6 +388,12 @@ pub(crate) struct Primary {
     /// The snapshot layers of the volume here, oldest first, once the disk
     /// operations submitted complete.
     pub(crate) layers: Vec<LayerId>,
+    /// Replicas that left the stream for lack of space and have not been
+    /// InSync since.
+    short_of_space: BTreeSet<NodeId>,
+    /// Client requests held, in order, behind a snapshot that waits for
+    /// the writes before it to complete here.
+    held: VecDeque<(u64, ClientReq)>,
 }
 
 impl Primary {
@@ -433,6 +458,8 @@ impl Primary {
             own: Uncertain::new(rec_epoch, cfg.uncertain_limit).owned(),
             written: BTreeSet::new(),
             repairs: BTreeMap::new(),
+            short_of_space: BTreeSet::new(),
+            held: VecDeque::new(),
             next_repair: 1,
             unrepaired: BTreeMap::new(),
             layers: Vec::new(),
@@ -589,6 +616,9 @@ impl Primary {
 
     /// Replies NotPrimary to every pending client operation.
     pub(crate) fn abandon(&mut self, out: &mut Out) {
+        for (id, _) in std::mem::take(&mut self.held) {
+            self.reply(id, ClientReply::NotPrimary, out);
+        }
         for (_, op) in std::mem::take(&mut self.ops) {
             out.sends.push((
                 Endpoint::Client,
@@ -601,11 +631,46 @@ impl Primary {
     }
 
     pub(crate) fn on_client(&mut self, now: u64, id: u64, req: ClientReq, out: &mut Out) {
+        let snapshot = matches!(req, ClientReq::Snapshot { .. });
+        if !self.held.is_empty() || (snapshot && self.writing()) {
+            self.held.push_back((id, req));
+            return;
+        }
+        self.serve(now, id, req, out);
+    }
+
+    /// Whether a client write is in flight on this node's disk.
+    fn writing(&self) -> bool {
+        self.ops
+            .values()
+            .any(|op| op.kind == Kind::Write && !op.local_done)
+    }
+
+    /// Serves the held requests that may go now.
+    fn release_held(&mut self, now: u64, out: &mut Out) {
+        while let Some((_, req)) = self.held.front() {
+            if matches!(req, ClientReq::Snapshot { .. }) && self.writing() {
+                return;
+            }
+            let Some((id, req)) = self.held.pop_front() else {
+                return;
+            };
+            self.serve(now, id, req, out);
+        }
+    }
+
+    fn serve(&mut self, now: u64, id: u64, req: ClientReq, out: &mut Out) {
         if let ClientReq::Snapshot { layer }
         | ClientReq::DeleteSnapshot { layer }
         | ClientReq::Rollback { layer } = req
         {
             self.on_layer_request(now, id, req, layer, out);
+            return;
+        }
+        let client_write = matches!(req, ClientReq::Write { .. });
+        if client_write && self.out_of_space() {
+            // Nothing is done: no replica is changed.
+            self.reply(id, self.no_space(), out);
             return;
         }
         let (commit, floor) = self.watermarks();
@@ -706,6 +771,9 @@ impl Primary {
             }
         }
         self.queue_op(id, vseq, kind, sent, regions, read, disk, out);
+        if let Some(op) = self.ops.get_mut(&vseq) {
+            op.client_write = client_write;
+        }
     }
 
     /// Records client operation `vseq` and submits its local part.
@@ -733,6 +801,8 @@ impl Primary {
                 regions,
                 read,
                 unreadable: false,
+                no_space: false,
+                client_write: false,
                 digests: BTreeMap::new(),
             },
         );
@@ -864,6 +934,66 @@ impl Primary {
                 out.sends.push((Endpoint::Node(peer), msg));
             }
         }
+    }
+
+    fn no_space(&self) -> ClientReply {
+        ClientReply::NoSpace {
+            by: self.me,
+            epoch: self.epoch,
+        }
+    }
+
+    /// Whether replicas short of space keep the volume below
+    /// `min_in_sync`: writes are answered `NoSpace` rather than wait.
+    fn out_of_space(&self) -> bool {
+        !self.short_of_space.is_empty() && self.below_min_in_sync()
+    }
+
+    /// This node's store had no space for operation `tag`, a write.
+    pub(crate) fn on_disk_no_space(&mut self, tag: PrimTag) {
+        // Only client writes and repair rewrites write here; a rewrite's
+        // region stays as it was (and is repaired again when read).
+        let PrimTag::Op(v) = tag else {
+            return;
+        };
+        let Some(op) = self.ops.get_mut(&v) else {
+            return;
+        };
+        op.local_done = true;
+        op.no_space = true;
+        op.data = None;
+        if op.kind == Kind::Write {
+            for r in &op.regions {
+                self.region_inflight[*r] = self.region_inflight[*r].saturating_sub(1);
+            }
+        }
+        // Every replica it was streamed to may hold it, acknowledged or
+        // not: each leaves the stream and is resynced from here, and the
+        // answer waits until none of them counts as InSync (so none can
+        // be promoted holding a write this node lacks).
+        if self.cfg.keep_links_without_space {
+            return;
+        }
+        let sent = std::mem::take(&mut op.sent);
+        op.acked.clear();
+        for n in sent {
+            self.link_failed(n);
+        }
+    }
+
+    /// Secondary `from` had no space for entry `lseq` and left the stream.
+    pub(crate) fn on_no_space(&mut self, from: NodeId, epoch: Epoch, session: u64, lseq: u64) {
+        if epoch != self.epoch {
+            return;
+        }
+        let Some(l) = self.links.get(&from) else {
+            return;
+        };
+        if l.session != session || !l.inflight.contains_key(&lseq) {
+            return;
+        }
+        self.short_of_space.insert(from);
+        self.link_failed(from);
     }
 
     /// A secondary's checksum for the `Digest` at `lseq` (its ack).
@@ -1143,6 +1273,7 @@ impl Primary {
     }
 
     pub(crate) fn progress(&mut self, now: u64, lease_until: u64, out: &mut Out) {
+        self.release_held(now, out);
         self.resync_step(now, out);
         self.want_cas(now, out);
         self.try_acks(now, lease_until, out);
@@ -1222,10 +1353,33 @@ impl Primary {
         if now >= lease_until {
             return;
         }
+        let links = &self.links;
+        self.short_of_space
+            .retain(|n| links.get(n).is_some_and(|l| l.mode != Mode::InSync));
         let enough = !self.below_min_in_sync();
+        let out_of_space = self.out_of_space();
         let mut done = Vec::new();
+        let mut refused = Vec::new();
         for (v, op) in &self.ops {
             if !op.local_done {
+                continue;
+            }
+            // The ack rule but for `min_in_sync`: every replica that counts
+            // acknowledged it, and none it missed is still leaving.
+            let held = |op: &Op| {
+                self.links.iter().all(|(n, l)| {
+                    !l.mode.counts()
+                        || if op.sent.contains(n) {
+                            op.acked.contains(n)
+                        } else {
+                            l.mode != Mode::Leaving
+                        }
+                })
+            };
+            if op.no_space || (op.client_write && out_of_space) {
+                if held(op) {
+                    refused.push(*v);
+                }
                 continue;
             }
             let ok = match op.kind {
@@ -1236,20 +1390,15 @@ impl Primary {
                     op.acked.contains(n) || self.links.get(n).is_none_or(|l| l.mode != Mode::InSync)
                 }),
                 _ if self.cfg.ack_before_secondaries => true,
-                _ => {
-                    enough
-                        && self.links.iter().all(|(n, l)| {
-                            !l.mode.counts()
-                                || if op.sent.contains(n) {
-                                    op.acked.contains(n)
-                                } else {
-                                    l.mode != Mode::Leaving
-                                }
-                        })
-                }
+                _ => enough && held(op),
             };
             if ok {
                 done.push(*v);
+            }
+        }
+        for v in refused {
+            if let Some(op) = self.ops.remove(&v) {
+                self.reply(op.client_id, self.no_space(), out);
             }
         }
         for v in done {
