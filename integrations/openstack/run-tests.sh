@@ -5,8 +5,9 @@
 #     the pinned cinder, os-brick, ruff, mypy and pytest (constraints.txt),
 #     reused while constraints.txt and the Python version are unchanged;
 #   - ruff and mypy on the package;
-#   - a Basalt server (target/release/basalt) in a temporary directory, a
-#     project and a project-scoped token for the driver;
+#   - a Basalt server (target/release/basalt) in a temporary directory, with
+#     NBD over TLS (pre-shared keys) on 127.0.0.1 for the driver's image copies,
+#     a project and a project-scoped token for the driver;
 #   - a two-node Basalt cluster with its own etcd (the `etcd` binary, Debian's
 #     etcd-server), the same project and a token, for what differs in a cluster
 #     (the replica count the driver reports, snapshots and clones of replicated
@@ -14,7 +15,10 @@
 #   - pytest tests/ (interface compliance, the lifecycle through Cinder's
 #     VolumeManager with data checked over NBD, multiattach, os-brick's NVMe-oF
 #     parsing, failure injection, replica counts, snapshots, reverts, clones
-#     and flattening of replicated volumes).
+#     and flattening of replicated volumes, image copies over NBD with
+#     qemu-img, DH-HMAC-CHAP secrets). The image tests run qemu-img and
+#     qemu-io (Debian's qemu-utils); Cinder runs `qemu-img info` with
+#     run_as_root, which needs root (or sudo with cinder-rootwrap).
 # The processes it started are stopped by their PIDs and the directory removed
 # on exit.
 # Environment: BASALT_CINDER_PYTHON (default python3), BASALT_CINDER_VENV,
@@ -97,8 +101,9 @@ wait_ready() {
 }
 
 data="$tmp/data"
+# NBD over TLS with pre-shared keys on loopback, for the driver's image copies.
 "$basalt" server --data-dir "$data" --capacity "${BASALT_CINDER_CAPACITY:-4G}" \
-    --api-listen 127.0.0.1:0 --nvme-listen 127.0.0.1:0 \
+    --api-listen 127.0.0.1:0 --nvme-listen 127.0.0.1:0 --nbd-listen 127.0.0.1:0 \
     --master-key-file "$tmp/master.key" >"$tmp/server.log" 2>&1 &
 server_pid=$!
 pids+=("$server_pid")
@@ -116,12 +121,15 @@ wait_ready "$data" "$server_pid" "$tmp/server.log"
 BASALT_API_URL="$(json "$data" api_url)"
 BASALT_NVME="$(json "$data" nvme)"
 BASALT_NBD_SOCKET="$(json "$data" nbd_socket)"
+BASALT_NBD_TLS="$(json "$data" nbd_tls)"
+BASALT_SERVER_LOG="$tmp/server.log"
 BASALT_ADMIN_TOKEN="$(cat "$data/api-token")"
 "$basalt" --data-dir "$data" project create cinder-test >/dev/null
 BASALT_TOKEN="$("$basalt" --data-dir "$data" token create --project cinder-test --role admin | grep '^bst_')"
-export BASALT_API_URL BASALT_NVME BASALT_NBD_SOCKET BASALT_ADMIN_TOKEN BASALT_TOKEN
+export BASALT_API_URL BASALT_NVME BASALT_NBD_SOCKET BASALT_NBD_TLS BASALT_SERVER_LOG
+export BASALT_ADMIN_TOKEN BASALT_TOKEN
 export BASALT_PROJECT=cinder-test BASALT_BIN="$basalt" BASALT_SERVER_PID="$server_pid"
-log "basalt server pid $server_pid at $BASALT_API_URL (nvme $BASALT_NVME)"
+log "basalt server pid $server_pid at $BASALT_API_URL (nvme $BASALT_NVME, nbds $BASALT_NBD_TLS)"
 
 # --- a two-node Basalt cluster ----------------------------------------------------
 "$venv/bin/python" - "$etcd_client" <<'PY' || { tail -n 40 "$tmp/etcd.log" >&2; exit 1; }

@@ -224,6 +224,27 @@ class BasaltClient:
     def detach_host(self, name: str, host_nqn: str) -> None:
         self.request("DELETE", f"/api/v1/volumes/{quote(name)}/nvme-hosts/{quote(host_nqn)}")
 
+    # -- tokens and NBD keys -----------------------------------------------
+
+    def list_tokens(self) -> list[dict[str, Any]]:
+        """The tokens the token may see (its project's; an admin role is needed)."""
+        return self.request("GET", "/api/v1/tokens")["tokens"]
+
+    def create_nbd_key(self, project: str | None, description: str | None = None
+                       ) -> dict[str, Any]:
+        """A pre-shared key for NBD over TLS opening ``project``'s volumes (every
+        volume without a project: cluster admins only). The answer's
+        ``psk_line`` (``IDENTITY:HEXKEY``) is shown only this once."""
+        body: dict[str, Any] = {}
+        if project is not None:
+            body["project"] = project
+        if description:
+            body["description"] = description
+        return self.request("POST", "/api/v1/nbd-keys", body)
+
+    def revoke_nbd_key(self, identity: str) -> None:
+        self.request("DELETE", f"/api/v1/nbd-keys/{quote(identity)}")
+
     # -- snapshots ---------------------------------------------------------
 
     def list_snapshots(self, volume: str | None = None) -> list[dict[str, Any]]:
@@ -251,6 +272,14 @@ class BasaltClient:
             f"/api/v1/volumes/{quote(volume)}/rollback",
             {"snapshot": snapshot, "force": force},
         )
+
+
+def token_id(token: str) -> str | None:
+    """The id of a Basalt API token, ``bst_<id>_<secret>`` (None for another form)."""
+    parts = token.strip().split("_")
+    if len(parts) == 3 and parts[0] == "bst" and parts[1] and parts[2]:
+        return parts[1]
+    return None
 
 
 def _short(e: Exception) -> str:

@@ -22,22 +22,37 @@ source snapshot; flattening goes to every replica. Basalt flattens a replicated
 clone only while it has no snapshots of its own, so deleting the source of such
 a clone raises VolumeIsBusy (Cinder keeps the source available) until the
 clone's snapshots are deleted.
+
+Images: with basalt_nbd_uri, images are copied to and from volumes by qemu-img
+through Basalt's NBD endpoint (TLS with a pre-shared key, basalt_cinder.nbd),
+after the checks Cinder's image_utils makes; without it, Cinder's generic path
+(os-brick attaches the volume to the cinder-volume host).
+
+DH-HMAC-CHAP: with basalt_nvme_dhchap, hosts are attached with secrets handed
+over as dhchap_secret / dhchap_ctrl_secret; a pair a connected host may use is
+never replaced (see _attach_host).
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
+import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
-from cinder import exception, interface
+from cinder import exception, interface, utils
 from cinder.common import constants
 from cinder.i18n import _
+from cinder.image import accelerator, image_utils
 from cinder.volume import configuration, driver, volume_types, volume_utils
+from oslo_concurrency import processutils
 from oslo_config import cfg
 from oslo_log import log as logging
 
-from basalt_cinder.client import BasaltClient, BasaltError, GiB
+from basalt_cinder import nbd
+from basalt_cinder.client import CONNECT_TIMEOUT, BasaltClient, BasaltError, GiB, token_id
 
 LOG = logging.getLogger(__name__)
 
@@ -78,6 +93,32 @@ basalt_opts = [
         "Unset: the nodes' NVMe addresses from the API (cluster-admin token), else "
         "each API URL's host with port 4420.",
     ),
+    cfg.BoolOpt(
+        "basalt_nvme_dhchap",
+        default=False,
+        help="Attach hosts with in-band DH-HMAC-CHAP authentication: Basalt makes a "
+        "host secret and a controller secret per host and volume, and the connection "
+        "properties carry them as dhchap_secret and dhchap_ctrl_secret (nvme connect's "
+        "--dhchap-secret and --dhchap-ctrl-secret). os-brick 7.1.1 does not pass them "
+        "to nvme connect, so hosts attaching with it cannot connect while this is on.",
+    ),
+    cfg.ListOpt(
+        "basalt_nbd_uri",
+        default=[],
+        help="Basalt NBD-over-TLS endpoints, nbds://HOST:PORT (the nodes' "
+        "--nbd-listen addresses; comma-separated, the first that accepts a connection "
+        "is used): images are copied to and from volumes through them with qemu-img. "
+        "Unset: Cinder's generic copy, which attaches the volume to this host with "
+        "os-brick over NVMe/TCP.",
+    ),
+    cfg.StrOpt(
+        "basalt_nbd_psk_file",
+        help="File holding the NBD pre-shared key, one IDENTITY:HEXKEY line "
+        "(basalt nbd-key create), readable by its owner only. When the file does not "
+        "exist the driver creates a key through the API with its token (for the "
+        "token's project) and writes it there, mode 0600. Default: "
+        "$state_path/basalt-nbd-<backend>.psk.",
+    ),
     cfg.IntOpt(
         "basalt_flatten_window_gb",
         default=8,
@@ -97,6 +138,14 @@ NVME_DEFAULT_PORT = 4420
 CONNECTED_STATUSES = ("attaching", "attached")
 #: The snapshot Basalt takes on a source volume for a clone (from=VOLUME).
 CLONE_SNAPSHOT_PREFIX = "clone-"
+
+#: qemu-img with tls-creds-psk, --target-image-opts and -W.
+QEMU_IMG_MIN_VERSION = "4.0.0"
+#: Connection properties with a host's DH-HMAC-CHAP secrets: nvme-cli's names
+#: (nvme connect --dhchap-secret / --dhchap-ctrl-secret), which Basalt's API
+#: uses too. os-brick 7.1.1 reads neither.
+DHCHAP_SECRET = "dhchap_secret"  # noqa: S105 (a property name)
+DHCHAP_CTRL_SECRET = "dhchap_ctrl_secret"  # noqa: S105
 
 #: Most replicas Basalt gives a volume in a cluster when neither the request nor
 #: its volume type names a count (one per active node, up to this).
@@ -167,6 +216,27 @@ def qos_from_specs(specs: dict[str, Any] | None) -> dict[str, int]:
     return limits
 
 
+def _answered_dhchap(info: dict[str, Any]) -> dict[str, str]:
+    """The secrets in the answer to an attach with ``"dhchap": true``."""
+    secret, ctrl = info.get("dhchap_secret"), info.get("dhchap_ctrl_secret")
+    if not secret or not ctrl:
+        raise exception.VolumeBackendAPIException(
+            data=_("Basalt attached the host with DH-HMAC-CHAP but returned no secrets"))
+    return {DHCHAP_SECRET: str(secret), DHCHAP_CTRL_SECRET: str(ctrl)}
+
+
+def _recorded_dhchap(attachment: Any) -> dict[str, str] | None:
+    """The secrets in an attachment's recorded connection info (Cinder's API
+    records it flattened; the nested ``data`` form is read too)."""
+    info = getattr(attachment, "connection_info", None) or {}
+    if isinstance(info.get("data"), dict):
+        info = info["data"]
+    secret, ctrl = info.get(DHCHAP_SECRET), info.get(DHCHAP_CTRL_SECRET)
+    if isinstance(secret, str) and secret and isinstance(ctrl, str) and ctrl:
+        return {DHCHAP_SECRET: secret, DHCHAP_CTRL_SECRET: ctrl}
+    return None
+
+
 def is_cluster(status: dict[str, Any]) -> bool:
     """Whether ``GET /api/v1/status`` came from a cluster member: only those
     report replication health (``volumes_degraded``)."""
@@ -188,7 +258,8 @@ class BasaltVolumeDriver(driver.VolumeDriver):
 
     Version history:
         0.1.0 - create/delete/extend, snapshots, clones, revert, retype,
-                manage/unmanage, NVMe/TCP attachments
+                manage/unmanage, NVMe/TCP attachments; image copies over
+                NBD (TLS-PSK) with qemu-img; DH-HMAC-CHAP secrets
     """
 
     VERSION = "0.1.0"
@@ -201,6 +272,8 @@ class BasaltVolumeDriver(driver.VolumeDriver):
         self.client: BasaltClient | None = None
         self._stats: dict[str, Any] = {}
         self._replicas_unknown_logged = False
+        self._nbd_key_lock = threading.Lock()
+        self._nbd_preferred: nbd.Endpoint | None = None
 
     @classmethod
     def get_driver_options(cls) -> list[Any]:
@@ -231,10 +304,18 @@ class BasaltVolumeDriver(driver.VolumeDriver):
             raise exception.InvalidConfigurationValue(
                 option="basalt_api_url", value=self.configuration.basalt_api_url
             ) from e
+        self._nbd_endpoints()  # validated now; read again at each copy
 
     def check_for_setup_error(self) -> None:
         with self._errors():
             self._api.status()
+        if self._nbd_endpoints():
+            image_utils.check_qemu_img_version(QEMU_IMG_MIN_VERSION)
+            self._nbd_key()
+        else:
+            LOG.info("basalt_nbd_uri is not set: images are copied to and from volumes "
+                     "through Cinder's generic path (os-brick attaches each volume to "
+                     "this host over NVMe/TCP).")
 
     @property
     def _api(self) -> BasaltClient:
@@ -496,6 +577,257 @@ class BasaltVolumeDriver(driver.VolumeDriver):
             if info["size_bytes"] < volume.size * GiB:
                 self._api.resize_volume(name, volume.size * GiB)
 
+    # -- images ------------------------------------------------------------
+
+    def _nbd_endpoints(self) -> list[nbd.Endpoint]:
+        """basalt_nbd_uri, parsed (empty: image copies take Cinder's generic path)."""
+        uris = [u for u in (self.configuration.basalt_nbd_uri or []) if u.strip()]
+        try:
+            return [nbd.parse_endpoint(u) for u in uris]
+        except ValueError as e:
+            raise exception.InvalidConfigurationValue(
+                message=_("basalt_nbd_uri: %s") % e,
+                option="basalt_nbd_uri", value=",".join(uris),
+            ) from e
+
+    def _nbd_psk_path(self) -> str:
+        path = self.configuration.basalt_nbd_psk_file
+        if path:
+            return str(path)
+        group = self.configuration.config_group or "basalt"
+        return os.path.join(CONF.state_path, f"basalt-nbd-{group}.psk")
+
+    def _nbd_key(self) -> nbd.Psk:
+        """The NBD key from basalt_nbd_psk_file; when that file does not exist, a
+        key created through the API for the token's project, written there."""
+        path = self._nbd_psk_path()
+        with self._nbd_key_lock:
+            try:
+                return nbd.read_psk_file(path)
+            except FileNotFoundError:
+                pass
+            except (OSError, ValueError) as e:
+                raise exception.VolumeBackendAPIException(
+                    data=_("basalt_nbd_psk_file: %s") % e) from e
+            return self._create_nbd_key(path)
+
+    def _create_nbd_key(self, path: str) -> nbd.Psk:
+        with self._errors():
+            project = self._token_project()
+            created = self._api.create_nbd_key(
+                project, description=f"Cinder backend {self.configuration.config_group} "
+                f"({CONF.host}): image copies")
+        try:
+            psk = nbd.Psk.parse(str(created.get("psk_line", "")))
+        except ValueError as e:
+            raise exception.VolumeBackendAPIException(
+                data=_("Basalt created an NBD key but did not return it: %s") % e) from e
+        try:
+            written = nbd.write_psk_file(path, psk)
+        except OSError as e:
+            self._revoke_nbd_key(psk.identity)
+            raise exception.VolumeBackendAPIException(
+                data=_("cannot write the Basalt NBD key to %(path)s: %(err)s")
+                % {"path": path, "err": e}) from e
+        if not written:  # another process wrote the file meanwhile: use its key
+            self._revoke_nbd_key(psk.identity)
+            try:
+                return nbd.read_psk_file(path)
+            except (OSError, ValueError) as e:
+                raise exception.VolumeBackendAPIException(
+                    data=_("basalt_nbd_psk_file: %s") % e) from e
+        LOG.info("Created Basalt NBD key %(identity)s (project %(project)s) for image "
+                 "copies; kept in %(path)s.",
+                 {"identity": psk.identity, "project": project or "(every volume)",
+                  "path": path})
+        return psk
+
+    def _revoke_nbd_key(self, identity: str) -> None:
+        try:
+            self._api.revoke_nbd_key(identity)
+        except BasaltError as err:
+            LOG.warning("Could not revoke the unused Basalt NBD key %(identity)s: %(err)s; "
+                        "revoke it with basalt nbd-key revoke",
+                        {"identity": identity, "err": err})
+
+    def _token_project(self) -> str | None:
+        """The project of the driver's token (None: a cluster-wide token, whose
+        volumes a cluster-wide NBD key opens)."""
+        tid = token_id(self.configuration.basalt_api_token or "")
+        if tid:
+            for token in self._api.list_tokens():
+                if token.get("id") == tid:
+                    project = token.get("project")
+                    return str(project) if project else None
+        return None
+
+    def _nbd_endpoint(self) -> nbd.Endpoint:
+        """The first configured endpoint that accepts a connection (the last one
+        that did is tried first); a single one is used without trying it."""
+        endpoints = self._nbd_endpoints()
+        if len(endpoints) == 1:
+            return endpoints[0]
+        if self._nbd_preferred in endpoints:
+            preferred = self._nbd_preferred
+            endpoints = [preferred, *(e for e in endpoints if e != preferred)]
+        endpoint = nbd.first_reachable(endpoints, CONNECT_TIMEOUT)
+        self._nbd_preferred = endpoint
+        return endpoint
+
+    def _run_qemu_img(self, cmd: list[str]) -> None:
+        utils.execute("env", "LC_ALL=C", *cmd, run_as_root=False)
+
+    def copy_image_to_volume(self, context: Any, volume: Any, image_service: Any,
+                             image_id: str, disable_sparse: bool = False) -> None:
+        """Write the image to the volume over Basalt's NBD endpoint with qemu-img
+        (basalt_nbd_uri), else through Cinder's generic path."""
+        if not self._nbd_endpoints():
+            LOG.info("Copying image %(image)s to volume %(volume)s through Cinder's "
+                     "generic path (os-brick attaches it to this host): basalt_nbd_uri "
+                     "is not set.", {"image": image_id, "volume": volume.id})
+            super().copy_image_to_volume(context, volume, image_service, image_id,
+                                         disable_sparse=disable_sparse)
+            return
+        self._copy_image_over_nbd(context, volume, image_service, image_id, disable_sparse)
+
+    def copy_image_to_encrypted_volume(self, context: Any, volume: Any, image_service: Any,
+                                       image_id: str, disable_sparse: bool = False) -> None:
+        """A volume Cinder encrypts (LUKS, a volume type's encryption): Cinder's
+        generic path, whose encryptor formats the volume as it is attached."""
+        LOG.info("Copying image %(image)s to volume %(volume)s, which Cinder encrypts, "
+                 "through Cinder's generic path (os-brick and its encryptor).",
+                 {"image": image_id, "volume": volume.id})
+        super().copy_image_to_encrypted_volume(context, volume, image_service, image_id,
+                                               disable_sparse=disable_sparse)
+
+    def _copy_image_over_nbd(self, context: Any, volume: Any, image_service: Any,
+                             image_id: str, disable_sparse: bool) -> None:
+        # The steps and checks of Cinder's image_utils.fetch_to_volume_format,
+        # with qemu-img writing to the volume's NBD export instead of a device.
+        image_meta = image_service.show(context, image_id)
+        disk_format = image_meta.get("disk_format")
+        image_utils.check_image_conversion_disable(disk_format, "raw", image_id, upload=False)
+        compressed = image_meta.get("container_format") == "compressed"
+        if compressed and not CONF.allow_compression_on_image_upload:
+            raise exception.ImageUnacceptable(
+                image_id=image_id,
+                reason=_("Image compression disallowed, but container_format is "
+                         "compressed."))
+        with image_utils.temporary_file(prefix=f"image_download_{image_id}_") as tmp:
+            # Cinder's create flow has fetched and verified the image already.
+            fetched = image_utils.TemporaryImages.for_image_service(image_service).get(
+                context, image_id)
+            path = fetched or tmp
+            if not fetched:
+                image_utils.fetch(context, image_service, image_id, tmp, None, None)
+            if compressed:
+                if not accelerator.is_gzip_compressed(path):
+                    raise exception.ImageUnacceptable(
+                        image_id=image_id,
+                        reason=_("Unsupported compressed image format found. Only gzip "
+                                 "is supported currently"))
+                accelerator.ImageAccel(path, path).decompress_img(run_as_root=False)
+            if image_utils.is_xenserver_format(image_meta):
+                image_utils.replace_xenserver_image_with_coalesced_vhd(path)
+            info = self._checked_image(path, disk_format, image_id, volume.size)
+            self._write_over_nbd(volume, path, info, image_id, disable_sparse)
+
+    @staticmethod
+    def _checked_image(path: str, disk_format: str | None, image_id: str,
+                       size_gb: int) -> Any:
+        """qemu-img info of a downloaded image, refused (ImageUnacceptable) as
+        Cinder refuses images: unsafe or unknown format, a backing or data file,
+        a format other than the declared one, or larger than the volume."""
+        try:
+            info = image_utils.qemu_img_info(path, run_as_root=False)
+        except processutils.ProcessExecutionError as e:
+            raise exception.ImageUnacceptable(
+                image_id=image_id, reason=_("qemu-img info: %s") % (e.stderr or e).strip()
+            ) from e
+        except exception.ImageUnacceptable:
+            raise
+        except exception.Invalid as e:  # the format inspector's safety check
+            reason = getattr(e, "kwargs", {}).get("reason") or e.msg
+            raise exception.ImageUnacceptable(image_id=image_id, reason=reason) from e
+        if info.file_format is None:
+            raise exception.ImageUnacceptable(
+                image_id=image_id, reason=_("'qemu-img info' parsing failed."))
+        if info.backing_file is not None:
+            raise exception.ImageUnacceptable(
+                image_id=image_id,
+                reason=_("fmt=%(fmt)s backed by:%(backing_file)s")
+                % {"fmt": info.file_format, "backing_file": info.backing_file})
+        image_utils.check_virtual_size(info.virtual_size, size_gb, image_id)
+        src_format = image_utils.fixup_disk_format(disk_format) if disk_format else None
+        image_utils.check_image_format(path, src_format=src_format, image_id=image_id,
+                                       data=info, run_as_root=False)
+        return info
+
+    def _write_over_nbd(self, volume: Any, path: str, info: Any, image_id: str,
+                        disable_sparse: bool) -> None:
+        name = volume_name(volume)
+        try:
+            endpoint = self._nbd_endpoint()
+            psk = self._nbd_key()
+        except (ConnectionError, exception.CinderException) as e:
+            raise exception.ImageCopyFailure(reason=str(e)) from e
+        start = time.monotonic()
+        with nbd.credentials_dir(psk) as creds:
+            cmd = nbd.write_command(path, info.file_format, endpoint, name, creds,
+                                    psk.identity, disable_sparse=disable_sparse)
+            try:
+                self._run_qemu_img(cmd)
+            except processutils.ProcessExecutionError as e:
+                raise exception.ImageCopyFailure(
+                    reason=_("qemu-img could not write image %(image)s to Basalt volume "
+                             "%(name)s at %(endpoint)s: %(err)s")
+                    % {"image": image_id, "name": name, "endpoint": endpoint,
+                       "err": (e.stderr or str(e)).strip()}) from e
+        LOG.info("Wrote image %(image)s (%(fmt)s, %(size).1f MiB) to Basalt volume "
+                 "%(name)s over NBD at %(endpoint)s in %(secs).1f s.",
+                 {"image": image_id, "fmt": info.file_format,
+                  "size": (info.virtual_size or 0) / (1 << 20), "name": name,
+                  "endpoint": endpoint, "secs": time.monotonic() - start})
+
+    def copy_volume_to_image(self, context: Any, volume: Any, image_service: Any,
+                             image_meta: dict[str, Any]) -> None:
+        """Read the volume over Basalt's NBD endpoint into a sparse raw file and
+        upload that with Cinder's upload_volume (conversion to the image's
+        disk_format, compression, store), else Cinder's generic path."""
+        if not self._nbd_endpoints():
+            LOG.info("Copying volume %(volume)s to image %(image)s through Cinder's "
+                     "generic path (os-brick attaches it to this host): basalt_nbd_uri "
+                     "is not set.", {"image": image_meta.get("id"), "volume": volume.id})
+            super().copy_volume_to_image(context, volume, image_service, image_meta)
+            return
+        image_id = image_meta["id"]
+        image_utils.check_image_conversion_disable(
+            image_meta.get("disk_format"), "raw", image_id, upload=True)
+        name = volume_name(volume)
+        try:
+            endpoint = self._nbd_endpoint()
+            psk = self._nbd_key()
+        except ConnectionError as e:
+            raise exception.VolumeBackendAPIException(data=str(e)) from e
+        with image_utils.temporary_file(prefix=f"vol_upload_{volume.id}_") as tmp:
+            start = time.monotonic()
+            with nbd.credentials_dir(psk) as creds:
+                try:
+                    self._run_qemu_img(
+                        nbd.read_command(endpoint, name, creds, psk.identity, tmp))
+                except processutils.ProcessExecutionError as e:
+                    raise exception.VolumeBackendAPIException(
+                        data=_("qemu-img could not read Basalt volume %(name)s at "
+                               "%(endpoint)s for image %(image)s: %(err)s")
+                        % {"name": name, "endpoint": endpoint, "image": image_id,
+                           "err": (e.stderr or str(e)).strip()}) from e
+            LOG.info("Read Basalt volume %(name)s over NBD at %(endpoint)s in "
+                     "%(secs).1f s for image %(image)s.",
+                     {"name": name, "endpoint": endpoint, "image": image_id,
+                      "secs": time.monotonic() - start})
+            volume_utils.upload_volume(context, image_service, image_meta, tmp, volume,
+                                       run_as_root=False, compress=True)
+
     # -- attachments -------------------------------------------------------
 
     def _portals(self) -> list[tuple[str, str, str]]:
@@ -529,20 +861,88 @@ class BasaltVolumeDriver(driver.VolumeDriver):
             raise exception.InvalidConnectorException(missing="nqn")
         name = volume_name(volume)
         with self._errors(volume=volume):
-            info = self._api.attach_host(name, host_nqn)
+            info, secrets = self._attach_host(name, volume, connector)
         nguid = info["id"].replace("-", "")
-        return {
-            "driver_volume_type": "nvmeof",
-            "data": {
-                "target_nqn": target_nqn(name),
-                "vol_uuid": info["id"],
-                "portals": self._portals(),
-                "ns_id": 1,
-                "volume_nguid": nguid,
-                "host_nqn": host_nqn,
-                "discard": True,
-            },
+        data: dict[str, Any] = {
+            "target_nqn": target_nqn(name),
+            "vol_uuid": info["id"],
+            "portals": self._portals(),
+            "ns_id": 1,
+            "volume_nguid": nguid,
+            "host_nqn": host_nqn,
+            "discard": True,
         }
+        if secrets:
+            data.update(secrets)
+        return {"driver_volume_type": "nvmeof", "data": data}
+
+    def _attach_host(self, name: str, volume: Any, connector: dict[str, Any]
+                     ) -> tuple[dict[str, Any], dict[str, str] | None]:
+        """Attach the connector's host NQN to the volume; with the DH-HMAC-CHAP
+        secrets the host must use (None: it connects without).
+
+        A host's secrets are Basalt's per volume and host NQN, and a new pair
+        replaces the old one at the host's next connect. So they are made fresh
+        only when no attachment of this volume on this host is connected or
+        being connected; otherwise the secrets Cinder recorded in such an
+        attachment's connection info are handed out again (re-attaching without
+        secrets keeps Basalt's), and without a record the attach is refused
+        rather than cutting the connected host off at its next reconnect."""
+        host_nqn = connector["nqn"]
+        want = bool(self.configuration.basalt_nvme_dhchap)
+        current = self._api.get_volume(name)
+        keyed = host_nqn in (current.get("nvme_hosts_dhchap") or [])
+        attached = host_nqn in (current.get("nvme_hosts") or [])
+        others = self._attachments_on_host(volume, connector)
+        recorded = next((s for s in map(_recorded_dhchap, others) if s), None)
+        if keyed:
+            if recorded:
+                return self._api.attach_host(name, host_nqn), recorded
+            if others:
+                raise exception.VolumeBackendAPIException(
+                    data=_("host %(nqn)s has DH-HMAC-CHAP secrets for Basalt volume "
+                           "%(name)s that its attachment %(ids)s may use, and Cinder has "
+                           "no record of them: new secrets would cut it off at its next "
+                           "reconnect. Retry when that attachment is complete, or "
+                           "detach it first.")
+                    % {"nqn": host_nqn, "name": name,
+                       "ids": ", ".join(str(a.id) for a in others)})
+            if want:
+                info = self._api.attach_host(name, host_nqn, dhchap=True)
+                return info, _answered_dhchap(info)
+            # Secrets nobody uses any more, from when basalt_nvme_dhchap was on.
+            self._api.detach_host(name, host_nqn)
+            return self._api.attach_host(name, host_nqn), None
+        if want and attached and others:
+            LOG.warning("Host %(nqn)s is connected to Basalt volume %(name)s without "
+                        "DH-HMAC-CHAP (attachment %(ids)s): it keeps attaching without "
+                        "until those attachments are detached.",
+                        {"nqn": host_nqn, "name": name,
+                         "ids": ", ".join(str(a.id) for a in others)})
+            want = False
+        if want:
+            info = self._api.attach_host(name, host_nqn, dhchap=True)
+            return info, _answered_dhchap(info)
+        return self._api.attach_host(name, host_nqn), None
+
+    @staticmethod
+    def _attachments_on_host(volume: Any, connector: dict[str, Any]) -> list[Any]:
+        """Cinder's attachments of the volume that are connected or being
+        connected on the connector's host (by host NQN; by host name for
+        attachments without a recorded connector)."""
+        found = []
+        for attachment in getattr(volume, "volume_attachment", None) or []:
+            if attachment.attach_status not in CONNECTED_STATUSES:
+                continue
+            recorded = getattr(attachment, "connector", None) or {}
+            if recorded.get("nqn"):
+                same = recorded["nqn"] == connector["nqn"]
+            else:
+                same = bool(connector.get("host")) and \
+                    attachment.attached_host == connector.get("host")
+            if same:
+                found.append(attachment)
+        return found
 
     def terminate_connection(self, volume: Any, connector: dict[str, Any] | None,
                              **kwargs: Any) -> bool:

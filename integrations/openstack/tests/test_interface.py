@@ -35,7 +35,8 @@ class InterfaceComplianceTest(CinderTestCase):
     def test_driver_options(self) -> None:
         names = {o.name for o in basalt_driver.BasaltVolumeDriver.get_driver_options()}
         for wanted in ("basalt_api_url", "basalt_api_token", "basalt_verify_tls",
-                       "basalt_default_type", "basalt_connector"):
+                       "basalt_default_type", "basalt_connector", "basalt_nvme_dhchap",
+                       "basalt_nbd_uri", "basalt_nbd_psk_file"):
             self.assertIn(wanted, names)
         token = next(o for o in basalt_driver.basalt_opts if o.name == "basalt_api_token")
         self.assertTrue(token.secret)
