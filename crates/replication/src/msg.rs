@@ -261,11 +261,11 @@ pub enum ClientReply {
     Unreadable { by: NodeId, epoch: Epoch },
     /// A rollback to a layer the primary `by` does not hold.
     NoSuchLayer { by: NodeId, epoch: Epoch },
-    /// A write not done for lack of space: the primary's store had none
-    /// for it, or too few replicas did for the write to count (the volume
-    /// is below `min_in_sync` because replicas ran out of space). Like any
-    /// failed write, the blocks may hold the old data, the new, or a mix,
-    /// and every InSync replica holds the same.
+    /// A write (or flush) not done for lack of space: the primary's store
+    /// had none for it, or too few replicas did for it to count (the
+    /// volume is below `min_in_sync` because replicas ran out of space).
+    /// Like any failed write, the blocks may hold the old data, the new, or
+    /// a mix, and every InSync replica holds the same.
     NoSpace { by: NodeId, epoch: Epoch },
 }
 

@@ -1985,9 +1985,9 @@ impl Sim {
                 }
             }
             ClientReply::NoSpace { epoch, .. } => {
-                // Outcome unknown, like NotPrimary; only ever a write, of
-                // the request's epoch.
-                if epoch.0 != req.epoch || req.kind != ReqKind::Write {
+                // Outcome unknown, like NotPrimary; only ever a write or a
+                // flush, of the request's epoch.
+                if epoch.0 != req.epoch || !matches!(req.kind, ReqKind::Write | ReqKind::Flush) {
                     return Err(self.fail(format!(
                         "a {:?} request of epoch {} answered NoSpace in epoch {}",
                         req.kind, req.epoch, epoch.0

@@ -75,7 +75,7 @@ impl Primary {
             ClientReq::Snapshot { .. } | ClientReq::DeleteSnapshot { .. }
                 if held == matches!(req, ClientReq::Snapshot { .. }) =>
             {
-                return self.serve(now, id, ClientReq::Flush, out);
+                return self.serve(now, id, ClientReq::Flush, false, out);
             }
             ClientReq::Rollback { .. } if !held => {
                 return self.reply(id, ClientReply::NoSuchLayer { by, epoch }, out);

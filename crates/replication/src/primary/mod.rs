@@ -58,9 +58,10 @@
 //!   once none of those links counts as InSync; a secondary that had no
 //!   space for an entry leaves the stream (`ReplNoSpace`), its link fails
 //!   at once, and while such a link keeps the volume below `min_in_sync`,
-//!   writes are answered `NoSpace` (new ones before anything is done, those
-//!   already in flight once the ack rule but for `min_in_sync` holds)
-//!   rather than wait for a resync that cannot finish until space is freed.
+//!   writes and flushes are answered `NoSpace` (new ones before anything is
+//!   done, those already in flight once the ack rule but for `min_in_sync`
+//!   holds) rather than wait for a resync that cannot finish until space is
+//!   freed.
 
 use crate::msg::{ClientReply, ClientReq, DiskOp, Endpoint, Msg, ReplOp};
 use crate::types::{Epoch, LayerId, Membership, NodeId, ReplicaState, VolumeId};
@@ -324,10 +325,11 @@ struct Op {
     digests: BTreeMap<NodeId, Option<u32>>,
     /// A write this node's store had no space for: answered `NoSpace`.
     no_space: bool,
-    /// A client's write (not a rollback, which needs no space): answered
-    /// `NoSpace` while replicas short of space keep the volume below
-    /// `min_in_sync`.
-    client_write: bool,
+    /// A client's write or flush (not a rollback, which needs no space):
+    /// answered `NoSpace` while replicas short of space keep the volume
+    /// below `min_in_sync` (a flush then cannot make earlier writes durable
+    /// on enough replicas, and waiting would last until space is freed).
+    refusable: bool,
 }
 
 /// What the primary wants done.
@@ -636,7 +638,7 @@ impl Primary {
             self.held.push_back((id, req));
             return;
         }
-        self.serve(now, id, req, out);
+        self.serve(now, id, req, true, out);
     }
 
     /// Whether a client write is in flight on this node's disk.
@@ -655,11 +657,14 @@ impl Primary {
             let Some((id, req)) = self.held.pop_front() else {
                 return;
             };
-            self.serve(now, id, req, out);
+            self.serve(now, id, req, true, out);
         }
     }
 
-    fn serve(&mut self, now: u64, id: u64, req: ClientReq, out: &mut Out) {
+    /// `from_client`: a client's own request (not the flush a retried
+    /// snapshot or deletion is answered as): a write or flush of it may be
+    /// answered `NoSpace`.
+    fn serve(&mut self, now: u64, id: u64, req: ClientReq, from_client: bool, out: &mut Out) {
         if let ClientReq::Snapshot { layer }
         | ClientReq::DeleteSnapshot { layer }
         | ClientReq::Rollback { layer } = req
@@ -667,8 +672,8 @@ impl Primary {
             self.on_layer_request(now, id, req, layer, out);
             return;
         }
-        let client_write = matches!(req, ClientReq::Write { .. });
-        if client_write && self.out_of_space() {
+        let refusable = from_client && matches!(req, ClientReq::Write { .. } | ClientReq::Flush);
+        if refusable && self.out_of_space() {
             // Nothing is done: no replica is changed.
             self.reply(id, self.no_space(), out);
             return;
@@ -772,7 +777,7 @@ impl Primary {
         }
         self.queue_op(id, vseq, kind, sent, regions, read, disk, out);
         if let Some(op) = self.ops.get_mut(&vseq) {
-            op.client_write = client_write;
+            op.refusable = refusable;
         }
     }
 
@@ -802,7 +807,7 @@ impl Primary {
                 read,
                 unreadable: false,
                 no_space: false,
-                client_write: false,
+                refusable: false,
                 digests: BTreeMap::new(),
             },
         );
@@ -974,10 +979,17 @@ impl Primary {
         if self.cfg.keep_links_without_space {
             return;
         }
+        // Its regions are dirty there even where a later flush was
+        // acknowledged (which clears them from what is unflushed): this
+        // copy, not theirs, is the one they are resynced to.
         let sent = std::mem::take(&mut op.sent);
+        let regions = op.regions.clone();
         op.acked.clear();
         for n in sent {
             self.link_failed(n);
+            if let Some(l) = self.links.get_mut(&n) {
+                l.dirty.extend(regions.iter().copied());
+            }
         }
     }
 
@@ -1376,7 +1388,7 @@ impl Primary {
                         }
                 })
             };
-            if op.no_space || (op.client_write && out_of_space) {
+            if op.no_space || (op.refusable && out_of_space) {
                 if held(op) {
                     refused.push(*v);
                 }
