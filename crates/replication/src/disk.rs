@@ -25,7 +25,8 @@
 //! - an operation that fails is issued again, unchanged, under the same id,
 //!   except a write or zeroing the store has no space for: that one ends
 //!   (`Completion::NoSpace`), as retrying it would fail the same way until
-//!   space is freed.
+//!   space is freed, and nothing more is issued until the caller has
+//!   dropped what must not follow it (`drop_pending`) and calls `resume`.
 
 use crate::msg::{Action, DiskOp, DiskResult, IoId};
 
@@ -202,8 +203,34 @@ impl<T> DiskQueue<T> {
             DiskResult::Corrupt => Completion::Corrupt,
         };
         let (_, tag) = self.inflight.remove(&id)?;
-        self.pump(out);
+        if outcome != Completion::NoSpace {
+            self.pump(out);
+        }
         Some((tag, outcome))
+    }
+
+    /// Issues what may go now (after a `NoSpace` completion).
+    pub(crate) fn resume(&mut self, out: &mut Vec<Action>) {
+        self.pump(out);
+    }
+
+    /// Removes the operations not issued yet whose tag and operation match
+    /// `drop`; returns them.
+    pub(crate) fn drop_pending(
+        &mut self,
+        mut drop: impl FnMut(&T, &DiskOp) -> bool,
+    ) -> Vec<(DiskOp, T)> {
+        let mut dropped = Vec::new();
+        let mut kept = VecDeque::with_capacity(self.pending.len());
+        for (id, op, tag) in std::mem::take(&mut self.pending) {
+            if drop(&tag, &op) {
+                dropped.push((op, tag));
+            } else {
+                kept.push_back((id, op, tag));
+            }
+        }
+        self.pending = kept;
+        dropped
     }
 }
 
@@ -266,6 +293,8 @@ mod tests {
             Some((1, Completion::NoSpace)),
             "not retried"
         );
+        assert!(out.is_empty(), "nothing issued before resume: {out:?}");
+        q.resume(&mut out);
         assert_eq!(out, vec![Action::Disk { id: 2, op: w(1) }]);
         out.clear();
         // A flush cannot lack space: retried like any error.

@@ -311,6 +311,23 @@ impl Node {
     /// Submits a disk operation; with crash logs, a write goes after a
     /// save that holds its regions (the disk queue holds it until then),
     /// and a flush closes the group of writes it makes durable.
+    /// A write of stream `t` found no space: this replica left that stream,
+    /// and a snapshot of it not yet taken must not be (it would freeze a
+    /// copy that lacks the write while the primary's has it, and be
+    /// reported as held at the next `Start`). Other entries may run: the
+    /// primary resyncs every region they touch.
+    fn drop_left_snapshots(&mut self, t: SecTag) {
+        let dropped = self.disk.drop_pending(|(_, tag), op| {
+            matches!(tag, Tag::S(s) if s.same_stream(&t))
+                && matches!(op, DiskOp::Snapshot { .. })
+        });
+        for (op, _) in dropped {
+            if let DiskOp::Snapshot { layer } = op {
+                self.layers.retain(|l| *l != layer);
+            }
+        }
+    }
+
     fn submit_disk(&mut self, op: DiskOp, tag: Tag, acts: &mut Vec<Action>) {
         match &op {
             DiskOp::Snapshot { layer } if !self.layers.contains(layer) => self.layers.push(*layer),
@@ -791,7 +808,8 @@ impl Node {
                             p.on_disk_no_space(t)
                         }
                         (Tag::S(t), Role::Secondary(s)) if gen == self.gen && no_space => {
-                            s.on_disk_no_space(t, &mut out.sends)
+                            s.on_disk_no_space(t, &mut out.sends);
+                            self.drop_left_snapshots(t);
                         }
                         (Tag::P(t), Role::Primary(p)) if gen == self.gen => {
                             p.on_disk_done(now, t, data, &mut out)
@@ -800,6 +818,9 @@ impl Node {
                             s.on_disk_done(t, data, &mut out.sends)
                         }
                         _ => {}
+                    }
+                    if no_space {
+                        self.disk.resume(&mut acts);
                     }
                 }
             }

@@ -28,8 +28,9 @@
 //! - an entry the store has no space for ends the stream here: the
 //!   primary is told (`ReplNoSpace`) and nothing more of that session is
 //!   applied or acknowledged (acknowledging later entries would claim a
-//!   stream with a hole); the next `Start` opens a new one, whose resync
-//!   copies what this replica missed.
+//!   stream with a hole), and no snapshot of it queued behind the entry is
+//!   taken (the node drops it from the disk queue); the next `Start` opens
+//!   a new one, whose resync copies what this replica missed.
 
 use crate::msg::{DiskOp, Endpoint, Msg, ReplOp};
 use crate::types::{Epoch, LayerId, NodeId, VolumeId};
@@ -45,6 +46,13 @@ pub(crate) struct SecTag {
     lseq: u64,
     /// The read of a `Digest`: answered with the checksum of its data.
     digest: bool,
+}
+
+impl SecTag {
+    /// Whether both are entries of one stream.
+    pub(crate) fn same_stream(&self, other: &SecTag) -> bool {
+        (self.epoch, self.session) == (other.epoch, other.session)
+    }
 }
 
 pub(crate) struct Secondary {
