@@ -623,8 +623,8 @@ impl<E: ReplicaEnv> Replica<E> {
         for (id, offset, len, fua) in zeroes {
             let r = match self.local.write_zeroes(offset, len, true, fua) {
                 Ok(()) => DiskResult::Done { data: None },
-                // Zeroing a block shared with a snapshot copies the rest
-                // of its extent.
+                // Zeroing blocks a snapshot layer still holds writes the
+                // head, which may need space.
                 Err(IoError::NoSpace) => DiskResult::NoSpace,
                 Err(e) => {
                     tracing::warn!(volume = %uuid::Uuid::from_u128(self.vol.0), error = %e, "replica zeroing failed");

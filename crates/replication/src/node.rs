@@ -308,9 +308,6 @@ impl Node {
             .submit(DiskOp::SaveLogs { logs }, (self.gen, Tag::Save), acts);
     }
 
-    /// Submits a disk operation; with crash logs, a write goes after a
-    /// save that holds its regions (the disk queue holds it until then),
-    /// and a flush closes the group of writes it makes durable.
     /// A write of stream `t` found no space: this replica left that stream,
     /// and a snapshot of it not yet taken must not be (it would freeze a
     /// copy that lacks the write while the primary's has it, and be
@@ -328,6 +325,9 @@ impl Node {
         }
     }
 
+    /// Submits a disk operation; with crash logs, a write goes after a
+    /// save that holds its regions (the disk queue holds it until then),
+    /// and a flush closes the group of writes it makes durable.
     fn submit_disk(&mut self, op: DiskOp, tag: Tag, acts: &mut Vec<Action>) {
         match &op {
             DiskOp::Snapshot { layer } if !self.layers.contains(layer) => self.layers.push(*layer),

@@ -972,16 +972,16 @@ impl Primary {
                 self.region_inflight[*r] = self.region_inflight[*r].saturating_sub(1);
             }
         }
-        // Every replica it was streamed to may hold it, acknowledged or
-        // not: each leaves the stream and is resynced from here, and the
-        // answer waits until none of them counts as InSync (so none can
-        // be promoted holding a write this node lacks).
         if self.cfg.keep_links_without_space {
             return;
         }
-        // Its regions are dirty there even where a later flush was
-        // acknowledged (which clears them from what is unflushed): this
-        // copy, not theirs, is the one they are resynced to.
+        // Every replica it was streamed to may hold it, acknowledged or
+        // not: each leaves the stream and is resynced from here, and the
+        // answer waits until none of them counts as InSync (so none can
+        // be promoted holding a write this node lacks). Its regions are
+        // dirty there even where a later flush was acknowledged (which
+        // clears them from what is unflushed): this copy, not theirs, is
+        // the one they are resynced to.
         let sent = std::mem::take(&mut op.sent);
         let regions = op.regions.clone();
         op.acked.clear();
@@ -1378,7 +1378,7 @@ impl Primary {
             }
             // The ack rule but for `min_in_sync`: every replica that counts
             // acknowledged it, and none it missed is still leaving.
-            let held = |op: &Op| {
+            let rule_holds = |op: &Op| {
                 self.links.iter().all(|(n, l)| {
                     !l.mode.counts()
                         || if op.sent.contains(n) {
@@ -1389,7 +1389,7 @@ impl Primary {
                 })
             };
             if op.no_space || (op.refusable && out_of_space) {
-                if held(op) {
+                if rule_holds(op) {
                     refused.push(*v);
                 }
                 continue;
@@ -1402,7 +1402,7 @@ impl Primary {
                     op.acked.contains(n) || self.links.get(n).is_none_or(|l| l.mode != Mode::InSync)
                 }),
                 _ if self.cfg.ack_before_secondaries => true,
-                _ => enough && held(op),
+                _ => enough && rule_holds(op),
             };
             if ok {
                 done.push(*v);
