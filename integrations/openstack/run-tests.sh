@@ -8,17 +8,19 @@
 #   - a Basalt server (target/release/basalt) in a temporary directory, with
 #     NBD over TLS (pre-shared keys) on 127.0.0.1 for the driver's image copies,
 #     a project and a project-scoped token for the driver;
-#   - a two-node Basalt cluster with its own etcd (the `etcd` binary, Debian's
-#     etcd-server), the same project and a token, for what differs in a cluster
-#     (the replica count the driver reports, snapshots and clones of replicated
-#     volumes);
+#   - a three-node Basalt cluster (n0 n1 n2, 127.0.0.1) with its own etcd (the
+#     `etcd` binary, Debian's etcd-server), the same project and a token, for
+#     what differs in a cluster (the replica count the driver reports as nodes
+#     are drained, refusals of more replicas than active nodes, snapshots and
+#     clones of three-replica volumes, and of two-replica ones placed on two of
+#     the three nodes);
 #   - pytest tests/ (interface compliance, the lifecycle through Cinder's
 #     VolumeManager with data checked over NBD, multiattach, os-brick's NVMe-oF
 #     parsing, failure injection, replica counts, snapshots, reverts, clones
-#     and flattening of replicated volumes, image copies over NBD with
-#     qemu-img, DH-HMAC-CHAP secrets). The image tests run qemu-img and
-#     qemu-io (Debian's qemu-utils); Cinder runs `qemu-img info` with
-#     run_as_root, which needs root (or sudo with cinder-rootwrap).
+#     and flattening of replicated volumes (three replicas, and two), image
+#     copies over NBD with qemu-img, DH-HMAC-CHAP secrets). The image tests
+#     run qemu-img and qemu-io (Debian's qemu-utils); Cinder runs `qemu-img
+#     info` with run_as_root, which needs root (or sudo with cinder-rootwrap).
 # The processes it started are stopped by their PIDs and the directory removed
 # on exit.
 # Environment: BASALT_CINDER_PYTHON (default python3), BASALT_CINDER_VENV,
@@ -131,7 +133,7 @@ export BASALT_ADMIN_TOKEN BASALT_TOKEN
 export BASALT_PROJECT=cinder-test BASALT_BIN="$basalt" BASALT_SERVER_PID="$server_pid"
 log "basalt server pid $server_pid at $BASALT_API_URL (nvme $BASALT_NVME, nbds $BASALT_NBD_TLS)"
 
-# --- a two-node Basalt cluster ----------------------------------------------------
+# --- a three-node Basalt cluster --------------------------------------------------
 "$venv/bin/python" - "$etcd_client" <<'PY' || { tail -n 40 "$tmp/etcd.log" >&2; exit 1; }
 import sys, time, urllib.request
 for _ in range(300):
@@ -144,9 +146,11 @@ sys.exit(f"etcd at {sys.argv[1]} did not become healthy")
 PY
 (umask 077 && "$venv/bin/python" -c 'import secrets; print(secrets.token_hex(32))' >"$tmp/cluster-secret")
 declare -A node_pid
-nodes=(n0 n1)
-# 2G each: tests/test_replicated_snapshots.py extends a two-replica volume to
-# 2 GiB, more than 1G x the overcommit ratio 2 after the store's metadata.
+nodes=(n0 n1 n2)
+# 2G each (sparse): tests/test_replicated_snapshots.py extends a three-replica
+# volume, which has a copy on every node, to 2 GiB, more than 1G x the
+# overcommit ratio 2 after the store's metadata; its clone test then holds
+# three 1 GiB volumes on every node.
 for node in "${nodes[@]}"; do
     "$basalt" server --data-dir "$tmp/$node" --capacity 2G --etcd "$etcd_client" \
         --node-name "$node" --peer-listen "127.0.0.1:$(free_port)" \
@@ -160,6 +164,11 @@ for node in "${nodes[@]}"; do
 done
 BASALT_CLUSTER_API_URL="$(json "$tmp/n0" api_url)"
 BASALT_CLUSTER_NBD_SOCKET="$(json "$tmp/n0" nbd_socket)"
+# Every node's, NAME=PATH,...: a snapshot is exported by the nodes holding a
+# replica of its volume only.
+BASALT_CLUSTER_NBD_SOCKETS="$(for node in "${nodes[@]}"; do
+    printf '%s=%s,' "$node" "$(json "$tmp/$node" nbd_socket)"; done)"
+BASALT_CLUSTER_NBD_SOCKETS="${BASALT_CLUSTER_NBD_SOCKETS%,}"
 BASALT_CLUSTER_ADMIN_TOKEN="$(cat "$tmp/n0/api-token")"
 # Until every node is alive and active in etcd.
 "$venv/bin/python" - "$BASALT_CLUSTER_API_URL" "$BASALT_CLUSTER_ADMIN_TOKEN" "${#nodes[@]}" <<'PY'
@@ -182,7 +191,8 @@ PY
 n0_cli() { env -u BASALT_TOKEN "$basalt" --data-dir "$tmp/n0" "$@"; }
 n0_cli project create cinder-test >/dev/null
 BASALT_CLUSTER_TOKEN="$(n0_cli token create --project cinder-test --role admin | grep '^bst_')"
-export BASALT_CLUSTER_API_URL BASALT_CLUSTER_NBD_SOCKET BASALT_CLUSTER_ADMIN_TOKEN BASALT_CLUSTER_TOKEN
+export BASALT_CLUSTER_API_URL BASALT_CLUSTER_NBD_SOCKET BASALT_CLUSTER_NBD_SOCKETS
+export BASALT_CLUSTER_ADMIN_TOKEN BASALT_CLUSTER_TOKEN
 log "basalt cluster (${nodes[*]}, etcd $etcd_client) at $BASALT_CLUSTER_API_URL"
 
 # --- tests --------------------------------------------------------------------------
@@ -190,7 +200,7 @@ log "pytest"
 status=0
 (cd "$here/tests" && "$venv/bin/python" -m pytest -p no:cacheprovider -q ${PYTEST_ARGS:-.}) || status=$?
 if [[ $status -ne 0 ]]; then
-    for name in server n0 n1; do
+    for name in server "${nodes[@]}"; do
         echo "--- basalt $name log (last 40 lines) ---" >&2
         tail -n 40 "$tmp/$name.log" >&2
     done

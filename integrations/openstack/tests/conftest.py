@@ -1,4 +1,4 @@
-"""Shared helpers: the live Basalt server and two-node cluster run-tests.sh
+"""Shared helpers: the live Basalt server and three-node cluster run-tests.sh
 started, NBD data checks, and a Cinder unit-test base (sqlite database,
 in-process messaging) whose VolumeManager runs BasaltVolumeDriver.
 

@@ -1,13 +1,17 @@
 """The replica count the driver reports (its pool's replication_count) is the one
 Basalt gives a new volume: checked against the single-node server and against
-the two-node cluster run-tests.sh started, where a volume created without a
-count shows what Basalt chose (replicas_wanted)."""
+the three-node cluster run-tests.sh started, where a volume created without a
+count shows what Basalt chose (replicas_wanted), as nodes are drained one by
+one and reactivated; Basalt refuses more replicas than it has active nodes, at
+each step, and the driver passes that refusal on."""
 
 from __future__ import annotations
 
 import copy
 import uuid
 from typing import Any
+
+from cinder import exception
 
 from basalt_cinder import driver as basalt_driver
 from basalt_cinder.client import BasaltClient, BasaltError
@@ -16,22 +20,33 @@ from conftest import BACKEND, BasaltManagerTestCase, CinderTestCase, admin
 MiB = 1024**2
 
 # GET /api/v1/status of a single-node server and GET /api/v1/nodes of a
-# two-node cluster, as Basalt answered them (run-tests.sh's servers).
+# three-node cluster, as Basalt answered them (run-tests.sh's servers: the
+# cluster's ids and order are those of the nodes' joining, and its status
+# counts a node's own store).
 SINGLE_NODE_STATUS: dict[str, Any] = {
-    "capacity_bytes": 1067450368, "provisioned_bytes": 0, "allocated_bytes": 0,
+    "capacity_bytes": 4279238656, "provisioned_bytes": 0, "allocated_bytes": 0,
     "overcommit_ratio": 2.0, "volume_count": 0, "extent_size": 1048576,
     "quarantined_entries": 0, "data_checksums": True, "checksum_errors": 0,
 }
 CLUSTER_STATUS: dict[str, Any] = {
-    **SINGLE_NODE_STATUS, "volumes_degraded": 0, "volumes_resyncing": 0,
+    "capacity_bytes": 2138046464, "provisioned_bytes": 0, "allocated_bytes": 0,
+    "overcommit_ratio": 2.0, "volume_count": 0, "extent_size": 1048576,
+    "volumes_degraded": 0, "volumes_resyncing": 0,
+    "quarantined_entries": 0, "data_checksums": True, "checksum_errors": 0,
 }
 CLUSTER_NODES: list[dict[str, Any]] = [
-    {"name": "n0", "id": 1, "alive": True, "state": "active", "coordinator": True,
-     "capacity_bytes": 1067450368, "free_bytes": 1067450368, "replicas": 0, "primaries": 0,
-     "peer_addr": "127.0.0.1:36001", "nvme_addr": "127.0.0.1:0", "api_addr": "127.0.0.1:0"},
+    {"name": "n2", "id": 1, "alive": True, "state": "active", "coordinator": True,
+     "capacity_bytes": 2138046464, "free_bytes": 2138046464, "replicas": 0, "primaries": 0,
+     "peer_addr": "127.0.0.1:32937", "nvme_addr": "127.0.0.1:34411",
+     "api_addr": "127.0.0.1:43835"},
     {"name": "n1", "id": 2, "alive": True, "state": "active", "coordinator": False,
-     "capacity_bytes": 1067450368, "free_bytes": 1067450368, "replicas": 0, "primaries": 0,
-     "peer_addr": "127.0.0.1:40781", "nvme_addr": "127.0.0.1:0", "api_addr": "127.0.0.1:0"},
+     "capacity_bytes": 2138046464, "free_bytes": 2138046464, "replicas": 0, "primaries": 0,
+     "peer_addr": "127.0.0.1:59153", "nvme_addr": "127.0.0.1:38145",
+     "api_addr": "127.0.0.1:35199"},
+    {"name": "n0", "id": 3, "alive": True, "state": "active", "coordinator": False,
+     "capacity_bytes": 2138046464, "free_bytes": 2138046464, "replicas": 0, "primaries": 0,
+     "peer_addr": "127.0.0.1:37367", "nvme_addr": "127.0.0.1:45211",
+     "api_addr": "127.0.0.1:39305"},
 ]
 
 
@@ -39,7 +54,7 @@ def nodes(*states: tuple[bool, str]) -> list[dict[str, Any]]:
     """CLUSTER_NODES' entries, one per (alive, state)."""
     out = []
     for i, (alive, state) in enumerate(states):
-        node = copy.deepcopy(CLUSTER_NODES[i % 2])
+        node = copy.deepcopy(CLUSTER_NODES[i % len(CLUSTER_NODES)])
         node.update(name=f"n{i}", id=i + 1, alive=alive, state=state)
         out.append(node)
     return out
@@ -70,13 +85,24 @@ class DefaultReplicasTest(CinderTestCase):
 
     def test_one_per_live_active_node_up_to_three(self) -> None:
         count = basalt_driver.cluster_default_replicas
-        self.assertEqual(2, count(CLUSTER_NODES))
+        self.assertEqual(3, count(CLUSTER_NODES))
+        self.assertEqual(2, count(nodes((True, "active"), (True, "active"))))
         self.assertEqual(1, count(nodes((True, "active"))))
         self.assertEqual(3, count(nodes(*[(True, "active")] * 4)))
-        # Dead, draining and removed nodes get no new replicas.
+        self.assertEqual(3, count(nodes(*[(True, "active")] * 5)))
+        # Dead, draining and removed nodes get no new replicas: the count
+        # falls as the three nodes leave, one by one.
+        one_dead = copy.deepcopy(CLUSTER_NODES)
+        one_dead[0]["alive"] = False
+        self.assertEqual(2, count(one_dead))
+        self.assertEqual(2, count(nodes((True, "active"), (True, "draining"),
+                                        (True, "active"))))
+        self.assertEqual(1, count(nodes((True, "active"), (True, "draining"),
+                                        (False, "active"))))
         self.assertEqual(1, count(nodes((True, "active"), (False, "active"),
                                         (True, "draining"), (True, "removed"))))
-        self.assertEqual(1, count(nodes((False, "active"))))
+        self.assertEqual(1, count(nodes((False, "active"), (True, "draining"),
+                                        (True, "removed"))))
 
 
 class SingleNodeTest(BasaltManagerTestCase):
@@ -105,18 +131,56 @@ class ClusterAdminTokenTest(BasaltManagerTestCase):
     def set_state(self, node: str, state: str) -> None:
         self.basalt_admin().request("POST", f"/api/v1/nodes/{node}/state", {"state": state})
 
+    def assert_too_many_refused(self, client: BasaltClient, replicas: int,
+                                active: int) -> None:
+        """Basalt refuses a volume with ``replicas`` on ``active`` active nodes."""
+        name = f"probe-{uuid.uuid4().hex[:8]}"
+        err = self.assertRaises(BasaltError, client.create_volume, name, MiB,
+                                replicas=replicas)
+        self.assertEqual(409, err.status)
+        self.assertIn(f"wants {replicas} replicas but the cluster has {active} active node",
+                      err.message)
+        self.assertNotIn(name, {v["name"] for v in client.list_volumes()})
+
     def test_count_follows_the_active_nodes(self) -> None:
         client = self.basalt_admin()
-        self.assertEqual(2, len(client.nodes()))
+        self.assertEqual(["n0", "n1", "n2"], sorted(n["name"] for n in client.nodes()))
         self.assertEqual(probe_replicas(client), self.count())
-        self.assertEqual(2, self.count())
-        # A draining node gets no new replicas: one node left.
+        self.assertEqual(3, self.count())
+        self.assertEqual(3, probe_replicas(client, replicas=3))
+        self.assert_too_many_refused(client, 4, active=3)
+        # A draining node gets no new replicas: the count falls with each node
+        # drained (n0, which the tests talk to, stays), and Basalt refuses
+        # as many replicas as there were active nodes before.
+        self.addCleanup(self.set_state, "n2", "active")
         self.addCleanup(self.set_state, "n1", "active")
-        self.set_state("n1", "draining")
-        self.assertEqual(probe_replicas(client), self.count())
-        self.assertEqual(1, self.count())
+        for node, left in (("n2", 2), ("n1", 1)):
+            self.set_state(node, "draining")
+            self.assertEqual(probe_replicas(client), self.count())
+            self.assertEqual(left, self.count())
+            self.assertEqual(left, probe_replicas(client, replicas=left))
+            self.assert_too_many_refused(client, left + 1, active=left)
+        # Reactivated, they count again.
         self.set_state("n1", "active")
         self.assertEqual(2, self.count())
+        self.set_state("n2", "active")
+        self.assertEqual(3, self.count())
+        self.assertEqual(probe_replicas(client), self.count())
+
+    def test_more_replicas_than_nodes_fails_the_create(self) -> None:
+        # A Cinder type asking for 4 replicas of the 3 nodes: the driver
+        # passes Basalt's refusal on, the volume ends in error, nothing left.
+        client = self.basalt_admin()
+        vtype = self.volume_type({basalt_driver.EXTRA_SPEC_REPLICAS: "4"})
+        vol = self.new_volume(size=1, volume_type_id=vtype.id)
+        name = basalt_driver.volume_name(vol)
+        err = self.assertRaises(exception.CinderException, self.driver.create_volume, vol)
+        self.assertIn("wants 4 replicas but the cluster has 3 active node", str(err))
+        self.assertRaises(exception.CinderException,
+                          self.manager.create_volume, self.context, vol)
+        vol.refresh()
+        self.assertEqual("error", vol.status)
+        self.assertNotIn(name, {v["name"] for v in client.list_volumes()})
 
     def test_basalt_default_type_sets_the_count(self) -> None:
         client = self.basalt_admin()
@@ -153,6 +217,7 @@ class ClusterProjectTokenTest(BasaltManagerTestCase):
         self.assertGreater(pool["total_capacity_gb"], 0)  # the rest is reported
 
     def test_default_type_count(self) -> None:
+        # Two of the three nodes: the type's count, not the node count.
         client = self.basalt_admin()
         ensure_type(client, "cinder-rf2", replicas=2)
         self.addCleanup(self.set_default_type, None)
