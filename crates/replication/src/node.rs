@@ -315,8 +315,7 @@ impl Node {
     /// primary resyncs every region they touch.
     fn drop_left_snapshots(&mut self, t: SecTag) {
         let dropped = self.disk.drop_pending(|(_, tag), op| {
-            matches!(tag, Tag::S(s) if s.same_stream(&t))
-                && matches!(op, DiskOp::Snapshot { .. })
+            matches!(tag, Tag::S(s) if s.same_stream(&t)) && matches!(op, DiskOp::Snapshot { .. })
         });
         for (op, _) in dropped {
             if let DiskOp::Snapshot { layer } = op {
