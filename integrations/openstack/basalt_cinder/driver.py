@@ -350,6 +350,10 @@ class BasaltVolumeDriver(driver.VolumeDriver):
                 return exception.SnapshotIsBusy(message=msg, snapshot_name=snapshot.name)
             if any(w in msg for w in ("already", "exists")):
                 return exception.VolumeBackendAPIException(data=str(err))
+            if "replicas but the cluster has" in msg:
+                # The volume type asks for more replicas than there are
+                # active nodes: nothing is busy, the type does not fit.
+                return exception.InvalidVolumeType(reason=msg)
             return exception.VolumeIsBusy(message=msg, volume_name=getattr(volume, "name", vol_id))
         if err.status == 413:
             if " of volumes" in msg:

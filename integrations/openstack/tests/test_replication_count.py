@@ -169,12 +169,13 @@ class ClusterAdminTokenTest(BasaltManagerTestCase):
 
     def test_more_replicas_than_nodes_fails_the_create(self) -> None:
         # A Cinder type asking for 4 replicas of the 3 nodes: the driver
-        # passes Basalt's refusal on, the volume ends in error, nothing left.
+        # passes Basalt's refusal on as InvalidVolumeType (the type does not
+        # fit the cluster), the volume ends in error, nothing left.
         client = self.basalt_admin()
         vtype = self.volume_type({basalt_driver.EXTRA_SPEC_REPLICAS: "4"})
         vol = self.new_volume(size=1, volume_type_id=vtype.id)
         name = basalt_driver.volume_name(vol)
-        err = self.assertRaises(exception.CinderException, self.driver.create_volume, vol)
+        err = self.assertRaises(exception.InvalidVolumeType, self.driver.create_volume, vol)
         self.assertIn("wants 4 replicas but the cluster has 3 active node", str(err))
         self.assertRaises(exception.CinderException,
                           self.manager.create_volume, self.context, vol)
