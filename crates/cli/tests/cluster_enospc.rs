@@ -9,34 +9,6 @@ mod common;
 
 use common::cluster::*;
 use common::*;
-use serde_json::Value;
-
-const MIB: u64 = 1 << 20;
-
-/// Writes the pattern from `offset` on until ENOSPC or the end of the
-/// volume: (bytes written, whether it ended with ENOSPC).
-#[track_caller]
-fn fill(uri: &str, seed: u64, offset: u64) -> (u64, bool) {
-    let out = nbd_script(
-        "nbdtool.py",
-        [
-            "fill",
-            uri,
-            "--seed",
-            &seed.to_string(),
-            "--offset",
-            &offset.to_string(),
-            "--bare",
-        ],
-    );
-    let line = out.ok().lines().last().unwrap_or_default().to_string();
-    let v: Value = serde_json::from_str(&line)
-        .unwrap_or_else(|e| panic!("fill output ({e}):\n{}", out.describe()));
-    (
-        v["filled"].as_u64().unwrap_or(0),
-        v["enospc"].as_bool().unwrap_or(false),
-    )
-}
 
 #[test]
 fn full_stores_answer_enospc_and_trim_gives_space_back_on_every_replica() {
@@ -53,7 +25,7 @@ fn full_stores_answer_enospc_and_trim_gives_space_back_on_every_replica() {
     let via = (p + 1) % 3;
     let uri = c.nodes[via].uri(vol);
 
-    let (filled, enospc) = fill(&uri, 5, 0);
+    let (filled, enospc) = nbd_fill(&uri, 5, 0, true);
     assert!(
         enospc,
         "wrote {filled} bytes of a 40 MiB volume on 32 MiB stores without ENOSPC\n{}",
@@ -79,7 +51,7 @@ fn full_stores_answer_enospc_and_trim_gives_space_back_on_every_replica() {
     c.assert_replicas_equal(&[0, 1, 2], vol);
     // Overwriting space already allocated works; the store is still full.
     write_pattern(None, &uri, 6, 1, 0, MIB);
-    let (more, still) = fill(&uri, 5, filled);
+    let (more, still) = nbd_fill(&uri, 5, filled, true);
     assert!(
         still && more == 0,
         "wrote {more} more bytes into full stores (ENOSPC: {still})"
@@ -87,20 +59,8 @@ fn full_stores_answer_enospc_and_trim_gives_space_back_on_every_replica() {
     c.wait_volume(via, vol, "in sync after the second ENOSPC", healthy);
 
     // TRIM 8 MiB: every replica frees it, so 4 MiB and more fit again.
-    nbd_script(
-        "nbdtool.py",
-        [
-            "trim",
-            &uri,
-            "--offset",
-            &(2 * MIB).to_string(),
-            "--length",
-            &(8 * MIB).to_string(),
-            "--flush",
-        ],
-    )
-    .ok();
-    let (after_trim, _) = fill(&uri, 5, filled);
+    nbd_trim(&uri, 2 * MIB, 8 * MIB);
+    let (after_trim, _) = nbd_fill(&uri, 5, filled, true);
     assert!(
         after_trim >= 4 * MIB,
         "only {after_trim} bytes writable after trimming 8 MiB\n{}",
@@ -149,19 +109,7 @@ fn one_full_replica_leaves_the_stream_and_writes_go_on() {
 
     // Trimming 16 MiB makes room: the replica's resync (zeros where the
     // volume was trimmed) fits, and it is InSync again, identical.
-    nbd_script(
-        "nbdtool.py",
-        [
-            "trim",
-            &uri,
-            "--offset",
-            &(8 * MIB).to_string(),
-            "--length",
-            &(16 * MIB).to_string(),
-            "--flush",
-        ],
-    )
-    .ok();
+    nbd_trim(&uri, 8 * MIB, 16 * MIB);
     c.wait_volume(0, vol, "in sync after the trim", healthy);
     c.assert_replicas_equal(&[0, 1, 2], vol);
     verify_pattern(None, &c.nodes[small].uri(vol), 9, 1, 0, 8 * MIB);

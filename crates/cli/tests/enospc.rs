@@ -5,29 +5,6 @@
 mod common;
 
 use common::*;
-use serde_json::Value;
-
-#[track_caller]
-fn fill(uri: &str, seed: u64, offset: u64) -> (u64, bool) {
-    let out = nbd_script(
-        "nbdtool.py",
-        [
-            "fill",
-            uri,
-            "--seed",
-            &seed.to_string(),
-            "--offset",
-            &offset.to_string(),
-        ],
-    );
-    let line = out.ok().lines().last().unwrap_or_default().to_string();
-    let v: Value = serde_json::from_str(&line)
-        .unwrap_or_else(|e| panic!("fill output ({e}):\n{}", out.describe()));
-    (
-        v["filled"].as_u64().unwrap(),
-        v["enospc"].as_bool().unwrap(),
-    )
-}
 
 #[track_caller]
 fn verify(uri: &str, seed: u64, offset: u64, length: u64) {
@@ -72,7 +49,7 @@ fn enospc_then_trim_and_delete_free_space() {
     .ok();
 
     // Fill a until the store is full.
-    let (filled, enospc) = fill(&a, 1, 0);
+    let (filled, enospc) = nbd_fill(&a, 1, 0, false);
     assert!(
         enospc,
         "wrote all of a 38 MiB volume into a 28 MiB store holding 8 MiB of b without ENOSPC"
@@ -88,7 +65,7 @@ fn enospc_then_trim_and_delete_free_space() {
     eprintln!("store full after {} MiB of a", filled / MIB);
 
     // Still full: a write needing new space fails again; data written before is intact.
-    let (more, enospc2) = fill(&a, 1, filled);
+    let (more, enospc2) = nbd_fill(&a, 1, filled, false);
     assert!(
         enospc2 && more == 0,
         "second fill wrote {more} bytes (enospc {enospc2})"
@@ -100,20 +77,8 @@ fn enospc_then_trim_and_delete_free_space() {
     s.cli_json(&["volume", "list"]);
 
     // TRIM 8 MiB of a: a new write of fresh space succeeds.
-    nbd_script(
-        "nbdtool.py",
-        [
-            "trim",
-            &a,
-            "--offset",
-            &(2 * MIB).to_string(),
-            "--length",
-            &(8 * MIB).to_string(),
-            "--flush",
-        ],
-    )
-    .ok();
-    let (after_trim, _) = fill(&a, 1, filled);
+    nbd_trim(&a, 2 * MIB, 8 * MIB);
+    let (after_trim, _) = nbd_fill(&a, 1, filled, false);
     assert!(
         after_trim >= 4 * MIB,
         "only {after_trim} bytes writable after trimming 8 MiB"
@@ -137,7 +102,7 @@ fn enospc_then_trim_and_delete_free_space() {
 
     // Deleting b frees its 8 MiB.
     s.cli(&["volume", "delete", "b"]).ok();
-    let (after_delete, _) = fill(&a, 1, end);
+    let (after_delete, _) = nbd_fill(&a, 1, end, false);
     assert!(
         after_delete >= 4 * MIB,
         "only {after_delete} bytes writable after deleting an 8 MiB volume"
@@ -156,6 +121,6 @@ fn enospc_then_trim_and_delete_free_space() {
         "deleted volume back after restart: {list}"
     );
     // and it still answers ENOSPC rather than failing otherwise
-    let (_, enospc3) = fill(&a, 1, end);
+    let (_, enospc3) = nbd_fill(&a, 1, end, false);
     assert!(enospc3 || end >= 38 * MIB, "no ENOSPC after restart");
 }

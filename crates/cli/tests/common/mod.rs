@@ -305,6 +305,45 @@ where
     run_cmd(&mut cmd, CMD_TIMEOUT)
 }
 
+/// `nbdtool.py fill`: writes the pattern of `seed` from `offset` on until
+/// ENOSPC or the volume's end; returns (bytes written, whether it ended with
+/// ENOSPC). Unless `bare`, the tool also checks that the connection stays
+/// usable after ENOSPC (a read back, an overwrite, a flush).
+#[track_caller]
+pub fn nbd_fill(uri: &str, seed: u64, offset: u64, bare: bool) -> (u64, bool) {
+    let (seed, offset) = (seed.to_string(), offset.to_string());
+    let mut args = vec!["fill", uri, "--seed", &seed, "--offset", &offset];
+    if bare {
+        args.push("--bare");
+    }
+    let out = nbd_script("nbdtool.py", args);
+    let line = out.ok().lines().last().unwrap_or_default().to_string();
+    let v: Value = serde_json::from_str(&line)
+        .unwrap_or_else(|e| panic!("fill output ({e}):\n{}", out.describe()));
+    (
+        v["filled"].as_u64().unwrap_or(0),
+        v["enospc"].as_bool().unwrap_or(false),
+    )
+}
+
+/// `nbdtool.py trim` of `length` bytes at `offset`, then a flush.
+#[track_caller]
+pub fn nbd_trim(uri: &str, offset: u64, length: u64) {
+    nbd_script(
+        "nbdtool.py",
+        [
+            "trim",
+            uri,
+            "--offset",
+            &offset.to_string(),
+            "--length",
+            &length.to_string(),
+            "--flush",
+        ],
+    )
+    .ok();
+}
+
 pub fn python_cmd(script: &str) -> Command {
     let mut cmd = Command::new(python_nbd());
     cmd.arg(nbdsh_script(script))
