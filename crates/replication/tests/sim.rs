@@ -689,8 +689,9 @@ pub struct Sim {
     layer_rng: Rng,
     /// Layer blocks read to rebuild a replica's layers.
     layer_copies: u64,
-    /// Full stores, on seeds without a bug switch: their own generator,
-    /// so the other faults keep their stream.
+    /// Full stores, on seeds without a bug switch (or with the one that
+    /// needs them): their own generator, so the other faults keep their
+    /// stream.
     space: Option<Rng>,
     /// Writes a full store refused, and writes answered `NoSpace`.
     no_space_writes: u64,
