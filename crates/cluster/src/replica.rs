@@ -45,7 +45,7 @@
 use crate::ticker::{Tick, TickSlot};
 use basalt_replication::{
     Action, ClientReply, ClientReq, Config, DiskOp, DiskResult, Endpoint, Input, LayerId,
-    Membership, Msg, Node, NodeId, RoleKind, SavedLogs, VolumeId,
+    Membership, Msg, Node, NodeId, Payload, RoleKind, SavedLogs, VolumeId,
 };
 use basalt_store::{DataOp, IoError, LocalVolume};
 use parking_lot::{Mutex, RwLock};
@@ -493,7 +493,7 @@ impl<E: ReplicaEnv> Replica<E> {
     fn execute(&self, ops: Vec<(u64, DiskOp)>) -> Vec<(u64, DiskResult)> {
         let bl = self.block_len;
         let mut read_bufs: Vec<(u64, Vec<u8>)> = Vec::new();
-        let mut writes: Vec<(u64, u64, Vec<u8>, bool)> = Vec::new();
+        let mut writes: Vec<(u64, u64, Payload, bool)> = Vec::new();
         let mut flushes = Vec::new();
         let mut zeroes = Vec::new();
         let mut grows = Vec::new();
@@ -503,7 +503,7 @@ impl<E: ReplicaEnv> Replica<E> {
             match op {
                 DiskOp::Read { lba, blocks } => {
                     read_bufs.push((id, vec![0u8; (blocks * bl) as usize]));
-                    writes.push((id, lba * bl, Vec::new(), false));
+                    writes.push((id, lba * bl, Payload::new(), false));
                 }
                 DiskOp::Write { lba, data, fua } => writes.push((id, lba * bl, data, fua)),
                 // Zeroing (resync copies of never-written regions, TRIM and

@@ -109,7 +109,7 @@ fn every_kind(tag: u64) -> Vec<Msg> {
             floor: tag,
             op: ReplOp::Write {
                 lba: 8,
-                data: big.clone(),
+                data: big.clone().into(),
                 fua: true,
             },
         },
@@ -159,7 +159,7 @@ fn every_kind(tag: u64) -> Vec<Msg> {
             id: tag,
             req: ClientReq::Write {
                 lba: 0,
-                data: vec![tag as u8; 4096],
+                data: vec![tag as u8; 4096].into(),
                 fua: false,
             },
         },
@@ -239,7 +239,7 @@ fn tagged_write(n: u64, len: usize) -> Msg {
         floor: 0,
         op: ReplOp::Write {
             lba: n,
-            data,
+            data: data.into(),
             fua: false,
         },
     }
@@ -575,7 +575,7 @@ fn full_queue_drops_and_counts_while_destination_is_down() {
         floor: 0,
         op: ReplOp::Write {
             lba: 0,
-            data: vec![0; 10 << 10],
+            data: vec![0; 10 << 10].into(),
             fua: false,
         },
     };

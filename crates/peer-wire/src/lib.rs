@@ -38,7 +38,7 @@
 #![forbid(unsafe_code)]
 
 use basalt_replication::{
-    ClientReply, ClientReq, Epoch, LayerId, Msg, NodeId, Prior, ReplOp, VolumeId,
+    payload, ClientReply, ClientReq, Epoch, LayerId, Msg, NodeId, Payload, Prior, ReplOp, VolumeId,
 };
 
 /// The first four bytes of every frame.
@@ -257,7 +257,7 @@ fn check(frame: &Frame) -> Result<(u8, &[u8]), EncodeError> {
         Msg::Repl { vol: v, op, .. } => {
             same(v)?;
             let data = match op {
-                ReplOp::Write { data, .. } => data.as_slice(),
+                ReplOp::Write { data, .. } => &data[..],
                 ReplOp::Start
                 | ReplOp::Flush
                 | ReplOp::WriteZeroes { .. }
@@ -319,7 +319,7 @@ fn check(frame: &Frame) -> Result<(u8, &[u8]), EncodeError> {
                 if zero_form(data) {
                     (kind::CLIENT_REQ, &[])
                 } else {
-                    (kind::CLIENT_REQ, data.as_slice())
+                    (kind::CLIENT_REQ, &data[..])
                 }
             }
             ClientReq::Flush
@@ -857,6 +857,14 @@ impl<'a> Reader<'a> {
         Ok(self.take(field, len)?.to_vec())
     }
 
+    /// A write's data, copied once into a 4 KiB-aligned payload (which the
+    /// store writes with O_DIRECT as it is, and the primary shares with
+    /// every replica link).
+    fn payload(&mut self, field: &'static str) -> Result<Payload, DecodeError> {
+        let len = self.u32(field)? as usize;
+        Ok(payload::aligned(self.take(field, len)?))
+    }
+
     fn invalid(&self, field: &'static str, value: u8) -> DecodeError {
         DecodeError::InvalidValue {
             kind: self.kind,
@@ -941,7 +949,7 @@ fn decode_payload(kind: u8, payload: &[u8]) -> Result<Frame, DecodeError> {
                 1 => ReplOp::Write {
                     lba: r.u64("lba")?,
                     fua: r.bool("fua")?,
-                    data: r.data("data")?,
+                    data: r.payload("data")?,
                 },
                 2 => ReplOp::Flush,
                 3 => ReplOp::WriteZeroes {
@@ -1094,7 +1102,7 @@ fn decode_payload(kind: u8, payload: &[u8]) -> Result<Frame, DecodeError> {
                 0 => {
                     let lba = r.u64("lba")?;
                     let fua = r.bool("fua")?;
-                    let data = r.data("data")?;
+                    let data = r.payload("data")?;
                     if zero_form(&data) {
                         return Err(r.not_canonical("data"));
                     }
@@ -1142,7 +1150,7 @@ fn decode_payload(kind: u8, payload: &[u8]) -> Result<Frame, DecodeError> {
                     }
                     ClientReq::Write {
                         lba,
-                        data: vec![0; len as usize],
+                        data: vec![0; len as usize].into(),
                         fua,
                     }
                 }

@@ -244,7 +244,7 @@ mod tests {
         let mut out = Vec::new();
         let w = |lba| DiskOp::Write {
             lba,
-            data: vec![0; 2],
+            data: vec![0; 2].into(),
             fua: false,
         };
         q.submit(w(0), 1, &mut out);
@@ -280,7 +280,7 @@ mod tests {
         let mut out = Vec::new();
         let w = |lba| DiskOp::Write {
             lba,
-            data: vec![0; 2],
+            data: vec![0; 2].into(),
             fua: false,
         };
         q.submit(w(0), 1, &mut out);
@@ -317,7 +317,7 @@ mod tests {
         let mut out = Vec::new();
         let w = |lba| DiskOp::Write {
             lba,
-            data: vec![0; 1],
+            data: vec![0; 1].into(),
             fua: false,
         };
         q.submit(DiskOp::Read { lba: 0, blocks: 1 }, 1, &mut out);

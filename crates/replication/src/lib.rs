@@ -18,6 +18,7 @@ mod coordinator;
 mod disk;
 pub mod msg;
 mod node;
+pub mod payload;
 mod primary;
 mod secondary;
 pub mod types;
@@ -29,6 +30,7 @@ pub use msg::{
     DiskResult, Endpoint, Flattened, Input, IoId, Msg, Prior, ReplOp,
 };
 pub use node::{Node, RoleKind, SavedLogs};
+pub use payload::Payload;
 pub use types::{
     CasError, Epoch, LayerId, Lba, Membership, MetaStore, NodeId, ReplicaInfo, ReplicaState,
     VolumeId, BLOCK_SIZE,

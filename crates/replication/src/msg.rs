@@ -8,6 +8,7 @@
 //! Invariant: every replication message carries the sender's epoch; a
 //! receiver compares it before looking at anything else.
 
+use crate::payload::Payload;
 use crate::types::{Epoch, LayerId, Lba, Membership, NodeId, VolumeId};
 
 /// Where a message goes.
@@ -26,7 +27,7 @@ pub enum ReplOp {
     /// Opens a stream (session): the secondary resets its expected sequence.
     Start,
     /// Write `data` (whole blocks) at `lba`.
-    Write { lba: Lba, data: Vec<u8>, fua: bool },
+    Write { lba: Lba, data: Payload, fua: bool },
     /// Make every earlier write of the stream durable.
     Flush,
     /// Write zeros to `blocks` blocks at `lba`: what the primary sends
@@ -140,7 +141,7 @@ impl Compared {
 pub enum ClientReq {
     Write {
         lba: Lba,
-        data: Vec<u8>,
+        data: Payload,
         fua: bool,
     },
     Flush,
@@ -422,7 +423,7 @@ pub struct Prior {
 pub enum DiskOp {
     Write {
         lba: Lba,
-        data: Vec<u8>,
+        data: Payload,
         fua: bool,
     },
     Read {

@@ -1208,7 +1208,7 @@ mod tests {
     fn write(lba: u64) -> ClientReq {
         ClientReq::Write {
             lba,
-            data: vec![7; 2],
+            data: vec![7; 2].into(),
             fua: false,
         }
     }
@@ -1322,7 +1322,7 @@ mod tests {
         // Beyond the old end: not served yet (the client retries).
         let beyond = ClientReq::Write {
             lba: 12,
-            data: vec![5; 2],
+            data: vec![5; 2].into(),
             fua: false,
         };
         let a = client(&mut node, 3, 2, beyond.clone());
@@ -1372,7 +1372,7 @@ mod tests {
             floor: 0,
             op: ReplOp::Write {
                 lba,
-                data: vec![1; 2],
+                data: vec![1; 2].into(),
                 fua: false,
             },
         };
@@ -1460,7 +1460,7 @@ mod tests {
         let mut node = Node::new(p, 0, VolumeId(1), cfg, Some(rec), 0);
         let write = ClientReq::Write {
             lba: 1,
-            data: vec![7],
+            data: vec![7].into(),
             fua: true,
         };
         let acts = node.handle(
@@ -1695,7 +1695,7 @@ mod tests {
             }
             let req = ClientReq::Write {
                 lba: id,
-                data: vec![7],
+                data: vec![7].into(),
                 fua: false,
             };
             let acts = node.handle(id * 10, msg(Endpoint::Client, Msg::ClientReq { id, req }));
@@ -1802,7 +1802,7 @@ mod tests {
         for (id, lba) in [(1, 1), (2, 9)] {
             let req = ClientReq::Write {
                 lba,
-                data: vec![7],
+                data: vec![7].into(),
                 fua: false,
             };
             let acts = node.handle(1, msg(Endpoint::Client, Msg::ClientReq { id, req }));
@@ -1889,7 +1889,7 @@ mod tests {
                     id: 5,
                     req: ClientReq::Write {
                         lba: 0,
-                        data: vec![1],
+                        data: vec![1].into(),
                         fua: false,
                     },
                 },
@@ -1991,7 +1991,7 @@ mod tests {
                     id: 5,
                     req: ClientReq::Write {
                         lba: 0,
-                        data: vec![1],
+                        data: vec![1].into(),
                         fua: false,
                     },
                 },
@@ -2418,7 +2418,7 @@ mod tests {
                     id: 1,
                     req: ClientReq::Write {
                         lba: 2,
-                        data: vec![0; 12],
+                        data: vec![0; 12].into(),
                         fua: true,
                     },
                 },

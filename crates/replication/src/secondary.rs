@@ -393,7 +393,7 @@ mod tests {
     fn w(b: u8) -> ReplOp {
         ReplOp::Write {
             lba: 0,
-            data: vec![b],
+            data: vec![b].into(),
             fua: false,
         }
     }
@@ -424,7 +424,7 @@ mod tests {
             disk[0].0,
             DiskOp::Write {
                 lba: 0,
-                data: vec![1],
+                data: vec![1].into(),
                 fua: false
             }
         );
@@ -487,7 +487,7 @@ mod tests {
         let (mut sends, mut disk) = (Vec::new(), Vec::new());
         let wr = |lba: u64| ReplOp::Write {
             lba,
-            data: vec![1, 1],
+            data: vec![1, 1].into(),
             fua: false,
         };
         // vseq 1..=3: regions 0, 1 and 2 (lba 7 spans regions 1 and 2).

@@ -1469,7 +1469,11 @@ impl Sim {
                     issued: now,
                     layer: None,
                 },
-                ClientReq::Write { lba, data, fua },
+                ClientReq::Write {
+                    lba,
+                    data: data.into(),
+                    fua,
+                },
             )
         } else if roll < 75 {
             let covers = self
@@ -1935,7 +1939,7 @@ impl Sim {
         }
         let part = DiskOp::Write {
             lba: *lba,
-            data: data[..keep * BL].to_vec(),
+            data: data.slice(..keep * BL),
             fua: *fua,
         };
         self.check_write_ahead(node, &part)?;

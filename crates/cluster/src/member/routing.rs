@@ -12,7 +12,9 @@
 use super::{Env, Inner};
 use crate::coordinator::Heartbeat;
 use crate::replica::{Event, Origin, Replica};
-use basalt_replication::{ClientReply, ClientReq, Membership, Msg, NodeId, VolumeId};
+use basalt_replication::{
+    payload, ClientReply, ClientReq, Membership, Msg, NodeId, Payload, VolumeId,
+};
 use basalt_store::{DataKind, DataOp, IoError, BLOCK_SIZE};
 use basalt_volume::{BlockCipher, BlockIo, WriteAck};
 use parking_lot::Mutex;
@@ -202,7 +204,7 @@ impl ClusterVolume {
         buf.get_mut(at..at + data.len())
             .ok_or(IoError::Failed)?
             .copy_from_slice(data);
-        let buf = self.sealed(first, &buf)?;
+        let buf = Payload::from(self.sealed(first, &buf)?);
         let w = inner.execute(
             self.vol,
             1,
@@ -246,14 +248,14 @@ impl ClusterVolume {
         }
         // An encrypted volume's writes, sealed once (each attempt sends a
         // copy); a write that cannot be sealed fails and is not sent.
-        let mut sealed: Vec<Option<Vec<u8>>> = Vec::new();
+        let mut sealed: Vec<Option<Payload>> = Vec::new();
         if self.cipher.is_some() {
             let mut kept = Vec::with_capacity(aligned.len());
             for &i in &aligned {
                 let op = &mut ops[i];
                 match &op.kind {
                     DataKind::Write(d) => match self.sealed(op.offset / BLOCK_SIZE, d) {
-                        Ok(s) => sealed.push(Some(s)),
+                        Ok(s) => sealed.push(Some(Payload::from(s))),
                         Err(e) => {
                             op.result = Err(e);
                             continue;
@@ -282,7 +284,12 @@ impl ClusterVolume {
                         lba: first,
                         data: match sealed.get(k) {
                             Some(Some(s)) => s.clone(),
-                            _ => d.to_vec(),
+                            // The one copy a write's bytes take on this
+                            // node (the frontend reuses its buffer), into
+                            // an aligned payload the local store writes
+                            // with O_DIRECT as it is and every replica
+                            // link shares.
+                            _ => payload::aligned(d),
                         },
                         fua: op.fua,
                     },

@@ -64,6 +64,7 @@
 //!   freed.
 
 use crate::msg::{ClientReply, ClientReq, DiskOp, Endpoint, Msg, ReplOp};
+use crate::payload::Payload;
 use crate::types::{Epoch, LayerId, Membership, NodeId, ReplicaState, VolumeId};
 use crate::uncertain::Uncertain;
 use crate::Config;
@@ -271,7 +272,7 @@ fn copy_op(lba: u64, blocks: u64, data: Vec<u8>, zero: bool) -> ReplOp {
     } else {
         ReplOp::Write {
             lba,
-            data,
+            data: Payload::from(data),
             fua: false,
         }
     }

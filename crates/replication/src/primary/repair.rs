@@ -15,6 +15,7 @@
 
 use super::{Kind, Mode, Op, Out, PrimTag, Primary};
 use crate::msg::{Compared, DiskOp, Endpoint, Msg};
+use crate::payload::Payload;
 use crate::types::{Epoch, NodeId};
 use std::collections::BTreeSet;
 
@@ -208,7 +209,7 @@ impl Primary {
             out.disk.push((
                 DiskOp::Write {
                     lba: r.lba,
-                    data: data.clone(),
+                    data: Payload::copy_from_slice(&data),
                     fua: false,
                 },
                 PrimTag::Rewrite,

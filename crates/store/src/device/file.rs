@@ -378,11 +378,7 @@ impl BlockDevice for FileDevice {
                 .iter()
                 .map(|op| match &op.kind {
                     IoKind::Read(b) => AlignedBuf::zeroed(b.len()),
-                    IoKind::Write(d) | IoKind::WriteFua(d) => {
-                        let mut b = AlignedBuf::zeroed(d.len());
-                        b.copy_from_slice(d);
-                        b
-                    }
+                    IoKind::Write(d) | IoKind::WriteFua(d) => AlignedBuf::copy_of(d),
                 })
                 .collect();
             let mut aligned: Vec<IoOp<'_>> = ops
