@@ -761,6 +761,21 @@ pub fn decode_header(buf: &[u8]) -> Result<Option<Header>, DecodeError> {
 /// Decodes the frame at the start of `buf`: `Ok(None)` if more bytes are
 /// needed, else the frame and the bytes it used (never more than `buf`).
 pub fn decode(buf: &[u8]) -> Result<Option<(Frame, usize)>, DecodeError> {
+    decode_from(buf, None)
+}
+
+/// [`decode`] of a frame received into a buffer of its own: the data of a
+/// write is a slice of `buf`, shared, not a copy. (A transport that
+/// receives a large frame into a buffer whose end is 4 KiB-aligned gets the
+/// write's data aligned, as it is whole blocks at the frame's tail.)
+pub fn decode_shared(buf: &Payload) -> Result<Option<(Frame, usize)>, DecodeError> {
+    decode_from(buf, Some(buf))
+}
+
+fn decode_from(
+    buf: &[u8],
+    shared: Option<&Payload>,
+) -> Result<Option<(Frame, usize)>, DecodeError> {
     let Some(header) = decode_header(buf)? else {
         return Ok(None);
     };
@@ -774,7 +789,7 @@ pub fn decode(buf: &[u8]) -> Result<Option<(Frame, usize)>, DecodeError> {
             actual,
         });
     }
-    let frame = decode_payload(header.kind, payload)?;
+    let frame = decode_payload(header.kind, payload, shared)?;
     Ok(Some((frame, header.frame_len())))
 }
 
@@ -788,6 +803,8 @@ fn le_u32(b: &[u8]) -> u32 {
 struct Reader<'a> {
     kind: &'static str,
     rest: &'a [u8],
+    /// The buffer `rest` lies in, when write data may be shared with it.
+    shared: Option<&'a Payload>,
 }
 
 impl<'a> Reader<'a> {
@@ -857,12 +874,17 @@ impl<'a> Reader<'a> {
         Ok(self.take(field, len)?.to_vec())
     }
 
-    /// A write's data, copied once into a 4 KiB-aligned payload (which the
-    /// store writes with O_DIRECT as it is, and the primary shares with
-    /// every replica link).
+    /// A write's data: a slice of the frame's own buffer if it has one,
+    /// else copied once into a 4 KiB-aligned payload (which the store
+    /// writes with O_DIRECT as it is, and the primary shares with every
+    /// replica link).
     fn payload(&mut self, field: &'static str) -> Result<Payload, DecodeError> {
         let len = self.u32(field)? as usize;
-        Ok(payload::aligned(self.take(field, len)?))
+        let data = self.take(field, len)?;
+        Ok(match self.shared {
+            Some(buf) => buf.slice_ref(data),
+            None => payload::aligned(data),
+        })
     }
 
     fn invalid(&self, field: &'static str, value: u8) -> DecodeError {
@@ -912,10 +934,15 @@ fn kind_name(kind: u8) -> &'static str {
     }
 }
 
-fn decode_payload(kind: u8, payload: &[u8]) -> Result<Frame, DecodeError> {
+fn decode_payload(
+    kind: u8,
+    payload: &[u8],
+    shared: Option<&Payload>,
+) -> Result<Frame, DecodeError> {
     let mut r = Reader {
         kind: kind_name(kind),
         rest: payload,
+        shared,
     };
     if kind == kind::HELLO {
         let frame = Frame::Hello {

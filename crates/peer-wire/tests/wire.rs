@@ -931,3 +931,32 @@ fn decoded_write_payloads_are_aligned() {
         }
     }
 }
+
+/// `decode_shared` decodes what `decode` does, and a write's data is then
+/// the frame buffer's own bytes, not a copy.
+#[test]
+fn decode_shared_shares_write_data() {
+    let frame = repl(ReplOp::Write {
+        lba: 1,
+        data: vec![9; 8192].into(),
+        fua: false,
+    });
+    let mut bytes = Vec::new();
+    encode(&frame, &mut bytes).unwrap();
+    let buf = basalt_replication::Payload::from(bytes.clone());
+    let (got, used) = decode_shared(&buf).unwrap().unwrap();
+    assert_eq!(used, bytes.len());
+    assert_eq!(Some((got.clone(), used)), decode(&bytes).unwrap());
+    let Frame::Msg {
+        msg: Msg::Repl {
+            op: ReplOp::Write { data, .. },
+            ..
+        },
+        ..
+    } = got
+    else {
+        panic!("not a write");
+    };
+    let range = buf.as_ptr() as usize..buf.as_ptr() as usize + buf.len();
+    assert!(range.contains(&(data.as_ptr() as usize)));
+}

@@ -36,12 +36,15 @@
 //!   affected.
 //! - After [`PeerNet::shutdown`] returns, every thread it started has ended.
 
+mod reader;
+
 use crate::secret::{self, ClusterSecret, HelloFields, Role};
 use basalt_peer_wire::{self as wire, DecodeError, Frame, NONCE_LEN, PROOF_LEN};
 use basalt_replication::{Msg, NodeId, VolumeId};
 use parking_lot::{Condvar, Mutex};
+use reader::{FrameReader, ReadError};
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::io::{self, IoSlice, Read, Write};
+use std::io::{self, IoSlice, Write};
 use std::net::{Ipv4Addr, Ipv6Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -51,10 +54,6 @@ use std::time::{Duration, Instant};
 
 const BACKOFF_MIN: Duration = Duration::from_millis(50);
 const BACKOFF_MAX: Duration = Duration::from_secs(1);
-/// Smallest read a connection's reader asks the kernel for.
-const READ_CHUNK: usize = 256 << 10;
-/// A reader buffer grown beyond this for one big frame is shrunk afterwards.
-const READ_BUF_KEEP: usize = 4 << 20;
 
 /// How a node takes part in the peer network.
 #[derive(Clone, Debug)]
@@ -802,92 +801,6 @@ impl From<ReadError> for HandshakeError {
             ReadError::Io(e) => HandshakeError::Io(e),
             ReadError::Decode(e) => HandshakeError::Decode(e),
             ReadError::Truncated => HandshakeError::Closed,
-        }
-    }
-}
-
-#[derive(Debug, thiserror::Error)]
-enum ReadError {
-    #[error("I/O: {0}")]
-    Io(#[from] io::Error),
-    #[error("{0}")]
-    Decode(DecodeError),
-    #[error("connection closed in the middle of a frame")]
-    Truncated,
-}
-
-/// Buffers one connection's bytes and cuts them into frames.
-struct FrameReader {
-    buf: Vec<u8>,
-    /// `buf[pos..end]` is received and not yet decoded.
-    pos: usize,
-    end: usize,
-}
-
-impl FrameReader {
-    fn new() -> Self {
-        FrameReader {
-            buf: Vec::new(),
-            pos: 0,
-            end: 0,
-        }
-    }
-
-    /// The next frame if it is already received in full and is a message,
-    /// without reading. Anything else (a partial frame, a Hello, a decode
-    /// error) stays in place for [`FrameReader::next`] to deal with.
-    fn next_buffered_msg(&mut self) -> Result<Option<(VolumeId, Msg, usize)>, DecodeError> {
-        let pending = &self.buf[self.pos..self.end];
-        match wire::decode(pending)? {
-            Some((Frame::Msg { vol, msg }, used)) => {
-                self.pos += used;
-                Ok(Some((vol, msg, used)))
-            }
-            _ => Ok(None),
-        }
-    }
-
-    /// The next frame and its length on the wire; `None` at a clean end of
-    /// the stream (between frames).
-    fn next(&mut self, stream: &mut impl Read) -> Result<Option<(Frame, usize)>, ReadError> {
-        loop {
-            let pending = &self.buf[self.pos..self.end];
-            if let Some((frame, used)) = wire::decode(pending).map_err(ReadError::Decode)? {
-                self.pos += used;
-                return Ok(Some((frame, used)));
-            }
-            // Move the partial frame to the front, and make room for all of
-            // it (the header is checked, so its length is bounded).
-            let need = match wire::decode_header(pending) {
-                Ok(Some(h)) => h.frame_len(),
-                _ => 0,
-            };
-            self.buf.copy_within(self.pos..self.end, 0);
-            self.end -= self.pos;
-            self.pos = 0;
-            let want = need.max(self.end + READ_CHUNK);
-            if self.buf.len() > READ_BUF_KEEP && want < READ_BUF_KEEP {
-                self.buf.truncate(want);
-                self.buf.shrink_to_fit();
-            }
-            if self.buf.len() < want {
-                self.buf.resize(want, 0);
-            }
-            let n = loop {
-                match stream.read(&mut self.buf[self.end..]) {
-                    Ok(n) => break n,
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                    Err(e) => return Err(e.into()),
-                }
-            };
-            if n == 0 {
-                return if self.end == 0 {
-                    Ok(None)
-                } else {
-                    Err(ReadError::Truncated)
-                };
-            }
-            self.end += n;
         }
     }
 }
