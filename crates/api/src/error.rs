@@ -69,6 +69,7 @@ pub fn status_for(err: &VolumeError) -> StatusCode {
         | VolumeError::HasSnapshots { .. }
         | VolumeError::HasClones { .. }
         | VolumeError::InUse { .. }
+        | VolumeError::InUseElsewhere { .. }
         | VolumeError::ShrinkRefused { .. }
         | VolumeError::TooFewNodes { .. }
         | VolumeError::EntryExists { .. }

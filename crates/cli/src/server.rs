@@ -569,6 +569,14 @@ fn serve(
                 service.volume_record_changed(record);
             }
         }));
+        // `volume disconnect`, a forced rollback or delete through another
+        // node drops this node's clients too.
+        let weak = Arc::downgrade(&service);
+        m.on_disconnect_request(Box::new(move |name| {
+            if let Some(service) = weak.upgrade() {
+                service.drop_clients_here(name);
+            }
+        }));
     }
     let result = serve_frontends(data, &service, member.as_deref(), token, args, settings);
     if let Some(m) = member {

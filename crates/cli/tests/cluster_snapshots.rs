@@ -344,3 +344,54 @@ fn clones_of_replicated_snapshots_are_replicated_and_rebuilt_in_full_elsewhere()
         );
     }
 }
+
+/// A client connected through one node holds off a delete and a rollback
+/// asked of another (the error names the node it is connected through);
+/// `rollback --force` and `volume disconnect` through that other node
+/// drop it.
+#[test]
+fn clients_through_other_nodes_hold_off_delete_and_rollback() {
+    let c = Cluster::start(3, &[]);
+    c.create_rf3("held", "8M");
+    let hold = |node: usize| {
+        let mut cmd = python_cmd("nbdtool.py");
+        cmd.args(["hold", &c.nodes[node].uri("held")]);
+        let mut holder = Background::spawn(cmd);
+        holder.wait_line("READY", Duration::from_secs(30));
+        // Its node publishes the open at once; leave that write time to land.
+        std::thread::sleep(Duration::from_secs(2));
+        holder
+    };
+    let holder = hold(1);
+    let err = c.nodes[2].cli(&["volume", "delete", "held"]).cli_error(1);
+    assert!(
+        err.contains("through other nodes") && err.contains("node1: 1"),
+        "{err}"
+    );
+    c.nodes[0].cli(&["snapshot", "create", "held", "s1"]).ok();
+    let err = c.nodes[2]
+        .cli(&["volume", "rollback", "held", "--to", "s1"])
+        .cli_error(1);
+    assert!(err.contains("node1: 1"), "{err}");
+    // --force drops the client on node1 first (the rollback fails if it
+    // is still published there after 10 s).
+    let out = c.nodes[2].cli(&["volume", "rollback", "held", "--to", "s1", "--force"]);
+    assert!(
+        out.code() == Some(0),
+        "rollback --force: {}",
+        out.describe()
+    );
+    let _ = holder.finish(Duration::from_secs(10));
+
+    let holder = hold(0);
+    let out = c.nodes[2].cli(&["volume", "disconnect", "held"]);
+    assert!(out.code() == Some(0), "disconnect: {}", out.describe());
+    let _ = holder.finish(Duration::from_secs(10));
+    let out = c.nodes[1].cli(&["volume", "rollback", "held", "--to", "s1"]);
+    assert!(
+        out.code() == Some(0),
+        "rollback with no client left anywhere: {}\n{}",
+        out.describe(),
+        c.logs()
+    );
+}

@@ -97,6 +97,15 @@ pub enum VolumeError {
     )]
     InUse { name: String, handles: usize },
 
+    #[error(
+        "volume {name:?} has clients connected through other nodes ({}); disconnect them first (`basalt volume disconnect`)",
+        nodes.iter().map(|(n, c)| format!("{n}: {c}")).collect::<Vec<_>>().join(", ")
+    )]
+    InUseElsewhere {
+        name: String,
+        nodes: Vec<(String, usize)>,
+    },
+
     #[error("invalid overcommit ratio {0}: it must be a finite number greater than 0")]
     InvalidOvercommit(f64),
 

@@ -214,6 +214,20 @@ pub trait ClusterVolumes: Send + Sync {
     /// from memory (cheap: polled by the NVMe/TCP target for its ANA
     /// state); `None` while the volume is unknown or not placed.
     fn is_local_primary(&self, id: uuid::Uuid) -> Option<bool>;
+    /// The other nodes that have `record`'s volume open (frontend
+    /// connections, NVMe controllers, exports), with how many opens each,
+    /// as they published them (an open is published within one etcd
+    /// write of it).
+    fn clients_elsewhere(&self, record: &VolumeRecord)
+        -> Result<Vec<(String, usize)>, VolumeError>;
+    /// Asks every other node to drop its clients of `record`'s volume and
+    /// waits (up to `wait`) until none has it open; how many opens it saw
+    /// go. Fails with [`VolumeError::InUseElsewhere`] if some stay.
+    fn disconnect_elsewhere(
+        &self,
+        record: &VolumeRecord,
+        wait: std::time::Duration,
+    ) -> Result<usize, VolumeError>;
     /// Every node of the cluster.
     fn nodes(&self) -> Result<Vec<NodeView>, VolumeError>;
     /// Changes a node's administrative state: `active`, `draining` (its
@@ -500,6 +514,13 @@ impl VolumeService {
         self.disconnect_locked(name, wait)
     }
 
+    /// Closes the connections this node's frontends hold on `name`, and
+    /// nothing else: what another node of the cluster asks of this one
+    /// when it disconnects the volume (it waits for the opens to go).
+    pub fn drop_clients_here(&self, name: &str) -> usize {
+        self.clients.disconnect(name)
+    }
+
     /// [`VolumeService::disconnect`] then [`VolumeService::delete`], under
     /// one hold of the control lock, so no client can open the volume in
     /// between.
@@ -519,9 +540,16 @@ impl VolumeService {
         name: &str,
         wait: std::time::Duration,
     ) -> Result<usize, VolumeError> {
-        let id = self.record(name)?.record.id;
-        let closed = self.clients.disconnect(name);
+        let record = self.record(name)?.record;
+        let id = record.id;
         let deadline = std::time::Instant::now() + wait;
+        // Other nodes first: their clients' requests reach this volume's
+        // primary, wherever it is, until they are gone.
+        let elsewhere = match &self.cluster {
+            Some(cluster) => cluster.disconnect_elsewhere(&record, wait)?,
+            None => 0,
+        };
+        let closed = self.clients.disconnect(name);
         loop {
             let handles = self.open_handles(id);
             if handles == 0 {
@@ -542,7 +570,27 @@ impl VolumeService {
                 "disconnected the volume's clients"
             );
         }
-        Ok(closed)
+        Ok(closed + elsewhere)
+    }
+
+    /// Fails with [`VolumeError::InUseElsewhere`] if another node of the
+    /// cluster has `record`'s volume open (nothing to check on a single
+    /// node: [`VolumeService::open_handles`] counts every open there).
+    pub(crate) fn refuse_if_open_elsewhere(
+        &self,
+        record: &VolumeRecord,
+    ) -> Result<(), VolumeError> {
+        let Some(cluster) = &self.cluster else {
+            return Ok(());
+        };
+        let nodes = cluster.clients_elsewhere(record)?;
+        if nodes.is_empty() {
+            return Ok(());
+        }
+        Err(VolumeError::InUseElsewhere {
+            name: record.name.clone(),
+            nodes,
+        })
     }
 
     /// The same service as a member of a cluster: volumes are replicated by
@@ -965,6 +1013,7 @@ impl VolumeService {
                 handles,
             });
         }
+        self.refuse_if_open_elsewhere(&current.record)?;
         self.catalog
             .delete(name, current.revision)
             .map_err(catalog_error)?;
@@ -1932,6 +1981,16 @@ pub(crate) mod tests {
         }
         fn is_local_primary(&self, _: uuid::Uuid) -> Option<bool> {
             None
+        }
+        fn clients_elsewhere(&self, _: &VolumeRecord) -> Result<Vec<(String, usize)>, VolumeError> {
+            Ok(Vec::new())
+        }
+        fn disconnect_elsewhere(
+            &self,
+            _: &VolumeRecord,
+            _: std::time::Duration,
+        ) -> Result<usize, VolumeError> {
+            Ok(0)
         }
         fn nodes(&self) -> Result<Vec<NodeView>, VolumeError> {
             Ok(Vec::new())

@@ -406,8 +406,9 @@ impl VolumeService {
 
     /// Makes `volume` hold exactly what its snapshot `snapshot` holds (its
     /// size included, but for a replicated volume, which never shrinks: it
-    /// reads zeros past the snapshot's end). Refused while clients are
-    /// connected to this node, unless `force` disconnects them first.
+    /// reads zeros past the snapshot's end). Refused while clients have
+    /// it open (in a cluster, through any node), unless `force`
+    /// disconnects them first.
     pub fn rollback(
         &self,
         volume: &str,
@@ -418,14 +419,16 @@ impl VolumeService {
         let current = self.record(volume)?;
         let snap = Self::snapshot_of(&current.record, snapshot)?.clone();
         let handles = self.open_handles(current.record.id);
-        if handles > 0 {
-            if !force {
-                return Err(VolumeError::InUse {
-                    name: volume.to_string(),
-                    handles,
-                });
-            }
+        if force {
+            // Here and on every other node of a cluster.
             self.disconnect_locked(volume, DISCONNECT_WAIT)?;
+        } else if handles > 0 {
+            return Err(VolumeError::InUse {
+                name: volume.to_string(),
+                handles,
+            });
+        } else {
+            self.refuse_if_open_elsewhere(&current.record)?;
         }
         self.layer_request(&current.record, LayerRequest::Rollback(snap.id))?;
         let mut record = current.record.clone();

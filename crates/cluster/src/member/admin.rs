@@ -47,6 +47,7 @@ impl ClusterVolumes for ClusterMember {
             size,
             partial: Mutex::new(()),
             cipher,
+            _open: self.inner.open_clients.open(vol),
         }))
     }
 
@@ -65,6 +66,48 @@ impl ClusterVolumes for ClusterMember {
             );
         }
         alive.clamp(1, 3)
+    }
+
+    fn clients_elsewhere(
+        &self,
+        record: &VolumeRecord,
+    ) -> Result<Vec<(String, usize)>, VolumeError> {
+        self.inner
+            .meta
+            .clients_elsewhere(vol_of(record.id), &self.inner.cfg.name)
+            .map_err(|e| VolumeError::Cluster(e.to_string()))
+    }
+
+    fn disconnect_elsewhere(
+        &self,
+        record: &VolumeRecord,
+        wait: std::time::Duration,
+    ) -> Result<usize, VolumeError> {
+        let before = self.clients_elsewhere(record)?;
+        if before.is_empty() {
+            return Ok(0);
+        }
+        self.inner
+            .meta
+            .request_disconnect(vol_of(record.id))
+            .map_err(|e| VolumeError::Cluster(e.to_string()))?;
+        let deadline = std::time::Instant::now() + wait;
+        loop {
+            let now = self.clients_elsewhere(record)?;
+            if now.is_empty() {
+                let nodes: Vec<&str> = before.iter().map(|(n, _)| n.as_str()).collect();
+                tracing::info!(volume = %record.name, nodes = ?nodes,
+                    "other nodes dropped their clients of the volume");
+                return Ok(before.iter().map(|(_, c)| c).sum());
+            }
+            if std::time::Instant::now() >= deadline {
+                return Err(VolumeError::InUseElsewhere {
+                    name: record.name.clone(),
+                    nodes: now,
+                });
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
     }
 
     fn nodes(&self) -> Result<Vec<NodeView>, VolumeError> {

@@ -23,6 +23,7 @@
 //!   compare-and-swap, with the rules of `basalt_replication`.
 
 mod admin;
+mod clients;
 mod compare;
 mod config;
 mod housekeeping;
@@ -42,6 +43,8 @@ use basalt_catalog::{Catalog, VolumeRecord};
 use basalt_replication::{Membership, Msg, NodeId, SavedLogs, VolumeId};
 use basalt_store::Store;
 use basalt_volume::VolumeError;
+pub use clients::DisconnectListener;
+use clients::{publish_clients, OpenClients};
 use housekeeping::{housekeeping, send_heartbeats};
 use lifecycle::{Env, ReplicaHandle};
 use parking_lot::{Mutex, RwLock};
@@ -71,6 +74,11 @@ pub(crate) struct Inner {
     /// Told of every volume record the catalog watch delivers (e.g. the
     /// volume service, to apply a QoS change made through another node).
     record_listeners: RwLock<Vec<RecordListener>>,
+    /// The opens of replicated volumes on this node (`clients.rs`).
+    open_clients: Arc<OpenClients>,
+    /// Told of other nodes' requests to drop a volume's clients here (the
+    /// volume service: `ClusterMember::on_disconnect_request`).
+    disconnect_listeners: RwLock<Vec<DisconnectListener>>,
     replicas: Mutex<HashMap<VolumeId, ReplicaHandle>>,
     /// Drives every replica's clock on a fixed set of threads.
     ticker: Ticker,
@@ -228,6 +236,8 @@ impl ClusterMember {
             nodes: RwLock::new(Vec::new()),
             volumes: RwLock::new(Default::default()),
             record_listeners: RwLock::new(Vec::new()),
+            open_clients: Arc::new(OpenClients::default()),
+            disconnect_listeners: RwLock::new(Vec::new()),
             replicas: Mutex::new(HashMap::new()),
             ticker: Ticker::start(Ticker::default_threads())
                 .map_err(|e| ClusterError::Thread(e.to_string()))?,
@@ -319,10 +329,18 @@ impl ClusterMember {
             .lock()
             .extend([catalog_guard, nodes_guard, records_guard]);
         inner.guards.lock().push(Box::new(election));
+        let w = weak.clone();
+        let disconnects = inner.meta.watch_disconnect_requests(Box::new(move |vol| {
+            if let Some(inner) = w.upgrade() {
+                inner.on_disconnect_request(vol);
+            }
+        }))?;
+        inner.guards.lock().push(Box::new(disconnects));
         type Loop = fn(Weak<Inner>);
-        let loops: [(&str, Loop); 2] = [
+        let loops: [(&str, Loop); 3] = [
             ("cluster-housekeeping", housekeeping),
             ("heartbeat-sender", send_heartbeats),
+            ("cluster-clients", publish_clients),
         ];
         for (name, body) in loops {
             let w = weak.clone();
@@ -341,6 +359,14 @@ impl ClusterMember {
     /// watch's thread: it must not block.
     pub fn on_volume_record(&self, listener: RecordListener) {
         self.inner.record_listeners.write().push(listener);
+    }
+
+    /// Calls `listener` with the name of each volume another node asks
+    /// this one to drop the clients of (`volume disconnect`, a forced
+    /// rollback or delete through that node), on a thread of its own: it
+    /// may wait for the connections to close.
+    pub fn on_disconnect_request(&self, listener: DisconnectListener) {
+        self.inner.disconnect_listeners.write().push(listener);
     }
 
     pub fn id(&self) -> NodeId {
@@ -391,6 +417,8 @@ impl ClusterMember {
             }
         }
         inner.save_logs(saved);
+        // The clients publisher sleeps on this; it sees `stopping` now.
+        inner.open_clients.wake();
         for t in self.threads.lock().drain(..) {
             let _ = t.join();
         }

@@ -124,6 +124,9 @@ pub(super) struct ClusterVolume {
     /// (the peer link and every replica carry nothing else), reads are
     /// decrypted here.
     pub(super) cipher: Option<Arc<BlockCipher>>,
+    /// Counts this open among the node's clients of the volume, which
+    /// other nodes see (`clients.rs`).
+    pub(super) _open: super::clients::OpenCount,
 }
 
 /// Volumes of a peer batch grouped by a scan before an index is built.

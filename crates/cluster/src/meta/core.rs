@@ -241,6 +241,17 @@ impl Core {
         })
     }
 
+    /// Deletes `rest` (absent already is fine).
+    pub(super) fn delete(&self, rest: &str) -> Result<(), MetaError> {
+        let key = self.key(rest);
+        let err = self.request_error(&key);
+        let k = key.clone();
+        self.call(&key, move |mut c| async move {
+            c.delete(k, None).await.map_err(&err)?;
+            Ok(())
+        })
+    }
+
     /// Creates `rest` bound to `lease` if absent; its create revision if it
     /// was created.
     pub(super) fn create_with_lease(

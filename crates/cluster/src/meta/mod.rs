@@ -37,8 +37,11 @@
 //! connections; calls from any thread run on it and are waited for on a std
 //! channel, as in `basalt_catalog::EtcdCatalog`.
 
+mod clients;
 mod core;
 mod watch;
+
+pub use clients::{EntryOwner, DISCONNECT_REQUEST_TTL};
 
 use self::core::Core;
 use basalt_catalog::VolumeRecord;
@@ -47,7 +50,7 @@ use etcd_client::{Client, Compare, CompareOp, ConnectOptions, LockOptions, Txn, 
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -295,7 +298,9 @@ pub struct Registration {
     name: String,
     id: NodeId,
     boot: u64,
-    lease: i64,
+    /// The liveness lease now (the keeper replaces one that expired; 0
+    /// once abandoned): what this node's own entries are bound to.
+    lease: Arc<AtomicI64>,
     lost: Arc<AtomicBool>,
     stop: Arc<AtomicBool>,
     keeper: Option<JoinHandle<()>>,
@@ -324,7 +329,7 @@ impl Registration {
         if let Some(t) = self.keeper.take() {
             let _ = t.join();
         }
-        self.lease = 0;
+        self.lease.store(0, Ordering::SeqCst);
     }
 }
 
@@ -334,8 +339,9 @@ impl Drop for Registration {
         if let Some(t) = self.keeper.take() {
             let _ = t.join();
         }
-        if self.lease != 0 {
-            self.core.revoke(self.lease);
+        let lease = self.lease.load(Ordering::SeqCst);
+        if lease != 0 {
+            self.core.revoke(lease);
         }
     }
 }
@@ -563,7 +569,13 @@ impl ClusterMeta {
         let lost = Arc::new(AtomicBool::new(false));
         let stop = Arc::new(AtomicBool::new(false));
         let core = self.core.clone();
-        let (l, s, n) = (lost.clone(), stop.clone(), name.clone());
+        let shared_lease = Arc::new(AtomicI64::new(lease));
+        let (l, s, n, current) = (
+            lost.clone(),
+            stop.clone(),
+            name.clone(),
+            shared_lease.clone(),
+        );
         let boot = record.boot;
         let keeper = std::thread::Builder::new()
             .name("node-lease".into())
@@ -596,6 +608,7 @@ impl ClusterMeta {
                                     .is_ok()
                                 {
                                     lease = new;
+                                    current.store(new, Ordering::SeqCst);
                                     last_ok = std::time::Instant::now();
                                     l.store(false, Ordering::SeqCst);
                                     tracing::warn!(node = %n, "liveness lease renewed after it expired");
@@ -614,7 +627,7 @@ impl ClusterMeta {
             name,
             id: record.id,
             boot: record.boot,
-            lease,
+            lease: shared_lease,
             lost,
             stop,
             keeper: Some(keeper),
