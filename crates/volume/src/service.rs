@@ -543,13 +543,13 @@ impl VolumeService {
         let record = self.record(name)?.record;
         let id = record.id;
         let deadline = std::time::Instant::now() + wait;
-        // Other nodes first: their clients' requests reach this volume's
-        // primary, wherever it is, until they are gone.
+        // This node's connections close while the other nodes are asked
+        // to close theirs (in a cluster); then wait for both.
+        let closed = self.clients.disconnect(name);
         let elsewhere = match &self.cluster {
             Some(cluster) => cluster.disconnect_elsewhere(&record, wait)?,
             None => 0,
         };
-        let closed = self.clients.disconnect(name);
         loop {
             let handles = self.open_handles(id);
             if handles == 0 {
