@@ -22,7 +22,12 @@ pub struct Volume {
     pub size_bytes: u64,
     pub allocated_bytes: u64,
     pub created_at: String,
+    /// Connections to the volume on the node that answers.
     pub open_connections: usize,
+    /// In a cluster (`GET /api/v1/volumes/{name}` only): the other nodes
+    /// with connections to the volume.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub connections_elsewhere: Vec<NodeConnections>,
     /// Host NQNs attached to the volume for NVMe/TCP.
     #[serde(default)]
     pub nvme_hosts: Vec<String>,
@@ -200,6 +205,13 @@ pub struct Replica {
     pub resync_remaining_bytes: Option<u64>,
 }
 
+/// Connections to a volume through one node of a cluster.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeConnections {
+    pub node: String,
+    pub connections: usize,
+}
+
 impl From<ReplicaStatus> for Replica {
     fn from(r: ReplicaStatus) -> Self {
         Replica {
@@ -222,6 +234,11 @@ impl From<VolumeInfo> for Volume {
             allocated_bytes: v.allocated_bytes,
             created_at: v.created_at,
             open_connections: v.open_connections,
+            connections_elsewhere: v
+                .connections_elsewhere
+                .into_iter()
+                .map(|(node, connections)| NodeConnections { node, connections })
+                .collect(),
             nvme_hosts: v.nvme_hosts,
             nvme_hosts_dhchap: v.nvme_hosts_dhchap,
             replicas_wanted: v.replicas_wanted,

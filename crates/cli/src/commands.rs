@@ -311,6 +311,14 @@ fn volume_fields(volume: &Volume, client: &ApiClient) -> String {
         ("connections", volume.open_connections.to_string()),
         ("created", volume.created_at.clone()),
     ];
+    if !volume.connections_elsewhere.is_empty() {
+        let nodes: Vec<String> = volume
+            .connections_elsewhere
+            .iter()
+            .map(|n| format!("{}: {}", n.node, n.connections))
+            .collect();
+        pairs.push(("connections elsewhere", nodes.join(", ")));
+    }
     if let Some(project) = &volume.project {
         pairs.push(("project", project.clone()));
     }

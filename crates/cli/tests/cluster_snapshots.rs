@@ -345,10 +345,10 @@ fn clones_of_replicated_snapshots_are_replicated_and_rebuilt_in_full_elsewhere()
     }
 }
 
-/// A client connected through one node holds off a delete and a rollback
-/// asked of another (the error names the node it is connected through);
-/// `rollback --force` and `volume disconnect` through that other node
-/// drop it.
+/// A client connected through one node is listed by `volume show` on
+/// another and holds off a delete and a rollback asked of it (the error
+/// names the node it is connected through); `rollback --force` and
+/// `volume disconnect` through that other node drop it.
 #[test]
 fn clients_through_other_nodes_hold_off_delete_and_rollback() {
     let c = Cluster::start(3, &[]);
@@ -358,8 +358,11 @@ fn clients_through_other_nodes_hold_off_delete_and_rollback() {
         cmd.args(["hold", &c.nodes[node].uri("held")]);
         let mut holder = Background::spawn(cmd);
         holder.wait_line("READY", Duration::from_secs(30));
-        // Its node publishes the open at once; leave that write time to land.
-        std::thread::sleep(Duration::from_secs(2));
+        // `volume show` through node2 lists it once its node published it.
+        let want = serde_json::json!([{"node": format!("node{node}"), "connections": 1}]);
+        c.wait_volume(2, "held", "the client listed as elsewhere", |v| {
+            v["connections_elsewhere"] == want
+        });
         holder
     };
     let holder = hold(1);
@@ -387,6 +390,12 @@ fn clients_through_other_nodes_hold_off_delete_and_rollback() {
     let out = c.nodes[2].cli(&["volume", "disconnect", "held"]);
     assert!(out.code() == Some(0), "disconnect: {}", out.describe());
     let _ = holder.finish(Duration::from_secs(10));
+    let shown = c.nodes[2].cli(&["volume", "show", "held"]);
+    assert!(
+        !shown.ok().contains("connections elsewhere"),
+        "{}",
+        shown.stdout
+    );
     let out = c.nodes[1].cli(&["volume", "rollback", "held", "--to", "s1"]);
     assert!(
         out.code() == Some(0),

@@ -88,8 +88,12 @@ pub struct VolumeInfo {
     pub allocated_bytes: u64,
     /// RFC 3339 creation time.
     pub created_at: String,
-    /// Open handles, i.e. frontend connections to the volume.
+    /// Open handles, i.e. frontend connections to the volume, on this
+    /// node.
     pub open_connections: usize,
+    /// In a cluster, the other nodes with connections to the volume and
+    /// how many each (filled by [`VolumeService::get`] only).
+    pub connections_elsewhere: Vec<(String, usize)>,
     /// Host NQNs attached to the volume (NVMe/TCP access).
     pub nvme_hosts: Vec<String>,
     /// Those of them that must authenticate (DH-HMAC-CHAP).
@@ -719,6 +723,7 @@ impl VolumeService {
             allocated_bytes: allocated.get(&record.id).copied().unwrap_or(0),
             created_at: record.created_at.clone(),
             open_connections: self.open_handles(record.id),
+            connections_elsewhere: Vec::new(),
             nvme_hosts: record.nvme_hosts.clone(),
             nvme_hosts_dhchap: record.nvme_host_keys.keys().cloned().collect(),
             replicas_wanted: record.replicas,
@@ -875,7 +880,11 @@ impl VolumeService {
     /// The volume named `name`.
     pub fn get(&self, name: &str) -> Result<VolumeInfo, VolumeError> {
         let record = self.record(name)?.record;
-        Ok(self.info(&record, &self.allocated_by_volume()))
+        let mut info = self.info(&record, &self.allocated_by_volume());
+        if let Some(cluster) = &self.cluster {
+            info.connections_elsewhere = cluster.clients_elsewhere(&record)?;
+        }
+        Ok(info)
     }
 
     /// Changes the size of `name` to `size`, online. Growing is checked
