@@ -249,8 +249,8 @@ impl ClusterVolume {
                 aligned.push(i);
             }
         }
-        // An encrypted volume's writes, sealed once (each attempt sends a
-        // copy); a write that cannot be sealed fails and is not sent.
+        // An encrypted volume's writes, sealed once (every attempt shares
+        // the payload); a write that cannot be sealed fails and is not sent.
         let mut sealed: Vec<Option<Payload>> = Vec::new();
         if self.cipher.is_some() {
             let mut kept = Vec::with_capacity(aligned.len());
