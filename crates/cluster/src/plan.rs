@@ -212,6 +212,32 @@ pub fn new_records(
     (out, load)
 }
 
+/// What each node has provisioned as the capacity checks of creates and
+/// grows see it: the placed volumes and those about to be placed
+/// ([`new_records`]), but not the records of deleted volumes that the
+/// coordinator has not dropped yet. `catalog` must be caught up with etcd
+/// (the checks pass a revision barrier first): a record whose volume it
+/// lacks is then an orphan (see the module docs), whose replicas are being
+/// freed. Counting them refused a create right after a delete with "no
+/// room" (HTTP 507) for as long as the orphan lived; placement still
+/// counts them, so a new volume only waits the moment it takes to drop
+/// them, and no node is overfilled.
+pub fn provisioned_for_checks(
+    catalog: &[VolumeRecord],
+    records: &[Membership],
+    nodes: &[NodeStatus],
+    coordinator: Option<NodeId>,
+) -> HashMap<NodeId, u64> {
+    let orphans: HashSet<VolumeId> = orphaned(catalog, records).into_iter().collect();
+    let live: Vec<Membership> = records
+        .iter()
+        .filter(|r| !orphans.contains(&r.volume))
+        .cloned()
+        .collect();
+    let (_, load) = new_records(catalog, &live, nodes, coordinator);
+    load.into_provisioned()
+}
+
 /// The volumes of `records` that `catalog` lacks (see the module docs for
 /// when one may be dropped).
 pub fn orphaned(catalog: &[VolumeRecord], records: &[Membership]) -> Vec<VolumeId> {
@@ -486,6 +512,32 @@ mod tests {
             changes[0].record.replicas[&NodeId(2)].state,
             ReplicaState::OutOfSync
         );
+    }
+
+    #[test]
+    fn a_deleted_volume_stops_counting_in_the_checks_before_its_record_goes() {
+        let mut nodes = [node(0), node(1)];
+        for n in &mut nodes {
+            n.info.provision_limit_bytes = Some(24 * BLOCK_SIZE);
+        }
+        let kept = VolumeRecord::new(
+            uuid::Uuid::from_u128(1),
+            "kept",
+            8 * BLOCK_SIZE,
+            std::time::UNIX_EPOCH,
+        );
+        let rec = |v: u128| {
+            Membership::new(VolumeId(v), &[NodeId(0), NodeId(1)], NodeId(0), 1).with_blocks(8)
+        };
+        // Volume 2 was deleted from the catalog; its record is not dropped
+        // yet.
+        let records = [rec(1), rec(2)];
+        let checked = provisioned_for_checks(std::slice::from_ref(&kept), &records, &nodes, None);
+        assert_eq!(checked.get(&NodeId(0)), Some(&(8 * BLOCK_SIZE)));
+        assert_eq!(checked.get(&NodeId(1)), Some(&(8 * BLOCK_SIZE)));
+        // Placement still counts it until the record goes.
+        let placed = Load::of(&records, &[kept]).into_provisioned();
+        assert_eq!(placed.get(&NodeId(0)), Some(&(16 * BLOCK_SIZE)));
     }
 
     #[test]

@@ -404,7 +404,7 @@ impl ClusterMember {
         let catalog: Vec<VolumeRecord> = self.inner.volumes.read().values().cloned().collect();
         let records: Vec<Membership> = self.inner.records.read().values().cloned().collect();
         let coordinator = *self.inner.coordinator_id.read();
-        let (_, load) = plan::new_records(&catalog, &records, &nodes, coordinator);
-        Ok((nodes, load.into_provisioned()))
+        let provisioned = plan::provisioned_for_checks(&catalog, &records, &nodes, coordinator);
+        Ok((nodes, provisioned))
     }
 }
