@@ -16,7 +16,8 @@
 //! Invariants:
 //! - Every member listens on 127.0.0.1 only (or on the address and in the
 //!   network namespace an [`EtcdNet`] names), on a client and a peer port
-//!   chosen free at run time, with its data directory in a fresh temporary
+//!   chosen free at run time below the ephemeral port range (so that a
+//!   restart finds them free: [`stable_free_ports`]), with its data directory in a fresh temporary
 //!   directory that is removed on drop.
 //! - The fixture only ever signals the processes it spawned, each by that
 //!   child's PID, and reaps them: on `kill` and on drop.
@@ -264,7 +265,7 @@ impl EtcdCluster {
             let host = cluster.net.host;
             cluster.members = cluster
                 .net
-                .run(|| free_ports(host, 2 * size))??
+                .run(|| stable_free_ports(host, 2 * size))??
                 .chunks(2)
                 .map(|p| Member {
                     client_port: p[0],
@@ -519,7 +520,60 @@ fn url(host: IpAddr, port: u16) -> String {
 }
 
 /// `n` distinct ports on `host` that were free a moment ago (all held while
-/// probing).
+/// probing), below the kernel's range of ephemeral ports.
+///
+/// A server that tests stop and start again on the same port (an etcd
+/// member, a cluster node's peer listener) needs a port nobody else takes
+/// meanwhile. A port the kernel handed out for `bind(0)` is in the
+/// ephemeral range, and while its server is down any outbound connection
+/// of the machine may get it as its local port: the restart then fails
+/// with "Address already in use" (a cluster test restarting a node hit
+/// that). Ports below the range are only taken by someone who asks for
+/// them.
+pub fn stable_free_ports(host: IpAddr, n: usize) -> Result<Vec<u16>, FixtureError> {
+    let (low, _) = ephemeral_range();
+    let floor: u16 = 10_000;
+    let span = low.saturating_sub(floor).max(1);
+    // Start somewhere different in each process and call, so that parallel
+    // tests rarely probe the same ports.
+    static CALLS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let seed = std::process::id()
+        .wrapping_mul(2_654_435_761)
+        .wrapping_add(CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed) * 7919)
+        .wrapping_add(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.subsec_nanos()),
+        );
+    let mut held = Vec::with_capacity(n);
+    for k in 0..u32::from(span) {
+        if held.len() == n {
+            break;
+        }
+        let port = floor + ((seed.wrapping_add(k) % u32::from(span)) as u16);
+        if let Ok(l) = TcpListener::bind((host, port)) {
+            held.push((port, l));
+        }
+    }
+    if held.len() < n {
+        return free_ports(host, n);
+    }
+    Ok(held.into_iter().map(|(port, _)| port).collect())
+}
+
+/// The kernel's range of ephemeral ports (Linux's default if unreadable).
+fn ephemeral_range() -> (u16, u16) {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| {
+            let mut it = s.split_whitespace().map(|p| p.parse::<u16>().ok());
+            Some((it.next()??, it.next()??))
+        })
+        .unwrap_or((32768, 60999))
+}
+
+/// `n` distinct ports on `host` that were free a moment ago (all held while
+/// probing), as the kernel picks them.
 fn free_ports(host: IpAddr, n: usize) -> Result<Vec<u16>, FixtureError> {
     let what = || format!("find a free port on {host}");
     let mut held = Vec::with_capacity(n);
@@ -630,6 +684,20 @@ mod tests {
         // Signal 0 checks existence without signalling. Only used on PIDs
         // this test's fixture spawned.
         unsafe { libc::kill(pid as libc::pid_t, 0) == 0 }
+    }
+
+    #[test]
+    fn stable_ports_are_distinct_free_and_below_the_ephemeral_range() {
+        let (low, _) = ephemeral_range();
+        let ports = stable_free_ports([127, 0, 0, 1].into(), 4).unwrap();
+        let mut distinct = ports.clone();
+        distinct.sort();
+        distinct.dedup();
+        assert_eq!(distinct.len(), 4, "{ports:?}");
+        for p in ports {
+            assert!(p < low, "{p} is in the ephemeral range from {low}");
+            assert!(TcpListener::bind(("127.0.0.1", p)).is_ok(), "{p} is taken");
+        }
     }
 
     #[test]

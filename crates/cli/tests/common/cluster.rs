@@ -16,7 +16,6 @@ use super::{
 };
 use basalt_etcd_fixture::{EtcdNet, EtcdServer};
 use serde_json::Value;
-use std::net::TcpListener;
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -55,10 +54,13 @@ pub fn cluster_secret_file(dir: &Scratch) -> String {
     path.display().to_string()
 }
 
+/// A free port on 127.0.0.1 for a node's peer listener, below the
+/// ephemeral range, so that no outbound connection takes it while the node
+/// is down for a restart (see `basalt_etcd_fixture::stable_free_ports`).
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
+    basalt_etcd_fixture::stable_free_ports([127, 0, 0, 1].into(), 1)
+        .ok()
+        .and_then(|p| p.first().copied())
         .expect("free port")
 }
 

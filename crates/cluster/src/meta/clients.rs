@@ -49,6 +49,14 @@ fn uuid_of(vol: VolumeId) -> uuid::Uuid {
     uuid::Uuid::from_u128(vol.0)
 }
 
+/// An entry's count (0 if unreadable: an entry only this code writes).
+fn count_of(value: &[u8]) -> usize {
+    std::str::from_utf8(value)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
 impl ClusterMeta {
     /// Records that this node has `count` opens of `vol` (0: deletes the
     /// entry).
@@ -86,10 +94,7 @@ impl ClusterMeta {
             else {
                 continue;
             };
-            let count = std::str::from_utf8(&value)
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(0);
+            let count = count_of(&value);
             out.insert(VolumeId(vol.as_u128()), count);
         }
         Ok(out)
@@ -114,10 +119,7 @@ impl ClusterMeta {
             if node == me || node.contains('/') {
                 continue;
             }
-            let count = std::str::from_utf8(&value)
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(0);
+            let count = count_of(&value);
             if count > 0 {
                 out.push((node.to_string(), count));
             }
