@@ -30,6 +30,8 @@
 //!   extent, handing it over fairly, would otherwise keep a request that
 //!   only ever tries it out for the whole operation: a snapshot deletion
 //!   held a write back 2 s).
+//! - A read of a packed (compressed) extent, or a write to one, runs on the
+//!   pool: decompressing and unpacking are not done on the loop.
 //! - A write that needs a commit before its data (checked when started,
 //!   and again when staged after a contended lock) runs on the pool. (An
 //!   extent cooled by the store's background thread between that check and
@@ -501,6 +503,14 @@ impl<T: Send + 'static, C: Send + 'static> BlockIo<T, C> {
             }
             (Some(staged), Ok(())) => staged,
         };
+        if staged.has_packed() || staged.needs_unpack() {
+            // A packed extent to decompress or unpack: not on the loop.
+            // Nothing was submitted, so the batch may be dropped.
+            drop(staged);
+            drop(op);
+            self.offload_blocking(io, slot, req);
+            return;
+        }
         let pieces = staged.pieces().len();
         let lone_write = req.lone
             && pieces == 1

@@ -6,7 +6,9 @@
 //! committed, each volume's allocation count matches its map, and every
 //! free extent reads as zeros on the device; with data checksums, every
 //! mapped block matches its checksum and every cold extent's checksums are
-//! durable.
+//! durable. With packed extents, every virtual extent is mapped once or
+//! free, pack extents' units in use are exactly the owned runs' (no two
+//! overlap), and every run decodes and verifies.
 
 use crate::buf::AlignedBuf;
 use crate::engine::Store;
@@ -30,11 +32,16 @@ pub struct CheckReport {
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Place {
     Nowhere,
-    Mapped { slot: u32, logical: u32 },
+    Mapped {
+        slot: u32,
+        logical: u32,
+    },
     Free,
     Reserved,
     ToZero,
     Quarantined,
+    /// A physical extent holding runs.
+    Pack,
 }
 
 fn bad<T>(m: String) -> Result<T, StoreError> {
@@ -46,7 +53,7 @@ impl Store {
     /// on a store no client is writing to (concurrent I/O can show an
     /// allocation half made).
     pub fn check(self: &Arc<Self>) -> Result<CheckReport, StoreError> {
-        let n = self.layout.extent_count as usize;
+        let n = self.layout.all_extents() as usize;
         let mut place = vec![Place::Nowhere; n];
         let mut report = CheckReport::default();
         let put = |phys: u32, p: Place, place: &mut Vec<Place>| -> Result<(), StoreError> {
@@ -62,6 +69,11 @@ impl Store {
         // No zeroing pass may run meanwhile, and nothing may stay queued.
         let _pass = self.zeroing.lock();
         self.commit()?;
+        // A commit that freed packed extents queues the release of pack
+        // extents left empty: one more makes that durable too.
+        if !self.meta.lock().pending.is_empty() {
+            self.commit()?;
+        }
         let volumes: Vec<_> = self.meta.lock().volumes.values().cloned().collect();
         for v in &volumes {
             let map = v.map.read();
@@ -91,11 +103,27 @@ impl Store {
         let d = self.durable.lock();
         let m = self.meta.lock();
         let mut free = Vec::new();
-        for phys in 0..n as u32 {
+        for phys in 0..self.layout.extent_count {
             if m.free.contains(phys) {
                 put(phys, Place::Free, &mut place)?;
                 free.push(phys);
             }
+        }
+        let packs = self
+            .packing
+            .as_ref()
+            .map(|p| p.units_in_use())
+            .unwrap_or_default();
+        let free_virtual = self
+            .packing
+            .as_ref()
+            .map(|p| p.free_virtual())
+            .unwrap_or_default();
+        for &virt in &free_virtual {
+            put(virt, Place::Free, &mut place)?;
+        }
+        for &pack in packs.keys() {
+            put(pack, Place::Pack, &mut place)?;
         }
         report.free_extents = free.len() as u64;
         for &p in m.reserved.iter().chain(&m.reserving) {
@@ -117,6 +145,11 @@ impl Store {
         for (phys, e) in d.state.extents.iter().enumerate() {
             let p = place[phys];
             let agrees = match *e {
+                ExtentState::Owned {
+                    slot: crate::format::PACK_SLOT,
+                    ..
+                } if !self.layout.is_virtual(phys as u32) => p == Place::Pack,
+                ExtentState::Free { .. } if self.layout.is_virtual(phys as u32) => p == Place::Free,
                 ExtentState::Owned { slot, logical, .. } => {
                     let quarantined = slot == QUARANTINE_SLOT
                         || d.state.slots.get((slot as usize).wrapping_sub(1))
@@ -149,6 +182,7 @@ impl Store {
                 "extent {phys} is leaked (in no map and no free list)"
             ));
         }
+        self.check_runs(&place, &packs)?;
         // Free extents read as zeros.
         let es = self.layout.extent_size as usize;
         let mut buf = AlignedBuf::zeroed(es);
@@ -161,6 +195,45 @@ impl Store {
         }
         self.check_checksums(&place, &hot)?;
         Ok(report)
+    }
+
+    /// The units of every pack extent in use are exactly those of the
+    /// owned virtual extents' runs, no two runs overlap, and every run
+    /// decodes with every record verified.
+    fn check_runs(
+        &self,
+        place: &[Place],
+        packs: &std::collections::BTreeMap<u32, u8>,
+    ) -> Result<(), StoreError> {
+        let Some(packing) = &self.packing else {
+            return Ok(());
+        };
+        let mut used = std::collections::BTreeMap::<u32, u8>::new();
+        let mut buf = AlignedBuf::zeroed(self.layout.extent_size as usize);
+        for virt in self.layout.extent_count..self.layout.all_extents() {
+            if !matches!(place[virt as usize], Place::Mapped { .. }) {
+                continue;
+            }
+            let run = packing.run(virt);
+            let mask = (((1u16 << run.units) - 1) << run.unit) as u8;
+            let units = used.entry(run.pack).or_default();
+            if *units & mask != 0 {
+                return bad(format!(
+                    "the run of virtual extent {virt} overlaps another in pack extent {}",
+                    run.pack
+                ));
+            }
+            *units |= mask;
+            self.read_packed(virt, 0, &mut buf).map_err(|e| {
+                StoreError::Format(format!("check: virtual extent {virt} does not read: {e}"))
+            })?;
+        }
+        if &used != packs {
+            return bad(format!(
+                "pack extents' units in use {packs:?} are not the runs' {used:?}"
+            ));
+        }
+        Ok(())
     }
 
     /// Every block of every mapped extent holds what its checksum says (or
@@ -176,7 +249,8 @@ impl Store {
         let mut region = AlignedBuf::zeroed((layout.checksum_pages_needed() * PAGE) as usize);
         self.device.read_at(&mut region, layout.checksum_offset)?;
         let mut buf = AlignedBuf::zeroed(layout.extent_size as usize);
-        for (phys, p) in place.iter().enumerate() {
+        let physical = &place[..layout.extent_count as usize];
+        for (phys, p) in physical.iter().enumerate() {
             if !matches!(p, Place::Mapped { .. }) {
                 continue;
             }

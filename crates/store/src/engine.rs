@@ -59,6 +59,10 @@ pub struct FormatOptions {
     /// Key slots: each volume's wrapped data key, for encryption at rest
     /// (default: on; `Some(false)` formats without the key slot region).
     pub key_slots: Option<bool>,
+    /// Packed extents: compressed logical extents in shared pack extents
+    /// (default: on; needs data checksums and layers; `Some(false)`
+    /// formats without the virtual extent table).
+    pub packed: Option<bool>,
 }
 
 impl FormatOptions {
@@ -73,6 +77,10 @@ impl FormatOptions {
         }
         if self.key_slots.unwrap_or(true) {
             bits |= crate::format::INCOMPAT_KEY_SLOTS;
+        }
+        let prerequisites = INCOMPAT_DATA_CHECKSUMS | INCOMPAT_LAYERS;
+        if self.packed.unwrap_or(true) && bits & prerequisites == prerequisites {
+            bits |= crate::format::INCOMPAT_PACKED;
         }
         bits
     }
@@ -126,7 +134,15 @@ impl Default for OpenOptions {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoreUsage {
     pub capacity_bytes: u64,
+    /// Bytes of physical extents in use: volumes' and snapshots' own
+    /// extents, and pack extents (which hold the packed ones).
     pub allocated_bytes: u64,
+    /// Logical bytes kept packed (compressed), and the bytes their runs
+    /// store: the compression ratio is the first over the second.
+    pub packed_bytes: u64,
+    pub packed_stored_bytes: u64,
+    /// Bytes of pack extents (what the packed data takes of the capacity).
+    pub pack_extent_bytes: u64,
     pub provisioned_bytes: u64,
     pub extent_size: u64,
     pub volumes: u64,
@@ -144,6 +160,10 @@ pub struct VolumeUsage {
     /// The snapshot this volume reads through (its latest snapshot, or the
     /// one it was cloned from); `None`: it has no parent layer.
     pub parent: Option<VolumeId>,
+    /// Logical bytes of the volume's own layer kept packed (compressed),
+    /// and the bytes their runs store.
+    pub packed_bytes: u64,
+    pub packed_stored_bytes: u64,
 }
 
 /// Flushes asked for and commits done; requests / commits is how many
@@ -281,6 +301,8 @@ pub struct Store {
     pub(crate) intent: Option<Intent>,
     /// Presence bits of layered extents; `None` in a store without layers.
     pub(crate) presence: Option<Presence>,
+    /// Packed extents' runs and space; `None` in a store without them.
+    pub(crate) packing: Option<crate::packing::Packing>,
     /// Wrapped volume keys; `None` in a store without key slots.
     pub(crate) keys: Option<crate::keys::KeySlots>,
     /// One cooling round at a time.
@@ -306,6 +328,7 @@ enum Region {
     Extents,
     Slots,
     Presence,
+    Virtual,
 }
 
 /// Writes the table and presence pages `state` marked dirty (without
@@ -331,6 +354,11 @@ pub(crate) fn write_dirty_pages(
             .into_iter()
             .map(|p| (p, Region::Presence)),
     );
+    pages.extend(
+        std::mem::take(&mut state.dirty_virtual_pages)
+            .into_iter()
+            .map(|p| (p, Region::Virtual)),
+    );
     // Bounded batches: a format or an upgrade writes every page.
     const BATCH: usize = 2048;
     let mut buf = AlignedBuf::zeroed(0);
@@ -351,6 +379,10 @@ pub(crate) fn write_dirty_pages(
                 Region::Presence => {
                     state.encode_presence_page(p, out);
                     offsets.push(layout.presence_offset + p * PAGE);
+                }
+                Region::Virtual => {
+                    state.encode_virtual_page(p, out);
+                    offsets.push(layout.virtual_offset + p * PAGE);
                 }
             }
         }
@@ -415,7 +447,8 @@ impl Store {
         // checksum: a zeroed one does not verify.
         let mut state = MetaState::new(
             layout,
-            vec![ExtentState::CLEAN; layout.extent_count as usize],
+            vec![ExtentState::CLEAN; layout.all_extents() as usize],
+            vec![Default::default(); layout.virtual_extents as usize],
             vec![SlotState::Free; layout.volume_slots as usize],
         );
         state.mark_all_dirty();
@@ -477,7 +510,24 @@ impl Store {
         let layout = sb.layout;
         let loaded = recovery::load(device.as_ref(), &sb)?;
         let mut state = loaded.state;
-        let built = recovery::build_runtime(&mut state);
+        let mut built = recovery::build_runtime(&mut state);
+        let packing = layout.has_packed().then(|| {
+            let (packing, empty_packs) = crate::packing::Packing::load(&state);
+            let mut ignored = Vec::new();
+            for pack in empty_packs.into_iter().filter(|&p| !layout.is_virtual(p)) {
+                // A pack extent no run uses (its last run was freed just
+                // before a stop): freed like any extent.
+                let _ = state.apply(
+                    &JournalEntry::Free {
+                        first: pack,
+                        count: 1,
+                    },
+                    &mut ignored,
+                );
+                built.to_zero.push(pack);
+            }
+            packing
+        });
         let integrity = if layout.has_data_checksums() {
             Some(recovery::load_checksums(device.as_ref(), &state, options)?)
         } else {
@@ -568,6 +618,7 @@ impl Store {
             checksums,
             intent,
             presence,
+            packing,
             keys,
             cooling: Mutex::new(()),
             cooling_interval: options.cooling_interval,
@@ -680,13 +731,20 @@ impl Store {
         };
         tracing::debug!(entries = entries.len(), head = d.journal.head_seq, "commit");
         let mut freed = Vec::new();
-        // A block's presence may become durable only after its data: the
-        // data writes it records completed before the entry was queued, and
-        // this flush makes them durable before the journal names them.
-        let presence = entries
-            .iter()
-            .any(|e| matches!(e, JournalEntry::Present { .. }));
-        let result = (if presence {
+        // A block's presence may become durable only after its data, and a
+        // packed run or an unpacked extent before the entry that maps it:
+        // the data writes they record completed before the entry was
+        // queued, and this flush makes them durable before the journal
+        // names them.
+        let data_first = entries.iter().any(|e| {
+            matches!(
+                e,
+                JournalEntry::Present { .. }
+                    | JournalEntry::Pack { .. }
+                    | JournalEntry::Unpack { .. }
+            )
+        });
+        let result = (if data_first {
             self.device.flush().map_err(StoreError::from)
         } else {
             Ok(())
@@ -705,12 +763,19 @@ impl Store {
         self.durable_entries.fetch_max(upto, Ordering::AcqRel);
         self.flushes_done.fetch_max(covered, Ordering::SeqCst);
         drop(d);
+        // Freed virtual extents have no data of their own to zero: their
+        // runs' units go back to the pack extents.
+        let (freed_virtual, freed): (Vec<u32>, Vec<u32>) =
+            freed.into_iter().partition(|&p| self.layout.is_virtual(p));
         let wake = !freed.is_empty();
         {
             let mut m = self.meta.lock();
             // Handed out in ascending order (popped from the end).
             m.reserved.extend(reserving.into_iter().rev());
             m.to_zero.extend(freed);
+        }
+        if !freed_virtual.is_empty() {
+            self.release_virtual(&freed_virtual);
         }
         if wake {
             self.zeroer.wake();
@@ -788,6 +853,11 @@ impl Store {
         self.zeroer.stop();
         self.scrubber.stop();
         self.commit()?;
+        // Freed packed extents may have left pack extents empty: their
+        // release is queued by that commit, and zeroed with the others.
+        if self.metadata_pending() {
+            self.commit()?;
+        }
         self.zero_freed()?;
         self.release_reserved();
         // Checksums durable and every extent cold: the next open reads no data.
@@ -807,9 +877,13 @@ impl Store {
         // Snapshots hold space but provision none.
         let allocated: u64 = m.volumes.values().map(|v| v.allocated_extents()).sum();
         let heads = || m.volumes.values().filter(|v| !v.is_snapshot());
+        let (packed, stored, packs) = self.packing.as_ref().map_or((0, 0, 0), |p| p.totals());
         StoreUsage {
             capacity_bytes: self.layout.capacity_bytes(),
-            allocated_bytes: allocated * es,
+            allocated_bytes: (allocated.saturating_sub(packed) + packs) * es,
+            packed_bytes: packed * es,
+            packed_stored_bytes: stored,
+            pack_extent_bytes: packs * es,
             provisioned_bytes: heads().map(|v| v.size()).sum(),
             extent_size: es,
             volumes: heads().count() as u64,
@@ -824,13 +898,19 @@ impl Store {
         let mut v: Vec<VolumeUsage> = all
             .iter()
             .filter(|v| !v.is_snapshot())
-            .map(|v| VolumeUsage {
-                id: v.id,
-                size: v.size(),
-                allocated_bytes: v.allocated_extents() * es,
-                created_unix: v.created_unix,
-                last_scrub_unix: v.last_scrub(),
-                parent: v.map.read().parent.as_ref().map(|p| p.id),
+            .map(|v| {
+                let map = v.map.read();
+                let (packed, stored) = self.packed_in(&map);
+                VolumeUsage {
+                    id: v.id,
+                    size: v.size(),
+                    allocated_bytes: v.allocated_extents() * es,
+                    created_unix: v.created_unix,
+                    last_scrub_unix: v.last_scrub(),
+                    parent: map.parent.as_ref().map(|p| p.id),
+                    packed_bytes: packed * es,
+                    packed_stored_bytes: stored,
+                }
             })
             .collect();
         v.sort_by_key(|u| u.id);
@@ -919,7 +999,10 @@ impl Store {
                     // The tail of the last kept extent must read zeros if
                     // grown back: zeroed, and durably so before the smaller
                     // size can be.
-                    if let Some(phys) = map.get(keep - 1).and_then(|p| p.get()) {
+                    if let Some(mut phys) = map.get(keep - 1).and_then(|p| p.get()) {
+                        if self.layout.is_virtual(phys) {
+                            phys = self.unpack_locked(&vol, &map, keep as u32 - 1, phys)?;
+                        }
                         self.heat(phys)?;
                         let start = self.layout.extent_offset(phys) + size % es;
                         let end = self.layout.extent_offset(phys) + es;

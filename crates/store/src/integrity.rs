@@ -91,6 +91,12 @@ impl DataChecksums {
         }
     }
 
+    /// Counts a block found not holding what was written to it elsewhere
+    /// than in `verify` (a packed extent's record).
+    pub fn count_mismatch(&self) {
+        self.mismatches.fetch_add(1, Ordering::Relaxed);
+    }
+
     pub fn mismatches(&self) -> u64 {
         self.mismatches.load(Ordering::Relaxed)
     }

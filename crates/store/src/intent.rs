@@ -39,6 +39,10 @@ pub(crate) struct Intent {
     state: Vec<AtomicU64>,
     /// The cooling round during which each extent was last written.
     last_write: Vec<AtomicU32>,
+    /// Writes (and in-place zeroings) that ever passed the hot check of
+    /// each extent, wrapping: compaction packs an extent only if its stamp
+    /// did not change while it was compressed (`packing.rs`).
+    stamps: Vec<AtomicU32>,
     round: AtomicU32,
     /// Hot extents beyond this many are cooled even if recently written.
     max_hot: usize,
@@ -58,15 +62,26 @@ impl Intent {
                 .map(|p| AtomicU64::new(if hot(p) { HOT } else { 0 }))
                 .collect(),
             last_write: (0..extents).map(|_| AtomicU32::new(0)).collect(),
+            stamps: (0..extents).map(|_| AtomicU32::new(0)).collect(),
             round: AtomicU32::new(1),
             max_hot,
             idle_rounds,
         }
     }
 
-    /// A newly mapped extent is hot at once (its `Map` entry says so).
+    /// A newly mapped extent is hot at once (its `Map` entry says so). A
+    /// virtual (packed) extent is never written, and has no intent.
     pub fn mapped(&self, phys: u32) {
-        self.state[phys as usize].store(HOT, Ordering::Release);
+        if let Some(s) = self.state.get(phys as usize) {
+            s.store(HOT, Ordering::Release);
+        }
+    }
+
+    /// Extent `phys`'s write stamp (see `stamps`).
+    pub fn stamp(&self, phys: u32) -> u32 {
+        self.stamps
+            .get(phys as usize)
+            .map_or(0, |s| s.load(Ordering::Acquire))
     }
 
     /// Extents currently marked hot (durably or queued).
@@ -82,6 +97,9 @@ impl Store {
     /// Whether a write to extent `phys` can go ahead without a commit
     /// (it is durably hot, or nothing tracks write intent).
     pub(crate) fn is_hot(&self, phys: u32) -> bool {
+        if self.layout.is_virtual(phys) {
+            return false; // a packed extent is unpacked before any write
+        }
         self.intent
             .as_ref()
             .is_none_or(|intent| intent.state[phys as usize].load(Ordering::Acquire) == HOT)
@@ -94,7 +112,12 @@ impl Store {
         let Some(intent) = &self.intent else {
             return Ok(());
         };
-        let cell = &intent.state[phys as usize];
+        let Some(cell) = intent.state.get(phys as usize) else {
+            return Err(StoreError::Format(format!(
+                "extent {phys} is packed; it is unpacked before it is written"
+            )));
+        };
+        intent.stamps[phys as usize].fetch_add(1, Ordering::AcqRel);
         intent.last_write[phys as usize]
             .store(intent.round.load(Ordering::Relaxed), Ordering::Relaxed);
         let s = cell.load(Ordering::Acquire);

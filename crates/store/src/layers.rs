@@ -456,7 +456,7 @@ impl Store {
             return Ok(0);
         }
         match from {
-            Source::Extent { phys, .. } => self.read_verified(phys, buf)?,
+            Source::Extent { phys, .. } => self.read_extent_verified(phys, buf)?,
             Source::Zeros => buf.fill(0),
             Source::Filled => {}
         }
@@ -485,28 +485,6 @@ impl Store {
             k += n;
         }
         Ok(wanted.len() as u64)
-    }
-
-    /// Reads extent `phys` whole into `buf`, every block verified.
-    fn read_verified(&self, phys: u32, buf: &mut AlignedBuf) -> Result<(), StoreError> {
-        let from = self.layout.extent_offset(phys);
-        let bpe = self.layout.blocks_per_extent();
-        let mut samples = Vec::new();
-        if let Some(sums) = &self.checksums {
-            sums.sample_blocks(phys as u64 * bpe, bpe, &mut samples);
-        }
-        self.device.read_at(buf, from)?;
-        if let Some(sums) = &self.checksums {
-            self.verify_read(sums, from, buf, &samples)
-                .map_err(|e| match e {
-                    IoError::Corrupt { offset } => StoreError::Layers(format!(
-                        "cannot copy the snapshot's data: its block at device offset {offset} fails its checksum"
-                    )),
-                    IoError::Io(e) => StoreError::Io(e),
-                    other => StoreError::Layers(other.to_string()),
-                })?;
-        }
-        Ok(())
     }
 
     /// Copies into volume `id` (a clone, or a volume over its snapshots)
@@ -603,30 +581,19 @@ impl Store {
         buf: &mut AlignedBuf,
     ) -> Result<(), StoreError> {
         let bs = BLOCK_SIZE as usize;
-        let mut samples = Vec::with_capacity(1);
         for (j, block) in buf.chunks_mut(bs).enumerate() {
             let Some(at) = crate::layer_map::resolve(self, below, rest, logical, (j * bs) as u64)
             else {
                 block.fill(0);
                 continue;
             };
-            samples.clear();
-            if let Some(sums) = &self.checksums {
-                sums.sample_blocks(self.layout.data_block_at(at), 1, &mut samples);
-            }
-            let mut one = AlignedBuf::zeroed(bs);
-            self.device.read_at(&mut one, at)?;
-            if let Some(sums) = &self.checksums {
-                self.verify_read(sums, at, &mut one, &samples)
-                    .map_err(|e| match e {
-                        IoError::Corrupt { offset } => StoreError::Layers(format!(
-                            "cannot copy the parent's data: its block at device offset {offset} fails its checksum"
-                        )),
-                        IoError::Io(e) => StoreError::Io(e),
-                        other => StoreError::Layers(other.to_string()),
-                    })?;
-            }
-            block.copy_from_slice(&one);
+            self.read_block_verified(at, block).map_err(|e| match e {
+                IoError::Corrupt { offset } => StoreError::Layers(format!(
+                    "cannot copy the parent's data: its block at device offset {offset} fails its checksum"
+                )),
+                IoError::Io(e) => StoreError::Io(e),
+                other => StoreError::Layers(other.to_string()),
+            })?;
         }
         Ok(())
     }

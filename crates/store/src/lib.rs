@@ -35,6 +35,7 @@ mod layer_map;
 mod layers;
 mod meta;
 mod pace;
+mod packing;
 mod presence;
 mod recovery;
 mod scrub;
@@ -51,9 +52,11 @@ pub use engine::{
     VolumeUsage, DEFAULT_SCRUB_INTERVAL, DEFAULT_SCRUB_RATE,
 };
 pub use error::{IoError, StoreError};
+pub use format::Codec;
 pub use format::WrappedKey;
 pub use layers::{FlattenReport, SnapshotUsage};
 pub use pace::Pacer;
+pub use packing::PackOutcome;
 pub use recovery::{inspect, StoreInfo};
 pub use scrub::{ScrubFollowUp, ScrubReport};
 pub use staged::{fail_fua_writes, Contended, DevicePiece, StagedBatch};

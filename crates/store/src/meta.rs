@@ -11,22 +11,29 @@
 //! block (which blocks of a layer's extent hold that layer's data), laid
 //! out like the presence region.
 //!
+//! With the packed-extents feature, `extents` also holds the virtual
+//! extents (numbered after the physical ones), and `runs` where each
+//! virtual extent's run lies; both are written to the virtual extent table.
+//!
 //! Invariant (the replay rule, docs/format.md): what an entry does to a
 //! field depends only on that field and the entry, and a stale entry is a
 //! no-op, never an error. An entry naming an extent or slot outside the
 //! tables is corruption and is refused.
 
 use crate::format::{
-    encode_presence_sector, presence_bit, ExtentState, JournalEntry, Layout, SlotState, VolumeSlot,
-    EXTENT_ENTRY_SIZE, PAGE, PRESENCE_SECTOR, PRESENCE_WORDS_PER_SECTOR, SLOT_RETIRED,
-    SLOT_SNAPSHOT, VOLUME_SLOT_SIZE,
+    encode_presence_sector, encode_virtual_entry, presence_bit, ExtentState, JournalEntry, Layout,
+    RunLoc, SlotState, VolumeSlot, EXTENT_ENTRY_SIZE, PACK_SLOT, PAGE, PRESENCE_SECTOR,
+    PRESENCE_WORDS_PER_SECTOR, SLOT_RETIRED, SLOT_SNAPSHOT, VIRTUAL_ENTRY_SIZE, VOLUME_SLOT_SIZE,
 };
 use std::collections::BTreeSet;
 
 pub(crate) struct MetaState {
     pub layout: Layout,
-    /// Indexed by physical extent.
+    /// Indexed by extent number: physical extents, then virtual ones.
     pub extents: Vec<ExtentState>,
+    /// Indexed by virtual extent number - `extent_count`: the run of an
+    /// owned virtual extent (meaningless for a free one).
+    pub runs: Vec<RunLoc>,
     /// Indexed by slot - 1.
     pub slots: Vec<SlotState>,
     /// Presence bits, `PRESENCE_WORDS_PER_SECTOR` words per sector of the
@@ -36,18 +43,30 @@ pub(crate) struct MetaState {
     pub dirty_slot_pages: BTreeSet<u64>,
     /// Pages of the presence region.
     pub dirty_presence_pages: BTreeSet<u64>,
+    /// Pages of the virtual extent table.
+    pub dirty_virtual_pages: BTreeSet<u64>,
 }
 
 impl MetaState {
-    pub fn new(layout: Layout, extents: Vec<ExtentState>, slots: Vec<SlotState>) -> MetaState {
+    /// `extents`: the physical extents' entries, then (packed-extents
+    /// feature) the virtual ones', whose runs are `runs`.
+    pub fn new(
+        layout: Layout,
+        extents: Vec<ExtentState>,
+        runs: Vec<RunLoc>,
+        slots: Vec<SlotState>,
+    ) -> MetaState {
+        debug_assert_eq!(extents.len(), layout.all_extents() as usize);
         MetaState {
             layout,
             extents,
+            runs,
             slots,
             presence: vec![0; layout.presence_sectors as usize * PRESENCE_WORDS_PER_SECTOR],
             dirty_extent_pages: BTreeSet::new(),
             dirty_slot_pages: BTreeSet::new(),
             dirty_presence_pages: BTreeSet::new(),
+            dirty_virtual_pages: BTreeSet::new(),
         }
     }
 
@@ -57,12 +76,14 @@ impl MetaState {
         self.dirty_extent_pages = (0..self.layout.extent_table_pages()).collect();
         self.dirty_slot_pages = (0..self.layout.volume_table_pages()).collect();
         self.dirty_presence_pages = (0..self.layout.presence_len() / PAGE).collect();
+        self.dirty_virtual_pages = (0..self.layout.virtual_table_pages()).collect();
     }
 
     /// Sets (or clears) the presence bits of blocks `first..first+count` of
     /// extent `phys`.
+    /// A virtual extent has no presence bits: its run holds every block.
     fn set_presence(&mut self, phys: u32, first: u64, count: u64, present: bool) {
-        if self.presence.is_empty() {
+        if self.presence.is_empty() || self.layout.is_virtual(phys) {
             return;
         }
         let base = phys as u64 * self.layout.blocks_per_extent();
@@ -95,8 +116,33 @@ impl MetaState {
             self.clear_presence(phys);
         }
         self.extents[phys as usize] = value;
-        self.dirty_extent_pages
-            .insert(phys as u64 * EXTENT_ENTRY_SIZE / PAGE);
+        self.mark_extent_dirty(phys);
+    }
+
+    fn mark_extent_dirty(&mut self, phys: u32) {
+        match phys.checked_sub(self.layout.extent_count) {
+            Some(v) => self
+                .dirty_virtual_pages
+                .insert(v as u64 * VIRTUAL_ENTRY_SIZE / PAGE),
+            None => self
+                .dirty_extent_pages
+                .insert(phys as u64 * EXTENT_ENTRY_SIZE / PAGE),
+        };
+    }
+
+    fn check_virtual(&self, virt: u32) -> Result<usize, String> {
+        self.extent_range(virt, 1)?;
+        virt.checked_sub(self.layout.extent_count)
+            .map(|v| v as usize)
+            .ok_or_else(|| format!("extent {virt} is not a virtual extent"))
+    }
+
+    fn check_physical(&self, phys: u32) -> Result<(), String> {
+        if phys < self.layout.extent_count {
+            Ok(())
+        } else {
+            Err(format!("extent {phys} is not a physical extent"))
+        }
     }
 
     fn clear_presence(&mut self, phys: u32) {
@@ -323,6 +369,50 @@ impl MetaState {
                 self.set_slot(slot, SlotState::Free);
                 self.free_from(slot, 0, freed);
             }
+            JournalEntry::Pack {
+                virt,
+                slot,
+                logical,
+                from,
+                run,
+            } => {
+                let v = self.check_virtual(virt)?;
+                self.check_physical(from)?;
+                self.check_physical(run.pack)?;
+                check_slot(slot)?;
+                self.set_extent(from, ExtentState::DIRTY, freed);
+                let pack = ExtentState::Owned {
+                    slot: PACK_SLOT,
+                    logical: 0,
+                    hot: false,
+                };
+                self.set_extent(run.pack, pack, freed);
+                let owned = ExtentState::Owned {
+                    slot,
+                    logical,
+                    hot: false,
+                };
+                self.set_extent(virt, owned, freed);
+                if self.runs[v] != run {
+                    self.runs[v] = run;
+                    self.mark_extent_dirty(virt);
+                }
+            }
+            JournalEntry::Unpack {
+                virt,
+                slot,
+                logical,
+                to,
+            } => {
+                self.check_virtual(virt)?;
+                self.check_physical(to)?;
+                check_slot(slot)?;
+                self.set_extent(virt, ExtentState::DIRTY, freed);
+                let hot = self.layout.has_data_checksums();
+                self.set_extent(to, ExtentState::Owned { slot, logical, hot }, freed);
+                let bpe = self.layout.blocks_per_extent();
+                self.set_presence(to, 0, bpe, true);
+            }
         }
         Ok(())
     }
@@ -332,9 +422,24 @@ impl MetaState {
         out.fill(0);
         let per_page = (PAGE / EXTENT_ENTRY_SIZE) as usize;
         let first = page as usize * per_page;
-        for (i, e) in self.extents.iter().skip(first).take(per_page).enumerate() {
+        let physical = &self.extents[..self.layout.extent_count as usize];
+        for (i, e) in physical.iter().skip(first).take(per_page).enumerate() {
             let at = i * EXTENT_ENTRY_SIZE as usize;
             out[at..at + EXTENT_ENTRY_SIZE as usize].copy_from_slice(&e.encode((first + i) as u32));
+        }
+    }
+
+    /// The on-disk bytes of virtual-extent-table page `page`.
+    pub fn encode_virtual_page(&self, page: u64, out: &mut [u8]) {
+        out.fill(0);
+        let per_page = (PAGE / VIRTUAL_ENTRY_SIZE) as usize;
+        let first = page as usize * per_page;
+        let base = self.layout.extent_count as usize;
+        let size = VIRTUAL_ENTRY_SIZE as usize;
+        for (i, run) in self.runs.iter().skip(first).take(per_page).enumerate() {
+            let virt = (base + first + i) as u32;
+            let entry = encode_virtual_entry(virt, self.extents[virt as usize], *run);
+            out[i * size..(i + 1) * size].copy_from_slice(&entry);
         }
     }
 

@@ -12,6 +12,7 @@
 //!   layer wrote or, through the parent, what it held before.
 //! - An extent handed to a layer starts with no bits (`clear_extent` at
 //!   allocation; the journal's `Free` clears them on disk).
+//! - Virtual (packed) extents have no bits and read as wholly present.
 
 use crate::format::{presence_bit, JournalEntry, Layout, PRESENCE_WORDS_PER_SECTOR};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -19,6 +20,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 pub(crate) struct Presence {
     words: Vec<AtomicU64>,
     blocks_per_extent: u64,
+    /// Blocks of physical extents; past them are the virtual extents'.
+    data_blocks: u64,
 }
 
 impl Presence {
@@ -31,12 +34,18 @@ impl Presence {
         Presence {
             words: journaled.iter().map(|&w| AtomicU64::new(w)).collect(),
             blocks_per_extent: layout.blocks_per_extent(),
+            data_blocks: layout.data_blocks(),
         }
     }
 
     /// Whether data block `block` (counted from the data region's start)
     /// holds data of its extent's layer.
+    /// A block of a virtual (packed) extent is always present: its run
+    /// holds every block.
     pub fn is_present(&self, block: u64) -> bool {
+        if block >= self.data_blocks {
+            return true;
+        }
         let (word, mask) = presence_bit(block);
         self.words[word].load(Ordering::Acquire) & mask != 0
     }
@@ -53,7 +62,7 @@ impl Presence {
                 count: run.1 as u32,
             });
         };
-        for block in first..first + count {
+        for block in first..(first + count).min(self.data_blocks) {
             let (word, mask) = presence_bit(block);
             let was = self.words[word].fetch_or(mask, Ordering::AcqRel) & mask != 0;
             if was {
@@ -76,10 +85,25 @@ impl Presence {
 
     /// Clears every bit of extent `phys` (it is being handed to a layer).
     pub fn clear_extent(&self, phys: u32) {
+        self.fill_extent(phys, false);
+    }
+
+    /// Sets every bit of extent `phys` in memory (an unpacked extent: its
+    /// `Unpack` entry sets them on disk).
+    pub fn set_extent(&self, phys: u32) {
+        self.fill_extent(phys, true);
+    }
+
+    fn fill_extent(&self, phys: u32, present: bool) {
         let first = phys as u64 * self.blocks_per_extent;
-        for block in first..first + self.blocks_per_extent {
+        let end = (first + self.blocks_per_extent).min(self.data_blocks);
+        for block in first..end {
             let (word, mask) = presence_bit(block);
-            self.words[word].fetch_and(!mask, Ordering::AcqRel);
+            if present {
+                self.words[word].fetch_or(mask, Ordering::AcqRel);
+            } else {
+                self.words[word].fetch_and(!mask, Ordering::AcqRel);
+            }
         }
     }
 }

@@ -23,6 +23,7 @@ use crate::format::{
     VOLUME_SLOT_SIZE,
 };
 use crate::format::{decode_presence_sector, PRESENCE_SECTOR, PRESENCE_WORDS_PER_SECTOR};
+use crate::format::{decode_virtual_entry, RunLoc, VIRTUAL_ENTRY_SIZE};
 use crate::integrity::{zero_block_crc, DataChecksums};
 use crate::intent::{write_pages, Intent};
 use crate::layer_map::{LayerMap, VolumeState};
@@ -177,7 +178,31 @@ fn read_tables(
             ExtentState::decode
         },
     );
-    let mut state = MetaState::new(layout, extents, slots);
+    let (mut extents, mut bad_extents) = (extents, bad_extents);
+    let mut runs = Vec::with_capacity(layout.virtual_extents as usize);
+    if layout.has_packed() {
+        let vt = read_region(
+            device,
+            layout.virtual_offset,
+            layout.virtual_table_pages() * PAGE,
+        )?;
+        let size = VIRTUAL_ENTRY_SIZE as usize;
+        for i in 0..layout.virtual_extents as usize {
+            let virt = layout.extent_count + i as u32;
+            match decode_virtual_entry(virt, &vt[i * size..(i + 1) * size]) {
+                Some((e, run)) => {
+                    extents.push(e);
+                    runs.push(run);
+                }
+                None => {
+                    extents.push(ExtentState::QUARANTINED);
+                    runs.push(RunLoc::default());
+                    bad_extents.push(virt);
+                }
+            }
+        }
+    }
+    let mut state = MetaState::new(layout, extents, runs, slots);
     let bad_presence_sectors = read_presence(device, &mut state)?;
     for &i in &bad_slots {
         tracing::error!(slot = i + 1, "volume table entry fails its checksum; quarantined (the slot is not reused and its extents are kept)");
@@ -192,9 +217,14 @@ fn read_tables(
                 "extent table entry fails its checksum; quarantined (never reused)"
             );
         }
-        state
-            .dirty_extent_pages
-            .insert(p as u64 * EXTENT_ENTRY_SIZE / PAGE);
+        match p.checked_sub(layout.extent_count) {
+            Some(v) => state
+                .dirty_virtual_pages
+                .insert(v as u64 * VIRTUAL_ENTRY_SIZE / PAGE),
+            None => state
+                .dirty_extent_pages
+                .insert(p as u64 * EXTENT_ENTRY_SIZE / PAGE),
+        };
     }
     if bad_extents.len() > 16 {
         tracing::error!(
@@ -435,7 +465,14 @@ pub(crate) fn build_runtime(state: &mut MetaState) -> Built {
     let mut stray = Vec::new();
     for (phys, e) in state.extents.iter().enumerate() {
         let phys = phys as u32;
+        let virtual_extent = layout.is_virtual(phys);
         match *e {
+            // Free virtual extents and pack extents: `Packing::load`.
+            ExtentState::Free { .. } if virtual_extent => {}
+            ExtentState::Owned {
+                slot: crate::format::PACK_SLOT,
+                ..
+            } if !virtual_extent => {}
             ExtentState::Free { dirty: false } => free.release(phys),
             ExtentState::Free { dirty: true } => to_zero.push(phys),
             ExtentState::Owned { slot, logical, .. } => {
@@ -468,7 +505,9 @@ pub(crate) fn build_runtime(state: &mut MetaState) -> Built {
                 },
                 &mut ignored,
             );
-            to_zero.push(phys);
+            if !layout.is_virtual(phys) {
+                to_zero.push(phys);
+            }
         }
     }
     Built {
@@ -540,9 +579,15 @@ pub(crate) fn load_checksums(
     };
     let mut recompute = Vec::new();
     let mut hot_extents = 0;
-    for (phys, e) in state.extents.iter().enumerate() {
+    let physical = &state.extents[..layout.extent_count as usize];
+    for (phys, e) in physical.iter().enumerate() {
         match *e {
             ExtentState::Free { .. } => sums.set_range(phys as u64 * bpe, bpe, zero),
+            // Runs carry their own checksums.
+            ExtentState::Owned {
+                slot: crate::format::PACK_SLOT,
+                ..
+            } => sums.set_range(phys as u64 * bpe, bpe, CHECKSUM_UNKNOWN),
             ExtentState::Owned { hot: true, .. } => {
                 hot_extents += 1;
                 sums.set_range(phys as u64 * bpe, bpe, CHECKSUM_UNKNOWN);

@@ -22,6 +22,12 @@
 //! - [`LocalVolume::try_stage`] never blocks on a map lock: an event loop
 //!   that holds other staged batches must not wait for a writer (a
 //!   snapshot, a trim) that waits for those batches to finish.
+//! - A read of a packed extent is a piece at a virtual offset
+//!   ([`StagedBatch::has_packed`]): `run` decompresses it on the calling
+//!   thread, so an event loop hands such a batch to its offload pool. A
+//!   write to a packed extent stages nothing ([`StagedBatch::needs_unpack`]):
+//!   the caller drops the batch unrun, unpacks (`LocalVolume::submit` does)
+//!   and stages again.
 //! - An encrypted volume's writes reach the device only as ciphertext:
 //!   staging encrypts each write piece into a buffer of the batch
 //!   ([`StagedBatch::write_data`]), and checksums cover that ciphertext;
@@ -82,6 +88,12 @@ pub struct StagedBatch {
     fua_wanted: bool,
     /// The FUA writes need a commit: metadata was pending when staged.
     commit_after: bool,
+    /// Some piece reads a packed extent.
+    has_packed: bool,
+    /// A write reaches a packed extent: the batch must not be run.
+    needs_unpack: bool,
+    /// Errors of packed pieces run by `run` (by piece), for `finish`.
+    packed_errors: parking_lot::Mutex<Vec<(usize, IoError)>>,
     finished: bool,
 }
 
@@ -168,6 +180,9 @@ impl LocalVolume {
             sealed: Vec::new(),
             fua_wanted: false,
             commit_after: false,
+            has_packed: false,
+            needs_unpack: false,
+            packed_errors: parking_lot::Mutex::new(Vec::new()),
             finished: false,
             _map: map,
             _ancestors: ancestors,
@@ -219,14 +234,19 @@ impl LocalVolume {
                         rest = tail;
                         match at {
                             Some(at) => {
+                                // Verified by its run's own checksums.
+                                let packed = at >= layout.virtual_base();
+                                batch.has_packed |= packed;
                                 if let Some(sums) = sums {
                                     batch.checks_at.push(batch.samples.len());
                                     let blocks = n as u64 / BLOCK_SIZE;
-                                    sums.sample_blocks(
-                                        layout.data_block_at(at),
-                                        blocks,
-                                        &mut batch.samples,
-                                    );
+                                    if !packed {
+                                        sums.sample_blocks(
+                                            layout.data_block_at(at),
+                                            blocks,
+                                            &mut batch.samples,
+                                        );
+                                    }
                                 }
                                 batch.pieces.push(DevicePiece {
                                     op: i,
@@ -257,6 +277,10 @@ impl LocalVolume {
                         let logical = (off / es) as u32;
                         let phys = match map.get(logical as usize) {
                             Some(entry) => match entry.get() {
+                                Some(p) if layout.is_virtual(p) => {
+                                    batch.needs_unpack = true;
+                                    break;
+                                }
                                 Some(p) => store.heat(p).map(|()| p).map_err(IoError::from),
                                 None => store
                                     .allocate(vol, map.slot, logical, entry)
@@ -386,6 +410,22 @@ impl StagedBatch {
         &self.pieces
     }
 
+    /// Some piece reads a packed extent: only [`StagedBatch::run`] can run
+    /// the batch (it decompresses on the calling thread).
+    pub fn has_packed(&self) -> bool {
+        self.has_packed
+    }
+
+    /// A write reaches a packed extent: drop the batch unrun, have the
+    /// extent unpacked (`LocalVolume::submit` does both) and stage again.
+    pub fn needs_unpack(&self) -> bool {
+        self.needs_unpack
+    }
+
+    fn is_packed(&self, piece: &DevicePiece) -> bool {
+        !piece.write && piece.device_offset >= self.volume.store().layout.virtual_base()
+    }
+
     /// What write piece `k` writes to the device, given its op's data:
     /// that data's bytes, or for an encrypted volume their ciphertext,
     /// which the batch holds (unmoved on the heap) until dropped.
@@ -398,8 +438,11 @@ impl StagedBatch {
     }
 
     /// The pieces as device ops over the ops' buffers (the batch must have
-    /// been staged from these `ops`).
+    /// been staged from these `ops`); a batch with packed pieces has none.
     pub fn device_ios<'a>(&'a self, ops: &'a mut [DataOp<'_>]) -> Vec<IoOp<'a>> {
+        if self.has_packed {
+            return Vec::new();
+        }
         let mut ios = Vec::with_capacity(self.pieces.len());
         let mut pieces = self.pieces.iter().enumerate().peekable();
         for (i, op) in ops.iter_mut().enumerate() {
@@ -431,14 +474,60 @@ impl StagedBatch {
     /// Runs the pieces through the store's device on this thread; their
     /// outcomes, for [`StagedBatch::finish`].
     pub fn run(&self, ops: &mut [DataOp<'_>]) -> Vec<io::Result<()>> {
+        if self.has_packed {
+            return self.run_one_by_one(ops);
+        }
         let mut ios = self.device_ios(ops);
         self.volume.store().device.submit(&mut ios);
         ios.into_iter().map(|io| io.result).collect()
     }
 
+    /// `run` for a batch reading packed extents: piece after piece, packed
+    /// ones decompressed (their errors kept for `finish`).
+    fn run_one_by_one(&self, ops: &mut [DataOp<'_>]) -> Vec<io::Result<()>> {
+        let store = self.volume.store();
+        let layout = store.layout;
+        let es = layout.extent_size as u64;
+        let mut out = Vec::with_capacity(self.pieces.len());
+        for (k, p) in self.pieces.iter().enumerate() {
+            let Some(op) = ops.get_mut(p.op) else {
+                out.push(Err(io::Error::other("no such op")));
+                continue;
+            };
+            let result = match &mut op.kind {
+                DataKind::Read(buf) => {
+                    let span = &mut buf[p.start..p.start + p.len];
+                    if self.is_packed(p) {
+                        let rel = p.device_offset - layout.data_offset;
+                        store
+                            .read_packed((rel / es) as u32, rel % es, span)
+                            .map_err(|e| {
+                                self.packed_errors.lock().push((k, e));
+                                io::Error::other("packed extent read failed")
+                            })
+                    } else {
+                        store.device.read_at(span, p.device_offset)
+                    }
+                }
+                DataKind::Write(data) => {
+                    store
+                        .device
+                        .write_at(self.write_data(k, data), p.device_offset, p.fua)
+                }
+            };
+            out.push(result);
+        }
+        out
+    }
+
     /// Runs piece `k` alone through the store's device on this thread (to
     /// finish one the ring completed short); its outcome.
     pub fn run_piece(&self, ops: &mut [DataOp<'_>], k: usize) -> io::Result<()> {
+        if self.has_packed {
+            return Err(io::Error::other(
+                "a batch reading packed extents runs whole",
+            ));
+        }
         let mut ios = self.device_ios(ops);
         if k >= ios.len() {
             return Err(io::Error::other("no such piece"));
@@ -472,7 +561,14 @@ impl StagedBatch {
                 .map_err(IoError::Io);
             let blocks = piece.len / BLOCK_SIZE as usize;
             let first = layout.data_block_at(piece.device_offset);
-            if let Some(sums) = sums {
+            let packed = self.is_packed(piece);
+            if packed && result.is_err() {
+                let mut errors = self.packed_errors.lock();
+                if let Some(i) = errors.iter().position(|(at, _)| *at == k) {
+                    result = Err(errors.swap_remove(i).1);
+                }
+            }
+            if let (Some(sums), false) = (sums, packed) {
                 let at = self.checks_at[k];
                 if piece.write {
                     sums.end_writes(first, &self.crcs[at..at + blocks], result.is_ok());

@@ -169,7 +169,34 @@ impl LocalVolume {
     }
 
     fn submit_aligned(&self, ops: &mut [DataOp<'_>]) {
-        let Some(staged) = self.stage(ops) else {
+        // Writes to packed extents unpack them first; a compaction racing
+        // in between packs one again only if it was not written since, so
+        // a few rounds settle it.
+        let mut rounds = 0;
+        let staged = loop {
+            let writes = ops.iter().filter_map(|o| match o.kind {
+                DataKind::Write(d) if o.is_aligned() => Some((o.offset, d.len() as u64)),
+                _ => None,
+            });
+            let unpacked = self.store.unpack_for_writes(&self.vol, writes);
+            let error = match unpacked {
+                Err(e) => Some(IoError::from(e)),
+                Ok(()) if rounds == 8 => Some(IoError::Failed),
+                Ok(()) => None,
+            };
+            if let Some(e) = error {
+                for op in ops.iter_mut() {
+                    op.result = Err(e.duplicate());
+                }
+                return;
+            }
+            rounds += 1;
+            match self.stage(ops) {
+                Some(s) if s.needs_unpack() => continue,
+                s => break s,
+            }
+        };
+        let Some(staged) = staged else {
             return;
         };
         let results = staged.run(ops);
@@ -284,7 +311,16 @@ impl LocalVolume {
                 break;
             };
             let below = ancestors.iter().any(|g| g.phys(logical as usize).is_some());
-            let phys = match entry.get() {
+            let unmapped_whole = whole && may_unmap && !below;
+            let current = match entry.get() {
+                // Zeroed in place, so no longer packed.
+                Some(v) if layout.is_virtual(v) && !unmapped_whole => Some(
+                    self.store
+                        .unpack_locked(&self.vol, &map, logical as u32, v)?,
+                ),
+                other => other,
+            };
+            let phys = match current {
                 Some(phys) if whole && may_unmap && !below => {
                     unmap.push((entry, phys));
                     None

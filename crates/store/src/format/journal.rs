@@ -12,6 +12,7 @@
 //! field): replaying any suffix of the journal over tables that already
 //! hold part of it reaches the same state (see docs/format.md).
 
+use super::RunLoc;
 use super::{block_crc, get_u32, get_u64, get_uuid, put_u32, put_u64, FormatError, PAGE};
 use crate::VolumeId;
 
@@ -84,6 +85,27 @@ pub enum JournalEntry {
     Retire { slot: u32 },
     /// A live `slot` reads through `parent` (0 = none: flattened).
     Reparent { slot: u32, parent: u32 },
+    /// Compaction: logical extent `logical` of `slot` moves from physical
+    /// extent `from` (now free and dirty) to virtual extent `virt`, whose
+    /// run is `run`; `run.pack` is (now) a pack extent. The run was
+    /// durable before this entry was written.
+    Pack {
+        virt: u32,
+        slot: u32,
+        logical: u32,
+        from: u32,
+        run: RunLoc,
+    },
+    /// Logical extent `logical` of `slot` moves from virtual extent `virt`
+    /// (now free: its run's units are released) to physical extent `to`,
+    /// which holds every block of it (hot, all blocks present). `to`'s
+    /// data was durable before this entry was written.
+    Unpack {
+        virt: u32,
+        slot: u32,
+        logical: u32,
+        to: u32,
+    },
 }
 
 const KIND_MAP: u8 = 1;
@@ -103,6 +125,8 @@ const KIND_UNLINK: u8 = 13;
 const KIND_ROLLBACK: u8 = 14;
 const KIND_RETIRE: u8 = 15;
 const KIND_REPARENT: u8 = 16;
+const KIND_PACK: u8 = 17;
+const KIND_UNPACK: u8 = 18;
 
 /// Consecutive ranges of `entries`, one per journal block, each filling
 /// at most `JOURNAL_ENTRIES_PER_BLOCK` slots (a wide entry never split).
@@ -238,6 +262,36 @@ impl JournalEntry {
                 put_u32(b, 8, slot);
                 put_u32(b, 12, parent);
             }
+            JournalEntry::Pack {
+                virt,
+                slot,
+                logical,
+                from,
+                run,
+            } => {
+                b[0] = KIND_PACK;
+                put_u32(b, 4, virt);
+                put_u32(b, 8, slot);
+                put_u32(b, 12, logical);
+                put_u32(b, 16, from);
+                put_u32(b, 20, run.pack);
+                b[24] = run.unit;
+                b[25] = run.units;
+                b[26] = run.codec;
+                put_u32(b, 28, run.stored);
+            }
+            JournalEntry::Unpack {
+                virt,
+                slot,
+                logical,
+                to,
+            } => {
+                b[0] = KIND_UNPACK;
+                put_u32(b, 4, virt);
+                put_u32(b, 8, slot);
+                put_u32(b, 12, logical);
+                put_u32(b, 16, to);
+            }
         }
     }
 
@@ -327,6 +381,25 @@ impl JournalEntry {
             KIND_REPARENT if !v1 => JournalEntry::Reparent {
                 slot: get_u32(b, 8),
                 parent: get_u32(b, 12),
+            },
+            KIND_PACK if !v1 => JournalEntry::Pack {
+                virt: get_u32(b, 4),
+                slot: get_u32(b, 8),
+                logical: get_u32(b, 12),
+                from: get_u32(b, 16),
+                run: RunLoc {
+                    pack: get_u32(b, 20),
+                    unit: b[24],
+                    units: b[25],
+                    codec: b[26],
+                    stored: get_u32(b, 28),
+                },
+            },
+            KIND_UNPACK if !v1 => JournalEntry::Unpack {
+                virt: get_u32(b, 4),
+                slot: get_u32(b, 8),
+                logical: get_u32(b, 12),
+                to: get_u32(b, 16),
             },
             other => return Err(other),
         })
@@ -493,6 +566,25 @@ mod tests {
             },
             JournalEntry::Retire { slot: 3 },
             JournalEntry::Reparent { slot: 2, parent: 0 },
+            JournalEntry::Pack {
+                virt: 900,
+                slot: 2,
+                logical: 7,
+                from: 12,
+                run: RunLoc {
+                    pack: 30,
+                    unit: 5,
+                    units: 2,
+                    codec: 1,
+                    stored: 200_000,
+                },
+            },
+            JournalEntry::Unpack {
+                virt: 900,
+                slot: 2,
+                logical: 7,
+                to: 13,
+            },
             JournalEntry::ResizeVolume {
                 slot: 1,
                 size: 8192,

@@ -17,6 +17,7 @@
 mod checksums;
 mod journal;
 mod keys;
+mod packed;
 mod presence;
 mod superblock;
 mod tables;
@@ -31,6 +32,11 @@ pub use journal::{
 };
 pub use keys::{
     decode_key_slot, encode_key_slot, KeySlot, WrappedKey, KEY_SLOT_SIZE, MAX_WRAPPED_KEY,
+};
+pub use packed::{
+    decode_virtual_entry, encode_run, encode_virtual_entry, run_header_len, Codec, Record,
+    RecordKind, RunError, RunHeader, RunIdentity, RunLoc, MAX_RUN_UNITS, PACK_SLOT,
+    UNITS_PER_EXTENT, VIRTUAL_ENTRY_SIZE,
 };
 pub use presence::{
     decode_presence_sector, encode_presence_sector, presence_bit, PRESENCE_BITS_PER_SECTOR,
@@ -68,8 +74,15 @@ pub const INCOMPAT_LAYERS: u64 = 1 << 1;
 /// encryption at rest) in a region of their own.
 pub const INCOMPAT_KEY_SLOTS: u64 = 1 << 2;
 
+/// Incompatible feature: packed extents (compression). A logical extent may
+/// map to a *virtual* extent, numbered after the physical ones, whose data
+/// is a run of variable-size records in units of a shared pack extent; the
+/// virtual extent table says where (docs/format.md, "Packed extents").
+pub const INCOMPAT_PACKED: u64 = 1 << 3;
+
 /// What a new store is formatted with.
-pub const DEFAULT_FEATURES: u64 = INCOMPAT_DATA_CHECKSUMS | INCOMPAT_LAYERS | INCOMPAT_KEY_SLOTS;
+pub const DEFAULT_FEATURES: u64 =
+    INCOMPAT_DATA_CHECKSUMS | INCOMPAT_LAYERS | INCOMPAT_KEY_SLOTS | INCOMPAT_PACKED;
 
 /// Feature bits a reader must understand to open the store, by name.
 /// Compression and encryption add theirs.
@@ -77,6 +90,7 @@ pub const INCOMPAT_FEATURES: &[(u64, &str)] = &[
     (INCOMPAT_DATA_CHECKSUMS, "data-checksums"),
     (INCOMPAT_LAYERS, "layers"),
     (INCOMPAT_KEY_SLOTS, "key-slots"),
+    (INCOMPAT_PACKED, "packed-extents"),
 ];
 
 /// The names of feature bits, for messages ("data-checksums, layers").
@@ -139,6 +153,10 @@ pub struct Layout {
     /// 1..=key_slots.
     pub key_offset: u64,
     pub key_slots: u64,
+    /// The virtual extent table (packed-extents feature; else 0): entries
+    /// for virtual extents `extent_count..extent_count + virtual_extents`.
+    pub virtual_offset: u64,
+    pub virtual_extents: u32,
     pub data_offset: u64,
 }
 
@@ -157,6 +175,7 @@ impl Layout {
         let data_checksums = features & INCOMPAT_DATA_CHECKSUMS != 0;
         let layers = features & INCOMPAT_LAYERS != 0;
         let key_slots = features & INCOMPAT_KEY_SLOTS != 0;
+        let packed = features & INCOMPAT_PACKED != 0;
         let es = extent_size as u64;
         if extent_size < 64 * 1024 || !extent_size.is_power_of_two() || extent_size > 64 << 20 {
             return Err(format!(
@@ -200,7 +219,15 @@ impl Layout {
             0
         };
         let key_len = (key_slots * KEY_SLOT_SIZE as u64).div_ceil(PAGE) * PAGE;
-        let data_offset = (key_offset + key_len).div_ceil(es) * es;
+        let virtual_offset = key_offset + key_len;
+        // As many virtual extents as physical ones: packed data can at most
+        // double what the store holds (docs/format.md says why it is enough).
+        let virtual_len = if packed {
+            (max_extents * VIRTUAL_ENTRY_SIZE).div_ceil(PAGE) * PAGE
+        } else {
+            0
+        };
+        let data_offset = (virtual_offset + virtual_len).div_ceil(es) * es;
         if data_offset >= device_size {
             return Err(format!(
                 "{device_size} bytes cannot hold the metadata and one extent"
@@ -228,8 +255,40 @@ impl Layout {
             presence_sectors,
             key_offset: if key_slots > 0 { key_offset } else { 0 },
             key_slots,
+            virtual_offset: if packed { virtual_offset } else { 0 },
+            virtual_extents: if packed { extent_count } else { 0 },
             data_offset,
         })
+    }
+
+    pub fn has_packed(&self) -> bool {
+        self.virtual_extents > 0
+    }
+
+    /// Whether extent number `phys` is a virtual (packed) extent.
+    pub fn is_virtual(&self, phys: u32) -> bool {
+        phys >= self.extent_count
+    }
+
+    /// Physical and virtual extents: the numbers an extent entry may have.
+    pub fn all_extents(&self) -> u32 {
+        self.extent_count + self.virtual_extents
+    }
+
+    /// Where virtual extents' data would lie if they were physical: the
+    /// data path tells a packed piece by its offset at or past this.
+    pub fn virtual_base(&self) -> u64 {
+        self.extent_offset(self.extent_count)
+    }
+
+    /// Bytes of the virtual extent table, whole pages.
+    pub fn virtual_table_pages(&self) -> u64 {
+        (self.virtual_extents as u64 * VIRTUAL_ENTRY_SIZE).div_ceil(PAGE)
+    }
+
+    /// Bytes of one unit of a pack extent.
+    pub fn unit_size(&self) -> u64 {
+        self.extent_size as u64 / UNITS_PER_EXTENT as u64
     }
 
     /// Key slots a store formatted on `device_size` bytes gets: one per

@@ -7,7 +7,7 @@
 use super::{
     block_crc, get_u32, get_u64, get_uuid, known_incompat_features, put_u32, put_u64, FormatError,
     Layout, FORMAT_VERSION, INCOMPAT_DATA_CHECKSUMS, INCOMPAT_KEY_SLOTS, INCOMPAT_LAYERS,
-    KEY_SLOT_SIZE, MAX_VOLUMES, PAGE, SUPERBLOCK_MAGIC,
+    INCOMPAT_PACKED, KEY_SLOT_SIZE, MAX_VOLUMES, PAGE, SUPERBLOCK_MAGIC,
 };
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -64,6 +64,8 @@ impl Superblock {
             put_u64(&mut b, 184, l.presence_sectors);
             put_u64(&mut b, 192, l.key_offset);
             put_u64(&mut b, 200, l.key_slots);
+            put_u64(&mut b, 208, l.virtual_offset);
+            put_u32(&mut b, 216, l.virtual_extents);
         }
         let crc = block_crc(&b, 12);
         put_u32(&mut b, 12, crc);
@@ -93,6 +95,7 @@ impl Superblock {
         let checksums = version >= 2 && incompat_features & INCOMPAT_DATA_CHECKSUMS != 0;
         let layers = version >= 2 && incompat_features & INCOMPAT_LAYERS != 0;
         let keys = version >= 2 && incompat_features & INCOMPAT_KEY_SLOTS != 0;
+        let packed = version >= 2 && incompat_features & INCOMPAT_PACKED != 0;
         let layout = Layout {
             extent_size: get_u32(b, 64),
             volume_slots: get_u32(b, 68),
@@ -107,6 +110,8 @@ impl Superblock {
             presence_sectors: if layers { get_u64(b, 184) } else { 0 },
             key_offset: if keys { get_u64(b, 192) } else { 0 },
             key_slots: if keys { get_u64(b, 200) } else { 0 },
+            virtual_offset: if packed { get_u64(b, 208) } else { 0 },
+            virtual_extents: if packed { get_u32(b, 216) } else { 0 },
             data_offset: get_u64(b, 112),
         };
         let sb = Superblock {
@@ -206,6 +211,24 @@ impl Superblock {
         {
             return bad("key slot region");
         }
+        let packed = self.incompat_features & INCOMPAT_PACKED != 0;
+        if packed != l.has_packed() {
+            return bad("virtual extent table and feature bit disagree");
+        }
+        if packed
+            && (l.virtual_offset < l.key_offset + l.key_len()
+                || l.virtual_offset < l.presence_offset + l.presence_len()
+                || l.virtual_offset < l.checksum_offset + l.checksum_pages * PAGE
+                || l.virtual_offset < l.journal_offset + l.journal_blocks * PAGE
+                || !self.incompat_features & (INCOMPAT_DATA_CHECKSUMS | INCOMPAT_LAYERS) != 0
+                || l.extent_count.checked_add(l.virtual_extents).is_none()
+                || overflow(
+                    (l.virtual_table_pages() * PAGE).checked_add(l.virtual_offset),
+                    l.data_offset,
+                ))
+        {
+            return bad("virtual extent table");
+        }
         if self
             .journal_tail_seq
             .checked_add(l.journal_blocks)
@@ -225,7 +248,7 @@ mod tests {
     fn sample_sb() -> Superblock {
         Superblock {
             version: FORMAT_VERSION,
-            incompat_features: INCOMPAT_DATA_CHECKSUMS | INCOMPAT_LAYERS | INCOMPAT_KEY_SLOTS,
+            incompat_features: crate::format::DEFAULT_FEATURES,
             compat_features: 0,
             store_id: uuid::Uuid::from_u128(42),
             generation: 3,
@@ -273,6 +296,19 @@ mod tests {
         assert!(!read.layout.has_data_checksums());
         assert!(!read.layout.has_layers());
         assert!(!read.layout.has_key_slots());
+        assert!(!read.layout.has_packed());
+        let mut no_table = sb.clone();
+        no_table.layout.virtual_extents = 0;
+        assert!(
+            matches!(Superblock::decode(&no_table.encode()), Err(FormatError::Inconsistent(m)) if m.contains("virtual")),
+            "the packed-extents bit without a virtual extent table"
+        );
+        let mut overlapping = sb.clone();
+        overlapping.layout.virtual_offset = overlapping.layout.key_offset;
+        assert!(matches!(
+            Superblock::decode(&overlapping.encode()),
+            Err(FormatError::Inconsistent(_))
+        ));
         let mut too_many_keys = sb.clone();
         too_many_keys.layout.key_slots = MAX_VOLUMES as u64 + 1;
         assert!(matches!(
