@@ -110,12 +110,21 @@ pub struct OpenOptions {
     pub scrub_interval: Option<Duration>,
     /// Most bytes per second the background scrubber reads.
     pub scrub_rate: u64,
+    /// Most logical bytes per second the background compactor packs
+    /// (cold extents of compressed volumes); `None`: no background
+    /// compaction (`Store::compact_volume` still works).
+    pub compaction_rate: Option<u64>,
+    /// How often the background compactor looks for cold extents.
+    pub compaction_interval: Duration,
 }
 
 /// A week, as Ceph's default deep-scrub interval.
 pub const DEFAULT_SCRUB_INTERVAL: Duration = Duration::from_secs(7 * 24 * 3600);
 /// 16 MiB/s: a TiB in under a day, a small share of any disk's bandwidth.
 pub const DEFAULT_SCRUB_RATE: u64 = 16 << 20;
+/// 32 MiB/s of cold data: a TiB in about nine hours, at most about one
+/// core's share of LZ4 or zstd time.
+pub const DEFAULT_COMPACTION_RATE: u64 = 32 << 20;
 
 impl Default for OpenOptions {
     fn default() -> Self {
@@ -126,6 +135,8 @@ impl Default for OpenOptions {
             max_hot_bytes: None,
             scrub_interval: Some(DEFAULT_SCRUB_INTERVAL),
             scrub_rate: DEFAULT_SCRUB_RATE,
+            compaction_rate: Some(DEFAULT_COMPACTION_RATE),
+            compaction_interval: Duration::from_secs(30),
         }
     }
 }
@@ -310,6 +321,7 @@ pub struct Store {
     pub(crate) cooling_interval: Duration,
     pub(crate) scrubber: Scrubber,
     pub(crate) scrubbed: ScrubCounters,
+    pub(crate) compactor: crate::compactor::Compactor,
     closed: AtomicBool,
     superblock: Mutex<Superblock>,
     recovery: RecoveryReport,
@@ -624,6 +636,7 @@ impl Store {
             cooling_interval: options.cooling_interval,
             scrubber: Scrubber::default(),
             scrubbed: ScrubCounters::default(),
+            compactor: Default::default(),
             closed: AtomicBool::new(false),
             superblock: Mutex::new(sb),
             recovery: report,
@@ -649,6 +662,9 @@ impl Store {
         }
         if let Some(interval) = options.scrub_interval.filter(|_| store.checksums.is_some()) {
             Scrubber::spawn(&store, interval, options.scrub_rate.max(1));
+        }
+        if let Some(rate) = options.compaction_rate.filter(|_| store.packing.is_some()) {
+            crate::compactor::Compactor::spawn(&store, rate.max(1), options.compaction_interval);
         }
         Ok(store)
     }
@@ -852,6 +868,7 @@ impl Store {
         }
         self.zeroer.stop();
         self.scrubber.stop();
+        self.compactor.stop();
         self.commit()?;
         // Freed packed extents may have left pack extents empty: their
         // release is queued by that commit, and zeroed with the others.
@@ -1099,5 +1116,6 @@ impl Drop for Store {
     fn drop(&mut self) {
         self.zeroer.stop();
         self.scrubber.stop();
+        self.compactor.stop();
     }
 }

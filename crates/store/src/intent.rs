@@ -77,6 +77,13 @@ impl Intent {
         }
     }
 
+    /// Whether extent `phys` is cold: no write intent, none queued.
+    pub fn is_cold(&self, phys: u32) -> bool {
+        self.state
+            .get(phys as usize)
+            .is_some_and(|s| s.load(Ordering::Acquire) == 0)
+    }
+
     /// Extent `phys`'s write stamp (see `stamps`).
     pub fn stamp(&self, phys: u32) -> u32 {
         self.stamps

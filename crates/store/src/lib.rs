@@ -22,6 +22,7 @@
 mod alloc;
 mod buf;
 mod check;
+mod compactor;
 pub mod device;
 mod diff;
 mod engine;
@@ -45,11 +46,12 @@ mod volume;
 
 pub use buf::AlignedBuf;
 pub use check::CheckReport;
+pub use compactor::CompactReport;
 pub use device::{BlockDevice, FileDevice, IoKind, IoOp, MemDevice, SimDevice};
 pub use diff::ChangedRun;
 pub use engine::{
     FlushStats, FormatOptions, IntegrityStats, OpenOptions, RecoveryReport, Store, StoreUsage,
-    VolumeUsage, DEFAULT_SCRUB_INTERVAL, DEFAULT_SCRUB_RATE,
+    VolumeUsage, DEFAULT_COMPACTION_RATE, DEFAULT_SCRUB_INTERVAL, DEFAULT_SCRUB_RATE,
 };
 pub use error::{IoError, StoreError};
 pub use format::Codec;

@@ -384,3 +384,73 @@ fn writes_racing_compaction_are_never_lost() {
     store.zero_freed().unwrap();
     store.check().unwrap();
 }
+
+#[test]
+fn compressed_volumes_are_compacted_now_or_once_cold() {
+    let dev = MemDevice::new(32 << 20);
+    let options = basalt_store::OpenOptions {
+        cooling_interval: std::time::Duration::from_millis(50),
+        cool_after: std::time::Duration::from_millis(100),
+        compaction_interval: std::time::Duration::from_millis(50),
+        ..Default::default()
+    };
+    let store = Store::create_with(
+        dev,
+        &FormatOptions {
+            extent_size: Some(EXTENT as u32),
+            journal_blocks: Some(16),
+            ..Default::default()
+        },
+        &options,
+    )
+    .unwrap();
+    let (a, b, snap) = (
+        uuid::Uuid::from_u128(1),
+        uuid::Uuid::from_u128(2),
+        uuid::Uuid::from_u128(3),
+    );
+    let size = 4 * EXTENT;
+    for id in [a, b] {
+        store.create_volume(id, size).unwrap();
+        store.volume(id).unwrap().write(0, &text(size, 1), false).unwrap();
+    }
+    // Now: a volume and its snapshot, hot or not.
+    store.snapshot(a, snap).unwrap();
+    store
+        .volume(a)
+        .unwrap()
+        .write(0, &text(EXTENT, 2), false)
+        .unwrap();
+    let mut calls = 0;
+    let report = store
+        .compact_volume(a, Codec::Lz4, None, &mut |_, _| calls += 1)
+        .unwrap();
+    assert_eq!(report.packed_extents, 5, "four of the snapshot, one of the volume: {report:?}");
+    assert!(report.stored_bytes * 2 < report.packed_bytes);
+    assert_eq!(calls, 8);
+    // Once cold: volume b, whose policy says lz4; nothing of a volume
+    // without one.
+    let c = uuid::Uuid::from_u128(4);
+    store.create_volume(c, size).unwrap();
+    store.volume(c).unwrap().write(0, &text(size, 3), false).unwrap();
+    store.set_compression(b, Some(Codec::Lz4));
+    assert_eq!(store.compression(b), Some(Codec::Lz4));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let packed = |id| {
+        store
+            .volumes()
+            .into_iter()
+            .find(|v| v.id == id)
+            .map_or(0, |v| v.packed_bytes)
+    };
+    while packed(b) < size {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the background compactor did not pack volume b"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert_eq!(packed(c), 0);
+    assert_same(&read_all(&store, b, size), &text(size, 1), "b packed in the background");
+    store.close().unwrap();
+}
