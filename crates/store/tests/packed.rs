@@ -348,37 +348,42 @@ fn a_damaged_run_is_an_error_never_data_and_scrub_names_its_blocks() {
 
 #[test]
 fn writes_racing_compaction_are_never_lost() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
     let store = format(MemDevice::new(32 << 20));
     let id = uuid::Uuid::from_u128(1);
     let size = 4 * EXTENT;
     store.create_volume(id, size).unwrap();
     let vol = store.volume(id).unwrap();
     vol.write(0, &text(size, 0), false).unwrap();
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stop = Arc::new(AtomicBool::new(false));
+    let packed = Arc::new(AtomicU64::new(0));
     let packer = {
-        let (store, stop) = (store.clone(), stop.clone());
+        let (store, stop, packed) = (store.clone(), stop.clone(), packed.clone());
         std::thread::spawn(move || {
-            let mut packed = 0;
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            while !stop.load(Ordering::Relaxed) {
                 for o in pack_all(&store, id, size, Codec::Lz4) {
                     if matches!(o, PackOutcome::Packed { .. }) {
-                        packed += 1;
+                        packed.fetch_add(1, Ordering::Relaxed);
                     }
                 }
             }
-            packed
         })
     };
+    // Writes go on until the packer packed extents between them many
+    // times (each write to a packed extent unpacks it again).
     let mut model = text(size, 0);
-    for round in 0..400u64 {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let mut round = 0u64;
+    while round < 400 || packed.load(Ordering::Relaxed) < 50 {
+        assert!(std::time::Instant::now() < deadline, "the packer never caught up");
         let block = (round * 7919) % (size / BLOCK);
         let d = text(BLOCK, (round % 251) as u8 + 1);
         vol.write(block * BLOCK, &d, false).unwrap();
         model[(block * BLOCK) as usize..((block + 1) * BLOCK) as usize].copy_from_slice(&d);
+        round += 1;
     }
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let packed = packer.join().unwrap();
-    assert!(packed > 0, "the compaction never ran between writes");
+    stop.store(true, Ordering::Relaxed);
+    packer.join().unwrap();
     assert_same(&read_all(&store, id, size), &model, "after racing");
     store.flush().unwrap();
     store.zero_freed().unwrap();
