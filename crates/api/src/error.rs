@@ -53,6 +53,7 @@ pub fn status_for(err: &VolumeError) -> StatusCode {
         | VolumeError::InvalidNodeState(_)
         | VolumeError::NotSupported(_)
         | VolumeError::InvalidQos(_)
+        | VolumeError::InvalidCompression(_)
         | VolumeError::InvalidEntryName { .. }
         | VolumeError::InvalidPolicy(_) => StatusCode::BAD_REQUEST,
         VolumeError::Forbidden(_) => StatusCode::FORBIDDEN,
@@ -76,6 +77,7 @@ pub fn status_for(err: &VolumeError) -> StatusCode {
         | VolumeError::ProjectNotEmpty { .. }
         | VolumeError::TypeInUse { .. }
         | VolumeError::Locked(_)
+        | VolumeError::NotCompressed(_)
         | VolumeError::Catalog(CatalogError::Conflict { .. }) => StatusCode::CONFLICT,
         VolumeError::Overcommit { .. }
         | VolumeError::ReplicaNodeFull { .. }

@@ -129,6 +129,7 @@ fn build(service: Arc<VolumeService>, token: String) -> (Router, Vec<RouteSpec>)
         volumes::disconnect_volume,
     )
     .post("/api/v1/volumes/{name}/scrub", volumes::scrub_volume)
+    .post("/api/v1/volumes/{name}/compact", volumes::compact_volume)
     .get("/api/v1/volumes/{name}/local-digest", volumes::local_digest)
     .get(
         "/api/v1/volumes/{name}/snapshots",

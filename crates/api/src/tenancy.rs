@@ -177,6 +177,7 @@ pub(crate) async fn create_type(
         qos: QosSpec(req.qos),
         projects: req.projects,
         encrypted: req.encrypted,
+        compression: req.compression,
     };
     let info =
         blocking(move || app.service.create_volume_type(&who, &request, req.default)).await?;

@@ -191,6 +191,9 @@ pub struct VolumeType {
     /// Its volumes are encrypted at rest.
     #[serde(default)]
     pub encrypted: bool,
+    /// The codec its volumes are kept compressed with (absent: none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compression: Option<String>,
     #[serde(default)]
     pub is_default: bool,
 }
@@ -205,6 +208,7 @@ impl From<VolumeTypeInfo> for VolumeType {
             qos: t.qos.0,
             projects: t.projects,
             encrypted: t.encrypted,
+            compression: t.compression,
             is_default: t.is_default,
         }
     }
@@ -232,6 +236,10 @@ pub struct CreateVolumeType {
     /// Its volumes are encrypted at rest.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub encrypted: bool,
+    /// Its volumes' cold data is kept compressed: `lz4`, `zstd`,
+    /// `zstd:LEVEL` (1-19) or `off`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compression: Option<String>,
     /// Also make it the default type.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub default: bool,

@@ -65,6 +65,23 @@ pub struct Volume {
     /// Its data is encrypted at rest (AES-256-XTS).
     #[serde(default)]
     pub encrypted: bool,
+    /// The codec its cold data is kept compressed with (`lz4`, `zstd`,
+    /// `zstd:LEVEL`); null: not compressed.
+    #[serde(default)]
+    pub compression: Option<String>,
+    /// Logical bytes of its own data kept compressed on this node.
+    #[serde(default)]
+    pub packed_bytes: u64,
+    /// Bytes the compressed records of that data take.
+    #[serde(default)]
+    pub packed_stored_bytes: u64,
+    /// `packed_bytes / packed_stored_bytes` (1.0 while nothing is packed).
+    #[serde(default = "one")]
+    pub compression_ratio: f64,
+}
+
+fn one() -> f64 {
+    1.0
 }
 
 /// How far a clone's flattening has come.
@@ -227,6 +244,7 @@ impl From<ReplicaStatus> for Replica {
 
 impl From<VolumeInfo> for Volume {
     fn from(v: VolumeInfo) -> Self {
+        let compression_ratio = v.compression_ratio();
         Volume {
             name: v.name,
             id: v.id,
@@ -250,6 +268,10 @@ impl From<VolumeInfo> for Volume {
             project: v.project,
             volume_type: v.volume_type,
             encrypted: v.encrypted,
+            compression: v.compression,
+            packed_bytes: v.packed_bytes,
+            packed_stored_bytes: v.packed_stored_bytes,
+            compression_ratio,
             flatten: v.flatten.map(|f| FlattenStatus {
                 done_bytes: f.done_bytes,
                 total_bytes: f.total_bytes,
@@ -290,6 +312,19 @@ pub struct Status {
     /// Reads answered with an error because a block failed its checksum.
     #[serde(default)]
     pub checksum_errors: u64,
+    /// Logical bytes of volume data kept compressed.
+    #[serde(default)]
+    pub packed_bytes: u64,
+    /// Bytes the compressed records of that data take.
+    #[serde(default)]
+    pub packed_stored_bytes: u64,
+    /// Bytes of the store extents holding compressed records (part of
+    /// `allocated_bytes`).
+    #[serde(default)]
+    pub pack_extent_bytes: u64,
+    /// `packed_bytes / packed_stored_bytes` (1.0 while nothing is packed).
+    #[serde(default = "one")]
+    pub compression_ratio: f64,
 }
 
 /// What a scrub of a volume found: this node's copy checked against its
@@ -359,6 +394,13 @@ impl From<StoreStatus> for Status {
             quarantined_entries: s.quarantined_entries,
             data_checksums: s.data_checksums,
             checksum_errors: s.checksum_errors,
+            packed_bytes: s.packed_bytes,
+            packed_stored_bytes: s.packed_stored_bytes,
+            pack_extent_bytes: s.pack_extent_bytes,
+            compression_ratio: basalt_volume::compression_ratio(
+                s.packed_bytes,
+                s.packed_stored_bytes,
+            ),
         }
     }
 }
@@ -429,6 +471,26 @@ pub struct CreateVolume {
     /// is encrypted exactly when its source is.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub encrypted: bool,
+    /// Keep its cold data compressed: `lz4`, `zstd`, `zstd:LEVEL` (1-19)
+    /// or `off` (default: its volume type's; a clone's: its source's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compression: Option<String>,
+}
+
+/// What `POST /api/v1/volumes/{name}/compact` did.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CompactResult {
+    pub volume: String,
+    /// The codec it compressed with.
+    pub compression: String,
+    /// Extents (of the volume and its snapshots) compressed by this call.
+    pub packed_extents: u64,
+    /// Their logical bytes.
+    pub packed_bytes: u64,
+    /// The bytes their compressed records take.
+    pub stored_bytes: u64,
+    /// Extents left as they were: compressing saved less than an eighth.
+    pub incompressible_extents: u64,
 }
 
 /// `POST /api/v1/keys/rotate`'s answer.

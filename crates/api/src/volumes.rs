@@ -5,9 +5,9 @@
 
 use crate::error::ApiError;
 use crate::types::{
-    AttachHost, AttachedHost, CreateSnapshot, CreateVolume, DifferingRegion, FlattenResult,
-    FlattenVolume, ReplicaCompare, ResizeVolume, Retype, Rollback, ScrubResult, ScrubVolume,
-    SetQos, Snapshot, SnapshotList, Volume, VolumeList,
+    AttachHost, AttachedHost, CompactResult, CreateSnapshot, CreateVolume, DifferingRegion,
+    FlattenResult, FlattenVolume, ReplicaCompare, ResizeVolume, Retype, Rollback, ScrubResult,
+    ScrubVolume, SetQos, Snapshot, SnapshotList, Volume, VolumeList,
 };
 use crate::{blocking, AppState, JsonBody};
 use axum::extract::{Extension, Path, RawQuery, State};
@@ -69,7 +69,12 @@ pub(crate) async fn create_volume(
                         owner.as_deref().unwrap_or("none")
                     )));
                 }
-                app.service.create_clone(&req.name, source, size.map(|s| s.0))
+                app.service.create_clone(
+                    &req.name,
+                    source,
+                    size.map(|s| s.0),
+                    req.compression.as_deref(),
+                )
             }
             (None, Some(size)) => app.service.create_volume(&NewVolume {
                 name: req.name,
@@ -79,6 +84,7 @@ pub(crate) async fn create_volume(
                 project,
                 volume_type: req.volume_type,
                 encrypted: req.encrypted,
+                compression: req.compression,
             }),
             (None, None) => Err(VolumeError::InvalidSize(
                 "size is required (or from, to clone a snapshot)".into(),
@@ -193,6 +199,27 @@ pub(crate) async fn scrub_volume(
                 .collect(),
             unreadable: c.unreadable,
         }),
+    }))
+}
+
+/// `POST /api/v1/volumes/{name}/compact`: authorized like scrub (any
+/// token that may see the volume).
+pub(crate) async fn compact_volume(
+    State(app): State<AppState>,
+    Extension(who): Extension<Principal>,
+    Path(name): Path<String>,
+) -> Result<Json<CompactResult>, ApiError> {
+    visible(&app, &who, &name).await?;
+    let volume = name.clone();
+    let (compression, report) =
+        blocking(move || app.service.compact(&name, &mut |_, _| {})).await?;
+    Ok(Json(CompactResult {
+        volume,
+        compression,
+        packed_extents: report.packed_extents,
+        packed_bytes: report.packed_bytes,
+        stored_bytes: report.stored_bytes,
+        incompressible_extents: report.incompressible_extents,
     }))
 }
 

@@ -253,6 +253,11 @@ pub struct VolumeTypeRecord {
     /// Its volumes are encrypted at rest.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub encrypted: bool,
+    /// The codec its volumes' cold data is kept compressed with (`lz4`,
+    /// `zstd`, `zstd:LEVEL`; checked by the volume service when the type
+    /// is created); absent: not compressed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compression: Option<String>,
     /// Fields written by a newer basalt that this version does not know.
     #[serde(flatten)]
     pub unknown: serde_json::Map<String, serde_json::Value>,

@@ -66,6 +66,12 @@ pub struct VolumeRecord {
     /// every node of the cluster is started with.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub wrapped_key: Option<WrappedKeyRecord>,
+    /// The codec its cold data is kept compressed with (`lz4`, `zstd`,
+    /// `zstd:LEVEL`); absent: not compressed. A policy of the store's
+    /// compactor, set again at every start: the data's format does not
+    /// depend on it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compression: Option<String>,
     /// Fields written by a newer basalt that this version does not know.
     #[serde(flatten)]
     pub unknown: serde_json::Map<String, serde_json::Value>,
@@ -185,6 +191,7 @@ impl VolumeRecord {
             volume_type: None,
             encrypted: false,
             wrapped_key: None,
+            compression: None,
             unknown: serde_json::Map::new(),
         }
     }
@@ -255,6 +262,19 @@ mod tests {
         assert_eq!(rewritten["qos_policy"], 3);
         assert_eq!(rewritten["tenant"]["id"], "t1");
         assert_eq!(rewritten["size_bytes"], 4096);
+    }
+
+    #[test]
+    fn compression_is_optional_and_round_trips() {
+        let json = r#"{"id":"67e55044-10b1-426f-9247-bb680e5fe0c8","name":"a","size_bytes":4096,
+            "created_at":"2024-01-01T00:00:00Z"}"#;
+        let mut rec = VolumeRecord::from_json("a", json).unwrap();
+        assert_eq!(rec.compression, None, "records from before it load");
+        assert!(!rec.to_json().contains("compression"), "absent when none");
+        rec.compression = Some("zstd:3".into());
+        let back = VolumeRecord::from_json("a", &rec.to_json()).unwrap();
+        assert_eq!(back.compression.as_deref(), Some("zstd:3"));
+        assert!(back.unknown.is_empty());
     }
 
     #[test]

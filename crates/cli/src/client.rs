@@ -141,6 +141,12 @@ impl ApiClient {
         self.send("PUT", path, Some(body))
     }
 
+    /// A POST that may take up to `timeout` (instead of the usual 2
+    /// minutes): an operation the server does in one request.
+    pub fn post_long(&self, path: &str, body: Value, timeout: Duration) -> Result<Value> {
+        self.send_with("POST", path, Some(body), Some(timeout))
+    }
+
     pub fn delete(&self, path: &str) -> Result<Value> {
         self.send("DELETE", path, None)
     }
@@ -148,11 +154,24 @@ impl ApiClient {
     /// Sends a request; returns the JSON body (`Null` for an empty one), or
     /// the server's error message.
     fn send(&self, method: &str, path: &str, body: Option<Value>) -> Result<Value> {
+        self.send_with(method, path, body, None)
+    }
+
+    fn send_with(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<Value>,
+        timeout: Option<Duration>,
+    ) -> Result<Value> {
         let url = format!("{}{path}", self.base);
-        let request = self
+        let mut request = self
             .agent
             .request(method, &url)
             .set("Authorization", &format!("Bearer {}", self.token));
+        if let Some(timeout) = timeout {
+            request = request.timeout(timeout);
+        }
         let result = match body {
             Some(body) => request.send_json(body),
             None => request.call(),

@@ -6,7 +6,7 @@ use crate::client::{ApiClient, ClientArgs, Output};
 use crate::output::{fields, table, Align};
 use crate::transfer::Progress;
 use anyhow::{anyhow, bail, Context, Result};
-use basalt_api::types::{AttachedHost, Node, NodeList, Status, Volume, VolumeList};
+use basalt_api::types::{AttachedHost, CompactResult, Node, NodeList, Status, Volume, VolumeList};
 use basalt_volume::qos::QosSpec;
 use basalt_volume::{format_size, parse_size};
 use clap::Subcommand;
@@ -50,6 +50,11 @@ pub enum VolumeCommand {
         /// is.
         #[arg(long, conflicts_with = "from")]
         encrypted: bool,
+        /// Keep its cold data compressed: lz4, zstd, zstd:LEVEL (1-19) or
+        /// off (default: its volume type's; a clone's: its source's). Data
+        /// is compressed once it has gone cold, or now by `volume compact`.
+        #[arg(long, value_name = "CODEC")]
+        compression: Option<String>,
     },
     /// Give a volume another volume type's policies, online (QoS at once,
     /// replica count through the cluster's placement).
@@ -215,6 +220,10 @@ pub enum VolumeCommand {
         #[arg(long)]
         rate: Option<String>,
     },
+    /// Compress every extent of a compressed volume and of its snapshots
+    /// now, with the volume's codec (the server's background compactor
+    /// only compresses data not written for a while).
+    Compact { name: String },
     /// CRC32C of this node's local copy of a volume (its replica in a
     /// cluster): equal on every in-sync replica once I/O has stopped.
     #[command(name = "local-digest")]
@@ -328,6 +337,7 @@ fn volume_fields(volume: &Volume, client: &ApiClient) -> String {
     if volume.encrypted {
         pairs.push(("encrypted", "yes (AES-256-XTS)".into()));
     }
+    pairs.push(("compression", compression_text(volume)));
     if let Some(server) = &client.server {
         pairs.extend(server.nbd_uris(&volume.name).map(|uri| ("nbd", uri)));
         if let Some(nvme) = &server.nvme {
@@ -400,6 +410,31 @@ fn volume_fields(volume: &Volume, client: &ApiClient) -> String {
     fields(&pairs)
 }
 
+/// A volume's codec and, once some of its data is packed, how much.
+fn compression_text(volume: &Volume) -> String {
+    let Some(codec) = &volume.compression else {
+        return match volume.packed_bytes {
+            0 => "off".into(),
+            // Packed while it had a codec: stays packed until written.
+            n => format!("off ({} still compressed)", format_size(n)),
+        };
+    };
+    match volume.packed_bytes {
+        0 => format!("{codec} (nothing compressed yet)"),
+        n => format!(
+            "{codec}, ratio {:.2} ({} stored in {})",
+            volume.compression_ratio,
+            format_size(n),
+            format_size(volume.packed_stored_bytes)
+        ),
+    }
+}
+
+/// Logical bytes over the bytes they take compressed (1.0 for none).
+fn ratio(logical: u64, stored: u64) -> f64 {
+    basalt_volume::compression_ratio(logical, stored)
+}
+
 pub fn run_volume(command: VolumeCommand, client: &ClientArgs) -> Result<()> {
     match command {
         VolumeCommand::Create {
@@ -411,6 +446,7 @@ pub fn run_volume(command: VolumeCommand, client: &ClientArgs) -> Result<()> {
             volume_type,
             project,
             encrypted,
+            compression,
         } => {
             let size = size.as_deref().map(parse_size).transpose()?;
             let api = ApiClient::discover(client)?;
@@ -435,6 +471,9 @@ pub fn run_volume(command: VolumeCommand, client: &ClientArgs) -> Result<()> {
             }
             if encrypted {
                 body["encrypted"] = json!(true);
+            }
+            if let Some(c) = &compression {
+                body["compression"] = json!(c);
             }
             let value = api.post("/api/v1/volumes", body)?;
             if client.output == Output::Json {
@@ -473,6 +512,7 @@ pub fn run_volume(command: VolumeCommand, client: &ClientArgs) -> Result<()> {
                         v.open_connections.to_string(),
                         v.project.clone().unwrap_or_else(|| "-".into()),
                         v.volume_type.clone().unwrap_or_else(|| "-".into()),
+                        v.compression.clone().unwrap_or_else(|| "-".into()),
                         v.created_at.clone(),
                     ]
                 })
@@ -487,6 +527,7 @@ pub fn run_volume(command: VolumeCommand, client: &ClientArgs) -> Result<()> {
                         ("CONNECTIONS", Align::Right),
                         ("PROJECT", Align::Left),
                         ("TYPE", Align::Left),
+                        ("COMPRESSION", Align::Left),
                         ("CREATED", Align::Left),
                     ],
                     &rows,
@@ -586,6 +627,42 @@ pub fn run_volume(command: VolumeCommand, client: &ClientArgs) -> Result<()> {
             );
         }
         VolumeCommand::Scrub { name, rate } => scrub(&name, rate.as_deref(), client)?,
+        VolumeCommand::Compact { name } => {
+            let api = ApiClient::discover(client)?;
+            let value = api.post_long(
+                &format!("{}/compact", volume_path(&name)),
+                json!({}),
+                COMPACT_TIMEOUT,
+            )?;
+            if client.output == Output::Json {
+                return print_json(&value);
+            }
+            let r: CompactResult = decode(value)?;
+            let row = vec![
+                r.volume.clone(),
+                r.compression.clone(),
+                r.packed_extents.to_string(),
+                format_size(r.packed_bytes),
+                format_size(r.stored_bytes),
+                format!("{:.2}", ratio(r.packed_bytes, r.stored_bytes)),
+                r.incompressible_extents.to_string(),
+            ];
+            print!(
+                "{}",
+                table(
+                    &[
+                        ("VOLUME", Align::Left),
+                        ("COMPRESSION", Align::Left),
+                        ("PACKED EXTENTS", Align::Right),
+                        ("PACKED", Align::Right),
+                        ("STORED", Align::Right),
+                        ("RATIO", Align::Right),
+                        ("INCOMPRESSIBLE", Align::Right),
+                    ],
+                    &[row],
+                )
+            );
+        }
         VolumeCommand::Flatten { name, rate } => flatten(&name, rate.as_deref(), client)?,
         VolumeCommand::Import {
             name,
@@ -757,6 +834,18 @@ pub fn run_status(client: &ClientArgs) -> Result<()> {
         ("volumes", s.volume_count.to_string()),
         ("extent size", format_size(s.extent_size)),
     ]);
+    if s.packed_bytes > 0 {
+        pairs.push((
+            "compressed",
+            format!(
+                "{} stored in {} (ratio {:.2}; pack extents {})",
+                format_size(s.packed_bytes),
+                format_size(s.packed_stored_bytes),
+                s.compression_ratio,
+                format_size(s.pack_extent_bytes)
+            ),
+        ));
+    }
     // Cluster only: replication health across every volume.
     if let (Some(degraded), Some(resyncing)) = (s.volumes_degraded, s.volumes_resyncing) {
         pairs.push((
@@ -789,6 +878,10 @@ pub fn run_status(client: &ClientArgs) -> Result<()> {
     print!("{}", fields(&pairs));
     Ok(())
 }
+
+/// How long `volume compact` waits for the server: one request compacts
+/// the whole volume.
+const COMPACT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
 
 /// The window one scrub or flatten request covers: a request stays well
 /// inside the client's timeout at any disk speed worth having, and the

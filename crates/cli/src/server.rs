@@ -125,6 +125,13 @@ pub struct ServerArgs {
     #[arg(long, default_value = "16M", value_parser = parse_rate, value_name = "BYTES")]
     pub scrub_rate: u64,
 
+    /// Most logical bytes per second the background compactor compresses
+    /// (e.g. 32M; 0 turns it off): it compresses the data of compressed
+    /// volumes (`volume create --compression`) not written for 10 minutes.
+    /// `basalt volume compact` works either way. [default: 32M]
+    #[arg(long, value_parser = parse_rate_or_off, value_name = "BYTES")]
+    pub compaction_rate: Option<u64>,
+
     /// The master key of encrypted volumes: a file of 64 hex digits, mode
     /// 0600 (refused otherwise). A missing file is created with a fresh
     /// random key: keep a copy, as the volumes cannot be read without it.
@@ -252,6 +259,11 @@ fn parse_rate(s: &str) -> Result<u64, String> {
         Ok(n) => Ok(n),
         Err(e) => Err(e.to_string()),
     }
+}
+
+/// A byte rate such as `32M`, or 0 (off).
+fn parse_rate_or_off(s: &str) -> Result<u64, String> {
+    basalt_volume::parse_size(s).map_err(|e| e.to_string())
 }
 
 /// A listen address: `IP:PORT`, `localhost:PORT` or `:PORT` (loopback).
@@ -477,12 +489,19 @@ fn open_store(
     Ok(store)
 }
 
-/// How the store runs: background zeroing, cooling and scrubbing.
+/// How the store runs: background zeroing, cooling, scrubbing and
+/// compaction.
 fn store_options(args: &ServerArgs) -> OpenOptions {
+    let defaults = OpenOptions::default();
     OpenOptions {
         scrub_interval: (!args.scrub_interval.is_zero()).then_some(args.scrub_interval),
         scrub_rate: args.scrub_rate,
-        ..OpenOptions::default()
+        compaction_rate: match args.compaction_rate {
+            None => defaults.compaction_rate,
+            Some(0) => None,
+            Some(rate) => Some(rate),
+        },
+        ..defaults
     }
 }
 

@@ -158,6 +158,11 @@ pub enum TypeCommand {
         /// key: basalt server --master-key-file).
         #[arg(long)]
         encrypted: bool,
+        /// Its volumes' cold data is kept compressed: lz4, zstd,
+        /// zstd:LEVEL (1-19) or off (a volume created with --compression
+        /// keeps that instead).
+        #[arg(long, value_name = "CODEC")]
+        compression: Option<String>,
         #[arg(long)]
         description: Option<String>,
         /// Also make it the default type.
@@ -253,6 +258,10 @@ fn type_fields(t: &VolumeType) -> String {
     pairs.push(("qos", qos_text(t)));
     pairs.push(("projects", projects_text(t)));
     pairs.push(("encrypted", if t.encrypted { "yes" } else { "no" }.into()));
+    pairs.push((
+        "compression",
+        t.compression.clone().unwrap_or_else(|| "off".into()),
+    ));
     pairs.push(("default", if t.is_default { "yes" } else { "no" }.into()));
     fields(&pairs)
 }
@@ -453,6 +462,7 @@ pub fn run_type(command: TypeCommand, client: &ClientArgs) -> Result<()> {
             qos,
             projects,
             encrypted,
+            compression,
             description,
             default,
         } => {
@@ -472,6 +482,9 @@ pub fn run_type(command: TypeCommand, client: &ClientArgs) -> Result<()> {
             }
             if encrypted {
                 body["encrypted"] = json!(true);
+            }
+            if let Some(c) = &compression {
+                body["compression"] = json!(c);
             }
             let value = api.post("/api/v1/types", body)?;
             if json_out {

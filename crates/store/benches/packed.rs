@@ -37,7 +37,11 @@ fn packed(c: &mut Criterion) {
     for (name, codec) in [("lz4", Codec::Lz4), ("zstd", Codec::Zstd(3))] {
         let id = uuid::Uuid::new_v4();
         store.create_volume(id, EXTENTS * MIB).expect("create");
-        store.volume(id).unwrap().write(0, &data, false).expect("fill");
+        store
+            .volume(id)
+            .unwrap()
+            .write(0, &data, false)
+            .expect("fill");
         let (mut packed, mut stored) = (0u64, 0u64);
         for l in 0..EXTENTS as u32 {
             if let PackOutcome::Packed { stored: s } = store.pack_extent(id, l, codec).unwrap() {
@@ -94,7 +98,8 @@ fn packed(c: &mut Criterion) {
     g.bench_function("read_4k_plain", |b| {
         b.iter(|| {
             i = (i + 7919) % half;
-            vol.read(black_box((half + i) * 4096), &mut buf).expect("read")
+            vol.read(black_box((half + i) * 4096), &mut buf)
+                .expect("read")
         })
     });
     g.bench_function("read_4k_packed_lz4", |b| {

@@ -209,7 +209,6 @@ impl Store {
             return Ok(());
         };
         let mut used = std::collections::BTreeMap::<u32, u8>::new();
-        let mut buf = AlignedBuf::zeroed(self.layout.extent_size as usize);
         for virt in self.layout.extent_count..self.layout.all_extents() {
             if !matches!(place[virt as usize], Place::Mapped { .. }) {
                 continue;
@@ -224,8 +223,8 @@ impl Store {
                 ));
             }
             *units |= mask;
-            self.read_packed(virt, 0, &mut buf).map_err(|e| {
-                StoreError::Format(format!("check: virtual extent {virt} does not read: {e}"))
+            self.verify_packed(virt).map_err(|e| {
+                StoreError::Format(format!("check: virtual extent {virt} does not verify: {e}"))
             })?;
         }
         if &used != packs {

@@ -43,7 +43,6 @@ pub struct CompactReport {
     pub incompressible_extents: u64,
 }
 
-
 #[derive(Default)]
 struct Signal {
     stop: bool,
@@ -70,6 +69,12 @@ impl Store {
             Some(c) => p.insert(id, c),
             None => p.remove(&id),
         };
+    }
+
+    /// Whether this store can keep data compressed (it was formatted with
+    /// packed extents; stores formatted before them cannot).
+    pub fn supports_compression(&self) -> bool {
+        self.packing.is_some()
     }
 
     /// The codec volume `id` is kept compressed with, if any.
@@ -149,7 +154,12 @@ impl Store {
                     let Some((phys, stamp)) = self.cold_extent(layer, logical) else {
                         continue;
                     };
-                    if self.compactor.incompressible.lock().contains(&(phys, stamp)) {
+                    if self
+                        .compactor
+                        .incompressible
+                        .lock()
+                        .contains(&(phys, stamp))
+                    {
                         continue;
                     }
                     match self.pack_extent(layer, logical as u32, codec) {

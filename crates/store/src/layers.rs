@@ -32,13 +32,19 @@ use crate::error::{IoError, StoreError};
 use crate::format::JournalEntry;
 use crate::layer_map::{LayerGuard, LayerMap, VolumeState};
 use crate::{VolumeId, BLOCK_SIZE};
+use basalt_crypt::BlockCipher;
 use std::sync::Arc;
 
 /// What `copy_missing_blocks` writes into the blocks a layer lacks.
-enum Source {
+enum Source<'a> {
     /// The blocks of another extent (a snapshot's; `bottom`: it has no
-    /// parent, so it holds every block).
-    Extent { phys: u32, bottom: bool },
+    /// parent, so it holds every block; `cipher`: the snapshot's, should
+    /// the extent be an encrypted volume's packed one).
+    Extent {
+        phys: u32,
+        bottom: bool,
+        cipher: Option<&'a BlockCipher>,
+    },
     /// Zeros.
     Zeros,
     /// The buffer already holds the whole extent's content.
@@ -328,6 +334,8 @@ impl Store {
     ) -> Result<(), StoreError> {
         let pacer = crate::Pacer::new(rate);
         let presence = self.presence.as_ref().ok_or(StoreError::NoLayers)?;
+        // Its packed extents of an encrypted volume are read through it.
+        let s_cipher = self.cipher_of(s).ok().flatten();
         {
             let smap = s.map.write();
             s.retire();
@@ -385,6 +393,7 @@ impl Store {
                     let from = Source::Extent {
                         phys: sphys,
                         bottom: s_root,
+                        cipher: s_cipher.as_deref(),
                     };
                     copied += self.copy_missing_blocks(from, cphys, &mut buf, &mut entries)?;
                     entries.push(JournalEntry::Free {
@@ -435,7 +444,7 @@ impl Store {
     /// provides, and queues their presence; the number written.
     fn copy_missing_blocks(
         &self,
-        from: Source,
+        from: Source<'_>,
         cphys: u32,
         buf: &mut AlignedBuf,
         entries: &mut Vec<JournalEntry>,
@@ -446,7 +455,7 @@ impl Store {
         let wanted: Vec<u64> = (0..bpe)
             .filter(|&j| !presence.is_present(cfirst + j))
             .filter(|&j| match from {
-                Source::Extent { phys, bottom } => {
+                Source::Extent { phys, bottom, .. } => {
                     bottom || presence.is_present(phys as u64 * bpe + j)
                 }
                 Source::Zeros | Source::Filled => true,
@@ -456,7 +465,7 @@ impl Store {
             return Ok(0);
         }
         match from {
-            Source::Extent { phys, .. } => self.read_extent_verified(phys, buf)?,
+            Source::Extent { phys, cipher, .. } => self.read_extent_verified(phys, buf, cipher)?,
             Source::Zeros => buf.fill(0),
             Source::Filled => {}
         }
@@ -516,6 +525,8 @@ impl Store {
         let mut buf = AlignedBuf::zeroed(es as usize);
         let pacer = crate::Pacer::new(rate);
         let mut copied_bytes = 0u64;
+        // Without its key, only packed blocks of an encrypted volume fail.
+        let cipher = self.cipher_of(&vol).ok().flatten();
         for logical in first..last {
             let mut entries = Vec::new();
             {
@@ -544,7 +555,7 @@ impl Store {
                                 self.allocate(&vol, map.slot, logical as u32, entry)?
                             }
                         };
-                        self.read_through(below, rest, l, &mut buf)?;
+                        self.read_through(below, rest, l, &mut buf, cipher.as_deref())?;
                         self.copy_missing_blocks(Source::Filled, cphys, &mut buf, &mut entries)?
                     }
                 };
@@ -579,6 +590,7 @@ impl Store {
         rest: &[LayerGuard],
         logical: usize,
         buf: &mut AlignedBuf,
+        cipher: Option<&BlockCipher>,
     ) -> Result<(), StoreError> {
         let bs = BLOCK_SIZE as usize;
         for (j, block) in buf.chunks_mut(bs).enumerate() {
@@ -587,7 +599,7 @@ impl Store {
                 block.fill(0);
                 continue;
             };
-            self.read_block_verified(at, block).map_err(|e| match e {
+            self.read_block_verified(at, block, cipher).map_err(|e| match e {
                 IoError::Corrupt { offset } => StoreError::Layers(format!(
                     "cannot copy the parent's data: its block at device offset {offset} fails its checksum"
                 )),

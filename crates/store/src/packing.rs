@@ -27,17 +27,24 @@
 //! - Only extents that hold every block of their layer are packed (a
 //!   layer without a parent, or all presence bits set): a virtual extent
 //!   has no presence bits and reads as wholly present.
+//! - An encrypted volume's extent is compressed from its plaintext, and
+//!   its compressed records are sealed with the volume's cipher (compress,
+//!   then encrypt); reading it back gives what the device held before it
+//!   was packed — ciphertext, bit for bit (XTS is deterministic) — so
+//!   every path above the run (decryption in the data path, unpacking,
+//!   merges, flattening) treats it as a plain extent.
 
 use crate::buf::AlignedBuf;
 use crate::engine::Store;
 use crate::error::{IoError, StoreError};
 use crate::format::{
-    encode_run, run_header_len, Codec, ExtentState, JournalEntry, RunHeader, RunIdentity, RunLoc,
-    PACK_SLOT, UNITS_PER_EXTENT,
+    encode_run, run_header_len, Codec, ExtentState, JournalEntry, RecordKind, RunError, RunHeader,
+    RunIdentity, RunLoc, Sealing, PACK_SLOT, UNITS_PER_EXTENT,
 };
 use crate::layer_map::{LayerMap, VolumeState};
 use crate::meta::MetaState;
 use crate::BLOCK_SIZE;
+use basalt_crypt::BlockCipher;
 use parking_lot::Mutex;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -91,6 +98,12 @@ fn decode_loc(v: u64, stored: u64) -> RunLoc {
         codec: (v >> 48) as u8,
         stored: stored as u32,
     }
+}
+
+/// The XTS data unit a sealed record of volume block `block` is
+/// encrypted as: apart from the unit numbers of the volume's blocks.
+fn sealed_unit(block: u64) -> u128 {
+    1u128 << 127 | block as u128
 }
 
 fn unit_mask(unit: u8, units: u8) -> u8 {
@@ -251,12 +264,15 @@ impl Store {
     }
 
     /// Reads blocks of virtual extent `virt` from byte `within` on into
-    /// `buf` (whole blocks), decompressing and verifying each record.
+    /// `buf` (whole blocks), decompressing and verifying each record: what
+    /// the extent held on the device before it was packed. `cipher`: the
+    /// volume's, for a sealed run (an encrypted volume's).
     pub(crate) fn read_packed(
         &self,
         virt: u32,
         within: u64,
         buf: &mut [u8],
+        cipher: Option<&BlockCipher>,
     ) -> Result<(), IoError> {
         let packing = self.packing().map_err(|_| IoError::Failed)?;
         let layout = self.layout;
@@ -299,10 +315,63 @@ impl Store {
         if end > start {
             self.device.read_at(&mut records, base + start as u64)?;
         }
+        let bpe = bpe as u64;
+        let first_block = header.identity.logical as u64 * bpe;
+        let open = |i: u32, rec: &mut [u8]| {
+            cipher.is_some_and(|c| {
+                c.decrypt_unit(sealed_unit(first_block + i as u64), rec)
+                    .is_ok()
+            })
+        };
         for (i, out) in buf.chunks_exact_mut(bs).enumerate() {
-            header
-                .decode_block(first + i, &records, start, out)
-                .map_err(|e| corrupt(e.to_string()))?;
+            let block = first + i;
+            match header.decode_block(block, &records, start, out, Some(&open)) {
+                // Plaintext: back to what the device held.
+                Ok(RecordKind::Compressed) if header.sealed => {
+                    let sealed = cipher
+                        .ok_or(IoError::Failed)?
+                        .encrypt(first_block + block as u64, out);
+                    sealed.map_err(|_| IoError::Failed)?;
+                }
+                Ok(_) => {}
+                Err(RunError::Sealed) => {
+                    tracing::error!(
+                        virt,
+                        "packed extent of an encrypted volume read without its key"
+                    );
+                    return Err(IoError::Failed);
+                }
+                Err(e) => return Err(corrupt(e.to_string())),
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks virtual extent `virt`'s run without decrypting: its header,
+    /// and every record against its checksum (for `Store::check`).
+    pub(crate) fn verify_packed(&self, virt: u32) -> Result<(), String> {
+        let packing = self.packing().map_err(|e| e.to_string())?;
+        let layout = self.layout;
+        let run = packing.run(virt);
+        let base = layout.extent_offset(run.pack) + run.unit as u64 * layout.unit_size();
+        let mut bytes = AlignedBuf::zeroed((run.units as u64 * layout.unit_size()) as usize);
+        self.device
+            .read_at(&mut bytes, base)
+            .map_err(|e| e.to_string())?;
+        let bpe = layout.blocks_per_extent() as usize;
+        let header = RunHeader::decode(&bytes, bpe).map_err(|e| e.to_string())?;
+        if header.identity.virt != virt || header.units != run.units {
+            return Err(format!(
+                "its header names virtual extent {}",
+                header.identity.virt
+            ));
+        }
+        let mut out = [0u8; BLOCK_SIZE as usize];
+        for b in 0..bpe {
+            match header.decode_block(b, &bytes, 0, &mut out, None) {
+                Ok(_) | Err(RunError::Sealed) => {}
+                Err(e) => return Err(e.to_string()),
+            }
         }
         Ok(())
     }
@@ -343,9 +412,32 @@ impl Store {
                 }
             }
             let stamp = self.intent.as_ref().map_or(0, |i| i.stamp(phys));
-            self.read_extent_verified(phys, &mut data)?;
+            self.read_extent_verified(phys, &mut data, None)?;
             (phys, map.slot, stamp)
         };
+        // An encrypted volume's: compressed from its plaintext, sealed.
+        let cipher = match self.cipher_of(&vol) {
+            Ok(c) => c,
+            Err(_) => return Ok(PackOutcome::Skipped), // its key is not loaded
+        };
+        let first_block = logical as u64 * bpe;
+        let plain = match &cipher {
+            Some(c) => {
+                let mut p = data.to_vec();
+                if c.decrypt_written(first_block, &mut p).is_err() {
+                    return Ok(PackOutcome::Skipped);
+                }
+                Some(p)
+            }
+            None => None,
+        };
+        let seal = |i: u32, rec: &mut [u8]| {
+            cipher.as_ref().is_some_and(|c| {
+                c.encrypt_unit(sealed_unit(first_block + i as u64), rec)
+                    .is_ok()
+            })
+        };
+        let sealing = plain.as_deref().map(|plain| Sealing { plain, seal: &seal });
         let virt = match packing.space.lock().free_virtual.pop() {
             Some(v) => v,
             None => return Ok(PackOutcome::Skipped),
@@ -357,7 +449,9 @@ impl Store {
             logical,
         };
         let unit_size = layout.unit_size() as usize;
-        let Some((run_bytes, units)) = encode_run(&data, identity, codec, unit_size) else {
+        let Some((run_bytes, units)) =
+            encode_run(&data, identity, codec, unit_size, sealing.as_ref())
+        else {
             give_back_virtual(virt);
             return Ok(PackOutcome::Incompressible);
         };
@@ -461,13 +555,15 @@ impl Store {
         let bpe = layout.blocks_per_extent();
         let es = layout.extent_size as usize;
         let mut data = AlignedBuf::zeroed(es);
-        self.read_packed(virt, 0, &mut data).map_err(|e| match e {
-            IoError::Io(e) => StoreError::Io(e),
-            IoError::Corrupt { .. } => StoreError::Format(format!(
-                "packed extent {virt} fails its checksums; it cannot be written to"
-            )),
-            other => StoreError::Format(other.to_string()),
-        })?;
+        let cipher = self.cipher_of(vol)?;
+        self.read_packed(virt, 0, &mut data, cipher.as_deref())
+            .map_err(|e| match e {
+                IoError::Io(e) => StoreError::Io(e),
+                IoError::Corrupt { .. } => StoreError::Format(format!(
+                    "packed extent {virt} fails its checksums; it cannot be written to"
+                )),
+                other => StoreError::Format(other.to_string()),
+            })?;
         let phys = self.take_reserved()?;
         if let Some(intent) = &self.intent {
             intent.mapped(phys);
@@ -601,15 +697,17 @@ impl Store {
         }
     }
 
-    /// Reads physical extent `phys` whole into `buf`, every block verified
-    /// against its checksum.
+    /// Reads extent `phys` whole into `buf`, every block verified against
+    /// its checksum (a packed one's records against theirs; `cipher`: its
+    /// volume's, for an encrypted volume's).
     pub(crate) fn read_extent_verified(
         &self,
         phys: u32,
         buf: &mut AlignedBuf,
+        cipher: Option<&BlockCipher>,
     ) -> Result<(), StoreError> {
         if self.layout.is_virtual(phys) {
-            return self.read_packed(phys, 0, buf).map_err(|e| match e {
+            return self.read_packed(phys, 0, buf, cipher).map_err(|e| match e {
                 IoError::Io(e) => StoreError::Io(e),
                 other => StoreError::Layers(format!("cannot read packed extent {phys}: {other}")),
             });
@@ -635,13 +733,19 @@ impl Store {
     }
 
     /// Reads one block at device offset `at` (as `resolve` gives it: a
-    /// physical block, or a block of a packed extent) into `buf`, verified.
-    pub(crate) fn read_block_verified(&self, at: u64, buf: &mut [u8]) -> Result<(), IoError> {
+    /// physical block, or a block of a packed extent) into `buf`, verified
+    /// (`cipher`: the volume's, for an encrypted volume's packed block).
+    pub(crate) fn read_block_verified(
+        &self,
+        at: u64,
+        buf: &mut [u8],
+        cipher: Option<&BlockCipher>,
+    ) -> Result<(), IoError> {
         let layout = self.layout;
         if at >= layout.virtual_base() {
             let rel = at - layout.data_offset;
             let es = layout.extent_size as u64;
-            return self.read_packed((rel / es) as u32, rel % es, buf);
+            return self.read_packed((rel / es) as u32, rel % es, buf, cipher);
         }
         let mut one = AlignedBuf::zeroed(buf.len());
         let mut samples = Vec::with_capacity(1);

@@ -94,12 +94,14 @@ impl LocalVolume {
                 if layout.is_virtual(phys) {
                     // A run verifies every record against its own CRC;
                     // block by block only to say which ones fail.
-                    match store.read_packed(phys, 0, &mut buf) {
+                    let cipher = store.cipher_of(self.state()).ok().flatten();
+                    let cipher = cipher.as_deref();
+                    match store.read_packed(phys, 0, &mut buf, cipher) {
                         Ok(()) => {}
                         Err(IoError::Corrupt { .. }) => {
                             for (i, block) in buf.chunks_mut(b).enumerate() {
                                 let within = (i * b) as u64;
-                                match store.read_packed(phys, within, block) {
+                                match store.read_packed(phys, within, block, cipher) {
                                     Ok(()) => {}
                                     Err(IoError::Corrupt { .. }) => {
                                         report.bad_blocks.push(logical as u64 * es + within)

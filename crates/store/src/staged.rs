@@ -500,7 +500,7 @@ impl StagedBatch {
                     if self.is_packed(p) {
                         let rel = p.device_offset - layout.data_offset;
                         store
-                            .read_packed((rel / es) as u32, rel % es, span)
+                            .read_packed((rel / es) as u32, rel % es, span, self.cipher.as_deref())
                             .map_err(|e| {
                                 self.packed_errors.lock().push((k, e));
                                 io::Error::other("packed extent read failed")

@@ -375,7 +375,10 @@ fn writes_racing_compaction_are_never_lost() {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     let mut round = 0u64;
     while round < 400 || packed.load(Ordering::Relaxed) < 50 {
-        assert!(std::time::Instant::now() < deadline, "the packer never caught up");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the packer never caught up"
+        );
         let block = (round * 7919) % (size / BLOCK);
         let d = text(BLOCK, (round % 251) as u8 + 1);
         vol.write(block * BLOCK, &d, false).unwrap();
@@ -417,7 +420,11 @@ fn compressed_volumes_are_compacted_now_or_once_cold() {
     let size = 4 * EXTENT;
     for id in [a, b] {
         store.create_volume(id, size).unwrap();
-        store.volume(id).unwrap().write(0, &text(size, 1), false).unwrap();
+        store
+            .volume(id)
+            .unwrap()
+            .write(0, &text(size, 1), false)
+            .unwrap();
     }
     // Now: a volume and its snapshot, hot or not.
     store.snapshot(a, snap).unwrap();
@@ -430,14 +437,21 @@ fn compressed_volumes_are_compacted_now_or_once_cold() {
     let report = store
         .compact_volume(a, Codec::Lz4, None, &mut |_, _| calls += 1)
         .unwrap();
-    assert_eq!(report.packed_extents, 5, "four of the snapshot, one of the volume: {report:?}");
+    assert_eq!(
+        report.packed_extents, 5,
+        "four of the snapshot, one of the volume: {report:?}"
+    );
     assert!(report.stored_bytes * 2 < report.packed_bytes);
     assert_eq!(calls, 8);
     // Once cold: volume b, whose policy says lz4; nothing of a volume
     // without one.
     let c = uuid::Uuid::from_u128(4);
     store.create_volume(c, size).unwrap();
-    store.volume(c).unwrap().write(0, &text(size, 3), false).unwrap();
+    store
+        .volume(c)
+        .unwrap()
+        .write(0, &text(size, 3), false)
+        .unwrap();
     store.set_compression(b, Some(Codec::Lz4));
     assert_eq!(store.compression(b), Some(Codec::Lz4));
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
@@ -456,6 +470,10 @@ fn compressed_volumes_are_compacted_now_or_once_cold() {
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
     assert_eq!(packed(c), 0);
-    assert_same(&read_all(&store, b, size), &text(size, 1), "b packed in the background");
+    assert_same(
+        &read_all(&store, b, size),
+        &text(size, 1),
+        "b packed in the background",
+    );
     store.close().unwrap();
 }

@@ -118,6 +118,14 @@ pub enum VolumeError {
     #[error("{0}")]
     InvalidQos(String),
 
+    /// A compression a volume or volume type cannot have (the message names
+    /// what is accepted).
+    #[error("{0}")]
+    InvalidCompression(String),
+
+    #[error("volume {0:?} is not compressed; nothing to compact (volumes are compressed when created with --compression lz4|zstd[:LEVEL] or a volume type that has one)")]
+    NotCompressed(String),
+
     #[error("no node named {0:?} in the cluster")]
     NoSuchNode(String),
 

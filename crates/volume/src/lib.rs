@@ -6,6 +6,7 @@
 
 pub mod admission;
 mod clients;
+mod compression;
 mod diff;
 mod encryption;
 mod error;
@@ -23,7 +24,7 @@ pub mod tenancy;
 
 pub use basalt_catalog::Role;
 pub use basalt_crypt::{BlockCipher, KeySource, MasterKeyError};
-pub use basalt_store::{ChangedRun, DataKind, DataOp, IoError, MappingRun};
+pub use basalt_store::{ChangedRun, Codec, CompactReport, DataKind, DataOp, IoError, MappingRun};
 pub use clients::ClientDisconnect;
 pub use diff::VolumeDiff;
 pub use encryption::{Keyring, RotationReport, UnlockReport};
@@ -31,9 +32,9 @@ pub use error::VolumeError;
 pub use handle::{BlockIo, VolumeHandle, WriteAck};
 pub use scrub::{DifferingRange, ReplicaComparison, VolumeScrub};
 pub use service::{
-    validate_host_nqn, validate_volume_name, validate_volume_size, ClusterVolumes, LayerRequest,
-    NewVolume, NodeView, ProvisioningGuard, ReconcileReport, ReplicaStatus, StoreStatus,
-    VolumeInfo, VolumeService, DEFAULT_OVERCOMMIT_RATIO,
+    compression_ratio, validate_host_nqn, validate_volume_name, validate_volume_size,
+    ClusterVolumes, LayerRequest, NewVolume, NodeView, ProvisioningGuard, ReconcileReport,
+    ReplicaStatus, StoreStatus, VolumeInfo, VolumeService, DEFAULT_OVERCOMMIT_RATIO,
 };
 pub use size::{format_size, parse_size, ParseSizeError};
 pub use snapshots::{split_snapshot_name, validate_snapshot_name, FlattenProgress, SnapshotInfo};

@@ -46,7 +46,7 @@ use crate::size::format_size;
 use crate::tenancy::Growth;
 use crate::{BlockIo, VolumeHandle, VolumeStats};
 use basalt_catalog::{Catalog, CatalogError, Versioned, VolumeRecord, MAX_VOLUME_NAME_LEN};
-use basalt_store::{Store, StoreError, VolumeId, BLOCK_SIZE};
+use basalt_store::{Store, StoreError, VolumeId, VolumeUsage, BLOCK_SIZE};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -75,6 +75,9 @@ pub struct NewVolume {
     pub volume_type: Option<String>,
     /// Encrypt its data at rest (needs the server's master key).
     pub encrypted: bool,
+    /// Keep its cold data compressed: `lz4`, `zstd`, `zstd:LEVEL` or `off`;
+    /// `None`: its volume type's, else none.
+    pub compression: Option<String>,
 }
 
 /// A volume as the control plane reports it.
@@ -118,6 +121,28 @@ pub struct VolumeInfo {
     pub flatten: Option<crate::snapshots::FlattenProgress>,
     /// Its data is encrypted at rest.
     pub encrypted: bool,
+    /// The codec its cold data is kept compressed with (`None`: none).
+    pub compression: Option<String>,
+    /// Logical bytes of its own data kept compressed on this node, and the
+    /// bytes their compressed records take.
+    pub packed_bytes: u64,
+    pub packed_stored_bytes: u64,
+}
+
+impl VolumeInfo {
+    /// `packed_bytes / packed_stored_bytes`; 1.0 while nothing is packed.
+    pub fn compression_ratio(&self) -> f64 {
+        compression_ratio(self.packed_bytes, self.packed_stored_bytes)
+    }
+}
+
+/// Logical bytes over the bytes they take compressed; 1.0 when nothing is.
+pub fn compression_ratio(packed_bytes: u64, packed_stored_bytes: u64) -> f64 {
+    if packed_stored_bytes == 0 {
+        1.0
+    } else {
+        packed_bytes as f64 / packed_stored_bytes as f64
+    }
 }
 
 /// The node's store as the control plane reports it.
@@ -143,6 +168,12 @@ pub struct StoreStatus {
     /// Reads that found a block not holding what was written to it since
     /// the server started (answered with an error, never with the data).
     pub checksum_errors: u64,
+    /// Logical bytes kept compressed, and the bytes their compressed
+    /// records take (the compression ratio is the first over the second).
+    pub packed_bytes: u64,
+    pub packed_stored_bytes: u64,
+    /// Bytes of the extents holding compressed records.
+    pub pack_extent_bytes: u64,
 }
 
 /// What [`VolumeService::reconcile`] changed in the store.
@@ -714,13 +745,17 @@ impl VolumeService {
     pub(crate) fn info(
         &self,
         record: &VolumeRecord,
-        allocated: &HashMap<VolumeId, u64>,
+        usage: &HashMap<VolumeId, VolumeUsage>,
     ) -> VolumeInfo {
+        let usage = usage.get(&record.id);
         VolumeInfo {
             name: record.name.clone(),
             id: record.id,
             size_bytes: record.size_bytes,
-            allocated_bytes: allocated.get(&record.id).copied().unwrap_or(0),
+            allocated_bytes: usage.map_or(0, |u| u.allocated_bytes),
+            packed_bytes: usage.map_or(0, |u| u.packed_bytes),
+            packed_stored_bytes: usage.map_or(0, |u| u.packed_stored_bytes),
+            compression: record.compression.clone(),
             created_at: record.created_at.clone(),
             open_connections: self.open_handles(record.id),
             connections_elsewhere: Vec::new(),
@@ -749,11 +784,12 @@ impl VolumeService {
         }
     }
 
-    pub(crate) fn allocated_by_volume(&self) -> HashMap<VolumeId, u64> {
+    /// The store's usage of each volume (allocated and packed bytes).
+    pub(crate) fn allocated_by_volume(&self) -> HashMap<VolumeId, VolumeUsage> {
         self.store
             .volumes()
             .into_iter()
-            .map(|v| (v.id, v.allocated_bytes))
+            .map(|v| (v.id, v))
             .collect()
     }
 
@@ -791,6 +827,11 @@ impl VolumeService {
         let (name, size) = (request.name.as_str(), request.size);
         validate_volume_name(name)?;
         validate_volume_size(size)?;
+        let requested_compression = request
+            .compression
+            .as_deref()
+            .map(crate::compression::record_compression)
+            .transpose()?;
         if let Some(n) = request.replicas {
             if !(1..=5).contains(&n) {
                 return Err(VolumeError::InvalidReplicas(n));
@@ -817,6 +858,20 @@ impl VolumeService {
             snapshots: 0,
         };
         record.encrypted = request.encrypted || volume_type.as_ref().is_some_and(|t| t.encrypted);
+        // The request's ("off": none), else the type's.
+        record.compression = match requested_compression {
+            Some(c) => c,
+            None => volume_type
+                .as_ref()
+                .and_then(|t| t.compression.as_deref())
+                .map(crate::compression::record_compression)
+                .transpose()?
+                .flatten(),
+        };
+        let codec = crate::compression::record_codec(&record);
+        if codec.is_some() && self.cluster.is_none() {
+            self.require_compression()?;
+        }
         if let Some(cluster) = &self.cluster {
             if record.encrypted {
                 // Kept in the record: each node serving the volume's
@@ -833,7 +888,9 @@ impl VolumeService {
             cluster.check_create(name, size, n, request.allow_degraded)?;
             record.replicas = Some(n);
             self.catalog.insert(&record).map_err(catalog_error)?;
-            tracing::info!(volume = name, id = %record.id, size = %format_size(size), replicas = n, project, "created replicated volume");
+            // Its compression stays in the record: the replicas' stores
+            // do not compact yet.
+            tracing::info!(volume = name, id = %record.id, size = %format_size(size), replicas = n, project, compression = ?record.compression, "created replicated volume");
             return Ok(self.info(&record, &HashMap::new()));
         }
         if replicas.is_some_and(|n| n != 1) {
@@ -863,7 +920,10 @@ impl VolumeService {
             }
             return Err(e.into());
         }
-        tracing::info!(volume = name, id = %record.id, size = %format_size(size), project, encrypted = record.encrypted, "created volume");
+        if codec.is_some() {
+            self.store.set_compression(record.id, codec);
+        }
+        tracing::info!(volume = name, id = %record.id, size = %format_size(size), project, encrypted = record.encrypted, compression = ?record.compression, "created volume");
         Ok(self.info(&record, &HashMap::new()))
     }
 
@@ -1033,6 +1093,7 @@ impl VolumeService {
             tracing::info!(volume = name, %id, "deleted replicated volume");
             return Ok(());
         }
+        self.store.set_compression(id, None);
         match self.store.delete_volume(id) {
             Ok(()) | Err(StoreError::NotFound(_)) => {}
             Err(e) => {
@@ -1196,6 +1257,9 @@ impl VolumeService {
             },
             data_checksums: self.store.integrity().data_checksums,
             checksum_errors: self.store.integrity().checksum_errors,
+            packed_bytes: usage.packed_bytes,
+            packed_stored_bytes: usage.packed_stored_bytes,
+            pack_extent_bytes: usage.pack_extent_bytes,
         })
     }
 
@@ -1294,6 +1358,9 @@ impl VolumeService {
             }
         }
 
+        // The compactor's policy is in memory only: set at every start.
+        self.apply_compression(&records);
+
         if report.is_clean() {
             tracing::info!(volumes = records.len(), "store matches the catalog");
         } else {
@@ -1316,7 +1383,7 @@ impl VolumeService {
         let allocated = self.allocated_by_volume();
         let mut out = String::new();
 
-        let gauges: [(&str, &str, u64); 4] = [
+        let gauges: [(&str, &str, u64); 7] = [
             (
                 "basalt_store_capacity_bytes",
                 "Usable data capacity of the store.",
@@ -1333,6 +1400,21 @@ impl VolumeService {
                 Self::provisioned(&records),
             ),
             ("basalt_volumes", "Number of volumes.", records.len() as u64),
+            (
+                "basalt_store_packed_bytes",
+                "Logical bytes of volume data kept compressed.",
+                usage.packed_bytes,
+            ),
+            (
+                "basalt_store_packed_stored_bytes",
+                "Bytes the compressed records of that data take.",
+                usage.packed_stored_bytes,
+            ),
+            (
+                "basalt_store_pack_extent_bytes",
+                "Bytes of the store extents holding compressed records.",
+                usage.pack_extent_bytes,
+            ),
         ];
         for (metric, help, value) in gauges {
             let _ = writeln!(
@@ -1340,6 +1422,12 @@ impl VolumeService {
                 "# HELP {metric} {help}\n# TYPE {metric} gauge\n{metric} {value}"
             );
         }
+        let metric = "basalt_store_compression_ratio";
+        let _ = writeln!(
+            out,
+            "# HELP {metric} Logical bytes kept compressed over the bytes they take (1 when none are).\n# TYPE {metric} gauge\n{metric} {:.4}",
+            compression_ratio(usage.packed_bytes, usage.packed_stored_bytes)
+        );
         let flush = self.store.flush_stats();
         let recovery = self.store.recovery();
         let integrity = self.store.integrity();
@@ -1425,7 +1513,7 @@ impl VolumeService {
             );
         }
 
-        let per_volume: [VolumeGauge; 2] = [
+        let per_volume: [VolumeGauge; 4] = [
             (
                 "basalt_volume_size_bytes",
                 "Provisioned size of the volume.",
@@ -1435,6 +1523,16 @@ impl VolumeService {
                 "basalt_volume_allocated_bytes",
                 "Bytes of store extents the volume holds.",
                 |v| v.allocated_bytes,
+            ),
+            (
+                "basalt_volume_packed_bytes",
+                "Logical bytes of the volume's own data kept compressed.",
+                |v| v.packed_bytes,
+            ),
+            (
+                "basalt_volume_packed_stored_bytes",
+                "Bytes the compressed records of the volume's own data take.",
+                |v| v.packed_stored_bytes,
             ),
         ];
         let infos: Vec<VolumeInfo> = records

@@ -517,13 +517,19 @@ impl VolumeService {
     /// Creates volume `name` as a clone of `source`: `VOLUME@SNAPSHOT`, or
     /// `VOLUME` (a snapshot named `clone-NAME` is taken first). Instant:
     /// nothing is copied. `size`: at least the snapshot's (default: equal).
+    /// `compression`: as for [`NewVolume`](crate::NewVolume) (`None`: the
+    /// source volume's).
     pub fn create_clone(
         &self,
         name: &str,
         source: &str,
         size: Option<u64>,
+        compression: Option<&str>,
     ) -> Result<VolumeInfo, VolumeError> {
         validate_volume_name(name)?;
+        let requested_compression = compression
+            .map(crate::compression::record_compression)
+            .transpose()?;
         let _control = self.control.lock();
         if self.catalog.get(name).map_err(catalog_error)?.is_some() {
             return Err(VolumeError::AlreadyExists(name.to_string()));
@@ -573,6 +579,10 @@ impl VolumeService {
         // The store gives the clone its parent's key.
         record.encrypted = parent.encrypted;
         record.wrapped_key = parent.wrapped_key.clone();
+        // Its type is its source's, so the type's compression is already
+        // the source's unless the source was created with another.
+        record.compression = requested_compression.unwrap_or_else(|| parent.compression.clone());
+        let codec = crate::compression::record_codec(&record);
         let source = format!("{volume}@{snapshot}");
         if let Some(cluster) = &self.cluster {
             // As many replicas as the source; the cluster layer places them
@@ -597,7 +607,10 @@ impl VolumeService {
             }
             return Err(e.into());
         }
-        tracing::info!(volume = name, %source, size = %format_size(size), "clone created");
+        if codec.is_some() {
+            self.store.set_compression(record.id, codec);
+        }
+        tracing::info!(volume = name, %source, size = %format_size(size), compression = ?record.compression, "clone created");
         Ok(self.info(&record, &HashMap::new()))
     }
 }
@@ -645,7 +658,7 @@ mod tests {
         clone.clone_of = Some(CloneSource::new("v", "s1", s1.id));
         n.catalog.insert(&clone).unwrap();
         // A clone flattened in the store whose record still names its source.
-        let d = n.service.create_clone("d", "v@s1", None).unwrap();
+        let d = n.service.create_clone("d", "v@s1", None, None).unwrap();
         n.store
             .flatten(d.id, 0..4 * MIB, None, &mut |_, _| {})
             .unwrap();

@@ -34,8 +34,8 @@ pub use keys::{
     decode_key_slot, encode_key_slot, KeySlot, WrappedKey, KEY_SLOT_SIZE, MAX_WRAPPED_KEY,
 };
 pub use packed::{
-    decode_virtual_entry, encode_run, encode_virtual_entry, run_header_len, Codec, Record,
-    RecordKind, RunError, RunHeader, RunIdentity, RunLoc, MAX_RUN_UNITS, PACK_SLOT,
+    decode_virtual_entry, encode_run, encode_virtual_entry, run_header_len, Codec, Opener, Record,
+    RecordKind, RunError, RunHeader, RunIdentity, RunLoc, Sealing, MAX_RUN_UNITS, PACK_SLOT,
     UNITS_PER_EXTENT, VIRTUAL_ENTRY_SIZE,
 };
 pub use presence::{

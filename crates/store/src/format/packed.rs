@@ -11,6 +11,12 @@
 //!   and the header's own CRC32C) followed by the records, byte after
 //!   byte. A run is written once into free units and never changed.
 //!
+//! A *sealed* run (an encrypted volume's: compress, then encrypt) keeps
+//! each compressed record encrypted — `[u16 compressed length][compressed
+//! bytes][zeros up to 16 bytes]`, sealed as one XTS data unit by the
+//! caller's cipher — and raw records as the ciphertext blocks they were;
+//! zero blocks are blocks never written through the cipher, as anywhere.
+//!
 //! Decoding never panics, whatever the bytes (fuzzed).
 
 use super::{get_u32, put_u32, ExtentState, PAGE};
@@ -28,6 +34,10 @@ pub const RUN_MAGIC: u32 = u32::from_le_bytes(*b"BRUN");
 const RUN_FIXED: usize = 32;
 const RECORD_DESC: usize = 8;
 const VIRTUAL_CRC_AT: usize = 28;
+/// Run header byte 22, bit 0: the compressed records are sealed.
+const RUN_FLAG_SEALED: u8 = 1;
+/// A sealed record is at least one XTS data unit long.
+const MIN_SEALED: usize = 16;
 const BLOCK: usize = PAGE as usize;
 
 /// How a run's records are compressed.
@@ -164,7 +174,21 @@ pub enum RunError {
     BadRecord(u32),
     #[error("record of block {0} does not decompress to 4 KiB")]
     BadCompression(u32),
+    #[error("the run is encrypted and its volume's key is not loaded")]
+    Sealed,
 }
+
+/// How an encrypted volume's extent is packed: `plain` is its content
+/// decrypted (blocks never written, all zeros on the device, as zeros),
+/// `seal` encrypts a compressed record of block `i` of the extent in
+/// place (false: it could not).
+pub struct Sealing<'a> {
+    pub plain: &'a [u8],
+    pub seal: &'a dyn Fn(u32, &mut [u8]) -> bool,
+}
+
+/// Decrypts a sealed record of block `i` in place (false: it could not).
+pub type Opener<'a> = &'a dyn Fn(u32, &mut [u8]) -> bool;
 
 /// What one block's record is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -191,6 +215,8 @@ pub struct RunHeader {
     pub identity: RunIdentity,
     pub codec: u8,
     pub units: u8,
+    /// Compressed records are sealed (see the module's doc).
+    pub sealed: bool,
     pub records: Vec<Record>,
 }
 
@@ -226,6 +252,10 @@ impl RunHeader {
             logical: get_u32(b, 16),
         };
         let (codec, units) = (b[20], b[21]);
+        if b[22] & !RUN_FLAG_SEALED != 0 {
+            return Err(RunError::Inconsistent("unknown run flags"));
+        }
+        let sealed = b[22] & RUN_FLAG_SEALED != 0;
         let mut offset = run_header_len(blocks) as u64;
         let mut records = Vec::with_capacity(blocks);
         for i in 0..blocks {
@@ -252,6 +282,7 @@ impl RunHeader {
             identity,
             codec,
             units,
+            sealed,
             records,
         })
     }
@@ -273,19 +304,23 @@ impl RunHeader {
     }
 
     /// Decodes block `block` into `out` (4 KiB) from `bytes`, which hold
-    /// the run's bytes from offset `base` on.
+    /// the run's bytes from offset `base` on; `open` decrypts a sealed
+    /// record in place (block index, record). Returns the record's kind:
+    /// a sealed run's compressed block decodes to plaintext, its raw and
+    /// zero blocks to what the device held.
     pub fn decode_block(
         &self,
         block: usize,
         bytes: &[u8],
         base: usize,
         out: &mut [u8],
-    ) -> Result<(), RunError> {
+        open: Option<Opener<'_>>,
+    ) -> Result<RecordKind, RunError> {
         let r = self.records[block];
         let b = block as u32;
         if r.kind == RecordKind::Zero {
             out[..BLOCK].fill(0);
-            return Ok(());
+            return Ok(RecordKind::Zero);
         }
         let stored = (r.offset as usize)
             .checked_sub(base)
@@ -294,6 +329,27 @@ impl RunHeader {
         if crc32c::crc32c(stored) != r.crc {
             return Err(RunError::BadRecord(b));
         }
+        let opened;
+        let stored = match (self.sealed, r.kind) {
+            (true, RecordKind::Compressed) => {
+                let open = open.ok_or(RunError::Sealed)?;
+                let mut rec = stored.to_vec();
+                if rec.len() < MIN_SEALED {
+                    return Err(RunError::BadCompression(b));
+                }
+                if !open(b, &mut rec) {
+                    return Err(RunError::Sealed);
+                }
+                let n = u16::from_le_bytes([rec[0], rec[1]]) as usize;
+                if n + 2 > rec.len() {
+                    return Err(RunError::BadCompression(b));
+                }
+                rec.truncate(n + 2);
+                opened = rec;
+                &opened[2..]
+            }
+            _ => stored,
+        };
         let out = &mut out[..BLOCK];
         match r.kind {
             RecordKind::Raw => out.copy_from_slice(stored),
@@ -308,7 +364,7 @@ impl RunHeader {
                 }
             }
         }
-        Ok(())
+        Ok(r.kind)
     }
 }
 
@@ -316,11 +372,16 @@ impl RunHeader {
 /// `identity`, and says how many units of `unit_size` bytes it takes;
 /// `None` when it would take more than [`MAX_RUN_UNITS`] (it would save
 /// less than an eighth). The run is padded to whole pages.
+///
+/// With `sealing` (an encrypted volume's extent: `data` is what the
+/// device holds, ciphertext), blocks are compressed from their plaintext
+/// and each compressed record is sealed; raw records keep the ciphertext.
 pub fn encode_run(
     data: &[u8],
     identity: RunIdentity,
     codec: Codec,
     unit_size: usize,
+    sealing: Option<&Sealing<'_>>,
 ) -> Option<(Vec<u8>, u8)> {
     let blocks = data.len() / BLOCK;
     let header = run_header_len(blocks);
@@ -331,16 +392,28 @@ pub fn encode_run(
         Codec::Zstd(level) => Some(zstd::bulk::Compressor::new(level).ok()?),
         Codec::Lz4 => None,
     };
+    let mut sealed = Vec::new();
     for (i, block) in data.chunks_exact(BLOCK).enumerate() {
+        let plain = sealing.map_or(block, |s| &s.plain[i * BLOCK..(i + 1) * BLOCK]);
         let (kind, stored): (u8, &[u8]) = if block.iter().all(|&b| b == 0) {
             (0, &[])
         } else {
             let n = match (&mut zstd, codec) {
-                (Some(z), _) => z.compress_to_buffer(block, &mut scratch[..]).ok(),
-                (None, _) => lz4_flex::block::compress_into(block, &mut scratch).ok(),
+                (Some(z), _) => z.compress_to_buffer(plain, &mut scratch[..]).ok(),
+                (None, _) => lz4_flex::block::compress_into(plain, &mut scratch).ok(),
             };
-            match n {
-                Some(n) if n < BLOCK => (1, &scratch[..n]),
+            match (n, sealing) {
+                (Some(n), None) if n < BLOCK => (1, &scratch[..n]),
+                (Some(n), Some(s)) if (n + 2).max(MIN_SEALED) < BLOCK => {
+                    sealed.clear();
+                    sealed.extend_from_slice(&(n as u16).to_le_bytes());
+                    sealed.extend_from_slice(&scratch[..n]);
+                    sealed.resize(sealed.len().max(MIN_SEALED), 0);
+                    if !(s.seal)(i as u32, &mut sealed) {
+                        return None;
+                    }
+                    (1, &sealed[..])
+                }
                 _ => (2, block),
             }
         };
@@ -361,6 +434,11 @@ pub fn encode_run(
     put_u32(&mut out, 16, identity.logical);
     out[20] = codec.id();
     out[21] = units;
+    out[22] = if sealing.is_some() {
+        RUN_FLAG_SEALED
+    } else {
+        0
+    };
     put_u32(&mut out, 24, blocks as u32);
     put_u32(&mut out, 28, stored as u32);
     let described = RUN_FIXED + RECORD_DESC * blocks;
@@ -413,14 +491,14 @@ mod tests {
         };
         for codec in [Codec::Lz4, Codec::Zstd(3)] {
             let data = extent(256, 7);
-            let (run, units) = encode_run(&data, id, codec, 128 << 10).expect("compressible");
+            let (run, units) = encode_run(&data, id, codec, 128 << 10, None).expect("compressible");
             assert!(units as u32 <= MAX_RUN_UNITS && run.len() <= units as usize * (128 << 10));
             let h = RunHeader::decode(&run, 256).unwrap();
             assert_eq!(h.identity, id);
             assert_eq!(h.units, units);
             let mut out = [0u8; BLOCK];
             for b in 0..256 {
-                h.decode_block(b, &run, 0, &mut out).unwrap();
+                h.decode_block(b, &run, 0, &mut out, None).unwrap();
                 assert_eq!(
                     &out[..],
                     &data[b * BLOCK..(b + 1) * BLOCK],
@@ -431,7 +509,7 @@ mod tests {
             let span = h.span(10, 5);
             let part = &run[span.clone()];
             for b in 10..15 {
-                h.decode_block(b, part, span.start, &mut out).unwrap();
+                h.decode_block(b, part, span.start, &mut out, None).unwrap();
                 assert_eq!(&out[..], &data[b * BLOCK..(b + 1) * BLOCK]);
             }
             // A flipped record is caught.
@@ -439,13 +517,69 @@ mod tests {
             let r = h.records[2];
             bad[r.offset as usize] ^= 1;
             assert_eq!(
-                h.decode_block(2, &bad, 0, &mut out),
+                h.decode_block(2, &bad, 0, &mut out, None),
                 Err(RunError::BadRecord(2))
             );
             let mut bad = run.clone();
             bad[40] ^= 1;
             assert_eq!(RunHeader::decode(&bad, 256), Err(RunError::BadChecksum));
         }
+    }
+
+    #[test]
+    fn sealed_runs_keep_compressed_records_encrypted() {
+        // A stand-in cipher (an involution per block), and "ciphertext"
+        // that does not compress while its plaintext does.
+        let xor = |i: u32, rec: &mut [u8]| {
+            for (j, x) in rec.iter_mut().enumerate() {
+                *x ^= 0x5a ^ (i as u8) ^ (j as u8);
+            }
+            true
+        };
+        let plain = extent(16, 2);
+        let mut disk = plain.clone();
+        for (i, b) in disk.chunks_exact_mut(BLOCK).enumerate() {
+            if b.iter().any(|&x| x != 0) {
+                for (j, x) in b.iter_mut().enumerate() {
+                    *x ^= (j as u8).wrapping_mul(151) ^ i as u8 ^ 0xa5;
+                }
+            }
+        }
+        let id = RunIdentity {
+            virt: 5,
+            slot: 2,
+            logical: 1,
+        };
+        let sealing = Sealing {
+            plain: &plain,
+            seal: &xor,
+        };
+        let (run, _) = encode_run(&disk, id, Codec::Zstd(1), 8192, Some(&sealing)).unwrap();
+        let h = RunHeader::decode(&run, 16).unwrap();
+        assert!(h.sealed);
+        let mut out = [0u8; BLOCK];
+        let mut kinds = Vec::new();
+        for b in 0..16 {
+            let kind = h.decode_block(b, &run, 0, &mut out, Some(&xor)).unwrap();
+            let want = match kind {
+                RecordKind::Compressed => &plain[b * BLOCK..(b + 1) * BLOCK],
+                RecordKind::Raw | RecordKind::Zero => &disk[b * BLOCK..(b + 1) * BLOCK],
+            };
+            assert_eq!(&out[..], want, "block {b} ({kind:?})");
+            kinds.push(kind);
+        }
+        assert!(kinds.contains(&RecordKind::Compressed) && kinds.contains(&RecordKind::Zero));
+        let b = kinds
+            .iter()
+            .position(|k| *k == RecordKind::Compressed)
+            .unwrap();
+        assert_eq!(
+            h.decode_block(b, &run, 0, &mut out, None),
+            Err(RunError::Sealed)
+        );
+        // No plaintext in the run.
+        let text = &plain[2 * BLOCK..2 * BLOCK + 64];
+        assert!(!run.windows(64).any(|w| w == text));
     }
 
     #[test]
@@ -463,9 +597,10 @@ mod tests {
             slot: 1,
             logical: 0,
         };
-        assert!(encode_run(&data, id, Codec::Lz4, 128 << 10).is_none());
+        assert!(encode_run(&data, id, Codec::Lz4, 128 << 10, None).is_none());
         // All zeros: a header alone.
-        let (run, units) = encode_run(&vec![0u8; 256 * BLOCK], id, Codec::Lz4, 128 << 10).unwrap();
+        let (run, units) =
+            encode_run(&vec![0u8; 256 * BLOCK], id, Codec::Lz4, 128 << 10, None).unwrap();
         assert_eq!((run.len(), units), (run_header_len(256), 1));
     }
 

@@ -1,5 +1,5 @@
 //! Volume types: named policy bundles (replica count, QoS limits,
-//! encryption at rest) that
+//! encryption at rest, compression) that
 //! volumes are created with (`--type`, else the default type) and can be
 //! moved between online (`retype`). A type may be limited to some projects.
 //!
@@ -28,6 +28,9 @@ pub struct NewVolumeType {
     pub projects: Vec<String>,
     /// Its volumes are encrypted at rest.
     pub encrypted: bool,
+    /// Its volumes' cold data is kept compressed: `lz4`, `zstd`,
+    /// `zstd:LEVEL` or `off` (`None`: off).
+    pub compression: Option<String>,
 }
 
 /// A volume type as the control plane reports it.
@@ -40,6 +43,8 @@ pub struct VolumeTypeInfo {
     pub qos: QosSpec,
     pub projects: Vec<String>,
     pub encrypted: bool,
+    /// The codec its volumes are kept compressed with (`None`: none).
+    pub compression: Option<String>,
     /// Volumes created without a type get this one.
     pub is_default: bool,
 }
@@ -69,6 +74,7 @@ fn info(t: VolumeTypeRecord, default: Option<&str>) -> VolumeTypeInfo {
         qos: QosSpec(t.qos),
         projects: t.projects,
         encrypted: t.encrypted,
+        compression: t.compression,
     }
 }
 
@@ -106,6 +112,13 @@ impl VolumeService {
             .qos
             .validate()
             .map_err(|e| VolumeError::InvalidQos(e.to_string()))?;
+        // "off" is kept as no compression.
+        let compression = request
+            .compression
+            .as_deref()
+            .map(crate::compression::record_compression)
+            .transpose()?
+            .flatten();
         let record = VolumeTypeRecord {
             name: request.name.clone(),
             created_at: humantime::format_rfc3339_seconds(SystemTime::now()).to_string(),
@@ -114,6 +127,7 @@ impl VolumeService {
             qos: request.qos.0.clone(),
             projects: request.projects.clone(),
             encrypted: request.encrypted,
+            compression,
             unknown: Default::default(),
         };
         let control = self.control.lock();
@@ -123,7 +137,7 @@ impl VolumeService {
         self.catalog
             .insert_entry_record(&record)
             .map_err(|e| entry_error("volume type", e))?;
-        tracing::info!(volume_type = %record.name, replicas = ?record.replicas, qos = %request.qos.to_text(), encrypted = record.encrypted, "volume type created");
+        tracing::info!(volume_type = %record.name, replicas = ?record.replicas, qos = %request.qos.to_text(), encrypted = record.encrypted, compression = ?record.compression, "volume type created");
         drop(control);
         if make_default {
             self.set_default_volume_type(principal, Some(&record.name))?;

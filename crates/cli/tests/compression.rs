@@ -1,0 +1,277 @@
+//! Per-volume compression through the whole server: a volume created with
+//! `--compression lz4` and filled with text over NBD is compacted by
+//! `basalt volume compact` (more than 2:1), `volume show`/`list`,
+//! `status` and `/metrics` report it, its data reads back byte for byte,
+//! writes into the middle of compressed extents (aligned and not) read
+//! back with the old data around them, and everything holds across a
+//! restart (the compactor's policy is set again from the catalog). A bad
+//! codec is one line naming the accepted ones; a volume type's
+//! `zstd:3` reaches its volumes; compacting an uncompressed volume is one
+//! line; a clone has its source's codec unless it asks for another.
+
+mod common;
+
+use basalt_nbd_client::{ClientError, Endpoint, NbdClient, WriteOp};
+use common::*;
+use std::time::Duration;
+
+const CHUNK: usize = 1 << 20;
+const DATA_LEN: usize = 8 << 20;
+
+/// `len` bytes of log-like text: compresses well, but no two 4 KiB
+/// blocks are alike (each line has its number).
+fn text(len: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(len + 128);
+    let mut i = 0u64;
+    while out.len() < len {
+        out.extend_from_slice(
+            format!(
+                "{i:>10} INFO basalt::volume: request served volume=db offset={} len=4096 status=ok\n",
+                i * 4096
+            )
+            .as_bytes(),
+        );
+        i += 1;
+    }
+    out.truncate(len);
+    out
+}
+
+fn connect(s: &Server, volume: &str) -> NbdClient {
+    let (endpoint, _) = Endpoint::parse_uri(&s.uri(volume)).unwrap();
+    NbdClient::connect(&endpoint, volume).unwrap_or_else(|e| panic!("NBD {volume}: {e}"))
+}
+
+/// Writes `data` at `offset` in 1 MiB requests, then flushes.
+fn write(c: &mut NbdClient, offset: u64, data: &[u8]) {
+    let ops = data.chunks(CHUNK).enumerate().map(|(i, chunk)| {
+        Ok::<_, ClientError>(WriteOp::Data {
+            offset: offset + (i * CHUNK) as u64,
+            data: chunk.to_vec(),
+        })
+    });
+    c.write_pipelined(ops, 8).unwrap();
+    c.flush().unwrap();
+}
+
+/// Reads `len` bytes at `offset`.
+fn read(c: &mut NbdClient, offset: u64, len: usize) -> Vec<u8> {
+    let mut out = vec![0u8; len];
+    let ranges = (0..len)
+        .step_by(CHUNK)
+        .map(|at| (offset + at as u64, CHUNK.min(len - at) as u32));
+    c.read_pipelined::<ClientError>(ranges, 8, |at, bytes| {
+        let from = (at - offset) as usize;
+        out[from..from + bytes.len()].copy_from_slice(&bytes);
+        Ok(())
+    })
+    .unwrap();
+    out
+}
+
+#[track_caller]
+fn assert_same(got: &[u8], want: &[u8], what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    if let Some(at) = got.iter().zip(want).position(|(a, b)| a != b) {
+        panic!("{what}: first difference at byte {at}");
+    }
+}
+
+fn u64_of(v: &serde_json::Value, key: &str) -> u64 {
+    v[key]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no number {key} in {v}"))
+}
+
+#[test]
+fn compressed_volumes_compact_read_back_and_survive_a_restart() {
+    let mut s = Server::start("256M");
+    s.cli(&[
+        "volume",
+        "create",
+        "logs",
+        "--size",
+        "32M",
+        "--compression",
+        "lz4",
+    ])
+    .ok();
+    s.create_volume("plain", "8M");
+
+    let mut expected = text(DATA_LEN);
+    let mut c = connect(&s, "logs");
+    write(&mut c, 0, &expected);
+
+    // Compacted now (the data is hot: only compact packs it this soon).
+    let report = s.cli_json(&["volume", "compact", "logs"]);
+    assert_eq!(report["volume"], "logs", "{report}");
+    assert_eq!(report["compression"], "lz4", "{report}");
+    let (packed_extents, packed, stored) = (
+        u64_of(&report, "packed_extents"),
+        u64_of(&report, "packed_bytes"),
+        u64_of(&report, "stored_bytes"),
+    );
+    assert!(packed_extents >= 8, "{report}");
+    assert_eq!(packed, packed_extents * CHUNK as u64, "{report}");
+    assert!(stored * 2 < packed, "less than 2:1 on text: {report}");
+    let table = s.cli(&["volume", "compact", "logs"]).ok().to_string();
+    assert!(
+        table.contains("COMPRESSION") && table.contains("lz4"),
+        "{table}"
+    );
+
+    let shown = s.cli_json(&["volume", "show", "logs"]);
+    assert_eq!(shown["compression"], "lz4", "{shown}");
+    assert!(u64_of(&shown, "packed_bytes") >= packed, "{shown}");
+    let ratio = shown["compression_ratio"].as_f64().unwrap();
+    assert!(ratio > 2.0, "{shown}");
+    let plain = s.cli_json(&["volume", "show", "plain"]);
+    assert!(plain["compression"].is_null(), "{plain}");
+    assert_eq!(plain["compression_ratio"].as_f64(), Some(1.0), "{plain}");
+    let text_view = s.cli(&["volume", "show", "logs"]).ok().to_string();
+    assert!(
+        text_view
+            .lines()
+            .any(|l| l.starts_with("compression:") && l.contains("lz4, ratio")),
+        "{text_view}"
+    );
+    let list = s.cli_json(&["volume", "list"]);
+    let listed = find_volume(&list, "logs").unwrap();
+    assert_eq!(listed["compression"], "lz4", "{listed}");
+    assert!(s.cli(&["volume", "list"]).ok().contains("COMPRESSION"));
+    let status = s.cli_json(&["status"]);
+    assert!(u64_of(&status, "packed_bytes") >= packed, "{status}");
+    assert!(
+        status["compression_ratio"].as_f64().unwrap() > 2.0,
+        "{status}"
+    );
+    let metrics = http(s.api_url(), "GET", "/metrics", Some(&s.token()), None);
+    assert_eq!(metrics.status, 200);
+    for needle in [
+        "\nbasalt_store_packed_bytes ",
+        "\nbasalt_store_packed_stored_bytes ",
+        "\nbasalt_store_compression_ratio ",
+        "\nbasalt_volume_packed_bytes{volume=\"logs\"",
+    ] {
+        assert!(metrics.body.contains(needle), "no {needle:?} in /metrics");
+    }
+
+    // What was compressed reads back byte for byte.
+    assert_same(&read(&mut c, 0, DATA_LEN), &expected, "after compact");
+
+    // Writes into compressed extents: 64 KiB aligned, and 1000 bytes at
+    // an odd offset (read-modify-write); the data around them stays.
+    let patch = vec![0xA5u8; 64 << 10];
+    let at = (3 << 20) + (12 << 10);
+    write(&mut c, at as u64, &patch);
+    expected[at..at + patch.len()].copy_from_slice(&patch);
+    let odd = vec![0x5Au8; 1000];
+    let at = (5 << 20) + 123;
+    write(&mut c, at as u64, &odd);
+    expected[at..at + odd.len()].copy_from_slice(&odd);
+    assert_same(&read(&mut c, 0, DATA_LEN), &expected, "after writes");
+    // The rewritten extents are compressed again.
+    let again = s.cli_json(&["volume", "compact", "logs"]);
+    assert!(u64_of(&again, "packed_extents") >= 1, "{again}");
+    assert_same(&read(&mut c, 0, DATA_LEN), &expected, "after recompact");
+    c.disconnect().unwrap();
+
+    // A codec nobody knows: one line naming those there are.
+    for args in [
+        &[
+            "volume",
+            "create",
+            "bad",
+            "--size",
+            "8M",
+            "--compression",
+            "gzip",
+        ][..],
+        &["type", "create", "bad", "--compression", "zstd:99"][..],
+    ] {
+        let line = s.cli(args).cli_error(1);
+        assert!(line.contains("lz4") && line.contains("zstd"), "{line}");
+    }
+    assert!(find_volume(&s.cli_json(&["volume", "list"]), "bad").is_none());
+    // Compacting a volume without compression: one line.
+    let line = s.cli(&["volume", "compact", "plain"]).cli_error(1);
+    assert!(line.contains("not compressed"), "{line}");
+
+    // A volume type's codec reaches its volumes; a create's own wins.
+    s.cli(&["type", "create", "cold", "--compression", "zstd:3"])
+        .ok();
+    assert_eq!(
+        s.cli_json(&["type", "show", "cold"])["compression"],
+        "zstd:3"
+    );
+    s.cli(&[
+        "volume", "create", "archive", "--size", "8M", "--type", "cold",
+    ])
+    .ok();
+    let archive = s.cli_json(&["volume", "show", "archive"]);
+    assert_eq!(archive["compression"], "zstd:3", "{archive}");
+    s.cli(&[
+        "volume",
+        "create",
+        "hot",
+        "--size",
+        "8M",
+        "--type",
+        "cold",
+        "--compression",
+        "off",
+    ])
+    .ok();
+    assert!(s.cli_json(&["volume", "show", "hot"])["compression"].is_null());
+    let mut a = connect(&s, "archive");
+    let some = text(2 << 20);
+    write(&mut a, 0, &some);
+    a.disconnect().unwrap();
+    let zstd = s.cli_json(&["volume", "compact", "archive"]);
+    assert_eq!(zstd["compression"], "zstd:3", "{zstd}");
+    assert!(u64_of(&zstd, "stored_bytes") * 2 < u64_of(&zstd, "packed_bytes"));
+
+    // After a restart: the data reads back and the volume is still lz4
+    // (its compactor policy comes back from the catalog).
+    assert!(s.sigterm(Duration::from_secs(30)).success());
+    s.restart();
+    assert!(s.log().contains("compression policy set for volumes"));
+    let shown = s.cli_json(&["volume", "show", "logs"]);
+    assert_eq!(shown["compression"], "lz4", "{shown}");
+    assert!(u64_of(&shown, "packed_bytes") > 0, "{shown}");
+    let mut c = connect(&s, "logs");
+    assert_same(&read(&mut c, 0, DATA_LEN), &expected, "after restart");
+    c.disconnect().unwrap();
+    let mut a = connect(&s, "archive");
+    assert_same(&read(&mut a, 0, some.len()), &some, "zstd after restart");
+    a.disconnect().unwrap();
+    let after = s.cli_json(&["volume", "compact", "logs"]);
+    assert_eq!(after["compression"], "lz4", "{after}");
+
+    // A clone has its source's codec unless it asks for another, and
+    // reads the compressed snapshot's data.
+    s.cli(&["snapshot", "create", "logs", "s1"]).ok();
+    s.cli(&["volume", "create", "copy", "--from", "logs@s1"])
+        .ok();
+    assert_eq!(
+        s.cli_json(&["volume", "show", "copy"])["compression"],
+        "lz4"
+    );
+    s.cli(&[
+        "volume",
+        "create",
+        "copy2",
+        "--from",
+        "logs@s1",
+        "--compression",
+        "zstd",
+    ])
+    .ok();
+    assert_eq!(
+        s.cli_json(&["volume", "show", "copy2"])["compression"],
+        "zstd"
+    );
+    let mut c = connect(&s, "copy");
+    assert_same(&read(&mut c, 0, DATA_LEN), &expected, "clone");
+    c.disconnect().unwrap();
+}
