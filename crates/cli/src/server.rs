@@ -127,10 +127,18 @@ pub struct ServerArgs {
 
     /// Most logical bytes per second the background compactor compresses
     /// (e.g. 32M; 0 turns it off): it compresses the data of compressed
-    /// volumes (`volume create --compression`) not written for 10 minutes.
+    /// volumes (`volume create --compression`) not written for
+    /// `--compact-after`.
     /// `basalt volume compact` works either way. [default: 32M]
     #[arg(long, value_parser = parse_rate_or_off, value_name = "BYTES")]
     pub compaction_rate: Option<u64>,
+
+    /// How long data of a compressed volume must go unwritten before the
+    /// background compactor compresses it (a write to compressed data
+    /// decompresses its extent first, so data still being written is
+    /// better left alone).
+    #[arg(long, default_value = "10m", value_parser = parse_interval, value_name = "DURATION")]
+    pub compact_after: Duration,
 
     /// The master key of encrypted volumes: a file of 64 hex digits, mode
     /// 0600 (refused otherwise). A missing file is created with a fresh
@@ -501,6 +509,16 @@ fn store_options(args: &ServerArgs) -> OpenOptions {
             Some(0) => None,
             Some(rate) => Some(rate),
         },
+        compact_after: args.compact_after,
+        // Looked for at least as often as data can turn cold.
+        compaction_interval: defaults
+            .compaction_interval
+            .min(args.compact_after.max(Duration::from_secs(1))),
+        // Idleness is counted in cooling rounds: a short wait needs short
+        // rounds.
+        cooling_interval: defaults
+            .cooling_interval
+            .min(args.compact_after.max(Duration::from_millis(100))),
         ..defaults
     }
 }

@@ -3,7 +3,7 @@
 //! record), compacting a volume and its snapshots now
 //! (`Store::compact_volume`), and the background compactor, which packs the
 //! *cold* extents of compressed volumes — those not written for the
-//! store's `cool_after` (10 minutes by default) — at a bounded rate.
+//! store's `compact_after` (10 minutes by default) — at a bounded rate.
 //!
 //! Compression is post-process: writes land uncompressed (a 4 KiB write
 //! costs what it always did), and data that has gone cold is packed. A
@@ -57,6 +57,8 @@ pub(crate) struct Compactor {
     incompressible: Mutex<HashSet<(u32, u32)>>,
     signal: Arc<(Mutex<Signal>, Condvar)>,
     thread: Mutex<Option<JoinHandle<()>>>,
+    /// Cooling rounds an extent must go unwritten to be compacted.
+    idle_rounds: std::sync::atomic::AtomicU32,
 }
 
 impl Store {
@@ -189,7 +191,7 @@ impl Store {
     }
 
     /// Logical extent `logical` of layer `id`, if it is a physical extent
-    /// not written for a while (cold: no write intent), with its stamp.
+    /// not written for `compact_after`, with its write stamp.
     fn cold_extent(&self, id: VolumeId, logical: usize) -> Option<(u32, u32)> {
         let vol = self.volume_state(id).ok()?;
         let map = vol.map.try_read()?;
@@ -198,7 +200,11 @@ impl Store {
             return None;
         }
         let intent = self.intent.as_ref()?;
-        intent.is_cold(phys).then(|| (phys, intent.stamp(phys)))
+        let idle = self
+            .compactor
+            .idle_rounds
+            .load(std::sync::atomic::Ordering::Relaxed);
+        (intent.idle_rounds(phys) >= idle).then(|| (phys, intent.stamp(phys)))
     }
 }
 
@@ -217,6 +223,11 @@ impl CompactReport {
 }
 
 impl Compactor {
+    pub fn set_idle_rounds(&self, rounds: u32) {
+        self.idle_rounds
+            .store(rounds, std::sync::atomic::Ordering::Relaxed);
+    }
+
     /// Starts the background compactor of `store`: a pass every
     /// `interval`, at most `rate` logical bytes per second.
     pub fn spawn(store: &Arc<Store>, rate: u64, interval: Duration) {

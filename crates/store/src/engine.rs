@@ -116,6 +116,9 @@ pub struct OpenOptions {
     pub compaction_rate: Option<u64>,
     /// How often the background compactor looks for cold extents.
     pub compaction_interval: Duration,
+    /// An extent not written for this long is cold enough to compress
+    /// (measured in cooling rounds, so at `cooling_interval` granularity).
+    pub compact_after: Duration,
 }
 
 /// A week, as Ceph's default deep-scrub interval.
@@ -137,6 +140,7 @@ impl Default for OpenOptions {
             scrub_rate: DEFAULT_SCRUB_RATE,
             compaction_rate: Some(DEFAULT_COMPACTION_RATE),
             compaction_interval: Duration::from_secs(30),
+            compact_after: Duration::from_secs(600),
         }
     }
 }
@@ -664,6 +668,10 @@ impl Store {
             Scrubber::spawn(&store, interval, options.scrub_rate.max(1));
         }
         if let Some(rate) = options.compaction_rate.filter(|_| store.packing.is_some()) {
+            let rounds = (options.compact_after.as_millis()
+                / options.cooling_interval.as_millis().max(1))
+            .clamp(1, u32::MAX as u128) as u32;
+            store.compactor.set_idle_rounds(rounds);
             crate::compactor::Compactor::spawn(&store, rate.max(1), options.compaction_interval);
         }
         Ok(store)

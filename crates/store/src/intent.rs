@@ -77,11 +77,14 @@ impl Intent {
         }
     }
 
-    /// Whether extent `phys` is cold: no write intent, none queued.
-    pub fn is_cold(&self, phys: u32) -> bool {
-        self.state
+    /// Cooling rounds since extent `phys` was last written (since the
+    /// open, if it was not).
+    pub fn idle_rounds(&self, phys: u32) -> u32 {
+        let last = self
+            .last_write
             .get(phys as usize)
-            .is_some_and(|s| s.load(Ordering::Acquire) == 0)
+            .map_or(0, |w| w.load(Ordering::Relaxed));
+        self.round.load(Ordering::Relaxed).saturating_sub(last)
     }
 
     /// Extent `phys`'s write stamp (see `stamps`).

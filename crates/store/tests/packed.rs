@@ -398,7 +398,7 @@ fn compressed_volumes_are_compacted_now_or_once_cold() {
     let dev = MemDevice::new(32 << 20);
     let options = basalt_store::OpenOptions {
         cooling_interval: std::time::Duration::from_millis(50),
-        cool_after: std::time::Duration::from_millis(100),
+        compact_after: std::time::Duration::from_millis(100),
         compaction_interval: std::time::Duration::from_millis(50),
         ..Default::default()
     };

@@ -7,9 +7,9 @@
 //! Invariants: a record's `compression` is either absent or a text
 //! `Codec::parse` accepts ("off" is never stored: it means absent); a
 //! single-node volume with one is in the store's compression policy from
-//! its create (or the start after it) until its delete. Replicated volumes
-//! keep the setting in their record only, for now: the replicas' stores
-//! get it in a later change.
+//! its create (or the start after it) until its delete. A replicated
+//! volume's is applied by each node holding a replica, to its own store
+//! (`basalt_cluster`, when the replica starts).
 
 use crate::error::VolumeError;
 use crate::service::VolumeService;

@@ -888,8 +888,8 @@ impl VolumeService {
             cluster.check_create(name, size, n, request.allow_degraded)?;
             record.replicas = Some(n);
             self.catalog.insert(&record).map_err(catalog_error)?;
-            // Its compression stays in the record: the replicas' stores
-            // do not compact yet.
+            // Its compression is in the record: each replica's node hands
+            // it to its own store.
             tracing::info!(volume = name, id = %record.id, size = %format_size(size), replicas = n, project, compression = ?record.compression, "created replicated volume");
             return Ok(self.info(&record, &HashMap::new()));
         }

@@ -297,6 +297,7 @@ impl Inner {
         } else if let Some(h) = replicas.remove(&vol) {
             drop(replicas);
             tracing::info!(volume = %uuid_of(vol), "this node no longer holds a replica");
+            self.store.set_compression(uuid_of(vol), None);
             h.stop();
         }
     }
@@ -305,11 +306,38 @@ impl Inner {
     /// local copy once the catalog no longer has the volume.
     pub(super) fn on_record_deleted(&self, vol: VolumeId) {
         self.records.write().remove(&vol);
+        self.store.set_compression(uuid_of(vol), None);
         let handle = self.replicas.lock().remove(&vol);
         if let Some(h) = handle {
             tracing::info!(volume = %uuid_of(vol), "volume deleted: stopping its replica");
             h.stop();
         }
+    }
+
+    /// Hands the volume's compression (its record's) to this node's store,
+    /// whose compactor packs the local replica's cold data (and its
+    /// snapshots'): each replica is compacted on its own node, and
+    /// replication, resync and scrub read and write it as any other.
+    fn apply_compression(&self, vol: VolumeId) {
+        let id = uuid_of(vol);
+        let text = match self.volume_record(vol) {
+            Ok(Some(record)) => record.compression,
+            _ => return,
+        };
+        let codec = text
+            .as_deref()
+            .and_then(|t| match basalt_store::Codec::parse(t) {
+                Ok(c) => Some(c),
+                Err(e) => {
+                    tracing::error!(volume = %id, "compression left off: {e}");
+                    None
+                }
+            });
+        if codec.is_some() && !self.store.supports_compression() {
+            tracing::warn!(volume = %id, "this node's store was formatted without packed extents; its replica stays uncompressed");
+            return;
+        }
+        self.store.set_compression(id, codec);
     }
 
     /// The catalog's record of `vol`: from the watched copy, or from etcd
@@ -449,6 +477,7 @@ impl Inner {
             (saved, _) => saved,
         };
         let local = self.store.volume(id)?;
+        self.apply_compression(vol);
         let t = &self.cfg.timing;
         let cfg = Config {
             block_len: BLOCK_SIZE,
