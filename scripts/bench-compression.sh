@@ -4,8 +4,9 @@
 # /usr/bin and /usr/lib/x86_64-linux-gnu: real binaries and libraries) is
 # copied with nbdcopy into five volumes of
 # one single-node server (preallocated data file, background compaction
-# off, a master key): plain, encrypted, lz4, zstd and encrypted+lz4; a
-# sixth, "noise" (lz4), gets random data instead (incompressible).
+# off, a master key): plain, encrypted, lz4, zstd and encrypted+lz4; two
+# more get random data instead (incompressible): "rand" (plain) and
+# "noise" (lz4), to compare with each other.
 # `basalt volume compact` compresses the compressed ones (ratio, time);
 # each is read back and compared with what was written; then fio's nbd
 # engine reads all six, cell by cell, RUNTIME s after 1 s of ramp, ROUNDS
@@ -29,20 +30,21 @@ mkfs.ext4 -q -d $W/root $W/os.raw
 rm -rf $W/root
 head -c ${MB}M /dev/urandom > $W/noise.raw
 echo "image: ext4 of ${MB} MiB, $(du -m $W/os.raw | cut -f1) MiB of it allocated"
-$BIN server --data-dir $W/d --capacity $(( MB * 7 + 512 ))M --preallocate --nbd-insecure \
+$BIN server --data-dir $W/d --capacity $(( MB * 8 + 512 ))M --preallocate --nbd-insecure \
     --nbd-listen 127.0.0.1:10973 --api-listen 127.0.0.1:8973 --nvme-listen 127.0.0.1:4973 \
     --compaction-rate 0 --master-key-file $W/master.key > $W/server.log 2>&1 &
 SP=$!
 for _ in $(seq 100); do [ -f $W/d/server.json ] && break; sleep 0.1; done
 uri() { echo "nbd://127.0.0.1:10973/$1"; }
-src() { if [ $1 = noise ]; then echo $W/noise.raw; else echo $W/os.raw; fi; }
-VOLS="plain enc lz4 zstd enc-lz4 noise"
+src() { case $1 in noise|rand) echo $W/noise.raw ;; *) echo $W/os.raw ;; esac; }
+VOLS="plain enc lz4 zstd enc-lz4 rand noise"
 create() { $BIN volume create $1 --size ${MB}M "${@:2}" --data-dir $W/d >/dev/null; }
 create plain
 create enc --encrypted
 create lz4 --compression lz4
 create zstd --compression zstd
 create enc-lz4 --compression lz4 --encrypted
+create rand
 create noise --compression lz4
 for v in $VOLS; do nbdcopy $(src $v) "$(uri $v)"; done
 for v in lz4 zstd enc-lz4 noise; do

@@ -203,18 +203,18 @@ impl Store {
     fn check_runs(
         &self,
         place: &[Place],
-        packs: &std::collections::BTreeMap<u32, u8>,
+        packs: &std::collections::BTreeMap<u32, u32>,
     ) -> Result<(), StoreError> {
         let Some(packing) = &self.packing else {
             return Ok(());
         };
-        let mut used = std::collections::BTreeMap::<u32, u8>::new();
+        let mut used = std::collections::BTreeMap::<u32, u32>::new();
         for virt in self.layout.extent_count..self.layout.all_extents() {
             if !matches!(place[virt as usize], Place::Mapped { .. }) {
                 continue;
             }
             let run = packing.run(virt);
-            let mask = (((1u16 << run.units) - 1) << run.unit) as u8;
+            let mask = crate::packing::unit_mask(run.unit, run.units);
             let units = used.entry(run.pack).or_default();
             if *units & mask != 0 {
                 return bad(format!(

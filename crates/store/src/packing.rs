@@ -39,7 +39,7 @@ use crate::engine::Store;
 use crate::error::{IoError, StoreError};
 use crate::format::{
     encode_run, run_header_len, Codec, ExtentState, JournalEntry, RecordKind, RunError, RunHeader,
-    RunIdentity, RunLoc, Sealing, PACK_SLOT, UNITS_PER_EXTENT,
+    RunIdentity, RunLoc, Sealing, PACK_SLOT,
 };
 use crate::layer_map::{LayerMap, VolumeState};
 use crate::meta::MetaState;
@@ -70,7 +70,7 @@ struct PackSpace {
     /// Virtual extents not owned (durably free, or never used).
     free_virtual: Vec<u32>,
     /// Units in use (or being written) of each pack extent, a bit each.
-    packs: BTreeMap<u32, u8>,
+    packs: BTreeMap<u32, u32>,
     /// Virtual extents mapped, and the bytes their runs store.
     owned: u64,
     stored: u64,
@@ -78,6 +78,8 @@ struct PackSpace {
 
 pub(crate) struct Packing {
     first_virtual: u32,
+    /// Units of a pack extent (`Layout::units_per_extent`).
+    units_per_extent: u32,
     /// The run of each virtual extent, as mapped (index: virtual extent -
     /// first virtual): `pack | unit << 32 | units << 40 | codec << 48`.
     runs: Vec<AtomicU64>,
@@ -106,8 +108,8 @@ fn sealed_unit(block: u64) -> u128 {
     1u128 << 127 | block as u128
 }
 
-fn unit_mask(unit: u8, units: u8) -> u8 {
-    (((1u16 << units) - 1) << unit) as u8
+pub(crate) fn unit_mask(unit: u8, units: u8) -> u32 {
+    (((1u64 << units) - 1) << unit) as u32
 }
 
 impl Packing {
@@ -142,8 +144,9 @@ impl Packing {
                 ExtentState::Owned { slot, .. } if slot == crate::format::QUARANTINE_SLOT => {}
                 ExtentState::Owned { .. } => {
                     let mask = unit_mask(run.unit, run.units);
+                    let fits = run.unit as u32 + run.units as u32 <= layout.units_per_extent();
                     match space.packs.get_mut(&run.pack) {
-                        Some(m) if *m & mask == 0 => {
+                        Some(m) if fits && *m & mask == 0 => {
                             *m |= mask;
                             space.owned += 1;
                             space.stored += run.stored as u64;
@@ -171,6 +174,7 @@ impl Packing {
         (
             Packing {
                 first_virtual: first,
+                units_per_extent: layout.units_per_extent(),
                 runs,
                 stored,
                 space: Mutex::new(space),
@@ -201,7 +205,7 @@ impl Packing {
     }
 
     /// Pack extents and the units each uses, for `Store::check`.
-    pub fn units_in_use(&self) -> BTreeMap<u32, u8> {
+    pub fn units_in_use(&self) -> BTreeMap<u32, u32> {
         self.space.lock().packs.clone()
     }
 
@@ -211,19 +215,37 @@ impl Packing {
     }
 
     /// Finds `units` consecutive free units in a pack extent and takes
-    /// them; `None`: no pack extent has room.
+    /// them — in the hole that fits them most tightly, so that holes left
+    /// are as large as can be; `None`: no pack extent has room.
     fn take_units(&self, units: u8) -> Option<(u32, u8)> {
+        let per = self.units_per_extent;
         let mut s = self.space.lock();
-        for (&pack, mask) in s.packs.iter_mut() {
-            for unit in 0..=(UNITS_PER_EXTENT as u8 - units) {
-                let want = unit_mask(unit, units);
-                if *mask & want == 0 {
-                    *mask |= want;
-                    return Some((pack, unit));
+        let mut best: Option<(u32, u32, u8)> = None; // (hole, pack, unit)
+        for (&pack, &mask) in s.packs.iter() {
+            let mut unit = 0;
+            while unit < per {
+                if mask & (1 << unit) != 0 {
+                    unit += 1;
+                    continue;
+                }
+                let start = unit;
+                while unit < per && mask & (1 << unit) == 0 {
+                    unit += 1;
+                }
+                let hole = unit - start;
+                if hole >= units as u32 && best.is_none_or(|(b, _, _)| hole < b) {
+                    best = Some((hole, pack, start as u8));
                 }
             }
+            if best.is_some_and(|(hole, _, _)| hole == units as u32) {
+                break; // an exact fit
+            }
         }
-        None
+        let (_, pack, unit) = best?;
+        if let Some(mask) = s.packs.get_mut(&pack) {
+            *mask |= unit_mask(unit, units);
+        }
+        Some((pack, unit))
     }
 
     /// Gives back units taken for a run that was not mapped; a pack

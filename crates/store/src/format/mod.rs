@@ -34,9 +34,9 @@ pub use keys::{
     decode_key_slot, encode_key_slot, KeySlot, WrappedKey, KEY_SLOT_SIZE, MAX_WRAPPED_KEY,
 };
 pub use packed::{
-    decode_virtual_entry, encode_run, encode_virtual_entry, run_header_len, Codec, Opener, Record,
-    RecordKind, RunError, RunHeader, RunIdentity, RunLoc, Sealing, MAX_RUN_UNITS, PACK_SLOT,
-    UNITS_PER_EXTENT, VIRTUAL_ENTRY_SIZE,
+    decode_virtual_entry, encode_run, encode_virtual_entry, max_run_units, run_header_len, Codec,
+    Opener, Record, RecordKind, RunError, RunHeader, RunIdentity, RunLoc, Sealing,
+    MAX_UNITS_PER_EXTENT, PACK_SLOT, VIRTUAL_ENTRY_SIZE,
 };
 pub use presence::{
     decode_presence_sector, encode_presence_sector, presence_bit, PRESENCE_BITS_PER_SECTOR,
@@ -286,9 +286,14 @@ impl Layout {
         (self.virtual_extents as u64 * VIRTUAL_ENTRY_SIZE).div_ceil(PAGE)
     }
 
-    /// Bytes of one unit of a pack extent.
+    /// Units of a pack extent: 32, or one per 4 KiB block if fewer.
+    pub fn units_per_extent(&self) -> u32 {
+        (self.blocks_per_extent() as u32).min(packed::MAX_UNITS_PER_EXTENT)
+    }
+
+    /// Bytes of one unit of a pack extent (a multiple of 4 KiB).
     pub fn unit_size(&self) -> u64 {
-        self.extent_size as u64 / UNITS_PER_EXTENT as u64
+        self.extent_size as u64 / self.units_per_extent() as u64
     }
 
     /// Key slots a store formatted on `device_size` bytes gets: one per

@@ -21,11 +21,16 @@
 
 use super::{get_u32, put_u32, ExtentState, PAGE};
 
-/// Units a pack extent is divided into; a run takes 1 to `MAX_RUN_UNITS`.
-pub const UNITS_PER_EXTENT: u32 = 8;
-/// A run that would need more units than this saves less than 1/8 of the
-/// extent: the extent stays as it is.
-pub const MAX_RUN_UNITS: u32 = UNITS_PER_EXTENT - 1;
+/// Units a pack extent is divided into at most: 32, or one per 4 KiB block
+/// of smaller extents (`Layout::units_per_extent`). A run takes whole
+/// units, at most `max_run_units` of them.
+pub const MAX_UNITS_PER_EXTENT: u32 = 32;
+
+/// Units a run may take out of `per_extent`: one that would need more
+/// saves less than an eighth of the extent, which then stays as it is.
+pub fn max_run_units(per_extent: u32) -> u32 {
+    per_extent - per_extent / 8
+}
 /// Owner slot recorded for a pack extent (a physical extent holding runs).
 pub const PACK_SLOT: u32 = u32::MAX - 1;
 pub const VIRTUAL_ENTRY_SIZE: u64 = 32;
@@ -139,7 +144,7 @@ pub fn decode_virtual_entry(virt: u32, b: &[u8]) -> Option<(ExtentState, RunLoc)
         codec: b[18],
         stored: get_u32(b, 20),
     };
-    let fits = run.units >= 1 && run.unit as u32 + run.units as u32 <= UNITS_PER_EXTENT;
+    let fits = run.units >= 1 && run.unit as u32 + run.units as u32 <= MAX_UNITS_PER_EXTENT;
     if !fits || Codec::from_id(run.codec).is_none() {
         return None;
     }
@@ -356,7 +361,7 @@ impl RunHeader {
             _ => {
                 let n = match Codec::from_id(self.codec) {
                     Some(Codec::Lz4) => lz4_flex::block::decompress_into(stored, out).ok(),
-                    Some(Codec::Zstd(_)) => zstd::bulk::decompress_to_buffer(stored, out).ok(),
+                    Some(Codec::Zstd(_)) => zstd_decompress(stored, out),
                     None => None,
                 };
                 if n != Some(BLOCK) {
@@ -368,9 +373,28 @@ impl RunHeader {
     }
 }
 
+thread_local! {
+    /// A zstd decompression context per thread: making one per block
+    /// (what `zstd::bulk::decompress_to_buffer` does) costs more than
+    /// decompressing the block.
+    static ZSTD_DCTX: std::cell::RefCell<Option<zstd::bulk::Decompressor<'static>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// Decompresses one zstd record into `out`; its length, or `None`.
+fn zstd_decompress(stored: &[u8], out: &mut [u8]) -> Option<usize> {
+    ZSTD_DCTX.with(|cell| {
+        let mut cell = cell.borrow_mut();
+        if cell.is_none() {
+            *cell = zstd::bulk::Decompressor::new().ok();
+        }
+        cell.as_mut()?.decompress_to_buffer(stored, out).ok()
+    })
+}
+
 /// Compresses the extent `data` (whole 4 KiB blocks) into a run for
 /// `identity`, and says how many units of `unit_size` bytes it takes;
-/// `None` when it would take more than [`MAX_RUN_UNITS`] (it would save
+/// `None` when it would take more than [`max_run_units`] (it would save
 /// less than an eighth). The run is padded to whole pages.
 ///
 /// With `sealing` (an encrypted volume's extent: `data` is what the
@@ -385,7 +409,8 @@ pub fn encode_run(
 ) -> Option<(Vec<u8>, u8)> {
     let blocks = data.len() / BLOCK;
     let header = run_header_len(blocks);
-    let limit = MAX_RUN_UNITS as usize * unit_size;
+    let per_extent = (data.len() / unit_size) as u32;
+    let limit = max_run_units(per_extent) as usize * unit_size;
     let mut out = vec![0u8; header];
     let mut scratch = vec![0u8; BLOCK + BLOCK / 4 + 64];
     let mut zstd = match codec {
@@ -492,7 +517,7 @@ mod tests {
         for codec in [Codec::Lz4, Codec::Zstd(3)] {
             let data = extent(256, 7);
             let (run, units) = encode_run(&data, id, codec, 128 << 10, None).expect("compressible");
-            assert!(units as u32 <= MAX_RUN_UNITS && run.len() <= units as usize * (128 << 10));
+            assert!(units as u32 <= max_run_units(8) && run.len() <= units as usize * (128 << 10));
             let h = RunHeader::decode(&run, 256).unwrap();
             assert_eq!(h.identity, id);
             assert_eq!(h.units, units);
@@ -628,7 +653,7 @@ mod tests {
         );
         assert_eq!(decode_virtual_entry(0, &[0u8; 32]), None);
         let mut overrun = run;
-        overrun.unit = 6;
+        overrun.unit = 30;
         assert_eq!(
             decode_virtual_entry(900, &encode_virtual_entry(900, owned, overrun)),
             None
