@@ -494,15 +494,25 @@ impl Store {
         let abandon = |store: &Store| {
             give_back_virtual(virt);
             if let Some(empty) = packing.untake_units(pack, unit, units) {
-                // Never mapped as a pack extent: still durably dirty, it
-                // holds run bytes now and must be zeroed before reuse.
-                if new_pack {
-                    store.meta.lock().to_zero.push(empty);
-                } else {
-                    store.meta.lock().push(JournalEntry::Free {
+                // Journaled as a pack extent: freed like one. Never (a
+                // fresh one, whose every run was abandoned, this one's
+                // or a concurrent compaction's): still durably dirty, it
+                // holds run bytes now and is zeroed before reuse.
+                let journaled = matches!(
+                    store.durable.lock().state.extents[empty as usize],
+                    ExtentState::Owned {
+                        slot: PACK_SLOT,
+                        ..
+                    }
+                );
+                let mut m = store.meta.lock();
+                if journaled {
+                    m.push(JournalEntry::Free {
                         first: empty,
                         count: 1,
                     });
+                } else {
+                    m.to_zero.push(empty);
                 }
             }
         };
