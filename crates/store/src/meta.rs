@@ -119,7 +119,9 @@ impl MetaState {
         self.mark_extent_dirty(phys);
     }
 
-    fn mark_extent_dirty(&mut self, phys: u32) {
+    /// Marks the table page holding extent `phys`'s entry (the extent
+    /// table's, or the virtual extent table's) for the next checkpoint.
+    pub fn mark_extent_dirty(&mut self, phys: u32) {
         match phys.checked_sub(self.layout.extent_count) {
             Some(v) => self
                 .dirty_virtual_pages

@@ -217,14 +217,7 @@ fn read_tables(
                 "extent table entry fails its checksum; quarantined (never reused)"
             );
         }
-        match p.checked_sub(layout.extent_count) {
-            Some(v) => state
-                .dirty_virtual_pages
-                .insert(v as u64 * VIRTUAL_ENTRY_SIZE / PAGE),
-            None => state
-                .dirty_extent_pages
-                .insert(p as u64 * EXTENT_ENTRY_SIZE / PAGE),
-        };
+        state.mark_extent_dirty(p);
     }
     if bad_extents.len() > 16 {
         tracing::error!(
