@@ -82,18 +82,19 @@ pub struct ServerArgs {
     #[arg(long)]
     pub nbd_insecure: bool,
 
-    /// Event loops serving NBD connections and NVMe/TCP I/O queues to
-    /// single-node volumes, shared by both (each connection lives on one
-    /// loop, which receives, executes and answers its requests without a
-    /// thread hand-off). Default: one per CPU. 0 serves every NBD
+    /// Event loops serving NBD connections and NVMe/TCP I/O queues, shared
+    /// by both (each connection lives on one loop, which receives, executes
+    /// and answers its requests without a thread hand-off; a replicated
+    /// volume's requests go to its primary in batches, completed through
+    /// the loop's mailbox). Default: one per CPU. 0 serves every NBD
     /// connection with lanes (`--nbd-lanes`) and every NVMe/TCP queue on
     /// its own thread instead.
     #[arg(long, alias = "nbd-event-loops", value_name = "N",
         value_parser = clap::value_parser!(u32).range(0..=256))]
     pub event_loops: Option<u32>,
 
-    /// Threads per NBD connection not served by an event loop (a replicated
-    /// volume's, or all with `--event-loops 0`): with 2 or more, one
+    /// Threads per NBD connection not served by an event loop (with
+    /// `--event-loops 0`): with 2 or more, one
     /// gathers a pipelining client's next requests while another waits for
     /// the disk.
     #[arg(long, default_value_t = basalt_frontend_nbd::DEFAULT_LANES_PER_CONNECTION as u32,

@@ -4,11 +4,12 @@
 //!
 //! Shape: [`NbdServer::start`] binds a listener and runs one acceptor thread;
 //! every accepted connection gets an OS thread for the fixed newstyle
-//! handshake (module `handshake`). Then, for a volume of this node's store,
-//! the connection moves to one of the server's event loops (module
-//! `evented`, on `basalt_reactor`), which receives, executes and answers its
-//! requests with no thread hand-off; for a replicated volume (or with
-//! [`ServerLimits::event_loops`] 0) the handshake thread and
+//! handshake (module `handshake`). Then the connection moves to one of the
+//! server's event loops (module `evented`, on `basalt_reactor`), which
+//! receives, executes and answers its requests with no thread hand-off (a
+//! replicated volume's go to its primary in batches that complete through
+//! the loop's mailbox); with [`ServerLimits::event_loops`] 0 the handshake
+//! thread and
 //! [`ServerLimits::lanes_per_connection`] - 1 more ("lanes") take turns at
 //! the socket (module `transmission`), each executing a batch of pipelined
 //! requests with one `VolumeHandle::submit` call. Both paths share

@@ -156,13 +156,13 @@ pub struct ServerLimits {
     /// Time a client has for each read of the handshake, and then to send
     /// its first request.
     pub handshake_timeout: Duration,
-    /// Event loops serving connections to volumes of this node's store
-    /// (`evented`): each connection lives on one loop, which receives,
-    /// executes and answers its requests without a thread hand-off. 0:
-    /// serve every connection with lanes instead.
+    /// Event loops serving connections (`evented`): each connection lives
+    /// on one loop, which receives, executes and answers its requests
+    /// without a thread hand-off. 0: serve every connection with lanes
+    /// instead.
     pub event_loops: usize,
     /// Threads serving one connection in transmission when it is not on an
-    /// event loop (a replicated volume's, or with no loops). With more than one,
+    /// event loop (with no loops). With more than one,
     /// a lane gathers the next batch of requests while another waits for
     /// the disk, so a pipelining client keeps the disk's queue full.
     pub lanes_per_connection: usize,
@@ -588,7 +588,7 @@ fn serve_connection(
         tracing::info!(%peer, %export, "NBD connection closed by server shutdown");
         return;
     }
-    if let (Some(loops), true) = (&shared.loops, negotiated.handle.local().is_some()) {
+    if let Some(loops) = &shared.loops {
         let reactor = loops.reactor();
         let report = {
             let export = export.clone();

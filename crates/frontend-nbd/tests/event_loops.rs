@@ -3,19 +3,24 @@
 //! sizes including unaligned ones (run on the offload pool), pipelined,
 //! flushes and FUA among them, and clients that vanish mid-request. Every
 //! request is answered exactly once with the right data, vanished clients
-//! release everything they held, and the server stops cleanly.
+//! release everything they held, and the server stops cleanly. Once on a
+//! volume of the store (the loops' rings do its I/O), once on a volume
+//! whose I/O completes on other threads (a replicated volume's path).
 
 mod common;
 
 use basalt_frontend_nbd::ServerLimits;
 use basalt_nbd_wire::*;
+use basalt_store::{DataOp, IoError, LocalVolume};
+use basalt_volume::{BlockIo, OnComplete, OwnedOp};
 use common::*;
 use rand::rngs::StdRng;
 use rand::{Rng as _, SeedableRng};
 use std::collections::HashMap;
 use std::io::Write;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{mpsc, Arc};
+use std::time::Duration;
 
 /// Bytes of the volume each connection owns.
 const REGION: u64 = 256 * 1024;
@@ -200,6 +205,91 @@ fn many_connections_per_loop_answer_every_request_once() {
     init_logging();
     let dir = tempfile::tempdir().expect("tempdir");
     let exports = StoreExports::file(dir.path(), 256 * MIB);
+    stress(exports);
+}
+
+/// The data path of a replicated volume as the loops see it, over the
+/// local store: a batch the loop starts completes later on one of a few
+/// threads of its own, in any order (as a batch of a replicated volume
+/// completes on whichever peer reader brings its last acknowledgement).
+struct Relayed {
+    local: LocalVolume,
+    batches: parking_lot::Mutex<mpsc::Sender<(Vec<OwnedOp>, OnComplete)>>,
+}
+
+impl Relayed {
+    fn over(local: LocalVolume) -> Arc<dyn BlockIo> {
+        let (tx, rx) = mpsc::channel::<(Vec<OwnedOp>, OnComplete)>();
+        let rx = Arc::new(parking_lot::Mutex::new(rx));
+        for k in 0..3 {
+            let (rx, local) = (Arc::clone(&rx), local.clone());
+            std::thread::spawn(move || {
+                let mut rng = Rng::new(k);
+                loop {
+                    let Ok((mut ops, done)) = rx.lock().recv() else {
+                        return;
+                    };
+                    // An acknowledgement's round trip.
+                    std::thread::sleep(Duration::from_micros(rng.below(300)));
+                    let results: Vec<_> = {
+                        let mut data: Vec<DataOp<'_>> = ops
+                            .iter_mut()
+                            .map(|op| {
+                                if op.write {
+                                    DataOp::write(op.offset, &op.buf[..], op.fua)
+                                } else {
+                                    DataOp::read(op.offset, &mut op.buf[..])
+                                }
+                            })
+                            .collect();
+                        local.submit(&mut data);
+                        data.into_iter().map(|op| op.result).collect()
+                    };
+                    for (op, result) in ops.iter_mut().zip(results) {
+                        op.result = result;
+                    }
+                    done(ops);
+                }
+            });
+        }
+        Arc::new(Relayed {
+            local,
+            batches: parking_lot::Mutex::new(tx),
+        })
+    }
+}
+
+impl BlockIo for Relayed {
+    fn size(&self) -> u64 {
+        self.local.size()
+    }
+    fn submit(&self, ops: &mut [DataOp<'_>]) {
+        self.local.submit(ops)
+    }
+    fn start(&self, ops: Vec<OwnedOp>, done: OnComplete) {
+        let _ = self.batches.lock().send((ops, done));
+    }
+    fn flush(&self) -> Result<(), IoError> {
+        self.local.flush()
+    }
+    fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> Result<(), IoError> {
+        self.local.write_zeroes(offset, len, true, fua)
+    }
+}
+
+/// The same stress on a volume whose reads and writes complete on other
+/// threads than the loops' (a replicated volume's path): every request
+/// answered once, with the right data, and nothing held after.
+#[test]
+fn many_connections_per_loop_on_a_relayed_volume_answer_every_request_once() {
+    init_logging();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let exports = StoreExports::file(dir.path(), 256 * MIB);
+    *exports.relay.lock() = Some(Box::new(Relayed::over));
+    stress(exports);
+}
+
+fn stress(exports: Arc<StoreExports>) {
     // Regions 0..CONNECTIONS for the sessions, then one per vanishing client.
     exports.add_volume("vol", (CONNECTIONS + CONNECTIONS / 8) * REGION);
     let server = basalt_frontend_nbd::NbdServer::start_with_limits(

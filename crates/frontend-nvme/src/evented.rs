@@ -138,8 +138,7 @@ impl EventedQueue {
                 .volume()
                 .cloned()
                 .ok_or_else(|| io::Error::other("an I/O queue without a namespace"))?;
-            let block_io = BlockIo::new(volume.clone())
-                .ok_or_else(|| io::Error::other("the volume is not on this node's store"))?;
+            let block_io = BlockIo::new(volume.clone());
             stream.set_nonblocking(true)?;
             Ok((volume, block_io))
         };
@@ -351,10 +350,13 @@ impl EventedQueue {
             Err(status) => self.respond(cid, status, data),
             Ok((offset, bytes)) => {
                 let work = match data {
+                    // (A completion carries the queue's SQ head at the time
+                    // it is sent: encoded by the loop, not in advance.)
                     Some(buf) if write => Work::Write {
                         offset,
                         buf,
                         fua: rw.fua,
+                        early: None,
                     },
                     _ => Work::Read {
                         offset,
@@ -398,6 +400,7 @@ impl EventedQueue {
             token,
             buf,
             outcome,
+            ..
         } = finished;
         match outcome {
             Outcome::Data(Ok(())) if token.read => match buf {
@@ -480,6 +483,8 @@ impl Connection for EventedQueue {
             self.pump(io);
             self.send(io);
         }
+        // A replicated volume's commands of this round leave as one batch.
+        self.block_io.submit_started(io);
     }
 
     fn completed(&mut self, io: &mut Io<'_>, tag: u32, result: i32) {

@@ -6,11 +6,12 @@
 //! thread and one watchdog thread; every accepted connection is one NVMe
 //! queue (admin or I/O) and starts on its own OS thread (module `queue`)
 //! that does the ICReq/ICResp exchange and the Fabrics Connect. An I/O
-//! queue of a single-node volume then moves to one of the event loops
-//! (module `evented`, on `basalt_reactor`), which receives its PDUs, runs
-//! its reads and writes on the loop's ring and sends its completions,
-//! with no thread hand-off per I/O. Admin queues and the I/O queues of
-//! replicated volumes stay on their threads, which decode every PDU
+//! queue then moves to one of the event loops (module `evented`, on
+//! `basalt_reactor`), which receives its PDUs, runs its reads and writes
+//! (on the loop's ring for a single-node volume; in batches to the primary
+//! for a replicated one) and sends its completions, with no thread
+//! hand-off per I/O. Admin queues (and every queue with no event loops)
+//! stay on their threads, which decode every PDU
 //! already received, run the reads and writes among them with one
 //! `VolumeHandle::submit` and send the responses with one write. Both
 //! drivers share the transport (module `transport`: PDUs in, ready

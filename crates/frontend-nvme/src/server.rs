@@ -73,8 +73,8 @@ pub struct ServerLimits {
     /// Write data a queue may hold while waiting for H2CData; commands
     /// beyond it wait for their R2T.
     pub max_inflight_per_queue: usize,
-    /// Event loops serving the I/O queues of single-node volumes; 0 serves
-    /// every queue on its own thread.
+    /// Event loops serving the I/O queues; 0 serves every queue on its own
+    /// thread.
     pub event_loops: usize,
 }
 
@@ -133,7 +133,7 @@ pub(crate) type Guards = Box<dyn Send>;
 
 pub(crate) struct Shared {
     pub subsystems: Arc<dyn Subsystems>,
-    /// The event loops serving I/O queues of single-node volumes, if any.
+    /// The event loops serving I/O queues, if any.
     pub loops: Option<Loops>,
     pub limits: ServerLimits,
     pub advertise: SocketAddr,

@@ -1,5 +1,6 @@
 //! The block I/O of one connection's requests on its event loop, for any
-//! frontend: each request gets a slot; an aligned read or write is staged
+//! frontend and any volume: each request gets a slot. On a volume of this
+//! node's store, an aligned read or write is staged
 //! against the volume's maps (`LocalVolume::try_stage`: lookups,
 //! allocation, checksums) and its device pieces go to the loop's ring,
 //! straight into and out of the request's buffer; anything that may block
@@ -9,6 +10,13 @@
 //! offload pool and comes back as a message. A request finishes as soon as
 //! its own pieces, jobs and commit are done, not when others started with
 //! it are, and the frontend takes it from [`BlockIo::pop_finished`].
+//!
+//! On a replicated volume, the aligned reads and writes a round started
+//! leave together as one batch to the volume's primary
+//! (`VolumeHandle::start`, sent by [`BlockIo::submit_started`]), and come
+//! back through the loop's mailbox, delivered by the thread that brought
+//! the batch's last reply: one hand-over per batch, no thread waiting.
+//! Unaligned requests and commands run on the pool as for a local volume.
 //!
 //! A request the frontend marks *lone* (the only one of its connection in
 //! flight: a queue-depth-1 client) runs even blocking work inline when
@@ -51,16 +59,19 @@
 //!   buffers. (Staging still allocates its piece list and checksum vectors
 //!   in the store: three small vectors per request, left for later.)
 
+use crate::gate::{EarlyReply, ReplyGate};
+use basalt_reactor::Deliverer;
 use basalt_reactor::{Io, JobPanicked, Payload};
 use basalt_store::{
     fail_fua_writes, AlignedBuf, Contended, DataKind, DataOp, LocalVolume, StagedBatch,
 };
 use basalt_volume::qos::Direction;
-use basalt_volume::{IoError, VolumeHandle};
+use basalt_volume::{IoError, OnComplete, OwnedOp, VolumeHandle};
 use io_uring::{opcode, types};
 use std::collections::VecDeque;
 use std::io;
 use std::os::fd::RawFd;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Bits of a ring tag that number the piece within its request.
@@ -76,6 +87,12 @@ const TIMER_TAG: u32 = FRONTEND_TAGS - 1;
 pub const THROTTLE_TICK: Duration = Duration::from_millis(50);
 
 const BLOCK: u64 = 4096;
+
+/// A replicated volume's batch from this many bytes runs on the offload
+/// pool when this node is its primary (measured: 1 MiB writes gain a
+/// quarter, 4k batches lose a fifth of their IOPS to the two hand-offs;
+/// BENCHMARKS.md, "Replicated volumes on the event loops").
+const OFFLOAD_BATCH_BYTES: usize = 256 << 10;
 
 /// Tries of a request whose map lock is contended before it runs on the
 /// offload pool (about 2 ms of retries).
@@ -95,6 +112,9 @@ pub enum Work<C> {
         offset: u64,
         buf: AlignedBuf,
         fua: bool,
+        /// Its reply if it succeeds, which a replicated volume's write may
+        /// send from the thread that completes it ([`BlockIo::set_reply_gate`]).
+        early: Option<EarlyReply>,
     },
     Command(Command<C>),
 }
@@ -113,6 +133,8 @@ pub struct Finished<T, C> {
     pub token: T,
     pub buf: Option<AlignedBuf>,
     pub outcome: Outcome<C>,
+    /// Its early reply was sent already: the frontend sends none.
+    pub replied: bool,
 }
 
 /// Why a request is not finished yet.
@@ -133,6 +155,7 @@ struct DataRequest {
     write: bool,
     fua: bool,
     buf: Option<AlignedBuf>,
+    early: Option<EarlyReply>,
 }
 
 impl DataRequest {
@@ -168,6 +191,8 @@ struct Slot<T, C> {
     contended_tries: u32,
     started: Instant,
     outcome: Option<Outcome<C>>,
+    /// Its early reply was sent.
+    replied: bool,
 }
 
 /// What an offloaded job sends back, for the request in slot `slot`.
@@ -187,12 +212,78 @@ enum Delivery<C> {
         slot: usize,
         result: Result<(), IoError>,
     },
+    /// A replicated volume's batch was handed to its primary from the pool
+    /// (its completion comes as `Remote`).
+    Started,
+    /// A replicated volume's batch: each slot's op back with its outcome
+    /// (`ops` empty if the batch was lost), and whether its early reply
+    /// was sent.
+    Remote {
+        slots: Vec<usize>,
+        ops: Vec<OwnedOp>,
+        replied: Vec<bool>,
+    },
 }
 
-/// The block I/O of one connection on a single-node volume.
+/// The completion of a replicated volume's batch: delivers it to the
+/// connection's loop, or, dropped uncalled (the batch was lost), delivers
+/// the slots without their ops, which then fail.
+struct RemoteDone<C: Send + 'static> {
+    deliverer: Option<Deliverer>,
+    slots: Vec<usize>,
+    /// Each op's early reply, and where to send them.
+    early: Vec<Option<EarlyReply>>,
+    gate: Option<Arc<ReplyGate>>,
+    _c: std::marker::PhantomData<fn() -> C>,
+}
+
+impl<C: Send + 'static> RemoteDone<C> {
+    /// On the thread that completed the batch: the early replies of the
+    /// writes that succeeded go to the client from here, if the socket is
+    /// free; then the batch goes back to the loop.
+    fn finish(mut self, ops: Vec<OwnedOp>) {
+        let mut replied = vec![false; ops.len()];
+        if let Some(gate) = &self.gate {
+            let mut replies = Vec::new();
+            for (k, op) in ops.iter().enumerate() {
+                if let (Ok(()), Some(Some(early))) = (&op.result, self.early.get(k)) {
+                    replies.extend_from_slice(early.bytes());
+                    replied[k] = true;
+                }
+            }
+            if replies.is_empty() || !gate.send_now(&replies) {
+                replied.iter_mut().for_each(|r| *r = false);
+            }
+        }
+        if let Some(d) = self.deliverer.take() {
+            let slots = std::mem::take(&mut self.slots);
+            d.deliver(Box::new(Delivery::<C>::Remote {
+                slots,
+                ops,
+                replied,
+            }));
+        }
+    }
+}
+
+impl<C: Send + 'static> Drop for RemoteDone<C> {
+    fn drop(&mut self) {
+        if let Some(d) = self.deliverer.take() {
+            let slots = std::mem::take(&mut self.slots);
+            d.deliver(Box::new(Delivery::<C>::Remote {
+                slots,
+                ops: Vec::new(),
+                replied: Vec::new(),
+            }));
+        }
+    }
+}
+
+/// The block I/O of one connection.
 pub struct BlockIo<T, C> {
     handle: VolumeHandle,
-    volume: LocalVolume,
+    /// The volume on this node's store; `None`: a replicated volume.
+    volume: Option<LocalVolume>,
     ring_fd: Option<RawFd>,
     slots: Vec<Option<Slot<T, C>>>,
     free_slots: Vec<usize>,
@@ -207,15 +298,19 @@ pub struct BlockIo<T, C> {
     spare_results: Vec<Vec<io::Result<()>>>,
     retrying: bool,
     finished: VecDeque<Finished<T, C>>,
+    /// Slots of a replicated volume's reads and writes started in this
+    /// round, to leave as one batch ([`BlockIo::submit_started`]).
+    remote: Vec<usize>,
+    /// The connection's socket, for writes' early replies.
+    gate: Option<Arc<ReplyGate>>,
 }
 
 impl<T: Send + 'static, C: Send + 'static> BlockIo<T, C> {
-    /// The block I/O of a connection to `handle`'s volume; `None` unless
-    /// the volume is on this node's store.
-    pub fn new(handle: VolumeHandle) -> Option<BlockIo<T, C>> {
-        let volume = handle.local()?.clone();
-        Some(BlockIo {
-            ring_fd: volume.ring_fd(),
+    /// The block I/O of a connection to `handle`'s volume.
+    pub fn new(handle: VolumeHandle) -> BlockIo<T, C> {
+        let volume = handle.local().cloned();
+        BlockIo {
+            ring_fd: volume.as_ref().and_then(LocalVolume::ring_fd),
             volume,
             handle,
             slots: Vec::new(),
@@ -227,11 +322,21 @@ impl<T: Send + 'static, C: Send + 'static> BlockIo<T, C> {
             spare_results: Vec::new(),
             retrying: false,
             finished: VecDeque::new(),
-        })
+            remote: Vec::new(),
+            gate: None,
+        }
     }
 
-    pub fn volume(&self) -> &LocalVolume {
-        &self.volume
+    /// Lets a replicated volume's writes send their early replies
+    /// ([`Work::Write`]) through `gate`, from the thread that completes
+    /// them.
+    pub fn set_reply_gate(&mut self, gate: Arc<ReplyGate>) {
+        self.gate = Some(gate);
+    }
+
+    /// The volume on this node's store (`None`: a replicated volume).
+    pub fn volume(&self) -> Option<&LocalVolume> {
+        self.volume.as_ref()
     }
 
     pub fn handle(&self) -> &VolumeHandle {
@@ -305,6 +410,7 @@ impl<T: Send + 'static, C: Send + 'static> BlockIo<T, C> {
                         token,
                         buf: Some(buf),
                         outcome: Outcome::Data(Err(IoError::Failed)),
+                        replied: false,
                     });
                 }
                 command => self.waiting.push_back((token, command, lone)),
@@ -365,6 +471,7 @@ impl<T: Send + 'static, C: Send + 'static> BlockIo<T, C> {
             contended_tries: 0,
             started: Instant::now(),
             outcome: None,
+            replied: false,
         };
         match work {
             Work::Command(job) if inline => {
@@ -385,14 +492,21 @@ impl<T: Send + 'static, C: Send + 'static> BlockIo<T, C> {
                     write: false,
                     fua: false,
                     buf: Some(buf),
+                    early: None,
                 });
             }
-            Work::Write { offset, buf, fua } => {
+            Work::Write {
+                offset,
+                buf,
+                fua,
+                early,
+            } => {
                 req.data = Some(DataRequest {
                     offset,
                     write: true,
                     fua,
                     buf: Some(buf),
+                    early,
                 });
             }
         }
@@ -401,9 +515,17 @@ impl<T: Send + 'static, C: Send + 'static> BlockIo<T, C> {
             // A write that needs metadata made durable first (a thin
             // extent to allocate, a cold extent to mark hot: a commit)
             // would stall the loop: it runs like blocking work.
-            let blocking =
-                !data.aligned() || (data.write && self.volume.write_needs_commit(data.offset, len));
-            if !blocking {
+            let blocking = !data.aligned()
+                || (data.write
+                    && self
+                        .volume
+                        .as_ref()
+                        .is_some_and(|v| v.write_needs_commit(data.offset, len)));
+            if !blocking && self.volume.is_none() {
+                // A replicated volume's: leaves with this round's batch.
+                req.jobs_left += 1;
+                self.remote.push(slot);
+            } else if !blocking {
                 req.state = State::Staging;
             } else if inline {
                 let result = blocking_io(&self.handle, data);
@@ -442,6 +564,81 @@ impl<T: Send + 'static, C: Send + 'static> BlockIo<T, C> {
         });
     }
 
+    /// Sends the reads and writes of a replicated volume started since the
+    /// last call to its primary, as one batch. A frontend calls this after
+    /// each round (its `Connection::flush`); a batch that completes at once
+    /// (a local primary) is still delivered through the mailbox.
+    pub fn submit_started(&mut self, io: &mut Io<'_>) {
+        if self.remote.is_empty() {
+            return;
+        }
+        let mut slots = std::mem::take(&mut self.remote);
+        let mut ops = Vec::with_capacity(slots.len());
+        let mut early = Vec::with_capacity(slots.len());
+        let mut broken = Vec::new();
+        slots.retain(|&slot| {
+            let Some(data) = self
+                .slots
+                .get_mut(slot)
+                .and_then(Option::as_mut)
+                .and_then(|r| r.data.as_mut())
+            else {
+                return false;
+            };
+            let Some(buf) = data.buf.take() else {
+                // (Cannot happen: a request's buffer is only away while
+                // its batch is.) Still, it finishes, failed.
+                broken.push(slot);
+                return false;
+            };
+            ops.push(if data.write {
+                OwnedOp::write(data.offset, buf, data.fua)
+            } else {
+                OwnedOp::read(data.offset, buf)
+            });
+            early.push(data.early);
+            true
+        });
+        if !broken.is_empty() {
+            let none = vec![false; broken.len()];
+            self.remote_done(broken, Vec::new(), none);
+        }
+        if slots.is_empty() {
+            return;
+        }
+        // A lone request with nothing else on the loop runs here, disk I/O
+        // and all: nobody waits for the loop meanwhile.
+        let lone = slots.len() == 1
+            && io.loop_in_flight() == 0
+            && slots
+                .first()
+                .and_then(|&s| self.slots.get(s))
+                .and_then(Option::as_ref)
+                .is_some_and(|r| r.lone);
+        let done = RemoteDone::<C> {
+            deliverer: Some(io.deliverer()),
+            slots,
+            early,
+            gate: self.gate.clone(),
+            _c: std::marker::PhantomData,
+        };
+        let done: OnComplete = Box::new(move |ops: Vec<OwnedOp>| done.finish(ops));
+        let bytes: usize = ops.iter().map(|op| op.buf.len()).sum();
+        if !lone && bytes >= OFFLOAD_BATCH_BYTES && self.handle.start_runs_disk_io() {
+            // This node's primary runs the batch's disk I/O on the thread
+            // that starts it: a large one not on the loop's, which keeps
+            // receiving meanwhile. (A small one costs less than the two
+            // hand-offs the pool would add.)
+            let handle = self.handle.clone();
+            io.offload(move || {
+                handle.start(ops, done);
+                Box::new(Delivery::<C>::Started)
+            });
+        } else {
+            self.handle.start(ops, done);
+        }
+    }
+
     /// Stages the request's read or write and submits its pieces (or asks
     /// for a retry when a map lock is contended).
     fn stage(&mut self, io: &mut Io<'_>, slot: usize) {
@@ -456,12 +653,12 @@ impl<T: Send + 'static, C: Send + 'static> BlockIo<T, C> {
     }
 
     fn stage_slot(&mut self, io: &mut Io<'_>, slot: usize, req: &mut Slot<T, C>) {
-        let Some(data) = req.data.as_mut() else {
+        let (Some(data), Some(volume)) = (req.data.as_mut(), self.volume.as_ref()) else {
             req.state = State::Running;
             return;
         };
         let len = data.buf.as_ref().map_or(0, |b| b.len() as u64);
-        if req.contended && data.write && self.volume.write_needs_commit(data.offset, len) {
+        if req.contended && data.write && volume.write_needs_commit(data.offset, len) {
             // It needs a commit now (its extent cooled, or was freed, while
             // it waited for a contended lock): not on the loop.
             self.offload_blocking(io, slot, req);
@@ -471,7 +668,7 @@ impl<T: Send + 'static, C: Send + 'static> BlockIo<T, C> {
             req.state = State::Running;
             return;
         };
-        let staged = match self.volume.try_stage(std::slice::from_mut(&mut op)) {
+        let staged = match volume.try_stage(std::slice::from_mut(&mut op)) {
             Err(Contended) if req.contended_tries + 1 >= CONTENDED_TRIES => {
                 self.offload_blocking(io, slot, req);
                 return;
@@ -644,9 +841,9 @@ impl<T: Send + 'static, C: Send + 'static> BlockIo<T, C> {
         if commit {
             req.state = State::Committing;
             req.jobs_left += 1;
-            let volume = self.volume.clone();
+            let handle = self.handle.clone();
             io.offload(move || {
-                let result = guarded(|| volume.flush()).unwrap_or(Err(IoError::Failed));
+                let result = guarded(|| handle.flush()).unwrap_or(Err(IoError::Failed));
                 Box::new(Delivery::<C>::Commit { slot, result })
             });
         }
@@ -663,6 +860,19 @@ impl<T: Send + 'static, C: Send + 'static> BlockIo<T, C> {
             Delivery::Command { slot, .. }
             | Delivery::Blocking { slot, .. }
             | Delivery::Commit { slot, .. } => *slot,
+            Delivery::Started => return None,
+            Delivery::Remote { .. } => {
+                if let Delivery::Remote {
+                    slots,
+                    ops,
+                    replied,
+                } = delivery
+                {
+                    self.remote_done(slots, ops, replied);
+                }
+                self.start_waiting(io);
+                return None;
+            }
         };
         // (A delivery for a free slot is stale: consumed.)
         let req = self.slots.get_mut(slot).and_then(Option::as_mut)?;
@@ -675,6 +885,7 @@ impl<T: Send + 'static, C: Send + 'static> BlockIo<T, C> {
                 }
                 req.outcome = Some(Outcome::Data(result));
             }
+            Delivery::Remote { .. } | Delivery::Started => {}
             Delivery::Commit { result, .. } => {
                 req.state = State::Running;
                 if let Err(err) = result {
@@ -693,6 +904,31 @@ impl<T: Send + 'static, C: Send + 'static> BlockIo<T, C> {
         self.maybe_finish(slot);
         self.start_waiting(io);
         None
+    }
+
+    /// A replicated volume's batch came back: each slot gets its buffer
+    /// and outcome (a slot without an op: the batch was lost, it fails).
+    fn remote_done(&mut self, slots: Vec<usize>, ops: Vec<OwnedOp>, replied: Vec<bool>) {
+        let mut ops = ops.into_iter();
+        for (k, slot) in slots.into_iter().enumerate() {
+            let op = ops.next();
+            let Some(req) = self.slots.get_mut(slot).and_then(Option::as_mut) else {
+                continue;
+            };
+            req.jobs_left = req.jobs_left.saturating_sub(1);
+            req.replied = replied.get(k).copied().unwrap_or(false);
+            let result = match op {
+                Some(op) => {
+                    if let Some(data) = req.data.as_mut() {
+                        data.buf = Some(op.buf);
+                    }
+                    op.result
+                }
+                None => Err(IoError::Failed),
+            };
+            req.outcome = Some(Outcome::Data(result));
+            self.maybe_finish(slot);
+        }
     }
 
     /// The loop's retry tick: stages again every request whose map lock
@@ -737,6 +973,7 @@ impl<T: Send + 'static, C: Send + 'static> BlockIo<T, C> {
             token: req.token,
             buf: req.data.and_then(|d| d.buf),
             outcome: req.outcome.unwrap_or(Outcome::Data(Err(IoError::Failed))),
+            replied: req.replied,
         });
     }
 }

@@ -15,12 +15,14 @@
 
 mod block_io;
 mod bufpool;
+mod gate;
 mod replies;
 
 pub use block_io::{
     BlockIo, Command, Finished, Outcome, Work, FRONTEND_TAGS, MAX_SLOTS, PIECE_BITS,
 };
 pub use bufpool::{BufferPool, RETAINED_BYTES};
+pub use gate::{EarlyReply, ReplyGate, EARLY_REPLY_MAX};
 pub use replies::ReplyQueue;
 
 use basalt_reactor::Io;

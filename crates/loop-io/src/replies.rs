@@ -10,6 +10,7 @@
 //!   queued piece is sent (or the queue is cleared).
 
 use crate::bufpool::BufferPool;
+use crate::gate::ReplyGate;
 use basalt_store::AlignedBuf;
 use std::collections::VecDeque;
 use std::io::{self, IoSlice};
@@ -52,11 +53,23 @@ pub struct ReplyQueue {
     /// part of an `Encoded` piece is dropped from `encoded` at once).
     front_sent: usize,
     queued_bytes: usize,
+    /// Shared with the threads that may send replies directly
+    /// (`gate.rs`): the loop sends under its lock, their remainder first.
+    gate: Option<Arc<ReplyGate>>,
 }
 
 impl ReplyQueue {
+    /// A queue whose socket `gate` also lets other threads send on.
+    pub fn gated(gate: Arc<ReplyGate>) -> ReplyQueue {
+        ReplyQueue {
+            gate: Some(gate),
+            ..ReplyQueue::default()
+        }
+    }
+
+    /// Nothing to send: nothing queued, and no direct send's remainder.
     pub fn is_empty(&self) -> bool {
-        self.outgoing.is_empty()
+        self.outgoing.is_empty() && self.gate.as_ref().is_none_or(|g| g.lock().carry.is_empty())
     }
 
     pub fn queued_bytes(&self) -> usize {
@@ -91,6 +104,9 @@ impl ReplyQueue {
 
     /// Drops everything queued (the socket is gone).
     pub fn clear(&mut self, pool: &mut BufferPool) {
+        if let Some(gate) = &self.gate {
+            gate.close();
+        }
         self.encoded.clear();
         for out in self.outgoing.drain(..) {
             if let Outgoing::Data(buf, _) = out {
@@ -104,6 +120,27 @@ impl ReplyQueue {
     /// Sends until the queue is empty (`Ok(true)`) or the socket takes no
     /// more (`Ok(false)`: wait for it to be writable).
     pub fn send(&mut self, fd: RawFd, pool: &mut BufferPool) -> io::Result<bool> {
+        let gate = self.gate.clone();
+        let mut gated = gate.as_ref().map(|g| g.lock());
+        if let Some(st) = gated.as_mut() {
+            // The rest of a direct send: the middle of a reply, so first.
+            while !st.carry.is_empty() {
+                match send_vectored(fd, &[IoSlice::new(&st.carry)]) {
+                    Ok(n) => drop(st.carry.drain(..n)),
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        let done = self.send_queued(fd, pool);
+        if let Some(st) = gated.as_mut() {
+            st.loop_mid_reply = !self.outgoing.is_empty();
+        }
+        done
+    }
+
+    fn send_queued(&mut self, fd: RawFd, pool: &mut BufferPool) -> io::Result<bool> {
         while !self.outgoing.is_empty() {
             let sent = {
                 let (first, second) = self.encoded.as_slices();
@@ -194,7 +231,7 @@ fn give_back(buf: DataBuf, pool: &mut BufferPool) {
 }
 
 /// One non-blocking `sendmsg` of `slices`.
-fn send_vectored(fd: RawFd, slices: &[IoSlice<'_>]) -> io::Result<usize> {
+pub(crate) fn send_vectored(fd: RawFd, slices: &[IoSlice<'_>]) -> io::Result<usize> {
     // SAFETY: a zeroed msghdr is valid; the iovecs point into live slices
     // (IoSlice is ABI-compatible with iovec) for the duration of the call.
     let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };

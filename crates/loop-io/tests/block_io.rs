@@ -125,7 +125,7 @@ fn run(
 ) -> Vec<Done> {
     let (tx, rx) = mpsc::channel();
     let driver = Driver {
-        block_io: BlockIo::new(handle.clone()).expect("a local volume"),
+        block_io: BlockIo::new(handle.clone()),
         works,
         next: 0,
         one_at_a_time,
@@ -195,6 +195,7 @@ fn history(seed: u64, reactor: &Reactor, handle: &VolumeHandle, one_at_a_time: b
                         offset: start,
                         buf: buf_of(&data),
                         fua: rng.below(3) == 0,
+                        early: None,
                     });
                     expect_ok.push(true);
                 }
@@ -306,11 +307,13 @@ fn a_fua_write_fails_with_the_commit_it_needed() {
             offset: 0,
             buf: buf_of(&block),
             fua: true,
+            early: None,
         },
         Work::Write {
             offset: EXTENT,
             buf: buf_of(&block),
             fua: true,
+            early: None,
         },
     ];
     let done = run(&reactor, &handle, setup, false);
@@ -326,6 +329,7 @@ fn a_fua_write_fails_with_the_commit_it_needed() {
             offset: 0,
             buf: buf_of(&block),
             fua: true,
+            early: None,
         }],
         false,
     );
@@ -373,7 +377,7 @@ fn qos_limits_hold_on_the_loop_and_a_stop_does_not_wait_for_them() {
     let crawling = throttled(&handle, "total_iops_sec=1");
     let (tx, rx) = mpsc::channel();
     reactor.adopt(Box::new(Driver {
-        block_io: BlockIo::new(crawling.clone()).expect("a local volume"),
+        block_io: BlockIo::new(crawling.clone()),
         works: reads(50),
         next: 0,
         one_at_a_time: false,

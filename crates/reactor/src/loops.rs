@@ -111,6 +111,19 @@ impl Io<'_> {
             .run(Box::new(job), Arc::clone(self.mailbox), self.slot);
     }
 
+    /// A promise to deliver one payload to this connection, on this loop,
+    /// from any thread: for work this connection started elsewhere that
+    /// completes on a thread of its own (a replicated request completes on
+    /// the thread that brings its last reply). Counts as work in flight
+    /// until delivered; dropped undelivered, it delivers [`JobPanicked`].
+    pub fn deliverer(&mut self) -> Deliverer {
+        *self.in_flight += 1;
+        Deliverer {
+            mailbox: Some(Arc::clone(self.mailbox)),
+            slot: self.slot,
+        }
+    }
+
     /// Calls [`Connection::retry`] after about [`RETRY_INTERVAL`] (or
     /// sooner, after the loop's next completions).
     pub fn retry_later(&mut self) {
@@ -124,6 +137,38 @@ impl Io<'_> {
     /// on the loop waits for it.
     pub fn loop_in_flight(&self) -> usize {
         *self.in_flight
+    }
+}
+
+/// See [`Io::deliverer`].
+pub struct Deliverer {
+    mailbox: Option<Arc<Mailbox>>,
+    slot: u32,
+}
+
+impl Deliverer {
+    /// Hands `payload` to the connection as [`Connection::delivered`], on
+    /// its loop (waking the loop if it sleeps).
+    pub fn deliver(mut self, payload: Payload) {
+        if let Some(mailbox) = self.mailbox.take() {
+            mailbox.send(Message::Deliver {
+                slot: self.slot,
+                payload,
+            });
+        }
+    }
+}
+
+impl Drop for Deliverer {
+    fn drop(&mut self) {
+        // Undelivered: the work was lost (its owner dropped it). The
+        // connection still hears back, so its count of work in flight ends.
+        if let Some(mailbox) = self.mailbox.take() {
+            mailbox.send(Message::Deliver {
+                slot: self.slot,
+                payload: Box::new(JobPanicked),
+            });
+        }
     }
 }
 
@@ -662,6 +707,75 @@ mod tests {
         }
         let deadline = Instant::now() + Duration::from_secs(20);
         while done.load(Ordering::SeqCst) < 200 {
+            assert!(Instant::now() < deadline, "connections did not finish");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        reactor.stop();
+    }
+
+    /// Hands `n` deliverers to other threads, which deliver them (or drop
+    /// every third undelivered); finishes when all came back.
+    struct Promised {
+        n: u32,
+        back: u32,
+        lost: u32,
+        done: Arc<AtomicUsize>,
+    }
+
+    impl Connection for Promised {
+        fn start(&mut self, io: &mut Io<'_>) {
+            for k in 0..self.n {
+                let d = io.deliverer();
+                std::thread::spawn(move || {
+                    std::thread::sleep(Duration::from_micros(u64::from(k % 5) * 100));
+                    if k % 3 == 0 {
+                        drop(d);
+                    } else {
+                        d.deliver(Box::new(k));
+                    }
+                });
+            }
+        }
+        fn completed(&mut self, _io: &mut Io<'_>, _tag: u32, _result: i32) {}
+        fn delivered(&mut self, _io: &mut Io<'_>, payload: Payload) {
+            if payload.is::<JobPanicked>() {
+                self.lost += 1;
+            }
+            self.back += 1;
+        }
+        fn flush(&mut self, _io: &mut Io<'_>) {}
+        fn retry(&mut self, _io: &mut Io<'_>) {}
+        fn stop(&mut self, _io: &mut Io<'_>) {}
+        fn finished(&self) -> bool {
+            self.back == self.n
+        }
+    }
+
+    impl Drop for Promised {
+        fn drop(&mut self) {
+            if self.back == self.n && self.lost == self.n.div_ceil(3) {
+                self.done.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+    }
+
+    /// Work a connection started elsewhere reports back once, from any
+    /// thread, delivered or dropped: the connection counts it in flight
+    /// until then and finishes only after.
+    #[test]
+    fn deliverers_report_back_once_delivered_or_dropped() {
+        let reactor = Reactor::start("test", 2).expect("reactor");
+        let done = Arc::new(AtomicUsize::new(0));
+        for n in 0..20 {
+            reactor.adopt(Box::new(Promised {
+                n,
+                back: 0,
+                lost: 0,
+                done: Arc::clone(&done),
+            }));
+        }
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while done.load(Ordering::SeqCst) < 20 {
             assert!(Instant::now() < deadline, "connections did not finish");
             std::thread::sleep(Duration::from_millis(5));
         }

@@ -13,7 +13,7 @@
 
 use crate::qos::Throttle;
 use crate::stats::{OpKind, VolumeStats};
-use basalt_store::{DataKind, DataOp, IoError, LocalVolume, MappingRun, VolumeId};
+use basalt_store::{AlignedBuf, DataKind, DataOp, IoError, LocalVolume, MappingRun, VolumeId};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -29,6 +29,59 @@ pub trait WriteAck: Send + Sync {
     /// results are still stored as usual, and the frontend learns from its
     /// own `WriteAck` whether the acknowledgement went out.
     fn acknowledge(&self);
+}
+
+/// A read or write handed over with its buffer ([`BlockIo::start`]), and
+/// handed back with its outcome in `result`.
+pub struct OwnedOp {
+    pub offset: u64,
+    pub buf: AlignedBuf,
+    pub write: bool,
+    pub fua: bool,
+    pub result: Result<(), IoError>,
+}
+
+impl OwnedOp {
+    pub fn read(offset: u64, buf: AlignedBuf) -> OwnedOp {
+        OwnedOp {
+            offset,
+            buf,
+            write: false,
+            fua: false,
+            result: Ok(()),
+        }
+    }
+
+    pub fn write(offset: u64, buf: AlignedBuf, fua: bool) -> OwnedOp {
+        OwnedOp {
+            offset,
+            buf,
+            write: true,
+            fua,
+            result: Ok(()),
+        }
+    }
+
+    fn data_op(&mut self) -> DataOp<'_> {
+        if self.write {
+            DataOp::write(self.offset, &self.buf[..], self.fua)
+        } else {
+            DataOp::read(self.offset, &mut self.buf[..])
+        }
+    }
+}
+
+/// Called once with a started batch's ops, each holding its outcome.
+pub type OnComplete = Box<dyn FnOnce(Vec<OwnedOp>) + Send>;
+
+/// Runs `ops` through a synchronous `submit` and stores each outcome.
+fn submit_owned(ops: &mut [OwnedOp], submit: impl FnOnce(&mut [DataOp<'_>])) {
+    let mut data: Vec<DataOp<'_>> = ops.iter_mut().map(OwnedOp::data_op).collect();
+    submit(&mut data);
+    let results: Vec<Result<(), IoError>> = data.into_iter().map(|op| op.result).collect();
+    for (op, result) in ops.iter_mut().zip(results) {
+        op.result = result;
+    }
 }
 
 /// The data path of a volume that is not (only) on this node's store: the
@@ -48,6 +101,22 @@ pub trait BlockIo: Send + Sync {
     fn submit_writes(&self, ops: &mut [DataOp<'_>], ack: &Arc<dyn WriteAck>) {
         let _ = ack;
         self.submit(ops);
+    }
+    /// Starts a batch of reads and writes without waiting for it: `done`
+    /// gets the ops back with their outcomes, once, on whichever thread
+    /// completes the batch (possibly this one, before `start` returns). An
+    /// event loop's way in: it must not wait for the network, though it
+    /// may run local disk I/O on the calling thread. By default it runs
+    /// [`BlockIo::submit`] here.
+    fn start(&self, mut ops: Vec<OwnedOp>, done: OnComplete) {
+        submit_owned(&mut ops, |data| self.submit(data));
+        done(ops);
+    }
+    /// Whether [`BlockIo::start`] would run disk I/O on the calling thread
+    /// now (the volume's primary is on this node), so that an event loop
+    /// runs it elsewhere unless nothing else waits for the loop.
+    fn start_runs_disk_io(&self) -> bool {
+        true
     }
     /// Makes every completed write durable.
     fn flush(&self) -> Result<(), IoError>;
@@ -298,6 +367,45 @@ impl VolumeHandle {
             Backend::Cluster { io, .. } => io.submit_writes(ops, ack),
         }
         self.record(ops, start);
+    }
+
+    /// [`BlockIo::start`] on this volume: a single-node volume's batch runs
+    /// here; a replicated volume's goes to its primary, and `done` is called
+    /// by the thread that brings its last reply. Statistics are recorded on
+    /// completion.
+    pub fn start(&self, mut ops: Vec<OwnedOp>, done: OnComplete) {
+        let started = Instant::now();
+        let handle = self.clone();
+        let done: OnComplete = Box::new(move |mut ops: Vec<OwnedOp>| {
+            let elapsed = started.elapsed();
+            for op in ops.iter_mut() {
+                let kind = if op.write {
+                    OpKind::Write
+                } else {
+                    OpKind::Read
+                };
+                handle
+                    .0
+                    .stats
+                    .record(kind, op.buf.len() as u64, elapsed, op.result.is_ok());
+            }
+            done(ops)
+        });
+        match &self.0.backend {
+            Backend::Local(l) => {
+                submit_owned(&mut ops, |data| l.submit(data));
+                done(ops);
+            }
+            Backend::Cluster { io, .. } => io.start(ops, done),
+        }
+    }
+
+    /// See [`BlockIo::start_runs_disk_io`]; always for a single-node volume.
+    pub fn start_runs_disk_io(&self) -> bool {
+        match &self.0.backend {
+            Backend::Local(_) => true,
+            Backend::Cluster { io, .. } => io.start_runs_disk_io(),
+        }
     }
 
     /// The local store's data path, for a single-node volume (an event loop

@@ -81,14 +81,14 @@ impl Inner {
                 .map(|k| at + k * region)
                 .filter(|s| *s < end)
                 .collect();
-            let req = |k: usize| {
-                let s = starts[k];
-                ClientReq::Compare {
+            let reqs = starts
+                .iter()
+                .map(|&s| ClientReq::Compare {
                     lba: s / BLOCK_SIZE,
                     blocks: (region.min(end - s)).div_ceil(BLOCK_SIZE),
-                }
-            };
-            let answers = inner.execute(vol, starts.len(), req, None);
+                })
+                .collect();
+            let answers = inner.execute(vol, reqs, None);
             for (s, answer) in starts.iter().zip(answers) {
                 let len = region.min(end - s);
                 match answer {

@@ -26,9 +26,7 @@
 
 use super::{uuid_of, vol_of, Inner};
 use basalt_catalog::VolumeRecord;
-use basalt_replication::{
-    encode_regions, ClientReply, ClientReq, DiskOp, Flattened, LayerId, VolumeId,
-};
+use basalt_replication::{encode_regions, ClientReq, DiskOp, Flattened, LayerId, VolumeId};
 use basalt_store::{FlattenReport, Pacer, StoreError, BLOCK_SIZE};
 use basalt_volume::{IoError, LayerRequest, VolumeError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -110,7 +108,7 @@ impl Inner {
                 layer: layer_of(id),
             },
         };
-        let answer = self.execute(vol, 1, |_| request.clone(), None).pop();
+        let answer = self.execute(vol, vec![request.clone()], None).pop();
         match answer {
             Some(Ok(_)) => Ok(()),
             Some(Err(IoError::Io(e))) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -170,7 +168,7 @@ impl Inner {
                 blocks: len.div_ceil(BLOCK_SIZE),
                 rate: rate.unwrap_or(0),
             };
-            let answer = self.execute(vol, 1, |_| req.clone(), None).pop();
+            let answer = self.execute(vol, vec![req.clone()], None).pop();
             let done = match answer {
                 Some(Ok(data)) => data.as_deref().and_then(Flattened::decode).ok_or_else(|| {
                     VolumeError::Cluster(
@@ -208,19 +206,16 @@ impl Inner {
         vol: VolumeId,
         layer: LayerId,
     ) -> Result<(), VolumeError> {
-        let (ids, rx) = self.submit_once(vol, ClientReq::Snapshot { layer });
-        let answer = rx.recv_timeout(self.cfg.request_deadline);
-        match answer {
-            Ok((_, ClientReply::Ok { .. })) => Ok(()),
-            Ok((_, ClientReply::NotPrimary)) | Err(_) => {
-                self.forget(&ids);
+        match self.execute_once(vol, ClientReq::Snapshot { layer }) {
+            Ok(_) => Ok(()),
+            Err(IoError::Io(e)) if e.kind() == std::io::ErrorKind::TimedOut => {
                 Err(VolumeError::Cluster(format!(
                     "the primary of {} did not answer the snapshot (it may have changed); nothing was recorded",
                     record.name
                 )))
             }
-            Ok((_, other)) => Err(VolumeError::Cluster(format!(
-                "the primary of {} answered the snapshot with {other:?}",
+            Err(other) => Err(VolumeError::Cluster(format!(
+                "the primary of {} answered the snapshot with: {other}",
                 record.name
             ))),
         }

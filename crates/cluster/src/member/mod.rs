@@ -23,6 +23,7 @@
 //!   compare-and-swap, with the rules of `basalt_replication`.
 
 mod admin;
+mod batches;
 mod clients;
 mod compare;
 mod config;
@@ -30,6 +31,7 @@ mod housekeeping;
 mod layers;
 mod lifecycle;
 mod routing;
+mod volume_io;
 
 pub use config::{MemberConfig, Timing};
 
@@ -43,17 +45,18 @@ use basalt_catalog::{Catalog, VolumeRecord};
 use basalt_replication::{Membership, Msg, NodeId, SavedLogs, VolumeId};
 use basalt_store::Store;
 use basalt_volume::VolumeError;
+use batches::{retry_batches, Pending, Retries};
 pub use clients::DisconnectListener;
 use clients::{publish_clients, OpenClients};
 use housekeeping::{housekeeping, send_heartbeats};
 use lifecycle::{Env, ReplicaHandle};
 use parking_lot::{Mutex, RwLock};
-use routing::{ClusterVolume, Pending};
 use std::collections::HashMap;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
 use std::time::Duration;
+use volume_io::ClusterVolume;
 
 pub(crate) struct Inner {
     cfg: MemberConfig,
@@ -96,6 +99,8 @@ pub(crate) struct Inner {
     /// raises a namespace-changed event).
     open_sizes: Mutex<HashMap<VolumeId, Arc<AtomicU64>>>,
     pending: Mutex<Pending>,
+    /// Batches to send again after a backoff (`batches.rs`).
+    retries: Retries,
     /// The coordinator's node id as last looked up.
     coordinator_id: RwLock<Option<NodeId>>,
     coordinator: Mutex<Option<CoordinatorTask>>,
@@ -244,6 +249,7 @@ impl ClusterMember {
             heartbeats: Mutex::new(Vec::new()),
             resync_share: Mutex::new(resync_rate),
             pending: Mutex::new(Pending::default()),
+            retries: Retries::default(),
             coordinator_id: RwLock::new(None),
             coordinator: Mutex::new(None),
             watches: Mutex::new(Vec::new()),
@@ -337,8 +343,9 @@ impl ClusterMember {
         }))?;
         inner.guards.lock().push(Box::new(disconnects));
         type Loop = fn(Weak<Inner>);
-        let loops: [(&str, Loop); 3] = [
+        let loops: [(&str, Loop); 4] = [
             ("cluster-housekeeping", housekeeping),
+            ("cluster-retries", retry_batches),
             ("heartbeat-sender", send_heartbeats),
             ("cluster-clients", publish_clients),
         ];
@@ -419,9 +426,12 @@ impl ClusterMember {
         inner.save_logs(saved);
         // The clients publisher sleeps on this; it sees `stopping` now.
         inner.open_clients.wake();
+        inner.retries.wake();
         for t in self.threads.lock().drain(..) {
             let _ = t.join();
         }
+        // Batches started after the retrier left complete (failed) now.
+        inner.abandon_batches();
         inner.peers.shutdown();
         inner.registration.lock().take();
     }

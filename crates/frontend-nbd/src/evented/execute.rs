@@ -15,8 +15,8 @@
 
 use super::EventedConnection;
 use crate::requests::{data_outcome, run_command, Entry, Outcome};
-use basalt_loop_io::{Finished, Outcome as Done, Work};
-use basalt_nbd_wire::{Command, CommandFlags, NbdError, Request};
+use basalt_loop_io::{EarlyReply, Finished, Outcome as Done, Work};
+use basalt_nbd_wire::{encode_simple_reply, Command, CommandFlags, NbdError, Request};
 use basalt_reactor::Io;
 
 /// What a connection's block I/O carries for each request.
@@ -56,6 +56,7 @@ impl EventedConnection {
                     offset: request.offset,
                     buf,
                     fua: request.flags.contains(CommandFlags::FUA),
+                    early: self.early_reply(&request),
                 },
             },
             // Nothing to prefetch: reads are served from the device.
@@ -74,9 +75,30 @@ impl EventedConnection {
         self.block_io.start(io, request, work, lone);
     }
 
-    /// Queues the replies of every request the block I/O has finished.
+    /// A WRITE's success reply, encoded in advance for a replicated
+    /// volume: the thread that completes the write sends it (`ReplyGate`).
+    fn early_reply(&mut self, request: &Request) -> Option<EarlyReply> {
+        if self.block_io.volume().is_some() {
+            return None;
+        }
+        let mut out = std::mem::take(&mut self.scratch_encoded);
+        out.clear();
+        encode_simple_reply(request.cookie, None, &mut out);
+        let early = EarlyReply::new(&out);
+        self.scratch_encoded = out;
+        early
+    }
+
+    /// Queues the replies of every request the block I/O has finished
+    /// (but those whose early reply was sent already).
     pub(super) fn take_finished(&mut self) {
         while let Some(finished) = self.block_io.pop_finished() {
+            if finished.replied {
+                if let Some(buf) = finished.buf {
+                    self.pool.give(buf);
+                }
+                continue;
+            }
             let entry = self.entry_of(finished);
             self.queue_reply(entry);
         }
@@ -88,6 +110,7 @@ impl EventedConnection {
             token: request,
             buf,
             outcome,
+            ..
         } = finished;
         let outcome = match outcome {
             Done::Data(result) => {
@@ -97,7 +120,7 @@ impl EventedConnection {
                     &request,
                     result,
                     self.peer,
-                    |o, l| volume.try_mapping(o, l).and_then(Result::ok),
+                    |o, l| volume?.try_mapping(o, l).and_then(Result::ok),
                 )
             }
             Done::Command(Ok(outcome)) => outcome,

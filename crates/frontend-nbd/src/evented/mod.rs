@@ -45,7 +45,9 @@ use crate::transmission::{
     SessionEnd, MAX_BATCH_BYTES, MAX_BATCH_REQUESTS, MAX_DISCARDED_WRITE, RECV_BUFFER_BYTES,
 };
 use crate::{ConnectionError, MAX_PAYLOAD};
-use basalt_loop_io::{BlockIo, BufferPool, Completion, ReplyQueue, SocketPolls, MAX_SLOTS};
+use basalt_loop_io::{
+    BlockIo, BufferPool, Completion, ReplyGate, ReplyQueue, SocketPolls, MAX_SLOTS,
+};
 use basalt_nbd_wire::{parse_request, Command, NbdError, Request, WireError};
 use basalt_reactor::{Connection, Io, Payload};
 use basalt_store::AlignedBuf;
@@ -98,18 +100,26 @@ pub(crate) struct EventedConnection {
 }
 
 impl EventedConnection {
-    /// A connection after its handshake, on a volume of this node's store
-    /// (refused for any other volume).
+    /// A connection after its handshake, on any volume: one of this node's
+    /// store, or a replicated one (served through its primary).
     pub(crate) fn new(
         stream: Stream,
         peer: Peer,
         negotiated: Negotiated,
         on_end: OnEnd,
     ) -> io::Result<EventedConnection> {
-        let block_io = BlockIo::new(VolumeHandle::clone(&negotiated.handle))
-            .ok_or_else(|| io::Error::other("the volume is not on this node's store"))?;
+        let mut block_io = BlockIo::new(VolumeHandle::clone(&negotiated.handle));
         stream.set_nonblocking(true)?;
         let fd = stream.as_raw_fd();
+        // A replicated volume's write is answered by the thread that
+        // brings its last acknowledgement, when the socket is free.
+        let replies = if block_io.volume().is_none() {
+            let gate = ReplyGate::new(fd);
+            block_io.set_reply_gate(Arc::clone(&gate));
+            ReplyQueue::gated(gate)
+        } else {
+            ReplyQueue::default()
+        };
         Ok(EventedConnection {
             fd,
             stream,
@@ -122,7 +132,7 @@ impl EventedConnection {
             discarding: 0,
             forming: Vec::new(),
             forming_bytes: 0,
-            replies: ReplyQueue::default(),
+            replies,
             polls: SocketPolls::new(fd),
             reading: true,
             dead: false,
@@ -404,6 +414,8 @@ impl Connection for EventedConnection {
     fn flush(&mut self, io: &mut Io<'_>) {
         self.send(io);
         self.resume(io);
+        // A replicated volume's requests of this round leave as one batch.
+        self.block_io.submit_started(io);
     }
 
     fn completed(&mut self, io: &mut Io<'_>, tag: u32, result: i32) {

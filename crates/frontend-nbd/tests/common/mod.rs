@@ -37,7 +37,13 @@ pub fn init_logging() {
 pub struct StoreExports {
     pub store: Arc<Store>,
     volumes: Mutex<BTreeMap<String, (VolumeId, Arc<VolumeStats>)>>,
+    /// Opens get this data path instead of the store's (a stand-in for a
+    /// replicated volume's, made from the local volume).
+    pub relay: Mutex<Option<Relay>>,
 }
+
+/// Makes the data path an open uses from the volume on the store.
+pub type Relay = Box<dyn Fn(basalt_store::LocalVolume) -> Arc<dyn basalt_volume::BlockIo> + Send>;
 
 impl StoreExports {
     pub fn on_device(device: Arc<dyn BlockDevice>) -> Arc<StoreExports> {
@@ -52,6 +58,7 @@ impl StoreExports {
         Arc::new(StoreExports {
             store,
             volumes: Mutex::new(BTreeMap::new()),
+            relay: Mutex::new(None),
         })
     }
 
@@ -96,6 +103,14 @@ impl Exports for StoreExports {
     fn open(&self, _scope: &Scope, name: &str) -> Option<VolumeHandle> {
         let (id, stats) = self.volumes.lock().get(name).cloned()?;
         let local = self.store.volume(id).ok()?;
+        if let Some(relay) = &*self.relay.lock() {
+            return Some(VolumeHandle::clustered(
+                relay(local),
+                id,
+                name.to_owned(),
+                stats,
+            ));
+        }
         Some(VolumeHandle::new(local, name.to_owned(), stats))
     }
 

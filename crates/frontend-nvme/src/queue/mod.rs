@@ -262,18 +262,13 @@ impl<'a> Queue<'a> {
         }
     }
 
-    /// A connected, quiet I/O queue of a volume on this node's store, with
-    /// event loops to take it.
+    /// A connected, quiet I/O queue, with event loops to take it.
     fn may_hand_off(&self) -> bool {
         self.transport.qid != 0
             && self.auth.is_none()
             && self.transport.is_quiet()
             && self.shared.loops.is_some()
-            && self
-                .ctrl
-                .as_ref()
-                .and_then(|c| c.volume())
-                .is_some_and(|v| v.local().is_some())
+            && self.ctrl.as_ref().and_then(|c| c.volume()).is_some()
     }
 
     /// The namespace size of a connected I/O queue, in blocks.
