@@ -57,7 +57,8 @@ pub enum VolumeCommand {
         compression: Option<String>,
     },
     /// Give a volume another volume type's policies, online (QoS at once,
-    /// replica count through the cluster's placement).
+    /// compression from its next compaction, replica count through the
+    /// cluster's placement).
     Retype {
         name: String,
         #[arg(value_name = "TYPE")]
@@ -128,6 +129,14 @@ pub enum VolumeCommand {
         /// Copies kept on distinct nodes of a cluster, 1-5.
         #[arg(long, value_parser = clap::value_parser!(u32).range(1..=5))]
         replicas: Option<u32>,
+        /// Encrypt its data at rest (as `volume create --encrypted`): the
+        /// image's bytes reach the disk only as ciphertext.
+        #[arg(long)]
+        encrypted: bool,
+        /// Keep its cold data compressed: lz4, zstd, zstd:LEVEL (1-19) or
+        /// off (as `volume create --compression`; default: its type's).
+        #[arg(long, value_name = "CODEC")]
+        compression: Option<String>,
         #[command(flatten)]
         nbd: crate::transfer::NbdArgs,
     },
@@ -672,6 +681,8 @@ pub fn run_volume(command: VolumeCommand, client: &ClientArgs) -> Result<()> {
             volume_type,
             project,
             replicas,
+            encrypted,
+            compression,
             nbd,
         } => {
             let options = crate::images::ImportOptions {
@@ -680,6 +691,8 @@ pub fn run_volume(command: VolumeCommand, client: &ClientArgs) -> Result<()> {
                 volume_type,
                 project,
                 replicas,
+                encrypted,
+                compression,
             };
             crate::images::import(&name, &file, &options, &nbd, client)?
         }

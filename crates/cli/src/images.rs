@@ -33,6 +33,8 @@ pub struct ImportOptions {
     pub volume_type: Option<String>,
     pub project: Option<String>,
     pub replicas: Option<u32>,
+    pub encrypted: bool,
+    pub compression: Option<String>,
 }
 
 /// How long an import waits for a new replicated volume's primary.
@@ -178,6 +180,12 @@ pub fn import(
     }
     if let Some(n) = options.replicas {
         body["replicas"] = json!(n);
+    }
+    if options.encrypted {
+        body["encrypted"] = json!(true);
+    }
+    if let Some(c) = &options.compression {
+        body["compression"] = json!(c);
     }
     api.post("/api/v1/volumes", body)?;
     let started = std::time::Instant::now();

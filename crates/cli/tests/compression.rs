@@ -7,7 +7,9 @@
 //! restart (the compactor's policy is set again from the catalog). A bad
 //! codec is one line naming the accepted ones; a volume type's
 //! `zstd:3` reaches its volumes; compacting an uncompressed volume is one
-//! line; a clone has its source's codec unless it asks for another.
+//! line; a clone has its source's codec unless it asks for another; an
+//! image imported with `--compression --encrypted` is both; a retype
+//! changes the codec the background compactor packs with, online.
 
 mod common;
 
@@ -405,4 +407,111 @@ fn fio_verifies_compressible_incompressible_snapshot_clone_and_encrypted_volumes
     for v in ["half", "noise", "sealed", "half-clone"] {
         fio(v, false, v != "noise");
     }
+}
+
+/// `volume import --compression --encrypted`: the imported volume has the
+/// codec and the encryption asked for, compacts, holds no plaintext of the
+/// image on the device, and exports the image's bytes back.
+#[test]
+fn an_imported_image_is_compressed_and_encrypted_as_asked() {
+    let dir = Scratch::new();
+    let key = dir.path("master.key");
+    let s = Server::start_with("256M", &["--master-key-file", key.to_str().unwrap()]);
+    let image = dir.path("logs.raw");
+    let data = text(DATA_LEN);
+    std::fs::write(&image, &data).unwrap();
+    let image = image.to_str().unwrap();
+    s.cli(&[
+        "volume",
+        "import",
+        "logs",
+        image,
+        "--format",
+        "raw",
+        "--compression",
+        "zstd",
+        "--encrypted",
+    ])
+    .ok();
+    let shown = s.cli_json(&["volume", "show", "logs"]);
+    assert_eq!(shown["compression"], "zstd", "{shown}");
+    assert_eq!(shown["encrypted"], true, "{shown}");
+    let report = s.cli_json(&["volume", "compact", "logs"]);
+    assert!(
+        u64_of(&report, "stored_bytes") * 2 < u64_of(&report, "packed_bytes"),
+        "less than 2:1 on text: {report}"
+    );
+    let exported = dir.path("back.raw");
+    s.cli(&["volume", "export", "logs", exported.to_str().unwrap()])
+        .ok();
+    assert_same(&std::fs::read(&exported).unwrap(), &data, "exported image");
+    // The first line of the text is nowhere on the device.
+    let device = std::fs::read(s.data_dir().join("basalt.data")).unwrap();
+    let needle = &data[..64];
+    assert!(
+        !device.windows(needle.len()).any(|w| w == needle),
+        "plaintext of the image on the device"
+    );
+}
+
+/// A retype gives a volume its new type's compression online: the
+/// background compactor packs it with the new codec (the store's policy
+/// follows the record at once), data packed before stays readable, and a
+/// retype to a type without compression stops the packing.
+#[test]
+fn a_retype_changes_compression_online() {
+    let mut s = Server::start_with("128M", &["--compact-after", "1s"]);
+    s.cli(&["type", "create", "cold", "--compression", "zstd"])
+        .ok();
+    s.cli(&["type", "create", "plain"]).ok();
+    s.create_volume("v", "16M");
+    let data = text(DATA_LEN);
+    let mut c = connect(&s, "v");
+    write(&mut c, 0, &data);
+    let packed = |s: &Server| u64_of(&s.cli_json(&["volume", "show", "v"]), "packed_bytes");
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(packed(&s), 0, "packed without a codec");
+
+    // Retyped while connected: its cold data is packed in the background.
+    s.cli(&["volume", "retype", "v", "cold"]).ok();
+    assert_eq!(s.cli_json(&["volume", "show", "v"])["compression"], "zstd");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while packed(&s) < DATA_LEN as u64 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not packed after the retype: {}",
+            s.cli_json(&["volume", "show", "v"])
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_same(&read(&mut c, 0, DATA_LEN), &data, "after the retype");
+
+    // To a type without compression: a write unpacks its extent, which is
+    // not packed again once cold; what stays packed reads back.
+    s.cli(&["volume", "retype", "v", "plain"]).ok();
+    let shown = s.cli_json(&["volume", "show", "v"]);
+    assert!(shown["compression"].is_null(), "{shown}");
+    let before = packed(&s);
+    write(&mut c, 4096, &data[..4096]);
+    let mut expected = data.clone();
+    expected.copy_within(0..4096, 4096);
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(
+        packed(&s),
+        before - CHUNK as u64,
+        "packed again without a codec"
+    );
+    assert_same(
+        &read(&mut c, 0, DATA_LEN),
+        &expected,
+        "after the second retype",
+    );
+    drop(c);
+    // The policy is the catalog's across a restart.
+    assert!(s.sigterm(Duration::from_secs(30)).success());
+    s.restart();
+    let shown = s.cli_json(&["volume", "show", "v"]);
+    assert!(shown["compression"].is_null(), "{shown}");
+    let mut c = connect(&s, "v");
+    assert_same(&read(&mut c, 0, DATA_LEN), &expected, "after a restart");
 }

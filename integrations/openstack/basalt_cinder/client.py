@@ -172,10 +172,13 @@ class BasaltClient:
         replicas: int | None = None,
         volume_type: str | None = None,
         encrypted: bool = False,
+        compression: str | None = None,
     ) -> dict[str, Any]:
         body: dict[str, Any] = {"name": name}
         if encrypted:
             body["encrypted"] = True
+        if compression is not None:
+            body["compression"] = compression
         if size_bytes is not None:
             body["size"] = size_bytes
         if source is not None:

@@ -155,8 +155,9 @@ EXTRA_SPEC_TYPE = "basalt:type"
 EXTRA_SPEC_REPLICAS = "basalt:replicas"
 #: Encryption at rest (AES-256-XTS, Basalt's master key): "true", "<is> True".
 EXTRA_SPEC_ENCRYPTED = "basalt:encrypted"
-#: Accepted now and ignored with a warning until Basalt compresses.
-EXTRA_SPECS_FUTURE = ("basalt:compression",)
+#: Compression of cold data: lz4, zstd, zstd:LEVEL, off, or a boolean
+#: ("<is> True": lz4).
+EXTRA_SPEC_COMPRESSION = "basalt:compression"
 
 #: Cinder QoS spec keys Basalt enforces (crates/api/openapi.json, QosSpec).
 _QOS_BASES = (
@@ -386,13 +387,6 @@ class BasaltVolumeDriver(driver.VolumeDriver):
                     % {"key": EXTRA_SPEC_REPLICAS, "raw": raw}
                 )
             replicas = int(raw)
-        for key in EXTRA_SPECS_FUTURE:
-            if key in extra:
-                LOG.warning(
-                    "Volume type %(type)s sets %(key)s, which this Basalt does not "
-                    "support yet; it is ignored.",
-                    {"type": type_id, "key": key},
-                )
         qos_specs = (volume_types.get_volume_type_qos_specs(type_id) or {}).get("qos_specs")
         limits: dict[str, int] = {}
         if qos_specs and qos_specs.get("consumer") in ("back-end", "both"):
@@ -414,6 +408,31 @@ class BasaltVolumeDriver(driver.VolumeDriver):
         raise exception.InvalidVolumeType(
             reason=_("%(key)s=%(raw)s: true or false is needed")
             % {"key": EXTRA_SPEC_ENCRYPTED, "raw": extra[EXTRA_SPEC_ENCRYPTED]}
+        )
+
+    def _type_compression(self, type_id: str | None) -> str | None:
+        """The codec a Cinder volume type asks for (basalt:compression), as
+        Basalt spells it: lz4, zstd, zstd:LEVEL or off; a boolean gives lz4
+        or off; None when the type does not say."""
+        if not type_id:
+            return None
+        extra = volume_types.get_volume_type_extra_specs(type_id) or {}
+        if EXTRA_SPEC_COMPRESSION not in extra:
+            return None
+        raw = str(extra[EXTRA_SPEC_COMPRESSION]).strip().lower()
+        raw = raw.removeprefix("<is>").strip()
+        if raw in ("true", "yes", "1", "on"):
+            return "lz4"
+        if raw in ("false", "no", "0", "off", ""):
+            return "off"
+        codec, _, level = raw.partition(":")
+        level_ok = not level or (codec == "zstd" and level.isdigit() and 1 <= int(level) <= 19)
+        if codec in ("lz4", "zstd") and level_ok:
+            return raw
+        raise exception.InvalidVolumeType(
+            reason=_("%(key)s=%(raw)s: lz4, zstd, zstd:LEVEL (1-19), off or a boolean "
+                     "is needed") % {"key": EXTRA_SPEC_COMPRESSION,
+                                     "raw": extra[EXTRA_SPEC_COMPRESSION]}
         )
 
     def _apply_qos(self, name: str, limits: dict[str, int], volume: Any) -> None:
@@ -446,10 +465,11 @@ class BasaltVolumeDriver(driver.VolumeDriver):
         name = volume_name(volume)
         basalt_type, replicas, qos = self._type_policy(volume.volume_type_id)
         encrypted = self._type_encrypted(volume.volume_type_id)
+        compression = self._type_compression(volume.volume_type_id)
         with self._errors(volume=volume):
             self._api.create_volume(
                 name, volume.size * GiB, replicas=replicas, volume_type=basalt_type,
-                encrypted=encrypted,
+                encrypted=encrypted, compression=compression,
             )
         self._finish_create(name, volume, qos)
         return {}
@@ -1088,6 +1108,14 @@ class BasaltVolumeDriver(driver.VolumeDriver):
         ):
             # Basalt does not rewrite a volume in place to (un)encrypt it.
             LOG.info("Retype of %s changes basalt:encrypted: Cinder must migrate it.",
+                     volume.id)
+            return False, {}
+        wanted = self._type_compression(new_type.get("id"))
+        if wanted is not None and wanted != (
+            self._api.get_volume(name).get("compression") or "off"
+        ):
+            # A volume's own codec changes only with its Basalt type.
+            LOG.info("Retype of %s changes basalt:compression: Cinder must migrate it.",
                      volume.id)
             return False, {}
         if new_replicas != old_replicas and new_basalt_type == old_type:

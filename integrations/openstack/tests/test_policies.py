@@ -24,8 +24,7 @@ class AdminTokenPolicyTest(BasaltManagerTestCase):
     def test_extra_specs_and_qos_specs(self) -> None:
         ensure_type("cinder-gold", replicas=1, qos={"total_iops_sec": 5000})
         vtype = self.volume_type(
-            extra_specs={"basalt:type": "cinder-gold", "basalt:replicas": "1",
-                         "basalt:compression": "true"},
+            extra_specs={"basalt:type": "cinder-gold", "basalt:replicas": "1"},
             qos={"read_iops_sec": "800", "write_bytes_sec_per_gb": "1048576"},
         )
         vol = self.create(volume_type_id=vtype.id)
@@ -51,6 +50,24 @@ class AdminTokenPolicyTest(BasaltManagerTestCase):
         done, _update = self.driver.retype(self.context, other, {"id": secret.id}, {}, {})
         self.assertFalse(done)
         bad = self.volume_type(extra_specs={"basalt:encrypted": "maybe"})
+        self.assertRaises(exception.InvalidVolumeType, self.driver.create_volume,
+                          self.new_volume(volume_type_id=bad.id))
+
+    def test_compression_extra_spec_sets_the_codec(self) -> None:
+        zstd = self.volume_type(extra_specs={"basalt:compression": "zstd:3"})
+        yes = self.volume_type(extra_specs={"basalt:compression": "<is> True"})
+        vol = self.create(volume_type_id=zstd.id)
+        name = basalt_driver.volume_name(vol)
+        self.assertEqual("zstd:3", admin().get_volume(name)["compression"])
+        other = self.create(volume_type_id=yes.id)
+        self.assertEqual("lz4",
+                         admin().get_volume(basalt_driver.volume_name(other))["compression"])
+        plain = self.create()
+        self.assertIsNone(admin().get_volume(basalt_driver.volume_name(plain))["compression"])
+        # Another codec through a Cinder type alone is a migration.
+        done, _update = self.driver.retype(self.context, vol, {"id": yes.id}, {}, {})
+        self.assertFalse(done)
+        bad = self.volume_type(extra_specs={"basalt:compression": "gzip"})
         self.assertRaises(exception.InvalidVolumeType, self.driver.create_volume,
                           self.new_volume(volume_type_id=bad.id))
 

@@ -318,7 +318,9 @@ impl Inner {
     /// whose compactor packs the local replica's cold data (and its
     /// snapshots'): each replica is compacted on its own node, and
     /// replication, resync and scrub read and write it as any other.
-    fn apply_compression(&self, vol: VolumeId) {
+    /// Called when the replica starts, and when the record's compression
+    /// changes (a retype) while it runs.
+    pub(super) fn apply_compression(&self, vol: VolumeId) {
         let id = uuid_of(vol);
         let text = match self.volume_record(vol) {
             Ok(Some(record)) => record.compression,

@@ -289,10 +289,22 @@ impl ClusterMember {
                     }
                 }
                 let mut volumes = inner.volumes.write();
+                // A retype may change the codec of a volume with a replica
+                // here: its store's compactor follows at once.
+                let recoded = record.as_ref().and_then(|r| {
+                    let old = volumes.get(name)?;
+                    (old.compression != r.compression).then(|| vol_of(r.id))
+                });
                 match record {
                     Some(r) => volumes.insert(name.to_string(), r),
                     None => volumes.remove(name),
                 };
+                drop(volumes);
+                if let Some(vol) = recoded {
+                    if inner.replicas.lock().contains_key(&vol) {
+                        inner.apply_compression(vol);
+                    }
+                }
             }
         }))?;
         let w = weak.clone();

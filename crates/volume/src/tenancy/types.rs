@@ -291,9 +291,11 @@ impl VolumeService {
     }
 
     /// Gives volume `name` the policies of type `type_name`, online: its QoS
-    /// at once on every node that serves it, its replica
-    /// count through the cluster's placement (replicas are added or removed
-    /// by the coordinator like after a node loss).
+    /// at once on every node that serves it, its compression (the type's,
+    /// or none: data packed with another codec stays readable as it is,
+    /// and is repacked only when rewritten) to every store holding a copy,
+    /// its replica count through the cluster's placement (replicas are
+    /// added or removed by the coordinator like after a node loss).
     pub fn retype(&self, name: &str, type_name: &str) -> Result<VolumeInfo, VolumeError> {
         let control = self.control.lock();
         let current = self.record(name)?;
@@ -310,6 +312,10 @@ impl VolumeService {
         let mut record = current.record.clone();
         record.volume_type = Some(t.name.clone());
         record.qos = t.qos.clone();
+        if t.compression.is_some() && t.compression != record.compression {
+            self.require_compression()?;
+        }
+        record.compression = t.compression.clone();
         let _provisioning = match (&self.cluster, t.replicas) {
             (Some(_), Some(n)) if record.replicas != Some(n) => {
                 record.replicas = Some(n);
@@ -326,7 +332,12 @@ impl VolumeService {
             self.catalog
                 .update(&record, current.revision)
                 .map_err(catalog_error)?;
-            tracing::info!(volume = name, volume_type = type_name, replicas = ?record.replicas, "volume retyped");
+            tracing::info!(volume = name, volume_type = type_name, replicas = ?record.replicas, compression = ?record.compression, "volume retyped");
+        }
+        if record.compression != current.record.compression && self.cluster.is_none() {
+            // (A replicated volume's nodes each follow the record.)
+            self.store
+                .set_compression(record.id, crate::compression::record_codec(&record));
         }
         self.throttle_for(&record);
         drop(control);
