@@ -329,6 +329,43 @@ fn replicated_volumes_are_compressed_on_every_replica() {
     // Compacting now is per node, not yet a cluster operation: one line.
     let line = c.nodes[0].cli(&["volume", "compact", "rlogs"]).cli_error(1);
     assert!(line.contains("replicated"), "{line}");
+
+    // A retype gives a replicated volume a codec: every node holding a
+    // replica follows the record and packs its copy.
+    c.nodes[0]
+        .cli(&["type", "create", "cold", "--compression", "zstd"])
+        .ok();
+    c.nodes[0]
+        .cli(&[
+            "volume",
+            "create",
+            "rplain",
+            "--size",
+            "16M",
+            "--replicas",
+            "2",
+        ])
+        .ok();
+    c.wait_volume(0, "rplain", "placed and in sync", common::cluster::healthy);
+    let plain = text(DATA_LEN);
+    let mut client = connect(&c.nodes[0], "rplain");
+    write(&mut client, 0, &plain);
+    std::thread::sleep(Duration::from_secs(3));
+    let base = [packed(0), packed(1)];
+    c.nodes[1].cli(&["volume", "retype", "rplain", "cold"]).ok();
+    let deadline = std::time::Instant::now() + Duration::from_secs(90);
+    while packed(0) < base[0] + DATA_LEN as u64 / 2 || packed(1) < base[1] + DATA_LEN as u64 / 2 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the retyped replicas were not compressed: {} and {} bytes packed (before: {base:?})\n{}",
+            packed(0),
+            packed(1),
+            c.logs()
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    c.assert_replicas_equal(&[0, 1], "rplain");
+    assert_same(&read(&mut client, 0, DATA_LEN), &plain, "retyped");
 }
 
 /// fio `verify=crc32c` through compressed volumes: 50%-compressible data
