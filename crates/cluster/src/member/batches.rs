@@ -281,9 +281,10 @@ impl Inner {
                 let _ = tx.send(results);
             }),
         );
-        // A batch dropped uncompleted (the member is gone) fails.
-        rx.recv()
-            .unwrap_or_else(|_| (0..n).map(|_| Err(IoError::Failed)).collect())
+        // A batch dropped uncompleted (the member is gone) fails; the
+        // bound is a backstop (the retrier ends every batch by then).
+        rx.recv_timeout(self.cfg.request_deadline + ATTEMPT)
+            .unwrap_or_else(|_| (0..n).map(|_| Err(no_answer())).collect())
     }
 
     /// Sends one request to the volume's primary, once (no retry), and
@@ -300,10 +301,10 @@ impl Inner {
                 let _ = tx.send(results);
             }),
         );
-        rx.recv()
+        rx.recv_timeout(self.cfg.request_deadline + ATTEMPT)
             .ok()
             .and_then(|r| r.into_iter().next())
-            .unwrap_or(Err(IoError::Failed))
+            .unwrap_or_else(|| Err(no_answer()))
     }
 
     /// Whether this node holds `vol`'s primary, as last recorded (its
