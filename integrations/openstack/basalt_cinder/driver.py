@@ -425,7 +425,7 @@ class BasaltVolumeDriver(driver.VolumeDriver):
             return "lz4"
         if raw in ("false", "no", "0", "off", ""):
             return "off"
-        codec, _, level = raw.partition(":")
+        codec, _sep, level = raw.partition(":")
         level_ok = not level or (codec == "zstd" and level.isdigit() and 1 <= int(level) <= 19)
         if codec in ("lz4", "zstd") and level_ok:
             return raw
