@@ -12,7 +12,7 @@ mod common;
 use basalt_frontend_nbd::ServerLimits;
 use basalt_nbd_wire::*;
 use basalt_store::{DataOp, IoError, LocalVolume};
-use basalt_volume::{BlockIo, OnComplete, OwnedOp};
+use basalt_volume::{submit_owned, BlockIo, OnComplete, OwnedOp};
 use common::*;
 use rand::rngs::StdRng;
 use rand::{Rng as _, SeedableRng};
@@ -231,23 +231,7 @@ impl Relayed {
                     };
                     // An acknowledgement's round trip.
                     std::thread::sleep(Duration::from_micros(rng.below(300)));
-                    let results: Vec<_> = {
-                        let mut data: Vec<DataOp<'_>> = ops
-                            .iter_mut()
-                            .map(|op| {
-                                if op.write {
-                                    DataOp::write(op.offset, &op.buf[..], op.fua)
-                                } else {
-                                    DataOp::read(op.offset, &mut op.buf[..])
-                                }
-                            })
-                            .collect();
-                        local.submit(&mut data);
-                        data.into_iter().map(|op| op.result).collect()
-                    };
-                    for (op, result) in ops.iter_mut().zip(results) {
-                        op.result = result;
-                    }
+                    submit_owned(&mut ops, |data| local.submit(data));
                     done(ops);
                 }
             });

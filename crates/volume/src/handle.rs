@@ -74,8 +74,9 @@ impl OwnedOp {
 /// Called once with a started batch's ops, each holding its outcome.
 pub type OnComplete = Box<dyn FnOnce(Vec<OwnedOp>) + Send>;
 
-/// Runs `ops` through a synchronous `submit` and stores each outcome.
-fn submit_owned(ops: &mut [OwnedOp], submit: impl FnOnce(&mut [DataOp<'_>])) {
+/// Runs `ops` through a synchronous `submit` (a batch of borrowed ops) and
+/// stores each outcome in its op.
+pub fn submit_owned(ops: &mut [OwnedOp], submit: impl FnOnce(&mut [DataOp<'_>])) {
     let mut data: Vec<DataOp<'_>> = ops.iter_mut().map(OwnedOp::data_op).collect();
     submit(&mut data);
     let results: Vec<Result<(), IoError>> = data.into_iter().map(|op| op.result).collect();

@@ -29,7 +29,7 @@ pub use clients::ClientDisconnect;
 pub use diff::VolumeDiff;
 pub use encryption::{Keyring, RotationReport, UnlockReport};
 pub use error::VolumeError;
-pub use handle::{BlockIo, OnComplete, OwnedOp, VolumeHandle, WriteAck};
+pub use handle::{submit_owned, BlockIo, OnComplete, OwnedOp, VolumeHandle, WriteAck};
 pub use scrub::{DifferingRange, ReplicaComparison, VolumeScrub};
 pub use service::{
     compression_ratio, validate_host_nqn, validate_volume_name, validate_volume_size,

@@ -20,7 +20,7 @@ use super::batches::ReqResult;
 use super::Inner;
 use basalt_replication::{payload, ClientReq, Payload, VolumeId};
 use basalt_store::{DataKind, DataOp, IoError, BLOCK_SIZE};
-use basalt_volume::{BlockCipher, BlockIo, OnComplete, OwnedOp, WriteAck};
+use basalt_volume::{submit_owned, BlockCipher, BlockIo, OnComplete, OwnedOp, WriteAck};
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
@@ -126,6 +126,17 @@ impl ClusterVolume {
         self.cipher.as_deref()
     }
 
+    /// The request for a write of whole blocks at `offset`, its data as it
+    /// leaves this node (sealed for an encrypted volume).
+    fn write_req(&self, offset: u64, data: &[u8], fua: bool) -> Result<ClientReq, IoError> {
+        let lba = offset / BLOCK_SIZE;
+        Ok(ClientReq::Write {
+            lba,
+            data: sealed(self.cipher(), self.vol, lba, data)?,
+            fua,
+        })
+    }
+
     /// Writes `data` at a byte offset that need not be block aligned.
     fn write_unaligned(
         &self,
@@ -148,16 +159,8 @@ impl ClusterVolume {
         buf.get_mut(at..at + data.len())
             .ok_or(IoError::Failed)?
             .copy_from_slice(data);
-        let data = sealed(self.cipher(), self.vol, first, &buf)?;
-        let w = inner.execute(
-            self.vol,
-            vec![ClientReq::Write {
-                lba: first,
-                data,
-                fua,
-            }],
-            None,
-        );
+        let req = self.write_req(first * BLOCK_SIZE, &buf, fua)?;
+        let w = inner.execute(self.vol, vec![req], None);
         w.into_iter()
             .next()
             .unwrap_or(Err(IoError::Failed))
@@ -191,12 +194,8 @@ impl ClusterVolume {
             let req = match req {
                 None => read_req(op.offset, len),
                 Some(_) if !whole_blocks(op.offset, len) => continue,
-                Some(d) => match sealed(self.cipher(), self.vol, op.offset / BLOCK_SIZE, d) {
-                    Ok(data) => ClientReq::Write {
-                        lba: op.offset / BLOCK_SIZE,
-                        data,
-                        fua: op.fua,
-                    },
+                Some(d) => match self.write_req(op.offset, d, op.fua) {
+                    Ok(req) => req,
                     Err(e) => {
                         op.result = Err(e);
                         continue;
@@ -258,21 +257,7 @@ impl BlockIo for ClusterVolume {
             .any(|op| op.write && !whole_blocks(op.offset, op.buf.len() as u64))
         {
             // A read-modify-write waits for its read: run the batch here.
-            let mut data: Vec<DataOp<'_>> = ops
-                .iter_mut()
-                .map(|op| {
-                    if op.write {
-                        DataOp::write(op.offset, &op.buf[..], op.fua)
-                    } else {
-                        DataOp::read(op.offset, &mut op.buf[..])
-                    }
-                })
-                .collect();
-            self.run(&mut data, None);
-            let results: Vec<_> = data.into_iter().map(|op| op.result).collect();
-            for (op, result) in ops.iter_mut().zip(results) {
-                op.result = result;
-            }
+            submit_owned(&mut ops, |data| self.run(data, None));
             done(ops);
             return;
         }
@@ -285,12 +270,8 @@ impl BlockIo for ClusterVolume {
                 continue;
             }
             let req = if op.write {
-                match sealed(self.cipher(), self.vol, op.offset / BLOCK_SIZE, &op.buf) {
-                    Ok(data) => ClientReq::Write {
-                        lba: op.offset / BLOCK_SIZE,
-                        data,
-                        fua: op.fua,
-                    },
+                match self.write_req(op.offset, &op.buf, op.fua) {
+                    Ok(req) => req,
                     Err(e) => {
                         op.result = Err(e);
                         continue;
