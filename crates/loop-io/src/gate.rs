@@ -86,6 +86,8 @@ impl ReplyGate {
         let mut sent = 0;
         while sent < replies.len() {
             match crate::replies::send_vectored(self.fd, &[IoSlice::new(&replies[sent..])]) {
+                // (A stream socket takes at least a byte or says why not.)
+                Ok(0) => break,
                 Ok(n) => sent += n,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 // Full, or failing (the loop finds out on its own send).

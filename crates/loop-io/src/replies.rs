@@ -126,6 +126,7 @@ impl ReplyQueue {
             // The rest of a direct send: the middle of a reply, so first.
             while !st.carry.is_empty() {
                 match send_vectored(fd, &[IoSlice::new(&st.carry)]) {
+                    Ok(0) => return Ok(false),
                     Ok(n) => drop(st.carry.drain(..n)),
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
