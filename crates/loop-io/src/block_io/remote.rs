@@ -54,6 +54,11 @@ impl<C: Send + 'static> RemoteDone<C> {
                 replied.iter_mut().for_each(|r| *r = false);
             }
         }
+        self.deliver(ops, replied);
+    }
+
+    /// Hands the slots back to the loop (once: the deliverer is taken).
+    fn deliver(&mut self, ops: Vec<OwnedOp>, replied: Vec<bool>) {
         if let Some(d) = self.deliverer.take() {
             let slots = std::mem::take(&mut self.slots);
             d.deliver(Box::new(Delivery::<C>::Remote {
@@ -67,14 +72,8 @@ impl<C: Send + 'static> RemoteDone<C> {
 
 impl<C: Send + 'static> Drop for RemoteDone<C> {
     fn drop(&mut self) {
-        if let Some(d) = self.deliverer.take() {
-            let slots = std::mem::take(&mut self.slots);
-            d.deliver(Box::new(Delivery::<C>::Remote {
-                slots,
-                ops: Vec::new(),
-                replied: Vec::new(),
-            }));
-        }
+        // Not finished: the batch was lost; its slots fail.
+        self.deliver(Vec::new(), Vec::new());
     }
 }
 
