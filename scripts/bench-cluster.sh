@@ -21,7 +21,7 @@ EP=$!
 sleep 2
 for i in 0 1 2; do
   $B server --data-dir $W/n$i --capacity 4G --etcd http://127.0.0.1:23790 --node-name n$i --peer-listen 127.0.0.1:$((7100+i)) --cluster-secret-file $W/cluster-secret \
-    --nbd-insecure --nbd-listen 127.0.0.1:$((10900+i)) --nvme-listen 127.0.0.1:0 --api-listen 127.0.0.1:$((8100+i)) >$W/n$i.log 2>&1 &
+    --nbd-insecure --nbd-listen 127.0.0.1:$((10900+i)) --iscsi-listen 127.0.0.1:0 --nvme-listen 127.0.0.1:0 --api-listen 127.0.0.1:$((8100+i)) >$W/n$i.log 2>&1 &
   PIDS="$PIDS $!"
 done
 sleep 3

@@ -31,7 +31,7 @@ rm -rf $W/root
 head -c ${MB}M /dev/urandom > $W/noise.raw
 echo "image: ext4 of ${MB} MiB, $(du -m $W/os.raw | cut -f1) MiB of it allocated"
 $BIN server --data-dir $W/d --capacity $(( MB * 8 + 512 ))M --preallocate --nbd-insecure \
-    --nbd-listen 127.0.0.1:10973 --api-listen 127.0.0.1:8973 --nvme-listen 127.0.0.1:4973 \
+    --nbd-listen 127.0.0.1:10973 --api-listen 127.0.0.1:8973 --iscsi-listen 127.0.0.1:0 --nvme-listen 127.0.0.1:4973 \
     --compaction-rate 0 --master-key-file $W/master.key > $W/server.log 2>&1 &
 SP=$!
 for _ in $(seq 100); do [ -f $W/d/server.json ] && break; sleep 0.1; done

@@ -22,7 +22,7 @@ for i in 0 1 2; do
   $B server --data-dir $W/n$i --capacity 4G --etcd http://127.0.0.1:23791 --node-name n$i \
     --peer-listen 127.0.0.1:$((7200+i)) --cluster-secret-file $W/cluster-secret \
     --master-key-file $W/master.key --nbd-insecure --nbd-listen 127.0.0.1:$((10950+i)) \
-    --nvme-listen 127.0.0.1:0 --api-listen 127.0.0.1:$((8150+i)) >$W/n$i.log 2>&1 &
+    --iscsi-listen 127.0.0.1:0 --nvme-listen 127.0.0.1:0 --api-listen 127.0.0.1:$((8150+i)) >$W/n$i.log 2>&1 &
   PIDS="$PIDS $!"
   # The first node creates the key file; the others read the same one.
   [ $i = 0 ] && for _ in $(seq 50); do [ -s $W/master.key ] && break; sleep 0.1; done

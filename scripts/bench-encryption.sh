@@ -15,7 +15,7 @@ SP=""
 cleanup() { [ -n "$SP" ] && kill $SP 2>/dev/null; wait 2>/dev/null || true; rm -rf $W; }
 trap cleanup EXIT
 $BIN server --data-dir $W/d --capacity 3G --preallocate --nbd-insecure --nbd-listen 127.0.0.1:10972 \
-    --api-listen 127.0.0.1:8972 --nvme-listen 127.0.0.1:4972 --master-key-file $W/master.key > $W/server.log 2>&1 &
+    --api-listen 127.0.0.1:8972 --iscsi-listen 127.0.0.1:0 --nvme-listen 127.0.0.1:4972 --master-key-file $W/master.key > $W/server.log 2>&1 &
 SP=$!
 for _ in $(seq 100); do [ -f $W/d/server.json ] && break; sleep 0.1; done
 $BIN volume create plain --size 1G --data-dir $W/d >/dev/null

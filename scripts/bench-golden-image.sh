@@ -258,7 +258,7 @@ CPU=()
 
 # ---------------------------------------------------------------- server
 echo "== server ($W/data)"
-"$BIN" server --data-dir "$W/data" --capacity 8G --api-listen 127.0.0.1:0 --nvme-listen 127.0.0.1:0 \
+"$BIN" server --data-dir "$W/data" --capacity 8G --api-listen 127.0.0.1:0 --iscsi-listen 127.0.0.1:0 --nvme-listen 127.0.0.1:0 \
     >"$W/server.log" 2>&1 &
 SERVER=$!
 PIDS[$SERVER]=1

@@ -21,7 +21,7 @@ start() { # $1: plain|tls
     local mode=()
     [ "$1" = plain ] && mode=(--nbd-insecure)
     $B server --data-dir $W/d --capacity 2G --preallocate "${mode[@]}" --nbd-listen 127.0.0.1:10951 \
-        --api-listen 127.0.0.1:8951 --nvme-listen 127.0.0.1:4951 > $W/server.log 2>&1 &
+        --api-listen 127.0.0.1:8951 --iscsi-listen 127.0.0.1:0 --nvme-listen 127.0.0.1:4951 > $W/server.log 2>&1 &
     SP=$!
     for _ in $(seq 50); do [ -f $W/d/server.json ] && break; sleep 0.1; done
     $B volume create v --size 1G --data-dir $W/d >/dev/null

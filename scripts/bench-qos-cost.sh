@@ -17,7 +17,7 @@ trap cleanup EXIT
 run() { # label binary
     rm -rf $W/d
     $2 server --data-dir $W/d --capacity 2G --preallocate --nbd-insecure --nbd-listen 127.0.0.1:10971 \
-        --api-listen 127.0.0.1:8971 --nvme-listen 127.0.0.1:4971 > $W/server.log 2>&1 &
+        --api-listen 127.0.0.1:8971 --iscsi-listen 127.0.0.1:0 --nvme-listen 127.0.0.1:4971 > $W/server.log 2>&1 &
     SP=$!
     for _ in $(seq 50); do [ -f $W/d/server.json ] && break; sleep 0.1; done
     $2 volume create v --size 1G --data-dir $W/d >/dev/null

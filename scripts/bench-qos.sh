@@ -11,7 +11,7 @@ SP=""
 cleanup() { [ -n "$SP" ] && kill $SP 2>/dev/null; wait 2>/dev/null || true; rm -rf $W; }
 trap cleanup EXIT
 $B server --data-dir $W/d --capacity 3G --preallocate --nbd-insecure --nbd-listen 127.0.0.1:10941 \
-    --api-listen 127.0.0.1:8941 --nvme-listen 127.0.0.1:4941 > $W/server.log 2>&1 &
+    --api-listen 127.0.0.1:8941 --iscsi-listen 127.0.0.1:0 --nvme-listen 127.0.0.1:4941 > $W/server.log 2>&1 &
 SP=$!
 sleep 2
 $B volume create q --size 1G --data-dir $W/d >/dev/null

@@ -26,7 +26,7 @@ EP=$!
 sleep 2
 for i in 0 1 2; do
   $B server --data-dir $W/n$i --capacity 8G --etcd http://127.0.0.1:23792 --node-name n$i --peer-listen 127.0.0.1:$((7300+i)) --cluster-secret-file $W/cluster-secret \
-    --nbd-insecure --nbd-listen 127.0.0.1:$((11100+i)) --nvme-listen 127.0.0.1:0 --api-listen 127.0.0.1:$((8300+i)) >$W/n$i.log 2>&1 &
+    --nbd-insecure --nbd-listen 127.0.0.1:$((11100+i)) --iscsi-listen 127.0.0.1:0 --nvme-listen 127.0.0.1:0 --api-listen 127.0.0.1:$((8300+i)) >$W/n$i.log 2>&1 &
   PIDS="$PIDS $!"
 done
 cli() { local n=$1; shift; $B --data-dir $W/n$n "$@"; }

@@ -29,7 +29,7 @@ start_cluster() { # name base-port extra-args...
   for i in 0 1 2; do
     $B server --data-dir $W/$c-n$i --capacity 4G --etcd http://127.0.0.1:$((base+90)) --node-name n$i \
       --peer-listen 127.0.0.1:$((base+10+i)) --cluster-secret-file $W/$c-secret \
-      --nbd-insecure --nbd-listen 127.0.0.1:$((base+20+i)) --nvme-listen 127.0.0.1:0 --api-listen 127.0.0.1:$((base+30+i)) "$@" >$W/$c-n$i.log 2>&1 &
+      --nbd-insecure --nbd-listen 127.0.0.1:$((base+20+i)) --iscsi-listen 127.0.0.1:0 --nvme-listen 127.0.0.1:0 --api-listen 127.0.0.1:$((base+30+i)) "$@" >$W/$c-n$i.log 2>&1 &
     PIDS="$PIDS $!"
   done
 }

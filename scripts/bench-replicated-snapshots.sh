@@ -29,7 +29,7 @@ EP=$!
 sleep 2
 for i in 0 1 2; do
   $B server --data-dir $W/n$i --capacity 4G --preallocate --etcd http://127.0.0.1:23791 --node-name n$i --peer-listen 127.0.0.1:$((7200+i)) --cluster-secret-file $W/cluster-secret \
-    --nbd-insecure --nbd-listen 127.0.0.1:$((11000+i)) --nvme-listen 127.0.0.1:0 --api-listen 127.0.0.1:$((8200+i)) >$W/n$i.log 2>&1 &
+    --nbd-insecure --nbd-listen 127.0.0.1:$((11000+i)) --iscsi-listen 127.0.0.1:0 --nvme-listen 127.0.0.1:0 --api-listen 127.0.0.1:$((8200+i)) >$W/n$i.log 2>&1 &
   PIDS="$PIDS $!"
 done
 cli() { $B --data-dir $W/n0 "$@"; }

@@ -17,7 +17,7 @@ set -euo pipefail
 [ $# = 3 ] || { sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 BIN=$1; DIR=$2; PORT=$3
 rm -rf "$DIR"; mkdir -p "$DIR"
-"$BIN" server --data-dir "$DIR" --capacity 12G --preallocate --nbd-insecure --nbd-listen 127.0.0.1:$PORT --api-listen 127.0.0.1:$((PORT-2700)) --nvme-listen 127.0.0.1:$((PORT-6400)) > "$DIR.log" 2>&1 &
+"$BIN" server --data-dir "$DIR" --capacity 12G --preallocate --nbd-insecure --nbd-listen 127.0.0.1:$PORT --api-listen 127.0.0.1:$((PORT-2700)) --iscsi-listen 127.0.0.1:0 --nvme-listen 127.0.0.1:$((PORT-6400)) > "$DIR.log" 2>&1 &
 pid=$!
 trap 'kill $pid 2>/dev/null || true; wait $pid 2>/dev/null || true; rm -rf "$DIR" "$DIR.log"' EXIT
 cli() { "$BIN" --data-dir "$DIR" "$@" >/dev/null; }

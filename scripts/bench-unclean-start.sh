@@ -12,7 +12,7 @@ set -euo pipefail
 [ $# = 3 ] || { sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 BIN=$1; DIR=$2; PORT=$3
 rm -rf "$DIR"; mkdir -p "$DIR"
-"$BIN" server --data-dir "$DIR" --capacity 20G --preallocate --demo-volume demo:16G --nbd-insecure --nbd-listen 127.0.0.1:$PORT --api-listen 127.0.0.1:$((PORT-2700)) --nvme-listen 127.0.0.1:$((PORT-6400)) > "$DIR.log" 2>&1 &
+"$BIN" server --data-dir "$DIR" --capacity 20G --preallocate --demo-volume demo:16G --nbd-insecure --nbd-listen 127.0.0.1:$PORT --api-listen 127.0.0.1:$((PORT-2700)) --iscsi-listen 127.0.0.1:0 --nvme-listen 127.0.0.1:$((PORT-6400)) > "$DIR.log" 2>&1 &
 pid=$!
 until nbdinfo nbd://127.0.0.1:$PORT/demo >/dev/null 2>&1; do sleep 0.2; done
 fio --name=fill --ioengine=nbd --uri=nbd://127.0.0.1:$PORT/demo --rw=write --bs=1m --iodepth=8 --size=4G >/dev/null 2>&1
@@ -24,7 +24,7 @@ sleep 3
 kill -9 $pid; wait $pid 2>/dev/null || true; kill $fpid 2>/dev/null || true; wait $fpid 2>/dev/null || true
 sync
 t0=$(date +%s.%N)
-"$BIN" server --data-dir "$DIR" --nbd-insecure --nbd-listen 127.0.0.1:$PORT --api-listen 127.0.0.1:$((PORT-2700)) --nvme-listen 127.0.0.1:$((PORT-6400)) > "$DIR.log2" 2>&1 &
+"$BIN" server --data-dir "$DIR" --nbd-insecure --nbd-listen 127.0.0.1:$PORT --api-listen 127.0.0.1:$((PORT-2700)) --iscsi-listen 127.0.0.1:0 --nvme-listen 127.0.0.1:$((PORT-6400)) > "$DIR.log2" 2>&1 &
 pid=$!
 until nbdinfo nbd://127.0.0.1:$PORT/demo >/dev/null 2>&1; do sleep 0.05; done
 t1=$(date +%s.%N)

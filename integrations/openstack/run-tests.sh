@@ -105,7 +105,7 @@ wait_ready() {
 data="$tmp/data"
 # NBD over TLS with pre-shared keys on loopback, for the driver's image copies.
 "$basalt" server --data-dir "$data" --capacity "${BASALT_CINDER_CAPACITY:-4G}" \
-    --api-listen 127.0.0.1:0 --nvme-listen 127.0.0.1:0 --nbd-listen 127.0.0.1:0 \
+    --api-listen 127.0.0.1:0 --iscsi-listen 127.0.0.1:0 --nvme-listen 127.0.0.1:0 --nbd-listen 127.0.0.1:0 \
     --master-key-file "$tmp/master.key" >"$tmp/server.log" 2>&1 &
 server_pid=$!
 pids+=("$server_pid")
@@ -155,7 +155,7 @@ for node in "${nodes[@]}"; do
     "$basalt" server --data-dir "$tmp/$node" --capacity 2G --etcd "$etcd_client" \
         --node-name "$node" --peer-listen "127.0.0.1:$(free_port)" \
         --cluster-secret-file "$tmp/cluster-secret" \
-        --api-listen 127.0.0.1:0 --nvme-listen 127.0.0.1:0 >"$tmp/$node.log" 2>&1 &
+        --api-listen 127.0.0.1:0 --iscsi-listen 127.0.0.1:0 --nvme-listen 127.0.0.1:0 >"$tmp/$node.log" 2>&1 &
     node_pid[$node]=$!
     pids+=("$!")
 done

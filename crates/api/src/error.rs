@@ -49,6 +49,7 @@ pub fn status_for(err: &VolumeError) -> StatusCode {
         | VolumeError::InvalidSnapshotName { .. }
         | VolumeError::InvalidSize(_)
         | VolumeError::InvalidHostNqn { .. }
+        | VolumeError::InvalidInitiatorName { .. }
         | VolumeError::InvalidReplicas(_)
         | VolumeError::InvalidNodeState(_)
         | VolumeError::NotSupported(_)

@@ -158,6 +158,14 @@ fn build(service: Arc<VolumeService>, token: String) -> (Router, Vec<RouteSpec>)
     .get("/api/v1/snapshots", volumes::list_snapshots)
     .post("/api/v1/volumes/{name}/nvme-hosts", volumes::attach_host)
     .put("/api/v1/volumes/{name}/qos", volumes::set_qos)
+    .post(
+        "/api/v1/volumes/{name}/iscsi-initiators",
+        volumes::attach_initiator,
+    )
+    .delete(
+        "/api/v1/volumes/{name}/iscsi-initiators/{initiator_iqn}",
+        volumes::detach_initiator,
+    )
     .delete(
         "/api/v1/volumes/{name}/nvme-hosts/{host_nqn}",
         volumes::detach_host,

@@ -34,6 +34,12 @@ pub struct Volume {
     /// Those that must authenticate in-band (DH-HMAC-CHAP).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub nvme_hosts_dhchap: Vec<String>,
+    /// Initiator IQNs attached to the volume for iSCSI.
+    #[serde(default)]
+    pub iscsi_initiators: Vec<String>,
+    /// Those that must authenticate with CHAP at login.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub iscsi_initiators_chap: Vec<String>,
     /// Desired number of replicas (clustered volumes).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replicas_wanted: Option<u32>,
@@ -259,6 +265,8 @@ impl From<VolumeInfo> for Volume {
                 .collect(),
             nvme_hosts: v.nvme_hosts,
             nvme_hosts_dhchap: v.nvme_hosts_dhchap,
+            iscsi_initiators: v.iscsi_initiators,
+            iscsi_initiators_chap: v.iscsi_initiators_chap,
             replicas_wanted: v.replicas_wanted,
             replicas: v.replicas.into_iter().map(Replica::from).collect(),
             clone_of: v.clone_of,
@@ -572,6 +580,39 @@ pub struct AttachedHost {
     pub dhchap_secret: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dhchap_ctrl_secret: Option<String>,
+}
+
+/// `POST /api/v1/volumes/{name}/iscsi-initiators`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AttachInitiator {
+    pub initiator_iqn: String,
+    /// Also make the initiator authenticate with CHAP at login, with fresh
+    /// credentials returned once.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub chap: bool,
+    /// Mutual CHAP: also give the target credentials the initiator checks
+    /// (implies `chap`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub mutual_chap: bool,
+}
+
+/// The answer to `POST /api/v1/volumes/{name}/iscsi-initiators`: the
+/// volume, its target name, and with `chap` the credentials for `iscsiadm`
+/// (`node.session.auth.*`), shown only here.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AttachedInitiator {
+    #[serde(flatten)]
+    pub volume: Volume,
+    pub target_iqn: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chap_username: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chap_password: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chap_username_in: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chap_password_in: Option<String>,
 }
 
 /// The body of every error response.

@@ -5,9 +5,9 @@
 
 use crate::error::ApiError;
 use crate::types::{
-    AttachHost, AttachedHost, CompactResult, CreateSnapshot, CreateVolume, DifferingRegion,
-    FlattenResult, FlattenVolume, ReplicaCompare, ResizeVolume, Retype, Rollback, ScrubResult,
-    ScrubVolume, SetQos, Snapshot, SnapshotList, Volume, VolumeList,
+    AttachHost, AttachInitiator, AttachedHost, AttachedInitiator, CompactResult, CreateSnapshot,
+    CreateVolume, DifferingRegion, FlattenResult, FlattenVolume, ReplicaCompare, ResizeVolume,
+    Retype, Rollback, ScrubResult, ScrubVolume, SetQos, Snapshot, SnapshotList, Volume, VolumeList,
 };
 use crate::{blocking, AppState, JsonBody};
 use axum::extract::{Extension, Path, RawQuery, State};
@@ -279,6 +279,59 @@ pub(crate) async fn detach_host(
 ) -> Result<Json<Volume>, ApiError> {
     visible(&app, &who, &name).await?;
     let info = blocking(move || app.service.detach_host(&name, &host_nqn)).await?;
+    Ok(Json(info.into()))
+}
+
+pub(crate) async fn attach_initiator(
+    State(app): State<AppState>,
+    Extension(who): Extension<Principal>,
+    Path(name): Path<String>,
+    JsonBody(req): JsonBody<AttachInitiator>,
+) -> Result<Json<AttachedInitiator>, ApiError> {
+    visible(&app, &who, &name).await?;
+    let attached = blocking(move || {
+        let (info, chap) = match req.chap || req.mutual_chap {
+            false => (
+                app.service.attach_initiator(&name, &req.initiator_iqn)?,
+                None,
+            ),
+            true => {
+                let (info, chap) = app.service.attach_initiator_chap(
+                    &name,
+                    &req.initiator_iqn,
+                    req.mutual_chap,
+                )?;
+                (info, Some(chap))
+            }
+        };
+        let chap = chap.unwrap_or(basalt_catalog::IscsiChapRecord {
+            user: String::new(),
+            secret: String::new(),
+            target_user: None,
+            target_secret: None,
+            unknown: Default::default(),
+        });
+        let some = |s: String| (!s.is_empty()).then_some(s);
+        Ok(AttachedInitiator {
+            target_iqn: basalt_volume::iscsi_target_name(&info.name),
+            volume: info.into(),
+            chap_username: some(chap.user),
+            chap_password: some(chap.secret),
+            chap_username_in: chap.target_user,
+            chap_password_in: chap.target_secret,
+        })
+    })
+    .await?;
+    Ok(Json(attached))
+}
+
+pub(crate) async fn detach_initiator(
+    State(app): State<AppState>,
+    Extension(who): Extension<Principal>,
+    Path((name, initiator_iqn)): Path<(String, String)>,
+) -> Result<Json<Volume>, ApiError> {
+    visible(&app, &who, &name).await?;
+    let info = blocking(move || app.service.detach_initiator(&name, &initiator_iqn)).await?;
     Ok(Json(info.into()))
 }
 

@@ -484,11 +484,13 @@ impl BasaltApi {
 /// `basalt server` arguments for a server the bench starts: every client
 /// listener on 127.0.0.1, on a port the kernel picks (the server reports
 /// them in its server.json); NBD over plain TCP, as its peers serve it.
-pub(crate) const EPHEMERAL_LISTENERS: [&str; 7] = [
+pub(crate) const EPHEMERAL_LISTENERS: [&str; 9] = [
     "--nbd-insecure",
     "--nbd-listen",
     "127.0.0.1:0",
     "--nvme-listen",
+    "127.0.0.1:0",
+    "--iscsi-listen",
     "127.0.0.1:0",
     "--api-listen",
     "127.0.0.1:0",

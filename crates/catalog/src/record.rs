@@ -36,6 +36,14 @@ pub struct VolumeRecord {
     /// host must authenticate in-band on every queue; absent when none.
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub nvme_host_keys: std::collections::BTreeMap<String, NvmeHostKeys>,
+    /// Initiator IQNs that may log in to the volume's iSCSI target;
+    /// absent when empty.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub iscsi_initiators: Vec<String>,
+    /// CHAP credentials of attached initiators (initiator IQN → credentials):
+    /// such an initiator must authenticate at every login; absent when none.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub iscsi_chap: std::collections::BTreeMap<String, IscsiChapRecord>,
     /// Desired number of replicas in a cluster (absent: single-node volume,
     /// or the cluster's default chosen at creation).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -113,6 +121,35 @@ impl std::fmt::Debug for NvmeHostKeys {
     }
 }
 
+/// The CHAP credentials of one iSCSI initiator attachment (RFC 7143
+/// §12.1.3), as `iscsiadm`'s `node.session.auth.*` settings take them.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IscsiChapRecord {
+    /// The CHAP name the initiator answers with (`CHAP_N`).
+    pub user: String,
+    /// The secret the initiator proves it holds.
+    pub secret: String,
+    /// Mutual CHAP: the name and secret the target proves itself with
+    /// when the initiator challenges it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_user: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_secret: Option<String>,
+    /// Fields written by a newer basalt that this version does not know.
+    #[serde(flatten)]
+    pub unknown: serde_json::Map<String, serde_json::Value>,
+}
+
+impl std::fmt::Debug for IscsiChapRecord {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never print secrets.
+        f.debug_struct("IscsiChapRecord")
+            .field("user", &self.user)
+            .field("mutual", &self.target_secret.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
 /// One snapshot of a volume: a read-only point-in-time copy, named
 /// `VOLUME@NAME`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -183,6 +220,8 @@ impl VolumeRecord {
             created_at: humantime::format_rfc3339_seconds(now).to_string(),
             nvme_hosts: Vec::new(),
             nvme_host_keys: Default::default(),
+            iscsi_initiators: Vec::new(),
+            iscsi_chap: Default::default(),
             replicas: None,
             snapshots: Vec::new(),
             clone_of: None,

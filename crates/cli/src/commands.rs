@@ -6,7 +6,9 @@ use crate::client::{ApiClient, ClientArgs, Output};
 use crate::output::{fields, table, Align};
 use crate::transfer::Progress;
 use anyhow::{anyhow, bail, Context, Result};
-use basalt_api::types::{AttachedHost, CompactResult, Node, NodeList, Status, Volume, VolumeList};
+use basalt_api::types::{
+    AttachedHost, AttachedInitiator, CompactResult, Node, NodeList, Status, Volume, VolumeList,
+};
 use basalt_volume::qos::QosSpec;
 use basalt_volume::{format_size, parse_size};
 use clap::Subcommand;
@@ -207,17 +209,34 @@ pub enum VolumeCommand {
         #[arg(value_name = "SPEC")]
         spec: String,
     },
-    /// Let an NVMe/TCP host (by host NQN) discover and connect to a volume.
+    /// Let an NVMe/TCP host (by host NQN) or an iSCSI initiator (by IQN)
+    /// discover and connect to a volume.
+    #[command(group(clap::ArgGroup::new("client").required(true).args(["host_nqn", "initiator_iqn"])))]
     Attach {
         name: String,
-        /// The host's NQN, e.g. the content of /etc/nvme/hostnqn.
+        /// The NVMe host's NQN, e.g. the content of /etc/nvme/hostnqn.
         #[arg(long = "host-nqn", value_name = "NQN")]
-        host_nqn: String,
+        host_nqn: Option<String>,
         /// Also make the host authenticate in-band (NVMe DH-HMAC-CHAP):
         /// prints fresh secrets once, for nvme connect --dhchap-secret
         /// (and --dhchap-ctrl-secret to authenticate the target too).
-        #[arg(long)]
+        #[arg(long, requires = "host_nqn")]
         dhchap: bool,
+        /// The iSCSI initiator's name, e.g. the InitiatorName in
+        /// /etc/iscsi/initiatorname.iscsi.
+        #[arg(
+            long = "initiator-iqn",
+            value_name = "IQN",
+            conflicts_with = "host_nqn"
+        )]
+        initiator_iqn: Option<String>,
+        /// Also make the initiator authenticate with CHAP at login: prints
+        /// fresh credentials once, for iscsiadm's node.session.auth.*.
+        #[arg(long, requires = "initiator_iqn")]
+        chap: bool,
+        /// Mutual CHAP: the target authenticates itself too (implies --chap).
+        #[arg(long = "mutual-chap", requires = "initiator_iqn")]
+        mutual_chap: bool,
     },
     /// Read every allocated block of this node's copy of a volume (its
     /// replica in a cluster) and check it against its checksum; lists the
@@ -239,10 +258,17 @@ pub enum VolumeCommand {
     LocalDigest { name: String },
     /// Revoke an NVMe/TCP host's access to a volume (a connected host keeps
     /// its connection until it disconnects).
+    #[command(group(clap::ArgGroup::new("client").required(true).args(["host_nqn", "initiator_iqn"])))]
     Detach {
         name: String,
         #[arg(long = "host-nqn", value_name = "NQN")]
-        host_nqn: String,
+        host_nqn: Option<String>,
+        #[arg(
+            long = "initiator-iqn",
+            value_name = "IQN",
+            conflicts_with = "host_nqn"
+        )]
+        initiator_iqn: Option<String>,
     },
 }
 
@@ -363,6 +389,17 @@ fn volume_fields(volume: &Volume, client: &ApiClient) -> String {
             })
             .collect();
         pairs.push(("nvme hosts", hosts.join(", ")));
+    }
+    if !volume.iscsi_initiators.is_empty() {
+        let initiators: Vec<String> = volume
+            .iscsi_initiators
+            .iter()
+            .map(|i| match volume.iscsi_initiators_chap.contains(i) {
+                true => format!("{i} (CHAP)"),
+                false => i.clone(),
+            })
+            .collect();
+        pairs.push(("iscsi initiators", initiators.join(", ")));
     }
     if !volume.qos.is_empty() {
         pairs.push(("qos", QosSpec(volume.qos.clone()).to_text()));
@@ -748,9 +785,46 @@ pub fn run_volume(command: VolumeCommand, client: &ClientArgs) -> Result<()> {
         }
         VolumeCommand::Attach {
             name,
+            initiator_iqn: Some(iqn),
+            chap,
+            mutual_chap,
+            ..
+        } => {
+            let api = ApiClient::discover(client)?;
+            let body = json!({ "initiator_iqn": iqn, "chap": chap || mutual_chap, "mutual_chap": mutual_chap });
+            let value = api.post(&format!("{}/iscsi-initiators", volume_path(&name)), body)?;
+            if client.output == Output::Json {
+                return print_json(&value);
+            }
+            let attached: AttachedInitiator = decode(value)?;
+            println!(
+                "initiator {iqn} may log in to {} ({})",
+                attached.target_iqn, attached.volume.name
+            );
+            if let (Some(user), Some(password)) = (&attached.chap_username, &attached.chap_password)
+            {
+                println!(
+                    "CHAP credentials (shown only now), for iscsiadm -m node -T {} -o update:",
+                    attached.target_iqn
+                );
+                println!("  node.session.auth.authmethod = CHAP");
+                println!("  node.session.auth.username = {user}");
+                println!("  node.session.auth.password = {password}");
+                if let (Some(user), Some(password)) =
+                    (&attached.chap_username_in, &attached.chap_password_in)
+                {
+                    println!("  node.session.auth.username_in = {user}");
+                    println!("  node.session.auth.password_in = {password}");
+                }
+            }
+        }
+        VolumeCommand::Attach {
+            name,
             host_nqn,
             dhchap,
+            ..
         } => {
+            let host_nqn = host_nqn.unwrap_or_default();
             let api = ApiClient::discover(client)?;
             let mut body = json!({ "host_nqn": host_nqn });
             if dhchap {
@@ -775,7 +849,24 @@ pub fn run_volume(command: VolumeCommand, client: &ClientArgs) -> Result<()> {
                     attached.dhchap_ctrl_secret.as_deref().map(|c| format!(" --dhchap-ctrl-secret {c}")).unwrap_or_default());
             }
         }
-        VolumeCommand::Detach { name, host_nqn } => {
+        VolumeCommand::Detach {
+            name,
+            initiator_iqn: Some(iqn),
+            ..
+        } => {
+            let api = ApiClient::discover(client)?;
+            let value = api.delete(&format!(
+                "{}/iscsi-initiators/{}",
+                volume_path(&name),
+                path_segment(&iqn)
+            ))?;
+            if client.output == Output::Json {
+                return print_json(&value);
+            }
+            println!("initiator {iqn} detached from volume {name}");
+        }
+        VolumeCommand::Detach { name, host_nqn, .. } => {
+            let host_nqn = host_nqn.unwrap_or_default();
             let api = ApiClient::discover(client)?;
             let value = api.delete(&format!(
                 "{}/nvme-hosts/{}",

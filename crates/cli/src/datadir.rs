@@ -72,6 +72,9 @@ pub struct ServerInfo {
     /// NVMe/TCP listen address (absent in files of older servers).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nvme: Option<String>,
+    /// iSCSI portal (absent in files of older servers).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub iscsi: Option<String>,
     pub pid: u32,
 }
 
@@ -333,6 +336,7 @@ mod tests {
             nbd_socket: None,
             nbd_tls: None,
             nvme: Some("127.0.0.1:4".into()),
+            iscsi: Some("127.0.0.1:5".into()),
             pid: 3,
         };
         data.write_server(&info).unwrap();

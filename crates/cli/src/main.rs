@@ -15,6 +15,7 @@ mod datadir;
 mod diffs;
 mod exports;
 mod images;
+mod iscsi_targets;
 mod output;
 mod server;
 mod snapshots;

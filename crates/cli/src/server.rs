@@ -17,11 +17,13 @@
 
 use crate::datadir::{self, Backing, DataDir, NodeConfig, ServerInfo};
 use crate::exports::{CatalogPskKeys, VolumeExports};
+use crate::iscsi_targets::VolumeTargets;
 use crate::subsystems::VolumeSubsystems;
 use anyhow::{anyhow, bail, Context, Result};
 use basalt_catalog::{Catalog, EtcdCatalog, EtcdConfig, RedbCatalog};
 use basalt_cluster::secret::ClusterSecret;
 use basalt_cluster::{ClientAddrs, ClusterMember, MemberConfig};
+use basalt_frontend_iscsi::IscsiServer;
 use basalt_frontend_nbd::{Listen, NbdServer, ServerLimits, TlsPsk};
 use basalt_frontend_nvme::{cluster_cntlid_range, NvmeServer, TargetConfig};
 use basalt_store::{BlockDevice, FileDevice, FormatOptions, OpenOptions, Store};
@@ -165,6 +167,21 @@ pub struct ServerArgs {
     /// NVMe/TCP (repeatable). Without it no NVMe host may connect.
     #[arg(long = "nvme-allow-host", value_name = "NQN", value_parser = parse_host_nqn)]
     pub nvme_allow_hosts: Vec<String>,
+
+    /// iSCSI listen address (port 0 picks a free port; ":PORT" means 127.0.0.1:PORT).
+    #[arg(long, default_value = "127.0.0.1:3260", value_parser = parse_listen, value_name = "ADDR")]
+    pub iscsi_listen: SocketAddr,
+
+    /// Portal SendTargets reports for this node (default: the iSCSI listen
+    /// address).
+    #[arg(long, value_parser = parse_listen, value_name = "ADDR")]
+    pub iscsi_advertise: Option<SocketAddr>,
+
+    /// Initiator IQN allowed to discover and log in to every volume over
+    /// iSCSI (repeatable). Without it only initiators attached to a volume
+    /// (basalt volume attach VOL --initiator-iqn IQN) may log in.
+    #[arg(long = "iscsi-allow-initiator", value_name = "IQN", value_parser = parse_initiator_iqn)]
+    pub iscsi_allow_initiators: Vec<String>,
 
     /// REST API listen address (port 0 picks a free port; ":PORT" means 127.0.0.1:PORT).
     #[arg(long, default_value = "127.0.0.1:8080", value_parser = parse_listen, value_name = "ADDR")]
@@ -315,6 +332,12 @@ fn parse_host_nqn(s: &str) -> Result<String, String> {
             "{s:?} is not a host NQN (1 to 223 printable ASCII characters, e.g. the content of /etc/nvme/hostnqn)"
         ));
     }
+    Ok(s.to_string())
+}
+
+/// An initiator name for `--iscsi-allow-initiator`.
+fn parse_initiator_iqn(s: &str) -> Result<String, String> {
+    basalt_volume::validate_iscsi_name(s).map_err(|e| e.to_string())?;
     Ok(s.to_string())
 }
 
@@ -752,6 +775,37 @@ fn serve_frontends(
             }
         };
         let nvme_addr = client_addr(nvme.local_addr());
+        let iscsi = match IscsiServer::start_on(
+            args.iscsi_listen,
+            Arc::new(VolumeTargets::new(service.clone(), &args.iscsi_allow_initiators)),
+            basalt_frontend_iscsi::TargetConfig {
+                advertise: args.iscsi_advertise,
+                // Distinct per node: the target port group ALUA reports.
+                port_group: node_id.map_or(1, |id| u16::try_from(id % 0xFFFF + 1).unwrap_or(1)),
+                limits: basalt_frontend_iscsi::ServerLimits {
+                    max_connections_per_address: args.max_connections_per_address.map_or(
+                        basalt_frontend_iscsi::DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
+                        |n| n as usize,
+                    ),
+                    login_timeout: Duration::from_secs(args.handshake_timeout),
+                    ..basalt_frontend_iscsi::ServerLimits::default()
+                },
+            },
+            loops.clone(),
+        ) {
+            Ok(iscsi) => {
+                service.register_frontend(Arc::new(iscsi.disconnector()));
+                iscsi
+            }
+            Err(e) => {
+                tokio::task::block_in_place(|| {
+                    nbd.shutdown();
+                    nvme.shutdown();
+                });
+                return Err(anyhow!(e).context(format!("cannot listen for iSCSI on {}", args.iscsi_listen)));
+            }
+        };
+        let iscsi_addr = client_addr(iscsi.local_addr());
         if let Some(m) = member {
             // The ports bound, not the configured ones (port 0 lets the
             // system pick), for the node registry.
@@ -775,17 +829,19 @@ fn serve_frontends(
             nbd_tls: nbd_tls_addr.map(|a| a.to_string()),
             nbd_socket: Some(socket.display().to_string()),
             nvme: Some(nvme_addr.to_string()),
+            iscsi: Some(args.iscsi_advertise.unwrap_or(iscsi_addr).to_string()),
             pid: std::process::id(),
         };
         if let Err(e) = data.write_server(&info) {
             tokio::task::block_in_place(|| {
                 nbd.shutdown();
                 nvme.shutdown();
+                iscsi.shutdown();
             });
             return Err(e);
         }
         tracing::info!(api = %info.api_url, nbd_socket = %socket.display(), nbd = ?info.nbd,
-            nbd_tls = ?info.nbd_tls, nvme = %nvme_addr, "basalt server ready");
+            nbd_tls = ?info.nbd_tls, nvme = %nvme_addr, iscsi = %iscsi_addr, "basalt server ready");
         if let Some(demo) = &settings.demo_volume {
             print_demo_usage(&demo.name, &socket, nbd_addr, data);
         }
@@ -802,6 +858,7 @@ fn serve_frontends(
         tokio::task::block_in_place(|| {
             nbd.shutdown();
             nvme.shutdown();
+            iscsi.shutdown();
             if let Some(loops) = &loops {
                 loops.stop();
             }

@@ -32,6 +32,8 @@ impl ServerProcess {
                 "127.0.0.1:0",
                 "--nvme-listen",
                 "127.0.0.1:0",
+                "--iscsi-listen",
+                "127.0.0.1:0",
                 "--api-listen",
                 ":0",
             ])

@@ -24,6 +24,9 @@ pub enum VolumeError {
     #[error("invalid host NQN {nqn:?}: {reason}")]
     InvalidHostNqn { nqn: String, reason: String },
 
+    #[error("invalid iSCSI initiator name {name:?}: {reason}")]
+    InvalidInitiatorName { name: String, reason: String },
+
     #[error(
         "not enough capacity: {} requested with {} already provisioned exceeds the limit of {} ({} store capacity x overcommit ratio {ratio})",
         format_size(*requested), format_size(*provisioned), format_size(*limit), format_size(*capacity)

@@ -11,6 +11,7 @@ mod diff;
 mod encryption;
 mod error;
 mod handle;
+mod iscsi_initiators;
 mod nvme_hosts;
 pub mod qos;
 mod qos_control;
@@ -30,6 +31,10 @@ pub use diff::VolumeDiff;
 pub use encryption::{Keyring, RotationReport, UnlockReport};
 pub use error::VolumeError;
 pub use handle::{submit_owned, BlockIo, OnComplete, OwnedOp, VolumeHandle, WriteAck};
+pub use iscsi_initiators::{
+    iscsi_target_name, validate_iscsi_name, volume_of_target_name, ISCSI_NAME_MAX_LEN,
+    ISCSI_TARGET_PREFIX,
+};
 pub use scrub::{DifferingRange, ReplicaComparison, VolumeScrub};
 pub use service::{
     compression_ratio, validate_host_nqn, validate_volume_name, validate_volume_size,

@@ -101,6 +101,10 @@ pub struct VolumeInfo {
     pub nvme_hosts: Vec<String>,
     /// Those of them that must authenticate (DH-HMAC-CHAP).
     pub nvme_hosts_dhchap: Vec<String>,
+    /// Initiator IQNs attached to the volume (iSCSI access).
+    pub iscsi_initiators: Vec<String>,
+    /// Those of them that must authenticate (CHAP).
+    pub iscsi_initiators_chap: Vec<String>,
     /// Desired replica count (clustered volumes only).
     pub replicas_wanted: Option<u32>,
     /// Where the replicas are and their state (clustered volumes only).
@@ -761,6 +765,8 @@ impl VolumeService {
             connections_elsewhere: Vec::new(),
             nvme_hosts: record.nvme_hosts.clone(),
             nvme_hosts_dhchap: record.nvme_host_keys.keys().cloned().collect(),
+            iscsi_initiators: record.iscsi_initiators.clone(),
+            iscsi_initiators_chap: record.iscsi_chap.keys().cloned().collect(),
             replicas_wanted: record.replicas,
             replicas: self
                 .cluster

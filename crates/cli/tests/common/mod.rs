@@ -585,6 +585,8 @@ impl Server {
             any_port.clone(),
             "--nvme-listen".into(),
             any_port.clone(),
+            "--iscsi-listen".into(),
+            any_port.clone(),
             "--api-listen".into(),
             any_port,
         ]);
