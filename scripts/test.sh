@@ -10,6 +10,7 @@
 #   libnbd-bin          nbdinfo, nbdcopy
 #   python3-libnbd      nbdsh and the python3 `nbd` module (tests/nbdsh/*.py)
 #   nbdkit              reference NBD server, for comparing behaviour by hand
+#   libiscsi-bin        iscsi-test-cu (libiscsi's conformance suite), iscsi-ls
 #   etcd-server         etcd 3.4, started by the etcd catalog's tests
 #   protobuf-compiler   protoc and the well-known .proto files (with
 #   libprotobuf-dev)    libprotobuf-dev), to build the etcd-client crate
@@ -79,6 +80,7 @@ missing_packages() {
     { command -v nbdinfo && command -v nbdcopy; } >/dev/null 2>&1 || missing+=(libnbd-bin)
     { command -v nbdsh >/dev/null 2>&1 && python_has_nbd; } || missing+=(python3-libnbd)
     command -v nbdkit >/dev/null 2>&1 || missing+=(nbdkit)
+    { command -v iscsi-test-cu && command -v iscsi-ls; } >/dev/null 2>&1 || missing+=(libiscsi-bin)
     command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)
     command -v protoc >/dev/null 2>&1 || missing+=(protobuf-compiler)
     [ -f /usr/include/google/protobuf/descriptor.proto ] || missing+=(libprotobuf-dev)

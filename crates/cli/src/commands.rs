@@ -220,7 +220,7 @@ pub enum VolumeCommand {
         /// Also make the host authenticate in-band (NVMe DH-HMAC-CHAP):
         /// prints fresh secrets once, for nvme connect --dhchap-secret
         /// (and --dhchap-ctrl-secret to authenticate the target too).
-        #[arg(long, requires = "host_nqn")]
+        #[arg(long)]
         dhchap: bool,
         /// The iSCSI initiator's name, e.g. the InitiatorName in
         /// /etc/iscsi/initiatorname.iscsi.
@@ -232,10 +232,10 @@ pub enum VolumeCommand {
         initiator_iqn: Option<String>,
         /// Also make the initiator authenticate with CHAP at login: prints
         /// fresh credentials once, for iscsiadm's node.session.auth.*.
-        #[arg(long, requires = "initiator_iqn")]
+        #[arg(long)]
         chap: bool,
         /// Mutual CHAP: the target authenticates itself too (implies --chap).
-        #[arg(long = "mutual-chap", requires = "initiator_iqn")]
+        #[arg(long = "mutual-chap")]
         mutual_chap: bool,
     },
     /// Read every allocated block of this node's copy of a volume (its
@@ -788,8 +788,12 @@ pub fn run_volume(command: VolumeCommand, client: &ClientArgs) -> Result<()> {
             initiator_iqn: Some(iqn),
             chap,
             mutual_chap,
+            dhchap,
             ..
         } => {
+            if dhchap {
+                bail!("--dhchap is for NVMe hosts (--host-nqn); iSCSI initiators use --chap");
+            }
             let api = ApiClient::discover(client)?;
             let body = json!({ "initiator_iqn": iqn, "chap": chap || mutual_chap, "mutual_chap": mutual_chap });
             let value = api.post(&format!("{}/iscsi-initiators", volume_path(&name)), body)?;
@@ -822,8 +826,13 @@ pub fn run_volume(command: VolumeCommand, client: &ClientArgs) -> Result<()> {
             name,
             host_nqn,
             dhchap,
+            chap,
+            mutual_chap,
             ..
         } => {
+            if chap || mutual_chap {
+                bail!("--chap and --mutual-chap are for iSCSI initiators (--initiator-iqn); NVMe hosts use --dhchap");
+            }
             let host_nqn = host_nqn.unwrap_or_default();
             let api = ApiClient::discover(client)?;
             let mut body = json!({ "host_nqn": host_nqn });

@@ -751,6 +751,17 @@ impl Server {
         cli_in_netns(&self.path, args, self.netns())
     }
 
+    /// The iSCSI portal from server.json.
+    pub fn iscsi_addr(&self) -> std::net::SocketAddr {
+        let text = fs::read_to_string(self.path.join("server.json")).expect("server.json");
+        let v: Value = serde_json::from_str(&text).expect("server.json is JSON");
+        v["iscsi"]
+            .as_str()
+            .unwrap_or_else(|| panic!("server.json without iscsi: {text}"))
+            .parse()
+            .unwrap_or_else(|e| panic!("server.json's iscsi address: {e}: {text}"))
+    }
+
     /// Runs the CLI with `--output json`, asserting success; returns the parsed JSON.
     #[track_caller]
     pub fn cli_json(&self, args: &[&str]) -> Value {
