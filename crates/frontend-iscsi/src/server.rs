@@ -21,20 +21,17 @@
 
 use crate::units::Units;
 use crate::{connection, Targets};
+use basalt_loop_io::listener::{accept_loop, reachable_address, wake_acceptor, Connections};
 use basalt_reactor::{Loops, Reactor};
 use basalt_volume::admission::{Admission, AdmissionLimits};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::io;
-use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU16, Ordering};
 use std::sync::{Arc, Weak};
 use std::thread::{self, JoinHandle};
 use std::time::Duration;
-
-/// Pause after an accept error caused by resource exhaustion.
-const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 /// Connections one IP address may hold unless configured (dm-multipath
 /// hosts open one session per path and volume).
 pub const DEFAULT_MAX_CONNECTIONS_PER_ADDRESS: usize = 256;
@@ -133,13 +130,11 @@ pub(crate) struct Shared {
     pub units: Units,
     admission: Arc<Admission>,
     stopping: AtomicBool,
-    next_id: AtomicU64,
     next_tsih: AtomicU16,
-    /// Every live connection's socket, by connection id.
-    connections: Mutex<HashMap<u64, TcpStream>>,
+    /// Every live connection, by connection id.
+    connections: Arc<Connections>,
     /// Logged-in normal sessions, by connection id.
     sessions: Mutex<HashMap<u64, SessionEntry>>,
-    workers: Mutex<Vec<JoinHandle<()>>>,
 }
 
 impl Shared {
@@ -171,9 +166,7 @@ impl Shared {
             .collect();
         for old_id in &old {
             sessions.remove(old_id);
-            if let Some(stream) = self.connections.lock().get(old_id) {
-                let _ = stream.shutdown(Shutdown::Both);
-            }
+            self.connections.shutdown(*old_id);
         }
         sessions.insert(id, entry);
         old.len()
@@ -193,13 +186,11 @@ impl basalt_volume::ClientDisconnect for Disconnector {
             return 0;
         };
         let sessions = shared.sessions.lock();
-        let connections = shared.connections.lock();
         let mut n = 0;
         for (id, session) in sessions.iter().filter(|(_, s)| s.volume == volume) {
-            if let Some(stream) = connections.get(id) {
+            if shared.connections.shutdown(*id) {
                 tracing::info!(initiator = %session.initiator, tsih = session.tsih, volume,
                     "iSCSI session ended: its volume's clients are being disconnected");
-                let _ = stream.shutdown(Shutdown::Both);
                 n += 1;
             }
         }
@@ -242,7 +233,7 @@ impl IscsiServer {
             .clamp(1, basalt_loop_io::MAX_SLOTS as u32);
         let listener = Arc::new(TcpListener::bind(listen)?);
         let local_addr = listener.local_addr()?;
-        let advertise = config.advertise.unwrap_or(wake_address(local_addr));
+        let advertise = config.advertise.unwrap_or(reachable_address(local_addr));
         let admission = Admission::new(
             "iSCSI",
             AdmissionLimits {
@@ -259,16 +250,14 @@ impl IscsiServer {
             units: Units::new(limits.max_transfer),
             admission,
             stopping: AtomicBool::new(false),
-            next_id: AtomicU64::new(0),
             next_tsih: AtomicU16::new(rand::random::<u16>().max(1)),
-            connections: Mutex::new(HashMap::new()),
+            connections: Arc::new(Connections::default()),
             sessions: Mutex::new(HashMap::new()),
-            workers: Mutex::new(Vec::new()),
         });
         let acceptor = thread::Builder::new().name("iscsi-accept".into()).spawn({
             let listener = Arc::clone(&listener);
             let shared = Arc::clone(&shared);
-            move || accept_loop(&listener, &shared)
+            move || accept(&listener, &shared)
         })?;
         let mut server = IscsiServer {
             local_addr,
@@ -303,7 +292,7 @@ impl IscsiServer {
 
     /// Connections currently open.
     pub fn connections(&self) -> usize {
-        self.shared.connections.lock().len()
+        self.shared.connections.len()
     }
 
     /// Normal sessions currently logged in.
@@ -329,11 +318,7 @@ impl IscsiServer {
             return;
         };
         self.shared.stopping.store(true, Ordering::SeqCst);
-        // Fall back to waking accept() with a connection of our own.
-        if shutdown_listener(&self.listener).is_err() {
-            let _ =
-                TcpStream::connect_timeout(&wake_address(self.local_addr), Duration::from_secs(1));
-        }
+        wake_acceptor(&self.listener, self.local_addr);
         if acceptor.join().is_err() {
             tracing::error!("iSCSI acceptor thread panicked");
         }
@@ -342,24 +327,13 @@ impl IscsiServer {
                 tracing::error!("iSCSI watchdog thread panicked");
             }
         }
-        for stream in self.shared.connections.lock().values() {
-            let _ = stream.shutdown(Shutdown::Both);
-        }
-        let workers = std::mem::take(&mut *self.shared.workers.lock());
-        for worker in workers {
-            if worker.join().is_err() {
-                tracing::error!("iSCSI connection thread panicked");
-            }
-        }
+        self.shared.connections.shutdown_all();
+        self.shared.connections.join("iSCSI");
         // Sessions on event loops: their sockets are shut down already;
         // wait for them to end.
         match &self.shared.loops {
             Loops::Own(reactor) => reactor.stop(),
-            Loops::Shared(_) => {
-                while !self.shared.connections.lock().is_empty() {
-                    thread::sleep(Duration::from_millis(1));
-                }
-            }
+            Loops::Shared(_) => self.shared.connections.wait_until_empty(),
         }
         tracing::info!("iSCSI target on {} stopped", self.local_addr);
     }
@@ -371,53 +345,13 @@ impl Drop for IscsiServer {
     }
 }
 
-/// `shutdown(2)` on the listening socket, which makes a blocked
-/// `accept()` return on Linux.
-#[allow(unsafe_code)]
-fn shutdown_listener(listener: &TcpListener) -> io::Result<()> {
-    // SAFETY: plain syscall on the listener's fd, which stays open as long
-    // as `listener` is borrowed.
-    let rc = unsafe { libc::shutdown(listener.as_raw_fd(), libc::SHUT_RDWR) };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
-}
-
-/// Where to connect to reach a listener bound to `addr`.
-fn wake_address(addr: SocketAddr) -> SocketAddr {
-    let mut addr = addr;
-    if addr.ip().is_unspecified() {
-        match addr {
-            SocketAddr::V4(_) => addr.set_ip(std::net::Ipv4Addr::LOCALHOST.into()),
-            SocketAddr::V6(_) => addr.set_ip(std::net::Ipv6Addr::LOCALHOST.into()),
-        }
-    }
-    addr
-}
-
-fn accept_loop(listener: &TcpListener, shared: &Arc<Shared>) {
-    loop {
-        let accepted = listener.accept();
-        if shared.stopping() {
-            return;
-        }
-        match accepted {
-            Ok((stream, peer)) => spawn_connection(shared, stream, peer),
-            Err(err) => match err.raw_os_error() {
-                Some(libc::EBADF | libc::EINVAL | libc::ENOTSOCK) => {
-                    tracing::error!("iSCSI acceptor stopped: {err}");
-                    return;
-                }
-                Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM) => {
-                    tracing::warn!("iSCSI accept failed, retrying: {err}");
-                    thread::sleep(ACCEPT_BACKOFF);
-                }
-                _ => tracing::debug!("iSCSI accept failed: {err}"),
-            },
-        }
-    }
+fn accept(listener: &TcpListener, shared: &Arc<Shared>) {
+    accept_loop(
+        "iSCSI",
+        || listener.accept(),
+        || shared.stopping(),
+        |stream, peer| spawn_connection(shared, stream, peer),
+    );
 }
 
 fn spawn_connection(shared: &Arc<Shared>, stream: TcpStream, peer: SocketAddr) {
@@ -425,52 +359,34 @@ fn spawn_connection(shared: &Arc<Shared>, stream: TcpStream, peer: SocketAddr) {
     let Ok(admitted) = shared.admission.admit(peer.ip()) else {
         return;
     };
-    let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
-    let registered = match stream.try_clone() {
-        Ok(clone) => clone,
-        Err(err) => {
-            tracing::warn!(%peer, "iSCSI connection refused, cannot register its socket: {err}");
-            return;
-        }
-    };
-    shared.connections.lock().insert(id, registered);
-    let spawned = thread::Builder::new()
-        .name(format!("iscsi-conn-{id}"))
-        .spawn({
-            let shared = Arc::clone(shared);
-            move || {
-                let registration = Registration {
-                    shared: Arc::clone(&shared),
-                    id,
-                };
-                let guards: Guards = Box::new((registration, admitted));
-                connection::serve(&shared, id, stream, peer, guards);
-            }
-        });
-    match spawned {
-        Ok(worker) => {
-            let mut workers = shared.workers.lock();
-            workers.retain(|w| !w.is_finished());
-            workers.push(worker);
-        }
-        Err(err) => {
-            shared.connections.lock().remove(&id);
-            tracing::warn!(%peer, "iSCSI connection refused, cannot start its thread: {err}");
-        }
-    }
+    let served = Arc::clone(shared);
+    shared.connections.spawn(
+        "iSCSI",
+        "iscsi-conn",
+        stream,
+        peer,
+        move |stream, registration| {
+            let id = registration.id;
+            let session = SessionRegistration {
+                shared: Arc::clone(&served),
+                id,
+            };
+            let guards: Guards = Box::new((session, registration, admitted));
+            connection::serve(&served, id, stream, peer, guards);
+        },
+    );
 }
 
-/// Unregisters a connection (and its session) when it ends, however it
+/// Forgets a connection's session when the connection ends, however it
 /// ends.
-struct Registration {
+struct SessionRegistration {
     shared: Arc<Shared>,
     id: u64,
 }
 
-impl Drop for Registration {
+impl Drop for SessionRegistration {
     fn drop(&mut self) {
         self.shared.sessions.lock().remove(&self.id);
-        self.shared.connections.lock().remove(&self.id);
     }
 }
 

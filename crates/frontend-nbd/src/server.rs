@@ -28,6 +28,7 @@ use crate::tls::TlsPsk;
 use crate::transmission::{self, SessionEnd};
 use crate::ConnectionError;
 use crate::Exports;
+use basalt_loop_io::listener::{accept_loop, reachable_address};
 use basalt_reactor::{Loops, Reactor};
 use basalt_volume::admission::{Admission, AdmissionLimits, Admitted};
 use parking_lot::Mutex;
@@ -42,10 +43,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::thread::{self, JoinHandle};
 use std::time::Duration;
-
-/// Pause after an accept error caused by resource exhaustion, so a full
-/// file table does not turn the acceptor into a busy loop.
-const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
 /// Lanes per connection unless configured: two keep a pipelining client's
 /// requests flowing while a batch waits for the disk (measured against one
@@ -119,7 +116,10 @@ impl Listener {
         match self {
             Listener::Tcp(l) if rc != 0 => {
                 if let Ok(addr) = l.local_addr() {
-                    let _ = TcpStream::connect_timeout(&wake_address(addr), Duration::from_secs(1));
+                    let _ = TcpStream::connect_timeout(
+                        &reachable_address(addr),
+                        Duration::from_secs(1),
+                    );
                 }
             }
             Listener::Tcp(_) => {}
@@ -312,7 +312,7 @@ impl NbdServer {
         let acceptor = thread::Builder::new().name("nbd-accept".into()).spawn({
             let listener = Arc::clone(&listener);
             let shared = Arc::clone(&shared);
-            move || accept_loop(&listener, &shared)
+            move || accept(&listener, &shared)
         })?;
         tracing::info!("NBD listening on {}", describe(&listen, local_addr));
         Ok(NbdServer {
@@ -397,19 +397,6 @@ impl Drop for NbdServer {
     }
 }
 
-/// Where to connect to reach a listener bound to `addr` (an unspecified
-/// address is reachable through loopback).
-fn wake_address(addr: SocketAddr) -> SocketAddr {
-    let mut addr = addr;
-    if addr.ip().is_unspecified() {
-        match addr {
-            SocketAddr::V4(_) => addr.set_ip(std::net::Ipv4Addr::LOCALHOST.into()),
-            SocketAddr::V6(_) => addr.set_ip(std::net::Ipv6Addr::LOCALHOST.into()),
-        }
-    }
-    addr
-}
-
 /// How a listener is named in log lines.
 fn describe(listen: &Listen, bound: Option<SocketAddr>) -> String {
     match (listen, bound) {
@@ -419,30 +406,13 @@ fn describe(listen: &Listen, bound: Option<SocketAddr>) -> String {
     }
 }
 
-fn accept_loop(listener: &Listener, shared: &Arc<Shared>) {
-    loop {
-        let accepted = listener.accept();
-        if shared.stopping.load(Ordering::SeqCst) {
-            return;
-        }
-        match accepted {
-            Ok((stream, peer)) => spawn_connection(shared, stream, peer),
-            Err(err) => match err.raw_os_error() {
-                // The listener itself is unusable: nothing will ever succeed.
-                Some(libc::EBADF | libc::EINVAL | libc::ENOTSOCK) => {
-                    tracing::error!("NBD acceptor stopped: {err}");
-                    return;
-                }
-                Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM) => {
-                    tracing::warn!("NBD accept failed, retrying: {err}");
-                    thread::sleep(ACCEPT_BACKOFF);
-                }
-                // Errors of one incoming connection (aborted, network
-                // errors passed on by Linux): skip it.
-                _ => tracing::debug!("NBD accept failed: {err}"),
-            },
-        }
-    }
+fn accept(listener: &Listener, shared: &Arc<Shared>) {
+    accept_loop(
+        "NBD",
+        || listener.accept(),
+        || shared.stopping.load(Ordering::SeqCst),
+        |stream, peer| spawn_connection(shared, stream, peer),
+    );
 }
 
 fn spawn_connection(shared: &Arc<Shared>, stream: Stream, peer: Peer) {

@@ -25,20 +25,15 @@
 use crate::controller::Registry;
 use crate::queue;
 use crate::Subsystems;
+use basalt_loop_io::listener::{accept_loop, reachable_address, wake_acceptor, Connections};
 use basalt_reactor::{Loops, Reactor};
 use basalt_volume::admission::{Admission, AdmissionLimits};
-use parking_lot::Mutex;
-use std::collections::HashMap;
 use std::io;
-use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::thread::{self, JoinHandle};
 use std::time::Duration;
-
-/// Pause after an accept error caused by resource exhaustion.
-const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 /// Connections (queues) one IP address may hold unless configured: a host
 /// opens one per CPU and path, so this leaves room for large hosts.
 pub const DEFAULT_MAX_CONNECTIONS_PER_ADDRESS: usize = 256;
@@ -140,9 +135,7 @@ pub(crate) struct Shared {
     pub controllers: Registry,
     admission: Arc<Admission>,
     stopping: AtomicBool,
-    next_id: AtomicU64,
-    connections: Mutex<HashMap<u64, TcpStream>>,
-    workers: Mutex<Vec<JoinHandle<()>>>,
+    connections: Arc<Connections>,
 }
 
 impl Shared {
@@ -248,7 +241,7 @@ impl NvmeServer {
         limits.max_transfer = limits.max_transfer.max(4096).next_power_of_two();
         let listener = Arc::new(TcpListener::bind(listen)?);
         let local_addr = listener.local_addr()?;
-        let advertise = config.advertise.unwrap_or(wake_address(local_addr));
+        let advertise = config.advertise.unwrap_or(reachable_address(local_addr));
         let admission = Admission::new(
             "NVMe/TCP",
             AdmissionLimits {
@@ -267,14 +260,12 @@ impl NvmeServer {
                 None => Registry::default(),
             },
             stopping: AtomicBool::new(false),
-            next_id: AtomicU64::new(0),
-            connections: Mutex::new(HashMap::new()),
-            workers: Mutex::new(Vec::new()),
+            connections: Arc::new(Connections::default()),
         });
         let acceptor = thread::Builder::new().name("nvme-accept".into()).spawn({
             let listener = Arc::clone(&listener);
             let shared = Arc::clone(&shared);
-            move || accept_loop(&listener, &shared)
+            move || accept(&listener, &shared)
         })?;
         let watchdog = thread::Builder::new().name("nvme-watchdog".into()).spawn({
             let shared = Arc::clone(&shared);
@@ -316,7 +307,7 @@ impl NvmeServer {
 
     /// Connections (queues) currently open.
     pub fn connections(&self) -> usize {
-        self.shared.connections.lock().len()
+        self.shared.connections.len()
     }
 
     /// What the volume service calls to drop a volume's NVMe/TCP hosts.
@@ -342,11 +333,7 @@ impl NvmeServer {
             return;
         };
         self.shared.stopping.store(true, Ordering::SeqCst);
-        // Fall back to waking accept() with a connection of our own.
-        if shutdown_listener(&self.listener).is_err() {
-            let _ =
-                TcpStream::connect_timeout(&wake_address(self.local_addr), Duration::from_secs(1));
-        }
+        wake_acceptor(&self.listener, self.local_addr);
         if acceptor.join().is_err() {
             tracing::error!("NVMe/TCP acceptor thread panicked");
         }
@@ -355,24 +342,13 @@ impl NvmeServer {
                 tracing::error!("NVMe/TCP watchdog thread panicked");
             }
         }
-        for stream in self.shared.connections.lock().values() {
-            let _ = stream.shutdown(Shutdown::Both);
-        }
-        let workers = std::mem::take(&mut *self.shared.workers.lock());
-        for worker in workers {
-            if worker.join().is_err() {
-                tracing::error!("NVMe/TCP connection thread panicked");
-            }
-        }
+        self.shared.connections.shutdown_all();
+        self.shared.connections.join("NVMe/TCP");
         // Queues on event loops: their sockets are shut down already; wait
         // for them to end.
         match &self.shared.loops {
             Some(Loops::Own(reactor)) => reactor.stop(),
-            Some(Loops::Shared(_)) => {
-                while !self.shared.connections.lock().is_empty() {
-                    thread::sleep(Duration::from_millis(1));
-                }
-            }
+            Some(Loops::Shared(_)) => self.shared.connections.wait_until_empty(),
             None => {}
         }
         for ctrl in self.shared.controllers.all() {
@@ -388,53 +364,13 @@ impl Drop for NvmeServer {
     }
 }
 
-/// `shutdown(2)` on the listening socket, which makes a blocked
-/// `accept()` return on Linux.
-#[allow(unsafe_code)]
-fn shutdown_listener(listener: &TcpListener) -> io::Result<()> {
-    // SAFETY: plain syscall on the listener's fd, which stays open as long
-    // as `listener` is borrowed.
-    let rc = unsafe { libc::shutdown(listener.as_raw_fd(), libc::SHUT_RDWR) };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
-}
-
-/// Where to connect to reach a listener bound to `addr`.
-fn wake_address(addr: SocketAddr) -> SocketAddr {
-    let mut addr = addr;
-    if addr.ip().is_unspecified() {
-        match addr {
-            SocketAddr::V4(_) => addr.set_ip(std::net::Ipv4Addr::LOCALHOST.into()),
-            SocketAddr::V6(_) => addr.set_ip(std::net::Ipv6Addr::LOCALHOST.into()),
-        }
-    }
-    addr
-}
-
-fn accept_loop(listener: &TcpListener, shared: &Arc<Shared>) {
-    loop {
-        let accepted = listener.accept();
-        if shared.stopping() {
-            return;
-        }
-        match accepted {
-            Ok((stream, peer)) => spawn_connection(shared, stream, peer),
-            Err(err) => match err.raw_os_error() {
-                Some(libc::EBADF | libc::EINVAL | libc::ENOTSOCK) => {
-                    tracing::error!("NVMe/TCP acceptor stopped: {err}");
-                    return;
-                }
-                Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM) => {
-                    tracing::warn!("NVMe/TCP accept failed, retrying: {err}");
-                    thread::sleep(ACCEPT_BACKOFF);
-                }
-                _ => tracing::debug!("NVMe/TCP accept failed: {err}"),
-            },
-        }
-    }
+fn accept(listener: &TcpListener, shared: &Arc<Shared>) {
+    accept_loop(
+        "NVMe/TCP",
+        || listener.accept(),
+        || shared.stopping(),
+        |stream, peer| spawn_connection(shared, stream, peer),
+    );
 }
 
 fn spawn_connection(shared: &Arc<Shared>, stream: TcpStream, peer: SocketAddr) {
@@ -442,51 +378,17 @@ fn spawn_connection(shared: &Arc<Shared>, stream: TcpStream, peer: SocketAddr) {
     let Ok(admitted) = shared.admission.admit(peer.ip()) else {
         return;
     };
-    let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
-    let registered = match stream.try_clone() {
-        Ok(clone) => clone,
-        Err(err) => {
-            tracing::warn!(%peer, "NVMe/TCP connection refused, cannot register its socket: {err}");
-            return;
-        }
-    };
-    shared.connections.lock().insert(id, registered);
-    let spawned = thread::Builder::new()
-        .name(format!("nvme-conn-{id}"))
-        .spawn({
-            let shared = Arc::clone(shared);
-            move || {
-                let registration = Registration {
-                    shared: Arc::clone(&shared),
-                    id,
-                };
-                let guards: Guards = Box::new((registration, admitted));
-                queue::serve(&shared, stream, peer, guards);
-            }
-        });
-    match spawned {
-        Ok(worker) => {
-            let mut workers = shared.workers.lock();
-            workers.retain(|w| !w.is_finished());
-            workers.push(worker);
-        }
-        Err(err) => {
-            shared.connections.lock().remove(&id);
-            tracing::warn!(%peer, "NVMe/TCP connection refused, cannot start its thread: {err}");
-        }
-    }
-}
-
-/// Unregisters a connection when it ends, however it ends.
-struct Registration {
-    shared: Arc<Shared>,
-    id: u64,
-}
-
-impl Drop for Registration {
-    fn drop(&mut self) {
-        self.shared.connections.lock().remove(&self.id);
-    }
+    let served = Arc::clone(shared);
+    shared.connections.spawn(
+        "NVMe/TCP",
+        "nvme-conn",
+        stream,
+        peer,
+        move |stream, registration| {
+            let guards: Guards = Box::new((registration, admitted));
+            queue::serve(&served, stream, peer, guards);
+        },
+    );
 }
 
 /// Keep-alive deadlines and resize notices, until the server stops.

@@ -8,7 +8,9 @@
 //!   so the store does O_DIRECT straight into and out of them;
 //! - [`ReplyQueue`]: encoded reply headers and read data (never copied)
 //!   waiting to be sent with non-blocking vectored writes;
-//! - [`SocketPolls`]: socket readiness on the loop's ring.
+//! - [`SocketPolls`]: socket readiness on the loop's ring;
+//! - [`listener`]: the TCP frontends' acceptor loop and the registry of
+//!   their live connections, from their first thread to wherever they end.
 //!
 //! The protocols stay in their frontends: parsing, validation, reply
 //! encoding, and which requests to start when.
@@ -16,6 +18,7 @@
 mod block_io;
 mod bufpool;
 mod gate;
+pub mod listener;
 mod replies;
 
 pub use block_io::{

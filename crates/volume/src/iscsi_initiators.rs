@@ -11,7 +11,6 @@
 //! randomness only for secrets that are not typed by people, yet many
 //! initiators cap secrets at 16 characters, so 16 is what works everywhere.
 
-use crate::service::catalog_error;
 use crate::{VolumeError, VolumeInfo, VolumeService};
 use basalt_catalog::{IscsiChapRecord, VolumeRecord};
 use rand::Rng;
@@ -190,19 +189,10 @@ impl VolumeService {
         name: &str,
         change: impl FnOnce(&mut VolumeRecord),
     ) -> Result<VolumeInfo, VolumeError> {
-        let control = self.control.lock();
-        let current = self.record(name)?;
-        let mut record = current.record.clone();
-        change(&mut record);
-        if record != current.record {
-            self.catalog
-                .update(&record, current.revision)
-                .map_err(catalog_error)?;
+        self.edit_record(name, change, |record| {
             let with_chap: Vec<&String> = record.iscsi_chap.keys().collect();
             tracing::info!(volume = name, initiators = ?record.iscsi_initiators, chap = ?with_chap, "iSCSI initiators changed");
-        }
-        drop(control);
-        self.get(name)
+        })
     }
 }
 

@@ -7,7 +7,7 @@
 //! the host's next connect); attaching without secrets keeps existing ones
 //! (attach is idempotent).
 
-use crate::service::{catalog_error, validate_host_nqn};
+use crate::service::validate_host_nqn;
 use crate::{VolumeError, VolumeInfo, VolumeService};
 use basalt_catalog::{NvmeHostKeys, VolumeRecord};
 use basalt_nvme_wire::auth::{hash_id, DhchapSecret};
@@ -86,18 +86,9 @@ impl VolumeService {
         name: &str,
         change: impl FnOnce(&mut VolumeRecord),
     ) -> Result<VolumeInfo, VolumeError> {
-        let control = self.control.lock();
-        let current = self.record(name)?;
-        let mut record = current.record.clone();
-        change(&mut record);
-        if record != current.record {
-            self.catalog
-                .update(&record, current.revision)
-                .map_err(catalog_error)?;
+        self.edit_record(name, change, |record| {
             let with_secrets: Vec<&String> = record.nvme_host_keys.keys().collect();
             tracing::info!(volume = name, hosts = ?record.nvme_hosts, dhchap = ?with_secrets, "NVMe hosts changed");
-        }
-        drop(control);
-        self.get(name)
+        })
     }
 }

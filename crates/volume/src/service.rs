@@ -714,6 +714,30 @@ impl VolumeService {
             .map_or(0, |stats| stats.open_handles())
     }
 
+    /// Applies `change` to `name`'s record under the control lock and
+    /// writes it back if it changed (then calls `log` with the new record,
+    /// still under the lock); returns the volume as it is then. For edits
+    /// of a record's own lists (attachments) that need no other check.
+    pub(crate) fn edit_record(
+        &self,
+        name: &str,
+        change: impl FnOnce(&mut VolumeRecord),
+        log: impl FnOnce(&VolumeRecord),
+    ) -> Result<VolumeInfo, VolumeError> {
+        let control = self.control.lock();
+        let current = self.record(name)?;
+        let mut record = current.record.clone();
+        change(&mut record);
+        if record != current.record {
+            self.catalog
+                .update(&record, current.revision)
+                .map_err(catalog_error)?;
+            log(&record);
+        }
+        drop(control);
+        self.get(name)
+    }
+
     pub(crate) fn record(&self, name: &str) -> Result<Versioned<VolumeRecord>, VolumeError> {
         self.catalog
             .get(name)
