@@ -22,8 +22,9 @@
 //!
 //! Invariants:
 //! - Every ready command gets exactly one answer after its operation
-//!   finished, or none when task management aborted it; commands in
-//!   flight together complete in any order (SIMPLE task attribute).
+//!   finished, or none when task management aborted it; one aborted before
+//!   it started never runs. Commands in flight together complete in any
+//!   order (SIMPLE task attribute).
 //! - The connection is dropped only when nothing is in flight: no piece on
 //!   the ring, no job on the pool, no poll armed (`finished`).
 //! - Memory is bounded: the session's command window caps commands in
@@ -38,14 +39,16 @@ use crate::server::{Guards, Shared};
 use crate::session::{Part, Ready, Session};
 use crate::units::{Unit, UnitView};
 use crate::ConnectionError;
-use basalt_loop_io::{BlockIo, Completion, Finished, Outcome, ReplyQueue, SocketPolls, Work};
+use basalt_loop_io::{
+    BlockIo, Completion, Fill, Finished, Outcome, RecvBuffer, ReplyQueue, SocketPolls, Work,
+};
 use basalt_reactor::{Connection, Io, Payload};
 use basalt_scsi_wire::lu::{self, Plan, Response};
 use basalt_scsi_wire::reservation::Nexus;
 use basalt_scsi_wire::sense::{self, Sense};
 use basalt_store::AlignedBuf;
 use basalt_volume::VolumeHandle;
-use std::io::{self, Read};
+use std::io;
 use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
@@ -95,9 +98,6 @@ pub(crate) fn hand_off(
         tracing::warn!(%peer, "iSCSI session cannot go on an event loop: {err}");
         return;
     }
-    let mut recv = leftover;
-    let end = recv.len();
-    recv.resize(RECV_BUFFER.max(end), 0);
     let fd = stream.as_raw_fd();
     let view = unit.view(&nexus);
     let connection = EventedSession {
@@ -110,10 +110,7 @@ pub(crate) fn hand_off(
         view,
         nexus,
         block_io: BlockIo::new(volume),
-        recv,
-        start: 0,
-        end,
-        need: 1,
+        recv: RecvBuffer::new(RECV_BUFFER, leftover),
         out: Vec::new(),
         header: Vec::new(),
         replies: ReplyQueue::default(),
@@ -137,12 +134,8 @@ struct EventedSession {
     view: UnitView,
     nexus: Nexus,
     block_io: BlockIo<Token, Response>,
-    /// Received bytes: `recv[start..end]` is not decoded yet; decoding the
-    /// next PDU needs at least `need` of them.
-    recv: Vec<u8>,
-    start: usize,
-    end: usize,
-    need: usize,
+    /// Received bytes not decoded yet.
+    recv: RecvBuffer,
     /// Encoded PDUs before they join `replies`.
     out: Vec<u8>,
     /// Scratch for Data-In headers.
@@ -194,34 +187,19 @@ impl EventedSession {
                 // Resumed when commands complete or replies drain.
                 return Ok(());
             }
-            if self.end - self.start >= self.need {
+            if self.recv.ready() {
                 self.decode(io);
                 continue;
             }
-            // Room for at least what the decoder asked for.
-            if self.start + self.need > self.recv.len() {
-                self.recv.copy_within(self.start..self.end, 0);
-                self.end -= self.start;
-                self.start = 0;
-                if self.need > self.recv.len() {
-                    self.recv.resize(self.need, 0);
-                }
-            }
-            match self.stream.read(&mut self.recv[self.end..]) {
-                Ok(0) if self.start == self.end => self.end_with(Ok(()), false),
-                Ok(0) => return Err(ConnectionError::Truncated),
-                Ok(n) => self.end += n,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    if self.start == self.end && self.recv.len() > RECV_BUFFER {
-                        self.recv.truncate(RECV_BUFFER);
-                        self.recv.shrink_to(RECV_BUFFER);
-                        (self.start, self.end) = (0, 0);
-                    }
+            match self.recv.fill(&mut self.stream) {
+                Fill::Data => {}
+                Fill::WouldBlock => {
                     self.polls.arm_readable(io);
                     return Ok(());
                 }
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(e.into()),
+                Fill::Closed => self.end_with(Ok(()), false),
+                Fill::Truncated => return Err(ConnectionError::Truncated),
+                Fill::Failed(e) => return Err(e.into()),
             }
         }
         Ok(())
@@ -231,19 +209,16 @@ impl EventedSession {
     /// commands they make ready.
     fn decode(&mut self, io: &mut Io<'_>) {
         self.refresh_view();
-        let window = &self.recv[self.start..self.end];
         let (unit, view, nexus) = (&self.unit, &self.view, &self.nexus);
         let data_out_len = |cdb: &[u8], edtl: u32, read: bool, write: bool| {
             unit.data_out_len(view, nexus, cdb, edtl, read, write)
         };
-        let received = self.session.receive(window, &mut self.out, &data_out_len);
+        let received = self
+            .session
+            .receive(self.recv.pending(), &mut self.out, &data_out_len);
         match received {
             Ok(received) => {
-                self.start += received.consumed;
-                self.need = self.end - self.start + received.need.max(1);
-                if self.start == self.end {
-                    (self.start, self.end) = (0, 0);
-                }
+                self.recv.consume(received.consumed, received.need.max(1));
                 self.take_lun_resets();
                 self.execute_ready(io);
                 self.session.issue_r2ts(&mut self.out);
@@ -298,6 +273,16 @@ impl EventedSession {
                 data,
                 data_error,
             } = r;
+            if self.session.aborted(itt) {
+                // Aborted by task management received with it, before it
+                // started: it never runs, so it cannot take a unit
+                // attention the TMF posted for the commands after it.
+                self.give(data);
+                let answered = self.session.finish(itt, &mut self.out);
+                debug_assert!(!answered, "an aborted task is never answered");
+                self.queue_out();
+                continue;
+            }
             if data_error {
                 self.give(data);
                 self.respond(itt, lun, failure(sense::DATA_PHASE_ERROR));

@@ -42,7 +42,9 @@ use crate::queue::{connection_ended, RECV_BUFFER};
 use crate::server::{Guards, Shared};
 use crate::transport::{Fatal, Part, Transport};
 use crate::ConnectionError;
-use basalt_loop_io::{BlockIo, Completion, Finished, Outcome, ReplyQueue, SocketPolls, Work};
+use basalt_loop_io::{
+    BlockIo, Completion, Fill, Finished, Outcome, RecvBuffer, ReplyQueue, SocketPolls, Work,
+};
 use basalt_nvme_wire::command::{IoCommand, ReadWrite};
 use basalt_nvme_wire::digest::crc32c;
 use basalt_nvme_wire::fabrics::FabricsCommand;
@@ -51,7 +53,7 @@ use basalt_nvme_wire::{parse_command, Command, QueueType, Sqe, Status, TermReq};
 use basalt_reactor::{Connection, Io, Payload};
 use basalt_store::AlignedBuf;
 use basalt_volume::VolumeHandle;
-use std::io::{self, Read};
+use std::io;
 use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
@@ -105,12 +107,8 @@ struct EventedQueue {
     volume: VolumeHandle,
     transport: Transport,
     block_io: BlockIo<Token, Status>,
-    /// Received bytes: `recv[start..end]` is not decoded yet; decoding the
-    /// next PDU needs at least `need` of them.
-    recv: Vec<u8>,
-    start: usize,
-    end: usize,
-    need: usize,
+    /// Received bytes not decoded yet.
+    recv: RecvBuffer,
     /// Encoded bytes from the transport, before they join `replies`.
     out: Vec<u8>,
     replies: ReplyQueue,
@@ -146,9 +144,6 @@ impl EventedQueue {
             Ok(parts) => parts,
             Err(err) => return Err((err, ctrl)),
         };
-        let mut recv = leftover;
-        let end = recv.len();
-        recv.resize(RECV_BUFFER.max(end), 0);
         let fd = stream.as_raw_fd();
         Ok(EventedQueue {
             shared: Arc::clone(shared),
@@ -159,10 +154,7 @@ impl EventedQueue {
             volume,
             transport,
             block_io,
-            recv,
-            start: 0,
-            end,
-            need: 1,
+            recv: RecvBuffer::new(RECV_BUFFER, leftover),
             out: Vec::new(),
             replies: ReplyQueue::default(),
             polls: SocketPolls::new(fd),
@@ -209,34 +201,19 @@ impl EventedQueue {
                 // Resumed when commands complete or replies drain.
                 return Ok(());
             }
-            if self.end - self.start >= self.need {
+            if self.recv.ready() {
                 self.decode(io);
                 continue;
             }
-            // Room for at least what the decoder asked for.
-            if self.start + self.need > self.recv.len() {
-                self.recv.copy_within(self.start..self.end, 0);
-                self.end -= self.start;
-                self.start = 0;
-                if self.need > self.recv.len() {
-                    self.recv.resize(self.need, 0);
-                }
-            }
-            match self.stream.read(&mut self.recv[self.end..]) {
-                Ok(0) if self.start == self.end => self.end_with(Ok(()), false),
-                Ok(0) => return Err(ConnectionError::Truncated),
-                Ok(n) => self.end += n,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    if self.start == self.end && self.recv.len() > RECV_BUFFER {
-                        self.recv.truncate(RECV_BUFFER);
-                        self.recv.shrink_to(RECV_BUFFER);
-                        (self.start, self.end) = (0, 0);
-                    }
+            match self.recv.fill(&mut self.stream) {
+                Fill::Data => {}
+                Fill::WouldBlock => {
                     self.polls.arm_readable(io);
                     return Ok(());
                 }
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(e.into()),
+                Fill::Closed => self.end_with(Ok(()), false),
+                Fill::Truncated => return Err(ConnectionError::Truncated),
+                Fill::Failed(e) => return Err(e.into()),
             }
         }
         Ok(())
@@ -246,16 +223,13 @@ impl EventedQueue {
     /// ready.
     fn decode(&mut self, io: &mut Io<'_>) {
         let blocks = Some(self.volume.size() / crate::BLOCK_SIZE);
-        let window = &self.recv[self.start..self.end];
-        let received = self.transport.receive(window, &mut self.out, blocks);
+        let received = self
+            .transport
+            .receive(self.recv.pending(), &mut self.out, blocks);
         match received {
             Ok(received) => {
-                self.start += received.consumed;
                 // The decoder counts what it needs beyond the bytes left.
-                self.need = self.end - self.start + received.need;
-                if self.start == self.end {
-                    (self.start, self.end) = (0, 0);
-                }
+                self.recv.consume(received.consumed, received.need);
                 self.execute_ready(io);
                 self.transport.issue_r2ts(&mut self.out);
                 self.queue_out();

@@ -2,11 +2,11 @@
 //!
 //! A guest is Debian 12's current kernel (booted as an uncompressed
 //! `vmlinux`) and one initramfs holding busybox, the block initiators' user
-//! space (nbd-client, nvme-cli), fio and e2fsprogs, the shared libraries
-//! those need (found in the listed packages by their `DT_NEEDED`, or
-//! replaced by placeholders built by the `stubs` module), the kernel modules of
-//! [`MODULES`] with their dependencies, and the init program
-//! ([`init_script`]).
+//! space (nbd-client, nvme-cli, open-iscsi's iscsiadm and iscsid), fio
+//! and e2fsprogs, the shared libraries those need (found in the listed
+//! packages by their `DT_NEEDED`, or replaced by placeholders built by the
+//! `stubs` module), the kernel modules of [`MODULES`] with their
+//! dependencies, and the init program ([`init_script`]).
 //!
 //! Invariants:
 //! - An image lives in `CACHE/images/<kernel version>-<key>/`, where the key
@@ -44,6 +44,7 @@ pub const PACKAGES: &[&str] = &[
     "nvme-cli",
     "fio",
     "e2fsprogs",
+    "open-iscsi",
     // their shared libraries
     "libc6",
     "libaio1",
@@ -67,12 +68,28 @@ pub const PACKAGES: &[&str] = &[
     "libffi8",
     "libnl-3-200",
     "libnl-genl-3-200",
+    "libopeniscsiusr",
+    "libisns0",
+    "libkmod2",
+    "libmount1",
+    "libselinux1",
+    "libpcre2-8-0",
+    // iscsid calls sd_notify at run time: a stub would trap.
+    "libsystemd0",
+    "libcap2",
+    "libgcrypt20",
+    "libgpg-error0",
+    "liblzma5",
+    "libzstd1",
+    "liblz4-1",
 ];
 
 /// Kernel modules loaded at boot (with their dependencies, in order):
 /// the NIC, then the initiators and what the tests format volumes with.
-/// `crc32c_generic` provides the `crc32c` that ext4 (softdep) and NVMe/TCP
-/// digests ask the crypto API for.
+/// `crc32c_generic` provides the `crc32c` that ext4 (softdep) and the
+/// NVMe/TCP and iSCSI digests ask the crypto API for. `sd_mod` turns the
+/// LUNs the iSCSI initiator finds into `/dev/sdX` (nothing loads it on
+/// demand: the guest has no udev).
 pub const MODULES: &[&str] = &[
     "virtio_pci",
     "virtio_net",
@@ -81,6 +98,7 @@ pub const MODULES: &[&str] = &[
     "nbd",
     "nvme_tcp",
     "iscsi_tcp",
+    "sd_mod",
 ];
 
 /// Libraries the guest's binaries link but never use, replaced by stubs:
@@ -145,10 +163,26 @@ const BINARIES: &[Binary] = &[
         dir: "usr/sbin",
         links: &["fsck.ext4"],
     },
+    Binary {
+        package: "open-iscsi",
+        name: "iscsiadm",
+        dir: "usr/sbin",
+        links: &[],
+    },
+    Binary {
+        package: "open-iscsi",
+        name: "iscsid",
+        dir: "usr/sbin",
+        links: &[],
+    },
 ];
 
 /// Plain files copied from a package: (package, path in package and guest).
-const FILES: &[(&str, &str)] = &[("e2fsprogs", "etc/mke2fs.conf")];
+const FILES: &[(&str, &str)] = &[
+    ("e2fsprogs", "etc/mke2fs.conf"),
+    // The defaults iscsiadm gives a node record it discovers.
+    ("open-iscsi", "etc/iscsi/iscsid.conf"),
+];
 
 /// Where the guest keeps shared libraries.
 const LIB_DIR: &str = "lib/x86_64-linux-gnu";

@@ -1,9 +1,9 @@
 //! Test-only harness: boots a small Linux guest under QEMU (TCG) so that
 //! Basalt can be tested against the Linux kernel's own block initiators —
-//! the kernel NBD client and the nvme-tcp initiator with nvme-cli — rather
-//! than only against user-space clients. A script that needs the host to
-//! act mid-run (resize a volume it has attached) asks through
-//! [`HostCalls`].
+//! the kernel NBD client, the nvme-tcp initiator with nvme-cli and the
+//! iscsi_tcp initiator with open-iscsi — rather than only against
+//! user-space clients. A script that needs the host to act mid-run (resize
+//! a volume it has attached) asks through [`HostCalls`].
 //!
 //! [`Guest::boot`] runs a shell script inside a fresh guest and returns its
 //! exit status and the serial console log:
@@ -23,13 +23,13 @@
 //! ```
 //!
 //! The guest is Debian 12's current kernel (or its backports kernel,
-//! [`GuestKernel`]) and a busybox initramfs with
-//! nbd-client, nvme-cli, fio and e2fsprogs, built from Debian packages that
-//! are downloaded with the host's apt on first use and cached (see
-//! [`image`], [`cache`]). Its init loads the nbd, nvme-tcp (with
-//! nvme-fabrics, nvme-core) and iscsi_tcp modules, ext4 and the NIC driver,
-//! configures `10.0.2.15/24`, runs the script with busybox `sh` in `/root`,
-//! prints the script's exit status in a marker line and powers off.
+//! [`GuestKernel`]) and a busybox initramfs with nbd-client, nvme-cli,
+//! open-iscsi (iscsiadm, iscsid), fio and e2fsprogs, built from Debian
+//! packages that are downloaded with the host's apt on first use and cached
+//! (see [`image`], [`cache`]). Its init loads the nbd, nvme-tcp (with
+//! nvme-fabrics, nvme-core), iscsi_tcp and sd_mod modules, ext4 and the NIC
+//! driver, configures `10.0.2.15/24`, runs the script with busybox `sh` in
+//! `/root`, prints the script's exit status in a marker line and powers off.
 //!
 //! Invariants:
 //! - The guest reaches only the host sockets listed as [`Forward`]s (QEMU

@@ -6,6 +6,7 @@
 //!   finishes;
 //! - [`BufferPool`]: 4 KiB-aligned payload buffers, reused per size class,
 //!   so the store does O_DIRECT straight into and out of them;
+//! - [`RecvBuffer`]: the bytes a connection received and has not decoded;
 //! - [`ReplyQueue`]: encoded reply headers and read data (never copied)
 //!   waiting to be sent with non-blocking vectored writes;
 //! - [`SocketPolls`]: socket readiness on the loop's ring;
@@ -19,6 +20,7 @@ mod block_io;
 mod bufpool;
 mod gate;
 pub mod listener;
+mod recv;
 mod replies;
 
 pub use block_io::{
@@ -26,6 +28,7 @@ pub use block_io::{
 };
 pub use bufpool::{BufferPool, RETAINED_BYTES};
 pub use gate::{EarlyReply, ReplyGate, EARLY_REPLY_MAX};
+pub use recv::{Fill, RecvBuffer};
 pub use replies::ReplyQueue;
 
 use basalt_reactor::Io;
