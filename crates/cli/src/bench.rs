@@ -155,8 +155,9 @@ struct FloorArgs {
 #[command(
     after_help = "Targets: basalt (default: an ephemeral server on a sparse file; with --url or \
 --data-dir, a volume on that running server), qemu-nbd (as its users start it), qemu-nbd-shared \
-(with --shared=N), nbdkit, file (peers the bench starts on equal sparse files), \
-nbd://HOST:PORT/EXPORT, or the path of a file or block device (written to!).\n\
+(with --shared=N), nbdkit, file (peers the bench starts on equal sparse files), basalt-iscsi \
+(an ephemeral server's volume over iSCSI) and tgt (tgtd on a preallocated file), both through a \
+qemu-nbd bridge (QEMU's libiscsi driver exported as NBD), nbd://HOST:PORT/EXPORT, or the path of a file or block device (written to!).\n\
 Example: basalt bench run matrix --quick --precondition --compare basalt,qemu-nbd,nbdkit,file"
 )]
 struct RunArgs {
@@ -164,9 +165,10 @@ struct RunArgs {
     /// precondition (see `basalt bench list`).
     profile: String,
 
-    /// What to measure [default: basalt].
+    /// What to measure [default: basalt]; repeat it to measure several
+    /// targets, as with --compare.
     #[arg(long, value_name = "TARGET", conflicts_with = "compare")]
-    target: Option<String>,
+    target: Vec<String>,
 
     /// Measure several targets in turn, interleaved by cell, with every
     /// pairwise ratio, e.g. basalt,qemu-nbd,nbdkit,file.
@@ -555,9 +557,10 @@ fn run_profile(args: RunArgs, client: &ClientArgs, data_dir_given: bool) -> Resu
         .cloned()
         .collect();
     let uses_basalt = targets.is_empty()
-        || targets
-            .iter()
-            .any(|t| t.split(',').any(|part| part.trim() == "basalt"));
+        || targets.iter().any(|t| {
+            t.split(',')
+                .any(|part| matches!(part.trim(), "basalt" | "basalt-iscsi"))
+        });
     let basalt = if uses_basalt {
         basalt_server(&args, client, data_dir_given)?
     } else {

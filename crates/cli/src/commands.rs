@@ -378,6 +378,10 @@ fn volume_fields(volume: &Volume, client: &ApiClient) -> String {
         if let Some(nvme) = &server.nvme {
             pairs.push(("nvme", format!("{nvme} {}", nvme_nqn(&volume.name))));
         }
+        if let Some(iscsi) = &server.iscsi {
+            let target = basalt_volume::iscsi_target_name(&volume.name);
+            pairs.push(("iscsi", format!("{iscsi} {target}")));
+        }
     }
     if !volume.nvme_hosts.is_empty() {
         let hosts: Vec<String> = volume

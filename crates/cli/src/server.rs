@@ -829,7 +829,7 @@ fn serve_frontends(
             nbd_tls: nbd_tls_addr.map(|a| a.to_string()),
             nbd_socket: Some(socket.display().to_string()),
             nvme: Some(nvme_addr.to_string()),
-            iscsi: Some(args.iscsi_advertise.unwrap_or(iscsi_addr).to_string()),
+            iscsi: Some(iscsi_addr.to_string()),
             pid: std::process::id(),
         };
         if let Err(e) = data.write_server(&info) {
@@ -843,7 +843,7 @@ fn serve_frontends(
         tracing::info!(api = %info.api_url, nbd_socket = %socket.display(), nbd = ?info.nbd,
             nbd_tls = ?info.nbd_tls, nvme = %nvme_addr, iscsi = %iscsi_addr, "basalt server ready");
         if let Some(demo) = &settings.demo_volume {
-            print_demo_usage(&demo.name, &socket, nbd_addr, data);
+            print_demo_usage(&demo.name, &socket, nbd_addr, iscsi_addr, data);
         }
 
         let outcome = tokio::select! {
@@ -900,7 +900,13 @@ fn ensure_demo_volume(service: &VolumeService, demo: &DemoVolume) -> Result<()> 
     }
 }
 
-fn print_demo_usage(name: &str, socket: &Path, tcp: Option<SocketAddr>, data: &DataDir) {
+fn print_demo_usage(
+    name: &str,
+    socket: &Path,
+    tcp: Option<SocketAddr>,
+    iscsi: SocketAddr,
+    data: &DataDir,
+) {
     let path = socket.display();
     let uri = format!("'nbd+unix:///{name}?socket={path}'");
     let dir = data.root().display();
@@ -919,6 +925,11 @@ fn print_demo_usage(name: &str, socket: &Path, tcp: Option<SocketAddr>, data: &D
             "Also over plain TCP (--nbd-insecure: no authentication): nbdinfo nbd://{tcp}/{name}"
         );
     }
+    let target = basalt_volume::iscsi_target_name(name);
+    println!(
+        "Over iSCSI ({iscsi}, target {target}) once an initiator is let in:\n  \
+         basalt volume attach {name} --initiator-iqn IQN --chap --data-dir {dir}"
+    );
     println!();
 }
 
