@@ -435,6 +435,14 @@ impl Session {
         });
     }
 
+    /// Whether task management aborted task `itt` (it is still owed a
+    /// [`Session::finish`], which then sends nothing).
+    pub fn aborted(&self, itt: u32) -> bool {
+        self.tasks
+            .get(&itt)
+            .is_some_and(|t| t.state == TaskState::Aborted)
+    }
+
     /// The caller finished running task `itt`: forgets it, completes the
     /// TMFs that waited for it (their responses go to `out`), and says
     /// whether the task's response is to be sent (not when aborted).
