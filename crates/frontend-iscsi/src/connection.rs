@@ -143,7 +143,7 @@ fn normal(
     };
     let session = Session::new(params, outcome.next_stat_sn, outcome.exp_cmd_sn);
     evented::hand_off(
-        shared, stream, peer, session, unit, volume, nexus, leftover, guards,
+        shared, id, stream, peer, session, unit, volume, nexus, leftover, guards,
     );
 }
 

@@ -82,6 +82,7 @@ enum Kind {
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn hand_off(
     shared: &Arc<Shared>,
+    id: u64,
     stream: TcpStream,
     peer: SocketAddr,
     session: Session,
@@ -99,9 +100,10 @@ pub(crate) fn hand_off(
         return;
     }
     let fd = stream.as_raw_fd();
-    let view = unit.view(&nexus);
+    let view = unit.connect(&nexus, id);
     let connection = EventedSession {
         shared: Arc::clone(shared),
+        id,
         fd,
         stream,
         peer,
@@ -125,6 +127,8 @@ pub(crate) fn hand_off(
 
 struct EventedSession {
     shared: Arc<Shared>,
+    /// The server's id of the connection.
+    id: u64,
     stream: TcpStream,
     fd: RawFd,
     peer: SocketAddr,
@@ -653,7 +657,7 @@ impl Connection for EventedSession {
 
 impl Drop for EventedSession {
     fn drop(&mut self) {
-        self.unit.nexus_lost(&self.nexus);
+        self.unit.nexus_lost(&self.nexus, self.id);
         match self.end_result.take().unwrap_or(Ok(())) {
             Ok(()) => tracing::debug!(peer = %self.peer, "iSCSI session ended"),
             Err(err) if self.shared.stopping() => {

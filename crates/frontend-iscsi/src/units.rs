@@ -58,6 +58,11 @@ pub(crate) struct Unit {
     seen: Mutex<(u64, PathState)>,
     /// COMPARE AND WRITE runs one at a time per unit.
     pub compare_and_write: Mutex<()>,
+    /// The connection each I_T nexus is on now (by initiator port): a
+    /// reinstated session's nexus is the old one's, and the old
+    /// connection's end must not end the new one's (locked before
+    /// `state`).
+    owners: Mutex<HashMap<String, u64>>,
 }
 
 impl Unit {
@@ -71,6 +76,21 @@ impl Unit {
 
     pub fn config(&self) -> Arc<LuConfig> {
         Arc::clone(&self.config.read())
+    }
+
+    /// Connection `connection` serves `nexus` from now on: its first view.
+    /// A nexus another connection served (a reinstated session) is lost
+    /// first, here and now, so the new session starts as a new nexus (one
+    /// POWER ON RESET attention, no SPC-2 reservation of the old one)
+    /// whenever the old connection's end is seen.
+    pub fn connect(&self, nexus: &Nexus, connection: u64) -> UnitView {
+        let mut owners = self.owners.lock();
+        let previous = owners.insert(nexus.initiator_port.clone(), connection);
+        if previous.is_some_and(|old| old != connection) {
+            self.state.lock().nexus_lost(nexus);
+            self.bump();
+        }
+        self.view(nexus)
     }
 
     /// A fresh view for `nexus` (registers the nexus with the unit).
@@ -185,9 +205,15 @@ impl Unit {
         plan
     }
 
-    /// `nexus` logged out or lost its connection (SPC-2 reservations it
-    /// held end; persistent ones stay).
-    pub fn nexus_lost(&self, nexus: &Nexus) {
+    /// Connection `connection` of `nexus` ended (logout or loss): unless a
+    /// newer connection serves the nexus now (reinstatement), the nexus is
+    /// lost (SPC-2 reservations it held end; persistent ones stay).
+    pub fn nexus_lost(&self, nexus: &Nexus, connection: u64) {
+        let mut owners = self.owners.lock();
+        if owners.get(&nexus.initiator_port) != Some(&connection) {
+            return;
+        }
+        owners.remove(&nexus.initiator_port);
         self.state.lock().nexus_lost(nexus);
         self.bump();
     }
@@ -246,6 +272,7 @@ impl Units {
             generation: AtomicU64::new(0),
             seen: Mutex::new((volume.size(), path)),
             compare_and_write: Mutex::new(()),
+            owners: Mutex::new(HashMap::new()),
         });
         units.insert(id, Arc::downgrade(&unit));
         unit
