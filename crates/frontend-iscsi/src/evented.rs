@@ -300,7 +300,6 @@ impl EventedSession {
             let plan = self
                 .unit
                 .decide(&self.view, &self.nexus, lun, cdb.bytes(), transfer);
-            tracing::trace!(itt, edtl, read, write, cdb = ?cdb.bytes(), ?plan, data = data.as_ref().map(|d| d.len()), "iSCSI command");
             self.run_plan(io, itt, lun, plan, data, lone);
         }
         // Keep the vector's capacity for the next round.
@@ -464,26 +463,50 @@ impl EventedSession {
             self.session.pool.give(buf);
             return;
         }
-        let shared = Arc::new(buf);
+        // One PDU: the buffer goes to the reply queue itself; several: they
+        // share it.
+        let params = &self.session.params;
+        let single = len <= params.send_segment.min(params.max_burst) as usize;
+        let digests = params.digests.data;
+        let mut held = match single {
+            true => Held::Owned(Some(buf)),
+            false => Held::Shared(Arc::new(buf)),
+        };
         let replies = &mut self.replies;
-        let mut trailer = [0u8; 8];
+        let mut digest = [0u8; 4];
         self.session
             .data_in(itt, lun, len, status, &mut self.header, |part| match part {
                 Part::Bytes(bytes) => replies.push_encoded(bytes),
-                Part::Data(range) => replies.push_shared(Arc::clone(&shared), range),
-                Part::Trailer { pad, digest } => {
-                    let mut n = pad;
-                    if let Some(range) = digest {
-                        let d = crate::session::data_digest(&shared[range]);
-                        trailer[pad..pad + 4].copy_from_slice(&d);
-                        n += 4;
+                Part::Data(range) => {
+                    if digests {
+                        digest = crate::session::data_digest(held.bytes(range.clone()));
                     }
-                    trailer[..pad].fill(0);
+                    match &mut held {
+                        Held::Owned(buf) => {
+                            if let Some(buf) = buf.take() {
+                                replies.push_owned(buf, range);
+                            }
+                        }
+                        Held::Shared(buf) => replies.push_shared(Arc::clone(buf), range),
+                    }
+                }
+                Part::Trailer { pad, digest: with } => {
+                    let mut trailer = [0u8; 7];
+                    let n = match with {
+                        Some(_) => {
+                            trailer[pad..pad + 4].copy_from_slice(&digest);
+                            pad + 4
+                        }
+                        None => pad,
+                    };
                     if n > 0 {
                         replies.push_encoded(&trailer[..n]);
                     }
                 }
             });
+        if let Held::Owned(Some(buf)) = held {
+            self.session.pool.give(buf);
+        }
     }
 
     /// Moves the session's encoded PDUs to the reply queue.
@@ -573,6 +596,25 @@ impl EventedSession {
             Ok(false) => self.polls.arm_writable(io),
             Err(e) => self.end_with(Err(e.into()), true),
         }
+    }
+}
+
+/// A read's buffer while its Data-In PDUs are queued.
+enum Held {
+    /// Taken by the one PDU's data (`None` once queued).
+    Owned(Option<AlignedBuf>),
+    Shared(Arc<AlignedBuf>),
+}
+
+impl Held {
+    /// `range` of the buffer (empty once an owned buffer is queued).
+    fn bytes(&self, range: std::ops::Range<usize>) -> &[u8] {
+        let buf = match self {
+            Held::Owned(Some(buf)) => &buf[..],
+            Held::Owned(None) => &[],
+            Held::Shared(buf) => &buf[..],
+        };
+        buf.get(range).unwrap_or(&[])
     }
 }
 
