@@ -78,7 +78,7 @@ impl Default for ServerLimits {
             max_recv_data_segment: 256 * 1024,
             max_burst: 1024 * 1024,
             first_burst: 256 * 1024,
-            max_transfer: 4 * 1024 * 1024,
+            max_transfer: 1024 * 1024,
             command_window: 128,
             digests: true,
         }

@@ -24,9 +24,9 @@
 //! - Every ready task gets exactly one response or none if aborted
 //!   ([`Session::finish`] says which), and only after the caller finished
 //!   it; a task is forgotten once answered, so its ITT may be reused.
-//! - Memory is bounded: at most `window` tasks (plus immediate ones, which
-//!   take no CmdSN but are bounded by the same count), each with one buffer
-//!   of at most `max_transfer` bytes.
+//! - Memory is bounded: at most `window` numbered tasks, and immediate
+//!   ones only while fewer than `window` tasks are open (beyond, they are
+//!   rejected), each with one buffer of at most `max_transfer` bytes.
 //! - A protocol error is [`Fatal`]: the caller sends the Reject it carries
 //!   and closes the connection (error recovery level 0 recovers sessions,
 //!   not PDUs).
@@ -307,7 +307,12 @@ impl Session {
     ) -> Result<(), Box<Fatal>> {
         match pdu {
             InitiatorPdu::ScsiCommand(command) => {
-                if self.admit(command.immediate, command.cmd_sn) {
+                if command.immediate && self.tasks.len() as u32 >= self.params.window {
+                    // Immediate commands take no CmdSN, so the window does
+                    // not bound them: a full task table refuses them
+                    // (§11.17.1, "Immediate command reject").
+                    self.reject(RejectReason::ImmediateCommandReject, bhs, out);
+                } else if self.admit(command.immediate, command.cmd_sn) {
                     self.command(command, bhs, data, data_out_len)?;
                 }
             }

@@ -331,3 +331,24 @@ fn read_data_goes_out_in_segments_and_bursts_with_the_status_on_the_last() {
     };
     assert_eq!(last.status.unwrap().stat_sn, 7);
 }
+
+#[test]
+fn immediate_commands_beyond_the_task_table_are_rejected() {
+    let mut s = Session::new(params(true), 0, 1);
+    let immediate = |itt: u32| {
+        let mut pdu = command(itt, 1, [0u8; 16], 0, true);
+        if let InitiatorPdu::ScsiCommand(c) = &mut pdu {
+            c.immediate = true;
+        }
+        wire(&pdu, &[])
+    };
+    for itt in 0..WINDOW {
+        assert!(feed(&mut s, &immediate(itt)).is_empty());
+    }
+    let out = feed(&mut s, &immediate(99));
+    let TargetPdu::Reject(reject) = &out[0] else {
+        panic!("{out:?}")
+    };
+    assert_eq!(reject.reason, RejectReason::ImmediateCommandReject);
+    assert_eq!(s.ready.len(), WINDOW as usize);
+}
