@@ -66,9 +66,10 @@ fn libiscsi_conformance_suite_passes() {
     );
     s.create_volume("suite", "1G");
     let url = format!("iscsi://{}/{}/0", s.iscsi_addr(), target("suite"));
-    // -d: the data-loss tests too. (SANITIZE stays off: not offered.)
+    // -d: the data-loss tests too (SANITIZE stays off: not offered). The
+    // URL twice: the multipath tests (two sessions to one LU) run too.
     let out = run_cmd(
-        Command::new(suite).args(["-n", "-d", &url]),
+        Command::new(suite).args(["-n", "-d", &url, &url]),
         Duration::from_secs(900),
     );
     let log = format!("{}{}", out.stdout, out.stderr);
@@ -87,6 +88,7 @@ fn libiscsi_conformance_suite_passes() {
         .filter_map(|l| l.strip_suffix(" had failures:"))
         .collect();
     let skipped = log.matches("[SKIPPED]").count();
+    assert!(!log.contains("Multipath unavailable"), "{log}");
     eprintln!(
         "iscsi-test-cu: {total} tests, {ran} ran, {passed} passed, {failed} failed \
          ({} distinct), {skipped} skip notices",
