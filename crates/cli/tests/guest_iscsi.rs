@@ -19,7 +19,6 @@
 
 mod common;
 
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -253,18 +252,6 @@ echo guest-iscsi-done
     )
 }
 
-/// The address the iSCSI target listens on. server.json names the
-/// advertised portal (the guest-side one), so it is read from the log line
-/// "iSCSI listening on ADDR (portal ...)".
-fn iscsi_listen_addr(s: &Server) -> SocketAddr {
-    let log = s.log();
-    log.lines()
-        .find_map(|l| l.split("iSCSI listening on ").nth(1))
-        .and_then(|rest| rest.split_whitespace().next())
-        .and_then(|a| a.parse().ok())
-        .unwrap_or_else(|| panic!("no \"iSCSI listening on\" in the server log:\n{log}"))
-}
-
 /// `host_call resize SIZE` resizes the volume with the CLI.
 fn resize_calls(data_dir: PathBuf) -> HostCalls {
     HostCalls::start(move |req| {
@@ -318,7 +305,7 @@ fn kernel_iscsi_initiator_chap_ext4_fio_resize() {
     let calls = resize_calls(s.data_dir().to_path_buf());
     let config = GuestConfig {
         forwards: vec![
-            Forward::new(GUEST_ISCSI_PORT, iscsi_listen_addr(&s)),
+            Forward::new(GUEST_ISCSI_PORT, s.iscsi_listen_addr()),
             calls.forward(GUEST_CALL_PORT),
         ],
         memory_mib: 512,

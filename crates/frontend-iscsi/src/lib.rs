@@ -28,7 +28,9 @@
 //! port group is active/optimized where its primary runs and
 //! active/non-optimized elsewhere ([`Targets::path_state`]); a change is
 //! reported with an ASYMMETRIC ACCESS STATE CHANGED unit attention, and
-//! REPORT TARGET PORT GROUPS lists every group the cluster has.
+//! REPORT TARGET PORT GROUPS lists the groups [`Targets::port_groups`]
+//! gives (by default this node's own: each path reports its own state,
+//! which is what dm-multipath's `prio alua` reads).
 //!
 //! Invariants:
 //! - Every SCSI command received in the command window gets exactly one

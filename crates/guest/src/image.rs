@@ -2,11 +2,12 @@
 //!
 //! A guest is Debian 12's current kernel (booted as an uncompressed
 //! `vmlinux`) and one initramfs holding busybox, the block initiators' user
-//! space (nbd-client, nvme-cli, open-iscsi's iscsiadm and iscsid), fio
-//! and e2fsprogs, the shared libraries those need (found in the listed
-//! packages by their `DT_NEEDED`, or replaced by placeholders built by the
-//! `stubs` module), the kernel modules of [`MODULES`] with their
-//! dependencies, and the init program ([`init_script`]).
+//! space (nbd-client, nvme-cli, open-iscsi's iscsiadm and iscsid,
+//! multipath-tools' multipath and multipathd with the plugins of
+//! `PLUGINS`), fio and e2fsprogs, the shared libraries those need (found
+//! in the listed packages by their `DT_NEEDED`, or replaced by placeholders
+//! built by the `stubs` module), the kernel modules of [`MODULES`] with
+//! their dependencies, and the init program ([`init_script`]).
 //!
 //! Invariants:
 //! - An image lives in `CACHE/images/<kernel version>-<key>/`, where the key
@@ -45,6 +46,7 @@ pub const PACKAGES: &[&str] = &[
     "fio",
     "e2fsprogs",
     "open-iscsi",
+    "multipath-tools",
     // their shared libraries
     "libc6",
     "libaio1",
@@ -82,6 +84,10 @@ pub const PACKAGES: &[&str] = &[
     "liblzma5",
     "libzstd1",
     "liblz4-1",
+    "libdevmapper1.02.1",
+    "libudev1",
+    "liburcu8",
+    "libgcc-s1",
 ];
 
 /// Kernel modules loaded at boot (with their dependencies, in order):
@@ -89,7 +95,10 @@ pub const PACKAGES: &[&str] = &[
 /// `crc32c_generic` provides the `crc32c` that ext4 (softdep) and the
 /// NVMe/TCP and iSCSI digests ask the crypto API for. `sd_mod` turns the
 /// LUNs the iSCSI initiator finds into `/dev/sdX` (nothing loads it on
-/// demand: the guest has no udev).
+/// demand: the guest has no udev). dm-multipath with its path selectors
+/// (`service-time` is multipath-tools' default) and the ALUA device
+/// handler, which must be loaded before the LUNs appear to attach to them
+/// (it then reports each path's `access_state` in sysfs).
 pub const MODULES: &[&str] = &[
     "virtio_pci",
     "virtio_net",
@@ -99,6 +108,11 @@ pub const MODULES: &[&str] = &[
     "nvme_tcp",
     "iscsi_tcp",
     "sd_mod",
+    "scsi_dh_alua",
+    "dm_mod",
+    "dm_multipath",
+    "dm_service_time",
+    "dm_round_robin",
 ];
 
 /// Libraries the guest's binaries link but never use, replaced by stubs:
@@ -175,6 +189,30 @@ const BINARIES: &[Binary] = &[
         dir: "usr/sbin",
         links: &[],
     },
+    Binary {
+        package: "multipath-tools",
+        name: "multipath",
+        dir: "usr/sbin",
+        links: &[],
+    },
+    Binary {
+        package: "multipath-tools",
+        name: "multipathd",
+        dir: "usr/sbin",
+        links: &[],
+    },
+];
+
+/// Shared objects loaded with `dlopen` (so no `DT_NEEDED` names them),
+/// copied to the same path in the guest with the libraries they need:
+/// multipath-tools' path checker and prioritizer plugins, which it looks
+/// for in the compiled-in `/lib/multipath`, and libgcc_s, which glibc
+/// loads for `pthread_cancel` (multipathd cancels its threads).
+const PLUGINS: &[(&str, &str)] = &[
+    ("libgcc-s1", "lib/x86_64-linux-gnu/libgcc_s.so.1"),
+    ("multipath-tools", "lib/multipath/libchecktur.so"),
+    ("multipath-tools", "lib/multipath/libprioalua.so"),
+    ("multipath-tools", "lib/multipath/libprioconst.so"),
 ];
 
 /// Plain files copied from a package: (package, path in package and guest).
@@ -483,7 +521,13 @@ fn resolve_in(root: &Path, rel: &Path) -> Result<PathBuf> {
 fn library_index(trees: &[(String, PathBuf)]) -> BTreeMap<String, (PathBuf, PathBuf)> {
     let mut index = BTreeMap::new();
     for (_, root) in trees {
-        for dir in ["lib/x86_64-linux-gnu", "usr/lib/x86_64-linux-gnu", "lib64"] {
+        // multipath-tools keeps its libraries in /lib itself.
+        for dir in [
+            "lib/x86_64-linux-gnu",
+            "usr/lib/x86_64-linux-gnu",
+            "lib64",
+            "lib",
+        ] {
             let Ok(entries) = fs::read_dir(root.join(dir)) else {
                 continue;
             };
@@ -629,6 +673,11 @@ fn build(packages: &[Package], debs: &[PathBuf], work: &Path, out: &Path) -> Res
                 .insert(format!("{}/{l}", b.dir), b.name.to_string());
         }
         queue.push_back((guest, path, data));
+    }
+    for (package, rel) in PLUGINS {
+        let path = resolve_in(tree(package)?, Path::new(rel))?;
+        let data = read(&path)?;
+        queue.push_back((rel.to_string(), path, data));
     }
     let mut libs_included: BTreeSet<String> = BTreeSet::new();
     while let Some((guest, path, data)) = queue.pop_front() {

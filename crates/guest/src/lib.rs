@@ -24,12 +24,14 @@
 //!
 //! The guest is Debian 12's current kernel (or its backports kernel,
 //! [`GuestKernel`]) and a busybox initramfs with nbd-client, nvme-cli,
-//! open-iscsi (iscsiadm, iscsid), fio and e2fsprogs, built from Debian
-//! packages that are downloaded with the host's apt on first use and cached
-//! (see [`image`], [`cache`]). Its init loads the nbd, nvme-tcp (with
-//! nvme-fabrics, nvme-core), iscsi_tcp and sd_mod modules, ext4 and the NIC
-//! driver, configures `10.0.2.15/24`, runs the script with busybox `sh` in
-//! `/root`, prints the script's exit status in a marker line and powers off.
+//! open-iscsi (iscsiadm, iscsid), multipath-tools (multipath, multipathd),
+//! fio and e2fsprogs, built from Debian packages that are downloaded with
+//! the host's apt on first use and cached (see [`image`], [`cache`]). Its
+//! init loads the nbd, nvme-tcp (with nvme-fabrics, nvme-core), iscsi_tcp,
+//! sd_mod, scsi_dh_alua and dm-multipath (with its path selectors)
+//! modules, ext4 and the NIC driver, configures `10.0.2.15/24`, runs the
+//! script with busybox `sh` in `/root`, prints the script's exit status in
+//! a marker line and powers off.
 //!
 //! Invariants:
 //! - The guest reaches only the host sockets listed as [`Forward`]s (QEMU

@@ -762,6 +762,20 @@ impl Server {
             .unwrap_or_else(|e| panic!("server.json's iscsi address: {e}: {text}"))
     }
 
+    /// The address the iSCSI target listens on. server.json names the
+    /// advertised portal (the guest-side one with `--iscsi-advertise`), so
+    /// it is read from the (latest start's) log line "iSCSI listening on
+    /// ADDR (portal ...)".
+    pub fn iscsi_listen_addr(&self) -> std::net::SocketAddr {
+        let log = self.log();
+        log.lines()
+            .rev()
+            .filter_map(|l| l.split("iSCSI listening on ").nth(1))
+            .filter_map(|rest| rest.split_whitespace().next())
+            .find_map(|a| a.parse().ok())
+            .unwrap_or_else(|| panic!("no \"iSCSI listening on\" in the server log:\n{log}"))
+    }
+
     /// Runs the CLI with `--output json`, asserting success; returns the parsed JSON.
     #[track_caller]
     pub fn cli_json(&self, args: &[&str]) -> Value {
