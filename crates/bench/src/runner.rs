@@ -874,7 +874,7 @@ pub fn run(config: RunConfig) -> Result<RunOutcome, RunError> {
     for target in started.iter_mut().rev() {
         warnings.extend(target.stop());
     }
-    let peers: Vec<(&str, String)> = started.iter().filter_map(|t| t.version.clone()).collect();
+    let peers: Vec<(&str, String)> = started.iter().flat_map(|t| t.versions.clone()).collect();
     let estimates = sample_estimates(&cells);
     let failed_cells = cells
         .iter()

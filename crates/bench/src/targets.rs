@@ -1,15 +1,22 @@
 //! Targets: what the bench measures and how fio reaches it — parsing
 //! `--target`/`--compare`, starting and stopping the servers the bench runs
-//! itself (an ephemeral Basalt server, qemu-nbd, nbdkit), creating and
-//! deleting the Basalt volume, and accounting their CPU time.
+//! itself (an ephemeral Basalt server, qemu-nbd, nbdkit, tgtd, and the
+//! iSCSI-to-NBD bridge), creating and deleting the Basalt volume, and
+//! accounting their CPU time.
 //!
 //! Invariants:
 //! - Every peer the bench starts serves the same kind of backing: a sparse
-//!   file of the same size in the same work directory (one filesystem).
+//!   file of the same size in the same work directory (one filesystem);
+//!   tgtd's is preallocated instead of sparse.
+//! - iSCSI targets are reached through the bridge: qemu-nbd exporting
+//!   QEMU's iSCSI driver (libiscsi) as NBD on a Unix socket, since fio's nbd
+//!   engine is the bench's network client. Both iSCSI targets go through the
+//!   same bridge; their CPU accounting is the target server's alone.
 //! - Processes are only ever signalled by the PID of a child started here;
 //!   each runs in its own process group (a Ctrl-C at the terminal reaches
 //!   the bench, which stops them in order) and dies with the bench
-//!   (PR_SET_PDEATHSIG, or nbdkit's `--exit-with-parent`).
+//!   (PR_SET_PDEATHSIG — SIGKILL for tgtd, which ignores SIGTERM and is
+//!   stopped with tgtadm — or nbdkit's `--exit-with-parent`).
 //! - A target is usable once `start` returns: fio has read 4 KiB from it
 //!   with the engine it will use. `stop` (also on drop) deletes the volume
 //!   the bench created and stops the servers it started.
@@ -22,6 +29,7 @@ use std::fs;
 use std::io::{Read, Seek, SeekFrom};
 use std::net::{TcpListener, TcpStream, ToSocketAddrs};
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -37,12 +45,28 @@ const START_TIMEOUT: Duration = Duration::from_secs(30);
 const STOP_TIMEOUT: Duration = Duration::from_secs(30);
 /// The NBD port of a basalt server when only its API URL is known.
 const DEFAULT_NBD_PORT: u16 = 10809;
+/// The iSCSI initiator name the bridge logs in with (the ephemeral basalt
+/// server of `basalt-iscsi` allows it with `--iscsi-allow-initiator`).
+pub const BRIDGE_INITIATOR: &str = "iqn.2026-11.io.basalt:bench-bridge";
+/// The target name under which the bench's tgtd serves its file.
+const TGT_IQN: &str = "iqn.2026-11.io.basalt:bench-tgt";
+/// How long a tgtadm call may take.
+const TOOL_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The iSCSI target name of a Basalt volume
+/// (`basalt_volume::iscsi_target_name`).
+pub fn basalt_iqn(volume: &str) -> String {
+    format!("iqn.2026-11.io.basalt:volume:{volume}")
+}
 
 /// A target as named on the command line.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TargetSpec {
     /// A Basalt volume (ephemeral server, or a running one).
     Basalt,
+    /// The ephemeral Basalt server's volume over iSCSI, through the bridge
+    /// (qemu-nbd exporting QEMU's libiscsi driver as NBD).
+    BasaltIscsi,
     /// qemu-nbd serving a sparse file, started by the bench as its users
     /// start it (no `--shared`: qemu-nbd's default).
     QemuNbd,
@@ -52,6 +76,9 @@ pub enum TargetSpec {
     QemuNbdShared,
     /// nbdkit's file plugin serving a sparse file, started by the bench.
     Nbdkit,
+    /// Linux's user-space iSCSI target tgtd serving a preallocated file
+    /// (`--bstype rdwr`), started as its users start it, through the bridge.
+    Tgt,
     /// fio directly on a sparse file: the physical limit.
     File,
     /// Any NBD URI.
@@ -60,9 +87,8 @@ pub enum TargetSpec {
     Path(PathBuf),
 }
 
-const VALID_TARGETS: &str =
-    "basalt, qemu-nbd, qemu-nbd-shared, nbdkit, file, nbd://HOST:PORT/EXPORT, \
-                             or the path of an existing file or block device";
+const VALID_TARGETS: &str = "basalt, basalt-iscsi, qemu-nbd, qemu-nbd-shared, nbdkit, tgt, file, \
+     nbd://HOST:PORT/EXPORT, or the path of an existing file or block device";
 
 #[derive(Debug, thiserror::Error)]
 pub enum TargetError {
@@ -106,9 +132,11 @@ impl TargetSpec {
         let text = text.trim();
         Ok(match text {
             "basalt" => TargetSpec::Basalt,
+            "basalt-iscsi" => TargetSpec::BasaltIscsi,
             "qemu-nbd" => TargetSpec::QemuNbd,
             "qemu-nbd-shared" => TargetSpec::QemuNbdShared,
             "nbdkit" => TargetSpec::Nbdkit,
+            "tgt" => TargetSpec::Tgt,
             "file" => TargetSpec::File,
             _ if text.starts_with("nbd://")
                 || text.starts_with("nbds://")
@@ -143,9 +171,11 @@ impl TargetSpec {
     pub fn name(&self) -> String {
         match self {
             TargetSpec::Basalt => "basalt".into(),
+            TargetSpec::BasaltIscsi => "basalt-iscsi".into(),
             TargetSpec::QemuNbd => "qemu-nbd".into(),
             TargetSpec::QemuNbdShared => "qemu-nbd-shared".into(),
             TargetSpec::Nbdkit => "nbdkit".into(),
+            TargetSpec::Tgt => "tgt".into(),
             TargetSpec::File => "file".into(),
             TargetSpec::Nbd(uri) => uri.clone(),
             TargetSpec::Path(p) => p.display().to_string(),
@@ -157,9 +187,11 @@ impl TargetSpec {
     pub fn local_only(&self, basalt: &BasaltServer) -> bool {
         match self {
             TargetSpec::Basalt => matches!(basalt, BasaltServer::Ephemeral { .. }),
-            TargetSpec::QemuNbd
+            TargetSpec::BasaltIscsi
+            | TargetSpec::QemuNbd
             | TargetSpec::QemuNbdShared
             | TargetSpec::Nbdkit
+            | TargetSpec::Tgt
             | TargetSpec::File => true,
             TargetSpec::Nbd(_) | TargetSpec::Path(_) => false,
         }
@@ -229,6 +261,12 @@ pub(crate) struct ServerProcess {
     name: String,
     child: Child,
     log: PathBuf,
+    /// Commands (program and arguments) that make it exit, for a server
+    /// that ignores SIGTERM (tgtd); empty: SIGTERM.
+    stop_commands: Vec<Vec<String>>,
+    /// Files it leaves behind (tgtd's control socket), removed once it
+    /// stopped.
+    leftovers: Vec<PathBuf>,
 }
 
 impl ServerProcess {
@@ -237,8 +275,32 @@ impl ServerProcess {
     /// (PR_SET_PDEATHSIG follows the spawning thread).
     pub(crate) fn spawn(
         name: &str,
+        cmd: Command,
+        log: PathBuf,
+    ) -> Result<ServerProcess, TargetError> {
+        Self::spawn_with(name, cmd, log, libc::SIGTERM, Vec::new(), Vec::new())
+    }
+
+    /// The same for a server that ignores SIGTERM: `stop_commands` stop it
+    /// (retried until it exits), and it gets SIGKILL if the bench dies;
+    /// `leftovers` are removed once it stopped.
+    pub(crate) fn spawn_stopped_by(
+        name: &str,
+        cmd: Command,
+        log: PathBuf,
+        stop_commands: Vec<Vec<String>>,
+        leftovers: Vec<PathBuf>,
+    ) -> Result<ServerProcess, TargetError> {
+        Self::spawn_with(name, cmd, log, libc::SIGKILL, stop_commands, leftovers)
+    }
+
+    fn spawn_with(
+        name: &str,
         mut cmd: Command,
         log: PathBuf,
+        death_signal: libc::c_int,
+        stop_commands: Vec<Vec<String>>,
+        leftovers: Vec<PathBuf>,
     ) -> Result<ServerProcess, TargetError> {
         let out =
             fs::File::create(&log).map_err(io_err(format!("cannot create {}", log.display())))?;
@@ -252,8 +314,8 @@ impl ServerProcess {
         // SAFETY: prctl(2) is async-signal-safe and touches no memory of the
         // parent; this runs in the child between fork and exec.
         unsafe {
-            cmd.pre_exec(|| {
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+            cmd.pre_exec(move || {
+                libc::prctl(libc::PR_SET_PDEATHSIG, death_signal);
                 Ok(())
             });
         }
@@ -265,6 +327,8 @@ impl ServerProcess {
             name: name.to_string(),
             child,
             log,
+            stop_commands,
+            leftovers,
         })
     }
 
@@ -294,28 +358,103 @@ impl ServerProcess {
         let _ = self.child.wait();
     }
 
-    /// SIGTERM by PID, then SIGKILL after `STOP_TIMEOUT`.
+    /// Whether it exits before `until`.
+    fn exits_by(&mut self, until: Instant) -> bool {
+        loop {
+            if self.exited().is_some() {
+                return true;
+            }
+            if Instant::now() >= until {
+                return false;
+            }
+            thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// SIGTERM by PID (or its stop commands, retried: tgtd refuses to
+    /// delete a target while a session is still closing), then SIGKILL
+    /// after `STOP_TIMEOUT`.
     pub(crate) fn terminate(&mut self) -> Result<(), String> {
+        let stopped = self.stop_or_kill();
+        for path in &self.leftovers {
+            let _ = fs::remove_file(path);
+        }
+        stopped
+    }
+
+    fn stop_or_kill(&mut self) -> Result<(), String> {
         if self.exited().is_some() {
             return Ok(());
         }
-        if let Ok(pid) = libc::pid_t::try_from(self.pid()) {
-            // SAFETY: kill(2) on our own child, not yet reaped.
-            unsafe { libc::kill(pid, libc::SIGTERM) };
-        }
         let deadline = Instant::now() + STOP_TIMEOUT;
-        while Instant::now() < deadline {
-            if self.exited().is_some() {
+        if self.stop_commands.is_empty() {
+            if let Ok(pid) = libc::pid_t::try_from(self.pid()) {
+                // SAFETY: kill(2) on our own child, not yet reaped.
+                unsafe { libc::kill(pid, libc::SIGTERM) };
+            }
+            if self.exits_by(deadline) {
                 return Ok(());
             }
-            thread::sleep(Duration::from_millis(50));
+        } else {
+            while Instant::now() < deadline {
+                for argv in &self.stop_commands {
+                    let _ = run_tool(argv);
+                }
+                if self.exits_by(deadline.min(Instant::now() + Duration::from_secs(1))) {
+                    return Ok(());
+                }
+            }
         }
         let _ = self.child.kill();
         let _ = self.child.wait();
         Err(format!(
-            "{} (pid {}) did not stop within {STOP_TIMEOUT:?} of SIGTERM; killed it",
+            "{} (pid {}) did not stop within {STOP_TIMEOUT:?} of {}; killed it",
             self.name,
-            self.pid()
+            self.pid(),
+            if self.stop_commands.is_empty() {
+                "SIGTERM"
+            } else {
+                "its stop commands"
+            }
+        ))
+    }
+}
+
+/// Runs a tool (program and arguments) to completion within
+/// `TOOL_TIMEOUT`; its output, or why it failed.
+fn run_tool(argv: &[String]) -> Result<String, String> {
+    let (program, args) = argv.split_first().ok_or("no command")?;
+    let mut child = Command::new(program)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("cannot run {program}: {e}"))?;
+    let deadline = Instant::now() + TOOL_TIMEOUT;
+    loop {
+        match child.try_wait() {
+            Ok(Some(_)) => break,
+            Ok(None) if Instant::now() < deadline => thread::sleep(Duration::from_millis(20)),
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!("{} timed out", argv.join(" ")));
+            }
+        }
+    }
+    let out = child
+        .wait_with_output()
+        .map_err(|e| format!("{program}: {e}"))?;
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    if out.status.success() {
+        Ok(text)
+    } else {
+        Err(format!(
+            "{} failed ({}): {}",
+            argv.join(" "),
+            out.status,
+            process::tail(&String::from_utf8_lossy(&out.stderr), 3, 300)
         ))
     }
 }
@@ -353,9 +492,13 @@ pub struct Target {
     pub size_bytes: Option<u64>,
     /// How it is set up, for the summary's parameters.
     pub details: BTreeMap<String, Value>,
-    /// (tool, version) of the peer, for the summary's versions.
-    pub version: Option<(&'static str, String)>,
+    /// (tool, version) of the peer and the bridge, for the summary's
+    /// versions.
+    pub versions: Vec<(&'static str, String)>,
     server: Option<ServerProcess>,
+    /// The iSCSI-to-NBD bridge (qemu-nbd) in front of `server`; stopped
+    /// first, and not in the CPU accounting.
+    bridge: Option<ServerProcess>,
     volume: Option<(BasaltApi, String)>,
     stopped: bool,
 }
@@ -371,15 +514,29 @@ impl Target {
         self.server_pid().and_then(cpu_seconds)
     }
 
-    /// Whether a server the bench started has died.
+    /// Takes on the peer server the bench started: `tool` names it and its
+    /// program (for the versions), `how` says how it runs.
+    fn adopt(&mut self, server: ServerProcess, tool: (&'static str, &Path), how: String) {
+        self.server = Some(server);
+        let (name, program) = tool;
+        self.versions
+            .extend(crate::machine::tool_version(program).map(|v| (name, v)));
+        self.details.insert("server".into(), json!(how));
+    }
+
+    /// Whether a server the bench started (or the bridge) has died.
     pub fn server_died(&mut self) -> Option<String> {
-        let server = self.server.as_mut()?;
-        let status = server.exited()?;
-        Some(format!(
-            "{} exited during the run ({status}): {}",
-            server.name,
-            server.log_tail()
-        ))
+        [self.bridge.as_mut(), self.server.as_mut()]
+            .into_iter()
+            .flatten()
+            .find_map(|server| {
+                let status = server.exited()?;
+                Some(format!(
+                    "{} exited during the run ({status}): {}",
+                    server.name,
+                    server.log_tail()
+                ))
+            })
     }
 
     /// Deletes the volume the bench created and stops the server it
@@ -390,6 +547,11 @@ impl Target {
         }
         self.stopped = true;
         let mut problems = Vec::new();
+        if let Some(mut bridge) = self.bridge.take() {
+            if let Err(e) = bridge.terminate() {
+                problems.push(e);
+            }
+        }
         if let Some((api, name)) = self.volume.take() {
             if let Err(e) = api.delete_volume(&name) {
                 problems.push(format!("cannot delete volume {name}: {e}"));
@@ -507,20 +669,30 @@ pub(crate) fn free_port() -> Result<u16, TargetError> {
 
 /// Waits until `port` on 127.0.0.1 accepts connections, or the server exits.
 fn wait_listening(server: &mut ServerProcess, port: u16) -> Result<(), TargetError> {
+    wait_ready(server, &format!("listening on 127.0.0.1:{port}"), || {
+        TcpStream::connect_timeout(&([127, 0, 0, 1], port).into(), Duration::from_millis(200))
+            .is_ok()
+    })
+}
+
+/// Waits until `ready` (the server is `what`), or the server exits.
+fn wait_ready(
+    server: &mut ServerProcess,
+    what: &str,
+    mut ready: impl FnMut() -> bool,
+) -> Result<(), TargetError> {
     let deadline = Instant::now() + START_TIMEOUT;
     loop {
         if let Some(status) = server.exited() {
             return Err(server.died(status));
         }
-        if TcpStream::connect_timeout(&([127, 0, 0, 1], port).into(), Duration::from_millis(200))
-            .is_ok()
-        {
+        if ready() {
             return Ok(());
         }
         if Instant::now() > deadline {
             return Err(TargetError::StartFailed {
                 name: server.name.clone(),
-                detail: format!("not listening on 127.0.0.1:{port} after {START_TIMEOUT:?}"),
+                detail: format!("not {what} after {START_TIMEOUT:?}: {}", server.log_tail()),
             });
         }
         thread::sleep(Duration::from_millis(50));
@@ -545,6 +717,26 @@ fn sparse_file(path: &Path, size: u64) -> Result<(), TargetError> {
         fs::File::create(path).map_err(io_err(format!("cannot create {}", path.display())))?;
     file.set_len(size)
         .map_err(io_err(format!("cannot size {}", path.display())))
+}
+
+/// A file of `size` bytes with every block allocated (posix_fallocate).
+fn preallocated_file(path: &Path, size: u64) -> Result<(), TargetError> {
+    use std::os::fd::AsRawFd;
+    let file =
+        fs::File::create(path).map_err(io_err(format!("cannot create {}", path.display())))?;
+    let len = libc::off_t::try_from(size).map_err(|_| TargetError::Io {
+        context: format!("cannot size {}", path.display()),
+        source: std::io::Error::from(std::io::ErrorKind::InvalidInput),
+    })?;
+    // SAFETY: posix_fallocate on a file descriptor we own.
+    let rc = unsafe { libc::posix_fallocate(file.as_raw_fd(), 0, len) };
+    if rc != 0 {
+        return Err(TargetError::Io {
+            context: format!("cannot preallocate {}", path.display()),
+            source: std::io::Error::from_raw_os_error(rc),
+        });
+    }
+    Ok(())
 }
 
 /// Refuses a work directory where files cannot be opened with O_DIRECT
@@ -752,7 +944,278 @@ fn basalt_capacity(size: u64) -> u64 {
 struct ServerJson {
     api_url: String,
     nbd: String,
+    /// The iSCSI portal (`HOST:PORT`).
+    #[serde(default)]
+    iscsi: Option<String>,
     pid: u32,
+}
+
+/// Starts an ephemeral `basalt server` with `extra` arguments (its data
+/// directory and log are named after the target, so `basalt` and
+/// `basalt-iscsi` each run their own), creates the bench volume on it and
+/// records both in `target`.
+fn start_ephemeral(
+    exe: &Path,
+    extra: &[String],
+    ctx: &TargetContext<'_>,
+    target: &mut Target,
+) -> Result<ServerJson, TargetError> {
+    let dir = ctx.work_dir.join(&target.slug);
+    let capacity = basalt_capacity(ctx.size_bytes);
+    let mut cmd = Command::new(exe);
+    cmd.arg("server")
+        .arg("--data-dir")
+        .arg(&dir)
+        .arg("--capacity")
+        .arg(capacity.to_string())
+        .args(EPHEMERAL_LISTENERS)
+        .args(extra);
+    let log = ctx.work_dir.join(format!("{}.log", target.slug));
+    let server = target
+        .server
+        .insert(ServerProcess::spawn("basalt server", cmd, log)?);
+    let info = wait_server_json(server, &dir)?;
+    let token = fs::read_to_string(dir.join("api-token"))
+        .map_err(io_err("cannot read the ephemeral server's api-token"))?;
+    let api = BasaltApi::new(&info.api_url, token.trim());
+    api.create_volume(EXPORT, ctx.size_bytes)
+        .map_err(|detail| TargetError::Api {
+            action: format!("create volume {EXPORT}"),
+            detail,
+        })?;
+    target.volume = Some((api, EXPORT.to_string()));
+    let mut server = "ephemeral all-in-one basalt server (sparse data file)".to_string();
+    if !extra.is_empty() {
+        server = format!("{server}, with {}", extra.join(" "));
+    }
+    target.details.insert("server".into(), json!(server));
+    target
+        .details
+        .insert("data_file_capacity_bytes".into(), json!(capacity));
+    Ok(info)
+}
+
+/// `basalt-iscsi`'s ephemeral server arguments beyond the listeners.
+fn basalt_iscsi_args() -> Vec<String> {
+    vec!["--iscsi-allow-initiator".into(), BRIDGE_INITIATOR.into()]
+}
+
+/// The bridge's qemu-nbd arguments: QEMU's iSCSI driver (libiscsi) on
+/// `iqn` LUN `lun` at `portal`, exported as NBD export `bench` on the Unix
+/// socket `socket` to up to `shared` clients, persistent (`-t`), without
+/// the host page cache (`--cache=none`).
+pub(crate) fn bridge_args(
+    portal: &str,
+    iqn: &str,
+    lun: u32,
+    shared: u32,
+    socket: &Path,
+) -> Vec<String> {
+    vec![
+        "-t".into(),
+        "--cache=none".into(),
+        format!("--shared={shared}"),
+        "-x".into(),
+        EXPORT.into(),
+        "-k".into(),
+        socket.display().to_string(),
+        "--image-opts".into(),
+        format!(
+            "driver=iscsi,transport=tcp,portal={portal},target={iqn},lun={lun},\
+             initiator-name={BRIDGE_INITIATOR}"
+        ),
+    ]
+}
+
+/// Starts the bridge in front of an iSCSI LUN (qemu-nbd, see
+/// [`bridge_args`]) and records it in `target`; fio reaches it over NBD.
+fn start_bridge(
+    ctx: &TargetContext<'_>,
+    target: &mut Target,
+    portal: &str,
+    iqn: &str,
+    lun: u32,
+) -> Result<TargetIo, TargetError> {
+    let qemu = require("qemu-nbd", "qemu-utils")?;
+    let socket = ctx.work_dir.join(format!("{}-bridge.sock", target.slug));
+    let args = bridge_args(portal, iqn, lun, ctx.max_connections, &socket);
+    let mut cmd = Command::new(&qemu);
+    cmd.args(&args);
+    let log = ctx.work_dir.join(format!("{}-bridge.log", target.slug));
+    let bridge = target
+        .bridge
+        .insert(ServerProcess::spawn("qemu-nbd (iSCSI bridge)", cmd, log)?);
+    wait_ready(
+        bridge,
+        &format!("listening on {}", socket.display()),
+        || UnixStream::connect(&socket).is_ok(),
+    )?;
+    target
+        .versions
+        .extend(crate::machine::tool_version(&qemu).map(|v| ("qemu-nbd", v)));
+    target.details.insert(
+        "bridge".into(),
+        json!(format!(
+            "qemu-nbd {} (QEMU's iSCSI driver, libiscsi, exported as NBD; fio's nbd engine drives it)",
+            args.join(" ")
+        )),
+    );
+    Ok(TargetIo::Nbd {
+        uri: format!("nbd+unix:///{EXPORT}?socket={}", socket.display()),
+    })
+}
+
+/// tgtd's arguments: in the foreground, control socket number `control`
+/// (/var/run/tgtd/socket.N), one iSCSI portal on 127.0.0.1.
+fn tgtd_args(control: u16, port: u16) -> Vec<String> {
+    vec![
+        "-f".into(),
+        "-C".into(),
+        control.to_string(),
+        "--iscsi".into(),
+        format!("portal=127.0.0.1:{port}"),
+    ]
+}
+
+/// A number for tgtd's control socket (`-C`, at most 32767) that no
+/// socket in /var/run/tgtd has yet.
+fn tgtd_control_number() -> Result<u16, TargetError> {
+    loop {
+        let control = 10_000 + free_port()? % 22_768;
+        if !Path::new(&format!("/var/run/tgtd/socket.{control}")).exists() {
+            return Ok(control);
+        }
+    }
+}
+
+/// A tgtadm command line on control socket `control`.
+fn tgtadm_argv(tgtadm: &Path, control: u16, args: &[&str]) -> Vec<String> {
+    let mut argv = vec![
+        tgtadm.display().to_string(),
+        "-C".into(),
+        control.to_string(),
+    ];
+    argv.extend(args.iter().map(|a| a.to_string()));
+    argv
+}
+
+/// The tgtadm commands that set up the `tgt` target: target 1 named
+/// `TGT_IQN`, LUN 1 on `image` with the rdwr backing store (LUN 0 is tgt's
+/// controller), open to every initiator.
+fn tgtadm_setup_args(tgtadm: &Path, control: u16, image: &Path) -> Vec<Vec<String>> {
+    let image = image.display().to_string();
+    [
+        vec![
+            "--lld", "iscsi", "--op", "new", "--mode", "target", "--tid", "1", "-T", TGT_IQN,
+        ],
+        vec![
+            "--lld",
+            "iscsi",
+            "--op",
+            "new",
+            "--mode",
+            "logicalunit",
+            "--tid",
+            "1",
+            "--lun",
+            "1",
+            "--bstype",
+            "rdwr",
+            "-b",
+            &image,
+        ],
+        vec![
+            "--lld", "iscsi", "--op", "bind", "--mode", "target", "--tid", "1", "-I", "ALL",
+        ],
+    ]
+    .iter()
+    .map(|args| tgtadm_argv(tgtadm, control, args))
+    .collect()
+}
+
+/// The tgtadm commands that stop tgtd (it ignores SIGTERM): offline, delete
+/// the target (forcing its sessions out), delete the system.
+fn tgtadm_stop_args(tgtadm: &Path, control: u16) -> Vec<Vec<String>> {
+    [
+        &[
+            "--op", "update", "--mode", "sys", "--name", "State", "-v", "offline",
+        ][..],
+        &[
+            "--lld", "iscsi", "--op", "delete", "--mode", "target", "--tid", "1", "--force",
+        ],
+        &["--op", "delete", "--mode", "system"],
+    ]
+    .iter()
+    .map(|args| tgtadm_argv(tgtadm, control, args))
+    .collect()
+}
+
+/// Starts tgtd as its users start it and sets up its target with tgtadm;
+/// returns it and its iSCSI port. tgtd that cannot bind its portal (the
+/// port taken since it was picked) listens on every address at 3260
+/// instead, so the portal it reports is checked, before any LUN exists,
+/// and another port tried.
+fn start_tgtd(
+    tgtd: &Path,
+    tgtadm: &Path,
+    image: &Path,
+    work: &Path,
+) -> Result<(ServerProcess, u16), TargetError> {
+    let mut last_error = None;
+    for attempt in 1..=3 {
+        let port = free_port()?;
+        let control = tgtd_control_number()?;
+        let mut cmd = Command::new(tgtd);
+        cmd.args(tgtd_args(control, port));
+        let mut server = ServerProcess::spawn_stopped_by(
+            "tgtd",
+            cmd,
+            work.join(format!("tgtd-{attempt}.log")),
+            tgtadm_stop_args(tgtadm, control),
+            ["", ".lock"]
+                .iter()
+                .map(|suffix| PathBuf::from(format!("/var/run/tgtd/socket.{control}{suffix}")))
+                .collect(),
+        )?;
+        let failed = |detail: String| TargetError::StartFailed {
+            name: "tgtd".into(),
+            detail,
+        };
+        let show_sys = tgtadm_argv(tgtadm, control, &["--op", "show", "--mode", "sys"]);
+        let show_portals = tgtadm_argv(
+            tgtadm,
+            control,
+            &["--lld", "iscsi", "--op", "show", "--mode", "portal"],
+        );
+        let result = wait_ready(&mut server, "answering tgtadm", || {
+            run_tool(&show_sys).is_ok()
+        })
+        .and_then(|()| {
+            let portals = run_tool(&show_portals).map_err(failed)?;
+            if !portals.contains(&format!("127.0.0.1:{port},")) {
+                return Err(failed(format!(
+                    "its portal 127.0.0.1:{port} did not open (port taken?); it has: {}",
+                    portals.trim()
+                )));
+            }
+            for argv in tgtadm_setup_args(tgtadm, control, image) {
+                run_tool(&argv).map_err(failed)?;
+            }
+            Ok(())
+        })
+        .and_then(|()| wait_listening(&mut server, port));
+        match result {
+            Ok(()) => return Ok((server, port)),
+            Err(e) => {
+                let _ = server.terminate();
+                last_error = Some(e);
+            }
+        }
+    }
+    Err(last_error.unwrap_or(TargetError::StartFailed {
+        name: "tgtd".into(),
+        detail: "no attempt made".into(),
+    }))
 }
 
 /// Starts (or, for targets that exist, checks) one target.
@@ -765,8 +1228,9 @@ pub fn start(spec: &TargetSpec, ctx: &TargetContext<'_>) -> Result<Target, Targe
         io: TargetIo::Nbd { uri: String::new() },
         size_bytes: Some(ctx.size_bytes),
         details: BTreeMap::new(),
-        version: None,
+        versions: Vec::new(),
         server: None,
+        bridge: None,
         volume: None,
         stopped: false,
     };
@@ -774,37 +1238,10 @@ pub fn start(spec: &TargetSpec, ctx: &TargetContext<'_>) -> Result<Target, Targe
     let io = match spec {
         TargetSpec::Basalt => match ctx.basalt {
             BasaltServer::Ephemeral { exe } => {
-                let dir = work.join("basalt");
-                let capacity = basalt_capacity(ctx.size_bytes);
-                let mut cmd = Command::new(exe);
-                cmd.arg("server")
-                    .arg("--data-dir")
-                    .arg(&dir)
-                    .arg("--capacity")
-                    .arg(capacity.to_string())
-                    .args(EPHEMERAL_LISTENERS);
-                let mut server =
-                    ServerProcess::spawn("basalt server", cmd, work.join("basalt.log"))?;
-                let info = wait_server_json(&mut server, &dir)?;
-                let token = fs::read_to_string(dir.join("api-token"))
-                    .map_err(io_err("cannot read the ephemeral server's api-token"))?;
-                let api = BasaltApi::new(&info.api_url, token.trim());
-                target.server = Some(server);
-                api.create_volume(EXPORT, ctx.size_bytes)
-                    .map_err(|detail| TargetError::Api {
-                        action: format!("create volume {EXPORT}"),
-                        detail,
-                    })?;
-                target.volume = Some((api, EXPORT.to_string()));
-                let uri = format!("nbd://{}/{EXPORT}", info.nbd);
-                target.details.insert(
-                    "server".into(),
-                    json!("ephemeral all-in-one basalt server (sparse data file)"),
-                );
-                target
-                    .details
-                    .insert("data_file_capacity_bytes".into(), json!(capacity));
-                TargetIo::Nbd { uri }
+                let info = start_ephemeral(exe, &[], ctx, &mut target)?;
+                TargetIo::Nbd {
+                    uri: format!("nbd://{}/{EXPORT}", info.nbd),
+                }
             }
             BasaltServer::Running {
                 api_url,
@@ -860,6 +1297,53 @@ pub fn start(spec: &TargetSpec, ctx: &TargetContext<'_>) -> Result<Target, Targe
                 }
             }
         },
+        TargetSpec::BasaltIscsi => {
+            let BasaltServer::Ephemeral { exe } = ctx.basalt else {
+                return Err(TargetError::StartFailed {
+                    name,
+                    detail: "basalt-iscsi runs its own ephemeral basalt server (allowing the \
+                             bridge's initiator); it cannot use a running server \
+                             (--data-dir, --url)"
+                        .into(),
+                });
+            };
+            let info = start_ephemeral(exe, &basalt_iscsi_args(), ctx, &mut target)?;
+            let portal = info.iscsi.ok_or_else(|| TargetError::StartFailed {
+                name: name.clone(),
+                detail: "its server.json names no iSCSI portal".into(),
+            })?;
+            let server = target
+                .details
+                .get("server")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_string();
+            target.details.insert(
+                "server".into(),
+                json!(format!(
+                    "{server}; iSCSI target {}, LUN 0, through the bridge",
+                    basalt_iqn(EXPORT)
+                )),
+            );
+            start_bridge(ctx, &mut target, &portal, &basalt_iqn(EXPORT), 0)?
+        }
+        TargetSpec::Tgt => {
+            let tgtd = require("tgtd", "tgt")?;
+            let tgtadm = require("tgtadm", "tgt")?;
+            let image = work.join("tgt.img");
+            preallocated_file(&image, ctx.size_bytes)?;
+            let (server, port) = start_tgtd(&tgtd, &tgtadm, &image, work)?;
+            target.adopt(
+                server,
+                ("tgtd", &tgtd),
+                format!(
+                    "tgtd -f -C N --iscsi portal=127.0.0.1:PORT, then tgtadm: target {TGT_IQN}, \
+                     LUN 1 --bstype rdwr on a preallocated file, bound to ALL (tgt's defaults \
+                     otherwise, so buffered I/O); through the bridge"
+                ),
+            );
+            start_bridge(ctx, &mut target, &format!("127.0.0.1:{port}"), TGT_IQN, 1)?
+        }
         TargetSpec::QemuNbd | TargetSpec::QemuNbdShared => {
             let shared = (*spec == TargetSpec::QemuNbdShared).then_some(ctx.max_connections);
             let qemu = require("qemu-nbd", "qemu-utils")?;
@@ -899,18 +1383,17 @@ pub fn start(spec: &TargetSpec, ctx: &TargetContext<'_>) -> Result<Target, Targe
                     detail: "no AIO mode worked".into(),
                 }));
             };
-            target.server = Some(server);
-            target.version = crate::machine::tool_version(&qemu).map(|v| ("qemu-nbd", v));
-            target.details.insert(
-                "server".into(),
-                json!(match shared {
+            target.adopt(
+                server,
+                ("qemu-nbd", &qemu),
+                match shared {
                     Some(n) => format!(
                         "qemu-nbd -f raw --cache=none --aio={aio} -t --shared={n} (sparse file)"
                     ),
                     None => format!(
                         "qemu-nbd -f raw --cache=none --aio={aio} -t (sparse file; qemu-nbd's defaults otherwise)"
                     ),
-                }),
+                },
             );
             target.details.insert("aio".into(), json!(aio));
             TargetIo::Nbd {
@@ -930,11 +1413,10 @@ pub fn start(spec: &TargetSpec, ctx: &TargetContext<'_>) -> Result<Target, Targe
                 .arg("cache=none");
             let mut server = ServerProcess::spawn("nbdkit", cmd, work.join("nbdkit.log"))?;
             wait_listening(&mut server, port)?;
-            target.server = Some(server);
-            target.version = crate::machine::tool_version(&nbdkit).map(|v| ("nbdkit", v));
-            target.details.insert(
-                "server".into(),
-                json!("nbdkit file plugin, cache=none (sparse file)"),
+            target.adopt(
+                server,
+                ("nbdkit", &nbdkit),
+                "nbdkit file plugin, cache=none (sparse file)".into(),
             );
             TargetIo::Nbd {
                 uri: format!("nbd://127.0.0.1:{port}/{EXPORT}"),
@@ -1026,6 +1508,11 @@ mod tests {
             TargetSpec::QemuNbdShared
         );
         assert_eq!(TargetSpec::parse("nbdkit").unwrap(), TargetSpec::Nbdkit);
+        assert_eq!(
+            TargetSpec::parse("basalt-iscsi").unwrap(),
+            TargetSpec::BasaltIscsi
+        );
+        assert_eq!(TargetSpec::parse(" tgt ").unwrap(), TargetSpec::Tgt);
         assert_eq!(TargetSpec::parse("file").unwrap(), TargetSpec::File);
         assert_eq!(
             TargetSpec::parse("nbd://10.0.0.1:10809/db").unwrap(),
@@ -1037,9 +1524,125 @@ mod tests {
         );
         let err = TargetSpec::parse("qemu").unwrap_err().to_string();
         assert!(
-            err.contains("basalt, qemu-nbd, qemu-nbd-shared, nbdkit, file, nbd://"),
+            err.contains(
+                "basalt, basalt-iscsi, qemu-nbd, qemu-nbd-shared, nbdkit, tgt, file, nbd://"
+            ),
             "{err}"
         );
+        assert!(TargetSpec::parse("iscsi").is_err());
+        assert!(TargetSpec::parse("tgtd").is_err());
+    }
+
+    #[test]
+    fn iscsi_targets_are_named_and_local() {
+        let basalt = BasaltServer::Ephemeral {
+            exe: "basalt".into(),
+        };
+        for (spec, name) in [
+            (TargetSpec::BasaltIscsi, "basalt-iscsi"),
+            (TargetSpec::Tgt, "tgt"),
+        ] {
+            assert_eq!(spec.name(), name);
+            assert_eq!(spec.slug(), name);
+            assert_eq!(TargetSpec::parse(&spec.name()).unwrap(), spec);
+            assert!(spec.local_only(&basalt));
+        }
+    }
+
+    #[test]
+    fn iscsi_command_lines() {
+        // The ephemeral server of basalt-iscsi lets the bridge log in.
+        assert_eq!(
+            basalt_iscsi_args(),
+            ["--iscsi-allow-initiator", BRIDGE_INITIATOR]
+        );
+        assert!(EPHEMERAL_LISTENERS.contains(&"--iscsi-listen"));
+        assert_eq!(basalt_iqn(EXPORT), "iqn.2026-11.io.basalt:volume:bench");
+        // The bridge: QEMU's iSCSI driver exported as NBD on a Unix socket.
+        assert_eq!(
+            bridge_args(
+                "127.0.0.1:3260",
+                &basalt_iqn(EXPORT),
+                0,
+                12,
+                Path::new("/w/basalt-iscsi-bridge.sock")
+            )
+            .join(" "),
+            "-t --cache=none --shared=12 -x bench -k /w/basalt-iscsi-bridge.sock --image-opts \
+             driver=iscsi,transport=tcp,portal=127.0.0.1:3260,\
+             target=iqn.2026-11.io.basalt:volume:bench,lun=0,\
+             initiator-name=iqn.2026-11.io.basalt:bench-bridge"
+        );
+        // tgtd as its users start it, set up and stopped with tgtadm.
+        assert_eq!(
+            tgtd_args(12345, 3261).join(" "),
+            "-f -C 12345 --iscsi portal=127.0.0.1:3261"
+        );
+        let tgtadm = Path::new("/usr/sbin/tgtadm");
+        let setup: Vec<String> = tgtadm_setup_args(tgtadm, 7, Path::new("/w/tgt.img"))
+            .iter()
+            .map(|a| a.join(" "))
+            .collect();
+        assert_eq!(
+            setup,
+            [
+                "/usr/sbin/tgtadm -C 7 --lld iscsi --op new --mode target --tid 1 \
+                 -T iqn.2026-11.io.basalt:bench-tgt",
+                "/usr/sbin/tgtadm -C 7 --lld iscsi --op new --mode logicalunit --tid 1 --lun 1 \
+                 --bstype rdwr -b /w/tgt.img",
+                "/usr/sbin/tgtadm -C 7 --lld iscsi --op bind --mode target --tid 1 -I ALL",
+            ]
+        );
+        let stop: Vec<String> = tgtadm_stop_args(tgtadm, 7)
+            .iter()
+            .map(|a| a.join(" "))
+            .collect();
+        assert_eq!(
+            stop,
+            [
+                "/usr/sbin/tgtadm -C 7 --op update --mode sys --name State -v offline",
+                "/usr/sbin/tgtadm -C 7 --lld iscsi --op delete --mode target --tid 1 --force",
+                "/usr/sbin/tgtadm -C 7 --op delete --mode system",
+            ]
+        );
+        let control = tgtd_control_number().unwrap();
+        assert!((10_000..=32_767).contains(&control), "{control}");
+    }
+
+    #[test]
+    fn stop_commands_stop_a_server_that_ignores_sigterm() {
+        let dir = tempfile::tempdir().unwrap();
+        let flag = dir.path().join("stop");
+        // A shell that ignores SIGTERM and exits once the flag file exists.
+        let mut cmd = Command::new("sh");
+        cmd.arg("-c").arg(format!(
+            "trap '' TERM; while [ ! -e {} ]; do sleep 0.05; done",
+            flag.display()
+        ));
+        let mut server = ServerProcess::spawn_stopped_by(
+            "stubborn",
+            cmd,
+            dir.path().join("stubborn.log"),
+            vec![vec!["touch".into(), flag.display().to_string()]],
+            vec![flag.clone()],
+        )
+        .unwrap();
+        assert!(server.exited().is_none());
+        assert_eq!(server.terminate(), Ok(()));
+        assert!(server.exited().is_some());
+        assert!(!flag.exists(), "leftovers are removed");
+        assert!(run_tool(&["false".to_string()]).is_err());
+        assert_eq!(run_tool(&["echo".into(), "hi".into()]).unwrap(), "hi\n");
+    }
+
+    #[test]
+    fn preallocated_files_have_their_blocks() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tgt.img");
+        preallocated_file(&path, 1 << 20).unwrap();
+        let meta = fs::metadata(&path).unwrap();
+        assert_eq!(meta.len(), 1 << 20);
+        assert!(meta.blocks() * 512 >= 1 << 20, "{} blocks", meta.blocks());
     }
 
     #[test]
@@ -1059,6 +1662,9 @@ mod tests {
             Err(TargetError::Duplicate(_))
         ));
         assert!(TargetSpec::parse_list(",").is_err());
+        let iscsi = TargetSpec::parse_list("basalt-iscsi, tgt").unwrap();
+        assert_eq!(iscsi, [TargetSpec::BasaltIscsi, TargetSpec::Tgt]);
+        assert!(TargetSpec::parse_list("tgt,tgt").is_err());
     }
 
     #[test]
