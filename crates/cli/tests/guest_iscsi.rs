@@ -15,6 +15,12 @@
 //! answer too, and the kernel refuses a target that proves a wrong secret.
 //! The guest kernel must log no I/O error and the server no warning.
 //!
+//! `iscsi_vs_nvme_fio_in_one_guest` (ignored: a measurement, not a check)
+//! runs the same fio jobs over the kernel's iSCSI initiator and over its
+//! NVMe/TCP initiator, on one volume, in one boot: QD1 mean and p99
+//! latency, QD16 IOPS, and the iSCSI/NVMe ratios (BENCHMARKS.md). The
+//! guest runs under TCG, so only the ratios mean something.
+//!
 //! Needs qemu-system-x86 and apt's package lists, like `guest_nbd.rs`.
 
 mod common;
@@ -67,21 +73,17 @@ fn chap(attached: &serde_json::Value) -> Chap {
     }
 }
 
-fn guest_script(chap: &Chap, mutual: &Chap) -> String {
+/// Shell functions for the iSCSI side of a script, for `volume`'s target:
+/// sets T (its IQN) and P (the guest-side portal); `node` runs iscsiadm on
+/// the node record of $T at $P; `find_disk` finds the SCSI disk of the
+/// (one) iSCSI session (sets DISK): there is no udev (so no
+/// /dev/disk/by-path), but sysfs links the session to its block device and
+/// devtmpfs makes /dev/$DISK; `login` / `logout` log in / out and wait for
+/// the disk to appear / go.
+fn iscsi_functions(volume: &str) -> String {
     format!(
-        r#"{SH_PRELUDE}
-{host_call}
-T={target} P={ip}:{port}
-# iscsiadm on the node record of target $T
+        r#"T={target} P={FORWARD_IP}:{GUEST_ISCSI_PORT}
 node() {{ iscsiadm -m node -T $T -p $P "$@"; }}
-set_chap() {{
-    node -o update -n node.session.auth.authmethod -v CHAP
-    node -o update -n node.session.auth.username -v "$1"
-    node -o update -n node.session.auth.password -v "$2"
-}}
-# The SCSI disk of the (one) iSCSI session: sets DISK. There is no udev
-# (so no /dev/disk/by-path): sysfs links the session to its block device,
-# and devtmpfs makes /dev/$DISK.
 find_disk() {{
     local d
     DISK=
@@ -91,11 +93,26 @@ find_disk() {{
     [ -n "$DISK" ] && [ -b /dev/$DISK ]
 }}
 no_disk() {{ ! find_disk; }}
+login() {{ node --login; wait_until 100 find_disk; echo "disk: $DISK"; }}
+logout() {{ node --logout; wait_until 100 no_disk; }}
+"#,
+        target = basalt_volume::iscsi_target_name(volume),
+    )
+}
+
+fn guest_script(chap: &Chap, mutual: &Chap) -> String {
+    format!(
+        r#"{SH_PRELUDE}
+{host_call}
+{iscsi}
+set_chap() {{
+    node -o update -n node.session.auth.authmethod -v CHAP
+    node -o update -n node.session.auth.username -v "$1"
+    node -o update -n node.session.auth.password -v "$2"
+}}
 # Moves the kernel log so far to the console, each line after PREFIX (the
 # console shows only warnings: loglevel=4), for the test to check.
 kmsg() {{ dmesg -c | sed "s/^/$1 /"; }}
-login() {{ node --login; wait_until 100 find_disk; echo "disk: $DISK"; }}
-logout() {{ node --logout; wait_until 100 no_disk; }}
 # One fio job of verified random writes on the raw disk: NAME BS OFFSET
 # [more options]; with --verify_only it checks what the same job wrote.
 fio_job() {{
@@ -106,17 +123,9 @@ fio_job() {{
         --verify=crc32c --do_verify=1 --verify_fatal=1 --verify_state_save=0 "$@"
 }}
 
-# --- iscsid reads the initiator name when it starts; iscsiadm keeps its
-# node records under /etc/iscsi and locks in /run/lock. iscsid serves only
-# a peer whose uid maps to the user "root" (getpwuid), so root needs a
-# passwd entry.
+# --- iscsid, with the guest's initiator name
 step iscsid
-mkdir -p /etc/iscsi /var/lib/iscsi /run/lock/iscsi
-echo "root:x:0:0:root:/root:/bin/sh" > /etc/passwd
-echo "InitiatorName={initiator}" > /etc/iscsi/initiatorname.iscsi
-iscsid -f &
-iscsid_up() {{ grep -q ISCSIADM_ABSTRACT_NAMESPACE /proc/net/unix; }}
-wait_until 50 iscsid_up
+{iscsid}
 
 # --- discovery: the attached volumes, at the advertised portal, only
 step discovery
@@ -227,10 +236,8 @@ step done
 echo guest-iscsi-done
 "#,
         host_call = HostCalls::shell_function(GUEST_CALL_PORT),
-        target = basalt_volume::iscsi_target_name(VOLUME),
-        ip = FORWARD_IP,
-        port = GUEST_ISCSI_PORT,
-        initiator = INITIATOR,
+        iscsi = iscsi_functions(VOLUME),
+        iscsid = iscsid_start(INITIATOR),
         user = chap.user,
         secret = chap.secret,
         mutual_target = basalt_volume::iscsi_target_name(MUTUAL),
@@ -407,4 +414,167 @@ fn kernel_iscsi_initiator_chap_ext4_fio_resize() {
         "server warnings:\n{}",
         warnings.join("\n")
     );
+}
+
+// ---------------------------------------------------------------------------
+// Measurement: iSCSI vs NVMe/TCP through the kernel's initiators.
+
+/// Port the guest reaches the NVMe/TCP target at (benchmark).
+const GUEST_NVME_PORT: u16 = 4420;
+/// The guest's host NQN and host ID (allowed with --nvme-allow-host).
+const HOST_NQN: &str = "nqn.2014-08.org.nvmexpress:uuid:3d2c1b0a-9f8e-4d7c-8b6a-5f4e3d2c1b0a";
+const HOST_ID: &str = "3d2c1b0a-9f8e-4d7c-8b6a-5f4e3d2c1b0a";
+/// Seconds each fio job runs.
+const BENCH_SECONDS: u32 = 10;
+/// The region the benchmark reads and writes (written once first, so that
+/// reads hit allocated extents on both protocols).
+const BENCH_REGION: u64 = 64 * MIB;
+/// The fio jobs, in the order each protocol runs them: (name, rw, iodepth).
+const BENCH_JOBS: [(&str, &str, u32); 4] = [
+    ("qd1-randwrite", "randwrite", 1),
+    ("qd1-randread", "randread", 1),
+    ("qd16-randread", "randread", 16),
+    ("qd16-randwrite", "randwrite", 16),
+];
+
+fn bench_script() -> String {
+    let jobs = |protocol: &str, dev: &str| -> String {
+        BENCH_JOBS
+            .iter()
+            .map(|&(name, rw, iodepth)| {
+                let label = format!("{protocol}-{name}");
+                fio_json_job(&label, dev, rw, iodepth, BENCH_REGION, BENCH_SECONDS)
+            })
+            .collect()
+    };
+    format!(
+        r#"{SH_PRELUDE}
+{iscsi}
+step iscsid
+{iscsid}
+step iSCSI login, no CHAP, no digests
+iscsiadm -m discovery -t sendtargets -p $P
+node -o update -n 'node.conn[0].iscsi.HeaderDigest' -v None
+node -o update -n 'node.conn[0].iscsi.DataDigest' -v None
+login
+iscsiadm -m session -P 3 | grep -E '(Header|Data)Digest:' | sed 's/^[[:space:]]*/DIGEST /'
+step prefill
+dd if=/dev/urandom of=/dev/$DISK bs=1M count={region_mib} oflag=direct
+{iscsi_jobs}logout
+# The NVMe side's functions (its T replaces the iSCSI side's from here on).
+{nvme}
+step NVMe/TCP connect, one I/O queue, no digests
+nvme connect $T -n $SUB --hostnqn {host} --hostid {host_id} --nr-io-queues=1
+wait_ns
+{nvme_jobs}nvme disconnect -n $SUB
+wait_no_ns
+step done
+echo guest-bench-done
+"#,
+        iscsi = iscsi_functions(VOLUME),
+        iscsid = iscsid_start(INITIATOR),
+        region_mib = BENCH_REGION / MIB,
+        iscsi_jobs = jobs("iscsi", "/dev/$DISK"),
+        nvme = nvme_functions(VOLUME, GUEST_NVME_PORT),
+        host = HOST_NQN,
+        host_id = HOST_ID,
+        nvme_jobs = jobs("nvme", "/dev/$NS"),
+    )
+}
+
+#[test]
+#[ignore = "measurement (about 2 minutes of guest time); run by hand for BENCHMARKS.md"]
+fn iscsi_vs_nvme_fio_in_one_guest() {
+    require_tool("qemu-system-x86_64");
+    // Both targets advertise the guest-side addresses.
+    let iscsi = format!("{FORWARD_IP}:{GUEST_ISCSI_PORT}");
+    let nvme = format!("{FORWARD_IP}:{GUEST_NVME_PORT}");
+    let s = Server::start_with(
+        "1G",
+        &[
+            "--iscsi-advertise",
+            &iscsi,
+            "--nvme-advertise",
+            &nvme,
+            "--nvme-allow-host",
+            HOST_NQN,
+        ],
+    );
+    s.create_volume(VOLUME, "256M");
+    s.cli_json(&["volume", "attach", VOLUME, "--initiator-iqn", INITIATOR]);
+    let config = GuestConfig {
+        forwards: vec![
+            Forward::new(GUEST_ISCSI_PORT, s.iscsi_listen_addr()),
+            Forward::new(GUEST_NVME_PORT, s.nvme_addr()),
+        ],
+        memory_mib: 512,
+        timeout: Duration::from_secs(600),
+        ..GuestConfig::default()
+    };
+    let run = boot_ok(config, &bench_script(), "guest-bench-done");
+    assert_eq!(
+        console_values(&run, "DIGEST "),
+        ["HeaderDigest: None", "DataDigest: None"]
+    );
+
+    println!(
+        "fio 4k, libaio, direct=1, {BENCH_SECONDS} s each, {} MiB region, one vCPU under TCG",
+        BENCH_REGION / MIB
+    );
+    println!(
+        "{:<26} {:>10} {:>10} {:>11}",
+        "job", "iSCSI", "NVMe/TCP", "iSCSI/NVMe"
+    );
+    let row = |what: &str, iscsi: f64, nvme: f64| {
+        println!(
+            "{what:<26} {iscsi:>10.0} {nvme:>10.0} {:>11.2}",
+            iscsi / nvme
+        );
+    };
+    for (name, rw, iodepth) in BENCH_JOBS {
+        let write = rw == "randwrite";
+        let i = fio_result(&run, &format!("iscsi-{name}"), write);
+        let n = fio_result(&run, &format!("nvme-{name}"), write);
+        if iodepth == 1 {
+            row(
+                &format!("{rw} QD1 mean lat µs"),
+                i.lat_mean_us,
+                n.lat_mean_us,
+            );
+            row(&format!("{rw} QD1 p99 lat µs"), i.lat_p99_us, n.lat_p99_us);
+        } else {
+            row(&format!("{rw} QD{iodepth} IOPS"), i.iops, n.iops);
+        }
+    }
+}
+
+#[test]
+fn fio_json_figures_are_read_from_the_right_places() {
+    // The shape of fio 3.33's --output-format=json with --lat_percentiles=1.
+    let side = |iops: f64, mean: f64, p99: u64| {
+        serde_json::json!({
+            "iops": iops,
+            "clat_ns": { "mean": 1.0 },
+            "lat_ns": { "mean": mean, "percentile": { "50.000000": 1, "99.000000": p99 } },
+        })
+    };
+    let text = serde_json::json!({
+        "fio version": "fio-3.33",
+        "jobs": [{ "jobname": "x", "error": 0,
+                   "read": side(812.5, 1_230_000.0, 2_900_000),
+                   "write": side(97.0, 10_300_000.0, 21_000_000) }],
+    })
+    .to_string();
+    let r = parse_fio_json(&text, false).unwrap();
+    assert_eq!(
+        (r.iops, r.lat_mean_us, r.lat_p99_us),
+        (812.5, 1230.0, 2900.0)
+    );
+    let w = parse_fio_json(&text, true).unwrap();
+    assert_eq!(
+        (w.iops, w.lat_mean_us, w.lat_p99_us),
+        (97.0, 10300.0, 21000.0)
+    );
+    let failed = text.replace("\"error\":0", "\"error\":5");
+    assert!(parse_fio_json(&failed, false).is_err());
 }

@@ -75,12 +75,8 @@ T={target}
 trap '[ $? -eq 0 ] || {{ dmesg | tail -n 40; tail -n 60 /tmp/multipathd.log; }} 2>/dev/null | sed "s/^/LOG /"' EXIT
 
 step iscsid
-mkdir -p /etc/iscsi /var/lib/iscsi /run/lock/iscsi /etc/multipath
-echo "root:x:0:0:root:/root:/bin/sh" > /etc/passwd
-echo "InitiatorName={initiator}" > /etc/iscsi/initiatorname.iscsi
-iscsid -f &
-iscsid_up() {{ grep -q ISCSIADM_ABSTRACT_NAMESPACE /proc/net/unix; }}
-wait_until 50 iscsid_up
+mkdir -p /etc/multipath
+{iscsid}
 
 # "PORT DISK" of every session's SCSI disk, in /tmp/disks.
 disks() {{
@@ -201,7 +197,7 @@ echo guest-mpath-done
 "#,
         host_call = HostCalls::shell_function(GUEST_CALL_PORT),
         target = basalt_volume::iscsi_target_name(VOLUME),
-        initiator = INITIATOR,
+        iscsid = iscsid_start(INITIATOR),
         nodes = NODES,
         ip = FORWARD_IP,
         ports = (0..NODES)

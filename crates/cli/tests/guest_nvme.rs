@@ -25,7 +25,6 @@ use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use basalt_frontend_nvme::subsystem_nqn;
 use basalt_guest::{Forward, GuestConfig, GuestRun, HostCalls, FORWARD_IP};
 use common::guest::*;
 use common::*;
@@ -53,33 +52,6 @@ const FIO_STRIDE: u64 = 32 * MIB;
 /// Where the guest writes a random blob for the host to read back.
 const BLOB_OFFSET: u64 = 200 * MIB;
 const BLOB_LEN: u64 = 4 * MIB;
-
-/// Shell functions for the NVMe side of the scripts: `nvme_ns` finds the
-/// one namespace block device (sets NS; hidden multipath paths `nvmeXcYnZ`
-/// are skipped), `wait_ns` / `wait_no_ns` wait for it to appear / go.
-fn nvme_functions() -> String {
-    format!(
-        r#"SUB={sub}
-T="-t tcp -a {ip} -s {port}"
-nvme_ns() {{
-    local d name
-    NS=
-    for d in /sys/block/nvme*; do
-        name=${{d##*/}}
-        case "$name" in nvme\*|*c*) continue ;; esac
-        NS=$name
-    done
-    [ -n "$NS" ]
-}}
-no_ns() {{ ! nvme_ns; }}
-wait_ns() {{ wait_until 100 nvme_ns; echo "namespace: $NS"; }}
-wait_no_ns() {{ wait_until 100 no_ns; }}
-"#,
-        sub = subsystem_nqn(VOLUME),
-        ip = FORWARD_IP,
-        port = GUEST_NVME_PORT,
-    )
-}
 
 fn guest_script() -> String {
     format!(
@@ -202,7 +174,7 @@ disconnect
 step done
 echo guest-nvme-done
 "#,
-        nvme = nvme_functions(),
+        nvme = nvme_functions(VOLUME, GUEST_NVME_PORT),
         host_call = HostCalls::shell_function(GUEST_CALL_PORT),
         host = HOST_NQN,
         host_id = HOST_ID,
@@ -388,7 +360,7 @@ nbd-client {ip} {nbd_port} /dev/nbd0 -N {volume} -b 4096
 step done
 echo guest-bench-done
 "#,
-        nvme = nvme_functions(),
+        nvme = nvme_functions(VOLUME, GUEST_NVME_PORT),
         host = HOST_NQN,
         host_id = HOST_ID,
         region_mib = BENCH_REGION / MIB,
