@@ -548,7 +548,7 @@ fn usage_errors_are_one_line_with_the_valid_choices() {
     assert!(line.contains("valid: 512, 1k, 2k, 4k"), "{line}");
     let line = bench(&dir.0, &["run", "matrix", "--target", "nosuch"]).cli_error(1);
     assert!(
-        line.contains("basalt, qemu-nbd, qemu-nbd-shared, nbdkit, file, nbd://"),
+        line.contains("basalt, basalt-iscsi, qemu-nbd, qemu-nbd-shared, nbdkit, tgt, file, nbd://"),
         "{line}"
     );
     let line = bench(&dir.0, &["run", "matrix", "--fio", "/nonexistent/fio"]).cli_error(1);
