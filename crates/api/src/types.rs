@@ -691,6 +691,8 @@ pub struct Node {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nvme_addr: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub iscsi_addr: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub api_addr: Option<String>,
 }
 
@@ -710,6 +712,7 @@ impl From<NodeView> for Node {
             peer_addr: n.peer_addr,
             nbd_addr: n.nbd_addr,
             nvme_addr: n.nvme_addr,
+            iscsi_addr: n.iscsi_addr,
             api_addr: n.api_addr,
         }
     }

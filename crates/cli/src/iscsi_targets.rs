@@ -8,12 +8,16 @@
 //! refused at login (secure by default). An initiator attached with
 //! `--chap` must prove the CHAP secret kept in the volume's record.
 //!
-//! Path state (ALUA): a clustered volume's path through this node is
-//! active/optimized when this node is its primary and active/non-optimized
-//! otherwise (requests are forwarded); on a single node every path is
+//! Paths (ALUA): in a cluster every node serves every volume, so every
+//! live node with an iSCSI portal is a path: its port group
+//! (`port_group_of_node`) is active/optimized on the volume's primary,
+//! active/non-optimized elsewhere (requests are forwarded) and unavailable
+//! while the node is down; discovery lists every node's portal. All of it
+//! comes from the cluster member's memory, never from etcd, so the
+//! watchdog's polling costs nothing. On a single node the one path is
 //! optimized.
 
-use basalt_frontend_iscsi::{ChapCredentials, OpenError, PathState, Targets};
+use basalt_frontend_iscsi::{port_group_of_node, ChapCredentials, OpenError, PathState, Targets};
 use basalt_volume::{VolumeError, VolumeHandle, VolumeService};
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -31,6 +35,15 @@ impl VolumeTargets {
             service,
             allowed_initiators: allowed_initiators.iter().cloned().collect(),
         }
+    }
+}
+
+/// A cluster path's ALUA state: `primary` is the volume's primary node.
+fn node_path_state(node: &basalt_volume::NodePortal, primary: Option<u32>) -> PathState {
+    match (node.alive, primary == Some(node.id)) {
+        (false, _) => PathState::Unavailable,
+        (true, true) => PathState::Optimized,
+        (true, false) => PathState::NonOptimized,
     }
 }
 
@@ -93,5 +106,30 @@ impl Targets for VolumeTargets {
         } else {
             PathState::NonOptimized
         }
+    }
+
+    fn port_groups(&self, volume: &VolumeHandle, own: u16) -> Vec<(u16, PathState)> {
+        let primary = self.service.primary_node(volume.id());
+        let mut groups: Vec<(u16, PathState)> = self
+            .service
+            .portals()
+            .iter()
+            .filter(|n| !n.local && n.iscsi_addr.is_some())
+            .map(|n| (port_group_of_node(n.id), node_path_state(n, primary)))
+            .collect();
+        // A stable order: the watchdog compares lists.
+        groups.sort_unstable_by_key(|&(group, _)| group);
+        // This node's own state from the same source as its I/O path's.
+        groups.insert(0, (own, self.path_state(volume)));
+        groups
+    }
+
+    fn other_portals(&self) -> Vec<(std::net::SocketAddr, u16)> {
+        self.service
+            .portals()
+            .iter()
+            .filter(|n| !n.local && n.alive)
+            .filter_map(|n| Some((n.iscsi_addr?, port_group_of_node(n.id))))
+            .collect()
     }
 }

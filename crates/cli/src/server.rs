@@ -675,6 +675,10 @@ fn join_cluster(
         .nbd_insecure
         .then(|| client_addr(args.nbd_tcp_listen()));
     cfg.nvme_addr = Some(args.nvme_advertise.unwrap_or(client_addr(args.nvme_listen)));
+    cfg.iscsi_addr = Some(
+        args.iscsi_advertise
+            .unwrap_or(client_addr(args.iscsi_listen)),
+    );
     cfg.api_addr = Some(client_addr(args.api_listen));
     cfg.timing.lease_ms = args.lease_ms.max(100);
     cfg.timing.replace_after = Duration::from_secs(args.replace_after);
@@ -781,7 +785,7 @@ fn serve_frontends(
             basalt_frontend_iscsi::TargetConfig {
                 advertise: args.iscsi_advertise,
                 // Distinct per node: the target port group ALUA reports.
-                port_group: node_id.map_or(1, |id| u16::try_from(id % 0xFFFF + 1).unwrap_or(1)),
+                port_group: node_id.map_or(1, basalt_frontend_iscsi::port_group_of_node),
                 limits: basalt_frontend_iscsi::ServerLimits {
                     max_connections_per_address: args.max_connections_per_address.map_or(
                         basalt_frontend_iscsi::DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
@@ -812,6 +816,7 @@ fn serve_frontends(
             let addrs = ClientAddrs {
                 nbd: nbd_addr,
                 nvme: Some(args.nvme_advertise.unwrap_or(nvme_addr)),
+                iscsi: Some(args.iscsi_advertise.unwrap_or(iscsi_addr)),
                 api: Some(api_addr),
             };
             // An etcd write: off the async worker.

@@ -16,10 +16,11 @@
 //! `failback immediate`, the active group that the writes go to.
 //!
 //! What runs in the guest, and why:
-//! - iscsid, and one `iscsiadm` discovery and login per node. The session's
-//!   replacement timeout is 5 s instead of open-iscsi's 120: until it ends,
-//!   the dead node's session holds its I/O, and dm-multipath only fails a
-//!   path over when its I/O fails.
+//! - iscsid, one `iscsiadm` discovery through node 0's portal (which lists
+//!   every node's: the test checks), and a login to all of them. The
+//!   session's replacement timeout is 5 s instead of open-iscsi's 120:
+//!   until it ends, the dead node's session holds its I/O, and
+//!   dm-multipath only fails a path over when its I/O fails.
 //! - The ALUA device handler (module scsi_dh_alua, loaded at boot so that
 //!   it attaches to each LUN as it appears: INQUIRY says TPGS=01b). It
 //!   reads REPORT TARGET PORT GROUPS for `access_state`, and again when a
@@ -91,16 +92,17 @@ disks() {{
     [ "$(wc -l < /tmp/disks)" -eq {nodes} ]
 }}
 
-step login to every node
+step discovery through one node lists every node
+iscsiadm -m discovery -t sendtargets -p {ip}:{first_port} | tee /tmp/disc
 for port in {ports}; do
-    P={ip}:$port
-    iscsiadm -m discovery -t sendtargets -p $P | tee /tmp/disc
-    grep -q "^$P,[0-9]* $T\$" /tmp/disc
-    # The dead node's path must fail in seconds, not after the default
-    # two minutes that a session waits to be re-established.
-    iscsiadm -m node -T $T -p $P -o update -n node.session.timeo.replacement_timeout -v 5
-    iscsiadm -m node -T $T -p $P --login
+    grep -q "^{ip}:$port,[0-9]* $T\$" /tmp/disc
 done
+
+step login to every node
+# The dead node's path must fail in seconds, not after the default two
+# minutes that a session waits to be re-established.
+iscsiadm -m node -T $T -o update -n node.session.timeo.replacement_timeout -v 5
+iscsiadm -m node -T $T --login
 wait_until 100 disks
 cat /tmp/disks
 for d in $(cut -d' ' -f2 /tmp/disks); do
@@ -200,6 +202,7 @@ echo guest-mpath-done
         iscsid = iscsid_start(INITIATOR),
         nodes = NODES,
         ip = FORWARD_IP,
+        first_port = BASE_PORT,
         ports = (0..NODES)
             .map(|i| (BASE_PORT + i as u16).to_string())
             .collect::<Vec<_>>()

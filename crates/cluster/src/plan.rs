@@ -438,6 +438,7 @@ mod tests {
                 peer_addr: "127.0.0.1:1".parse().expect("an address"),
                 nbd_addr: None,
                 nvme_addr: None,
+                iscsi_addr: None,
                 api_addr: None,
                 zone: None,
                 capacity_bytes: 1 << 40,

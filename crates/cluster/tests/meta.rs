@@ -19,6 +19,7 @@ fn info(name: &str) -> NodeInfo {
         peer_addr: "127.0.0.1:7000".parse().unwrap(),
         nbd_addr: None,
         nvme_addr: None,
+        iscsi_addr: None,
         api_addr: None,
         zone: Some("z1".into()),
         capacity_bytes: 1 << 30,

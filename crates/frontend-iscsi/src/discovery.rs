@@ -217,19 +217,26 @@ pub(crate) fn serve(
     }
 }
 
-/// The targets `initiator` may log in to, each at this node's portal.
+/// The targets `initiator` may log in to, each at this node's portal and
+/// then at the other nodes' (a cluster's every path).
 fn visible_targets(shared: &Shared, initiator: &str) -> Vec<(String, Vec<String>)> {
-    let address = format!("{},{}", portal(shared.advertise), shared.port_group);
+    let mut addresses = vec![format!(
+        "{},{}",
+        portal(shared.advertise),
+        shared.port_group
+    )];
+    addresses.extend(
+        shared
+            .targets
+            .other_portals()
+            .into_iter()
+            .map(|(address, tag)| format!("{},{tag}", portal(address))),
+    );
     shared
         .targets
         .visible(initiator)
         .into_iter()
-        .map(|volume| {
-            (
-                basalt_volume::iscsi_target_name(&volume),
-                vec![address.clone()],
-            )
-        })
+        .map(|volume| (basalt_volume::iscsi_target_name(&volume), addresses.clone()))
         .collect()
 }
 

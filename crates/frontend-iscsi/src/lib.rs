@@ -24,13 +24,15 @@
 //! UUID, so every node of a cluster reports the same device.
 //!
 //! Multipath (ALUA): each node is a target port group (its ID is the
-//! node's [`TargetConfig::port_group`]) with one target port. A volume's
-//! port group is active/optimized where its primary runs and
-//! active/non-optimized elsewhere ([`Targets::path_state`]); a change is
-//! reported with an ASYMMETRIC ACCESS STATE CHANGED unit attention, and
-//! REPORT TARGET PORT GROUPS lists the groups [`Targets::port_groups`]
-//! gives (by default this node's own: each path reports its own state,
-//! which is what dm-multipath's `prio alua` reads).
+//! node's [`TargetConfig::port_group`], [`port_group_of_node`] in a
+//! cluster) with one target port. A volume's port group is
+//! active/optimized where its primary runs, active/non-optimized on the
+//! other live nodes and unavailable on dead ones ([`Targets::port_groups`],
+//! which REPORT TARGET PORT GROUPS lists); a change of any group's state is
+//! reported with an ASYMMETRIC ACCESS STATE CHANGED unit attention, which
+//! makes dm-multipath's `prio alua` read the states again. Discovery
+//! (SendTargets) lists every node's portal ([`Targets::other_portals`]),
+//! so an initiator that discovers through one node learns every path.
 //!
 //! Invariants:
 //! - Every SCSI command received in the command window gets exactly one
@@ -95,6 +97,15 @@ pub enum PathState {
     Optimized,
     /// Requests are forwarded to another node: active/non-optimized.
     NonOptimized,
+    /// The node is down (reported for other nodes' groups only).
+    Unavailable,
+}
+
+/// The target port group (and relative target port) of cluster node
+/// `node_id`: distinct per node, never 0 (which SPC reserves).
+pub fn port_group_of_node(node_id: u32) -> u16 {
+    // `% 0xFFFF` is at most 0xFFFE, so `+ 1` fits in a u16.
+    u16::try_from(node_id % 0xFFFF + 1).unwrap_or(1)
 }
 
 /// The CHAP credentials of one initiator on one target.
@@ -134,17 +145,24 @@ pub trait Targets: Send + Sync + 'static {
     /// The CHAP credentials `initiator` must prove to log in to `volume`;
     /// `None`: no authentication. Called at every login.
     fn chap(&self, initiator: &str, volume: &str) -> Option<ChapCredentials>;
-    /// The ALUA state of this node's path to an open volume. Polled by the
-    /// watchdog for every session every tick, so it must be cheap.
+    /// The ALUA state of this node's path to an open volume.
     /// Default: optimized.
     fn path_state(&self, volume: &VolumeHandle) -> PathState {
         let _ = volume;
         PathState::Optimized
     }
-    /// The port groups of every node that serves `volume` (this node's
-    /// included), as `(port group id, state)`, for REPORT TARGET PORT
-    /// GROUPS. Default: this node's alone.
+    /// The port groups of every node that serves `volume` (this node's,
+    /// `own`, included), as `(port group id, state)`, for REPORT TARGET
+    /// PORT GROUPS. Polled by the watchdog for every open volume every
+    /// tick (a change is a unit attention), so it must be cheap. Default:
+    /// this node's alone.
     fn port_groups(&self, volume: &VolumeHandle, own: u16) -> Vec<(u16, PathState)> {
         vec![(own, self.path_state(volume))]
+    }
+    /// The portals of the other nodes that serve every volume this node
+    /// serves, as `(address, target portal group tag)`: listed by
+    /// SendTargets after this node's own. Default: none.
+    fn other_portals(&self) -> Vec<(std::net::SocketAddr, u16)> {
+        Vec::new()
     }
 }

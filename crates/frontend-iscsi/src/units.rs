@@ -54,8 +54,9 @@ pub(crate) struct Unit {
     config: RwLock<Arc<LuConfig>>,
     state: Mutex<LuState>,
     generation: AtomicU64,
-    /// What the watchdog saw last: size in bytes and path state.
-    seen: Mutex<(u64, PathState)>,
+    /// What the watchdog saw last: size in bytes and the port groups'
+    /// states.
+    seen: Mutex<(u64, Vec<(u16, PathState)>)>,
     /// COMPARE AND WRITE runs one at a time per unit.
     pub compare_and_write: Mutex<()>,
     /// The connection each I_T nexus is on now (by initiator port): a
@@ -263,14 +264,14 @@ impl Units {
         if let Some(unit) = units.get(&id).and_then(Weak::upgrade) {
             return unit;
         }
-        let path = targets.path_state(volume);
-        let config = unit_config(volume, targets, port_group, self.max_transfer);
+        let groups = targets.port_groups(volume, port_group);
+        let config = unit_config(volume, groups.clone(), port_group, self.max_transfer);
         let unit = Arc::new(Unit {
             volume: volume.clone(),
             config: RwLock::new(Arc::new(config)),
             state: Mutex::new(LuState::new(ModeState::default())),
             generation: AtomicU64::new(0),
-            seen: Mutex::new((volume.size(), path)),
+            seen: Mutex::new((volume.size(), groups)),
             compare_and_write: Mutex::new(()),
             owners: Mutex::new(HashMap::new()),
         });
@@ -288,11 +289,11 @@ impl Units {
             .collect();
         for unit in live {
             let size = unit.volume.size();
-            let path = targets.path_state(&unit.volume);
+            let groups = targets.port_groups(&unit.volume, port_group);
             let (resized, moved) = {
                 let mut seen = unit.seen.lock();
-                let changed = (seen.0 != size, seen.1 != path);
-                *seen = (size, path);
+                let changed = (seen.0 != size, seen.1 != groups);
+                *seen = (size, groups.clone());
                 changed
             };
             if !resized && !moved {
@@ -300,7 +301,7 @@ impl Units {
             }
             *unit.config.write() = Arc::new(unit_config(
                 &unit.volume,
-                targets,
+                groups.clone(),
                 port_group,
                 self.max_transfer,
             ));
@@ -315,7 +316,7 @@ impl Units {
             if moved {
                 tracing::info!(
                     volume = unit.volume.name(),
-                    ?path,
+                    ?groups,
                     "iSCSI ALUA state changed: notifying initiators"
                 );
                 unit.post_to_all(sense::ASYMMETRIC_ACCESS_STATE_CHANGED);
@@ -328,6 +329,7 @@ fn alua_state(path: PathState) -> AluaState {
     match path {
         PathState::Optimized => AluaState::ActiveOptimized,
         PathState::NonOptimized => AluaState::ActiveNonOptimized,
+        PathState::Unavailable => AluaState::Unavailable,
     }
 }
 
@@ -343,14 +345,13 @@ fn padded<const N: usize>(text: &str) -> [u8; N] {
 /// The configuration of `volume`'s unit as seen through this node's port.
 fn unit_config(
     volume: &VolumeHandle,
-    targets: &dyn Targets,
+    groups: Vec<(u16, PathState)>,
     port_group: u16,
     max_transfer: u32,
 ) -> LuConfig {
     let block = crate::LOGICAL_BLOCK_SIZE;
     let per_physical = (crate::PHYSICAL_BLOCK_SIZE / block) as u32;
     let uuid = volume.id();
-    let groups = targets.port_groups(volume, port_group);
     LuConfig {
         identity: UnitIdentity {
             vendor: padded("BASALT"),

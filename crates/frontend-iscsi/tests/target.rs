@@ -474,12 +474,24 @@ fn resize_and_alua_changes_are_unit_attentions() {
         id: 1,
         ports: vec![1],
     };
-    assert_eq!(groups, vec![own, remote]);
+    assert_eq!(groups, vec![own.clone(), remote]);
     other
         .test_unit_ready()
         .check(SENSE_UNIT_ATTENTION, 0x2a, 0x06);
     // Non-optimized paths still serve I/O.
     write_read(&mut s, 0, &pattern(4096, 7), false);
+
+    // Another node's group changing (its node died) is a unit attention
+    // too, though this path's state stays: SPC reports any group's change.
+    fx.targets.set_other_groups(&[(2, PathState::Unavailable)]);
+    next_attention(&mut s).check(SENSE_UNIT_ATTENTION, 0x2a, 0x06);
+    let unavailable = TargetPortGroup {
+        preferred: false,
+        state: 3,
+        id: 2,
+        ports: vec![2],
+    };
+    assert_eq!(port_groups(&mut s), vec![own, unavailable]);
 }
 
 // ---------------------------------------------------------------- task management

@@ -38,8 +38,9 @@ pub use iscsi_initiators::{
 pub use scrub::{DifferingRange, ReplicaComparison, VolumeScrub};
 pub use service::{
     compression_ratio, validate_host_nqn, validate_volume_name, validate_volume_size,
-    ClusterVolumes, LayerRequest, NewVolume, NodeView, ProvisioningGuard, ReconcileReport,
-    ReplicaStatus, StoreStatus, VolumeInfo, VolumeService, DEFAULT_OVERCOMMIT_RATIO,
+    ClusterVolumes, LayerRequest, NewVolume, NodePortal, NodeView, ProvisioningGuard,
+    ReconcileReport, ReplicaStatus, StoreStatus, VolumeInfo, VolumeService,
+    DEFAULT_OVERCOMMIT_RATIO,
 };
 pub use size::{format_size, parse_size, ParseSizeError};
 pub use snapshots::{split_snapshot_name, validate_snapshot_name, FlattenProgress, SnapshotInfo};

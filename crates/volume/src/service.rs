@@ -253,6 +253,18 @@ pub trait ClusterVolumes: Send + Sync {
     /// from memory (cheap: polled by the NVMe/TCP target for its ANA
     /// state); `None` while the volume is unknown or not placed.
     fn is_local_primary(&self, id: uuid::Uuid) -> Option<bool>;
+    /// The id of the node that is volume `id`'s primary as this node knows
+    /// it now, from memory (cheap); `None` while unknown or not placed.
+    fn primary_node(&self, id: uuid::Uuid) -> Option<u32> {
+        let _ = id;
+        None
+    }
+    /// Where the frontends of every node not removed from the cluster are
+    /// reached (this node's included), from memory (cheap: polled by the
+    /// iSCSI target's watchdog).
+    fn portals(&self) -> Vec<NodePortal> {
+        Vec::new()
+    }
     /// The other nodes that have `record`'s volume open (frontend
     /// connections, NVMe controllers, exports), with how many opens each,
     /// as they published them (an open is published within one etcd
@@ -351,7 +363,23 @@ pub struct NodeView {
     pub peer_addr: String,
     pub nbd_addr: Option<String>,
     pub nvme_addr: Option<String>,
+    pub iscsi_addr: Option<String>,
     pub api_addr: Option<String>,
+}
+
+/// Where one node's frontends are reached, as the node registry says
+/// ([`ClusterVolumes::portals`]): what discovery hands to initiators and
+/// ALUA reports as the node's target port group.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodePortal {
+    pub id: u32,
+    /// Whether its liveness key is held (a dead node's paths are
+    /// unavailable).
+    pub alive: bool,
+    /// Whether this is the node asking.
+    pub local: bool,
+    pub nvme_addr: Option<std::net::SocketAddr>,
+    pub iscsi_addr: Option<std::net::SocketAddr>,
 }
 
 /// One replica of a clustered volume, as reported by `volume show`.
@@ -692,6 +720,17 @@ impl VolumeService {
             None => true,
             Some(cluster) => cluster.is_local_primary(id).unwrap_or(false),
         }
+    }
+
+    /// The node that is volume `id`'s primary, from memory (`None` on a
+    /// single node, and while not placed).
+    pub fn primary_node(&self, id: uuid::Uuid) -> Option<u32> {
+        self.cluster.as_ref()?.primary_node(id)
+    }
+
+    /// Where every node's frontends are reached (empty on a single node).
+    pub fn portals(&self) -> Vec<NodePortal> {
+        self.cluster.as_ref().map_or_else(Vec::new, |c| c.portals())
     }
 
     /// The store this service manages.

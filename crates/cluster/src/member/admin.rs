@@ -11,7 +11,8 @@ use basalt_catalog::VolumeRecord;
 use basalt_replication::{Membership, NodeId, ReplicaState};
 use basalt_store::BLOCK_SIZE;
 use basalt_volume::{
-    BlockCipher, BlockIo, ClusterVolumes, NodeView, ProvisioningGuard, ReplicaStatus, VolumeError,
+    BlockCipher, BlockIo, ClusterVolumes, NodePortal, NodeView, ProvisioningGuard, ReplicaStatus,
+    VolumeError,
 };
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -142,6 +143,7 @@ impl ClusterVolumes for ClusterMember {
                 peer_addr: n.info.peer_addr.to_string(),
                 nbd_addr: n.info.nbd_addr.map(|a| a.to_string()),
                 nvme_addr: n.info.nvme_addr.map(|a| a.to_string()),
+                iscsi_addr: n.info.iscsi_addr.map(|a| a.to_string()),
                 api_addr: n.info.api_addr.map(|a| a.to_string()),
             })
             .collect())
@@ -379,6 +381,28 @@ impl ClusterVolumes for ClusterMember {
             return None;
         }
         Some(rec.primary == self.inner.me)
+    }
+
+    fn primary_node(&self, id: uuid::Uuid) -> Option<u32> {
+        let records = self.inner.records.read();
+        let rec = records.get(&vol_of(id))?;
+        (!rec.replicas.is_empty()).then_some(rec.primary.0)
+    }
+
+    fn portals(&self) -> Vec<NodePortal> {
+        self.inner
+            .nodes
+            .read()
+            .iter()
+            .filter(|n| n.state != NodeState::Removed)
+            .map(|n| NodePortal {
+                id: n.id.0,
+                alive: n.alive,
+                local: n.id == self.inner.me,
+                nvme_addr: n.info.nvme_addr,
+                iscsi_addr: n.info.iscsi_addr,
+            })
+            .collect()
     }
 }
 

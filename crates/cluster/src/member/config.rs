@@ -73,6 +73,7 @@ pub struct MemberConfig {
     pub peer_advertise: Option<SocketAddr>,
     pub nbd_addr: Option<SocketAddr>,
     pub nvme_addr: Option<SocketAddr>,
+    pub iscsi_addr: Option<SocketAddr>,
     pub api_addr: Option<SocketAddr>,
     pub etcd: EtcdConfig,
     /// The secret every node of the cluster holds; peer connections are
@@ -108,6 +109,7 @@ impl MemberConfig {
             peer_advertise: None,
             nbd_addr: None,
             nvme_addr: None,
+            iscsi_addr: None,
             api_addr: None,
             etcd,
             secret,

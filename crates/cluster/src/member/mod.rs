@@ -123,12 +123,13 @@ pub(crate) struct Inner {
     client_addrs: Mutex<Option<ClientAddrs>>,
 }
 
-/// Where clients reach this node: NBD over TCP (if offered), NVMe/TCP and
-/// the API.
+/// Where clients reach this node: NBD over TCP (if offered), NVMe/TCP,
+/// iSCSI and the API.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ClientAddrs {
     pub nbd: Option<std::net::SocketAddr>,
     pub nvme: Option<std::net::SocketAddr>,
+    pub iscsi: Option<std::net::SocketAddr>,
     pub api: Option<std::net::SocketAddr>,
 }
 
@@ -149,6 +150,7 @@ fn node_info(cfg: &MemberConfig, store: &Store, bound: Option<ClientAddrs>) -> N
     let addrs = bound.unwrap_or(ClientAddrs {
         nbd: cfg.nbd_addr,
         nvme: cfg.nvme_addr,
+        iscsi: cfg.iscsi_addr,
         api: cfg.api_addr,
     });
     NodeInfo {
@@ -156,6 +158,7 @@ fn node_info(cfg: &MemberConfig, store: &Store, bound: Option<ClientAddrs>) -> N
         peer_addr: cfg.peer_advertise.unwrap_or(cfg.peer_listen),
         nbd_addr: addrs.nbd,
         nvme_addr: addrs.nvme,
+        iscsi_addr: addrs.iscsi,
         api_addr: addrs.api,
         zone: cfg.zone.clone(),
         capacity_bytes: usage.capacity_bytes,

@@ -96,6 +96,9 @@ pub struct NodeInfo {
     pub peer_addr: SocketAddr,
     pub nbd_addr: Option<SocketAddr>,
     pub nvme_addr: Option<SocketAddr>,
+    /// The iSCSI portal (None: published by an older version).
+    #[serde(default)]
+    pub iscsi_addr: Option<SocketAddr>,
     pub api_addr: Option<SocketAddr>,
     pub zone: Option<String>,
     pub capacity_bytes: u64,

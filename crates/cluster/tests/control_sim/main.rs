@@ -298,6 +298,7 @@ fn node_status(id: usize, boot: u64, alive: bool) -> NodeStatus {
             peer_addr: "127.0.0.1:1".parse().expect("a socket address"),
             nbd_addr: None,
             nvme_addr: None,
+            iscsi_addr: None,
             api_addr: None,
             zone: None,
             capacity_bytes: 1 << 40,
