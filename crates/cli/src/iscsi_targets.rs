@@ -10,14 +10,14 @@
 //!
 //! Paths (ALUA): in a cluster every node serves every volume, so every
 //! live node with an iSCSI portal is a path: its port group
-//! (`port_group_of_node`) is active/optimized on the volume's primary,
+//! (`basalt_volume::node_port_id`) is active/optimized on the volume's primary,
 //! active/non-optimized elsewhere (requests are forwarded) and unavailable
 //! while the node is down; discovery lists every node's portal. All of it
 //! comes from the cluster member's memory, never from etcd, so the
 //! watchdog's polling costs nothing. On a single node the one path is
 //! optimized.
 
-use basalt_frontend_iscsi::{port_group_of_node, ChapCredentials, OpenError, PathState, Targets};
+use basalt_frontend_iscsi::{ChapCredentials, OpenError, PathState, Targets};
 use basalt_volume::{VolumeError, VolumeHandle, VolumeService};
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -115,7 +115,7 @@ impl Targets for VolumeTargets {
             .portals()
             .iter()
             .filter(|n| !n.local && n.iscsi_addr.is_some())
-            .map(|n| (port_group_of_node(n.id), node_path_state(n, primary)))
+            .map(|n| (n.port_id(), node_path_state(n, primary)))
             .collect();
         // A stable order: the watchdog compares lists.
         groups.sort_unstable_by_key(|&(group, _)| group);
@@ -129,7 +129,7 @@ impl Targets for VolumeTargets {
             .portals()
             .iter()
             .filter(|n| !n.local && n.alive)
-            .filter_map(|n| Some((n.iscsi_addr?, port_group_of_node(n.id))))
+            .filter_map(|n| Some((n.iscsi_addr?, n.port_id())))
             .collect()
     }
 }

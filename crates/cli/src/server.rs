@@ -758,6 +758,7 @@ fn serve_frontends(
             TargetConfig {
                 advertise: args.nvme_advertise,
                 cntlid_range: node_id.map(cluster_cntlid_range),
+                port_id: node_id.map(basalt_volume::node_port_id),
                 limits: basalt_frontend_nvme::ServerLimits {
                     max_connections_per_address: args.max_connections_per_address.map_or(
                         basalt_frontend_nvme::DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
@@ -785,7 +786,7 @@ fn serve_frontends(
             basalt_frontend_iscsi::TargetConfig {
                 advertise: args.iscsi_advertise,
                 // Distinct per node: the target port group ALUA reports.
-                port_group: node_id.map_or(1, basalt_frontend_iscsi::port_group_of_node),
+                port_group: node_id.map_or(1, basalt_volume::node_port_id),
                 limits: basalt_frontend_iscsi::ServerLimits {
                     max_connections_per_address: args.max_connections_per_address.map_or(
                         basalt_frontend_iscsi::DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,

@@ -14,6 +14,8 @@
 //! Path state (ANA): a clustered volume's path through this node is
 //! optimized when this node is its primary and non-optimized otherwise
 //! (requests are forwarded); on a single node every path is optimized.
+//! Every node serves every volume, so discovery lists each subsystem at
+//! every live node's address too (from the cluster member's memory).
 
 use basalt_frontend_nvme::{DhchapKeys, DhchapSecret, OpenError, PathState, Subsystems};
 use basalt_volume::{VolumeError, VolumeHandle, VolumeService};
@@ -102,6 +104,15 @@ impl Subsystems for VolumeSubsystems {
         } else {
             PathState::NonOptimized
         }
+    }
+
+    fn other_ports(&self) -> Vec<(std::net::SocketAddr, u16)> {
+        self.service
+            .portals()
+            .iter()
+            .filter(|n| !n.local && n.alive)
+            .filter_map(|n| Some((n.nvme_addr?, n.port_id())))
+            .collect()
     }
 
     fn dhchap_keys(&self, host_nqn: &str, volume: &str) -> Option<DhchapKeys> {

@@ -1,7 +1,9 @@
 //! Connections under attack: a flood of idle connections from one address
 //! does not lock out clients from another address (NBD and NVMe/TCP), and
 //! an NBD connection that negotiated but sends no request is closed after
-//! the handshake timeout, while one that did send requests may idle.
+//! the handshake timeout, while one that did send requests may idle. A
+//! client that vanishes without closing is found dead by the kernel: every
+//! frontend's accepted sockets carry keepalive probes (seen by `ss`).
 
 mod common;
 
@@ -184,4 +186,59 @@ fn an_nbd_connection_that_never_sends_a_request_is_closed() {
         "{}",
         String::from_utf8_lossy(&busy.stderr)
     );
+}
+
+/// The keepalive timer `ss` reports for the server's end of every
+/// established connection to `port`, e.g. `keepalive,29sec,0`.
+fn keepalive_timers(port: u16) -> Vec<String> {
+    let out = tool(
+        "ss",
+        [
+            "-tnoH",
+            "state",
+            "established",
+            &format!("( sport = :{port} )"),
+        ],
+    );
+    out.ok();
+    out.stdout
+        .lines()
+        .map(|l| {
+            l.split("timer:(")
+                .nth(1)
+                .and_then(|t| t.split(')').next())
+                .unwrap_or("none")
+                .to_string()
+        })
+        .collect()
+}
+
+#[test]
+fn every_frontend_probes_idle_clients_for_dead_peers() {
+    require_tool("ss");
+    let s = Server::start("64M");
+    let nbd: SocketAddr = s.nbd_addr().parse().expect("NBD address");
+    for addr in [nbd, s.nvme_addr(), s.iscsi_addr()] {
+        let client = TcpStream::connect(addr).expect("connect");
+        // The server's socket exists once accepted; its timer then runs.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let timers = loop {
+            let timers = keepalive_timers(addr.port());
+            if !timers.is_empty() || Instant::now() > deadline {
+                break timers;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        assert_eq!(timers.len(), 1, "{addr}: {timers:?}");
+        let seconds: f64 = timers[0]
+            .strip_prefix("keepalive,")
+            .and_then(|t| t.split("sec").next())
+            .and_then(|t| t.parse().ok())
+            .unwrap_or_else(|| panic!("{addr}: no keepalive timer: {timers:?}"));
+        assert!(
+            (20.0..=30.0).contains(&seconds),
+            "{addr}: first probe in {seconds} s"
+        );
+        drop(client);
+    }
 }

@@ -1,7 +1,9 @@
 //! Linux native NVMe multipath over a 3-node Basalt cluster, inside a QEMU
 //! guest (see the basalt-guest crate): one RF3 volume reached through
 //! every node's NVMe/TCP target under the same subsystem NQN. The guest
-//! connects to the three nodes and must see one subsystem with three paths,
+//! discovers through node 0 (whose discovery log lists the subsystem at
+//! every node's address), connects to all of them (`nvme connect-all`)
+//! and must see one subsystem with three paths,
 //! exactly one of them ANA-optimized (the primary's; the others forward and
 //! report non-optimized). fio with crc32c verification then runs while the
 //! test kills the primary with SIGKILL (asked through `host_call`): fio
@@ -53,10 +55,14 @@ live_optimized() {{ paths | awk '$3 == "live" && $4 == "optimized"' | wc -l; }}
 one_optimized() {{ [ "$(live_optimized)" -eq 1 ]; }}
 three_paths() {{ [ "$(ls -d /sys/block/nvme*c*n* 2>/dev/null | wc -l)" -eq 3 ]; }}
 
-step connect every node
+step discovery through one node lists every node
+nvme discover -t tcp -a {ip} -s {first_port} --hostnqn $H --hostid $HID | tee /tmp/disc
 for port in {ports}; do
-    nvme connect -t tcp -a {ip} -s $port -n $SUB --hostnqn $H --hostid $HID
+    grep -Eq "trsvcid: *$port( |\$)" /tmp/disc
 done
+
+step connect every node
+nvme connect-all -t tcp -a {ip} -s {first_port} --hostnqn $H --hostid $HID
 wait_until 100 three_paths
 nvme list-subsys | tee /tmp/subsys
 test "$(grep -c "$SUB" /tmp/subsys)" -eq 1
@@ -97,6 +103,7 @@ echo guest-mpath-done
         host = HOST_NQN,
         host_id = HOST_ID,
         ip = FORWARD_IP,
+        first_port = BASE_PORT,
         ports = (0..NODES)
             .map(|i| (BASE_PORT + i as u16).to_string())
             .collect::<Vec<_>>()

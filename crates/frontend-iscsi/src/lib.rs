@@ -24,8 +24,8 @@
 //! UUID, so every node of a cluster reports the same device.
 //!
 //! Multipath (ALUA): each node is a target port group (its ID is the
-//! node's [`TargetConfig::port_group`], [`port_group_of_node`] in a
-//! cluster) with one target port. A volume's port group is
+//! node's [`TargetConfig::port_group`], `basalt_volume::node_port_id` in
+//! a cluster) with one target port. A volume's port group is
 //! active/optimized where its primary runs, active/non-optimized on the
 //! other live nodes and unavailable on dead ones ([`Targets::port_groups`],
 //! which REPORT TARGET PORT GROUPS lists); a change of any group's state is
@@ -99,13 +99,6 @@ pub enum PathState {
     NonOptimized,
     /// The node is down (reported for other nodes' groups only).
     Unavailable,
-}
-
-/// The target port group (and relative target port) of cluster node
-/// `node_id`: distinct per node, never 0 (which SPC reserves).
-pub fn port_group_of_node(node_id: u32) -> u16 {
-    // `% 0xFFFF` is at most 0xFFFE, so `+ 1` fits in a u16.
-    u16::try_from(node_id % 0xFFFF + 1).unwrap_or(1)
 }
 
 /// The CHAP credentials of one initiator on one target.

@@ -21,7 +21,9 @@
 
 use crate::units::Units;
 use crate::{connection, Targets};
-use basalt_loop_io::listener::{accept_loop, reachable_address, wake_acceptor, Connections};
+use basalt_loop_io::listener::{
+    accept_loop, detect_dead_peers, reachable_address, wake_acceptor, Connections,
+};
 use basalt_reactor::{Loops, Reactor};
 use basalt_volume::admission::{Admission, AdmissionLimits};
 use parking_lot::Mutex;
@@ -348,7 +350,13 @@ impl Drop for IscsiServer {
 fn accept(listener: &TcpListener, shared: &Arc<Shared>) {
     accept_loop(
         "iSCSI",
-        || listener.accept(),
+        || {
+            let accepted = listener.accept();
+            if let Ok((stream, _)) = &accepted {
+                detect_dead_peers(stream);
+            }
+            accepted
+        },
         || shared.stopping(),
         |stream, peer| spawn_connection(shared, stream, peer),
     );

@@ -28,7 +28,7 @@ use crate::tls::TlsPsk;
 use crate::transmission::{self, SessionEnd};
 use crate::ConnectionError;
 use crate::Exports;
-use basalt_loop_io::listener::{accept_loop, reachable_address};
+use basalt_loop_io::listener::{accept_loop, detect_dead_peers, reachable_address};
 use basalt_reactor::{Loops, Reactor};
 use basalt_volume::admission::{Admission, AdmissionLimits, Admitted};
 use parking_lot::Mutex;
@@ -88,9 +88,10 @@ impl Listener {
 
     fn accept(&self) -> io::Result<(Stream, Peer)> {
         match self {
-            Listener::Tcp(l) => l
-                .accept()
-                .map(|(s, addr)| (Stream::Tcp(s), Peer::Tcp(addr))),
+            Listener::Tcp(l) => l.accept().map(|(s, addr)| {
+                detect_dead_peers(&s);
+                (Stream::Tcp(s), Peer::Tcp(addr))
+            }),
             Listener::Unix(l, _) => {
                 let (s, _) = l.accept()?;
                 let peer = Peer::of_unix(&s)?;

@@ -521,24 +521,34 @@ pub(crate) fn changed_namespaces(ctrl: &Controller) -> Vec<u8> {
     changed_namespace_list(list).to_vec()
 }
 
-/// Discovery log page listing `volumes` at `advertise`.
-pub(crate) fn discovery_log(volumes: &[String], advertise: SocketAddr) -> Option<Vec<u8>> {
-    let traddr = advertise.ip().to_string();
-    let trsvcid = advertise.port().to_string();
+/// Discovery log page listing `volumes` at each of `ports` (address, port
+/// ID), in that order per volume.
+pub(crate) fn discovery_log(volumes: &[String], ports: &[(SocketAddr, u16)]) -> Option<Vec<u8>> {
     let mut names: Vec<&String> = volumes.iter().collect();
     names.sort();
     let entries: Vec<DiscoveryLogEntry> = names
         .iter()
-        .map(|v| DiscoveryLogEntry::tcp(&subsystem_nqn(v), &traddr, &trsvcid, 1))
+        .flat_map(|v| {
+            let nqn = subsystem_nqn(v);
+            ports.iter().map(move |(addr, port_id)| {
+                DiscoveryLogEntry::tcp(
+                    &nqn,
+                    &addr.ip().to_string(),
+                    &addr.port().to_string(),
+                    *port_id,
+                )
+            })
+        })
         .collect();
     // The generation counter changes whenever the entries do.
     let mut digest = basalt_nvme_wire::DataDigest::new();
     for e in &entries {
         digest.update(e.subnqn.as_bytes());
         digest.update(&[0]);
+        digest.update(e.traddr.as_bytes());
+        digest.update(e.trsvcid.as_bytes());
+        digest.update(&e.portid.to_le_bytes());
     }
-    digest.update(traddr.as_bytes());
-    digest.update(trsvcid.as_bytes());
     let log = DiscoveryLog {
         genctr: u64::from(digest.value()) + 1,
         recfmt: 0,

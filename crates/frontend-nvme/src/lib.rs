@@ -141,6 +141,14 @@ pub trait Subsystems: Send + Sync + 'static {
         let _ = volume;
         PathState::Optimized
     }
+    /// The addresses and port IDs of the other nodes' targets, which
+    /// serve the same subsystems: discovery log pages list every
+    /// subsystem at each of them after this target's own address, so a
+    /// host that discovers through one node connects every path. Called
+    /// for every discovery log page. Default: none.
+    fn other_ports(&self) -> Vec<(std::net::SocketAddr, u16)> {
+        Vec::new()
+    }
     /// The DH-HMAC-CHAP secrets `host_nqn` must prove on `volume`'s
     /// subsystem; `None`: no in-band authentication. Called at every
     /// queue's Connect. Default: none.

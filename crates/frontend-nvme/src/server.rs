@@ -25,7 +25,9 @@
 use crate::controller::Registry;
 use crate::queue;
 use crate::Subsystems;
-use basalt_loop_io::listener::{accept_loop, reachable_address, wake_acceptor, Connections};
+use basalt_loop_io::listener::{
+    accept_loop, detect_dead_peers, reachable_address, wake_acceptor, Connections,
+};
 use basalt_reactor::{Loops, Reactor};
 use basalt_volume::admission::{Admission, AdmissionLimits};
 use std::io;
@@ -103,6 +105,10 @@ pub struct TargetConfig {
     /// same subsystems (the nodes of a cluster) need disjoint ranges, see
     /// [`cluster_cntlid_range`].
     pub cntlid_range: Option<(u16, u16)>,
+    /// The port ID discovery log entries give this target's address
+    /// (`None`: 1). Nodes of a cluster need distinct ones
+    /// (`basalt_volume::node_port_id`).
+    pub port_id: Option<u16>,
 }
 
 /// Controller IDs per cluster node.
@@ -132,6 +138,8 @@ pub(crate) struct Shared {
     pub loops: Option<Loops>,
     pub limits: ServerLimits,
     pub advertise: SocketAddr,
+    /// Its port ID in discovery log entries.
+    pub port_id: u16,
     pub controllers: Registry,
     admission: Arc<Admission>,
     stopping: AtomicBool,
@@ -254,6 +262,7 @@ impl NvmeServer {
             loops,
             limits,
             advertise,
+            port_id: config.port_id.unwrap_or(1),
             admission,
             controllers: match config.cntlid_range {
                 Some((first, last)) => Registry::with_range(first, last),
@@ -367,7 +376,13 @@ impl Drop for NvmeServer {
 fn accept(listener: &TcpListener, shared: &Arc<Shared>) {
     accept_loop(
         "NVMe/TCP",
-        || listener.accept(),
+        || {
+            let accepted = listener.accept();
+            if let Ok((stream, _)) = &accepted {
+                detect_dead_peers(stream);
+            }
+            accepted
+        },
         || shared.stopping(),
         |stream, peer| spawn_connection(shared, stream, peer),
     );

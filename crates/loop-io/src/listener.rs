@@ -15,6 +15,13 @@
 //!   `shutdown(2)`, which wakes a thread blocked in `recv` or `send` and
 //!   ends a connection on an event loop; [`Connections::join`] then waits
 //!   for every thread started.
+//! - A client that vanishes without closing (its host crashed or lost
+//!   power, a partition) does not hold its connection, its admission slot
+//!   and its volume open forever: every accepted TCP connection gets
+//!   [`detect_dead_peers`], so the kernel fails it within about
+//!   [`DEAD_PEER_AFTER`] (keepalive probes while idle, a user timeout
+//!   while data waits for acknowledgement); the failure reaches the
+//!   connection as an error of its pending `recv`, `send` or poll.
 
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -28,6 +35,36 @@ use std::time::Duration;
 
 /// Pause after an accept error caused by resource exhaustion.
 pub const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+
+/// Idle time before the first keepalive probe, and between probes.
+const KEEPALIVE_IDLE: Duration = Duration::from_secs(30);
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
+/// Unanswered probes after which the peer is dead.
+const KEEPALIVE_PROBES: u32 = 3;
+/// How long a silent peer keeps its connection at most: idle + probes ×
+/// interval for an idle connection, and the TCP user timeout for one with
+/// data unacknowledged. Longer than any pause a live initiator makes
+/// (NVMe/TCP's keep-alive, iSCSI's NOP-Outs and multipath checkers run
+/// every few seconds), short enough that a crashed host's reconnection is
+/// not refused for long by the per-address connection limit.
+pub const DEAD_PEER_AFTER: Duration = Duration::from_secs(60);
+
+/// Makes the kernel fail `stream` once its peer stops answering (see the
+/// module's invariants). Best effort: a socket that refuses the options
+/// is served without them, with a warning.
+pub fn detect_dead_peers(stream: &TcpStream) {
+    let socket = socket2::SockRef::from(stream);
+    let keepalive = socket2::TcpKeepalive::new()
+        .with_time(KEEPALIVE_IDLE)
+        .with_interval(KEEPALIVE_INTERVAL)
+        .with_retries(KEEPALIVE_PROBES);
+    let set = socket
+        .set_tcp_keepalive(&keepalive)
+        .and_then(|()| socket.set_tcp_user_timeout(Some(DEAD_PEER_AFTER)));
+    if let Err(err) = set {
+        tracing::warn!("cannot enable dead peer detection on a client connection: {err}");
+    }
+}
 
 /// Accepts connections with `accept` and hands each to `serve`, until
 /// `stopping()` says so (checked after each accept, which a stop wakes) or

@@ -406,7 +406,10 @@ impl DiscoveryLogEntry {
                 adrfam::IPV4
             },
             subtype: subtype::NVME,
-            treq: treq::SECURE_CHANNEL_NOT_REQUIRED,
+            // "Not required" would say a secure channel (TLS) is offered:
+            // nvme-cli's connect-all then asks the kernel for TLS, which
+            // this target does not speak (and older kernels refuse).
+            treq: treq::SECURE_CHANNEL_NOT_SPECIFIED,
             portid,
             cntlid: crate::fabrics::CNTLID_DYNAMIC,
             asqsz: 32,
@@ -675,7 +678,7 @@ mod tests {
         assert_eq!(le64(&out, 0), 5);
         assert_eq!(le64(&out, 8), 1);
         let e = &out[1024..];
-        assert_eq!(&e[0..4], &[3, 1, 2, 2]);
+        assert_eq!(&e[0..4], &[3, 1, 2, 0]);
         assert_eq!(le16(e, 4), 1);
         assert_eq!(le16(e, 6), 0xffff);
         assert_eq!(le16(e, 8), 32);

@@ -37,7 +37,7 @@ pub use iscsi_initiators::{
 };
 pub use scrub::{DifferingRange, ReplicaComparison, VolumeScrub};
 pub use service::{
-    compression_ratio, validate_host_nqn, validate_volume_name, validate_volume_size,
+    compression_ratio, node_port_id, validate_host_nqn, validate_volume_name, validate_volume_size,
     ClusterVolumes, LayerRequest, NewVolume, NodePortal, NodeView, ProvisioningGuard,
     ReconcileReport, ReplicaStatus, StoreStatus, VolumeInfo, VolumeService,
     DEFAULT_OVERCOMMIT_RATIO,

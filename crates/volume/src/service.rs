@@ -382,6 +382,22 @@ pub struct NodePortal {
     pub iscsi_addr: Option<std::net::SocketAddr>,
 }
 
+impl NodePortal {
+    /// See [`node_port_id`].
+    pub fn port_id(&self) -> u16 {
+        node_port_id(self.id)
+    }
+}
+
+/// The number of cluster node `node_id`'s port in every frontend's
+/// multipath reports (iSCSI target port group, relative target port and
+/// portal group tag; NVMe/TCP discovery port ID): distinct per node, never
+/// 0 (which SPC reserves).
+pub fn node_port_id(node_id: u32) -> u16 {
+    // `% 0xFFFF` is at most 0xFFFE, so `+ 1` fits in a u16.
+    u16::try_from(node_id % 0xFFFF + 1).unwrap_or(1)
+}
+
 /// One replica of a clustered volume, as reported by `volume show`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ReplicaStatus {

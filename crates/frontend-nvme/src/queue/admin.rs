@@ -420,7 +420,9 @@ impl Queue<'_> {
             }
             log_id::DISCOVERY if discovery => {
                 let visible = self.shared.subsystems.visible(&ctrl.hostnqn);
-                controller::discovery_log(&visible, self.shared.advertise)
+                let mut ports = vec![(self.shared.advertise, self.shared.port_id)];
+                ports.extend(self.shared.subsystems.other_ports());
+                controller::discovery_log(&visible, &ports)
             }
             _ => return fail(Status::INVALID_LOG_PAGE),
         };
