@@ -103,18 +103,20 @@ pub struct ServerArgs {
         value_parser = clap::value_parser!(u32).range(1..=16), value_name = "N")]
     pub nbd_lanes: u32,
 
-    /// Most connections one IP address may hold open at once, to NBD and to
-    /// NVMe/TCP each (default: 64 NBD, 256 NVMe/TCP queues; of 1024 in total
-    /// per frontend), so that one host cannot lock every other out. An NBD
-    /// client must also finish each step of its handshake, and send its
-    /// first request, within --handshake-timeout.
+    /// Most connections one IP address may hold open at once, to NBD, to
+    /// NVMe/TCP and to iSCSI each (default: 64 NBD, 256 NVMe/TCP queues or
+    /// iSCSI connections; of 1024 in total per frontend), so that one host
+    /// cannot lock every other out. A client must also finish each step of
+    /// its handshake within --handshake-timeout.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1024), value_name = "N")]
     pub max_connections_per_address: Option<u32>,
 
     /// Seconds a client has for each step of connecting: an NBD client for
-    /// each read of its handshake and then for its first request, an
-    /// NVMe/TCP host for ICReq and Connect. A connection that is slower is
-    /// closed, so idle sockets cannot hold places.
+    /// each read of its handshake, an NVMe/TCP host for ICReq and Connect,
+    /// an iSCSI initiator for its login. A connection that is slower is
+    /// closed, so stalled sockets cannot hold places. (Negotiated
+    /// connections may idle; one whose host vanished is found by TCP
+    /// keepalive within about a minute.)
     #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3600), value_name = "SECS")]
     pub handshake_timeout: u64,
 

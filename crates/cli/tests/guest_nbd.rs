@@ -1,7 +1,9 @@
 //! The Linux kernel's NBD client against Basalt, inside a QEMU guest (see
-//! the basalt-guest crate): ext4 on /dev/nbd0 across a reconnect, then fio
-//! with verification on the raw device, then the host reads back what the
-//! guest wrote.
+//! the basalt-guest crate): ext4 on /dev/nbd0 across a reconnect (after
+//! which both connections idle past the server's handshake timeout before
+//! they are used: a negotiated connection is never closed for idling), then
+//! fio with verification on the raw device, then the host reads back what
+//! the guest wrote.
 //!
 //! This test lives with the other end-to-end tests of the `basalt` binary
 //! because it starts the real server through their `common` helpers; the
@@ -31,6 +33,8 @@ const FIO_STRIDE: u64 = 32 * MIB;
 /// Where the guest writes a random blob for the host to read back.
 const BLOB_OFFSET: u64 = 200 * MIB;
 const BLOB_LEN: u64 = 4 * MIB;
+/// The server's handshake timeout; the guest idles twice as long.
+const HANDSHAKE_TIMEOUT_SECS: u64 = 2;
 
 fn guest_script() -> String {
     let connect = format!(
@@ -70,6 +74,8 @@ nbd-client -d /dev/nbd0
 wait_disconnected
 echo 3 > /proc/sys/vm/drop_caches
 {connect}
+# Idle past the server's --handshake-timeout ({idle_past} s).
+sleep {idle}
 fsck.ext4 -fn /dev/nbd0
 mount -t ext4 /dev/nbd0 /mnt/v
 (cd /mnt/v && sha256sum -c /root/sums)
@@ -103,6 +109,8 @@ step done
 echo guest-nbd-done
 "#,
         sectors = VOLUME_SIZE / 512,
+        idle_past = HANDSHAKE_TIMEOUT_SECS,
+        idle = HANDSHAKE_TIMEOUT_SECS * 2,
         fio_region = FIO_REGION,
         fio_stride = FIO_STRIDE,
         blob_mib = BLOB_LEN / MIB,
@@ -113,7 +121,10 @@ echo guest-nbd-done
 #[test]
 fn kernel_nbd_client_ext4_and_fio_verify() {
     require_tool("qemu-system-x86_64");
-    let s = Server::start("1G");
+    let s = Server::start_with(
+        "1G",
+        &["--handshake-timeout", &HANDSHAKE_TIMEOUT_SECS.to_string()],
+    );
     s.create_volume(VOLUME, "256M");
     let nbd: SocketAddr = s.nbd_addr().parse().expect("server's NBD address");
 

@@ -14,12 +14,15 @@
 //!   (or, on a Unix socket, one local user)
 //!   (more are closed at once, with a log line per order of magnitude: see
 //!   `basalt_volume::admission`), so one host cannot lock the others out; a
-//!   client that does not finish each step of the handshake, or does not
-//!   send its first request, within `handshake_timeout` is disconnected, so
-//!   idle or half-open sockets cannot pin threads forever. A connection
-//!   that has sent a request may then stay idle as long as it likes: NBD
-//!   has no keep-alive, and a virtual machine's disk connection is idle for
-//!   hours between bursts.
+//!   client that does not finish each step of the handshake within
+//!   `handshake_timeout` is disconnected, so half-open sockets cannot pin
+//!   handshake threads. A negotiated connection may then stay idle as long
+//!   as it likes, before its first request too: NBD has no keep-alive, a
+//!   virtual machine's disk is idle for hours between bursts, and the
+//!   kernel's client (`nbd-client -C N`) opens connections that carry no
+//!   request until the device is used. An idle connection costs nothing on
+//!   its event loop; one whose host vanished is found by TCP keepalive
+//!   (`basalt_loop_io::listener::detect_dead_peers`).
 
 use crate::evented::EventedConnection;
 use crate::handshake::{self, HandshakeOutcome, Security};
@@ -154,8 +157,7 @@ pub struct ServerLimits {
     pub max_connections: usize,
     /// Live connections from one IP address (or local user) at most.
     pub max_connections_per_address: usize,
-    /// Time a client has for each read of the handshake, and then to send
-    /// its first request.
+    /// Time a client has for each read of the handshake.
     pub handshake_timeout: Duration,
     /// Event loops serving connections (`evented`): each connection lives
     /// on one loop, which receives, executes and answers its requests
@@ -522,28 +524,8 @@ fn serve_connection(
             return;
         }
     };
-    // The first request must come within the handshake timeout (which is
-    // still set): a connection that negotiated and then sends nothing is
-    // holding a place, not using a disk. After it, transmission waits for
-    // requests as long as the client likes.
-    let mut first = [0u8; 1];
-    match stream.peek(&mut first) {
-        Ok(_) => {}
-        Err(err)
-            if matches!(
-                err.kind(),
-                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-            ) =>
-        {
-            tracing::warn!(%peer, timeout = ?shared.limits.handshake_timeout,
-                "NBD client sent no request after the handshake; closed");
-            return;
-        }
-        Err(err) => {
-            tracing::debug!(%peer, "NBD connection lost before its first request: {err}");
-            return;
-        }
-    }
+    // Transmission waits for requests as long as the client likes (see
+    // the module's invariants).
     if let Err(err) = stream.set_read_timeout(None) {
         tracing::warn!(%peer, "NBD connection closed, cannot clear the handshake timeout: {err}");
         return;

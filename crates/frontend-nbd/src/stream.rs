@@ -112,31 +112,6 @@ impl Stream {
         both!(self, s => s.set_read_timeout(timeout))
     }
 
-    /// Waits (up to the read timeout) for data and copies it without
-    /// consuming it.
-    pub fn peek(&self, buf: &mut [u8]) -> io::Result<usize> {
-        match self {
-            Stream::Tcp(s) => s.peek(buf),
-            Stream::Unix(s) => {
-                // SAFETY: `buf` is valid for writes of its length; the
-                // descriptor is the open socket `s` borrows.
-                let n = unsafe {
-                    libc::recv(
-                        s.as_raw_fd(),
-                        buf.as_mut_ptr().cast(),
-                        buf.len(),
-                        libc::MSG_PEEK,
-                    )
-                };
-                if n < 0 {
-                    Err(io::Error::last_os_error())
-                } else {
-                    Ok(n as usize)
-                }
-            }
-        }
-    }
-
     /// Disables Nagle's algorithm on TCP; nothing to do on a Unix socket.
     pub fn set_nodelay(&self) -> io::Result<()> {
         match self {
