@@ -24,6 +24,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use basalt_bench::targets;
 use basalt_guest::{Forward, GuestConfig, FORWARD_IP};
 use common::guest::*;
 use common::*;
@@ -32,7 +33,6 @@ const VOLUME: &str = "sweep";
 const INITIATOR: &str = "iqn.2026-11.io.test:guest-sweep";
 const HOST_NQN: &str = "nqn.2014-08.org.nvmexpress:uuid:5a4b3c2d-1e0f-4a9b-8c7d-6e5f4a3b2c1d";
 const HOST_ID: &str = "5a4b3c2d-1e0f-4a9b-8c7d-6e5f4a3b2c1d";
-const TGT_IQN: &str = "iqn.2026-11.io.test:tgt-sweep";
 /// Guest-side ports of the four targets.
 const GUEST_ISCSI_PORT: u16 = 3260;
 const GUEST_TGT_PORT: u16 = 3261;
@@ -55,8 +55,9 @@ const TARGETS: [(&str, u32); 4] = [
     ("basalt-nbd", 4096),
 ];
 
-/// tgtd serving `image` on 127.0.0.1:`port` (control socket `control`),
-/// stopped with tgtadm (it ignores SIGTERM) when dropped.
+/// tgtd serving `image` on 127.0.0.1:`port`, started and set up with the
+/// bench's command lines (`basalt_bench::targets`), stopped with tgtadm (it
+/// ignores SIGTERM) when dropped.
 struct Tgtd {
     child: Child,
     control: u16,
@@ -64,57 +65,35 @@ struct Tgtd {
 
 impl Tgtd {
     fn start(image: &Path, port: u16) -> Tgtd {
-        let control = (1000..32000)
-            .find(|n| !Path::new(&format!("/var/run/tgtd/socket.{n}")).exists())
-            .expect("a free tgtd control socket number");
+        let control = targets::tgtd_control_number().expect("a tgtd control socket number");
         let child = Command::new("tgtd")
-            .args(["-f", "-C", &control.to_string(), "--iscsi"])
-            .arg(format!("portal=127.0.0.1:{port}"))
+            .args(targets::tgtd_args(control, port))
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
             .expect("start tgtd");
         let tgtd = Tgtd { child, control };
         let deadline = Instant::now() + Duration::from_secs(10);
-        while tgtd.adm(&["--op", "show", "--mode", "sys"]).is_err() {
+        while tgtd
+            .run(&tgtd.argv(&["--op", "show", "--mode", "sys"]))
+            .is_err()
+        {
             assert!(Instant::now() < deadline, "tgtd does not answer tgtadm");
             std::thread::sleep(Duration::from_millis(100));
         }
-        let image = image.display().to_string();
-        for args in [
-            &[
-                "--lld", "iscsi", "--op", "new", "--mode", "target", "--tid", "1", "-T", TGT_IQN,
-            ][..],
-            &[
-                "--lld",
-                "iscsi",
-                "--op",
-                "new",
-                "--mode",
-                "logicalunit",
-                "--tid",
-                "1",
-                "--lun",
-                "1",
-                "--bstype",
-                "rdwr",
-                "-b",
-                &image,
-            ],
-            &[
-                "--lld", "iscsi", "--op", "bind", "--mode", "target", "--tid", "1", "-I", "ALL",
-            ],
-        ] {
-            tgtd.adm(args)
-                .unwrap_or_else(|e| panic!("tgtadm {args:?}: {e}"));
+        for argv in targets::tgtadm_setup_args(Path::new("tgtadm"), control, image) {
+            tgtd.run(&argv).unwrap_or_else(|e| panic!("{argv:?}: {e}"));
         }
         tgtd
     }
 
-    fn adm(&self, args: &[&str]) -> Result<String, String> {
-        let out = Command::new("tgtadm")
-            .args(["-C", &self.control.to_string()])
-            .args(args)
+    fn argv(&self, args: &[&str]) -> Vec<String> {
+        targets::tgtadm_argv(Path::new("tgtadm"), self.control, args)
+    }
+
+    fn run(&self, argv: &[String]) -> Result<String, String> {
+        let out = Command::new(&argv[0])
+            .args(&argv[1..])
             .output()
             .map_err(|e| e.to_string())?;
         match out.status.success() {
@@ -126,13 +105,9 @@ impl Tgtd {
 
 impl Drop for Tgtd {
     fn drop(&mut self) {
-        let _ = self.adm(&[
-            "--op", "update", "--mode", "sys", "--name", "State", "-v", "offline",
-        ]);
-        let _ = self.adm(&[
-            "--lld", "iscsi", "--op", "delete", "--mode", "target", "--tid", "1", "--force",
-        ]);
-        let _ = self.adm(&["--op", "delete", "--mode", "system"]);
+        for argv in targets::tgtadm_stop_args(Path::new("tgtadm"), self.control) {
+            let _ = self.run(&argv);
+        }
         let deadline = Instant::now() + Duration::from_secs(10);
         while matches!(self.child.try_wait(), Ok(None)) && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(100));
@@ -228,7 +203,7 @@ echo guest-sweep-done
         tgt_port = GUEST_TGT_PORT,
         nbd_port = GUEST_NBD_PORT,
         basalt_iqn = basalt_volume::iscsi_target_name(VOLUME),
-        tgt_iqn = TGT_IQN,
+        tgt_iqn = targets::TGT_IQN,
         host = HOST_NQN,
         host_id = HOST_ID,
         volume = VOLUME,

@@ -4,6 +4,10 @@
 //! driver (libiscsi) as NBD, since fio's nbd engine is the bench's network
 //! client.
 //!
+//! The tgtd and tgtadm command lines are public for other harnesses that
+//! start tgt the same way (the kernel-initiator sweep in
+//! `crates/cli/tests/guest_sweep.rs`).
+//!
 //! Invariants: tgtd listens on 127.0.0.1 only (its portal is checked before
 //! any LUN is made: tgtd falls back to 0.0.0.0:3260 when it cannot bind),
 //! and is stopped with tgtadm (it ignores SIGTERM).
@@ -14,7 +18,7 @@ use super::*;
 /// server of `basalt-iscsi` allows it with `--iscsi-allow-initiator`).
 pub const BRIDGE_INITIATOR: &str = "iqn.2026-11.io.basalt:bench-bridge";
 /// The target name under which the bench's tgtd serves its file.
-pub(super) const TGT_IQN: &str = "iqn.2026-11.io.basalt:bench-tgt";
+pub const TGT_IQN: &str = "iqn.2026-11.io.basalt:bench-tgt";
 
 /// `basalt-iscsi`'s ephemeral server arguments beyond the listeners.
 pub(super) fn basalt_iscsi_args() -> Vec<String> {
@@ -88,7 +92,7 @@ pub(super) fn start_bridge(
 
 /// tgtd's arguments: in the foreground, control socket number `control`
 /// (/var/run/tgtd/socket.N), one iSCSI portal on 127.0.0.1.
-pub(super) fn tgtd_args(control: u16, port: u16) -> Vec<String> {
+pub fn tgtd_args(control: u16, port: u16) -> Vec<String> {
     vec![
         "-f".into(),
         "-C".into(),
@@ -100,7 +104,7 @@ pub(super) fn tgtd_args(control: u16, port: u16) -> Vec<String> {
 
 /// A number for tgtd's control socket (`-C`, at most 32767) that no
 /// socket in /var/run/tgtd has yet.
-pub(super) fn tgtd_control_number() -> Result<u16, TargetError> {
+pub fn tgtd_control_number() -> Result<u16, TargetError> {
     loop {
         let control = 10_000 + free_port()? % 22_768;
         if !Path::new(&format!("/var/run/tgtd/socket.{control}")).exists() {
@@ -110,7 +114,7 @@ pub(super) fn tgtd_control_number() -> Result<u16, TargetError> {
 }
 
 /// A tgtadm command line on control socket `control`.
-pub(super) fn tgtadm_argv(tgtadm: &Path, control: u16, args: &[&str]) -> Vec<String> {
+pub fn tgtadm_argv(tgtadm: &Path, control: u16, args: &[&str]) -> Vec<String> {
     let mut argv = vec![
         tgtadm.display().to_string(),
         "-C".into(),
@@ -123,7 +127,7 @@ pub(super) fn tgtadm_argv(tgtadm: &Path, control: u16, args: &[&str]) -> Vec<Str
 /// The tgtadm commands that set up the `tgt` target: target 1 named
 /// `TGT_IQN`, LUN 1 on `image` with the rdwr backing store (LUN 0 is tgt's
 /// controller), open to every initiator.
-pub(super) fn tgtadm_setup_args(tgtadm: &Path, control: u16, image: &Path) -> Vec<Vec<String>> {
+pub fn tgtadm_setup_args(tgtadm: &Path, control: u16, image: &Path) -> Vec<Vec<String>> {
     let image = image.display().to_string();
     [
         vec![
@@ -156,7 +160,7 @@ pub(super) fn tgtadm_setup_args(tgtadm: &Path, control: u16, image: &Path) -> Ve
 
 /// The tgtadm commands that stop tgtd (it ignores SIGTERM): offline, delete
 /// the target (forcing its sessions out), delete the system.
-pub(super) fn tgtadm_stop_args(tgtadm: &Path, control: u16) -> Vec<Vec<String>> {
+pub fn tgtadm_stop_args(tgtadm: &Path, control: u16) -> Vec<Vec<String>> {
     [
         &[
             "--op", "update", "--mode", "sys", "--name", "State", "-v", "offline",

@@ -30,7 +30,10 @@ use iscsi::*;
 use processes::*;
 
 pub use checks::{check_work_dir, is_loopback_host};
-pub use iscsi::BRIDGE_INITIATOR;
+pub use iscsi::{
+    tgtadm_argv, tgtadm_setup_args, tgtadm_stop_args, tgtd_args, tgtd_control_number,
+    BRIDGE_INITIATOR, TGT_IQN,
+};
 pub(crate) use processes::ServerProcess;
 pub use processes::{cpu_seconds, parse_stat_cpu};
 
