@@ -17,8 +17,11 @@
 //!   way that can change a decision, so a view with the current generation
 //!   decides exactly as the locked state would.
 //! - The watchdog ([`Units::watch`]) turns a resize into CAPACITY DATA HAS
-//!   CHANGED and a change of the path's ALUA state into ASYMMETRIC ACCESS
-//!   STATE CHANGED, posted to every nexus, with a new config.
+//!   CHANGED and a change of any port group's ALUA state into ASYMMETRIC
+//!   ACCESS STATE CHANGED, posted to every nexus, with a new config. READ
+//!   CAPACITY does not wait for its next tick: it catches up with a resize
+//!   itself, so an initiator that rescans right after a resize returned
+//!   (`iscsiadm -m session --rescan`) sees the new capacity.
 //! - A unit lives while a session holds it; a volume logged in to again
 //!   later starts with a fresh unit (no state outlives the last session).
 
@@ -120,6 +123,9 @@ impl Unit {
         if lun != 0 && cdb.first() != Some(&REPORT_LUNS) {
             return Plan::Respond(Response::check(sense::LOGICAL_UNIT_NOT_SUPPORTED));
         }
+        if is_read_capacity(cdb) {
+            self.catch_up_resize();
+        }
         let plan = match view.quiet && view.generation == self.generation() {
             true => match cdb::parse(cdb) {
                 Ok(command) => lu::plan(
@@ -150,6 +156,30 @@ impl Unit {
             )),
             plan => plan,
         }
+    }
+
+    /// Does now what the watchdog would do at its next tick for a resize:
+    /// the new capacity in the config, CAPACITY DATA HAS CHANGED posted to
+    /// every nexus (the generation moves, so the caller's command goes
+    /// through the locked state and takes the attention first).
+    fn catch_up_resize(&self) {
+        let size = self.volume.size();
+        {
+            let mut seen = self.seen.lock();
+            if seen.0 == size {
+                return;
+            }
+            seen.0 = size;
+        }
+        let mut config = (*self.config()).clone();
+        config.blocks = size / crate::LOGICAL_BLOCK_SIZE;
+        *self.config.write() = Arc::new(config);
+        tracing::info!(
+            volume = self.volume.name(),
+            size,
+            "iSCSI logical unit resized: notifying initiators"
+        );
+        self.post_to_all(sense::CAPACITY_DATA_HAS_CHANGED);
     }
 
     fn execute(&self, nexus: &Nexus, cdb: &[u8], transfer: Transfer) -> Plan {
@@ -322,6 +352,17 @@ impl Units {
                 unit.post_to_all(sense::ASYMMETRIC_ACCESS_STATE_CHANGED);
             }
         }
+    }
+}
+
+/// READ CAPACITY (10) or (16).
+fn is_read_capacity(cdb: &[u8]) -> bool {
+    match cdb {
+        [cdb::opcode::READ_CAPACITY_10, ..] => true,
+        [cdb::opcode::SERVICE_ACTION_IN_16, action, ..] => {
+            action & 0x1f == cdb::service_action::READ_CAPACITY_16
+        }
+        _ => false,
     }
 }
 

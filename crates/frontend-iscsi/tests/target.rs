@@ -494,6 +494,27 @@ fn resize_and_alua_changes_are_unit_attentions() {
     assert_eq!(port_groups(&mut s), vec![own, unavailable]);
 }
 
+#[test]
+fn read_capacity_right_after_a_resize_sees_it() {
+    // An initiator that rescans as soon as the resize returned (the
+    // watchdog, every 100 ms, has not looked yet) gets the attention and
+    // then the new capacity, never the old one without an attention.
+    let fx = target_with(&[("vol0", 32 * MIB)]);
+    let mut s = session(fx.addr(), &options("vol0"));
+    for step in 1..=3u64 {
+        let size = (32 + 16 * step) * MIB;
+        fx.targets.resize("vol0", size);
+        s.one(Command::read(read_capacity16(32), 32))
+            .check(SENSE_UNIT_ATTENTION, 0x2a, 0x09);
+        let cap = s.one(Command::read(read_capacity16(32), 32));
+        cap.ok();
+        assert_eq!(parse_capacity16(&cap.data).0, size / 512, "resize {step}");
+        // The watchdog, when it looks, has nothing more to say.
+        std::thread::sleep(Duration::from_millis(250));
+        s.test_unit_ready().ok();
+    }
+}
+
 // ---------------------------------------------------------------- task management
 
 #[test]
