@@ -125,11 +125,6 @@ impl Targets for VolumeTargets {
     }
 
     fn other_portals(&self) -> Vec<(std::net::SocketAddr, u16)> {
-        self.service
-            .portals()
-            .iter()
-            .filter(|n| !n.local && n.alive)
-            .filter_map(|n| Some((n.iscsi_addr?, n.port_id())))
-            .collect()
+        self.service.other_live_addresses(|n| n.iscsi_addr)
     }
 }

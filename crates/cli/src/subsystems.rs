@@ -107,12 +107,7 @@ impl Subsystems for VolumeSubsystems {
     }
 
     fn other_ports(&self) -> Vec<(std::net::SocketAddr, u16)> {
-        self.service
-            .portals()
-            .iter()
-            .filter(|n| !n.local && n.alive)
-            .filter_map(|n| Some((n.nvme_addr?, n.port_id())))
-            .collect()
+        self.service.other_live_addresses(|n| n.nvme_addr)
     }
 
     fn dhchap_keys(&self, host_nqn: &str, volume: &str) -> Option<DhchapKeys> {

@@ -749,6 +749,20 @@ impl VolumeService {
         self.cluster.as_ref().map_or_else(Vec::new, |c| c.portals())
     }
 
+    /// One frontend's addresses (`address` picks it) on the other live
+    /// nodes, with their port IDs: what its discovery lists after this
+    /// node's own address.
+    pub fn other_live_addresses(
+        &self,
+        address: impl Fn(&NodePortal) -> Option<std::net::SocketAddr>,
+    ) -> Vec<(std::net::SocketAddr, u16)> {
+        self.portals()
+            .iter()
+            .filter(|n| !n.local && n.alive)
+            .filter_map(|n| Some((address(n)?, n.port_id())))
+            .collect()
+    }
+
     /// The store this service manages.
     pub fn store(&self) -> &Arc<Store> {
         &self.store
