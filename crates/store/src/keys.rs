@@ -25,10 +25,14 @@
 //!   wrapped key is gone from the device, not only forgotten); an entry
 //!   naming no volume of the store at open (a crash between the two) is
 //!   emptied then;
-//! - a snapshot without an entry of its own reads with its volume's key (a
-//!   snapshot's blocks were written with it); a clone's entry holds its
-//!   parent's key, so every layer a read resolves to shares one key;
-//! - a volume has a cipher entry exactly while it has a key entry.
+//! - every layer reads and writes its blocks with its own key: its entry's
+//!   (a key, or plain), else for a snapshot its volume's (a snapshot's
+//!   blocks were written with it). A clone's entry holds its parent's key.
+//!   Layers of one stack share a key unless the volume was re-encrypted
+//!   ([`Store::rekey_volume`]): its snapshots then keep theirs in entries
+//!   of their own, pinned before the volume's entry changes, and reads
+//!   resolve each block's key by the layer it comes from;
+//! - a layer has a `LayerKey` exactly while it has an entry.
 
 use crate::buf::AlignedBuf;
 use crate::device::BlockDevice;
@@ -47,8 +51,29 @@ use std::sync::Arc;
 /// The key slot region as the store holds it.
 pub(crate) struct KeySlots {
     inner: Mutex<Region>,
-    /// Every volume with a key: its cipher, `None` while locked.
-    ciphers: RwLock<HashMap<VolumeId, Option<Arc<BlockCipher>>>>,
+    /// Every layer with an entry: its cipher, or that it is plain.
+    pub(crate) ciphers: RwLock<HashMap<VolumeId, LayerKey>>,
+    /// Some snapshot has an entry of its own (a re-encryption pinned it):
+    /// stacks may mix keys, and reads resolve a key per layer. Never
+    /// cleared while the store is open.
+    pinned: std::sync::atomic::AtomicBool,
+}
+
+/// What a layer's entry makes of its blocks at run time.
+#[derive(Clone)]
+pub(crate) enum LayerKey {
+    /// Encrypted; its key not unwrapped yet.
+    Locked,
+    Unlocked(Arc<BlockCipher>),
+    /// Not encrypted (a pinned snapshot of a re-encrypted volume).
+    Plain,
+}
+
+/// What [`KeySlots::put`] writes for a layer.
+#[derive(Clone, Copy)]
+pub(crate) enum Entry<'a> {
+    Key(&'a WrappedKey),
+    Plain,
 }
 
 struct Region {
@@ -73,22 +98,28 @@ impl KeySlots {
         let mut bytes = AlignedBuf::zeroed(layout.key_len() as usize);
         device.read_at(&mut bytes, layout.key_offset)?;
         let mut index = HashMap::new();
+        let mut ciphers = HashMap::new();
         let mut bad_entries = 0;
         for i in 0..layout.key_slots as u32 {
             let at = i as usize * KEY_SLOT_SIZE;
             match decode_key_slot(i, &bytes[at..at + KEY_SLOT_SIZE]) {
                 Some(KeySlot::Key { volume, .. }) => {
                     index.insert(volume, i);
+                    ciphers.insert(volume, LayerKey::Locked);
+                }
+                Some(KeySlot::Plain { volume }) => {
+                    index.insert(volume, i);
+                    ciphers.insert(volume, LayerKey::Plain);
                 }
                 Some(KeySlot::Empty) => {}
                 None => bad_entries += 1,
             }
         }
-        let ciphers = index.keys().map(|&v| (v, None)).collect();
         Ok(LoadedKeys {
             slots: KeySlots {
                 inner: Mutex::new(Region { bytes, index }),
                 ciphers: RwLock::new(ciphers),
+                pinned: std::sync::atomic::AtomicBool::new(false),
             },
             bad_entries,
         })
@@ -99,10 +130,19 @@ impl KeySlots {
         let mut bytes = AlignedBuf::zeroed(layout.key_len() as usize);
         for i in 0..layout.key_slots as u32 {
             let at = i as usize * KEY_SLOT_SIZE;
-            encode_key_slot(i, None, &mut bytes[at..at + KEY_SLOT_SIZE]);
+            encode_key_slot(i, &KeySlot::Empty, &mut bytes[at..at + KEY_SLOT_SIZE]);
         }
         device.write_at(&bytes, layout.key_offset, false)?;
         Ok(())
+    }
+
+    pub(crate) fn note_pinned(&self) {
+        self.pinned
+            .store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    fn has_pinned(&self) -> bool {
+        self.pinned.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// The volumes that have an entry.
@@ -110,25 +150,24 @@ impl KeySlots {
         self.inner.lock().index.keys().copied().collect()
     }
 
-    fn get(&self, volume: VolumeId) -> Option<WrappedKey> {
+    /// `volume`'s own entry, if it has one that verifies.
+    pub(crate) fn get(&self, volume: VolumeId) -> Option<KeySlot> {
         let r = self.inner.lock();
         let i = *r.index.get(&volume)?;
         let at = i as usize * KEY_SLOT_SIZE;
-        match decode_key_slot(i, &r.bytes[at..at + KEY_SLOT_SIZE])? {
-            KeySlot::Key { volume: v, key } if v == volume => Some(key),
-            _ => None,
-        }
+        decode_key_slot(i, &r.bytes[at..at + KEY_SLOT_SIZE])
+            .filter(|e| e.volume() == Some(volume))
     }
 
     /// Sets (`Some`) or empties (`None`) `volume`'s entry and writes its
     /// page durably. Setting takes the volume's entry, else the first that
     /// is not in use (a bad one included).
-    fn put(
+    pub(crate) fn put(
         &self,
         device: &dyn BlockDevice,
         layout: &Layout,
         volume: VolumeId,
-        key: Option<&WrappedKey>,
+        key: Option<Entry<'_>>,
     ) -> Result<(), StoreError> {
         let mut r = self.inner.lock();
         let i = match (r.index.get(&volume).copied(), key) {
@@ -147,11 +186,15 @@ impl KeySlots {
             }
         };
         let at = i as usize * KEY_SLOT_SIZE;
-        encode_key_slot(
-            i,
-            key.map(|k| (volume, k)),
-            &mut r.bytes[at..at + KEY_SLOT_SIZE],
-        );
+        let entry = match key {
+            None => KeySlot::Empty,
+            Some(Entry::Plain) => KeySlot::Plain { volume },
+            Some(Entry::Key(key)) => KeySlot::Key {
+                volume,
+                key: key.clone(),
+            },
+        };
+        encode_key_slot(i, &entry, &mut r.bytes[at..at + KEY_SLOT_SIZE]);
         let page = at as u64 / PAGE;
         let start = (page * PAGE) as usize;
         let end = (start + PAGE as usize).min(r.bytes.len());
@@ -163,9 +206,16 @@ impl KeySlots {
         device.flush()?;
         let mut ciphers = self.ciphers.write();
         match key {
-            Some(_) => {
+            Some(Entry::Key(_)) => {
                 r.index.insert(volume, i);
-                ciphers.entry(volume).or_insert(None);
+                let c = ciphers.entry(volume).or_insert(LayerKey::Locked);
+                if matches!(c, LayerKey::Plain) {
+                    *c = LayerKey::Locked;
+                }
+            }
+            Some(Entry::Plain) => {
+                r.index.insert(volume, i);
+                ciphers.insert(volume, LayerKey::Plain);
             }
             None => {
                 r.index.remove(&volume);
@@ -177,7 +227,7 @@ impl KeySlots {
 }
 
 impl Store {
-    fn key_slots(&self) -> Result<&KeySlots, StoreError> {
+    pub(crate) fn key_slots(&self) -> Result<&KeySlots, StoreError> {
         self.keys.as_ref().ok_or_else(|| {
             StoreError::Format(
                 "this store was formatted without key slots (encryption at rest); format a new store to keep volume keys"
@@ -198,7 +248,7 @@ impl Store {
         if vol.is_deleted() || vol.is_retired() {
             return Err(StoreError::NotFound(id));
         }
-        keys.put(self.device.as_ref(), &self.layout, id, Some(key))
+        keys.put(self.device.as_ref(), &self.layout, id, Some(Entry::Key(key)))
             .map_err(|e| self.fail(e))
     }
 
@@ -221,7 +271,7 @@ impl Store {
         if self.meta.lock().volumes.contains_key(&id) {
             return Err(StoreError::Exists(id));
         }
-        keys.put(self.device.as_ref(), &self.layout, id, Some(key))
+        keys.put(self.device.as_ref(), &self.layout, id, Some(Entry::Key(key)))
             .map_err(|e| self.fail(e))?;
         let added = self.add_layer(&mut self.meta.lock(), id, size, None);
         let created = added.and_then(|()| self.commit());
@@ -233,7 +283,7 @@ impl Store {
                 .map_err(|e| self.fail(e))?;
             return Err(e);
         }
-        keys.ciphers.write().insert(id, Some(cipher));
+        keys.ciphers.write().insert(id, LayerKey::Unlocked(cipher));
         Ok(())
     }
 
@@ -243,17 +293,18 @@ impl Store {
         let keys = self.key_slots()?;
         let mut ciphers = keys.ciphers.write();
         match ciphers.get_mut(&id) {
-            Some(slot) => {
-                *slot = Some(cipher);
+            Some(slot @ (LayerKey::Locked | LayerKey::Unlocked(_))) => {
+                *slot = LayerKey::Unlocked(cipher);
                 Ok(())
             }
-            None => Err(StoreError::Format(format!(
+            _ => Err(StoreError::Format(format!(
                 "volume {id} has no key to unlock"
             ))),
         }
     }
 
-    /// The volumes (not snapshots) with a key, and whether each is locked.
+    /// The layers with a key of their own (volumes, and snapshots pinned
+    /// by a re-encryption), and whether each is locked.
     pub fn keyed_volumes(&self) -> Vec<(VolumeId, bool)> {
         let Some(keys) = self.keys.as_ref() else {
             return Vec::new();
@@ -262,7 +313,11 @@ impl Store {
             .ciphers
             .read()
             .iter()
-            .map(|(&id, c)| (id, c.is_none()))
+            .filter_map(|(&id, c)| match c {
+                LayerKey::Locked => Some((id, true)),
+                LayerKey::Unlocked(_) => Some((id, false)),
+                LayerKey::Plain => None,
+            })
             .collect();
         v.sort();
         v
@@ -289,12 +344,36 @@ impl Store {
         let ciphers = keys.ciphers.read();
         for id in std::iter::once(vol.id).chain(vol.snapshot_of) {
             match ciphers.get(&id) {
-                Some(Some(c)) => return Ok(Some(c.clone())),
-                Some(None) => return Err(StoreError::Locked(id)),
+                Some(LayerKey::Unlocked(c)) => return Ok(Some(c.clone())),
+                Some(LayerKey::Locked) => return Err(StoreError::Locked(id)),
+                Some(LayerKey::Plain) => return Ok(None),
                 None => {}
             }
         }
         Ok(None)
+    }
+
+    /// The cipher of each layer of a stack (`layer_map::stack_states`
+    /// order) when they differ; empty when every layer reads with the
+    /// head's (`head`: its [`Store::cipher_of`]), as in any store no volume
+    /// of which was re-encrypted.
+    pub(crate) fn stack_ciphers(
+        &self,
+        layers: &[Arc<crate::layer_map::VolumeState>],
+        head: &Option<Arc<BlockCipher>>,
+    ) -> Result<Vec<Option<Arc<BlockCipher>>>, StoreError> {
+        if !self.keys.as_ref().is_some_and(KeySlots::has_pinned) || layers.len() < 2 {
+            return Ok(Vec::new());
+        }
+        let ciphers = layers
+            .iter()
+            .map(|l| self.cipher_of(l))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(if ciphers.iter().all(|c| same_key(c, head)) {
+            Vec::new()
+        } else {
+            ciphers
+        })
     }
 
     /// Before a clone of `snap` named `clone` is added: gives it an entry
@@ -312,7 +391,7 @@ impl Store {
             return Ok(None);
         };
         let cipher = self.cipher_of(snap).ok().flatten();
-        keys.put(self.device.as_ref(), &self.layout, clone, Some(&key))
+        keys.put(self.device.as_ref(), &self.layout, clone, Some(Entry::Key(&key)))
             .map_err(|e| self.fail(e))?;
         Ok(Some(cipher))
     }
@@ -321,21 +400,32 @@ impl Store {
     /// parent's was loaded.
     pub(crate) fn set_inherited_cipher(&self, clone: VolumeId, cipher: Option<Arc<BlockCipher>>) {
         if let (Some(keys), Some(c)) = (self.keys.as_ref(), cipher) {
-            keys.ciphers.write().insert(clone, Some(c));
+            keys.ciphers.write().insert(clone, LayerKey::Unlocked(c));
         }
     }
 
     /// Volume `id`'s wrapped data key: its own, or for a snapshot without
-    /// one its volume's. None: the volume has no key (it is not encrypted),
-    /// or the store has no key slots.
+    /// an entry its volume's. None: the layer is not encrypted (or the
+    /// store has no key slots).
     pub fn volume_key(&self, id: VolumeId) -> Result<Option<WrappedKey>, StoreError> {
         let vol = self.volume_state(id)?;
         let Some(keys) = self.keys.as_ref() else {
             return Ok(None);
         };
-        Ok(keys
+        let entry = keys
             .get(id)
-            .or_else(|| vol.snapshot_of.and_then(|origin| keys.get(origin))))
+            .or_else(|| vol.snapshot_of.and_then(|origin| keys.get(origin)));
+        Ok(match entry {
+            Some(KeySlot::Key { key, .. }) => Some(key),
+            _ => None,
+        })
+    }
+
+    /// Whether layer `id` has an entry of its own (a volume's key, a
+    /// clone's, or a snapshot pinned by a re-encryption), rather than
+    /// reading with its volume's.
+    pub fn has_own_key_entry(&self, id: VolumeId) -> bool {
+        self.keys.as_ref().is_some_and(|k| k.get(id).is_some())
     }
 
     /// Empties volume `id`'s entry, if it has one (after its deletion is
@@ -354,20 +444,40 @@ impl Store {
         let Some(keys) = self.keys.as_ref() else {
             return Ok(0);
         };
-        let live: std::collections::HashSet<VolumeId> =
-            self.meta.lock().volumes.keys().copied().collect();
+        let live: HashMap<VolumeId, bool> = self
+            .meta
+            .lock()
+            .volumes
+            .values()
+            .map(|v| (v.id, v.is_snapshot()))
+            .collect();
         let mut shredded = 0;
         for id in keys.volumes() {
-            if !live.contains(&id) {
-                self.shred_key(id)?;
-                shredded += 1;
+            match live.get(&id) {
+                None => {
+                    self.shred_key(id)?;
+                    shredded += 1;
+                }
+                Some(true) => keys.note_pinned(),
+                Some(false) => {}
             }
         }
         Ok(shredded)
     }
 }
 
-fn check_wrapped(key: &WrappedKey) -> Result<(), StoreError> {
+/// Whether two layers' ciphers are one (by identity: the same key unwrapped
+/// twice compares unequal, which costs a needless re-encryption, never a
+/// wrong one).
+pub(crate) fn same_key(a: &Option<Arc<BlockCipher>>, b: &Option<Arc<BlockCipher>>) -> bool {
+    match (a, b) {
+        (None, None) => true,
+        (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+        _ => false,
+    }
+}
+
+pub(crate) fn check_wrapped(key: &WrappedKey) -> Result<(), StoreError> {
     if key.suite == 0 || key.blob.len() > MAX_WRAPPED_KEY {
         return Err(StoreError::Format(format!(
             "a wrapped key needs a suite other than 0 and at most {MAX_WRAPPED_KEY} bytes (got suite {}, {} bytes)",

@@ -226,20 +226,52 @@ pub(crate) fn resolve(
     logical: usize,
     within: u64,
 ) -> Option<u64> {
+    resolve_layer(store, head, ancestors, logical, within).map(|(at, _)| at)
+}
+
+/// [`resolve`], with the layer the block is read from: 0 for `head`, `k`
+/// for `ancestors[k - 1]`.
+pub(crate) fn resolve_layer(
+    store: &Store,
+    head: &LayerMap,
+    ancestors: &[LayerGuard],
+    logical: usize,
+    within: u64,
+) -> Option<(u64, usize)> {
     let layout = &store.layout;
     let layers = std::iter::once(head).chain(ancestors.iter().map(|g| &**g));
-    for layer in layers {
+    for (k, layer) in layers.enumerate() {
         if let Some(phys) = layer.phys(logical) {
             let at = layout.extent_offset(phys) + within;
             if layer.parent.is_none() {
-                return Some(at);
+                return Some((at, k));
             }
             // A layer with a parent exists only in a store with presence.
             let block = layout.data_block_at(at);
             if store.presence.as_ref().is_some_and(|p| p.is_present(block)) {
-                return Some(at);
+                return Some((at, k));
             }
         }
     }
     None
+}
+
+/// The layers of a stack as `VolumeState`s: `head`'s, then each ancestor's
+/// (those `lock_ancestors` locked, in that order).
+pub(crate) fn stack_states(
+    head: &Arc<VolumeState>,
+    head_map: &LayerMap,
+    ancestors: &[LayerGuard],
+) -> Vec<Arc<VolumeState>> {
+    let mut out = Vec::with_capacity(1 + ancestors.len());
+    out.push(head.clone());
+    let mut next = head_map.parent.clone();
+    for guard in ancestors {
+        match next {
+            Some(layer) => out.push(layer),
+            None => break,
+        }
+        next = guard.parent.clone();
+    }
+    out
 }

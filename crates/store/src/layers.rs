@@ -30,10 +30,23 @@ use crate::buf::AlignedBuf;
 use crate::engine::{now_unix, Store};
 use crate::error::{IoError, StoreError};
 use crate::format::JournalEntry;
-use crate::layer_map::{LayerGuard, LayerMap, VolumeState};
+use crate::layer_map::{stack_states, LayerGuard, LayerMap, VolumeState};
 use crate::{VolumeId, BLOCK_SIZE};
 use basalt_crypt::BlockCipher;
 use std::sync::Arc;
+
+/// The layers a flattened volume reads through, for `read_through`.
+struct Through<'a> {
+    below: &'a LayerGuard,
+    rest: &'a [LayerGuard],
+    /// The volume's cipher.
+    cipher: Option<&'a BlockCipher>,
+    /// Of a re-encrypted volume: each layer's (`stack_states` order);
+    /// empty when all share the volume's.
+    keys: &'a [Option<Arc<BlockCipher>>],
+    /// The volume's block the extent read starts at.
+    first_block: u64,
+}
 
 /// What `copy_missing_blocks` writes into the blocks a layer lacks.
 enum Source<'a> {
@@ -44,6 +57,10 @@ enum Source<'a> {
         phys: u32,
         bottom: bool,
         cipher: Option<&'a BlockCipher>,
+        /// The layer written to has another key (a re-encrypted volume's):
+        /// reseal each block for it; the extent is the volume's logical
+        /// extent starting at this block.
+        reseal: Option<(Option<&'a BlockCipher>, u64)>,
     },
     /// Zeros.
     Zeros,
@@ -129,48 +146,58 @@ impl Store {
                 "{volume} is a snapshot; snapshots of snapshots are taken by cloning first"
             )));
         }
-        {
-            let mut map = vol.map.write();
-            if vol.is_deleted() {
-                return Err(StoreError::NotFound(volume));
-            }
-            let mut m = self.meta.lock();
-            if m.volumes.contains_key(&snap) {
-                return Err(StoreError::Exists(snap));
-            }
-            let new_slot = m
-                .free_slot()
-                .ok_or(StoreError::TooManyVolumes(self.layout.volume_slots))?;
-            let now = now_unix();
-            let size = vol.size();
-            let frozen = std::mem::replace(&mut *map, LayerMap::new(new_slot, 0));
-            map.resize(frozen.len());
-            let old_slot = frozen.slot;
-            let snapshot = Arc::new(VolumeState::with_map(snap, size, now, frozen, Some(volume)));
-            snapshot.set_last_scrub(vol.last_scrub());
-            map.parent = Some(snapshot.clone());
-            vol.reset_allocated();
-            m.push(JournalEntry::Snapshot {
-                slot: old_slot,
-                new_slot,
-                snap_id: snap,
-                snap_created: now,
-                size,
-                vol_id: volume,
-                vol_created: vol.created_unix,
-                last_scrub: vol.last_scrub(),
-            });
-            m.slots_used[new_slot as usize - 1] = true;
-            m.volumes.insert(snap, snapshot);
-            // Every first write to an extent of the new layer maps one: have
-            // a batch reserved by this commit, so that the writes right
-            // after the snapshot do not each wait for a commit of their own.
-            if m.reserved.len() + m.reserving.len() < m.reserve_batch as usize {
-                Self::reserve_batch(&mut m);
-            }
-        }
+        self.freeze_head(&vol, &mut vol.map.write(), snap)?;
         tracing::info!(%volume, snapshot = %snap, "snapshot taken");
         self.commit()
+    }
+
+    /// Queues snapshot `snap` of volume `vol`, whose map the caller holds
+    /// exclusively as `map`: its layer becomes the snapshot, the volume
+    /// goes on in a new empty layer over it. Durable with the next commit.
+    pub(crate) fn freeze_head(
+        &self,
+        vol: &Arc<VolumeState>,
+        map: &mut LayerMap,
+        snap: VolumeId,
+    ) -> Result<(), StoreError> {
+        if vol.is_deleted() {
+            return Err(StoreError::NotFound(vol.id));
+        }
+        let mut m = self.meta.lock();
+        if m.volumes.contains_key(&snap) {
+            return Err(StoreError::Exists(snap));
+        }
+        let new_slot = m
+            .free_slot()
+            .ok_or(StoreError::TooManyVolumes(self.layout.volume_slots))?;
+        let now = now_unix();
+        let size = vol.size();
+        let frozen = std::mem::replace(map, LayerMap::new(new_slot, 0));
+        map.resize(frozen.len());
+        let old_slot = frozen.slot;
+        let snapshot = Arc::new(VolumeState::with_map(snap, size, now, frozen, Some(vol.id)));
+        snapshot.set_last_scrub(vol.last_scrub());
+        map.parent = Some(snapshot.clone());
+        vol.reset_allocated();
+        m.push(JournalEntry::Snapshot {
+            slot: old_slot,
+            new_slot,
+            snap_id: snap,
+            snap_created: now,
+            size,
+            vol_id: vol.id,
+            vol_created: vol.created_unix,
+            last_scrub: vol.last_scrub(),
+        });
+        m.slots_used[new_slot as usize - 1] = true;
+        m.volumes.insert(snap, snapshot);
+        // Every first write to an extent of the new layer maps one: have
+        // a batch reserved by this commit, so that the writes right
+        // after the snapshot do not each wait for a commit of their own.
+        if m.reserved.len() + m.reserving.len() < m.reserve_batch as usize {
+            Self::reserve_batch(&mut m);
+        }
+        Ok(())
     }
 
     /// Creates volume `id` as a clone of snapshot `snap`: it reads the
@@ -336,6 +363,10 @@ impl Store {
         let presence = self.presence.as_ref().ok_or(StoreError::NoLayers)?;
         // Its packed extents of an encrypted volume are read through it.
         let s_cipher = self.cipher_of(s).ok().flatten();
+        // A re-encrypted volume's child may be under another key: its
+        // extents are then resealed block by block, never handed over.
+        let c_cipher = self.cipher_of(c).ok().flatten();
+        let recrypt = !crate::keys::same_key(&s_cipher, &c_cipher);
         {
             let smap = s.map.write();
             s.retire();
@@ -352,7 +383,13 @@ impl Store {
             let smap = s.map.write();
             let s_root = smap.parent.is_none();
             let mut entries = Vec::new();
-            match (smap.phys(logical), cmap.phys(logical)) {
+            let mut child = cmap.phys(logical);
+            if let (true, Some(_), None, Some(entry)) =
+                (recrypt, smap.phys(logical), child, cmap.get(logical))
+            {
+                child = Some(self.allocate(c, cmap.slot, logical as u32, entry)?);
+            }
+            match (smap.phys(logical), child) {
                 (None, None) => continue,
                 // Blocks the child lacks read through the snapshot, which
                 // holds none here: zeros if it is the bottom layer. The
@@ -394,6 +431,7 @@ impl Store {
                         phys: sphys,
                         bottom: s_root,
                         cipher: s_cipher.as_deref(),
+                        reseal: recrypt.then(|| (c_cipher.as_deref(), logical as u64 * bpe)),
                     };
                     copied += self.copy_missing_blocks(from, cphys, &mut buf, &mut entries)?;
                     entries.push(JournalEntry::Free {
@@ -465,7 +503,17 @@ impl Store {
             return Ok(0);
         }
         match from {
-            Source::Extent { phys, cipher, .. } => self.read_extent_verified(phys, buf, cipher)?,
+            Source::Extent {
+                phys,
+                cipher,
+                reseal,
+                ..
+            } => {
+                self.read_extent_verified(phys, buf, cipher)?;
+                if let Some((to, first_block)) = reseal {
+                    crate::rekey::reseal(buf, first_block, cipher, to)?;
+                }
+            }
             Source::Zeros => buf.fill(0),
             Source::Filled => {}
         }
@@ -527,6 +575,7 @@ impl Store {
         let mut copied_bytes = 0u64;
         // Without its key, only packed blocks of an encrypted volume fail.
         let cipher = self.cipher_of(&vol).ok().flatten();
+        let bpe = self.layout.blocks_per_extent();
         for logical in first..last {
             let mut entries = Vec::new();
             {
@@ -535,6 +584,10 @@ impl Store {
                     return Err(StoreError::NotFound(id));
                 }
                 let ancestors = VolumeState::lock_ancestors(&map);
+                // Of a re-encrypted volume: the key of each layer, to
+                // reseal what it reads through them.
+                let keys =
+                    self.stack_ciphers(&stack_states(&vol, &map, &ancestors), &cipher)?;
                 let Some((below, rest)) = ancestors.split_first() else {
                     break; // nothing to read through
                 };
@@ -555,7 +608,14 @@ impl Store {
                                 self.allocate(&vol, map.slot, logical as u32, entry)?
                             }
                         };
-                        self.read_through(below, rest, l, &mut buf, cipher.as_deref())?;
+                        let through = Through {
+                            below,
+                            rest,
+                            cipher: cipher.as_deref(),
+                            keys: &keys,
+                            first_block: logical * bpe,
+                        };
+                        self.read_through(&through, l, &mut buf)?;
                         self.copy_missing_blocks(Source::Filled, cphys, &mut buf, &mut entries)?
                     }
                 };
@@ -581,25 +641,41 @@ impl Store {
         Ok(report)
     }
 
-    /// Reads logical extent `logical` as the layers `below` and `rest`
-    /// show it (zeros where none holds a block) into `buf`, every block
-    /// read verified.
+    /// Reads logical extent `logical` as the layers below a volume show it
+    /// (zeros where none holds a block) into `buf`, every block read
+    /// verified and, of a re-encrypted volume, sealed for the volume.
     fn read_through(
         &self,
-        below: &LayerGuard,
-        rest: &[LayerGuard],
+        through: &Through<'_>,
         logical: usize,
         buf: &mut AlignedBuf,
-        cipher: Option<&BlockCipher>,
     ) -> Result<(), StoreError> {
         let bs = BLOCK_SIZE as usize;
         for (j, block) in buf.chunks_mut(bs).enumerate() {
-            let Some(at) = crate::layer_map::resolve(self, below, rest, logical, (j * bs) as u64)
-            else {
+            let Some((at, k)) = crate::layer_map::resolve_layer(
+                self,
+                through.below,
+                through.rest,
+                logical,
+                (j * bs) as u64,
+            ) else {
                 block.fill(0);
                 continue;
             };
-            self.read_block_verified(at, block, cipher).map_err(|e| match e {
+            // `keys[0]` is the volume's; layer `k` below it is `keys[k + 1]`.
+            let from = match through.keys.get(k + 1) {
+                Some(c) => c.as_deref(),
+                None => through.cipher,
+            };
+            self.read_block_verified(at, block, from)
+                .and_then(|()| {
+                    if through.keys.is_empty() {
+                        return Ok(());
+                    }
+                    crate::rekey::reseal(block, through.first_block + j as u64, from, through.cipher)
+                        .map_err(|e| IoError::Io(std::io::Error::other(e.to_string())))
+                })
+                .map_err(|e| match e {
                 IoError::Corrupt { offset } => StoreError::Layers(format!(
                     "cannot copy the parent's data: its block at device offset {offset} fails its checksum"
                 )),

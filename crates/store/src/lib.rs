@@ -39,6 +39,7 @@ mod pace;
 mod packing;
 mod presence;
 mod recovery;
+mod rekey;
 mod scrub;
 mod space;
 mod staged;

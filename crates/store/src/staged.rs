@@ -35,13 +35,16 @@
 //!   all zeros on the device was never written through the cipher (a
 //!   fresh extent, a zeroed range) and reads as zeros without decrypting;
 //!   a written block is never all zeros (the chance that a block's
-//!   ciphertext is, is 2^-32768), so written zeros stay data.
+//!   ciphertext is, is 2^-32768), so written zeros stay data. A read piece
+//!   is decrypted with the key of the layer it reads from: the volume's,
+//!   unless it was re-encrypted and the piece comes from an older layer
+//!   (`keys.rs`); a piece never spans two layers (it reads one extent).
 
 use crate::buf::AlignedBuf;
 use crate::device::IoOp;
 use crate::error::IoError;
 use crate::integrity::WriteSample;
-use crate::layer_map::{resolve, LayerGuard, VolumeState};
+use crate::layer_map::{resolve_layer, stack_states, LayerGuard, VolumeState};
 use crate::volume::{check_range, DataKind, DataOp, LocalVolume};
 use crate::BLOCK_SIZE;
 use basalt_crypt::BlockCipher;
@@ -82,6 +85,11 @@ pub struct StagedBatch {
     failed: Vec<(usize, IoError)>,
     /// An encrypted volume's cipher.
     cipher: Option<Arc<BlockCipher>>,
+    /// Of a stack whose layers have different keys: each layer's cipher
+    /// (`stack_states` order), and each piece's (reads: its layer's).
+    /// Both empty otherwise: every piece uses `cipher`.
+    layer_ciphers: Vec<Option<Arc<BlockCipher>>>,
+    piece_ciphers: Vec<Option<Arc<BlockCipher>>>,
     /// With a cipher, for each piece: a write's ciphertext (`None` for a
     /// read). Empty without one.
     sealed: Vec<Option<AlignedBuf>>,
@@ -151,6 +159,21 @@ impl LocalVolume {
                 return Ok(None);
             }
         };
+        let layer_ciphers = if ancestors.is_empty() {
+            Ok(Vec::new())
+        } else {
+            store.stack_ciphers(&stack_states(vol, &map, &ancestors), &cipher)
+        };
+        let layer_ciphers = match layer_ciphers {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::error!(volume = %vol.id, error = %e, "I/O through a locked snapshot refused");
+                for op in ops.iter_mut() {
+                    op.result = Err(IoError::Failed);
+                }
+                return Ok(None);
+            }
+        };
         let writes = ops.iter().any(|o| matches!(o.kind, DataKind::Write(_)));
         if writes && (vol.is_snapshot() || store.check_usable().is_err()) {
             let snapshot = vol.is_snapshot();
@@ -177,6 +200,8 @@ impl LocalVolume {
             samples: Vec::new(),
             failed: Vec::new(),
             cipher,
+            layer_ciphers,
+            piece_ciphers: Vec::new(),
             sealed: Vec::new(),
             fua_wanted: false,
             commit_after: false,
@@ -207,15 +232,22 @@ impl LocalVolume {
                         // whole extent's piece, or (layered) the blocks
                         // that resolve to consecutive device offsets.
                         let mut n = ((es - within) as usize).min(rest.len());
-                        let at = if layered {
+                        let (at, layer) = if layered {
                             let ancestors = &batch._ancestors;
-                            let first = resolve(store, map, ancestors, logical, within);
+                            let first = resolve_layer(store, map, ancestors, logical, within);
                             let mut run = bs;
                             while run < n {
-                                let next =
-                                    resolve(store, map, ancestors, logical, within + run as u64);
+                                let next = resolve_layer(
+                                    store,
+                                    map,
+                                    ancestors,
+                                    logical,
+                                    within + run as u64,
+                                );
+                                // Contiguous on the device: one extent, so
+                                // one layer.
                                 let contiguous = match (first, next) {
-                                    (Some(a), Some(b)) => b == a + run as u64,
+                                    (Some((a, _)), Some((b, _))) => b == a + run as u64,
                                     (None, None) => true,
                                     _ => false,
                                 };
@@ -225,10 +257,12 @@ impl LocalVolume {
                                 run += bs;
                             }
                             n = run;
-                            first
+                            (first.map(|(at, _)| at), first.map_or(0, |(_, k)| k))
                         } else {
-                            map.phys(logical)
-                                .map(|phys| layout.extent_offset(phys) + within)
+                            let at = map
+                                .phys(logical)
+                                .map(|phys| layout.extent_offset(phys) + within);
+                            (at, 0)
                         };
                         let (piece, tail) = std::mem::take(&mut rest).split_at_mut(n);
                         rest = tail;
@@ -258,6 +292,10 @@ impl LocalVolume {
                                 });
                                 if batch.cipher.is_some() {
                                     batch.sealed.push(None);
+                                }
+                                if !batch.layer_ciphers.is_empty() {
+                                    let c = batch.layer_ciphers.get(layer).cloned().flatten();
+                                    batch.piece_ciphers.push(c);
                                 }
                             }
                             None => piece.fill(0),
@@ -318,6 +356,9 @@ impl LocalVolume {
                                 }
                                 if batch.cipher.is_some() {
                                     batch.sealed.push(sealed);
+                                }
+                                if !batch.layer_ciphers.is_empty() {
+                                    batch.piece_ciphers.push(batch.cipher.clone());
                                 }
                                 batch.pieces.push(DevicePiece {
                                     op: i,
@@ -422,6 +463,15 @@ impl StagedBatch {
         self.needs_unpack
     }
 
+    /// The cipher piece `k`'s blocks are sealed with on the device.
+    fn piece_cipher(&self, k: usize) -> Option<&BlockCipher> {
+        if self.layer_ciphers.is_empty() {
+            self.cipher.as_deref()
+        } else {
+            self.piece_ciphers.get(k).and_then(|c| c.as_deref())
+        }
+    }
+
     fn is_packed(&self, piece: &DevicePiece) -> bool {
         !piece.write && piece.device_offset >= self.volume.store().layout.virtual_base()
     }
@@ -500,7 +550,7 @@ impl StagedBatch {
                     if self.is_packed(p) {
                         let rel = p.device_offset - layout.data_offset;
                         store
-                            .read_packed((rel / es) as u32, rel % es, span, self.cipher.as_deref())
+                            .read_packed((rel / es) as u32, rel % es, span, self.piece_cipher(k))
                             .map_err(|e| {
                                 self.packed_errors.lock().push((k, e));
                                 io::Error::other("packed extent read failed")
@@ -580,7 +630,8 @@ impl StagedBatch {
                     }
                 }
             }
-            if let (Some(cipher), false, true) = (&self.cipher, piece.write, result.is_ok()) {
+            if let (Some(cipher), false, true) = (self.piece_cipher(k), piece.write, result.is_ok())
+            {
                 if let Some(op) = ops.get_mut(piece.op) {
                     let first = (op.offset + piece.start as u64) / BLOCK_SIZE;
                     if let DataKind::Read(buf) = &mut op.kind {

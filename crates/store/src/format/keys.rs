@@ -4,7 +4,7 @@
 //!
 //! | offset | type | field |
 //! |---|---|---|
-//! | 0 | u8 | entry version (1; 0 = empty) |
+//! | 0 | u8 | entry kind: 0 empty, 1 a key, 2 plain (the layer has no key of its own and is not encrypted) |
 //! | 1 | u8 | key suite: how the blob wraps the key (see `WrappedKey::suite`) |
 //! | 2 | u8 | blob length (≤ `MAX_WRAPPED_KEY`) |
 //! | 3 | u8 | reserved (0) |
@@ -12,6 +12,11 @@
 //! | 8 | [u8; 16] | the volume's UUID: an entry of a volume deleted from the slot never passes for another's |
 //! | 24 | [u8; 100] | the wrapped key, zero padded |
 //! | 124 | u32 | CRC32C of (entry index as u32, bytes 0..124) |
+//!
+//! A plain entry (kind 2) has every byte but the UUID and the CRC zero. It
+//! pins a snapshot of a volume that was re-encrypted (`Store::rekey_volume`)
+//! as unencrypted: without it, a snapshot reads with its volume's key.
+//! Builds before it read such an entry as damaged.
 //!
 //! Why 128 B in place, no second copy: an entry never crosses a 512 B
 //! sector, and a power cut tears a write at sector boundaries, so an entry
@@ -34,20 +39,26 @@ fn entry_crc(index: u32, b: &[u8]) -> u32 {
     crc32c::crc32c_append(crc32c::crc32c(&index.to_le_bytes()), &b[..124])
 }
 
-/// Encodes entry `index` for volume `volume` into `out` (128 bytes);
-/// `None` writes an empty entry. Panics only on a blob longer than
-/// `MAX_WRAPPED_KEY` or a suite of 0, which callers check.
-pub fn encode_key_slot(index: u32, entry: Option<(uuid::Uuid, &WrappedKey)>, out: &mut [u8]) {
+/// Encodes entry `index` into `out` (128 bytes). Panics only on a blob
+/// longer than `MAX_WRAPPED_KEY` or a suite of 0, which callers check.
+pub fn encode_key_slot(index: u32, entry: &KeySlot, out: &mut [u8]) {
     let out = &mut out[..KEY_SLOT_SIZE];
     out.fill(0);
-    if let Some((volume, key)) = entry {
-        assert!(key.blob.len() <= MAX_WRAPPED_KEY && key.suite != 0);
-        out[0] = 1;
-        out[1] = key.suite;
-        out[2] = key.blob.len() as u8;
-        put_u32(out, 4, key.master_key_id);
-        out[8..24].copy_from_slice(volume.as_bytes());
-        out[24..24 + key.blob.len()].copy_from_slice(&key.blob);
+    match entry {
+        KeySlot::Empty => {}
+        KeySlot::Key { volume, key } => {
+            assert!(key.blob.len() <= MAX_WRAPPED_KEY && key.suite != 0);
+            out[0] = 1;
+            out[1] = key.suite;
+            out[2] = key.blob.len() as u8;
+            put_u32(out, 4, key.master_key_id);
+            out[8..24].copy_from_slice(volume.as_bytes());
+            out[24..24 + key.blob.len()].copy_from_slice(&key.blob);
+        }
+        KeySlot::Plain { volume } => {
+            out[0] = 2;
+            out[8..24].copy_from_slice(volume.as_bytes());
+        }
     }
     let crc = entry_crc(index, out);
     put_u32(out, 124, crc);
@@ -58,6 +69,18 @@ pub fn encode_key_slot(index: u32, entry: Option<(uuid::Uuid, &WrappedKey)>, out
 pub enum KeySlot {
     Empty,
     Key { volume: uuid::Uuid, key: WrappedKey },
+    /// The layer is not encrypted, whatever its volume's entry says.
+    Plain { volume: uuid::Uuid },
+}
+
+impl KeySlot {
+    /// The layer an entry names, if any.
+    pub fn volume(&self) -> Option<uuid::Uuid> {
+        match self {
+            KeySlot::Empty => None,
+            KeySlot::Key { volume, .. } | KeySlot::Plain { volume } => Some(*volume),
+        }
+    }
 }
 
 /// Decodes entry `index`; `None` if it fails to verify (or is not an entry
@@ -90,6 +113,10 @@ pub fn decode_key_slot(index: u32, b: &[u8]) -> Option<KeySlot> {
                 },
             })
         }
+        2 => (b[1..8].iter().all(|x| *x == 0) && b[24..124].iter().all(|x| *x == 0))
+            .then(|| KeySlot::Plain {
+                volume: get_uuid(b, 8),
+            }),
         _ => None,
     }
 }
@@ -107,20 +134,24 @@ mod tests {
         };
         let vol = uuid::Uuid::from_u128(99);
         let mut b = [0u8; KEY_SLOT_SIZE];
-        encode_key_slot(3, Some((vol, &key)), &mut b);
-        assert_eq!(
-            decode_key_slot(3, &b),
-            Some(KeySlot::Key {
-                volume: vol,
-                key: key.clone()
-            })
-        );
+        let entry = KeySlot::Key {
+            volume: vol,
+            key: key.clone(),
+        };
+        encode_key_slot(3, &entry, &mut b);
+        assert_eq!(decode_key_slot(3, &b), Some(entry));
         // Salted with its index: an entry copied to another place fails.
         assert_eq!(decode_key_slot(4, &b), None);
         let mut flipped = b;
         flipped[40] ^= 1;
         assert_eq!(decode_key_slot(3, &flipped), None);
-        encode_key_slot(3, None, &mut b);
+        let plain = KeySlot::Plain { volume: vol };
+        encode_key_slot(3, &plain, &mut b);
+        assert_eq!(decode_key_slot(3, &b), Some(plain));
+        let mut flipped = b;
+        flipped[30] = 1;
+        assert_eq!(decode_key_slot(3, &flipped), None);
+        encode_key_slot(3, &KeySlot::Empty, &mut b);
         assert_eq!(decode_key_slot(3, &b), Some(KeySlot::Empty));
         // A never-written region (all zeros) does not verify: the CRC of
         // zeros is not zero.
