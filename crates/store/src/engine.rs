@@ -656,8 +656,10 @@ impl Store {
         if options.background_zeroing {
             Zeroer::spawn(&store);
         }
-        store.finish_snapshot_deletions()?;
         let shredded = store.shred_orphan_keys()?;
+        // Those whose layers are under keys not loaded yet wait for
+        // `Store::finish_snapshot_deletions` after the unlock.
+        store.finish_snapshot_deletions()?;
         if shredded > 0 {
             tracing::info!(
                 keys = shredded,

@@ -331,8 +331,12 @@ impl Store {
         }
     }
 
-    /// At open: finishes deleting the snapshots a stop interrupted.
-    pub(crate) fn finish_snapshot_deletions(&self) -> Result<(), StoreError> {
+    /// Finishes deleting the snapshots a stop interrupted: at open, and
+    /// again once encrypted volumes are unlocked ([`Store::unlock_volume`])
+    /// for those whose merge reads or writes a layer under a key (it
+    /// cannot run before: a retired snapshot is never read, and its child
+    /// reads what it did, so waiting costs only space).
+    pub fn finish_snapshot_deletions(&self) -> Result<(), StoreError> {
         let retired: Vec<VolumeId> = self
             .meta
             .lock()
@@ -343,7 +347,12 @@ impl Store {
             .collect();
         for id in retired {
             tracing::info!(snapshot = %id, "finishing the deletion of a snapshot a stop interrupted");
-            self.delete_snapshot(id)?;
+            match self.delete_snapshot(id) {
+                Err(StoreError::Locked(layer)) => {
+                    tracing::info!(snapshot = %id, %layer, "the deletion finishes once the layer's key is loaded");
+                }
+                other => other?,
+            }
         }
         Ok(())
     }
@@ -361,11 +370,12 @@ impl Store {
     ) -> Result<(), StoreError> {
         let pacer = crate::Pacer::new(rate);
         let presence = self.presence.as_ref().ok_or(StoreError::NoLayers)?;
-        // Its packed extents of an encrypted volume are read through it.
-        let s_cipher = self.cipher_of(s).ok().flatten();
+        // Its packed extents of an encrypted volume are read through it
+        // (so its key must be loaded).
+        let s_cipher = self.cipher_of(s)?;
         // A re-encrypted volume's child may be under another key: its
         // extents are then resealed block by block, never handed over.
-        let c_cipher = self.cipher_of(c).ok().flatten();
+        let c_cipher = self.cipher_of(c)?;
         let recrypt = !crate::keys::same_key(&s_cipher, &c_cipher);
         {
             let smap = s.map.write();

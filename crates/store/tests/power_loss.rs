@@ -2,7 +2,8 @@
 //! calls (creates, deletes, resizes, aligned and unaligned writes, FUA,
 //! zeroing and TRIM, flushes, zeroing passes, cooling rounds, snapshots,
 //! clones, rollbacks, snapshot deletions, clean restarts; every other
-//! volume encrypted, its wrapped key replaced now and then), the history
+//! volume encrypted, its wrapped key replaced now and then, volumes
+//! re-encrypted between plain and encrypted), the history
 //! is run once to count its device operations, then once per operation k
 //! with the power cut after op k: the device fails from then on, and the
 //! crash drops, reorders and tears (per 512 B sector) every write that was
@@ -20,7 +21,8 @@
 //! its volume held when it was taken; `Store::check` finds every extent in
 //! exactly one place and every free extent zero; nothing was stray; every
 //! volume's key is the last one set (or the one being set), a snapshot's
-//! its volume's, a clone's its source's, no volume exists without its key
+//! its volume's unless a re-encryption pinned it to the key it was written
+//! with, a clone's its source's, no volume exists without its key
 //! or key without its volume, and no deleted volume's wrapped key is left
 //! on the device. Encrypted volumes are checked like the others through
 //! their cipher, with one difference: a 4 KiB block written and not
@@ -53,6 +55,8 @@ const SECTOR: usize = 512;
 
 /// Extents the histories packed (a sweep that packed none tested nothing).
 static PACKED: AtomicU64 = AtomicU64::new(0);
+/// Re-encryptions the histories switched (likewise).
+static REKEYED: AtomicU64 = AtomicU64::new(0);
 const EXTENT: u64 = 64 * 1024;
 const BLOCK: u64 = 4096;
 
@@ -153,6 +157,13 @@ enum Op {
         layer: usize,
         zstd: bool,
     },
+    /// Re-encrypts a volume (plain to encrypted under key `seed`, or
+    /// encrypted to plain), flattens it and deletes the snapshot that
+    /// took its old layer.
+    Rekey {
+        vol: usize,
+        seed: u64,
+    },
 }
 
 fn history(seed: u64, shape: Shape) -> Vec<Op> {
@@ -216,6 +227,17 @@ fn history(seed: u64, shape: Shape) -> Vec<Op> {
                     zstd: packs.gen_bool(0.3),
                 });
                 std::iter::once(op).chain(pack)
+            }
+        })
+        // And re-encryptions.
+        .flat_map({
+            let mut rekeys = StdRng::seed_from_u64(seed ^ 0x7265_6b65_79);
+            move |op| {
+                let rekey = rekeys.gen_bool(0.06).then(|| Op::Rekey {
+                    vol: rekeys.gen(),
+                    seed: rekeys.gen(),
+                });
+                std::iter::once(op).chain(rekey)
             }
         })
         .collect()
@@ -353,6 +375,15 @@ enum InFlight {
         id: uuid::Uuid,
         key: WrappedKey,
     },
+    /// A re-encryption's switch (`Store::rekey_volume`).
+    Rekey {
+        index: usize,
+        snap: uuid::Uuid,
+        /// Its snapshots without a pin yet: pinned to `old` if it got that far.
+        unpinned: Vec<uuid::Uuid>,
+        old: Option<WrappedKey>,
+        new: Option<(WrappedKey, Arc<BlockCipher>)>,
+    },
 }
 
 /// The power was cut during the call.
@@ -374,8 +405,10 @@ struct Harness {
     /// store reopened.
     shredded: Vec<Vec<u8>>,
     /// Encrypted volumes' ciphers (from before their create or clone was
-    /// called), to unlock them after each reopen.
+    /// called), to unlock them after each reopen; and pinned snapshots'.
     ciphers: HashMap<uuid::Uuid, Arc<BlockCipher>>,
+    /// Snapshots a re-encryption pinned to their key (`None`: plain).
+    pinned: HashMap<uuid::Uuid, Option<WrappedKey>>,
 }
 
 /// The data key of an encrypted volume created with `tag`.
@@ -419,6 +452,7 @@ impl Harness {
             keys: HashMap::new(),
             shredded: Vec::new(),
             ciphers: HashMap::new(),
+            pinned: HashMap::new(),
         }
     }
 
@@ -687,9 +721,12 @@ impl Harness {
                     return Ok(());
                 }
                 let (snap_id, content) = (s.id, s.content.clone());
-                // An encrypted snapshot's clone has its volume's key.
-                let key = self.keys.get(&s.volume).cloned();
-                let cipher = self.ciphers.get(&s.volume).cloned();
+                // An encrypted snapshot's clone has its key.
+                let key = self.snapshot_key(s);
+                let cipher = match self.pinned.contains_key(&s.id) {
+                    true => self.ciphers.get(&s.id).cloned(),
+                    false => self.ciphers.get(&s.volume).cloned(),
+                };
                 let id = uuid::Uuid::new_v4();
                 let tag = self.next_tag;
                 self.next_tag = self.next_tag.wrapping_add(1).max(1);
@@ -792,6 +829,73 @@ impl Harness {
                 self.keys.insert(id, key.clone());
                 assert_eq!(self.store.volume_key(id).expect("key"), Some(key));
             }
+            Op::Rekey { vol, seed } => {
+                let Some(i) = self.pick(vol) else {
+                    return Ok(());
+                };
+                let (id, size) = (self.model[i].id, self.model[i].current.len() as u64);
+                if self.snapshots.len() >= 4
+                    || self.provisioned_blocks() + layer_blocks(size) > self.capacity_blocks
+                {
+                    return Ok(());
+                }
+                let old = self.keys.get(&id).cloned();
+                let new = (!self.model[i].encrypted).then(|| {
+                    let tag = self.next_tag;
+                    self.next_tag = self.next_tag.wrapping_add(1).max(1);
+                    (wrapped_key(seed), Arc::new(data_key(tag).cipher()))
+                });
+                let snap = uuid::Uuid::new_v4();
+                let unpinned: Vec<uuid::Uuid> = self
+                    .snapshots
+                    .iter()
+                    .filter(|s| s.volume == id && !self.pinned.contains_key(&s.id))
+                    .map(|s| s.id)
+                    .collect();
+                // Pinned snapshots unlock with the volume's old cipher.
+                if let Some(c) = self.ciphers.get(&id).cloned() {
+                    for s in unpinned.iter().chain([&snap]) {
+                        self.ciphers.insert(*s, c.clone());
+                    }
+                }
+                self.in_flight = InFlight::Rekey {
+                    index: i,
+                    snap,
+                    unpinned: unpinned.clone(),
+                    old: old.clone(),
+                    new: new.clone(),
+                };
+                let next = new.as_ref().map(|(k, c)| (k, c.clone()));
+                let r = self.store.rekey_volume(id, snap, next);
+                self.cut(r, "rekey")?;
+                REKEYED.fetch_add(1, Ordering::Relaxed);
+                self.in_flight = InFlight::None;
+                self.all_durable();
+                for s in unpinned.iter().chain([&snap]) {
+                    self.pinned.insert(*s, old.clone());
+                }
+                self.switch_key(i, new);
+                self.snapshots.push(ModelSnapshot {
+                    id: snap,
+                    volume: id,
+                    content: self.model[i].current.clone(),
+                });
+                self.check_current(i)?;
+                self.check_snapshots()?;
+                let r = self.store.flatten(id, 0..size, None, &mut |_, _| {});
+                assert!(self.cut(r, "flatten")?.detached);
+                self.all_durable();
+                self.check_current(i)?;
+                let k = self.snapshots.len() - 1;
+                self.in_flight = InFlight::DeleteSnapshot { snap: k };
+                let r = self.store.delete_snapshot(snap);
+                self.cut(r, "delete the re-encryption's snapshot")?;
+                self.in_flight = InFlight::None;
+                self.snapshots.remove(k);
+                self.check_current(i)?;
+                self.check_snapshots()?;
+                self.check_keys()?;
+            }
             Op::CleanRestart => {
                 self.cut(self.store.close(), "close")?;
                 self.all_durable();
@@ -821,6 +925,33 @@ impl Harness {
         Ok(())
     }
 
+    /// The key snapshot `s` reads with: its pinned one, else its volume's.
+    fn snapshot_key(&self, s: &ModelSnapshot) -> Option<WrappedKey> {
+        match self.pinned.get(&s.id) {
+            Some(pinned) => pinned.clone(),
+            None => self.keys.get(&s.volume).cloned(),
+        }
+    }
+
+    /// Volume `i` is under `new` from now on (`None`: plain).
+    fn switch_key(&mut self, i: usize, new: Option<(WrappedKey, Arc<BlockCipher>)>) {
+        let id = self.model[i].id;
+        self.model[i].encrypted = new.is_some();
+        match new {
+            Some((key, cipher)) => {
+                self.keys.insert(id, key);
+                self.ciphers.insert(id, cipher);
+            }
+            None => {
+                // Its old key stays live while a pinned snapshot holds it.
+                if let Some(old) = self.keys.remove(&id) {
+                    self.shredded.push(old.blob);
+                }
+                self.ciphers.remove(&id);
+            }
+        }
+    }
+
     /// Every snapshot reads exactly what it was taken with.
     fn check_snapshots(&self) -> Result<(), Cut> {
         if !self.shape.check_every_call {
@@ -846,7 +977,11 @@ impl Harness {
         let store = Store::open_with(self.dev.clone(), &open_options())
             .unwrap_or_else(|e| panic!("open after crash {}: {e}", self.crashes));
         self.store = store;
+        self.settle_rekey();
         self.unlock();
+        self.store
+            .finish_snapshot_deletions()
+            .unwrap_or_else(|e| panic!("finishing deletions after crash {}: {e}", self.crashes));
         let report = self.store.recovery().clone();
         assert_eq!(
             report.stray_extents, 0,
@@ -1029,6 +1164,48 @@ impl Harness {
             .unwrap_or_else(|e| panic!("after crash {}: {e}", self.crashes));
     }
 
+    /// After a crash during a re-encryption's switch: the pins it wrote,
+    /// the snapshot it took, and whether the volume's key changed (all or
+    /// nothing, each, in that order).
+    fn settle_rekey(&mut self) {
+        if !matches!(self.in_flight, InFlight::Rekey { .. }) {
+            return;
+        }
+        let InFlight::Rekey {
+            index,
+            snap,
+            unpinned,
+            old,
+            new,
+        } = std::mem::replace(&mut self.in_flight, InFlight::None)
+        else {
+            return;
+        };
+        let id = self.model[index].id;
+        for s in &unpinned {
+            if self.store.has_own_key_entry(*s) {
+                self.pinned.insert(*s, old.clone());
+            }
+        }
+        let taken = self.store.snapshots().iter().any(|s| s.id == snap);
+        let key = self.store.volume_key(id).expect("key after crash");
+        let switched = key.as_ref() == new.as_ref().map(|(k, _)| k);
+        assert!(
+            switched || key == old,
+            "volume {id}'s key after crash {} is neither its old one nor the new one",
+            self.crashes
+        );
+        assert!(taken || !switched, "the key switched without the snapshot");
+        if taken {
+            self.pinned.insert(snap, old.clone());
+            // Checked against the volume once its content is.
+            self.in_flight = InFlight::Snapshot { index, id: snap };
+        }
+        if switched {
+            self.switch_key(index, new);
+        }
+    }
+
     /// After a reopen: every encrypted volume gets its cipher (one the
     /// harness does not know was never created).
     fn unlock(&self) {
@@ -1054,12 +1231,7 @@ impl Harness {
         }
         for s in &self.snapshots {
             let got = self.store.volume_key(s.id).expect("key");
-            assert_eq!(
-                got.as_ref(),
-                self.keys.get(&s.volume),
-                "key of snapshot {}",
-                s.id
-            );
+            assert_eq!(got, self.snapshot_key(s), "key of snapshot {}", s.id);
         }
         let mut newest: Option<Superblock> = None;
         for at in [0u64, 4096] {
@@ -1079,7 +1251,14 @@ impl Harness {
         )?;
         // A clone's key is its source's: the same blob stays on the device
         // while any volume still holds it.
-        let live = |blob: &Vec<u8>| self.keys.values().any(|k| &k.blob == blob);
+        let live = |blob: &Vec<u8>| {
+            self.keys.values().any(|k| &k.blob == blob)
+                || self
+                    .snapshots
+                    .iter()
+                    .filter_map(|s| self.pinned.get(&s.id).cloned().flatten())
+                    .any(|k| &k.blob == blob)
+        };
         for blob in self.shredded.iter().filter(|b| !live(b)) {
             assert!(
                 !region.windows(blob.len()).any(|w| w == &blob[..]),
@@ -1204,12 +1383,17 @@ fn sweep_capped(shape: Shape, seeds: Vec<u64>, default_cuts: u64, test: &str) {
         }
     }
     eprintln!(
-        "{runs} power cuts tried; {} extents packed",
-        PACKED.load(Ordering::Relaxed)
+        "{runs} power cuts tried; {} extents packed, {} volumes re-encrypted",
+        PACKED.load(Ordering::Relaxed),
+        REKEYED.load(Ordering::Relaxed)
     );
     assert!(
         PACKED.load(Ordering::Relaxed) > 0,
         "no history packed an extent"
+    );
+    assert!(
+        REKEYED.load(Ordering::Relaxed) > 0,
+        "no history re-encrypted a volume"
     );
 }
 
