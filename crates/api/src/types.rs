@@ -64,10 +64,15 @@ pub struct Volume {
     /// Its volume type (absent: none).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub volume_type: Option<String>,
-    /// A clone being flattened through this node: how far (absent
-    /// otherwise, and once it is detached).
+    /// A clone, or a volume being re-encrypted, being flattened through
+    /// this node: how far (absent otherwise, and once it is detached).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub flatten: Option<FlattenStatus>,
+    /// Being re-encrypted after a retype between encrypted and plain
+    /// types: new writes are under the new key, and flattening the volume
+    /// reseals the rest (`encrypted` already says the outcome).
+    #[serde(default)]
+    pub reencrypting: bool,
     /// Its data is encrypted at rest (AES-256-XTS).
     #[serde(default)]
     pub encrypted: bool,
@@ -276,6 +281,7 @@ impl From<VolumeInfo> for Volume {
             project: v.project,
             volume_type: v.volume_type,
             encrypted: v.encrypted,
+            reencrypting: v.reencrypting,
             compression: v.compression,
             packed_bytes: v.packed_bytes,
             packed_stored_bytes: v.packed_stored_bytes,

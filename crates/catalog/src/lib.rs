@@ -39,8 +39,8 @@ pub use policy::{
     VolumeTypeRecord,
 };
 pub use record::{
-    CloneSource, IscsiChapRecord, NvmeHostKeys, SnapshotRecord, VolumeRecord, WrappedKeyRecord,
-    MAX_VOLUME_NAME_LEN,
+    CloneSource, IscsiChapRecord, NvmeHostKeys, Reencryption, SnapshotRecord, VolumeRecord,
+    WrappedKeyRecord, MAX_VOLUME_NAME_LEN,
 };
 pub use redb_catalog::RedbCatalog;
 

@@ -80,6 +80,25 @@ pub struct VolumeRecord {
     /// depend on it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub compression: Option<String>,
+    /// A re-encryption under way (a retype between encrypted and plain
+    /// types of a single-node volume), until the volume holds everything
+    /// under its new key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reencryption: Option<Reencryption>,
+    /// Fields written by a newer basalt that this version does not know.
+    #[serde(flatten)]
+    pub unknown: serde_json::Map<String, serde_json::Value>,
+}
+
+/// A volume's re-encryption under way: its layer as it was under the old
+/// key is a store snapshot no record lists, deleted once flattening has
+/// resealed into the volume every block it read through it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Reencryption {
+    /// The store snapshot holding the layer under its old key.
+    pub snapshot_id: Uuid,
+    /// Whether the volume ends up encrypted (else plain).
+    pub encrypted: bool,
     /// Fields written by a newer basalt that this version does not know.
     #[serde(flatten)]
     pub unknown: serde_json::Map<String, serde_json::Value>,
@@ -199,6 +218,16 @@ pub struct CloneSource {
     pub unknown: serde_json::Map<String, serde_json::Value>,
 }
 
+impl Reencryption {
+    pub fn new(snapshot_id: Uuid, encrypted: bool) -> Self {
+        Reencryption {
+            snapshot_id,
+            encrypted,
+            unknown: serde_json::Map::new(),
+        }
+    }
+}
+
 impl CloneSource {
     pub fn new(volume: impl Into<String>, snapshot: impl Into<String>, snapshot_id: Uuid) -> Self {
         CloneSource {
@@ -231,6 +260,7 @@ impl VolumeRecord {
             encrypted: false,
             wrapped_key: None,
             compression: None,
+            reencryption: None,
             unknown: serde_json::Map::new(),
         }
     }

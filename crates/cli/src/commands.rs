@@ -60,11 +60,17 @@ pub enum VolumeCommand {
     },
     /// Give a volume another volume type's policies, online (QoS at once,
     /// compression from its next compaction, replica count through the
-    /// cluster's placement).
+    /// cluster's placement). Between an encrypted and a plain type, the
+    /// volume is re-encrypted online, with a progress bar (new writes are
+    /// under the new key at once; its snapshots keep theirs).
     Retype {
         name: String,
         #[arg(value_name = "TYPE")]
         volume_type: String,
+        /// Re-encryption: most bytes resealed per second, e.g. 64M
+        /// (default: as fast as the disk allows; client I/O goes on).
+        #[arg(long)]
+        rate: Option<String>,
     },
     /// List volumes.
     List,
@@ -415,6 +421,20 @@ fn volume_fields(volume: &Volume, client: &ApiClient) -> String {
     if let Some(source) = &volume.clone_of {
         pairs.push(("clone of", source.clone()));
     }
+    if volume.reencrypting {
+        pairs.push((
+            "re-encrypting",
+            format!(
+                "to {}: new writes are; `basalt volume flatten {}` reseals the rest",
+                if volume.encrypted {
+                    "encrypted"
+                } else {
+                    "plain"
+                },
+                volume.name
+            ),
+        ));
+    }
     if let Some(f) = &volume.flatten {
         pairs.push((
             "flattening",
@@ -584,16 +604,42 @@ pub fn run_volume(command: VolumeCommand, client: &ClientArgs) -> Result<()> {
                 )
             );
         }
-        VolumeCommand::Retype { name, volume_type } => {
+        VolumeCommand::Retype {
+            name,
+            volume_type,
+            rate,
+        } => {
+            let rate = rate.as_deref().map(parse_size).transpose()?;
+            if rate == Some(0) {
+                bail!("--rate must be more than 0");
+            }
             let api = ApiClient::discover(client)?;
             let value = api.post(
                 &format!("{}/retype", volume_path(&name)),
                 json!({ "type": volume_type }),
             )?;
-            if client.output == Output::Json {
-                return print_json(&value);
+            let mut volume: Volume = decode(value.clone())?;
+            if volume.reencrypting {
+                let walked = walk_flatten(&api, &volume, rate, "re-encrypting", client)?;
+                if !walked.detached {
+                    bail!("volume {name} still reads blocks under its old key (written meanwhile?); run `basalt volume flatten {name}`");
+                }
+                volume = decode(api.get(&volume_path(&name))?)?;
+                if client.output != Output::Json {
+                    println!(
+                        "re-encrypted volume {name}: resealed {}; it is {} now",
+                        format_size(walked.copied_bytes),
+                        if volume.encrypted {
+                            "encrypted"
+                        } else {
+                            "not encrypted"
+                        }
+                    );
+                }
             }
-            let volume: Volume = decode(value)?;
+            if client.output == Output::Json {
+                return print_json(&serde_json::to_value(&volume)?);
+            }
             println!("volume {} retyped to {volume_type}", volume.name);
             print!("{}", volume_fields(&volume, &api));
         }
@@ -1005,19 +1051,26 @@ const COMPACT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(24 *
 /// progress bar moves.
 const WINDOW: u64 = 1 << 30;
 
-/// Flattens a clone window by window, with progress (`transfer::Progress`).
-fn flatten(name: &str, rate: Option<&str>, client: &ClientArgs) -> Result<()> {
-    let rate = rate.map(parse_size).transpose()?;
-    if rate == Some(0) {
-        bail!("--rate must be more than 0");
-    }
-    let api = ApiClient::discover(client)?;
-    let volume: Volume = decode(api.get(&volume_path(name))?)?;
-    let Some(source) = volume.clone_of.clone() else {
-        bail!("volume {name} is not a clone; there is nothing to flatten");
+/// What walking a volume's flatten windows did.
+struct Walked {
+    copied_bytes: u64,
+    detached: bool,
+}
+
+/// Flattens `volume` window by window, with progress (`transfer::Progress`).
+fn walk_flatten(
+    api: &ApiClient,
+    volume: &Volume,
+    rate: Option<u64>,
+    what: &str,
+    client: &ClientArgs,
+) -> Result<Walked> {
+    let name = &volume.name;
+    let mut bar = Progress::new(volume.size_bytes, what, name, client);
+    let mut walked = Walked {
+        copied_bytes: 0,
+        detached: false,
     };
-    let mut bar = Progress::new(volume.size_bytes, "flattening", name, client);
-    let (mut copied, mut detached) = (0u64, false);
     let mut offset = 0;
     while offset < volume.size_bytes {
         let length = WINDOW.min(volume.size_bytes - offset);
@@ -1026,12 +1079,37 @@ fn flatten(name: &str, rate: Option<&str>, client: &ClientArgs) -> Result<()> {
             body["rate"] = json!(rate);
         }
         let window = api.post(&format!("{}/flatten", volume_path(name)), body)?;
-        copied += window["copied_bytes"].as_u64().unwrap_or(0);
-        detached = window["detached"].as_bool().unwrap_or(false);
+        walked.copied_bytes += window["copied_bytes"].as_u64().unwrap_or(0);
+        walked.detached = window["detached"].as_bool().unwrap_or(false);
         offset += length;
         bar.set_position(offset);
     }
     bar.finish();
+    Ok(walked)
+}
+
+/// Flattens a clone, or finishes a volume's re-encryption.
+fn flatten(name: &str, rate: Option<&str>, client: &ClientArgs) -> Result<()> {
+    let rate = rate.map(parse_size).transpose()?;
+    if rate == Some(0) {
+        bail!("--rate must be more than 0");
+    }
+    let api = ApiClient::discover(client)?;
+    let volume: Volume = decode(api.get(&volume_path(name))?)?;
+    let source = match (&volume.clone_of, volume.reencrypting) {
+        (Some(source), _) => source.clone(),
+        (None, true) => "its layer under the old key".to_string(),
+        (None, false) => bail!("volume {name} is not a clone; there is nothing to flatten"),
+    };
+    let what = if volume.reencrypting {
+        "re-encrypting"
+    } else {
+        "flattening"
+    };
+    let Walked {
+        copied_bytes: copied,
+        detached,
+    } = walk_flatten(&api, &volume, rate, what, client)?;
     if client.output == Output::Json {
         return print_json(&json!({
             "volume": name, "copied_bytes": copied, "detached": detached,

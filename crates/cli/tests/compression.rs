@@ -366,6 +366,16 @@ fn replicated_volumes_are_compressed_on_every_replica() {
     }
     c.assert_replicas_equal(&[0, 1], "rplain");
     assert_same(&read(&mut client, 0, DATA_LEN), &plain, "retyped");
+    // Re-encrypting a replicated volume is not built: one line, nothing
+    // changed.
+    c.nodes[0]
+        .cli(&["type", "create", "sealed", "--encrypted"])
+        .ok();
+    let line = c.nodes[0]
+        .cli(&["volume", "retype", "rplain", "sealed"])
+        .cli_error(1);
+    assert!(line.contains("replicated volume"), "{line}");
+    assert_eq!(c.show(0, "rplain")["encrypted"], false);
 }
 
 /// fio `verify=crc32c` through compressed volumes: 50%-compressible data

@@ -155,8 +155,7 @@ impl KeySlots {
         let r = self.inner.lock();
         let i = *r.index.get(&volume)?;
         let at = i as usize * KEY_SLOT_SIZE;
-        decode_key_slot(i, &r.bytes[at..at + KEY_SLOT_SIZE])
-            .filter(|e| e.volume() == Some(volume))
+        decode_key_slot(i, &r.bytes[at..at + KEY_SLOT_SIZE]).filter(|e| e.volume() == Some(volume))
     }
 
     /// Sets (`Some`) or empties (`None`) `volume`'s entry and writes its
@@ -248,8 +247,13 @@ impl Store {
         if vol.is_deleted() || vol.is_retired() {
             return Err(StoreError::NotFound(id));
         }
-        keys.put(self.device.as_ref(), &self.layout, id, Some(Entry::Key(key)))
-            .map_err(|e| self.fail(e))
+        keys.put(
+            self.device.as_ref(),
+            &self.layout,
+            id,
+            Some(Entry::Key(key)),
+        )
+        .map_err(|e| self.fail(e))
     }
 
     /// Creates volume `id` encrypted: its wrapped `key` is durable before
@@ -271,8 +275,13 @@ impl Store {
         if self.meta.lock().volumes.contains_key(&id) {
             return Err(StoreError::Exists(id));
         }
-        keys.put(self.device.as_ref(), &self.layout, id, Some(Entry::Key(key)))
-            .map_err(|e| self.fail(e))?;
+        keys.put(
+            self.device.as_ref(),
+            &self.layout,
+            id,
+            Some(Entry::Key(key)),
+        )
+        .map_err(|e| self.fail(e))?;
         let added = self.add_layer(&mut self.meta.lock(), id, size, None);
         let created = added.and_then(|()| self.commit());
         if let Err(e) = created {
@@ -391,8 +400,13 @@ impl Store {
             return Ok(None);
         };
         let cipher = self.cipher_of(snap).ok().flatten();
-        keys.put(self.device.as_ref(), &self.layout, clone, Some(Entry::Key(&key)))
-            .map_err(|e| self.fail(e))?;
+        keys.put(
+            self.device.as_ref(),
+            &self.layout,
+            clone,
+            Some(Entry::Key(&key)),
+        )
+        .map_err(|e| self.fail(e))?;
         Ok(Some(cipher))
     }
 

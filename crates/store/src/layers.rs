@@ -596,8 +596,7 @@ impl Store {
                 let ancestors = VolumeState::lock_ancestors(&map);
                 // Of a re-encrypted volume: the key of each layer, to
                 // reseal what it reads through them.
-                let keys =
-                    self.stack_ciphers(&stack_states(&vol, &map, &ancestors), &cipher)?;
+                let keys = self.stack_ciphers(&stack_states(&vol, &map, &ancestors), &cipher)?;
                 let Some((below, rest)) = ancestors.split_first() else {
                     break; // nothing to read through
                 };

@@ -88,13 +88,21 @@ fn a_plain_volume_is_encrypted_online_and_back_its_snapshots_keep_their_keys() {
     h.write(EXTENT / 2, &fresh, false).unwrap();
     let mut now = before.clone();
     now[(EXTENT / 2) as usize..(EXTENT / 2 + EXTENT) as usize].copy_from_slice(&fresh);
-    assert_eq!(read_all(&store, v), now, "mixed layers read through their keys");
+    assert_eq!(
+        read_all(&store, v),
+        now,
+        "mixed layers read through their keys"
+    );
     let report = store.flatten(v, 0..SIZE, None, &mut |_, _| {}).unwrap();
     assert!(report.detached);
     assert_eq!(read_all(&store, v), now);
     store.delete_snapshot(id(3)).unwrap();
     assert_eq!(read_all(&store, v), now);
-    assert_eq!(read_all(&store, id(2)), before, "the plain snapshot kept its content");
+    assert_eq!(
+        read_all(&store, id(2)),
+        before,
+        "the plain snapshot kept its content"
+    );
     // The old plaintext is still on the device only because snapshot 2
     // holds it; the volume's fresh data never was.
     assert!(!has_window(&device_bytes(&dev), &fresh));
@@ -122,7 +130,11 @@ fn a_plain_volume_is_encrypted_online_and_back_its_snapshots_keep_their_keys() {
     rolled[..8192].copy_from_slice(&fresh[..8192]);
     assert_eq!(read_all(&store, v), rolled);
     store.delete_snapshot(id(2)).unwrap();
-    assert_eq!(read_all(&store, v), rolled, "the merge resealed the plain snapshot's blocks");
+    assert_eq!(
+        read_all(&store, v),
+        rolled,
+        "the merge resealed the plain snapshot's blocks"
+    );
     store.check().unwrap();
     // Nothing plain is left once freed extents are zeroed: the whole old
     // pattern went with snapshot 2 and the plain layer of snapshot 4.

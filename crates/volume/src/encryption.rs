@@ -228,11 +228,15 @@ impl VolumeService {
             }
         }
         // A record that says encrypted with no key in the store: its entry
-        // was damaged (the store read it as empty).
+        // was damaged (the store read it as empty). (A re-encryption a stop
+        // interrupted is settled by `reconcile`.)
         if let Ok(records) = self.catalog.list() {
             let present: std::collections::HashSet<VolumeId> =
                 self.store.volumes().iter().map(|u| u.id).collect();
-            for v in records.iter().filter(|v| v.record.encrypted) {
+            for v in records
+                .iter()
+                .filter(|v| v.record.encrypted && v.record.reencryption.is_none())
+            {
                 let id = v.record.id;
                 if present.contains(&id) && !self.store.is_encrypted(id) {
                     let why = "its key slot entry is missing or damaged".to_string();
@@ -243,6 +247,11 @@ impl VolumeService {
         }
         if report.unlocked > 0 {
             tracing::info!(volumes = report.unlocked, "unlocked encrypted volumes");
+        }
+        // Snapshot deletions a stop interrupted whose layers are under a
+        // key wait for it (`Store::finish_snapshot_deletions`).
+        if let Err(e) = self.store.finish_snapshot_deletions() {
+            tracing::error!(error = %e, "could not finish the snapshot deletions a stop interrupted");
         }
         report
     }

@@ -15,6 +15,7 @@ mod iscsi_initiators;
 mod nvme_hosts;
 pub mod qos;
 mod qos_control;
+mod reencryption;
 mod scrub;
 mod sealed_snapshot;
 mod service;

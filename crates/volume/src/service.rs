@@ -121,8 +121,12 @@ pub struct VolumeInfo {
     pub project: Option<String>,
     /// The volume type it was created or last retyped with.
     pub volume_type: Option<String>,
-    /// A clone being flattened through this node: how far.
+    /// A clone (or a volume being re-encrypted) being flattened through
+    /// this node: how far.
     pub flatten: Option<crate::snapshots::FlattenProgress>,
+    /// Being re-encrypted (a retype between encrypted and plain types):
+    /// `basalt volume flatten` finishes it.
+    pub reencrypting: bool,
     /// Its data is encrypted at rest.
     pub encrypted: bool,
     /// The codec its cold data is kept compressed with (`None`: none).
@@ -876,10 +880,10 @@ impl VolumeService {
             project: record.project.clone(),
             volume_type: record.volume_type.clone(),
             encrypted: record.encrypted,
-            flatten: record
-                .clone_of
-                .as_ref()
-                .and_then(|_| self.flattening.lock().get(&record.id).cloned()),
+            flatten: (record.clone_of.is_some() || record.reencryption.is_some())
+                .then(|| self.flattening.lock().get(&record.id).cloned())
+                .flatten(),
+            reencrypting: record.reencryption.is_some(),
         }
     }
 
@@ -1232,7 +1236,12 @@ impl VolumeService {
                     self.stats_for(snap.id),
                 ));
             }
-            let local = self.open_local(snap.id, name, record.encrypted)?;
+            // A snapshot a re-encryption pinned keeps its own key (or none).
+            let encrypted = match self.store.has_own_key_entry(snap.id) {
+                true => self.store.is_encrypted(snap.id),
+                false => record.encrypted,
+            };
+            let local = self.open_local(snap.id, name, encrypted)?;
             return Ok(VolumeHandle::new(
                 local,
                 name.to_string(),
@@ -1426,12 +1435,19 @@ impl VolumeService {
                 report.failed.push((name.clone(), e.to_string()));
             }
         }
+        if self.cluster.is_none() {
+            self.settle_reencryptions(&records, &mut report);
+        }
         // Store snapshots no record names: taken by a snapshot whose
         // catalog step a crash cut short, or deleted from the catalog
-        // before the store.
+        // before the store. (A re-encryption's is named by its record.)
+        let records = self.catalog.list().map_err(catalog_error)?;
         let named: std::collections::HashSet<VolumeId> = records
             .iter()
-            .flat_map(|v| v.record.snapshots.iter().map(|s| s.id))
+            .flat_map(|v| {
+                let reencryption = v.record.reencryption.as_ref().map(|r| r.snapshot_id);
+                v.record.snapshots.iter().map(|s| s.id).chain(reencryption)
+            })
             .collect();
         for snap in self.store.snapshots() {
             if named.contains(&snap.id) || self.cluster.is_some() {

@@ -230,6 +230,9 @@ impl VolumeService {
         name: &str,
     ) -> Result<SnapshotRecord, VolumeError> {
         let current = self.record(volume)?;
+        if current.record.reencryption.is_some() {
+            return Err(self.busy_reencrypting(volume));
+        }
         if current.record.snapshot(name).is_some() {
             return Err(VolumeError::SnapshotExists {
                 volume: volume.to_string(),
@@ -417,6 +420,9 @@ impl VolumeService {
     ) -> Result<VolumeInfo, VolumeError> {
         let _control = self.control.lock();
         let current = self.record(volume)?;
+        if current.record.reencryption.is_some() {
+            return Err(self.busy_reencrypting(volume));
+        }
         let snap = Self::snapshot_of(&current.record, snapshot)?.clone();
         let handles = self.open_handles(current.record.id);
         if force {
@@ -445,7 +451,9 @@ impl VolumeService {
     /// Copies into clone `name` the blocks of `range` it still reads from
     /// its source snapshot, online, at most `rate` bytes per second; when
     /// the range reaches the volume's end and nothing is left to copy, the
-    /// clone is detached from its source (which can then be deleted).
+    /// clone is detached from its source (which can then be deleted). A
+    /// volume being re-encrypted is flattened the same way, resealing what
+    /// it reads under its old key; detached, its re-encryption is done.
     pub fn flatten(
         &self,
         name: &str,
@@ -454,7 +462,7 @@ impl VolumeService {
         progress: &mut dyn FnMut(u64, u64),
     ) -> Result<basalt_store::FlattenReport, VolumeError> {
         let record = self.record(name)?.record;
-        if record.clone_of.is_none() {
+        if record.clone_of.is_none() && record.reencryption.is_none() {
             return Err(VolumeError::NotSupported(format!(
                 "volume {name:?} is not a clone; there is nothing to flatten"
             )));
@@ -496,6 +504,7 @@ impl VolumeService {
         if report.detached {
             let _control = self.control.lock();
             self.forget_clone_source(name)?;
+            self.finish_reencryption(name)?;
         }
         Ok(report)
     }
@@ -576,8 +585,16 @@ impl VolumeService {
         record.project = parent.project.clone();
         record.volume_type = parent.volume_type.clone();
         record.qos = parent.qos.clone();
-        // The store gives the clone its parent's key.
+        // The store gives the clone its parent's key: the volume's, or
+        // the one a re-encryption pinned the snapshot to (whose type,
+        // then, no longer describes the clone).
         record.encrypted = parent.encrypted;
+        if self.cluster.is_none() && self.store.has_own_key_entry(snap.id) {
+            record.encrypted = self.store.is_encrypted(snap.id);
+            if record.encrypted != parent.encrypted {
+                record.volume_type = None;
+            }
+        }
         record.wrapped_key = parent.wrapped_key.clone();
         // Its type is its source's, so the type's compression is already
         // the source's unless the source was created with another.

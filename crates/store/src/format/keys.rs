@@ -68,9 +68,14 @@ pub fn encode_key_slot(index: u32, entry: &KeySlot, out: &mut [u8]) {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum KeySlot {
     Empty,
-    Key { volume: uuid::Uuid, key: WrappedKey },
+    Key {
+        volume: uuid::Uuid,
+        key: WrappedKey,
+    },
     /// The layer is not encrypted, whatever its volume's entry says.
-    Plain { volume: uuid::Uuid },
+    Plain {
+        volume: uuid::Uuid,
+    },
 }
 
 impl KeySlot {
@@ -113,10 +118,11 @@ pub fn decode_key_slot(index: u32, b: &[u8]) -> Option<KeySlot> {
                 },
             })
         }
-        2 => (b[1..8].iter().all(|x| *x == 0) && b[24..124].iter().all(|x| *x == 0))
-            .then(|| KeySlot::Plain {
+        2 => (b[1..8].iter().all(|x| *x == 0) && b[24..124].iter().all(|x| *x == 0)).then(|| {
+            KeySlot::Plain {
                 volume: get_uuid(b, 8),
-            }),
+            }
+        }),
         _ => None,
     }
 }

@@ -295,16 +295,20 @@ impl VolumeService {
     /// or none: data packed with another codec stays readable as it is,
     /// and is repacked only when rewritten) to every store holding a copy,
     /// its replica count through the cluster's placement (replicas are
-    /// added or removed by the coordinator like after a node loss).
+    /// added or removed by the coordinator like after a node loss). Between
+    /// an encrypted and a plain type (single node), it starts the volume's
+    /// re-encryption (`reencryption.rs`): new writes are under the new key
+    /// at once, and `basalt volume flatten` reseals the rest.
     pub fn retype(&self, name: &str, type_name: &str) -> Result<VolumeInfo, VolumeError> {
         let control = self.control.lock();
-        let current = self.record(name)?;
+        let mut current = self.record(name)?;
         let t = self
             .resolve_volume_type(current.record.project.as_deref(), Some(type_name))?
             .ok_or_else(|| type_missing(type_name))?;
-        if t.encrypted != current.record.encrypted {
+        let reencrypt = t.encrypted != current.record.encrypted;
+        if reencrypt && self.cluster.is_some() {
             return Err(VolumeError::NotSupported(format!(
-                "type {type_name} {} encrypted and volume {name} {}: a retype between them would rewrite the volume, which Basalt does not do yet; copy it into a new volume of that type instead",
+                "type {type_name} {} encrypted and volume {name} {}: re-encrypting a replicated volume is not built yet; copy it into a new volume of that type instead",
                 if t.encrypted { "is" } else { "is not" },
                 if current.record.encrypted { "is" } else { "is not" },
             )));
@@ -328,6 +332,13 @@ impl VolumeService {
             }
             _ => None,
         };
+        if reencrypt {
+            let (started, revision) = self.begin_reencryption(&current, t.encrypted)?;
+            current.revision = revision;
+            current.record.reencryption = Some(started.clone());
+            record.reencryption = Some(started);
+            record.encrypted = t.encrypted;
+        }
         if record != current.record {
             self.catalog
                 .update(&record, current.revision)
