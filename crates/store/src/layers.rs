@@ -660,15 +660,38 @@ impl Store {
         buf: &mut AlignedBuf,
     ) -> Result<(), StoreError> {
         let bs = BLOCK_SIZE as usize;
-        for (j, block) in buf.chunks_mut(bs).enumerate() {
-            let Some((at, k)) = crate::layer_map::resolve_layer(
+        let blocks = buf.len() / bs;
+        let resolve = |j: usize| {
+            crate::layer_map::resolve_layer(
                 self,
                 through.below,
                 through.rest,
                 logical,
                 (j * bs) as u64,
-            ) else {
-                block.fill(0);
+            )
+        };
+        let mut j = 0;
+        while j < blocks {
+            let first = resolve(j);
+            // A run of blocks read from one place (contiguous on the
+            // device, so one extent of one layer): one read, not one per
+            // block, so the volume's map is held briefly.
+            let mut n = 1;
+            while j + n < blocks {
+                let contiguous = match (first, resolve(j + n)) {
+                    (Some((a, _)), Some((b, _))) => b == a + (n * bs) as u64,
+                    (None, None) => true,
+                    _ => false,
+                };
+                if !contiguous {
+                    break;
+                }
+                n += 1;
+            }
+            let span = &mut buf[j * bs..(j + n) * bs];
+            let Some((at, k)) = first else {
+                span.fill(0);
+                j += n;
                 continue;
             };
             // `keys[0]` is the volume's; layer `k` below it is `keys[k + 1]`.
@@ -676,21 +699,22 @@ impl Store {
                 Some(c) => c.as_deref(),
                 None => through.cipher,
             };
-            self.read_block_verified(at, block, from)
+            self.read_span_verified(at, span, from)
                 .and_then(|()| {
                     if through.keys.is_empty() {
                         return Ok(());
                     }
-                    crate::rekey::reseal(block, through.first_block + j as u64, from, through.cipher)
+                    crate::rekey::reseal(span, through.first_block + j as u64, from, through.cipher)
                         .map_err(|e| IoError::Io(std::io::Error::other(e.to_string())))
                 })
                 .map_err(|e| match e {
-                IoError::Corrupt { offset } => StoreError::Layers(format!(
-                    "cannot copy the parent's data: its block at device offset {offset} fails its checksum"
-                )),
-                IoError::Io(e) => StoreError::Io(e),
-                other => StoreError::Layers(other.to_string()),
-            })?;
+                    IoError::Corrupt { offset } => StoreError::Layers(format!(
+                        "cannot copy the parent's data: its block at device offset {offset} fails its checksum"
+                    )),
+                    IoError::Io(e) => StoreError::Io(e),
+                    other => StoreError::Layers(other.to_string()),
+                })?;
+            j += n;
         }
         Ok(())
     }

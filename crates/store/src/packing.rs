@@ -764,31 +764,32 @@ impl Store {
         Ok(())
     }
 
-    /// Reads one block at device offset `at` (as `resolve` gives it: a
-    /// physical block, or a block of a packed extent) into `buf`, verified
-    /// (`cipher`: the volume's, for an encrypted volume's packed block).
-    pub(crate) fn read_block_verified(
+    /// Reads the blocks at device offset `at` (as `resolve` gives them:
+    /// physical blocks, or blocks of a packed extent, within one extent)
+    /// into `span`, a 4 KiB-aligned slice of an aligned buffer, verified
+    /// (`cipher`: the layer's, for an encrypted layer's packed blocks,
+    /// which come back sealed as the device would hold them unpacked).
+    pub(crate) fn read_span_verified(
         &self,
         at: u64,
-        buf: &mut [u8],
+        span: &mut [u8],
         cipher: Option<&BlockCipher>,
     ) -> Result<(), IoError> {
         let layout = self.layout;
         if at >= layout.virtual_base() {
             let rel = at - layout.data_offset;
             let es = layout.extent_size as u64;
-            return self.read_packed((rel / es) as u32, rel % es, buf, cipher);
+            return self.read_packed((rel / es) as u32, rel % es, span, cipher);
         }
-        let mut one = AlignedBuf::zeroed(buf.len());
-        let mut samples = Vec::with_capacity(1);
+        let mut samples = Vec::new();
         if let Some(sums) = &self.checksums {
-            sums.sample_blocks(layout.data_block_at(at), 1, &mut samples);
+            let blocks = span.len() as u64 / crate::BLOCK_SIZE;
+            sums.sample_blocks(layout.data_block_at(at), blocks, &mut samples);
         }
-        self.device.read_at(&mut one, at)?;
+        self.device.read_at(span, at)?;
         if let Some(sums) = &self.checksums {
-            self.verify_read(sums, at, &mut one, &samples)?;
+            self.verify_read(sums, at, span, &samples)?;
         }
-        buf.copy_from_slice(&one);
         Ok(())
     }
 }

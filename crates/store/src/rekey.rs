@@ -88,8 +88,9 @@ impl Store {
             }
         }
         keys.note_pinned();
-        {
+        let paused = {
             let mut map = vol.map.write();
+            let since = std::time::Instant::now();
             if let Err(e) = self.freeze_head(&vol, &mut map, snap) {
                 drop(map);
                 self.shred_key(snap)?;
@@ -104,8 +105,9 @@ impl Store {
                     .write()
                     .insert(volume, LayerKey::Unlocked(cipher));
             }
-        }
-        tracing::info!(%volume, snapshot = %snap, encrypted = self.is_encrypted(volume), "volume re-encrypted from now on; flattening reseals the rest");
+            since.elapsed()
+        };
+        tracing::info!(%volume, snapshot = %snap, encrypted = self.is_encrypted(volume), io_paused_ms = paused.as_secs_f64() * 1e3, "volume re-encrypted from now on; flattening reseals the rest");
         Ok(())
     }
 }
