@@ -231,7 +231,7 @@ fn history(seed: u64, shape: Shape) -> Vec<Op> {
         })
         // And re-encryptions.
         .flat_map({
-            let mut rekeys = StdRng::seed_from_u64(seed ^ 0x7265_6b65_79);
+            let mut rekeys = StdRng::seed_from_u64(seed ^ 0x0072_656b_6579);
             move |op| {
                 let rekey = rekeys.gen_bool(0.06).then(|| Op::Rekey {
                     vol: rekeys.gen(),
