@@ -50,6 +50,9 @@ pub(crate) fn runs(sorted: &[u32]) -> Vec<(u32, u32)> {
     out
 }
 
+/// The most bytes one call zeroes (see `zero_freed`).
+const ZEROING_PIECE: u64 = 32 << 20;
+
 impl Store {
     /// Maps a reserved extent at `logical` of `vol` (whose layer is in
     /// `slot`), unless another writer mapped `entry` first. Called with the
@@ -167,10 +170,19 @@ impl Store {
         let runs = runs(&batch);
         for &(first, count) in &runs {
             // On failure the extents stay out of the free set (and dirty on
-            // disk): a restart zeroes them.
-            self.device
-                .discard_zeroes(self.layout.extent_offset(first), count as u64 * es)
-                .map_err(|e| self.fail(e.into()))?;
+            // disk): a restart zeroes them. In pieces of at most
+            // `ZEROING_PIECE`: a file device zeroes with `fallocate`, which
+            // holds the file against direct I/O for its whole length, and
+            // client writes must not wait for a whole deleted layer's.
+            let (start, len) = (self.layout.extent_offset(first), count as u64 * es);
+            let mut at = 0;
+            while at < len {
+                let piece = (len - at).min(ZEROING_PIECE.max(es));
+                self.device
+                    .discard_zeroes(start + at, piece)
+                    .map_err(|e| self.fail(e.into()))?;
+                at += piece;
+            }
         }
         self.device.flush().map_err(|e| self.fail(e.into()))?;
         if let Some(sums) = &self.checksums {

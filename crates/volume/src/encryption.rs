@@ -198,6 +198,11 @@ impl VolumeService {
     pub fn unlock_volumes(&self) -> UnlockReport {
         let mut report = UnlockReport::default();
         let names = self.names_by_id();
+        // One cipher per data key: a snapshot pinned by a re-encryption
+        // holds its volume's old key wrapped alike (key wrap is
+        // deterministic), and the store moves blocks between layers that
+        // share a cipher without resealing them.
+        let mut ciphers: HashMap<(u8, u32, Vec<u8>), Arc<BlockCipher>> = HashMap::new();
         for (id, locked) in self.store.keyed_volumes() {
             if !locked {
                 continue;
@@ -210,14 +215,20 @@ impl VolumeService {
                     "the server has no master key (--master-key-file or --master-key-command)"
                         .into(),
                 ),
-                (Some(keyring), Ok(Some(wrapped))) => keyring
-                    .unwrap(&wrapped)
-                    .map_err(|e| e.to_string())
-                    .and_then(|key| {
-                        self.store
-                            .unlock_volume(id, Arc::new(key.cipher()))
-                            .map_err(|e| e.to_string())
-                    }),
+                (Some(keyring), Ok(Some(wrapped))) => {
+                    let blob = (wrapped.suite, wrapped.master_key_id, wrapped.blob.clone());
+                    let cipher = match ciphers.get(&blob) {
+                        Some(c) => Ok(c.clone()),
+                        None => keyring
+                            .unwrap(&wrapped)
+                            .map(|key| Arc::new(key.cipher()))
+                            .map_err(|e| e.to_string()),
+                    };
+                    cipher.and_then(|c| {
+                        ciphers.insert(blob, c.clone());
+                        self.store.unlock_volume(id, c).map_err(|e| e.to_string())
+                    })
+                }
             };
             match outcome {
                 Ok(()) => report.unlocked += 1,
