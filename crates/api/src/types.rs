@@ -130,6 +130,10 @@ pub struct Snapshot {
     /// subsystem.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub nvme_hosts: Vec<String>,
+    /// Its data is encrypted at rest: as its volume's, unless it was taken
+    /// before the volume was re-encrypted (it keeps the key it had).
+    #[serde(default)]
+    pub encrypted: bool,
 }
 
 impl From<SnapshotInfo> for Snapshot {
@@ -145,6 +149,7 @@ impl From<SnapshotInfo> for Snapshot {
             clones: s.clones,
             open_connections: s.open_connections,
             nvme_hosts: s.nvme_hosts,
+            encrypted: s.encrypted,
         }
     }
 }

@@ -78,6 +78,9 @@ fn snapshot_fields(s: &Snapshot, api: &ApiClient) -> String {
     if !s.nvme_hosts.is_empty() {
         pairs.push(("nvme hosts", s.nvme_hosts.join(", ")));
     }
+    if s.encrypted {
+        pairs.push(("encrypted", "yes (AES-256-XTS)".into()));
+    }
     if let Some(server) = &api.server {
         let export = format!("{}@{}", s.volume, s.name);
         pairs.extend(

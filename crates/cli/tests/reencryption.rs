@@ -130,6 +130,11 @@ fn a_retype_across_encryption_reencrypts_the_volume_online() {
     let shown = s.cli_json(&["volume", "show", "db"]);
     assert_eq!(shown["encrypted"], true, "{shown}");
     assert_eq!(shown["reencrypting"], false, "{shown}");
+    let before = s.cli_json(&["snapshot", "show", "db@before"]);
+    assert_eq!(
+        before["encrypted"], false,
+        "the snapshot keeps its key: {before}"
+    );
     same_as(&s, "db", &b);
     same_as(&s, "db@before", &a);
 

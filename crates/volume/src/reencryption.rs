@@ -69,6 +69,17 @@ impl VolumeService {
         Ok((started, revision))
     }
 
+    /// Whether snapshot `snap` of `volume` is encrypted: as the volume is,
+    /// unless a re-encryption pinned it to the key it was taken under (a
+    /// single node's store says so; a replicated volume is never
+    /// re-encrypted).
+    pub(crate) fn snapshot_encrypted(&self, volume: &VolumeRecord, snap: VolumeId) -> bool {
+        match self.cluster.is_none() && self.store.has_own_key_entry(snap) {
+            true => self.store.is_encrypted(snap),
+            false => volume.encrypted,
+        }
+    }
+
     /// The refusal of what waits for a re-encryption to finish.
     pub(crate) fn busy_reencrypting(&self, name: &str) -> VolumeError {
         VolumeError::NotSupported(format!(

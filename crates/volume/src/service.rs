@@ -1236,11 +1236,7 @@ impl VolumeService {
                     self.stats_for(snap.id),
                 ));
             }
-            // A snapshot a re-encryption pinned keeps its own key (or none).
-            let encrypted = match self.store.has_own_key_entry(snap.id) {
-                true => self.store.is_encrypted(snap.id),
-                false => record.encrypted,
-            };
+            let encrypted = self.snapshot_encrypted(&record, snap.id);
             let local = self.open_local(snap.id, name, encrypted)?;
             return Ok(VolumeHandle::new(
                 local,

@@ -68,6 +68,9 @@ pub struct SnapshotInfo {
     pub open_connections: usize,
     /// Hosts that may read it over NVMe/TCP, as its own subsystem.
     pub nvme_hosts: Vec<String>,
+    /// Its data is encrypted at rest (its volume's key, or the one a
+    /// re-encryption of the volume left it).
+    pub encrypted: bool,
 }
 
 /// How far the flattening of a clone has come on this node: windows are
@@ -166,6 +169,7 @@ impl VolumeService {
             clones: Self::clones_of(records, snap.id),
             open_connections: self.open_handles(snap.id),
             nvme_hosts: snap.nvme_hosts.clone(),
+            encrypted: self.snapshot_encrypted(volume, snap.id),
         }
     }
 
@@ -588,12 +592,9 @@ impl VolumeService {
         // The store gives the clone its parent's key: the volume's, or
         // the one a re-encryption pinned the snapshot to (whose type,
         // then, no longer describes the clone).
-        record.encrypted = parent.encrypted;
-        if self.cluster.is_none() && self.store.has_own_key_entry(snap.id) {
-            record.encrypted = self.store.is_encrypted(snap.id);
-            if record.encrypted != parent.encrypted {
-                record.volume_type = None;
-            }
+        record.encrypted = self.snapshot_encrypted(&parent, snap.id);
+        if record.encrypted != parent.encrypted {
+            record.volume_type = None;
         }
         record.wrapped_key = parent.wrapped_key.clone();
         // Its type is its source's, so the type's compression is already
