@@ -16,61 +16,17 @@
 mod common;
 
 use common::cluster::*;
+use common::plaintext::{same_as, text, windows_in_file};
 use common::*;
-use std::collections::HashSet;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::time::Duration;
 
 const MIB: usize = 1 << 20;
 
-/// 4 MiB of text from `seed` (hex digits of a splitmix64 stream): no
-/// 16-byte window of it is likely in another seed's text or anywhere else.
-fn text(seed: u64) -> Vec<u8> {
-    let mut x = seed;
-    let mut out = Vec::with_capacity(4 * MIB + 32);
-    while out.len() < 4 * MIB {
-        x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = x;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^= z >> 31;
-        out.extend_from_slice(format!("{z:016x}").as_bytes());
-    }
-    out.truncate(4 * MIB);
-    out
-}
-
-/// How many 16-byte windows of the data file are windows of `plain`.
-fn windows_in_file(file: &Path, plain: &[u8]) -> usize {
-    let wanted: HashSet<&[u8]> = plain.windows(16).collect();
-    let raw = std::fs::read(file).unwrap();
-    raw.windows(16).filter(|w| wanted.contains(w)).count()
-}
-
 fn write_text(s: &Server, volume: &str, file: &Path) {
     let cmd = format!("write -s {} 0 4M", file.display());
     qemu_io(&s.uri(volume), &[&cmd]).ok();
-}
-
-/// The whole first 4 MiB of `volume` read through `s` equals `file`.
-fn same_as(s: &Server, volume: &str, file: &Path) -> CmdOutput {
-    // The first 4 MiB of the volume against the file.
-    tool(
-        "qemu-img",
-        [
-            "compare",
-            "-f",
-            "raw",
-            "-F",
-            "raw",
-            &format!("json:{{\"driver\":\"raw\",\"size\":{},\"file\":{{\"driver\":\"nbd\",\"server\":{{\"type\":\"inet\",\"host\":\"{}\",\"port\":\"{}\"}},\"export\":\"{volume}\"}}}}",
-                4 * MIB,
-                s.nbd_addr().rsplit_once(':').unwrap().0,
-                s.nbd_addr().rsplit_once(':').unwrap().1),
-            file.to_str().unwrap(),
-        ],
-    )
 }
 
 fn write_key(path: &Path, hex: &str) {

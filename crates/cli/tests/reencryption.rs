@@ -12,60 +12,14 @@
 
 mod common;
 
+use common::plaintext::{text, windows_in_file};
 use common::*;
-use std::collections::HashSet;
 use std::path::Path;
 use std::time::Duration;
 
-const MIB: usize = 1 << 20;
-
-/// 4 MiB of text from `seed`: no 16-byte window of it is likely anywhere
-/// else.
-fn text(seed: u64) -> Vec<u8> {
-    let mut x = seed;
-    let mut out = Vec::with_capacity(4 * MIB + 32);
-    while out.len() < 4 * MIB {
-        x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = x;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^= z >> 31;
-        out.extend_from_slice(format!("{z:016x}").as_bytes());
-    }
-    out.truncate(4 * MIB);
-    out
-}
-
-fn windows_in_file(file: &Path, plain: &[u8]) -> usize {
-    let wanted: HashSet<&[u8]> = plain.windows(16).collect();
-    let raw = std::fs::read(file).unwrap();
-    raw.windows(16).filter(|w| wanted.contains(w)).count()
-}
-
-/// The first 4 MiB of `export` read over NBD equal `file`.
+/// The first 4 MiB of `export` equal `file`.
 fn same_as(s: &Server, export: &str, file: &Path) {
-    let (host, port) = s
-        .nbd_addr()
-        .rsplit_once(':')
-        .map(|(h, p)| (h.to_string(), p.to_string()))
-        .unwrap();
-    let image = format!(
-        "json:{{\"driver\":\"raw\",\"size\":{},\"file\":{{\"driver\":\"nbd\",\"server\":{{\"type\":\"inet\",\"host\":\"{host}\",\"port\":\"{port}\"}},\"export\":\"{export}\"}}}}",
-        4 * MIB
-    );
-    tool(
-        "qemu-img",
-        [
-            "compare",
-            "-f",
-            "raw",
-            "-F",
-            "raw",
-            &image,
-            file.to_str().unwrap(),
-        ],
-    )
-    .ok();
+    common::plaintext::same_as(s, export, file).ok();
 }
 
 fn fio_verify(s: &Server, dir: &Scratch, volume: &str) -> std::process::Child {

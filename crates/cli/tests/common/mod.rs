@@ -15,6 +15,7 @@
 pub mod cluster;
 pub mod guest;
 pub mod netns;
+pub mod plaintext;
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
