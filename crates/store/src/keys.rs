@@ -362,6 +362,13 @@ impl Store {
         Ok(None)
     }
 
+    /// Whether the layers of a stack may have different keys: some volume
+    /// of the store was re-encrypted. Checked before anything per batch is
+    /// built for it, so the data path of other stores pays nothing.
+    pub(crate) fn stacks_may_mix_keys(&self) -> bool {
+        self.keys.as_ref().is_some_and(KeySlots::has_pinned)
+    }
+
     /// The cipher of each layer of a stack (`layer_map::stack_states`
     /// order) when they differ; empty when every layer reads with the
     /// head's (`head`: its [`Store::cipher_of`]), as in any store no volume
@@ -371,7 +378,7 @@ impl Store {
         layers: &[Arc<crate::layer_map::VolumeState>],
         head: &Option<Arc<BlockCipher>>,
     ) -> Result<Vec<Option<Arc<BlockCipher>>>, StoreError> {
-        if !self.keys.as_ref().is_some_and(KeySlots::has_pinned) || layers.len() < 2 {
+        if !self.stacks_may_mix_keys() || layers.len() < 2 {
             return Ok(Vec::new());
         }
         let ciphers = layers

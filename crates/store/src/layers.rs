@@ -596,7 +596,10 @@ impl Store {
                 let ancestors = VolumeState::lock_ancestors(&map);
                 // Of a re-encrypted volume: the key of each layer, to
                 // reseal what it reads through them.
-                let keys = self.stack_ciphers(&stack_states(&vol, &map, &ancestors), &cipher)?;
+                let keys = match self.stacks_may_mix_keys() {
+                    true => self.stack_ciphers(&stack_states(&vol, &map, &ancestors), &cipher)?,
+                    false => Vec::new(),
+                };
                 let Some((below, rest)) = ancestors.split_first() else {
                     break; // nothing to read through
                 };

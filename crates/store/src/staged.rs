@@ -159,7 +159,7 @@ impl LocalVolume {
                 return Ok(None);
             }
         };
-        let layer_ciphers = if ancestors.is_empty() {
+        let layer_ciphers = if ancestors.is_empty() || !store.stacks_may_mix_keys() {
             Ok(Vec::new())
         } else {
             store.stack_ciphers(&stack_states(vol, &map, &ancestors), &cipher)
