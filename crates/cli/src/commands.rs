@@ -425,7 +425,7 @@ fn volume_fields(volume: &Volume, client: &ApiClient) -> String {
         pairs.push((
             "re-encrypting",
             format!(
-                "to {}: new writes are; `basalt volume flatten {}` reseals the rest",
+                "to {} (new writes already are); `basalt volume flatten {}` reseals the rest",
                 if volume.encrypted {
                     "encrypted"
                 } else {
