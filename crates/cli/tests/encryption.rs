@@ -16,7 +16,7 @@
 mod common;
 
 use common::cluster::*;
-use common::plaintext::{same_as, text, windows_in_file};
+use common::plaintext::{fio_verify_region, same_as, text, windows_in_file};
 use common::*;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
@@ -64,21 +64,7 @@ fn encrypted_volumes_leave_no_plaintext_and_need_their_master_key() {
     same_as(&s, "secret", &secret_text).ok();
 
     // fio verifies its own data on the encrypted volume.
-    let uri = format!("--uri={}", s.uri("secret"));
-    let mut fio = std::process::Command::new(require_tool("fio"));
-    fio.current_dir(&dir.0).args([
-        "--name=v",
-        "--ioengine=nbd",
-        &uri,
-        "--rw=randwrite",
-        "--bs=4k",
-        "--iodepth=16",
-        "--offset=8M",
-        "--size=16M",
-        "--verify=crc32c",
-        "--do_verify=1",
-        "--verify_state_save=0",
-    ]);
+    let mut fio = fio_verify_region(&s, &dir.0, "secret", "8M");
     let out = run_cmd(&mut fio, CMD_TIMEOUT);
     assert!(out.status.success(), "fio: {}", out.describe());
 

@@ -12,7 +12,7 @@
 
 mod common;
 
-use common::plaintext::{text, windows_in_file};
+use common::plaintext::{fio_verify_region, text, windows_in_file};
 use common::*;
 use std::path::Path;
 use std::time::Duration;
@@ -23,22 +23,7 @@ fn same_as(s: &Server, export: &str, file: &Path) {
 }
 
 fn fio_verify(s: &Server, dir: &Scratch, volume: &str) -> std::process::Child {
-    let uri = format!("--uri={}", s.uri(volume));
-    std::process::Command::new(require_tool("fio"))
-        .current_dir(&dir.0)
-        .args([
-            "--name=v",
-            "--ioengine=nbd",
-            &uri,
-            "--rw=randwrite",
-            "--bs=4k",
-            "--iodepth=16",
-            "--offset=32M",
-            "--size=16M",
-            "--verify=crc32c",
-            "--do_verify=1",
-            "--verify_state_save=0",
-        ])
+    fio_verify_region(s, &dir.0, volume, "32M")
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()

@@ -2,9 +2,10 @@
 //! window of which is likely anywhere else, a search of a data file for
 //! them, and a comparison of an export's first 4 MiB with a file.
 
-use super::{tool, CmdOutput, Server};
+use super::{require_tool, tool, CmdOutput, Server};
 use std::collections::HashSet;
 use std::path::Path;
+use std::process::Command;
 
 const MIB: usize = 1 << 20;
 
@@ -29,6 +30,27 @@ pub fn windows_in_file(file: &Path, plain: &[u8]) -> usize {
     let wanted: HashSet<&[u8]> = plain.windows(16).collect();
     let raw = std::fs::read(file).unwrap();
     raw.windows(16).filter(|w| wanted.contains(w)).count()
+}
+
+/// fio writing 16 MiB of `volume` from `offset` in random 4k blocks at
+/// QD16 over NBD, then verifying every block it wrote (`verify=crc32c`),
+/// run in `dir`: the check that an encrypted volume's data path holds.
+pub fn fio_verify_region(s: &Server, dir: &Path, volume: &str, offset: &str) -> Command {
+    let mut fio = Command::new(require_tool("fio"));
+    fio.current_dir(dir).args([
+        "--name=v".to_string(),
+        "--ioengine=nbd".into(),
+        format!("--uri={}", s.uri(volume)),
+        "--rw=randwrite".into(),
+        "--bs=4k".into(),
+        "--iodepth=16".into(),
+        format!("--offset={offset}"),
+        "--size=16M".into(),
+        "--verify=crc32c".into(),
+        "--do_verify=1".into(),
+        "--verify_state_save=0".into(),
+    ]);
+    fio
 }
 
 /// qemu-img's comparison of the first 4 MiB of `export` (over NBD) with
