@@ -320,17 +320,33 @@ fn clones_of_replicated_snapshots_are_replicated_and_rebuilt_in_full_elsewhere()
     c.assert_replicas_equal(&[p, spare], "gold");
     verify_pattern(None, &c.nodes[lost].uri("vm1"), seed, 1, 0, 8 * MIB);
     verify_pattern(None, &c.nodes[lost].uri("vm1"), seed, 3, 8 * MIB, 8 * MIB);
-    // A replicated clone with snapshots of its own is not flattened.
+    // A replicated clone with snapshots of its own is flattened with
+    // them: its oldest snapshot takes the source's blocks on every
+    // replica, and the source can go while both keep their content.
     let out = c.nodes[p].cli(&["snapshot", "create", "vm2", "mine"]);
     assert!(out.code() == Some(0), "snapshot create: {}", out.describe());
-    let out = c.nodes[p].cli(&["volume", "flatten", "vm2"]);
-    assert_ne!(out.code(), Some(0));
-    assert!(out.stderr.contains("has snapshots"), "{}", out.describe());
-    // Deleting the clone (its snapshot first) frees its source snapshot.
+    write_pattern(None, &c.nodes[p].uri("vm2"), seed, 4, 2 * MIB, 4 * MIB);
+    let out = c.nodes[lost].cli(&["volume", "flatten", "vm2"]);
+    assert!(out.code() == Some(0), "flatten: {}", out.describe());
+    assert!(
+        c.show(p, "vm2")["clone_of"].is_null(),
+        "{:#}",
+        c.show(p, "vm2")
+    );
+    let out = c.nodes[p].cli(&["snapshot", "delete", "gold@clone-vm2"]);
+    assert!(out.code() == Some(0), "snapshot delete: {}", out.describe());
+    c.assert_replicas_equal(&[p, spare], "vm2");
+    c.assert_replicas_equal(&[p, spare], "vm2@mine");
+    // A snapshot is exported by the nodes holding it.
+    let (vm2, mine) = (c.nodes[lost].uri("vm2"), c.nodes[p].uri("vm2@mine"));
+    verify_pattern(None, &mine, seed, 2, 0, 4 * MIB);
+    verify_pattern(None, &mine, seed, 1, 4 * MIB, 8 * MIB);
+    verify_pattern(None, &vm2, seed, 2, 0, 2 * MIB);
+    verify_pattern(None, &vm2, seed, 4, 2 * MIB, 4 * MIB);
+    verify_pattern(None, &vm2, seed, 1, 6 * MIB, 6 * MIB);
     for args in [
         &["snapshot", "delete", "vm2@mine"][..],
         &["volume", "delete", "vm2"],
-        &["snapshot", "delete", "gold@clone-vm2"],
     ] {
         let out = c.nodes[p].cli(args);
         assert!(out.code() == Some(0), "{args:?}: {}", out.describe());

@@ -170,8 +170,12 @@ fn snapshots_clones_and_rollback_with_real_clients() {
     );
     let table = s.cli(&["snapshot", "list"]);
     assert!(table.ok().contains("db@s1"), "{}", table.stdout);
-    // Flattening the clone makes it independent: the snapshot can go, and
-    // neither the clone nor the volume changes.
+    // Flattening the clone makes it independent, with its own snapshot
+    // (which takes the source's blocks): the source snapshot can go, and
+    // neither the clone, its snapshot nor the volume changes.
+    s.cli(&["snapshot", "create", "c1", "mine"]).ok();
+    qemu_io(&s.uri("c1"), &["write -P 0x5c 1M 2M"]).ok();
+    let mine_before = copy_of(&s, "c1@mine", &dir, "mine.raw");
     let clone_before = copy_of(&s, "c1", &dir, "c1.raw");
     // One window through the API (as the CLI walks it): `volume show`
     // says how far the flattening has come.
@@ -211,6 +215,7 @@ fn snapshots_clones_and_rollback_with_real_clients() {
     );
     s.cli(&["snapshot", "delete", "db@s1"]).ok();
     compare(&s, "c1", &clone_before).ok();
+    compare(&s, "c1@mine", &mine_before).ok();
     compare(&s, "db", &frozen).ok();
     assert!(s
         .cli(&["snapshot", "show", "db@s1"])

@@ -18,9 +18,13 @@
 //!   then is the snapshot unlinked. The snapshot is retired first (a
 //!   journaled flag): half merged, it no longer reads what it held, so no
 //!   one may read it, and the open after a stop finishes the merge.
-//! - Flattening copies into a volume, extent by extent under its map lock,
+//! - Flattening copies into a layer, extent by extent under its map lock,
 //!   the blocks it reads through its parents (present once durable, as
-//!   above); it is detached only once it holds every block it reads.
+//!   above); it is detached only once it holds every block it reads. The
+//!   layer is a volume's head (`flatten`), or, to detach a clone and its
+//!   snapshots from their source, the oldest layer of the volume's own
+//!   (`flatten_source`): a snapshot then holds more blocks, never other
+//!   content.
 //! - One layer operation runs at a time (`Store::layer_ops`); flattening
 //!   takes it only to detach.
 //! - A merge or a flatten takes a layer's map lock extent by extent and
@@ -66,6 +70,21 @@ enum Source<'a> {
     Zeros,
     /// The buffer already holds the whole extent's content.
     Filled,
+}
+
+/// The oldest layer of volume `head`'s own: its oldest snapshot that its
+/// head reaches through its own snapshots only, or the head. A snapshot
+/// being merged away (retired) is passed over: its child takes its place.
+fn oldest_own_layer(head: &Arc<VolumeState>) -> Arc<VolumeState> {
+    let mut oldest = head.clone();
+    let mut next = head.map.read().parent.clone();
+    while let Some(layer) = next.filter(|l| l.snapshot_of == Some(head.id)) {
+        next = layer.map.read().parent.clone();
+        if !layer.is_retired() {
+            oldest = layer;
+        }
+    }
+    oldest
 }
 
 /// What `Store::flatten` did.
@@ -558,10 +577,11 @@ impl Store {
     /// every block of `range` it reads through its parent layers, so that
     /// it no longer needs them; once a call covers the volume's end and
     /// nothing is left to copy, the volume is detached from its parent.
-    /// Client I/O goes on: each extent is copied under the volume's map
-    /// lock, at most `rate` bytes per second; `progress(done, total)`
-    /// after each. A stop in between loses nothing: copied blocks are
-    /// present, the rest still read through the parent.
+    /// Its own snapshots keep reading through theirs. Client I/O goes on:
+    /// each extent is copied under the volume's map lock, at most `rate`
+    /// bytes per second; `progress(done, total)` after each. A stop in
+    /// between loses nothing: copied blocks are present, the rest still
+    /// read through the parent.
     pub fn flatten(
         &self,
         id: VolumeId,
@@ -569,35 +589,98 @@ impl Store {
         rate: Option<u64>,
         progress: &mut dyn FnMut(u64, u64),
     ) -> Result<FlattenReport, StoreError> {
+        let head = self.flattened_head(id)?;
+        self.flatten_layers(&head, &|| head.clone(), range, rate, progress)
+    }
+
+    /// Detaches volume `id` and its snapshots from the snapshot it was
+    /// cloned from (what Ceph calls a deep flatten): copies into the
+    /// oldest layer of the volume's own (its oldest snapshot, or its head
+    /// if it has none) every block of `range` that layer reads through
+    /// the source, and detaches that layer once a call covers the
+    /// volume's end and nothing is left to copy. The volume and each of
+    /// its snapshots read what they read before, throughout; only the
+    /// oldest layer holds more. As [`Store::flatten`] otherwise. A
+    /// snapshot taken or deleted meanwhile moves the copying to the
+    /// layer that is then the oldest.
+    pub fn flatten_source(
+        &self,
+        id: VolumeId,
+        range: std::ops::Range<u64>,
+        rate: Option<u64>,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<FlattenReport, StoreError> {
+        let head = self.flattened_head(id)?;
+        let mut report =
+            self.flatten_layers(&head, &|| oldest_own_layer(&head), range, rate, progress)?;
+        // Detached, the layer may have stopped being the oldest (a
+        // snapshot deleted meanwhile merged it away).
+        report.detached = report.detached && self.clone_source(id)?.is_none();
+        Ok(report)
+    }
+
+    /// The layer volume `id`'s oldest layer reads through (its oldest
+    /// snapshot's parent, or its head's if it has none): the snapshot it
+    /// was cloned from, or none.
+    pub fn clone_source(&self, id: VolumeId) -> Result<Option<VolumeId>, StoreError> {
+        let head = self.volume_state(id)?;
+        let parent = oldest_own_layer(&head).map.read().parent.clone();
+        Ok(parent.map(|p| p.id))
+    }
+
+    fn flattened_head(&self, id: VolumeId) -> Result<Arc<VolumeState>, StoreError> {
         self.require_layers()?;
-        let vol = self.volume_state(id)?;
-        if vol.is_snapshot() {
+        let head = self.volume_state(id)?;
+        if head.is_snapshot() {
             return Err(StoreError::Layers(format!(
                 "{id} is a snapshot; flatten a clone of it"
             )));
         }
+        Ok(head)
+    }
+
+    /// The loop of [`Store::flatten`] and [`Store::flatten_source`]:
+    /// copies, extent by extent of `range` (bytes of volume `head`), into
+    /// the layer `target()` names at that moment the blocks it reads
+    /// through its parents, then detaches that layer if the range reached
+    /// the volume's end.
+    fn flatten_layers(
+        &self,
+        head: &Arc<VolumeState>,
+        target: &dyn Fn() -> Arc<VolumeState>,
+        range: std::ops::Range<u64>,
+        rate: Option<u64>,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<FlattenReport, StoreError> {
         let mut report = FlattenReport::default();
         let es = self.layout.extent_size as u64;
         let first = range.start / es;
-        let last = range.end.min(vol.size()).div_ceil(es);
+        let last = range.end.min(head.size()).div_ceil(es);
         let mut buf = AlignedBuf::zeroed(es as usize);
         let pacer = crate::Pacer::new(rate);
         let mut copied_bytes = 0u64;
-        // Without its key, only packed blocks of an encrypted volume fail.
-        let cipher = self.cipher_of(&vol).ok().flatten();
         let bpe = self.layout.blocks_per_extent();
-        for logical in first..last {
+        let mut logical = first;
+        while logical < last {
+            let layer = target();
             let mut entries = Vec::new();
             {
-                let map = vol.map.write();
-                if vol.is_deleted() {
-                    return Err(StoreError::NotFound(id));
+                let map = layer.map.write();
+                if head.is_deleted() {
+                    return Err(StoreError::NotFound(head.id));
                 }
+                if layer.is_deleted() {
+                    // Merged into its child meanwhile: copy into that.
+                    continue;
+                }
+                // Without its key, only packed blocks of an encrypted
+                // layer fail.
+                let cipher = self.cipher_of(&layer).ok().flatten();
                 let ancestors = VolumeState::lock_ancestors(&map);
                 // Of a re-encrypted volume: the key of each layer, to
                 // reseal what it reads through them.
                 let keys = match self.stacks_may_mix_keys() {
-                    true => self.stack_ciphers(&stack_states(&vol, &map, &ancestors), &cipher)?,
+                    true => self.stack_ciphers(&stack_states(&layer, &map, &ancestors), &cipher)?,
                     false => Vec::new(),
                 };
                 let Some((below, rest)) = ancestors.split_first() else {
@@ -607,6 +690,8 @@ impl Store {
                 let from_parents = ancestors.iter().any(|g| g.phys(l).is_some());
                 let copied = match (from_parents, map.phys(l)) {
                     (false, None) => 0,
+                    // A snapshot shorter than the volume reads nothing here.
+                    (true, None) if l >= map.len() => 0,
                     // The blocks it lacks read as zeros now; once it is the
                     // bottom layer it reads them raw (docs/format.md, rule 12).
                     (false, Some(cphys)) => {
@@ -616,8 +701,8 @@ impl Store {
                         let cphys = match phys {
                             Some(p) => p,
                             None => {
-                                let entry = map.get(l).ok_or(StoreError::NotFound(id))?;
-                                self.allocate(&vol, map.slot, logical as u32, entry)?
+                                let entry = map.get(l).ok_or(StoreError::NotFound(layer.id))?;
+                                self.allocate(&layer, map.slot, logical as u32, entry)?
                             }
                         };
                         let through = Through {
@@ -643,11 +728,12 @@ impl Store {
                 drop(ancestors);
                 parking_lot::RwLockWriteGuard::unlock_fair(map);
             }
-            progress((logical + 1 - first) * es, (last - first) * es);
+            logical += 1;
+            progress((logical - first) * es, (last - first) * es);
             pacer.wait(copied_bytes);
         }
-        if range.end >= vol.size() {
-            report.detached = self.detach(&vol)?;
+        if range.end >= head.size() {
+            report.detached = self.detach(&target())?;
         }
         self.commit()?;
         Ok(report)
@@ -729,6 +815,9 @@ impl Store {
         let bpe = self.layout.blocks_per_extent();
         let _op = self.layer_ops.lock();
         let mut map = vol.map.write();
+        if vol.is_deleted() {
+            return Ok(false); // merged away: its child holds what it did
+        }
         if map.parent.is_none() {
             return Ok(true);
         }

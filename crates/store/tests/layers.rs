@@ -353,6 +353,73 @@ fn flattening_a_clone_detaches_it_without_changing_what_it_reads() {
     store.check().unwrap();
 }
 
+/// A clone with snapshots of its own: `flatten_source` copies the source's
+/// blocks into the clone's oldest snapshot only, so the clone and every
+/// snapshot of it read what they did, and the source can go.
+#[test]
+fn flattening_a_clone_with_snapshots_detaches_them_all_from_the_source() {
+    let dev = SimDevice::new(16 << 20, 9);
+    let store = format(&dev);
+    let (golden, base, clone, mine1, mine2) = (id(1), id(2), id(3), id(4), id(5));
+    store.create_volume(golden, 3 * EXTENT).unwrap();
+    let g = store.volume(golden).unwrap();
+    g.write(0, &pattern(3 * EXTENT, 1), false).unwrap();
+    store.snapshot(golden, base).unwrap();
+    store.clone_snapshot(base, clone, Some(4 * EXTENT)).unwrap();
+    let c = store.volume(clone).unwrap();
+    c.write(BLOCK, &pattern(BLOCK, 2), false).unwrap();
+    store.snapshot(clone, mine1).unwrap();
+    c.write(EXTENT + 2 * BLOCK, &pattern(BLOCK, 3), false)
+        .unwrap();
+    c.write(3 * EXTENT, &pattern(BLOCK, 4), false).unwrap();
+    store.snapshot(clone, mine2).unwrap();
+    c.write(2 * BLOCK, &pattern(2 * BLOCK, 5), false).unwrap();
+    // The golden volume moves on: nothing of that reaches the clone.
+    g.write(0, &pattern(EXTENT, 6), false).unwrap();
+    let reads = |store: &Arc<Store>| [clone, mine1, mine2].map(|v| read_all(store, v));
+    let before = reads(&store);
+    assert_eq!(store.clone_source(clone).unwrap(), Some(base));
+    let first = store
+        .flatten_source(clone, 0..EXTENT, None, &mut |_, _| {})
+        .unwrap();
+    assert!(!first.detached);
+    assert!(reads(&store) == before);
+    // A snapshot taken halfway: the copying goes on into the oldest layer.
+    let mine3 = id(6);
+    store.snapshot(clone, mine3).unwrap();
+    let rest = store
+        .flatten_source(clone, EXTENT..4 * EXTENT, None, &mut |_, _| {})
+        .unwrap();
+    assert!(rest.detached);
+    // The source's three extents less the clone's own first block.
+    assert_eq!(
+        first.copied_blocks + rest.copied_blocks,
+        3 * EXTENT / BLOCK - 1
+    );
+    assert!(reads(&store) == before);
+    assert_eq!(store.clone_source(clone).unwrap(), None);
+    // Only the oldest snapshot took the copies: the newer layers hold
+    // their own writes and nothing else.
+    let written = |s: Uuid| {
+        let all = store.snapshots();
+        let s = all.iter().find(|x| x.id == s).unwrap();
+        (s.written_bytes, s.parent)
+    };
+    assert_eq!(written(mine2), (2 * BLOCK, Some(mine1)));
+    assert_eq!(written(mine3), (2 * BLOCK, Some(mine2)));
+    assert_eq!(written(mine1).1, None);
+    // The source has no clone left reading through it.
+    store.delete_snapshot(base).unwrap();
+    assert!(reads(&store) == before);
+    store.check().unwrap();
+    drop((g, c));
+    drop(store);
+    dev.crash();
+    let store = Store::open_with(dev.clone(), &quiet()).unwrap();
+    assert!(reads(&store) == before);
+    store.check().unwrap();
+}
+
 #[test]
 fn a_store_without_layers_says_so() {
     let dev = SimDevice::new(16 << 20, 6);

@@ -57,6 +57,9 @@ const SECTOR: usize = 512;
 static PACKED: AtomicU64 = AtomicU64::new(0);
 /// Re-encryptions the histories switched (likewise).
 static REKEYED: AtomicU64 = AtomicU64::new(0);
+/// Clones with snapshots of their own the histories detached from their
+/// source (likewise).
+static DEEP_FLATTENED: AtomicU64 = AtomicU64::new(0);
 const EXTENT: u64 = 64 * 1024;
 const BLOCK: u64 = 4096;
 
@@ -157,6 +160,11 @@ enum Op {
         layer: usize,
         zstd: bool,
     },
+    /// Detaches a clone and its snapshots from its source: copies into its
+    /// oldest layer what that reads through the source.
+    FlattenSource {
+        vol: usize,
+    },
     /// Re-encrypts a volume (plain to encrypted under key `seed`, or
     /// encrypted to plain), flattens it and deletes the snapshot that
     /// took its old layer.
@@ -238,6 +246,16 @@ fn history(seed: u64, shape: Shape) -> Vec<Op> {
                     seed: rekeys.gen(),
                 });
                 std::iter::once(op).chain(rekey)
+            }
+        })
+        // And deep flattens.
+        .flat_map({
+            let mut deep = StdRng::seed_from_u64(seed ^ 0x6465_6570);
+            move |op| {
+                let flatten = deep
+                    .gen_bool(0.08)
+                    .then(|| Op::FlattenSource { vol: deep.gen() });
+                std::iter::once(op).chain(flatten)
             }
         })
         .collect()
@@ -806,6 +824,36 @@ impl Harness {
                     .volumes()
                     .iter()
                     .any(|v| v.id == id && v.parent.is_none()));
+                self.check_current(i)?;
+                self.check_snapshots()?;
+            }
+            Op::FlattenSource { vol } => {
+                // A clone with snapshots of its own if there is one (the
+                // case that copies into a snapshot), else any volume.
+                let deep: Vec<usize> = (0..self.model.len())
+                    .filter(|&i| {
+                        let id = self.model[i].id;
+                        self.snapshots.iter().any(|s| s.volume == id)
+                            && matches!(self.store.clone_source(id), Ok(Some(_)))
+                    })
+                    .collect();
+                let Some(i) = (match deep.is_empty() {
+                    true => self.pick(vol),
+                    false => Some(deep[vol % deep.len()]),
+                }) else {
+                    return Ok(());
+                };
+                let (id, size) = (self.model[i].id, self.model[i].current.len() as u64);
+                let own_snapshots = self.snapshots.iter().any(|s| s.volume == id);
+                let source = self.store.clone_source(id).expect("a volume");
+                let r = self.store.flatten_source(id, 0..size, None, &mut |_, _| {});
+                let report = self.cut(r, "flatten source")?;
+                assert!(report.detached, "a whole-volume flatten detaches");
+                self.all_durable();
+                assert_eq!(self.store.clone_source(id).expect("a volume"), None);
+                if source.is_some() && own_snapshots {
+                    DEEP_FLATTENED.fetch_add(1, Ordering::Relaxed);
+                }
                 self.check_current(i)?;
                 self.check_snapshots()?;
             }
@@ -1383,9 +1431,10 @@ fn sweep_capped(shape: Shape, seeds: Vec<u64>, default_cuts: u64, test: &str) {
         }
     }
     eprintln!(
-        "{runs} power cuts tried; {} extents packed, {} volumes re-encrypted",
+        "{runs} power cuts tried; {} extents packed, {} volumes re-encrypted, {} clones with snapshots detached from their source",
         PACKED.load(Ordering::Relaxed),
-        REKEYED.load(Ordering::Relaxed)
+        REKEYED.load(Ordering::Relaxed),
+        DEEP_FLATTENED.load(Ordering::Relaxed)
     );
     assert!(
         PACKED.load(Ordering::Relaxed) > 0,
@@ -1394,6 +1443,10 @@ fn sweep_capped(shape: Shape, seeds: Vec<u64>, default_cuts: u64, test: &str) {
     assert!(
         REKEYED.load(Ordering::Relaxed) > 0,
         "no history re-encrypted a volume"
+    );
+    assert!(
+        DEEP_FLATTENED.load(Ordering::Relaxed) > 0,
+        "no history detached a clone with snapshots from its source"
     );
 }
 

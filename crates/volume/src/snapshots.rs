@@ -455,7 +455,8 @@ impl VolumeService {
     /// Copies into clone `name` the blocks of `range` it still reads from
     /// its source snapshot, online, at most `rate` bytes per second; when
     /// the range reaches the volume's end and nothing is left to copy, the
-    /// clone is detached from its source (which can then be deleted). A
+    /// clone and its own snapshots are detached from its source (which
+    /// can then be deleted; copies go into its oldest snapshot). A
     /// volume being re-encrypted is flattened the same way, resealing what
     /// it reads under its old key; detached, its re-encryption is done.
     pub fn flatten(
@@ -473,21 +474,22 @@ impl VolumeService {
         }
         // Not under the control lock: this copies data for a long time.
         let end = range.end.min(record.size_bytes);
+        // A clone is detached from its source together with its own
+        // snapshots (copies go into its oldest layer); a re-encryption
+        // reseals into the head what it reads through every older layer.
         let report = match &self.cluster {
-            Some(cluster) => {
-                // A replica's copy is flattened over its own snapshots'
-                // layers only by detaching its head from them, which the
-                // replicas' layer bookkeeping does not allow.
-                if let Some(snap) = record.snapshots.first() {
-                    return Err(VolumeError::NotSupported(format!(
-                        "volume {name:?} has snapshots ({}@{} ...); a replicated clone is flattened only without snapshots of its own: delete them first",
-                        name, snap.name
-                    )));
-                }
-                cluster.flatten(&record, range, rate, progress)?
+            Some(cluster) => cluster.flatten(&record, range, rate, progress)?,
+            None if record.reencryption.is_some() => {
+                self.store.flatten(record.id, range, rate, progress)?
             }
-            None => self.store.flatten(record.id, range, rate, progress)?,
+            None => self
+                .store
+                .flatten_source(record.id, range, rate, progress)?,
         };
+        // A re-encrypted clone's snapshots may still read through its
+        // source: it stays a clone until flattened again.
+        let independent = report.detached
+            && (self.cluster.is_some() || self.store.clone_source(record.id)?.is_none());
         {
             let mut flattening = self.flattening.lock();
             if report.detached {
@@ -507,7 +509,9 @@ impl VolumeService {
         }
         if report.detached {
             let _control = self.control.lock();
-            self.forget_clone_source(name)?;
+            if independent {
+                self.forget_clone_source(name)?;
+            }
             self.finish_reencryption(name)?;
         }
         Ok(report)

@@ -18,10 +18,8 @@ Clusters: snapshots and reverts of replicated volumes are taken by Basalt at one
 point of the replication stream on every replica. Clones (volumes from a
 snapshot or from a volume) of a replicated volume are replicated too, with
 their source's replica count and Basalt type, placed on the nodes holding the
-source snapshot; flattening goes to every replica. Basalt flattens a replicated
-clone only while it has no snapshots of its own, so deleting the source of such
-a clone raises VolumeIsBusy (Cinder keeps the source available) until the
-clone's snapshots are deleted.
+source snapshot; flattening goes to every replica, and detaches a clone's own
+snapshots from the source with it.
 
 Images: with basalt_nbd_uri, images are copied to and from volumes by qemu-img
 through Basalt's NBD endpoint (TLS with a pre-shared key, basalt_cinder.nbd),
@@ -528,20 +526,7 @@ class BasaltVolumeDriver(driver.VolumeDriver):
             for clone in detail.get("clones") or []:
                 LOG.info("Flattening %(clone)s so that its source %(src)s can be deleted.",
                          {"clone": clone, "src": name})
-                try:
-                    self._flatten(clone)
-                except BasaltError as err:
-                    if err.status == 400 and "has snapshots" in err.message:
-                        # A cluster flattens a replicated clone only without
-                        # snapshots of its own. The source stays, with this
-                        # clone; clones flattened before it stay flattened.
-                        raise exception.VolumeIsBusy(
-                            message=_("Basalt volume %(name)s cannot be deleted before "
-                                      "its clone %(clone)s is flattened: %(err)s")
-                            % {"name": name, "clone": clone, "err": err.message},
-                            volume_name=name,
-                        ) from err
-                    raise
+                self._flatten(clone)
             self._api.delete_snapshot(name, snap)
 
     def _flatten(self, name: str) -> None:

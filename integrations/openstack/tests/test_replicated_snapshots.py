@@ -9,9 +9,8 @@ replicas too, on the nodes holding the source snapshot, each reading the
 source as it was and diverging on write without touching it. The snapshot
 stays while the volume from it reads it (SnapshotIsBusy), until that volume is
 flattened through Basalt's API as an operator would; deleting the source then
-has the driver flatten the clone through the cluster (refused with
-VolumeIsBusy, the source kept, while the clone has snapshots of its own, which
-Basalt does not flatten in a cluster). Both keep their data, identical on all
+has the driver flatten the clone through the cluster, with a snapshot of its
+own (which takes the source's blocks). All keep their data, identical on all
 three replicas, and nothing is left behind.
 
 The same clone scenario runs with two replicas (basalt:replicas=2) on the
@@ -30,7 +29,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from cinder import exception, objects
+from cinder import objects
 from cinder.objects import fields
 
 from basalt_cinder import driver as basalt_driver
@@ -281,28 +280,15 @@ class ReplicatedVolumeTestCase(BasaltManagerTestCase):
         self.delete_snapshot(name, snap)
         self.assertEqual([clone_snap], self.snapshot_names(name))
 
-        # A snapshot of the clone: Basalt does not flatten a replicated clone
-        # with snapshots of its own, so deleting its source is refused
-        # (VolumeIsBusy, the source stays available with its data and the
-        # clone still reads through clone-NAME), until that snapshot is gone.
+        # A snapshot of the clone, written after: deleting the source has the
+        # driver flatten the clone with its snapshot, on each of their
+        # replicas through the cluster, and delete clone-NAME.
         cl_snap = self.snapshot(clone)
         self.assertEqual(fields.SnapshotStatus.AVAILABLE, cl_snap.status)
-        err = self.assertRaises(exception.VolumeIsBusy, self.driver.delete_volume, vol)
-        self.assertIn(f"its clone {cl_name} is flattened", str(err))
-        self.assertIn("has snapshots", str(err))
-        vol.status = "deleting"
-        vol.save()
-        self.manager.delete_volume(self.context, vol)
-        vol.refresh()
-        self.assertEqual("available", vol.status)
-        self.assertTrue(self.reads(name, C))
-        self.assertEqual([clone_snap], self.snapshot_names(name))
-        self.assertEqual(f"{name}@{clone_snap}", self.client.get_volume(cl_name)["clone_of"])
-        self.assertEqual(cl_digest, self.assert_same_on_every_replica(cl_name))
-        self.delete_snapshot(cl_name, cl_snap)
-
-        # Deleting the source: the driver flattens the clone first, on each
-        # of its replicas through the cluster, and deletes clone-NAME.
+        cl_snap_export = f"{cl_name}@{basalt_driver.snapshot_name(cl_snap)}"
+        self.write(cl_name, C, offset=2 << 20)
+        cl_digest = self.assert_same_on_every_replica(cl_name)
+        cl_snap_digest = self.assert_same_on_every_replica(cl_snap_export)
         vol.status = "deleting"
         vol.save()
         self.manager.delete_volume(self.context, vol)
@@ -315,6 +301,11 @@ class ReplicatedVolumeTestCase(BasaltManagerTestCase):
             self.assertTrue(self.reads(clone_name, first))
             self.assertTrue(self.reads(clone_name, second, offset=1 << 20))
             self.assertEqual(digest, self.assert_same_on_every_replica(clone_name))
+        self.assertTrue(self.reads(cl_name, C, offset=2 << 20))
+        self.assertTrue(self.reads(cl_snap_export, B))
+        self.assertTrue(self.reads(cl_snap_export, A, offset=1 << 20))
+        self.assertEqual(cl_snap_digest, self.assert_same_on_every_replica(cl_snap_export))
+        self.delete_snapshot(cl_name, cl_snap)
 
         for v in (from_snap, clone):
             v.status = "deleting"

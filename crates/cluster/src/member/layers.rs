@@ -16,7 +16,8 @@
 //! - deleting a layer the store does not hold succeeds (the operation is
 //!   retried after failures and sent again after restarts);
 //! - a local copy is deleted together with its snapshot layers; a local
-//!   clone replica reading through one of them is flattened first;
+//!   clone replica reading through one of them is flattened first, with
+//!   its own snapshots (`Store::flatten_source`);
 //! - a layer no catalog entry names (a snapshot its primary took but never
 //!   answered, having failed over, or one whose catalog update failed and
 //!   whose undo did not reach the primary) is deleted on every replica by
@@ -320,33 +321,15 @@ impl Inner {
                 Ok(Some(data))
             }
             DiskOp::Flatten { lba, blocks, rate } => {
-                // Only a head right over its source snapshot: a clone with
-                // snapshots of its own would be detached from them (the
-                // volume service refuses those; a snapshot racing a flatten
-                // leaves it undone).
-                let parent = self
-                    .store
-                    .volumes()
-                    .into_iter()
-                    .find(|v| v.id == id)
-                    .ok_or(StoreError::NotFound(id))?
-                    .parent;
-                let own = parent.is_some_and(|p| {
-                    self.store
-                        .snapshots()
-                        .iter()
-                        .any(|s| s.id == p && s.volume == id)
-                });
-                let done = if own {
-                    Flattened::default()
-                } else {
-                    let range = lba * BLOCK_SIZE..(lba + blocks) * BLOCK_SIZE;
-                    let rate = (*rate > 0).then_some(*rate);
-                    let report = self.store.flatten(id, range, rate, &mut |_, _| {})?;
-                    Flattened {
-                        copied_blocks: report.copied_blocks,
-                        detached: report.detached,
-                    }
+                // The copy and its own snapshots together: every replica
+                // holds the same layers (snapshots are ordered operations),
+                // so each copies into the same oldest one.
+                let range = lba * BLOCK_SIZE..(lba + blocks) * BLOCK_SIZE;
+                let rate = (*rate > 0).then_some(*rate);
+                let report = self.store.flatten_source(id, range, rate, &mut |_, _| {})?;
+                let done = Flattened {
+                    copied_blocks: report.copied_blocks,
+                    detached: report.detached,
                 };
                 Ok(Some(done.encode()))
             }
@@ -423,16 +406,20 @@ impl Inner {
         let snapshots = self.store.snapshots();
         if let Some(s) = snapshots.iter().find(|s| s.id == snap) {
             if s.children.len() > 1 {
-                let clones = s
-                    .children
-                    .iter()
-                    .filter(|c| **c != s.volume && !snapshots.iter().any(|o| o.id == **c));
+                // A child is a clone's head, or its oldest snapshot.
+                let clones = s.children.iter().filter_map(|c| {
+                    let volume = snapshots
+                        .iter()
+                        .find(|o| o.id == *c)
+                        .map_or(*c, |o| o.volume);
+                    (volume != s.volume).then_some(volume)
+                });
                 for clone in clones {
-                    tracing::info!(snapshot = %snap, clone = %clone,
+                    tracing::info!(snapshot = %snap, %clone,
                         "flattening a local clone replica that reads through a snapshot layer being deleted here");
-                    let report = self
-                        .store
-                        .flatten(*clone, 0..u64::MAX, None, &mut |_, _| {})?;
+                    let report =
+                        self.store
+                            .flatten_source(clone, 0..u64::MAX, None, &mut |_, _| {})?;
                     if !report.detached {
                         return Err(StoreError::Layers(format!(
                             "the local replica of clone {clone} could not be detached from snapshot {snap}"
