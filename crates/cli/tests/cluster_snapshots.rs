@@ -5,8 +5,9 @@
 //! head); the snapshot is exported read-only over NBD by each replica's
 //! node; rollback makes every replica read as the snapshot; deletion
 //! removes the snapshot everywhere. A clone of a replicated snapshot is
-//! replicated on the nodes holding it, and rebuilt in full on one that
-//! does not.
+//! replicated on the nodes holding it, rebuilt from the snapshot on a node
+//! that holds it (only what the clone changed is copied), and in full on
+//! one that does not.
 
 mod common;
 
@@ -359,6 +360,76 @@ fn clones_of_replicated_snapshots_are_replicated_and_rebuilt_in_full_elsewhere()
             "layer operations failed on node{i}:\n{log}"
         );
     }
+}
+
+/// A clone's replica rebuilt on a node that holds its source snapshot is
+/// made from the snapshot there and rebuilt from it: only what the clone
+/// wrote is copied and allocated, and it reads as the other replica.
+#[test]
+fn a_clone_replica_rebuilt_where_its_source_is_copies_only_what_the_clone_changed() {
+    let seed = test_seed("thin_clone_rebuild") % 1_000_000;
+    let mut c = Cluster::start_with(3, &[], |_| vec!["--replace-after".into(), "2".into()]);
+    c.nodes[0]
+        .cli(&[
+            "volume",
+            "create",
+            "gold",
+            "--size",
+            "32M",
+            "--replicas",
+            "2",
+        ])
+        .ok();
+    c.wait_volume(0, "gold", "placed and in sync", healthy);
+    write_pattern(None, &c.nodes[0].uri("gold"), seed, 1, 0, 24 * MIB);
+    c.nodes[0].cli(&["snapshot", "create", "gold", "base"]).ok();
+    c.nodes[0]
+        .cli(&["volume", "create", "vm1", "--from", "gold@base"])
+        .ok();
+    let vm1 = c.wait_volume(0, "vm1", "placed and in sync", healthy);
+    write_pattern(None, &c.nodes[0].uri("vm1"), seed, 2, 8 * MIB, 2 * MIB);
+    // The source gets a replica on the third node too (its snapshot is
+    // rebuilt there); the clone keeps two.
+    c.nodes[0]
+        .cli(&["type", "create", "triple", "--replicas", "3"])
+        .ok();
+    c.nodes[0].cli(&["volume", "retype", "gold", "triple"]).ok();
+    c.wait_volume(0, "gold", "three replicas in sync", |v| all_in_sync(v, 3));
+    let holders = replica_nodes(&vm1);
+    let p = node_index(&primary(&vm1).expect("a primary"));
+    let lost = *holders.iter().find(|h| **h != p).expect("a second holder");
+    let spare = (0..3).find(|i| !holders.contains(i)).expect("a spare node");
+    let allocated = |c: &Cluster, i: usize| {
+        c.nodes[i].cli_json(&["status"])["allocated_bytes"]
+            .as_u64()
+            .expect("allocated_bytes")
+    };
+    let before = allocated(&c, spare);
+    c.nodes[lost].kill9();
+    c.wait_volume(p, "vm1", "rebuilt on the spare node", |v| {
+        healthy(v) && replica_nodes(v).contains(&spare)
+    });
+    let log = c.nodes[spare].log();
+    assert!(
+        log.contains("created the local replica from its source snapshot held here"),
+        "node{spare} did not make vm1's replica from gold@base:\n{log}"
+    );
+    let added = allocated(&c, spare) - before;
+    assert!(
+        added <= 4 * MIB,
+        "the rebuilt clone replica allocated {added} bytes for the clone's 2 MiB (its source reads 24 MiB)"
+    );
+    c.assert_replicas_equal(&[p, spare], "vm1");
+    verify_pattern(None, &c.nodes[spare].uri("vm1"), seed, 1, 0, 8 * MIB);
+    verify_pattern(None, &c.nodes[spare].uri("vm1"), seed, 2, 8 * MIB, 2 * MIB);
+    verify_pattern(
+        None,
+        &c.nodes[spare].uri("vm1"),
+        seed,
+        1,
+        10 * MIB,
+        14 * MIB,
+    );
 }
 
 /// A client connected through one node is listed by `volume show` on

@@ -130,6 +130,9 @@ pub(crate) struct ReplicaSpec {
     /// The snapshot layers of the volume the local store holds, oldest
     /// first.
     pub layers: Vec<LayerId>,
+    /// The snapshot of another volume its oldest layer reads through (a
+    /// clone's source, until flattened).
+    pub base: Option<LayerId>,
 }
 
 /// Consecutive failed disk batches after which the replica stops.
@@ -261,9 +264,12 @@ impl<E: ReplicaEnv> Replica<E> {
             initial,
             saved,
             layers,
+            base,
         } = spec;
         let block_len = cfg.block_len;
-        let mut node = Node::new(me, boot, vol, cfg, initial, now).with_layers(layers);
+        let mut node = Node::new(me, boot, vol, cfg, initial, now)
+            .with_layers(layers)
+            .with_base(base);
         if let Some(saved) = &saved {
             node.restore_logs(saved);
         }

@@ -55,6 +55,14 @@ impl<T> DiskQueue<T> {
         self.inflight.get(&id).map(|(op, _)| op)
     }
 
+    /// Every operation not completed yet, queued or issued.
+    pub(crate) fn ops(&self) -> impl Iterator<Item = (&DiskOp, &T)> {
+        self.pending
+            .iter()
+            .map(|(_, op, tag)| (op, tag))
+            .chain(self.inflight.values().map(|(op, tag)| (op, tag)))
+    }
+
     /// The tag of operation `id` while it is issued and not completed.
     pub(crate) fn tag(&self, id: IoId) -> Option<&T> {
         self.inflight.get(&id).map(|(_, t)| t)
@@ -180,14 +188,14 @@ impl<T> DiskQueue<T> {
         }
     }
 
-    /// Handles a completion; returns the tag and outcome of a finished
-    /// operation (None for unknown ids and retried errors).
+    /// Handles a completion; returns the tag, operation and outcome of a
+    /// finished operation (None for unknown ids and retried errors).
     pub(crate) fn complete(
         &mut self,
         id: IoId,
         result: DiskResult,
         out: &mut Vec<Action>,
-    ) -> Option<(T, Completion)> {
+    ) -> Option<(T, DiskOp, Completion)> {
         let no_space = result == DiskResult::NoSpace
             && self.inflight.get(&id).is_some_and(|(op, _)| is_write(op));
         let outcome = match result {
@@ -202,11 +210,11 @@ impl<T> DiskQueue<T> {
             DiskResult::Done { data } => Completion::Done(data),
             DiskResult::Corrupt => Completion::Corrupt,
         };
-        let (_, tag) = self.inflight.remove(&id)?;
+        let (op, tag) = self.inflight.remove(&id)?;
         if outcome != Completion::NoSpace {
             self.pump(out);
         }
-        Some((tag, outcome))
+        Some((tag, op, outcome))
     }
 
     /// Issues what may go now (after a `NoSpace` completion).
@@ -257,7 +265,8 @@ mod tests {
         assert_eq!(out.len(), 1, "error retried");
         out.clear();
         assert_eq!(
-            q.complete(1, DiskResult::Done { data: None }, &mut out),
+            q.complete(1, DiskResult::Done { data: None }, &mut out)
+                .map(|(tag, _, outcome)| (tag, outcome)),
             Some((1, Completion::Done(None)))
         );
         assert_eq!(out.len(), 1, "third write issued, flush still waits");
@@ -289,7 +298,8 @@ mod tests {
         assert_eq!(out.len(), 1);
         out.clear();
         assert_eq!(
-            q.complete(1, DiskResult::NoSpace, &mut out),
+            q.complete(1, DiskResult::NoSpace, &mut out)
+                .map(|(tag, _, outcome)| (tag, outcome)),
             Some((1, Completion::NoSpace)),
             "not retried"
         );

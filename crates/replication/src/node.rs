@@ -44,7 +44,9 @@
 //!   acknowledged without it.
 
 use crate::disk::{Completion, DiskQueue};
-use crate::msg::{Action, ClientReply, ClientReq, DiskOp, Endpoint, Input, IoId, Msg};
+use crate::msg::{
+    Action, ClientReply, ClientReq, DiskOp, Endpoint, Flattened, Input, IoId, Msg, ReplOp,
+};
 use crate::primary::{Out, PrimTag, Primary};
 use crate::secondary::{ReplIn, SecTag, Secondary};
 use crate::types::{Epoch, LayerId, Membership, NodeId, ReplicaState, VolumeId};
@@ -149,6 +151,10 @@ pub struct Node {
     /// The snapshot layers of the volume the local disk holds, oldest
     /// first, once the operations submitted to it complete.
     layers: Vec<LayerId>,
+    /// The snapshot of another volume the oldest of them (or the head)
+    /// reads through: a clone's source, until flattened. Named first at a
+    /// `Start`, so a rebuild copies only what differs from it.
+    base: Option<LayerId>,
 }
 
 /// The crash-safe copy of the node's uncertain-region logs: which regions
@@ -224,6 +230,7 @@ impl Node {
             want_blocks: cfg_blocks,
             crash: CrashLog::default(),
             layers: Vec::new(),
+            base: None,
         }
     }
 
@@ -241,6 +248,31 @@ impl Node {
     /// submitted to it complete, oldest first.
     pub fn layers(&self) -> &[LayerId] {
         &self.layers
+    }
+
+    /// The same node, whose local disk's volume reads through snapshot
+    /// `base` of another volume (a clone's source), as a restart or the
+    /// creation of a clone's copy finds it.
+    pub fn with_base(mut self, base: Option<LayerId>) -> Self {
+        if let Role::Primary(p) = &mut self.role {
+            p.base = base;
+        }
+        self.base = base;
+        self
+    }
+
+    /// The clone source the local disk reads through, if any.
+    pub fn base(&self) -> Option<LayerId> {
+        self.base
+    }
+
+    /// The local disk stopped reading through its base (a flatten
+    /// detached it).
+    fn drop_base(&mut self) {
+        self.base = None;
+        if let Role::Primary(p) = &mut self.role {
+            p.drop_base();
+        }
     }
 
     /// Log saves submitted so far (crash logs; for tests).
@@ -324,12 +356,40 @@ impl Node {
         }
     }
 
+    /// Drops the snapshots of streams other than `session` of `epoch`
+    /// that are queued and not issued: a new stream starts, and the layers
+    /// it reports must not lose one afterwards.
+    fn drop_older_snapshots(&mut self, epoch: Epoch, session: u64) {
+        let dropped = self.disk.drop_pending(|(_, tag), op| {
+            matches!(tag, Tag::S(s) if !s.of_stream(epoch, session))
+                && matches!(op, DiskOp::Snapshot { .. })
+        });
+        for (op, _) in dropped {
+            if let DiskOp::Snapshot { layer } = op {
+                self.layers.retain(|l| *l != layer);
+            }
+        }
+    }
+
+    /// The base the local disk reads through whatever happens to the
+    /// streams in flight: none while a flatten or a layer deletion is
+    /// queued or running (either may detach it).
+    fn base_sure(&self) -> Option<LayerId> {
+        let detaching = self
+            .disk
+            .ops()
+            .any(|(op, _)| matches!(op, DiskOp::Flatten { .. } | DiskOp::DeleteLayer { .. }));
+        self.base.filter(|_| !detaching)
+    }
+
     /// Submits a disk operation; with crash logs, a write goes after a
     /// save that holds its regions (the disk queue holds it until then),
     /// and a flush closes the group of writes it makes durable.
     fn submit_disk(&mut self, op: DiskOp, tag: Tag, acts: &mut Vec<Action>) {
         match &op {
             DiskOp::Snapshot { layer } if !self.layers.contains(layer) => self.layers.push(*layer),
+            // Of the base, a secondary's disk only stops reading through it.
+            DiskOp::DeleteLayer { layer } if self.base == Some(*layer) => self.base = None,
             DiskOp::DeleteLayer { layer } => self.layers.retain(|l| l != layer),
             _ => {}
         }
@@ -718,6 +778,7 @@ impl Node {
                 };
                 let mut p = Primary::new(self.me, rec, cfg, false, now, mine);
                 p.layers = self.layers.clone();
+                p.base = self.base;
                 self.become_role(Role::Primary(Box::new(p)), out);
             }
             return;
@@ -779,8 +840,14 @@ impl Node {
                 self.on_msg(now, from, msg, &mut out, &mut sdisk, &mut grows)
             }
             Input::Disk { id, result } => {
-                if let Some(((gen, tag), outcome)) = self.disk.complete(id, result, &mut acts) {
+                if let Some(((gen, tag), op, outcome)) = self.disk.complete(id, result, &mut acts) {
                     self.crash_flushed(id);
+                    if let (DiskOp::Flatten { .. }, Completion::Done(Some(data))) = (&op, &outcome)
+                    {
+                        if Flattened::decode(data).is_some_and(|f| f.detached) {
+                            self.drop_base();
+                        }
+                    }
                     let corrupt = outcome == Completion::Corrupt;
                     let no_space = outcome == Completion::NoSpace;
                     let data = match outcome {
@@ -939,6 +1006,22 @@ impl Node {
                 if matches!(&self.role, Role::Secondary(s) if epoch >= s.epoch) {
                     self.want(end, grows);
                 }
+                // A `Start` reports the layers: a snapshot of an older
+                // stream not issued yet is dropped first (it could still be
+                // dropped for lack of space, `drop_left_snapshots`, after
+                // being reported), so the report is what the disk will
+                // hold; the base is left out while it may be detached.
+                let base = match op {
+                    ReplOp::Start => {
+                        if matches!(&self.role, Role::Secondary(s) if s.accepts_start(epoch, session))
+                        {
+                            self.drop_older_snapshots(epoch, session);
+                        }
+                        self.base_sure()
+                    }
+                    _ => self.base,
+                };
+                let layers = &self.layers;
                 if let Role::Secondary(s) = &mut self.role {
                     let r = ReplIn {
                         from: f,
@@ -950,7 +1033,7 @@ impl Node {
                         floor,
                         op,
                     };
-                    s.on_repl(r, &self.layers, &mut out.sends, sdisk);
+                    s.on_repl(r, (base, layers), &mut out.sends, sdisk);
                 }
             }
             Msg::ReplAck {
@@ -1776,6 +1859,19 @@ mod tests {
             !marks_out_of_sync(&all),
             "a slow flatten failed its link: {all:?}"
         );
+        // Not acknowledged within the timeout, it is sent again (a lost
+        // entry or acknowledgement would otherwise hold it for ever).
+        let resent = sends(&all).iter().any(|(to, m)| {
+            *to == Endpoint::Node(s)
+                && matches!(
+                    m,
+                    Msg::Repl {
+                        op: ReplOp::Flatten { .. },
+                        ..
+                    }
+                )
+        });
+        assert!(resent, "the flatten was not sent again: {all:?}");
         let acts = client(&mut node, 3 * timeout, 2, write(3));
         for (id, _) in disk_ops(&acts) {
             node.handle(

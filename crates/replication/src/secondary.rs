@@ -36,7 +36,7 @@ use crate::msg::{DiskOp, Endpoint, Msg, ReplOp};
 use crate::types::{Epoch, LayerId, NodeId, VolumeId};
 use crate::uncertain::Uncertain;
 use crate::Config;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 
 /// Tag of a disk operation the secondary issued.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -46,9 +46,17 @@ pub(crate) struct SecTag {
     lseq: u64,
     /// The read of a `Digest`: answered with the checksum of its data.
     digest: bool,
+    /// A background entry (layer deletion, flatten): remembered once done,
+    /// to acknowledge again if the primary repeats it.
+    background: bool,
 }
 
 impl SecTag {
+    /// Whether it is an entry of stream `session` of `epoch`.
+    pub(crate) fn of_stream(&self, epoch: Epoch, session: u64) -> bool {
+        (self.epoch, self.session) == (epoch, session)
+    }
+
     /// Whether both are entries of one stream.
     pub(crate) fn same_stream(&self, other: &SecTag) -> bool {
         (self.epoch, self.session) == (other.epoch, other.session)
@@ -75,7 +83,14 @@ pub(crate) struct Secondary {
     partial: Option<Epoch>,
     /// The session this replica left for lack of space.
     left: Option<u64>,
+    /// The background entries of the current session completed here, the
+    /// newest [`BACKGROUND_DONE_KEPT`] (see `SecTag::background`).
+    background_done: VecDeque<u64>,
 }
+
+/// How many completed background entries a secondary remembers: far more
+/// than a primary has in flight at once.
+const BACKGROUND_DONE_KEPT: usize = 256;
 
 /// The fields of a `Repl`.
 pub(crate) struct ReplIn {
@@ -108,6 +123,7 @@ impl Secondary {
             cur: stream.map(|_| Uncertain::new(epoch, cfg.uncertain_limit)),
             prev: None,
             partial: None,
+            background_done: VecDeque::new(),
             left: None,
             region_blocks: cfg.region_blocks.max(1),
             block_len: cfg.block_len.max(1),
@@ -180,6 +196,17 @@ impl Secondary {
         self.volume_blocks = self.volume_blocks.max(blocks);
     }
 
+    /// Whether a `Start` of `session` in `epoch` opens a stream here (not
+    /// fenced, not older than the current one).
+    pub(crate) fn accepts_start(&self, epoch: Epoch, session: u64) -> bool {
+        let current = if epoch > self.epoch {
+            None
+        } else {
+            self.session
+        };
+        epoch >= self.epoch && current.is_none_or(|s| session >= s)
+    }
+
     /// Adopts a newer epoch learned from the membership record.
     pub(crate) fn adopt(&mut self, epoch: Epoch) {
         if epoch > self.epoch {
@@ -187,15 +214,17 @@ impl Secondary {
             self.session = None;
             self.primary = None;
             self.buffer.clear();
+            self.background_done.clear();
         }
     }
 
-    /// `layers`: the snapshot layers the local disk holds (once the
-    /// operations submitted complete), reported at a `Start`.
+    /// `layers`: the clone source the local disk reads through, if any,
+    /// and the snapshot layers it holds (once the operations submitted
+    /// complete), reported at a `Start` in that order.
     pub(crate) fn on_repl(
         &mut self,
         r: ReplIn,
-        layers: &[LayerId],
+        layers: (Option<LayerId>, &[LayerId]),
         sends: &mut Vec<(Endpoint, Msg)>,
         disk: &mut Vec<(DiskOp, SecTag)>,
     ) {
@@ -227,6 +256,7 @@ impl Secondary {
                     self.session = Some(session);
                     self.next_lseq = 1;
                     self.buffer.clear();
+                    self.background_done.clear();
                 }
                 self.primary = Some(from);
                 sends.push((
@@ -236,10 +266,22 @@ impl Secondary {
                         epoch: self.epoch,
                         session,
                         prior: self.prev.as_ref().and_then(Uncertain::report),
-                        layers: layers.to_vec(),
+                        layers: layers
+                            .0
+                            .into_iter()
+                            .chain(layers.1.iter().copied())
+                            .collect(),
                     },
                 ));
             }
+            return;
+        }
+        if self.session == Some(session)
+            && lseq < self.next_lseq
+            && self.background_done.contains(&lseq)
+        {
+            // A background entry repeated: its acknowledgement was lost.
+            sends.push((Endpoint::Node(from), self.ack(session, lseq)));
             return;
         }
         if self.session != Some(session) || lseq < self.next_lseq || self.left == Some(session) {
@@ -257,6 +299,7 @@ impl Secondary {
                 session,
                 lseq: self.next_lseq,
                 digest: matches!(op, ReplOp::Digest { .. }),
+                background: matches!(op, ReplOp::DeleteLayer { .. } | ReplOp::Flatten { .. }),
             };
             self.next_lseq += 1;
             match op {
@@ -347,6 +390,12 @@ impl Secondary {
                 digest: data.as_deref().map(crate::msg::digest),
             }
         } else {
+            if tag.background {
+                if self.background_done.len() == BACKGROUND_DONE_KEPT {
+                    self.background_done.pop_front();
+                }
+                self.background_done.push_back(tag.lseq);
+            }
             self.ack(tag.session, tag.lseq)
         };
         sends.push((Endpoint::Node(p), msg));
@@ -378,7 +427,7 @@ mod tests {
             floor: 0,
             op,
         };
-        s.on_repl(r, &[], sends, disk);
+        s.on_repl(r, (None, &[]), sends, disk);
     }
 
     fn cfg() -> Config {
@@ -480,6 +529,54 @@ mod tests {
         assert_eq!(sends.len(), n);
     }
 
+    /// A background entry the primary repeats (its acknowledgement was
+    /// lost) is acknowledged again once done, and not run twice.
+    #[test]
+    fn a_repeated_background_entry_is_acknowledged_again_once_done() {
+        let p = NodeId(0);
+        let mut s = Secondary::new(VolumeId(1), Epoch(1), Some((p, 0)), &cfg());
+        let (mut sends, mut disk) = (Vec::new(), Vec::new());
+        let flatten = ReplOp::Flatten {
+            lba: 0,
+            blocks: 4,
+            rate: 0,
+        };
+        on(
+            &mut s,
+            p,
+            Epoch(1),
+            0,
+            1,
+            flatten.clone(),
+            &mut sends,
+            &mut disk,
+        );
+        assert_eq!(disk.len(), 1);
+        let (_, tag) = disk.pop().expect("the flatten");
+        // Repeated while it runs: nothing (its acknowledgement comes).
+        on(
+            &mut s,
+            p,
+            Epoch(1),
+            0,
+            1,
+            flatten.clone(),
+            &mut sends,
+            &mut disk,
+        );
+        assert!(sends.is_empty() && disk.is_empty(), "{sends:?} {disk:?}");
+        s.on_disk_done(tag, None, &mut sends);
+        assert_eq!(sends.len(), 1, "acknowledged when done");
+        sends.clear();
+        // Repeated once done: acknowledged again, not run again.
+        on(&mut s, p, Epoch(1), 0, 1, flatten, &mut sends, &mut disk);
+        assert!(disk.is_empty());
+        assert!(
+            matches!(sends.as_slice(), [(_, Msg::ReplAck { lseq: 1, .. })]),
+            "{sends:?}"
+        );
+    }
+
     #[test]
     fn reports_the_uncertain_regions_of_the_epoch_before() {
         let (p, q) = (NodeId(0), NodeId(2));
@@ -502,7 +599,7 @@ mod tests {
                 floor,
                 op: wr(lba),
             };
-            s.on_repl(r, &[], &mut sends, &mut disk);
+            s.on_repl(r, (None, &[]), &mut sends, &mut disk);
         }
         // The record alone (epoch 2) changes nothing; the new primary's
         // Start gets the report of epoch 1.

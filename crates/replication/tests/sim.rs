@@ -115,10 +115,16 @@ struct Disk {
     rotten: BTreeSet<usize>,
     /// Snapshot layers, oldest first, with their blocks (durable at once).
     layers: Vec<(LayerId, Vec<u64>)>,
+    /// The snapshot of another volume the volume is a clone of, while its
+    /// copy here reads through it (until flattened), with its blocks.
+    base: Option<(LayerId, Vec<u64>)>,
     /// The store is full: writes end `DiskResult::NoSpace`, having
     /// applied none, all or a first part of their blocks.
     full: bool,
 }
+
+/// The clone source of a seed whose volume is a clone (`Params::clone`).
+const BASE: LayerId = LayerId(7);
 
 impl Disk {
     fn new(size: u64) -> Self {
@@ -133,11 +139,28 @@ impl Disk {
             logs: None,
             rotten: BTreeSet::new(),
             layers: Vec::new(),
+            base: None,
             full: false,
         }
     }
+    /// A clone's copy made from its source snapshot `base` (its blocks):
+    /// it reads as the snapshot.
+    fn clone_of(size: u64, base: &[u64]) -> Self {
+        let mut d = Disk::new(size);
+        d.current = base.to_vec();
+        d.durable = base.to_vec();
+        d.base = Some((BASE, base.to_vec()));
+        d
+    }
+    fn base_id(&self) -> Option<LayerId> {
+        self.base.as_ref().map(|(l, _)| *l)
+    }
     fn layer(&self, id: LayerId) -> Option<&Vec<u64>> {
-        self.layers.iter().find(|(l, _)| *l == id).map(|(_, b)| b)
+        self.layers
+            .iter()
+            .chain(self.base.iter())
+            .find(|(l, _)| *l == id)
+            .map(|(_, b)| b)
     }
     fn layer_ids(&self) -> Vec<LayerId> {
         self.layers.iter().map(|(l, _)| *l).collect()
@@ -225,6 +248,11 @@ impl Disk {
                 }
                 None
             }
+            // Of the base: the copy stops reading through it.
+            DiskOp::DeleteLayer { layer } if self.base_id() == Some(*layer) => {
+                self.base = None;
+                None
+            }
             DiskOp::DeleteLayer { layer } => {
                 self.layers.retain(|(l, _)| l != layer);
                 None
@@ -260,15 +288,21 @@ impl Disk {
                 let l = self.layer(*layer)?;
                 Some(enc(&l[*lba as usize..(*lba + *blocks) as usize]))
             }
-            // A simulated disk holds no clones: nothing reads through
-            // another volume's snapshot, and nothing changes.
-            DiskOp::Flatten { .. } => Some(
-                Flattened {
-                    copied_blocks: 0,
-                    detached: true,
+            // Content does not change (a simulated disk holds whole
+            // blocks per layer: nothing is copied); a range reaching the
+            // end detaches the copy from its base.
+            DiskOp::Flatten { lba, blocks, .. } => {
+                if lba + blocks >= self.size {
+                    self.base = None;
                 }
-                .encode(),
-            ),
+                Some(
+                    Flattened {
+                        copied_blocks: 0,
+                        detached: self.base.is_none(),
+                    }
+                    .encode(),
+                )
+            }
             DiskOp::Flush => {
                 let mark = self.flush_marks.remove(&id).unwrap_or(0);
                 for b in 0..BLOCKS as usize {
@@ -539,6 +573,13 @@ pub struct Params {
     pub crash_log_regions: usize,
     /// How often a node checks its crash-safe copy for cutting down.
     pub crash_log_compact_ms: u64,
+    /// The volume is a clone: every replica's copy starts from its source
+    /// snapshot (`BASE`, every initial block written), and reads through
+    /// it until a flatten reaching its end detaches it.
+    pub clone: bool,
+    /// Of a clone, the spares whose disk holds the source snapshot (bit
+    /// `i`: spare `i`): a replica placed there is made from it.
+    pub spares_with_base: u64,
 }
 
 impl Params {
@@ -572,6 +613,10 @@ impl Params {
             1 + r.below(8) as usize
         };
         let crash_log_compact_ms = r.below(10);
+        // Drawn from their own stream, so that the other draws stay.
+        let mut c = Rng(seed ^ 0x00C1_0E5E_ED00);
+        let clone = c.chance(350);
+        let spares_with_base = c.below(4);
         Params {
             nodes,
             spares,
@@ -584,6 +629,8 @@ impl Params {
             uncertain_limit,
             crash_log_regions,
             crash_log_compact_ms,
+            clone,
+            spares_with_base,
         }
     }
 }
@@ -689,6 +736,10 @@ pub struct Sim {
     layer_rng: Rng,
     /// Layer blocks read to rebuild a replica's layers.
     layer_copies: u64,
+    /// Of a clone: copies rebased onto its source snapshot (rebuilt from
+    /// it), and copies a flatten detached from it.
+    base_rebases: u64,
+    base_detaches: u64,
     /// Full stores, on seeds without a bug switch (or with the one that
     /// needs them): their own generator, so the other faults keep their
     /// stream.
@@ -750,17 +801,47 @@ impl Sim {
         let rec = Membership::new(VOL, &ids, NodeId(0), p.min_in_sync).with_blocks(INITIAL_BLOCKS);
         let mut meta = MetaStore::default();
         meta.create(rec.clone());
+        let mut m = Model {
+            writes: vec![Vec::new(); BLOCKS as usize],
+            token: vec![(usize::MAX, 0)],
+            durable: vec![None; BLOCKS as usize],
+            locked: vec![None; BLOCKS as usize],
+            ..Model::default()
+        };
+        // A clone (not on seeds with a bug switch, which keep their
+        // histories): its source snapshot holds a durable write in every
+        // initial block, which the volume reads until written.
+        let clone = p.clone && p.bug.is_none();
+        let mut base = vec![0; BLOCKS as usize];
+        if clone {
+            for (b, t) in base.iter_mut().enumerate().take(INITIAL_BLOCKS as usize) {
+                *t = m.token.len() as u64;
+                m.token.push((b, 0));
+                m.writes[b].push(*t);
+                m.durable[b] = Some(0);
+            }
+        }
         // Spares start like a node that holds no replica of the volume: no
-        // initial record, Idle until a record names them with their boot.
+        // initial record, Idle until a record names them with their boot;
+        // of a clone, some hold its source snapshot.
         let procs = all
             .iter()
             .map(|id| {
                 let initial = ids.contains(id).then(|| rec.clone());
+                let spare = id.0 as usize >= p.nodes;
+                let with_base =
+                    clone && (!spare || p.spares_with_base & (1 << (id.0 as usize - p.nodes)) != 0);
+                let disk = match with_base {
+                    true => Disk::clone_of(INITIAL_BLOCKS, &base),
+                    false => Disk::new(INITIAL_BLOCKS),
+                };
                 Proc {
-                    node: Some(Node::new(*id, 0, VOL, cfg.clone(), initial, 0)),
+                    node: Some(
+                        Node::new(*id, 0, VOL, cfg.clone(), initial, 0).with_base(disk.base_id()),
+                    ),
                     inc: 0,
                     boot: 0,
-                    disk: Disk::new(INITIAL_BLOCKS),
+                    disk,
                     saved: None,
                 }
             })
@@ -782,13 +863,6 @@ impl Sim {
                 skew: rng.below(31),
             })
             .collect();
-        let m = Model {
-            writes: vec![Vec::new(); BLOCKS as usize],
-            token: vec![(usize::MAX, 0)],
-            durable: vec![None; BLOCKS as usize],
-            locked: vec![None; BLOCKS as usize],
-            ..Model::default()
-        };
         let mut sim = Sim {
             rot: p.bug.is_none().then_some(Rng(seed ^ 0x0B10_C40B_10C4)),
             rotten_reads: 0,
@@ -804,6 +878,8 @@ impl Sim {
             damage_voided: 0,
             layer_rng: Rng(seed ^ 0x1A7E_5EED),
             layer_copies: 0,
+            base_rebases: 0,
+            base_detaches: 0,
             space: matches!(p.bug, None | Some(Bug::KeepLinksWithoutSpace))
                 .then_some(Rng(seed ^ 0x0F11_5EED_0F11)),
             no_space_writes: 0,
@@ -1954,8 +2030,10 @@ impl Sim {
 
     /// Node `node`'s disk applied `op`.
     fn note_applied(&mut self, node: usize, op: &DiskOp) {
-        if matches!(op, DiskOp::ReadLayer { .. }) {
-            self.layer_copies += 1;
+        match op {
+            DiskOp::ReadLayer { .. } => self.layer_copies += 1,
+            DiskOp::Rebase { onto: Some(BASE) } => self.base_rebases += 1,
+            _ => {}
         }
         if let DiskOp::Write { data, .. } = op {
             for t in dec(data).into_iter().filter(|t| *t != 0) {
@@ -2101,12 +2179,10 @@ impl Sim {
                         }
                     }
                     ReqKind::Flatten => {
-                        if Flattened::decode(data.as_deref().unwrap_or_default())
-                            != Some(Flattened {
-                                copied_blocks: 0,
-                                detached: true,
-                            })
-                        {
+                        // Nothing to copy on a simulated disk; detached or
+                        // not, as the primary's disk was.
+                        let answer = Flattened::decode(data.as_deref().unwrap_or_default());
+                        if answer.is_none_or(|f| f.copied_blocks != 0) {
                             return Err(self.fail(format!(
                                 "a flatten answered with {data:?}, not what the primary's disk did"
                             )));
@@ -2561,7 +2637,8 @@ impl Sim {
                 None,
                 self.now + self.skew[i],
             )
-            .with_layers(p.disk.layer_ids()),
+            .with_layers(p.disk.layer_ids())
+            .with_base(p.disk.base_id()),
         );
         // A clean stop's logs, else (after a crash) the crash-safe copy.
         let (saved, from_crash_log) = match p.saved.take() {
@@ -2684,12 +2761,16 @@ impl Sim {
                     } else {
                         self.check_write_ahead(node, &op)?;
                         let rotten = self.procs[node].disk.reads_rot(&op);
+                        let had_base = self.procs[node].disk.base.is_some();
                         match self.procs[node].disk.complete(id, &op) {
                             Ok(_) if rotten => {
                                 self.rotten_reads += 1;
                                 DiskResult::Corrupt
                             }
                             Ok(data) => {
+                                if had_base && self.procs[node].disk.base.is_none() {
+                                    self.base_detaches += 1;
+                                }
                                 self.note_applied(node, &op);
                                 DiskResult::Done { data }
                             }
@@ -2889,6 +2970,8 @@ impl Sim {
             rollbacks: self.m.rollbacks,
             flattens: self.m.flattens,
             layer_copies: self.layer_copies,
+            base_rebases: self.base_rebases,
+            base_detaches: self.base_detaches,
             layer_retries: self.m.retries,
             stalls: self
                 .coords
@@ -2979,7 +3062,7 @@ impl Sim {
     /// Every member holds exactly the primary's layers, with the same
     /// blocks; every snapshot acknowledged and not deleted is there as it
     /// was acknowledged; no deleted one is; the primary's node knows its
-    /// layers as its disk holds them.
+    /// layers and its base as its disk holds them.
     fn check_layers_converged(&self) -> Result<(), String> {
         let rec = self.rec();
         let i = rec.primary.0 as usize;
@@ -2990,6 +3073,13 @@ impl Sim {
                 return Err(self.fail(format!(
                     "primary n{i} knows layers {:?}, its disk holds {ids:?}",
                     node.layers()
+                )));
+            }
+            if node.base() != p.base_id() {
+                return Err(self.fail(format!(
+                    "primary n{i} reads through base {:?}, its disk through {:?}",
+                    node.base(),
+                    p.base_id()
                 )));
             }
         }
@@ -3063,6 +3153,8 @@ pub struct Summary {
     pub rollbacks: u64,
     pub flattens: u64,
     pub layer_copies: u64,
+    pub base_rebases: u64,
+    pub base_detaches: u64,
     pub layer_retries: u64,
     pub no_space_writes: u64,
     pub no_space_replies: u64,
@@ -3102,6 +3194,8 @@ impl Summary {
         self.rollbacks += s.rollbacks;
         self.flattens += s.flattens;
         self.layer_copies += s.layer_copies;
+        self.base_rebases += s.base_rebases;
+        self.base_detaches += s.base_detaches;
         self.layer_retries += s.layer_retries;
         self.long_delays += s.long_delays;
         self.stalls += s.stalls;
@@ -3171,13 +3265,19 @@ fn seeds() {
         "layers: {} snapshots, {} deletions, {} rollbacks and {} flattens acknowledged ({} snapshots and deletions asked again after NotPrimary), {} layer regions copied to rebuild replicas",
         t.snapshots, t.layer_deletions, t.rollbacks, t.flattens, t.layer_retries, t.layer_copies
     );
+    eprintln!(
+        "clones: {} copies rebuilt from the source snapshot, {} detached from it by a flatten",
+        t.base_rebases, t.base_detaches
+    );
     assert!(
         n < 100
             || (t.snapshots > 0
                 && t.layer_deletions > 0
                 && t.rollbacks > 0
                 && t.flattens > 0
-                && t.layer_copies > 0),
+                && t.layer_copies > 0
+                && t.base_rebases > 0
+                && t.base_detaches > 0),
         "snapshots, deletions, rollbacks and flattens must be acknowledged and replicas' layers rebuilt"
     );
     assert!(

@@ -87,6 +87,18 @@ fn oldest_own_layer(head: &Arc<VolumeState>) -> Arc<VolumeState> {
     oldest
 }
 
+/// The first layer below volume `head`'s own (its clone source), if any.
+fn source_layer(head: &Arc<VolumeState>) -> Option<Arc<VolumeState>> {
+    let mut next = head.map.read().parent.clone();
+    while let Some(layer) = next {
+        if layer.snapshot_of != Some(head.id) {
+            return Some(layer);
+        }
+        next = layer.map.read().parent.clone();
+    }
+    None
+}
+
 /// What `Store::flatten` did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct FlattenReport {
@@ -265,17 +277,22 @@ impl Store {
     }
 
     /// Makes `volume` read exactly what its snapshot `snap` holds (size
-    /// included); its blocks written since are freed. Durable on return.
+    /// included); its blocks written since are freed. `snap` may also be
+    /// the snapshot the volume was cloned from (`Store::clone_source`).
+    /// Durable on return.
     pub fn rollback(&self, volume: VolumeId, snap: VolumeId) -> Result<(), StoreError> {
         self.require_layers()?;
         let _op = self.layer_ops.lock();
         let s = self.snapshot_state(snap)?;
-        if s.snapshot_of != Some(volume) {
+        let vol = self.volume_state(volume)?;
+        // Its own snapshot, or the one it was cloned from (a replica's
+        // rebuild from its clone source).
+        let source = source_layer(&vol);
+        if s.snapshot_of != Some(volume) && !source.is_some_and(|p| Arc::ptr_eq(&p, &s)) {
             return Err(StoreError::Layers(format!(
                 "{snap} is not a snapshot of volume {volume}"
             )));
         }
-        let vol = self.volume_state(volume)?;
         {
             // The volume is never below the snapshot: child before parent.
             let mut map = vol.map.write();
@@ -624,8 +641,7 @@ impl Store {
     /// was cloned from, or none.
     pub fn clone_source(&self, id: VolumeId) -> Result<Option<VolumeId>, StoreError> {
         let head = self.volume_state(id)?;
-        let parent = oldest_own_layer(&head).map.read().parent.clone();
-        Ok(parent.map(|p| p.id))
+        Ok(source_layer(&head).map(|s| s.id))
     }
 
     fn flattened_head(&self, id: VolumeId) -> Result<Arc<VolumeState>, StoreError> {

@@ -420,6 +420,34 @@ fn flattening_a_clone_with_snapshots_detaches_them_all_from_the_source() {
     store.check().unwrap();
 }
 
+/// A clone rolls back to the snapshot it was cloned from (a replica's
+/// rebuild from its source), and to no other volume's snapshot.
+#[test]
+fn a_clone_rolls_back_to_its_source_and_to_no_other_volumes_snapshot() {
+    let dev = SimDevice::new(16 << 20, 10);
+    let store = format(&dev);
+    let (golden, base, other, clone) = (id(1), id(2), id(3), id(4));
+    store.create_volume(golden, 2 * EXTENT).unwrap();
+    let g = store.volume(golden).unwrap();
+    g.write(0, &pattern(2 * EXTENT, 1), false).unwrap();
+    store.snapshot(golden, base).unwrap();
+    g.write(0, &pattern(EXTENT, 2), false).unwrap();
+    store.snapshot(golden, other).unwrap();
+    store.clone_snapshot(base, clone, Some(3 * EXTENT)).unwrap();
+    let c = store.volume(clone).unwrap();
+    c.write(BLOCK, &pattern(2 * BLOCK, 3), false).unwrap();
+    assert!(matches!(
+        store.rollback(clone, other),
+        Err(StoreError::Layers(_))
+    ));
+    store.rollback(clone, base).unwrap();
+    let mut expect = pattern(2 * EXTENT, 1);
+    expect.resize(2 * EXTENT as usize, 0);
+    assert!(read_all(&store, clone) == expect);
+    assert_eq!(store.clone_source(clone).unwrap(), Some(base));
+    store.check().unwrap();
+}
+
 #[test]
 fn a_store_without_layers_says_so() {
     let dev = SimDevice::new(16 << 20, 6);

@@ -246,6 +246,26 @@ impl Inner {
         chain
     }
 
+    /// Whether `layer` is one of volume `id`'s own snapshots, or no layer
+    /// the store holds (a deletion of it then succeeds as a no-op).
+    fn is_own_layer(&self, id: uuid::Uuid, layer: LayerId) -> bool {
+        self.store
+            .snapshots()
+            .iter()
+            .find(|s| s.id == uuid_of_layer(layer))
+            .is_none_or(|s| s.volume == id)
+    }
+
+    /// The snapshot of another volume the local copy of `vol` reads
+    /// through (its clone source, until flattened), if any.
+    pub(super) fn local_base(&self, vol: VolumeId) -> Option<LayerId> {
+        self.store
+            .clone_source(uuid_of(vol))
+            .ok()
+            .flatten()
+            .map(layer_of)
+    }
+
     /// Carries out a replica's layer operation on the local store.
     pub(super) fn layer_disk_op(
         &self,
@@ -270,6 +290,25 @@ impl Inner {
                 self.store.volume(id)?.flush()?;
                 self.store.snapshot(id, snap)?;
                 Ok(None)
+            }
+            // The clone source is another volume's layer: deleting it from
+            // this copy's layers detaches the copy (its primary's copy was
+            // flattened), and leaves the layer to its volume. Another
+            // volume's layer that this copy no longer reads is left alone.
+            DiskOp::DeleteLayer { layer } if !self.is_own_layer(id, *layer) => {
+                if self.local_base(vol) != Some(*layer) {
+                    return Ok(None);
+                }
+                let report = self
+                    .store
+                    .flatten_source(id, 0..u64::MAX, None, &mut |_, _| {})?;
+                match report.detached {
+                    true => Ok(None),
+                    false => Err(StoreError::Layers(format!(
+                        "the local replica of clone {id} could not be detached from its source"
+                    ))
+                    .into()),
+                }
             }
             DiskOp::DeleteLayer { layer } => match self.delete_local_layer(uuid_of_layer(*layer)) {
                 Ok(()) | Err(StoreError::NotFound(_)) => Ok(None),

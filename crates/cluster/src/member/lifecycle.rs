@@ -390,8 +390,10 @@ impl Inner {
     /// Creates this node's copy of `record`'s volume, `size` bytes. A clone
     /// in its first placement is made from its source snapshot here (the
     /// coordinator placed it on nodes that hold it), so that its replicas
-    /// start equal and thin; one added later starts empty and is copied in
-    /// full from the primary, like any new replica. An empty copy of a
+    /// start equal and thin; one added later is made from it too if this
+    /// node holds it (the primary then rebuilds it from the snapshot: only
+    /// what the clone changed is copied), else starts empty and is copied
+    /// in full from the primary, like any new replica. An empty copy of a
     /// clone is never started as InSync (it would read zeros where the
     /// clone reads its source): that waits until the record no longer says
     /// so (the primary marks a replica that does not answer out of sync),
@@ -421,6 +423,18 @@ impl Inner {
                     .is_some_and(|r| r.state == ReplicaState::InSync) =>
             {
                 return Err(ClusterError::CloneNotCopied(record.name.clone()));
+            }
+            Some(source)
+                if self
+                    .store
+                    .snapshots()
+                    .iter()
+                    .any(|s| s.id == source.snapshot_id) =>
+            {
+                self.store
+                    .clone_snapshot(source.snapshot_id, id, Some(size))?;
+                tracing::info!(volume = %record.name, %id, size, source = %format!("{}@{}", source.volume, source.snapshot),
+                    "created the local replica from its source snapshot held here; it is rebuilt from it");
             }
             _ => {
                 self.store.create_volume(id, size)?;
@@ -520,6 +534,7 @@ impl Inner {
                 initial: fresh.then(|| rec.clone()),
                 saved,
                 layers: self.local_layers(vol),
+                base: self.local_base(vol),
             },
             local,
             Arc::new(Env(Arc::downgrade(self))),

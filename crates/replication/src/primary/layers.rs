@@ -21,7 +21,23 @@
 //!   after which every write is streamed to it again;
 //! - a rollback is a rebase of every replica's head at one point of the
 //!   stream, a write of every region for everything else (dirty sets,
-//!   logs, copies).
+//!   logs, copies);
+//! - a replica due a full copy (new, or no usable log after a failover)
+//!   that keeps some of the layers is rebuilt from the newest of them the
+//!   same way, with nothing left to build: only the regions `Changed`
+//!   since it are copied, so its head holds what the primary's holds;
+//! - a clone's copies read through its source, a snapshot of another
+//!   volume (`Primary::base`), until flattened: a replica reading through
+//!   the same one names it first at `Start`, is never asked to delete it,
+//!   and when it holds none of the layers (or is due a full copy) is
+//!   rebased onto it and rebuilt from it, so only what the clone changed
+//!   is copied; a replica reading through another (the primary's copy was
+//!   flattened) is asked to delete it, which detaches it. No diff from the
+//!   base is taken while a flatten runs here, and a flatten that detaches
+//!   this copy fails the links still to diff from it;
+//! - a rebuild diffs nothing before its replica acknowledged the rebase
+//!   (durable then), and copies, besides the regions of the diff, those
+//!   with writes not yet applied here (the diff cannot see them).
 
 use super::{copy_op, is_zero, Kind, Mode, Out, Pend, PrimTag, Primary};
 use crate::msg::{decode_regions, ClientReply, ClientReq, DiskOp, ReplOp};
@@ -45,6 +61,8 @@ pub(super) struct Build {
     pub(super) sent: BTreeSet<usize>,
     /// The sealing `Snapshot` is sent and not yet acknowledged.
     pub(super) sealing: bool,
+    /// The `Rebase` that started it is not acknowledged yet.
+    pub(super) rebasing: bool,
 }
 
 impl Build {
@@ -54,6 +72,24 @@ impl Build {
 }
 
 impl Primary {
+    /// This copy stopped reading through its base (a flatten detached
+    /// it): rebuilds that would still diff from it start again (their
+    /// replicas are asked to drop it at their next `Start`).
+    pub(crate) fn drop_base(&mut self) {
+        let Some(base) = self.base.take() else {
+            return;
+        };
+        let building: Vec<NodeId> = self
+            .links
+            .iter()
+            .filter(|(_, l)| l.build.as_ref().is_some_and(|b| b.prev == Some(base)))
+            .map(|(n, _)| *n)
+            .collect();
+        for n in building {
+            self.link_failed(n);
+        }
+    }
+
     /// A snapshot, layer deletion or rollback (see the module's
     /// invariants on layers).
     pub(super) fn on_layer_request(
@@ -174,12 +210,17 @@ impl Primary {
     /// layers: the layers it holds that are not a prefix of this node's are
     /// deleted there, and if it lacks any, its head is rebased onto the
     /// newest it keeps and its rebuild is set up (returns true: the link
-    /// rebuilds, see the module's invariants).
+    /// rebuilds, see the module's invariants). `base.0`: its copy reads
+    /// through this one's base, which it then keeps, and is rebased onto
+    /// if it holds none of the layers; `base.1`: it is due a full copy,
+    /// which a rebuild from the newest layer it keeps (or the base)
+    /// replaces even if it lacks none.
     pub(super) fn start_layers(
         &mut self,
         now: u64,
         n: NodeId,
         theirs: &[LayerId],
+        base: (bool, bool),
         out: &mut Out,
     ) -> bool {
         let kept = self
@@ -196,12 +237,24 @@ impl Primary {
         for layer in delete {
             self.stream_step(n, now, Pend::LayerStep, ReplOp::DeleteLayer { layer }, out);
         }
-        if kept == self.layers.len() {
+        let (their_base, thin) = base;
+        let holds_base = their_base && kept == 0;
+        if kept == self.layers.len() && !(thin && (kept > 0 || holds_base)) {
             return false;
         }
-        let prev = kept.checked_sub(1).map(|i| self.layers[i]);
+        let prev = match kept.checked_sub(1) {
+            Some(i) => Some(self.layers[i]),
+            None if holds_base => self.base,
+            None => None,
+        };
         let todo = self.layers[kept..].iter().copied().collect();
-        self.stream_step(n, now, Pend::LayerStep, ReplOp::Rebase { onto: prev }, out);
+        self.stream_step(
+            n,
+            now,
+            Pend::LayerRebase,
+            ReplOp::Rebase { onto: prev },
+            out,
+        );
         let all = 0..self.region_gen.len();
         if let Some(l) = self.links.get_mut(&n) {
             // Rebased, its head may differ anywhere (all of it is copied if
@@ -217,6 +270,7 @@ impl Primary {
                 copying: BTreeSet::new(),
                 sent: BTreeSet::new(),
                 sealing: false,
+                rebasing: true,
             });
         }
         true
@@ -229,6 +283,14 @@ impl Primary {
     /// (`build_copy`).
     pub(super) fn build_steps(&mut self, now: u64, out: &mut Out) {
         let peers: Vec<NodeId> = self.links.keys().copied().collect();
+        // A diff from the base waits for a flatten here to end: one that
+        // detaches this copy takes the base away (and fails the link).
+        let base_held = match self.base {
+            Some(base) => {
+                Some(base).filter(|_| !self.ops.values().any(|o| o.flatten && !o.local_done))
+            }
+            None => None,
+        };
         for n in peers {
             let Some(l) = self.links.get_mut(&n) else {
                 continue;
@@ -237,7 +299,10 @@ impl Primary {
             let Some(b) = l.build.as_mut() else {
                 continue;
             };
-            if b.diffing || b.sealing {
+            if b.diffing || b.sealing || b.rebasing {
+                continue;
+            }
+            if b.prev.is_some() && b.prev == self.base && base_held.is_none() {
                 continue;
             }
             let Some(&layer) = b.todo.front() else {
@@ -245,7 +310,17 @@ impl Primary {
                 // from the newest, and client writes streamed from here.
                 let from = b.prev;
                 l.build = None;
+                // The diff sees the writes applied here; those still in
+                // flight (streamed before the rebase that wiped them, or
+                // kept from the link while it built) are copied as well.
                 l.dirty.clear();
+                l.dirty.extend(
+                    self.region_inflight
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, n)| **n > 0)
+                        .map(|(r, _)| r),
+                );
                 l.head_diff = true;
                 l.mode = Mode::Resyncing;
                 let op = DiskOp::Changed {

@@ -155,8 +155,12 @@ enum Pend {
     FinalFlush,
     /// The flush that tells a link just made InSync this epoch's `commit`.
     CommitFlush,
-    /// A layer deletion or the rebase that starts a layer rebuild.
+    /// A layer deletion before a layer rebuild.
     LayerStep,
+    /// The rebase that starts a layer rebuild: nothing is diffed before
+    /// the replica acknowledges it (it is durable then), or a link failing
+    /// in between would count as rebased a head that is not.
+    LayerRebase,
     /// A region of the layer being rebuilt.
     LayerChunk(usize),
     /// The `Snapshot` that seals the layer being rebuilt.
@@ -193,6 +197,12 @@ struct Link {
     /// Rebuilt its layers and waits for the regions of the head to copy
     /// (`PrimTag::HeadDiff`): not InSync before they are in.
     head_diff: bool,
+    /// Background entries (layer deletions, flattens) in flight, as sent:
+    /// they may take long, so no timeout fails the link for them; one not
+    /// acknowledged within the ack timeout is sent again instead (the
+    /// replica acknowledges a repeat of one it completed), so a lost
+    /// entry or acknowledgement does not leave it waiting for ever.
+    background: BTreeMap<u64, Msg>,
 }
 
 impl Link {
@@ -230,6 +240,7 @@ impl Link {
             session: 0,
             next_lseq: 1,
             inflight: BTreeMap::new(),
+            background: BTreeMap::new(),
             acked_commit: 0,
             narrow: false,
             announce_commit: false,
@@ -331,6 +342,8 @@ struct Op {
     /// below `min_in_sync` (a flush then cannot make earlier writes durable
     /// on enough replicas, and waiting would last until space is freed).
     refusable: bool,
+    /// A flatten: done here, it may detach this copy from its base.
+    flatten: bool,
 }
 
 /// What the primary wants done.
@@ -391,6 +404,10 @@ pub(crate) struct Primary {
     /// The snapshot layers of the volume here, oldest first, once the disk
     /// operations submitted complete.
     pub(crate) layers: Vec<LayerId>,
+    /// The snapshot of another volume this copy reads through (a clone's
+    /// source), until flattened: a replica reading through it too is
+    /// rebuilt from it (see `layers.rs`).
+    pub(crate) base: Option<LayerId>,
     /// Replicas that left the stream for lack of space and have not been
     /// InSync since.
     short_of_space: BTreeSet<NodeId>,
@@ -466,6 +483,7 @@ impl Primary {
             next_repair: 1,
             unrepaired: BTreeMap::new(),
             layers: Vec::new(),
+            base: None,
             cfg,
         }
     }
@@ -810,6 +828,7 @@ impl Primary {
                 no_space: false,
                 refusable: false,
                 digests: BTreeMap::new(),
+                flatten: matches!(disk, DiskOp::Flatten { .. }),
             },
         );
         out.disk.push((disk, PrimTag::Op(vseq)));
@@ -839,7 +858,13 @@ impl Primary {
             l.unflushed.insert(lseq, regions.to_vec());
         }
         let session = l.session;
+        let background = matches!(rop, ReplOp::DeleteLayer { .. } | ReplOp::Flatten { .. });
         let msg = self.repl(session, lseq, vseq, c, floor, rop);
+        if background {
+            if let Some(l) = self.links.get_mut(&n) {
+                l.background.insert(lseq, msg.clone());
+            }
+        }
         out.sends.push((Endpoint::Node(n), msg));
     }
 
@@ -1049,6 +1074,7 @@ impl Primary {
         let Some((_, pend, commit)) = l.inflight.remove(&lseq) else {
             return;
         };
+        l.background.remove(&lseq);
         l.acked_commit = l.acked_commit.max(commit);
         match pend {
             Pend::Start => {
@@ -1061,6 +1087,11 @@ impl Primary {
                 l.dirty.remove(&r);
             }
             Pend::LayerStep => {}
+            Pend::LayerRebase => {
+                if let Some(b) = l.build.as_mut() {
+                    b.rebasing = false;
+                }
+            }
             Pend::LayerChunk(r) => {
                 if let Some(b) = l.build.as_mut() {
                     b.sent.remove(&r);
@@ -1119,6 +1150,7 @@ impl Primary {
         l.dirty.extend(std::mem::take(&mut l.chunks));
         l.dirty.extend(std::mem::take(&mut l.copying));
         l.inflight.clear();
+        l.background.clear();
         // A rebuild starts over at the next `Start`; a head whose regions
         // to copy are not known yet may differ anywhere.
         l.build = None;
@@ -1260,6 +1292,17 @@ impl Primary {
             .collect();
         for n in expired {
             self.link_failed(n);
+        }
+        let timeout = self.cfg.ack_timeout_ms;
+        for (n, l) in self.links.iter_mut() {
+            for (lseq, msg) in &l.background {
+                if let Some((sent, _, _)) = l.inflight.get_mut(lseq) {
+                    if now > *sent + timeout {
+                        *sent = now;
+                        out.sends.push((Endpoint::Node(*n), msg.clone()));
+                    }
+                }
+            }
         }
         for (n, l) in self.links.iter_mut() {
             if l.mode == Mode::OutOfSync && now >= l.last_attempt + self.cfg.resync_retry_ms {

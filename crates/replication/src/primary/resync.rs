@@ -85,15 +85,32 @@ impl Primary {
         let starting = self.links.get(&from).is_some_and(|l| {
             l.session == session && l.mode == Mode::Starting && l.inflight.contains_key(&0)
         });
-        if starting && layers != self.layers && self.start_layers(now, from, &layers, out) {
+        let keep = self.failover_regions(prior.as_ref());
+        let total = self.region_gen.len();
+        // A replica whose copy reads through this one's base names it
+        // first. Due a full copy, a replica holding a layer (or the base)
+        // is rebuilt from the newest it holds instead: only what differs
+        // from it is copied, and its head stays thin. Not from the base
+        // while a flatten is under way: one streamed after its `Start`
+        // may detach it before the rebase (it is then asked to drop it).
+        let flattening = self.ops.values().any(|o| o.flatten);
+        let their_base = self.base.is_some() && layers.first() == self.base.as_ref() && !flattening;
+        let own = &layers[usize::from(their_base)..];
+        let full_copy = self
+            .links
+            .get(&from)
+            .is_some_and(|l| l.dirty.len() == total && !(l.narrow && keep.is_some()));
+        let thin = full_copy && (their_base || !own.is_empty());
+        if starting
+            && (own != self.layers.as_slice() || thin)
+            && self.start_layers(now, from, own, (their_base, thin), out)
+        {
             self.on_ack(from, epoch, session, 0);
             if let Some(l) = self.links.get_mut(&from) {
                 l.mode = Mode::Layering;
             }
             return;
         }
-        let keep = self.failover_regions(prior.as_ref());
-        let total = self.region_gen.len();
         let written = &self.written;
         let Some(l) = self.links.get_mut(&from) else {
             return;
