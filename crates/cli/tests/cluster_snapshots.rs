@@ -415,6 +415,7 @@ fn a_clone_replica_rebuilt_where_its_source_is_copies_only_what_the_clone_change
         "node{spare} did not make vm1's replica from gold@base:\n{log}"
     );
     let added = allocated(&c, spare) - before;
+    eprintln!("the clone's rebuilt replica allocated {added} bytes on node{spare}");
     assert!(
         added <= 4 * MIB,
         "the rebuilt clone replica allocated {added} bytes for the clone's 2 MiB (its source reads 24 MiB)"
