@@ -5,9 +5,9 @@
 //! head); the snapshot is exported read-only over NBD by each replica's
 //! node; rollback makes every replica read as the snapshot; deletion
 //! removes the snapshot everywhere. A clone of a replicated snapshot is
-//! replicated on the nodes holding it, rebuilt from the snapshot on a node
-//! that holds it (only what the clone changed is copied), and in full on
-//! one that does not.
+//! replicated on the nodes holding it; a lost replica of it is rebuilt
+//! from the snapshot on a node that holds it (only what the clone changed
+//! is copied), waiting for its source's replica to be rebuilt there first.
 
 mod common;
 
@@ -197,7 +197,7 @@ fn replica_nodes(v: &Value) -> Vec<usize> {
 }
 
 #[test]
-fn clones_of_replicated_snapshots_are_replicated_and_rebuilt_in_full_elsewhere() {
+fn clones_of_replicated_snapshots_are_replicated_and_rebuilt_from_the_snapshot_elsewhere() {
     let seed = test_seed("replicated_clones") % 1_000_000;
     // Replicas unreachable for 2 s are rebuilt on another node.
     let mut c = Cluster::start_with(3, &[], |_| vec!["--replace-after".into(), "2".into()]);
@@ -258,7 +258,8 @@ fn clones_of_replicated_snapshots_are_replicated_and_rebuilt_in_full_elsewhere()
     assert!(out.stderr.contains("vm1"), "{}", out.describe());
 
     // A holder lost: both volumes are rebuilt on the third node, which
-    // lacks the snapshot, so vm1's new replica is a full copy.
+    // lacks the snapshot: the clone waits until its source's replica there
+    // is in sync, then is made from the snapshot there and rebuilt from it.
     let p = node_index(&primary(&vm1).expect("a primary"));
     let lost = *holders.iter().find(|h| **h != p).expect("a second holder");
     let spare = (0..3).find(|i| !holders.contains(i)).expect("a spare node");
@@ -270,6 +271,11 @@ fn clones_of_replicated_snapshots_are_replicated_and_rebuilt_in_full_elsewhere()
     }
     c.assert_replicas_equal(&[p, spare], "vm1");
     c.assert_replicas_equal(&[p, spare], "gold@base");
+    let log = c.nodes[spare].log();
+    assert!(
+        log.contains("created the local replica from its source snapshot held here"),
+        "node{spare} did not make vm1's replica from gold@base:\n{log}"
+    );
     verify_pattern(None, &c.nodes[spare].uri("vm1"), seed, 1, 0, 8 * MIB);
     verify_pattern(None, &c.nodes[spare].uri("vm1"), seed, 3, 8 * MIB, 8 * MIB);
     // The lost node returns: its old copies go, the clone's (flattened

@@ -212,6 +212,7 @@ fn run(weak: Weak<dyn Host>, shared: &Shared) {
     let mut next_tick = Instant::now();
     let mut next_placement = Instant::now();
     let mut faulty_since: HashMap<(VolumeId, NodeId), u64> = HashMap::new();
+    let mut clone_waits: HashMap<VolumeId, u64> = HashMap::new();
     loop {
         {
             let mut stop = shared.stop.lock();
@@ -263,7 +264,8 @@ fn run(weak: Weak<dyn Host>, shared: &Shared) {
                     }
                     tracing::warn!(error = %e, "placement round failed; retrying");
                 }
-                reconfigure(host, term, coord, &catalog, &nodes, &mut faulty_since)?;
+                let timers = (&mut faulty_since, &mut clone_waits);
+                reconfigure(host, term, coord, &catalog, &nodes, timers)?;
             }
             Ok(())
         })();
@@ -446,7 +448,10 @@ fn reconfigure(
     coord: &Mutex<Coordinator>,
     catalog: &[VolumeRecord],
     nodes: &[NodeStatus],
-    faulty_since: &mut HashMap<(VolumeId, NodeId), u64>,
+    timers: (
+        &mut HashMap<(VolumeId, NodeId), u64>,
+        &mut HashMap<VolumeId, u64>,
+    ),
 ) -> Result<(), ClusterError> {
     let replace_after_ms = host.settings().replace_after.as_millis() as u64;
     let records: Vec<Membership> = {
@@ -462,7 +467,8 @@ fn reconfigure(
         nodes,
         host.now_ms(),
         replace_after_ms,
-        faulty_since,
+        timers.0,
+        timers.1,
     );
     write(host, term, coord, changes)
 }

@@ -134,6 +134,36 @@ pub struct NewRecord {
     pub missing: usize,
 }
 
+/// How long a clone missing replicas waits for its source to have all of
+/// its own in sync before it takes any node: a replica added on a node
+/// holding the source snapshot is made from it and copies only what the
+/// clone changed, one added elsewhere is a full copy.
+pub const CLONE_WAIT_MS: u64 = 10 * 60 * 1000;
+
+/// Where clone `v`'s missing replicas may go now (see [`reconfigure`]):
+/// `None` to wait (its source's record is being changed, or has replicas
+/// not in sync or missing: a node receiving one of them will hold the
+/// snapshot), `Some(holders)` to place on those nodes first (the source's
+/// in-sync replicas), `Some(empty)` anywhere.
+fn clone_targets(
+    v: &VolumeRecord,
+    catalog: &[VolumeRecord],
+    records: &[Membership],
+) -> Option<HashSet<NodeId>> {
+    let source = v.clone_of.as_ref()?;
+    let Some(source_record) = catalog.iter().find(|c| c.name == source.volume) else {
+        return Some(HashSet::new());
+    };
+    let source_id = VolumeId(source_record.id.as_u128());
+    let rec = records.iter().find(|r| r.volume == source_id)?;
+    let settled = rec.replicas.len() >= wanted_replicas(source_record)
+        && rec
+            .replicas
+            .values()
+            .all(|i| i.state == ReplicaState::InSync);
+    settled.then(|| clone_holders(v, catalog, records).unwrap_or_default())
+}
+
 /// The nodes that hold the snapshot clone `v` is made from: its source
 /// volume's InSync replicas (an InSync replica holds every layer of its
 /// volume). `None` for a volume that is not a clone.
@@ -258,6 +288,11 @@ pub fn orphaned(catalog: &[VolumeRecord], records: &[Membership]) -> Vec<VolumeI
 ///   fresh replica there);
 /// - while fewer replicas than wanted sit on active nodes, new ones are
 ///   added (OutOfSync: the primary resyncs them from its allocated data);
+///   a clone's go to nodes holding its source snapshot first, and wait
+///   (at most [`CLONE_WAIT_MS`], from when `clone_waits` first saw it
+///   wait) while its source's replicas are not all in sync, so that a
+///   source and its clones that lost a replica on the same node are
+///   rebuilt together on one node, the clones from the snapshot there;
 /// - a replica on a draining node leaves once enough replicas on active
 ///   nodes are InSync;
 /// - while more replicas than wanted sit on active nodes (the volume was
@@ -276,6 +311,7 @@ pub fn reconfigure(
     now_ms: u64,
     replace_after_ms: u64,
     faulty_since: &mut HashMap<(VolumeId, NodeId), u64>,
+    clone_waits: &mut HashMap<VolumeId, u64>,
 ) -> Vec<Change> {
     let mut provisioned = placement::provisioned_by_node(records, &catalog_sizes(catalog));
     let mut primaries = HashMap::<NodeId, usize>::new();
@@ -307,6 +343,7 @@ pub fn reconfigure(
         .iter()
         .map(|v| (VolumeId(v.id.as_u128()), v))
         .collect();
+    clone_waits.retain(|v, _| by_id.contains_key(v));
     for rec in records {
         let Some(v) = by_id.get(&rec.volume).copied() else {
             continue;
@@ -342,7 +379,24 @@ pub fn reconfigure(
         }
         let draining = |n: &NodeId| state_of(*n) == Some(NodeState::Draining);
         let active = new.replicas.keys().filter(|n| !draining(n)).count();
-        if active < wanted {
+        let targets = match (active < wanted, v.clone_of.is_some()) {
+            (true, true) => {
+                let since = *clone_waits.entry(rec.volume).or_insert(now_ms);
+                match clone_targets(v, catalog, records) {
+                    None if now_ms.saturating_sub(since) < CLONE_WAIT_MS => {
+                        tracing::info!(volume = %v.name, "a clone's replica waits for its source's replicas to be in sync");
+                        None
+                    }
+                    other => Some(other.unwrap_or_default()),
+                }
+            }
+            (true, false) => Some(HashSet::new()),
+            (false, _) => {
+                clone_waits.remove(&rec.volume);
+                None
+            }
+        };
+        if let Some(targets) = targets {
             let pool: Vec<Candidate> = nodes
                 .iter()
                 .filter(|s| s.alive && s.state == NodeState::Active)
@@ -357,6 +411,10 @@ pub fn reconfigure(
                 })
                 .filter_map(|s| candidate(s.id))
                 .collect();
+            // Nodes holding a clone's source snapshot first.
+            let (holding, others): (Vec<Candidate>, Vec<Candidate>) =
+                pool.into_iter().partition(|c| targets.contains(&c.id));
+            let pool = if holding.is_empty() { others } else { holding };
             let existing: Vec<Candidate> =
                 new.replicas.keys().filter_map(|n| candidate(*n)).collect();
             for id in placement::choose(&pool, &existing, wanted - active) {
@@ -463,7 +521,15 @@ mod tests {
         if let Some(r) = rec.replicas.get_mut(&NodeId(0)) {
             r.state = ReplicaState::OutOfSync;
         }
-        let changes = reconfigure(&[rec], &[v.clone()], &nodes, 0, 500, &mut HashMap::new());
+        let changes = reconfigure(
+            &[rec],
+            &[v.clone()],
+            &nodes,
+            0,
+            500,
+            &mut HashMap::new(),
+            &mut HashMap::new(),
+        );
         let new = &changes[0].record;
         assert_eq!(
             new.replicas.keys().copied().collect::<Vec<_>>(),
@@ -479,7 +545,15 @@ mod tests {
         if let Some(r) = out_of_sync.replicas.get_mut(&NodeId(1)) {
             r.state = ReplicaState::OutOfSync;
         }
-        let changes = reconfigure(&[out_of_sync], &[v], &nodes, 0, 500, &mut HashMap::new());
+        let changes = reconfigure(
+            &[out_of_sync],
+            &[v],
+            &nodes,
+            0,
+            500,
+            &mut HashMap::new(),
+            &mut HashMap::new(),
+        );
         let kept: Vec<_> = changes[0].record.replicas.keys().copied().collect();
         assert_eq!(kept, [NodeId(0), NodeId(2)]);
     }
@@ -502,13 +576,29 @@ mod tests {
             r.state = ReplicaState::Faulty;
         }
         let mut since = HashMap::from([((vol, NodeId(2)), 0)]);
-        let changes = reconfigure(&[rec.clone()], &[v.clone()], &nodes, 1_000, 500, &mut since);
+        let changes = reconfigure(
+            &[rec.clone()],
+            &[v.clone()],
+            &nodes,
+            1_000,
+            500,
+            &mut since,
+            &mut HashMap::new(),
+        );
         let new = &changes[0].record;
         assert!(!new.replicas.contains_key(&NodeId(2)), "{new:?}");
         // A later round, from the record without it, places a fresh one.
         let mut later = new.clone();
         later.version += 1;
-        let changes = reconfigure(&[later], &[v], &nodes, 2_000, 500, &mut since);
+        let changes = reconfigure(
+            &[later],
+            &[v],
+            &nodes,
+            2_000,
+            500,
+            &mut since,
+            &mut HashMap::new(),
+        );
         assert_eq!(
             changes[0].record.replicas[&NodeId(2)].state,
             ReplicaState::OutOfSync
@@ -585,5 +675,92 @@ mod tests {
         // No holder in sync (or the source not placed yet): not placed.
         let (new, _) = new_records(&catalog, &[], &nodes, None);
         assert!(new.iter().all(|r| r.name != "vm1"), "{new:?}");
+    }
+
+    /// A clone that lost a replica waits while its source's replicas are
+    /// not all in sync (the source is being rebuilt on a node that will
+    /// then hold the snapshot), then goes to a node holding the snapshot;
+    /// after [`CLONE_WAIT_MS`] it goes anywhere.
+    #[test]
+    fn a_clone_replica_waits_for_its_source_and_goes_where_the_snapshot_is() {
+        let mut source = VolumeRecord::new(
+            uuid::Uuid::from_u128(1),
+            "gold",
+            16 * BLOCK_SIZE,
+            std::time::UNIX_EPOCH,
+        );
+        source.replicas = Some(3);
+        let mut clone = VolumeRecord::new(
+            uuid::Uuid::from_u128(2),
+            "vm1",
+            16 * BLOCK_SIZE,
+            std::time::UNIX_EPOCH,
+        );
+        clone.replicas = Some(2);
+        clone.clone_of = Some(basalt_catalog::CloneSource::new(
+            "gold",
+            "base",
+            uuid::Uuid::from_u128(3),
+        ));
+        let nodes = [node(0), node(1), node(2), node(3)];
+        let catalog = [source, clone];
+        let mut gold = Membership::new(
+            VolumeId(1),
+            &[NodeId(0), NodeId(1), NodeId(3)],
+            NodeId(0),
+            2,
+        )
+        .with_blocks(16);
+        if let Some(r) = gold.replicas.get_mut(&NodeId(3)) {
+            r.state = ReplicaState::OutOfSync;
+        }
+        let vm1 = Membership::new(VolumeId(2), &[NodeId(0)], NodeId(0), 1).with_blocks(16);
+        let added = |changes: &[Change]| -> Vec<NodeId> {
+            changes
+                .iter()
+                .filter(|c| c.record.volume == VolumeId(2))
+                .flat_map(|c| c.record.replicas.keys().copied())
+                .filter(|n| *n != NodeId(0))
+                .collect()
+        };
+        let mut waits = HashMap::new();
+        let round = |gold: &Membership, now: u64, waits: &mut HashMap<VolumeId, u64>| {
+            let records = [gold.clone(), vm1.clone()];
+            reconfigure(
+                &records,
+                &catalog,
+                &nodes,
+                now,
+                500,
+                &mut HashMap::new(),
+                waits,
+            )
+        };
+        assert!(added(&round(&gold, 0, &mut waits)).is_empty(), "it waits");
+        // The source's record being changed (left out): it still waits.
+        let changes = reconfigure(
+            &[vm1.clone()],
+            &catalog,
+            &nodes,
+            1,
+            500,
+            &mut HashMap::new(),
+            &mut waits,
+        );
+        assert!(added(&changes).is_empty(), "it waits: {changes:?}");
+        // Past the bound: anywhere.
+        let late = added(&round(&gold, CLONE_WAIT_MS, &mut waits));
+        assert_eq!(late.len(), 1);
+        // The source in sync everywhere: a node holding the snapshot.
+        if let Some(r) = gold.replicas.get_mut(&NodeId(3)) {
+            r.state = ReplicaState::InSync;
+        }
+        let mut waits = HashMap::new();
+        let placed = added(&round(&gold, 0, &mut waits));
+        assert_eq!(placed.len(), 1);
+        assert!(
+            placed[0] == NodeId(1) || placed[0] == NodeId(3),
+            "{placed:?}"
+        );
     }
 }

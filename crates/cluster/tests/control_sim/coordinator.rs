@@ -79,6 +79,7 @@ impl Sim {
             confirmed: clock,
             inc: n.coord_inc,
             faulty_since: HashMap::new(),
+            clone_waits: HashMap::new(),
             next_placement: clock,
             placing: 0,
         });
@@ -192,6 +193,7 @@ impl Sim {
                     now,
                     REPLACE_AFTER,
                     &mut role.faulty_since,
+                    &mut role.clone_waits,
                 )
                 .into_iter()
                 .map(Write::Change),
