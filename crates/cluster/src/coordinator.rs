@@ -211,8 +211,7 @@ fn run(weak: Weak<dyn Host>, shared: &Shared) {
     let tick = Duration::from_millis((t.heartbeat_ms / 2).clamp(10, 500));
     let mut next_tick = Instant::now();
     let mut next_placement = Instant::now();
-    let mut faulty_since: HashMap<(VolumeId, NodeId), u64> = HashMap::new();
-    let mut clone_waits: HashMap<VolumeId, u64> = HashMap::new();
+    let mut timers = plan::Timers::default();
     loop {
         {
             let mut stop = shared.stop.lock();
@@ -264,8 +263,7 @@ fn run(weak: Weak<dyn Host>, shared: &Shared) {
                     }
                     tracing::warn!(error = %e, "placement round failed; retrying");
                 }
-                let timers = (&mut faulty_since, &mut clone_waits);
-                reconfigure(host, term, coord, &catalog, &nodes, timers)?;
+                reconfigure(host, term, coord, &catalog, &nodes, &mut timers)?;
             }
             Ok(())
         })();
@@ -448,10 +446,7 @@ fn reconfigure(
     coord: &Mutex<Coordinator>,
     catalog: &[VolumeRecord],
     nodes: &[NodeStatus],
-    timers: (
-        &mut HashMap<(VolumeId, NodeId), u64>,
-        &mut HashMap<VolumeId, u64>,
-    ),
+    timers: &mut plan::Timers,
 ) -> Result<(), ClusterError> {
     let replace_after_ms = host.settings().replace_after.as_millis() as u64;
     let records: Vec<Membership> = {
@@ -467,8 +462,7 @@ fn reconfigure(
         nodes,
         host.now_ms(),
         replace_after_ms,
-        timers.0,
-        timers.1,
+        timers,
     );
     write(host, term, coord, changes)
 }

@@ -134,6 +134,15 @@ pub struct NewRecord {
     pub missing: usize,
 }
 
+/// What [`reconfigure`] keeps from one round to the next.
+#[derive(Debug, Default)]
+pub struct Timers {
+    /// When each replica was first seen Faulty.
+    pub faulty_since: HashMap<(VolumeId, NodeId), u64>,
+    /// When each clone missing replicas started waiting for its source.
+    pub clone_waits: HashMap<VolumeId, u64>,
+}
+
 /// How long a clone missing replicas waits for its source to have all of
 /// its own in sync before it takes any node: a replica added on a node
 /// holding the source snapshot is made from it and copies only what the
@@ -281,16 +290,16 @@ pub fn orphaned(catalog: &[VolumeRecord], records: &[Membership]) -> Vec<VolumeI
 
 /// The record changes that keep every volume at its wanted replica count
 /// on usable nodes, at `now_ms`:
-/// - a replica Faulty for `replace_after_ms` or longer (since `faulty_since`
-///   first saw it so, which this call keeps), or on a node that was
+/// - a replica Faulty for `replace_after_ms` or longer (since `timers`
+///   first saw it so), or on a node that was
 ///   removed, leaves the record (never the primary: failover handles that);
 ///   its node is no candidate in the same change (a later one may place a
 ///   fresh replica there);
 /// - while fewer replicas than wanted sit on active nodes, new ones are
 ///   added (OutOfSync: the primary resyncs them from its allocated data);
 ///   a clone's go to nodes holding its source snapshot first, and wait
-///   (at most [`CLONE_WAIT_MS`], from when `clone_waits` first saw it
-///   wait) while its source's replicas are not all in sync, so that a
+///   (at most [`CLONE_WAIT_MS`], from when `timers` first saw it wait)
+///   while its source's replicas are not all in sync, so that a
 ///   source and its clones that lost a replica on the same node are
 ///   rebuilt together on one node, the clones from the snapshot there;
 /// - a replica on a draining node leaves once enough replicas on active
@@ -310,9 +319,12 @@ pub fn reconfigure(
     nodes: &[NodeStatus],
     now_ms: u64,
     replace_after_ms: u64,
-    faulty_since: &mut HashMap<(VolumeId, NodeId), u64>,
-    clone_waits: &mut HashMap<VolumeId, u64>,
+    timers: &mut Timers,
 ) -> Vec<Change> {
+    let Timers {
+        faulty_since,
+        clone_waits,
+    } = timers;
     let mut provisioned = placement::provisioned_by_node(records, &catalog_sizes(catalog));
     let mut primaries = HashMap::<NodeId, usize>::new();
     for r in records {
@@ -521,15 +533,7 @@ mod tests {
         if let Some(r) = rec.replicas.get_mut(&NodeId(0)) {
             r.state = ReplicaState::OutOfSync;
         }
-        let changes = reconfigure(
-            &[rec],
-            &[v.clone()],
-            &nodes,
-            0,
-            500,
-            &mut HashMap::new(),
-            &mut HashMap::new(),
-        );
+        let changes = reconfigure(&[rec], &[v.clone()], &nodes, 0, 500, &mut Timers::default());
         let new = &changes[0].record;
         assert_eq!(
             new.replicas.keys().copied().collect::<Vec<_>>(),
@@ -545,15 +549,7 @@ mod tests {
         if let Some(r) = out_of_sync.replicas.get_mut(&NodeId(1)) {
             r.state = ReplicaState::OutOfSync;
         }
-        let changes = reconfigure(
-            &[out_of_sync],
-            &[v],
-            &nodes,
-            0,
-            500,
-            &mut HashMap::new(),
-            &mut HashMap::new(),
-        );
+        let changes = reconfigure(&[out_of_sync], &[v], &nodes, 0, 500, &mut Timers::default());
         let kept: Vec<_> = changes[0].record.replicas.keys().copied().collect();
         assert_eq!(kept, [NodeId(0), NodeId(2)]);
     }
@@ -575,30 +571,17 @@ mod tests {
         if let Some(r) = rec.replicas.get_mut(&NodeId(2)) {
             r.state = ReplicaState::Faulty;
         }
-        let mut since = HashMap::from([((vol, NodeId(2)), 0)]);
-        let changes = reconfigure(
-            &[rec.clone()],
-            &[v.clone()],
-            &nodes,
-            1_000,
-            500,
-            &mut since,
-            &mut HashMap::new(),
-        );
+        let mut since = Timers {
+            faulty_since: HashMap::from([((vol, NodeId(2)), 0)]),
+            ..Timers::default()
+        };
+        let changes = reconfigure(&[rec.clone()], &[v.clone()], &nodes, 1_000, 500, &mut since);
         let new = &changes[0].record;
         assert!(!new.replicas.contains_key(&NodeId(2)), "{new:?}");
         // A later round, from the record without it, places a fresh one.
         let mut later = new.clone();
         later.version += 1;
-        let changes = reconfigure(
-            &[later],
-            &[v],
-            &nodes,
-            2_000,
-            500,
-            &mut since,
-            &mut HashMap::new(),
-        );
+        let changes = reconfigure(&[later], &[v], &nodes, 2_000, 500, &mut since);
         assert_eq!(
             changes[0].record.replicas[&NodeId(2)].state,
             ReplicaState::OutOfSync
@@ -723,28 +706,19 @@ mod tests {
                 .filter(|n| *n != NodeId(0))
                 .collect()
         };
-        let mut waits = HashMap::new();
-        let round = |gold: &Membership, now: u64, waits: &mut HashMap<VolumeId, u64>| {
+        let mut waits = Timers::default();
+        let round = |gold: &Membership, now: u64, waits: &mut Timers| {
             let records = [gold.clone(), vm1.clone()];
-            reconfigure(
-                &records,
-                &catalog,
-                &nodes,
-                now,
-                500,
-                &mut HashMap::new(),
-                waits,
-            )
+            reconfigure(&records, &catalog, &nodes, now, 500, waits)
         };
         assert!(added(&round(&gold, 0, &mut waits)).is_empty(), "it waits");
         // The source's record being changed (left out): it still waits.
         let changes = reconfigure(
-            &[vm1.clone()],
+            std::slice::from_ref(&vm1),
             &catalog,
             &nodes,
             1,
             500,
-            &mut HashMap::new(),
             &mut waits,
         );
         assert!(added(&changes).is_empty(), "it waits: {changes:?}");
@@ -755,7 +729,7 @@ mod tests {
         if let Some(r) = gold.replicas.get_mut(&NodeId(3)) {
             r.state = ReplicaState::InSync;
         }
-        let mut waits = HashMap::new();
+        let mut waits = Timers::default();
         let placed = added(&round(&gold, 0, &mut waits));
         assert_eq!(placed.len(), 1);
         assert!(

@@ -78,8 +78,7 @@ impl Sim {
             term,
             confirmed: clock,
             inc: n.coord_inc,
-            faulty_since: HashMap::new(),
-            clone_waits: HashMap::new(),
+            timers: plan::Timers::default(),
             next_placement: clock,
             placing: 0,
         });
@@ -192,8 +191,7 @@ impl Sim {
                     &registry,
                     now,
                     REPLACE_AFTER,
-                    &mut role.faulty_since,
-                    &mut role.clone_waits,
+                    &mut role.timers,
                 )
                 .into_iter()
                 .map(Write::Change),

@@ -227,8 +227,7 @@ struct CoordRole {
     /// Its last confirmed keep-alive.
     confirmed: u64,
     inc: u64,
-    faulty_since: HashMap<(VolumeId, NodeId), u64>,
-    clone_waits: HashMap<VolumeId, u64>,
+    timers: plan::Timers,
     next_placement: u64,
     /// Creates and deletes sent and not answered: no placement round runs
     /// meanwhile (the production task makes them one after the other).
