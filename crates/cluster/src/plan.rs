@@ -149,28 +149,28 @@ pub struct Timers {
 /// clone changed, one added elsewhere is a full copy.
 pub const CLONE_WAIT_MS: u64 = 10 * 60 * 1000;
 
-/// Where clone `v`'s missing replicas may go now (see [`reconfigure`]):
-/// `None` to wait (its source's record is being changed, or has replicas
-/// not in sync or missing: a node receiving one of them will hold the
-/// snapshot), `Some(holders)` to place on those nodes first (the source's
-/// in-sync replicas), `Some(empty)` anywhere.
-fn clone_targets(
-    v: &VolumeRecord,
-    catalog: &[VolumeRecord],
-    records: &[Membership],
-) -> Option<HashSet<NodeId>> {
-    let source = v.clone_of.as_ref()?;
+/// Whether clone `v`'s source may soon hold its snapshot on more nodes:
+/// its record is being changed (left out of `records`), or has replicas
+/// not in sync or fewer than it wants (a node receiving one of them will
+/// hold the snapshot once it is in sync).
+fn source_settling(v: &VolumeRecord, catalog: &[VolumeRecord], records: &[Membership]) -> bool {
+    let Some(source) = v.clone_of.as_ref() else {
+        return false;
+    };
     let Some(source_record) = catalog.iter().find(|c| c.name == source.volume) else {
-        return Some(HashSet::new());
+        return false;
     };
     let source_id = VolumeId(source_record.id.as_u128());
-    let rec = records.iter().find(|r| r.volume == source_id)?;
-    let settled = rec.replicas.len() >= wanted_replicas(source_record)
-        && rec
-            .replicas
-            .values()
-            .all(|i| i.state == ReplicaState::InSync);
-    settled.then(|| clone_holders(v, catalog, records).unwrap_or_default())
+    records
+        .iter()
+        .find(|r| r.volume == source_id)
+        .is_none_or(|rec| {
+            rec.replicas.len() < wanted_replicas(source_record)
+                || rec
+                    .replicas
+                    .values()
+                    .any(|i| i.state != ReplicaState::InSync)
+        })
 }
 
 /// The nodes that hold the snapshot clone `v` is made from: its source
@@ -297,11 +297,12 @@ pub fn orphaned(catalog: &[VolumeRecord], records: &[Membership]) -> Vec<VolumeI
 ///   fresh replica there);
 /// - while fewer replicas than wanted sit on active nodes, new ones are
 ///   added (OutOfSync: the primary resyncs them from its allocated data);
-///   a clone's go to nodes holding its source snapshot first, and wait
-///   (at most [`CLONE_WAIT_MS`], from when `timers` first saw it wait)
-///   while its source's replicas are not all in sync, so that a
-///   source and its clones that lost a replica on the same node are
-///   rebuilt together on one node, the clones from the snapshot there;
+///   a clone's go to nodes holding its source snapshot first; with none
+///   among the candidates, they wait (at most [`CLONE_WAIT_MS`], from when
+///   `timers` first saw the clone short) while its source's replicas are
+///   not all in sync, so that a source and its clones that lost a replica
+///   on the same node are rebuilt together on one node, the clones from
+///   the snapshot there;
 /// - a replica on a draining node leaves once enough replicas on active
 ///   nodes are InSync;
 /// - while more replicas than wanted sit on active nodes (the volume was
@@ -391,24 +392,9 @@ pub fn reconfigure(
         }
         let draining = |n: &NodeId| state_of(*n) == Some(NodeState::Draining);
         let active = new.replicas.keys().filter(|n| !draining(n)).count();
-        let targets = match (active < wanted, v.clone_of.is_some()) {
-            (true, true) => {
-                let since = *clone_waits.entry(rec.volume).or_insert(now_ms);
-                match clone_targets(v, catalog, records) {
-                    None if now_ms.saturating_sub(since) < CLONE_WAIT_MS => {
-                        tracing::info!(volume = %v.name, "a clone's replica waits for its source's replicas to be in sync");
-                        None
-                    }
-                    other => Some(other.unwrap_or_default()),
-                }
-            }
-            (true, false) => Some(HashSet::new()),
-            (false, _) => {
-                clone_waits.remove(&rec.volume);
-                None
-            }
-        };
-        if let Some(targets) = targets {
+        if active >= wanted {
+            clone_waits.remove(&rec.volume);
+        } else {
             let pool: Vec<Candidate> = nodes
                 .iter()
                 .filter(|s| s.alive && s.state == NodeState::Active)
@@ -423,10 +409,24 @@ pub fn reconfigure(
                 })
                 .filter_map(|s| candidate(s.id))
                 .collect();
-            // Nodes holding a clone's source snapshot first.
+            // A clone's go to nodes holding its source snapshot first;
+            // with none among the candidates, it waits while its source
+            // may soon be on one.
+            let holders = clone_holders(v, catalog, records).unwrap_or_default();
             let (holding, others): (Vec<Candidate>, Vec<Candidate>) =
-                pool.into_iter().partition(|c| targets.contains(&c.id));
-            let pool = if holding.is_empty() { others } else { holding };
+                pool.into_iter().partition(|c| holders.contains(&c.id));
+            let wait = holding.is_empty()
+                && source_settling(v, catalog, records)
+                && now_ms.saturating_sub(*clone_waits.entry(rec.volume).or_insert(now_ms))
+                    < CLONE_WAIT_MS;
+            if wait {
+                tracing::info!(volume = %v.name, "a clone's replica waits for its source's replicas to be in sync");
+            }
+            let pool = match (wait, holding.is_empty()) {
+                (true, _) => Vec::new(),
+                (false, true) => others,
+                (false, false) => holding,
+            };
             let existing: Vec<Candidate> =
                 new.replicas.keys().filter_map(|n| candidate(*n)).collect();
             for id in placement::choose(&pool, &existing, wanted - active) {
@@ -660,10 +660,11 @@ mod tests {
         assert!(new.iter().all(|r| r.name != "vm1"), "{new:?}");
     }
 
-    /// A clone that lost a replica waits while its source's replicas are
-    /// not all in sync (the source is being rebuilt on a node that will
-    /// then hold the snapshot), then goes to a node holding the snapshot;
-    /// after [`CLONE_WAIT_MS`] it goes anywhere.
+    /// A clone that lost a replica, with no candidate node holding its
+    /// source snapshot, waits while its source's replicas are not all in
+    /// sync (the source is being rebuilt on a node that will then hold the
+    /// snapshot), then goes to that node; after [`CLONE_WAIT_MS`] it goes
+    /// anywhere.
     #[test]
     fn a_clone_replica_waits_for_its_source_and_goes_where_the_snapshot_is() {
         let mut source = VolumeRecord::new(
@@ -672,7 +673,7 @@ mod tests {
             16 * BLOCK_SIZE,
             std::time::UNIX_EPOCH,
         );
-        source.replicas = Some(3);
+        source.replicas = Some(2);
         let mut clone = VolumeRecord::new(
             uuid::Uuid::from_u128(2),
             "vm1",
@@ -687,13 +688,10 @@ mod tests {
         ));
         let nodes = [node(0), node(1), node(2), node(3)];
         let catalog = [source, clone];
-        let mut gold = Membership::new(
-            VolumeId(1),
-            &[NodeId(0), NodeId(1), NodeId(3)],
-            NodeId(0),
-            2,
-        )
-        .with_blocks(16);
+        // The source lost its replica on the clone's node too, and is being
+        // rebuilt on node 3.
+        let mut gold =
+            Membership::new(VolumeId(1), &[NodeId(0), NodeId(3)], NodeId(0), 1).with_blocks(16);
         if let Some(r) = gold.replicas.get_mut(&NodeId(3)) {
             r.state = ReplicaState::OutOfSync;
         }
@@ -731,10 +729,6 @@ mod tests {
         }
         let mut waits = Timers::default();
         let placed = added(&round(&gold, 0, &mut waits));
-        assert_eq!(placed.len(), 1);
-        assert!(
-            placed[0] == NodeId(1) || placed[0] == NodeId(3),
-            "{placed:?}"
-        );
+        assert_eq!(placed, [NodeId(3)]);
     }
 }

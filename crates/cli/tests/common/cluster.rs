@@ -240,13 +240,14 @@ impl Cluster {
     /// Asserts that every one of `nodes` holds an identical copy of `volume`.
     /// A replica that grew only as far as a write beyond its old end needed
     /// reaches the volume's size when it sees the grown record (within a
-    /// poll or so), so copies of different sizes are read again, for up to
-    /// 10 s, before they are compared.
+    /// poll or so), and one marked out of sync converges once resynced, so
+    /// copies that differ are read again, for up to 10 s, before they are
+    /// compared.
     #[track_caller]
     pub fn assert_replicas_equal(&self, nodes: &[usize], volume: &str) {
         let deadline = Instant::now() + Duration::from_secs(10);
         let mut d = self.digests(nodes, volume);
-        while d.iter().any(|x| x.1 != d[0].1) && Instant::now() < deadline {
+        while d.iter().any(|x| *x != d[0]) && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(200));
             d = self.digests(nodes, volume);
         }
