@@ -614,11 +614,15 @@ mod tests {
         assert_eq!(placed.get(&NodeId(0)), Some(&(16 * BLOCK_SIZE)));
     }
 
-    #[test]
-    fn a_clone_is_placed_only_where_its_source_is_in_sync() {
-        let source_id = uuid::Uuid::from_u128(1);
-        let mut source =
-            VolumeRecord::new(source_id, "gold", 16 * BLOCK_SIZE, std::time::UNIX_EPOCH);
+    /// Catalog records of a source "gold" (id 1) and its clone "vm1" (id
+    /// 2, of gold@base), each wanting two replicas.
+    fn gold_and_clone() -> (VolumeRecord, VolumeRecord) {
+        let mut source = VolumeRecord::new(
+            uuid::Uuid::from_u128(1),
+            "gold",
+            16 * BLOCK_SIZE,
+            std::time::UNIX_EPOCH,
+        );
         source.replicas = Some(2);
         let mut clone = VolumeRecord::new(
             uuid::Uuid::from_u128(2),
@@ -632,6 +636,12 @@ mod tests {
             "base",
             uuid::Uuid::from_u128(3),
         ));
+        (source, clone)
+    }
+
+    #[test]
+    fn a_clone_is_placed_only_where_its_source_is_in_sync() {
+        let (source, mut clone) = gold_and_clone();
         let nodes = [node(0), node(1), node(2), node(3)];
         let mut rec = Membership::new(
             VolumeId(1),
@@ -667,25 +677,7 @@ mod tests {
     /// anywhere.
     #[test]
     fn a_clone_replica_waits_for_its_source_and_goes_where_the_snapshot_is() {
-        let mut source = VolumeRecord::new(
-            uuid::Uuid::from_u128(1),
-            "gold",
-            16 * BLOCK_SIZE,
-            std::time::UNIX_EPOCH,
-        );
-        source.replicas = Some(2);
-        let mut clone = VolumeRecord::new(
-            uuid::Uuid::from_u128(2),
-            "vm1",
-            16 * BLOCK_SIZE,
-            std::time::UNIX_EPOCH,
-        );
-        clone.replicas = Some(2);
-        clone.clone_of = Some(basalt_catalog::CloneSource::new(
-            "gold",
-            "base",
-            uuid::Uuid::from_u128(3),
-        ));
+        let (source, clone) = gold_and_clone();
         let nodes = [node(0), node(1), node(2), node(3)];
         let catalog = [source, clone];
         // The source lost its replica on the clone's node too, and is being

@@ -25,7 +25,7 @@
 //! - a replica due a full copy (new, or no usable log after a failover)
 //!   that keeps some of the layers is rebuilt from the newest of them the
 //!   same way, with nothing left to build: only the regions `Changed`
-//!   since it are copied, so its head holds what the primary's holds;
+//!   since it are copied, so its head does not copy what its layers hold;
 //! - a clone's copies read through its source, a snapshot of another
 //!   volume (`Primary::base`), until flattened: a replica reading through
 //!   the same one names it first at `Start`, is never asked to delete it,
