@@ -326,9 +326,6 @@ fn replicated_volumes_are_compressed_on_every_replica() {
     expected[at..at + patch.len()].copy_from_slice(&patch);
     assert_same(&read(&mut client, 0, DATA_LEN), &expected, "through node0");
     c.assert_replicas_equal(&[0, 1], "rlogs");
-    // Compacting now is per node, not yet a cluster operation: one line.
-    let line = c.nodes[0].cli(&["volume", "compact", "rlogs"]).cli_error(1);
-    assert!(line.contains("replicated"), "{line}");
 
     // A retype gives a replicated volume a codec: every node holding a
     // replica follows the record and packs its copy.
@@ -376,6 +373,93 @@ fn replicated_volumes_are_compressed_on_every_replica() {
         .cli_error(1);
     assert!(line.contains("replicated volume"), "{line}");
     assert_eq!(c.show(0, "rplain")["encrypted"], false);
+}
+
+/// `volume compact` of a replicated volume, asked through a node holding
+/// no replica of it, packs every replica's copy and its snapshots before
+/// it answers (the nodes' own compactors wait 10 minutes for cold data,
+/// so nothing else packs them here); the copies stay identical, a write
+/// into packed data reaches both, and the snapshot still reads as taken.
+#[test]
+fn compacting_a_replicated_volume_packs_every_replica_before_it_answers() {
+    use common::cluster::{healthy, node_index, node_names, Cluster};
+    let c = Cluster::start(3, &[]);
+    c.nodes[0]
+        .cli(&[
+            "volume",
+            "create",
+            "rcold",
+            "--size",
+            "16M",
+            "--replicas",
+            "2",
+            "--compression",
+            "lz4",
+        ])
+        .ok();
+    let v = c.wait_volume(0, "rcold", "placed and in sync", healthy);
+    let holders: Vec<usize> = node_names(&v).iter().map(|n| node_index(n)).collect();
+    let asker = (0..3)
+        .find(|i| !holders.contains(i))
+        .expect("a node without a replica");
+    let old = text(DATA_LEN);
+    let mut client = connect(&c.nodes[holders[0]], "rcold");
+    write(&mut client, 0, &old);
+    c.nodes[asker]
+        .cli(&["snapshot", "create", "rcold", "before"])
+        .ok();
+    let mut expected = old.clone();
+    let patch: Vec<u8> = text(2 << 20)
+        .iter()
+        .map(|b| b.to_ascii_uppercase())
+        .collect();
+    write(&mut client, 1 << 20, &patch);
+    expected[1 << 20..(1 << 20) + patch.len()].copy_from_slice(&patch);
+    let packed = |i: usize| u64_of(&c.nodes[i].cli_json(&["status"]), "packed_bytes");
+    assert_eq!((packed(holders[0]), packed(holders[1])), (0, 0));
+
+    let report = c.nodes[asker].cli_json(&["volume", "compact", "rcold"]);
+    // The volume's 8 MiB and the snapshot's own 2 MiB (the rest it shares
+    // with the volume), on the primary's copy.
+    assert!(
+        u64_of(&report, "packed_bytes") >= DATA_LEN as u64 + (2 << 20),
+        "{report}"
+    );
+    assert!(
+        u64_of(&report, "stored_bytes") < u64_of(&report, "packed_bytes") / 2,
+        "{report}"
+    );
+    for &i in &holders {
+        assert!(
+            packed(i) >= DATA_LEN as u64 + (2 << 20),
+            "node{i} packed {} bytes when the compaction answered\n{}",
+            packed(i),
+            c.logs()
+        );
+    }
+    assert_eq!(
+        packed(asker),
+        0,
+        "a node without a replica packed something"
+    );
+    c.assert_replicas_equal(&holders, "rcold");
+    let mut other = connect(&c.nodes[holders[1]], "rcold");
+    assert_same(
+        &read(&mut other, 0, DATA_LEN),
+        &expected,
+        "after compacting",
+    );
+    let at = (5 << 20) + (4 << 10);
+    write(&mut other, at as u64, &patch[..12 << 10]);
+    expected[at..at + (12 << 10)].copy_from_slice(&patch[..12 << 10]);
+    assert_same(
+        &read(&mut client, 0, DATA_LEN),
+        &expected,
+        "written into packed data",
+    );
+    c.assert_replicas_equal(&holders, "rcold");
+    let mut snap = connect(&c.nodes[holders[0]], "rcold@before");
+    assert_same(&read(&mut snap, 0, DATA_LEN), &old, "the snapshot");
 }
 
 /// fio `verify=crc32c` through compressed volumes: 50%-compressible data

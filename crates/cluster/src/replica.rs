@@ -530,7 +530,8 @@ impl<E: ReplicaEnv> Replica<E> {
                 | DiskOp::Rebase { .. }
                 | DiskOp::Changed { .. }
                 | DiskOp::ReadLayer { .. }
-                | DiskOp::Flatten { .. }) => layer_ops.push((id, op)),
+                | DiskOp::Flatten { .. }
+                | DiskOp::Compact { .. }) => layer_ops.push((id, op)),
             }
         }
         let mut results = Vec::new();
@@ -598,7 +599,10 @@ impl<E: ReplicaEnv> Replica<E> {
             out.push((id, r));
         }
         for (id, op) in layer_ops {
-            if matches!(op, DiskOp::DeleteLayer { .. } | DiskOp::Flatten { .. }) {
+            if matches!(
+                op,
+                DiskOp::DeleteLayer { .. } | DiskOp::Flatten { .. } | DiskOp::Compact { .. }
+            ) {
                 self.env.layer_op_async(self.vol, self.instance, id, op);
                 continue;
             }

@@ -63,8 +63,10 @@ pub const MAGIC: [u8; 4] = *b"BSPW";
 /// and 7 (`Rollback`), and the `NoSuchLayer` client reply (3).
 /// Version 9 added the flattening of clones: `Repl` op 8 (`Flatten`) and
 /// `ClientReq` req 8 (`Flatten`). Version 10 added a full store: the
-/// `ReplNoSpace` kind (14) and the `NoSpace` client reply (4).
-pub const VERSION: u8 = 10;
+/// `ReplNoSpace` kind (14) and the `NoSpace` client reply (4). Version 11
+/// added the compaction of replicated volumes: `Repl` op 9 (`Compact`) and
+/// `ClientReq` req 9 (`Compact`).
+pub const VERSION: u8 = 11;
 /// Bytes in a frame header.
 pub const HEADER_LEN: usize = 20;
 /// The largest payload a decoder accepts (and an encoder produces).
@@ -265,7 +267,8 @@ fn check(frame: &Frame) -> Result<(u8, &[u8]), EncodeError> {
                 | ReplOp::Snapshot { .. }
                 | ReplOp::DeleteLayer { .. }
                 | ReplOp::Rebase { .. }
-                | ReplOp::Flatten { .. } => &[],
+                | ReplOp::Flatten { .. }
+                | ReplOp::Compact { .. } => &[],
             };
             (kind::REPL, data)
         }
@@ -328,7 +331,8 @@ fn check(frame: &Frame) -> Result<(u8, &[u8]), EncodeError> {
             | ClientReq::Snapshot { .. }
             | ClientReq::DeleteSnapshot { .. }
             | ClientReq::Rollback { .. }
-            | ClientReq::Flatten { .. } => (kind::CLIENT_REQ, &[]),
+            | ClientReq::Flatten { .. }
+            | ClientReq::Compact { .. } => (kind::CLIENT_REQ, &[]),
         },
         Msg::ClientReply { reply, .. } => match reply {
             ClientReply::Ok {
@@ -368,7 +372,7 @@ fn fields_len(frame: &Frame) -> usize {
                     ReplOp::Digest { .. } => 16,
                     ReplOp::Snapshot { .. } | ReplOp::DeleteLayer { .. } => LAYER,
                     ReplOp::Rebase { onto } => 1 + if onto.is_some() { LAYER } else { 0 },
-                    ReplOp::Flatten { .. } => 24,
+                    ReplOp::Flatten { .. } | ReplOp::Compact { .. } => 24,
                     ReplOp::Start | ReplOp::Flush => 0,
                 }
         }
@@ -397,7 +401,7 @@ fn fields_len(frame: &Frame) -> usize {
                     ClientReq::Snapshot { .. }
                     | ClientReq::DeleteSnapshot { .. }
                     | ClientReq::Rollback { .. } => LAYER,
-                    ClientReq::Flatten { .. } => 24,
+                    ClientReq::Flatten { .. } | ClientReq::Compact { .. } => 24,
                 }
         }
         Msg::ClientReply { reply, .. } => {
@@ -420,6 +424,13 @@ fn write_fields(frame: &Frame, data: &[u8], out: &mut Vec<u8>) {
     let u64le = |out: &mut Vec<u8>, v: u64| out.extend_from_slice(&v.to_le_bytes());
     let u32le = |out: &mut Vec<u8>, v: u32| out.extend_from_slice(&v.to_le_bytes());
     let layer = |out: &mut Vec<u8>, l: &LayerId| out.extend_from_slice(&l.0.to_le_bytes());
+    // A flatten's or a compaction's op byte and its range.
+    let range_op = |out: &mut Vec<u8>, op: u8, lba: u64, blocks: u64, rate: u64| {
+        out.push(op);
+        for v in [lba, blocks, rate] {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+    };
     // `check` bounded the payload by MAX_PAYLOAD, so the data length fits.
     let data_len = data.len() as u32;
     let (vol, msg) = match frame {
@@ -499,12 +510,8 @@ fn write_fields(frame: &Frame, data: &[u8], out: &mut Vec<u8>) {
                         None => out.push(0),
                     }
                 }
-                ReplOp::Flatten { lba, blocks, rate } => {
-                    out.push(8);
-                    u64le(out, *lba);
-                    u64le(out, *blocks);
-                    u64le(out, *rate);
-                }
+                ReplOp::Flatten { lba, blocks, rate } => range_op(out, 8, *lba, *blocks, *rate),
+                ReplOp::Compact { lba, blocks, rate } => range_op(out, 9, *lba, *blocks, *rate),
             }
         }
         Msg::ReplDigest {
@@ -651,12 +658,8 @@ fn write_fields(frame: &Frame, data: &[u8], out: &mut Vec<u8>) {
                     out.push(7);
                     layer(out, l);
                 }
-                ClientReq::Flatten { lba, blocks, rate } => {
-                    out.push(8);
-                    u64le(out, *lba);
-                    u64le(out, *blocks);
-                    u64le(out, *rate);
-                }
+                ClientReq::Flatten { lba, blocks, rate } => range_op(out, 8, *lba, *blocks, *rate),
+                ClientReq::Compact { lba, blocks, rate } => range_op(out, 9, *lba, *blocks, *rate),
             }
         }
         Msg::ClientReply { id, reply } => {
@@ -1006,6 +1009,11 @@ fn decode_payload(
                     blocks: r.u64("blocks")?,
                     rate: r.u64("rate")?,
                 },
+                9 => ReplOp::Compact {
+                    lba: r.u64("lba")?,
+                    blocks: r.u64("blocks")?,
+                    rate: r.u64("rate")?,
+                },
                 other => return Err(r.invalid("op", other)),
             };
             Msg::Repl {
@@ -1158,6 +1166,11 @@ fn decode_payload(
                     blocks: r.u64("blocks")?,
                     rate: r.u64("rate")?,
                 },
+                9 => ClientReq::Compact {
+                    lba: r.u64("lba")?,
+                    blocks: r.u64("blocks")?,
+                    rate: r.u64("rate")?,
+                },
                 3 => {
                     let lba = r.u64("lba")?;
                     let fua = r.bool("fua")?;
@@ -1287,6 +1300,22 @@ mod tests {
             ),
             (
                 client(ClientReq::Flatten {
+                    lba: 1,
+                    blocks: 2,
+                    rate: 3,
+                }),
+                25 + 24,
+            ),
+            (
+                repl(ReplOp::Compact {
+                    lba: 1,
+                    blocks: 2,
+                    rate: 3,
+                }),
+                65 + 24,
+            ),
+            (
+                client(ClientReq::Compact {
                     lba: 1,
                     blocks: 2,
                     rate: 3,

@@ -40,7 +40,7 @@ fn hello_literal() {
         proof: [0x33; 32],
     };
     let bytes = hex("
-        42 53 50 57  0a  01  00 00  4c 00 00 00  13 8a 7c 76  5f d2 9b 6c
+        42 53 50 57  0b  01  00 00  4c 00 00 00  13 8a 7c 76  6f 06 ea 5d
         11 11 11 11 11 11 11 11 11 11 11 11 11 11 11 11  07 00 00 00  08 07 06 05 04 03 02 01
         22 22 22 22 22 22 22 22 22 22 22 22 22 22 22 22
         33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33");
@@ -67,7 +67,7 @@ fn repl_write_literal() {
         },
     };
     let bytes = hex("
-        42 53 50 57  0a  02  00 00  56 00 00 00  95 00 1d 92  7f 09 b8 59
+        42 53 50 57  0b  02  00 00  56 00 00 00  95 00 1d 92  4f dd c9 68
         ff ee dd cc bb aa 99 88 77 66 55 44 33 22 11 00
         02 00 00 00 00 00 00 00  03 00 00 00 00 00 00 00
         04 00 00 00 00 00 00 00  05 00 00 00 00 00 00 00
@@ -103,7 +103,7 @@ fn repl_write_zeroes_literal() {
         },
     };
     let bytes = hex("
-        42 53 50 57  0a  02  00 00  52 00 00 00  b3 3f c9 60  fb e2 4c d1
+        42 53 50 57  0b  02  00 00  52 00 00 00  b3 3f c9 60  cb 36 3d e0
         ff ee dd cc bb aa 99 88 77 66 55 44 33 22 11 00
         02 00 00 00 00 00 00 00  03 00 00 00 00 00 00 00
         04 00 00 00 00 00 00 00  05 00 00 00 00 00 00 00
@@ -134,7 +134,7 @@ fn repl_started_literal() {
         },
     };
     let bytes = hex("
-        42 53 50 57  0a  09  00 00  60 00 00 00  e5 31 90 b2  8a b6 e9 c9
+        42 53 50 57  0b  09  00 00  60 00 00 00  e5 31 90 b2  ba 62 98 f8
         ff ee dd cc bb aa 99 88 77 66 55 44 33 22 11 00
         02 00 00 00 00 00 00 00  03 00 00 00 00 00 00 00
         01 00 00 00 00 00 00 00  20 00 00 00 00 00 00 00
@@ -206,22 +206,22 @@ fn repl_layer_ops_literal() {
     let cases = [
         (
             ReplOp::Snapshot { layer: LAYER },
-            "42 53 50 57  0a  02  00 00  51 00 00 00  4f 25 c7 bc  5a a9 fe 2d",
+            "42 53 50 57  0b  02  00 00  51 00 00 00  4f 25 c7 bc  6a 7d 8f 1c",
             "05  10 0f 0e 0d 0c 0b 0a 09 08 07 06 05 04 03 02 01",
         ),
         (
             ReplOp::DeleteLayer { layer: LAYER },
-            "42 53 50 57  0a  02  00 00  51 00 00 00  ae 41 ea 5c  6d 2f e0 3a",
+            "42 53 50 57  0b  02  00 00  51 00 00 00  ae 41 ea 5c  5d fb 91 0b",
             "06  10 0f 0e 0d 0c 0b 0a 09 08 07 06 05 04 03 02 01",
         ),
         (
             ReplOp::Rebase { onto: Some(LAYER) },
-            "42 53 50 57  0a  02  00 00  52 00 00 00  47 8b e8 0a  8e 75 3b 8f",
+            "42 53 50 57  0b  02  00 00  52 00 00 00  47 8b e8 0a  be a1 4a be",
             "07  01  10 0f 0e 0d 0c 0b 0a 09 08 07 06 05 04 03 02 01",
         ),
         (
             ReplOp::Rebase { onto: None },
-            "42 53 50 57  0a  02  00 00  42 00 00 00  68 1a 6a 14  75 99 48 0d",
+            "42 53 50 57  0b  02  00 00  42 00 00 00  68 1a 6a 14  45 4d 39 3c",
             "07  00",
         ),
         (
@@ -230,7 +230,7 @@ fn repl_layer_ops_literal() {
                 blocks: 0x4000,
                 rate: 0x0200_0000,
             },
-            "42 53 50 57  0a  02  00 00  59 00 00 00  2d 31 77 18  3e d6 01 9c",
+            "42 53 50 57  0b  02  00 00  59 00 00 00  2d 31 77 18  0e 02 70 ad",
             "08  10 00 00 00 00 00 00 00  00 40 00 00 00 00 00 00  00 00 00 02 00 00 00 00",
         ),
     ];
@@ -252,17 +252,17 @@ fn client_layer_requests_and_no_such_layer_literal() {
     let cases = [
         (
             req(ClientReq::Snapshot { layer: LAYER }),
-            "42 53 50 57  0a  07  00 00  29 00 00 00  6a ca 97 83  4a 54 1a 03",
+            "42 53 50 57  0b  07  00 00  29 00 00 00  6a ca 97 83  7a 80 6b 32",
             "05  10 0f 0e 0d 0c 0b 0a 09 08 07 06 05 04 03 02 01",
         ),
         (
             req(ClientReq::DeleteSnapshot { layer: LAYER }),
-            "42 53 50 57  0a  07  00 00  29 00 00 00  8b ae ba 63  7d d2 04 14",
+            "42 53 50 57  0b  07  00 00  29 00 00 00  8b ae ba 63  4d 06 75 25",
             "06  10 0f 0e 0d 0c 0b 0a 09 08 07 06 05 04 03 02 01",
         ),
         (
             req(ClientReq::Rollback { layer: LAYER }),
-            "42 53 50 57  0a  07  00 00  29 00 00 00  d4 72 5e 3c  90 af 0e 19",
+            "42 53 50 57  0b  07  00 00  29 00 00 00  d4 72 5e 3c  a0 7b 7f 28",
             "07  10 0f 0e 0d 0c 0b 0a 09 08 07 06 05 04 03 02 01",
         ),
         (
@@ -271,7 +271,7 @@ fn client_layer_requests_and_no_such_layer_literal() {
                 blocks: 0x4000,
                 rate: 0,
             }),
-            "42 53 50 57  0a  07  00 00  31 00 00 00  cb 09 ad db  08 7a 18 1a",
+            "42 53 50 57  0b  07  00 00  31 00 00 00  cb 09 ad db  38 ae 69 2b",
             "08  10 00 00 00 00 00 00 00  00 40 00 00 00 00 00 00  00 00 00 00 00 00 00 00",
         ),
         (
@@ -285,7 +285,7 @@ fn client_layer_requests_and_no_such_layer_literal() {
                     },
                 },
             },
-            "42 53 50 57  0a  08  00 00  25 00 00 00  95 66 a7 27  95 25 13 e7",
+            "42 53 50 57  0b  08  00 00  25 00 00 00  95 66 a7 27  a5 f1 62 d6",
             "03  07 00 00 00  02 00 00 00 00 00 00 00",
         ),
     ];
@@ -377,25 +377,25 @@ fn malformed_layer_fields_are_refused() {
     );
     // A Repl op, client req or client reply past the last one defined.
     let mut op = hex(REPL_FIELDS);
-    op.push(9);
+    op.push(10);
     assert_eq!(
         decode(&rebuild(kind::REPL, &op)),
         Err(DecodeError::InvalidValue {
             kind: "Repl",
             field: "op",
-            value: 9
+            value: 10
         })
     );
     let mut p = VOL.0.to_le_bytes().to_vec();
     p.extend_from_slice(&11u64.to_le_bytes());
-    p.push(9);
+    p.push(10);
     p.extend_from_slice(&LAYER.0.to_le_bytes());
     assert_eq!(
         decode(&rebuild(kind::CLIENT_REQ, &p)),
         Err(DecodeError::InvalidValue {
             kind: "ClientReq",
             field: "req",
-            value: 9
+            value: 10
         })
     );
     let mut p = VOL.0.to_le_bytes().to_vec();
@@ -428,7 +428,7 @@ fn client_write_of_zeros_literal() {
         },
     };
     let bytes = hex("
-        42 53 50 57  0a  07  00 00  26 00 00 00  0a 17 b7 81  bc 0f 65 66
+        42 53 50 57  0b  07  00 00  26 00 00 00  0a 17 b7 81  8c db 14 57
         ff ee dd cc bb aa 99 88 77 66 55 44 33 22 11 00
         0b 00 00 00 00 00 00 00  03  06 00 00 00 00 00 00 00  01  00 30 00 00");
     assert_literal(&frame, &bytes);
@@ -510,7 +510,7 @@ fn heartbeat_literal() {
         },
     };
     let bytes = hex("
-        42 53 50 57  0a  05  00 00  20 00 00 00  23 35 8e d5  a0 9e 47 f4
+        42 53 50 57  0b  05  00 00  20 00 00 00  23 35 8e d5  90 4a 36 c5
         ff ee dd cc bb aa 99 88 77 66 55 44 33 22 11 00
         09 00 00 00 00 00 00 00  0a 00 00 00 00 00 00 00");
     assert_literal(&frame, &bytes);
@@ -533,9 +533,9 @@ fn typed_errors_name_the_problem() {
     // A version 1 peer (no zero forms), 2 (no failover watermarks), 3 (no
     // lease in heartbeat answers), 4 (no authentication), 5 (no read
     // repair), 6 (no replica compare, unordered repair reads) or 7 (no
-    // snapshot layers), 8 (no flattening) or 9 (no full-store answers) is
-    // refused, as is a future one.
-    for v in [1, 2, 3, 4, 5, 6, 7, 8, 9, 11] {
+    // snapshot layers), 8 (no flattening), 9 (no full-store answers) or 10
+    // (no compaction) is refused, as is a future one.
+    for v in [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 12] {
         let mut b = good.clone();
         b[4] = v;
         assert_eq!(decode(&b), Err(DecodeError::UnsupportedVersion(v)));
@@ -580,13 +580,13 @@ fn typed_errors_name_the_problem() {
     fenced.extend_from_slice(&[0; 8]);
     fenced.extend_from_slice(&[0; 8]); // session
     fenced.extend_from_slice(&[0; 32]); // lseq, vseq, commit, floor
-    fenced.push(9); // no such op
+    fenced.push(10); // no such op
     assert_eq!(
         decode(&rebuild(kind::REPL, &fenced)),
         Err(DecodeError::InvalidValue {
             kind: "Repl",
             field: "op",
-            value: 9
+            value: 10
         })
     );
 }

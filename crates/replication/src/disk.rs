@@ -14,10 +14,11 @@
 //!   and nothing submitted after it is issued before it completed (so no
 //!   operation beyond the old end reaches a disk that has not grown yet,
 //!   and a snapshot holds exactly the writes submitted before it);
-//! - a read of a snapshot layer, a layer deletion and a flatten conflict
-//!   with nothing but those, and with each other but for two reads (a
-//!   layer does not change; a deletion changes what no head reads, a
-//!   flatten no content, and both may take long: writes go on beside them);
+//! - a read of a snapshot layer, a layer deletion, a flatten and a
+//!   compaction conflict with nothing but those, and with each other but
+//!   for two reads (a layer does not change; a deletion changes what no
+//!   head reads, a flatten and a compaction no content, and all may take
+//!   long: writes go on beside them);
 //! - a log save (`SaveLogs`) is issued only when no other one is in flight
 //!   (so saves complete in submission order), and no write submitted after
 //!   it is issued before it completed (so a write's region is on disk in
@@ -96,17 +97,21 @@ fn range(op: &DiskOp, block_len: u64) -> Option<(u64, u64)> {
         | DiskOp::Rebase { .. }
         | DiskOp::Changed { .. }
         | DiskOp::ReadLayer { .. }
-        | DiskOp::Flatten { .. } => None,
+        | DiskOp::Flatten { .. }
+        | DiskOp::Compact { .. } => None,
     }
 }
 
 /// Whether `op` is a layer operation that runs beside writes (a layer
-/// read, deletion or flatten): those wait for each other, except that
-/// layer reads go on together.
+/// read, deletion, flatten or compaction): those wait for each other,
+/// except that layer reads go on together.
 fn is_side_layer_op(op: &DiskOp) -> bool {
     matches!(
         op,
-        DiskOp::ReadLayer { .. } | DiskOp::DeleteLayer { .. } | DiskOp::Flatten { .. }
+        DiskOp::ReadLayer { .. }
+            | DiskOp::DeleteLayer { .. }
+            | DiskOp::Flatten { .. }
+            | DiskOp::Compact { .. }
     )
 }
 

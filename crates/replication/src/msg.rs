@@ -56,6 +56,12 @@ pub enum ReplOp {
     /// nothing through it, stop reading through it. Changes no content, so
     /// its place in the stream does not matter.
     Flatten { lba: Lba, blocks: u64, rate: u64 },
+    /// Compress the extents of `blocks` blocks at `lba` of your copy and
+    /// of its snapshot layers now, with the codec your node keeps the
+    /// volume compressed with, at most `rate` bytes per second (0: no
+    /// cap). Changes no content (only how it lies on your device), so its
+    /// place in the stream does not matter.
+    Compact { lba: Lba, blocks: u64, rate: u64 },
 }
 
 impl ReplOp {
@@ -72,8 +78,20 @@ impl ReplOp {
             | ReplOp::Snapshot { .. }
             | ReplOp::DeleteLayer { .. }
             | ReplOp::Rebase { .. }
-            | ReplOp::Flatten { .. } => None,
+            | ReplOp::Flatten { .. }
+            | ReplOp::Compact { .. } => None,
         }
+    }
+
+    /// Whether it is a background entry (a layer deletion, a flatten, a
+    /// compaction): it may take long on a replica, so it never times its
+    /// link out, and it is sent again under the same `lseq` while
+    /// unacknowledged.
+    pub fn is_background(&self) -> bool {
+        matches!(
+            self,
+            ReplOp::DeleteLayer { .. } | ReplOp::Flatten { .. } | ReplOp::Compact { .. }
+        )
     }
 
     /// Whether it changes every block of the volume (a `Rebase`).
@@ -193,6 +211,17 @@ pub enum ClientReq {
         blocks: u64,
         rate: u64,
     },
+    /// Compress `blocks` blocks at `lba` of the volume and of its
+    /// snapshots on every replica (`ReplOp::Compact`), at most `rate`
+    /// bytes per second each (0: no cap). Answered `Ok` with what the
+    /// primary's disk reported (opaque here: the store's compaction
+    /// report) as `data` once it and every replica it was streamed to are
+    /// done.
+    Compact {
+        lba: Lba,
+        blocks: u64,
+        rate: u64,
+    },
 }
 
 /// What a flatten did on the primary's copy, carried as its `Ok` reply's
@@ -241,7 +270,8 @@ impl ClientReq {
             | ClientReq::Snapshot { .. }
             | ClientReq::DeleteSnapshot { .. }
             | ClientReq::Rollback { .. }
-            | ClientReq::Flatten { .. } => None,
+            | ClientReq::Flatten { .. }
+            | ClientReq::Compact { .. } => None,
         }
     }
 }
@@ -495,6 +525,14 @@ pub enum DiskOp {
     /// writes, waiting only for the other layer operations that do
     /// (deletions, layer reads, flattens). Durable on completion.
     Flatten {
+        lba: Lba,
+        blocks: u64,
+        rate: u64,
+    },
+    /// `ReplOp::Compact` on this disk; completes with the store's report
+    /// as data (opaque to the protocol). Changes no content: it goes on
+    /// beside writes, waiting only for the other layer operations.
+    Compact {
         lba: Lba,
         blocks: u64,
         rate: u64,

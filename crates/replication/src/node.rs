@@ -610,12 +610,12 @@ impl Node {
     }
 
     /// Whether issued disk operation `id` is background work (a resync
-    /// read, a layer rebuild's reads, a layer deletion, a flatten) that a
-    /// driver may run off the client's path.
+    /// read, a layer rebuild's reads, a layer deletion, a flatten, a
+    /// compaction) that a driver may run off the client's path.
     pub fn is_background(&self, id: IoId) -> bool {
         matches!(
             self.disk.op(id),
-            Some(DiskOp::DeleteLayer { .. } | DiskOp::Flatten { .. })
+            Some(DiskOp::DeleteLayer { .. } | DiskOp::Flatten { .. } | DiskOp::Compact { .. })
         ) || matches!(
             self.disk.tag(id),
             Some((
@@ -1804,14 +1804,35 @@ mod tests {
         }
     }
 
-    /// A layer deletion or a flatten may take seconds on a replica (a
-    /// merge, a copy) while later writes go on: its entry unacknowledged
-    /// past the ack timeout does not fail the link (found measuring
-    /// snapshot deletions on RF3, which stalled writes for seconds while
-    /// each replica was marked out of sync and resynced), but a write's
-    /// does.
+    /// A layer deletion, a flatten or a compaction may take seconds on a
+    /// replica (a merge, a copy) while later writes go on: its entry
+    /// unacknowledged past the ack timeout does not fail the link (found
+    /// measuring snapshot deletions on RF3, which stalled writes for
+    /// seconds while each replica was marked out of sync and resynced), but
+    /// a write's does.
     #[test]
-    fn a_slow_flatten_does_not_fail_its_link_and_a_slow_write_does() {
+    fn a_slow_flatten_or_compaction_does_not_fail_its_link_and_a_slow_write_does() {
+        let flatten = ClientReq::Flatten {
+            lba: 0,
+            blocks: 16,
+            rate: 0,
+        };
+        let compact = ClientReq::Compact {
+            lba: 0,
+            blocks: 16,
+            rate: 0,
+        };
+        for (req, data) in [
+            (flatten, Flattened::default().encode()),
+            (compact, b"report".to_vec()),
+        ] {
+            slow_background_entry(req, data);
+        }
+    }
+
+    /// [`a_slow_flatten_or_compaction_does_not_fail_its_link_and_a_slow_write_does`]
+    /// with `req`, whose disk operation completes with `data`.
+    fn slow_background_entry(req: ClientReq, data: Vec<u8>) {
         let (mut node, _, s, _) = rf2_primary_with_lease();
         let timeout = Config::default().ack_timeout_ms;
         let marks_out_of_sync = |acts: &[Action]| {
@@ -1821,25 +1842,18 @@ mod tests {
                         if record.replicas.get(&s).is_some_and(|r| r.state != ReplicaState::InSync))
             })
         };
-        let req = ClientReq::Flatten {
-            lba: 0,
-            blocks: 16,
-            rate: 0,
+        let what = format!("{req:?}");
+        let streams_it = |acts: &[Action]| {
+            sends(acts).iter().any(|(to, m)| {
+                *to == Endpoint::Node(s)
+                    && matches!(m, Msg::Repl { op, .. }
+                        if op.is_background() && format!("{op:?}") == what)
+            })
         };
         let acts = client(&mut node, 1, 1, req);
-        let streamed = sends(&acts).iter().any(|(to, m)| {
-            *to == Endpoint::Node(s)
-                && matches!(
-                    m,
-                    Msg::Repl {
-                        op: ReplOp::Flatten { .. },
-                        ..
-                    }
-                )
-        });
         assert!(
-            streamed,
-            "the flatten goes to the in-sync secondary: {acts:?}"
+            streams_it(&acts),
+            "{what} goes to the in-sync secondary: {acts:?}"
         );
         for (id, _) in disk_ops(&acts) {
             node.handle(
@@ -1847,7 +1861,7 @@ mod tests {
                 Input::Disk {
                     id,
                     result: DiskResult::Done {
-                        data: Some(Flattened::default().encode()),
+                        data: Some(data.clone()),
                     },
                 },
             );
@@ -1857,21 +1871,11 @@ mod tests {
         all.extend(node.handle(3 * timeout, Input::Tick));
         assert!(
             !marks_out_of_sync(&all),
-            "a slow flatten failed its link: {all:?}"
+            "a slow {what} failed its link: {all:?}"
         );
         // Not acknowledged within the timeout, it is sent again (a lost
         // entry or acknowledgement would otherwise hold it for ever).
-        let resent = sends(&all).iter().any(|(to, m)| {
-            *to == Endpoint::Node(s)
-                && matches!(
-                    m,
-                    Msg::Repl {
-                        op: ReplOp::Flatten { .. },
-                        ..
-                    }
-                )
-        });
-        assert!(resent, "the flatten was not sent again: {all:?}");
+        assert!(streams_it(&all), "{what} was not sent again: {all:?}");
         let acts = client(&mut node, 3 * timeout, 2, write(3));
         for (id, _) in disk_ops(&acts) {
             node.handle(

@@ -299,7 +299,7 @@ impl Secondary {
                 session,
                 lseq: self.next_lseq,
                 digest: matches!(op, ReplOp::Digest { .. }),
-                background: matches!(op, ReplOp::DeleteLayer { .. } | ReplOp::Flatten { .. }),
+                background: op.is_background(),
             };
             self.next_lseq += 1;
             match op {
@@ -320,6 +320,9 @@ impl Secondary {
                 ReplOp::Rebase { onto } => disk.push((DiskOp::Rebase { onto }, tag)),
                 ReplOp::Flatten { lba, blocks, rate } => {
                     disk.push((DiskOp::Flatten { lba, blocks, rate }, tag))
+                }
+                ReplOp::Compact { lba, blocks, rate } => {
+                    disk.push((DiskOp::Compact { lba, blocks, rate }, tag))
                 }
             }
         }

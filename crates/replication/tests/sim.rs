@@ -303,6 +303,9 @@ impl Disk {
                     .encode(),
                 )
             }
+            // Content does not change; how it lies on a device is not
+            // simulated.
+            DiskOp::Compact { .. } => Some(COMPACTED.to_vec()),
             DiskOp::Flush => {
                 let mark = self.flush_marks.remove(&id).unwrap_or(0);
                 for b in 0..BLOCKS as usize {
@@ -467,7 +470,12 @@ enum ReqKind {
     DeleteSnapshot,
     Rollback,
     Flatten,
+    Compact,
 }
+
+/// What a simulated disk answers a compaction with (a store's report, to
+/// the protocol opaque bytes the primary's answer carries back).
+const COMPACTED: &[u8] = b"compacted";
 
 struct Req {
     kind: ReqKind,
@@ -515,6 +523,7 @@ struct Model {
     deletions: u64,
     rollbacks: u64,
     flattens: u64,
+    compactions: u64,
     /// Snapshots and deletions asked again after a NotPrimary.
     retries: u64,
     /// Those waiting to be asked again, with when (20 ms later).
@@ -734,6 +743,9 @@ pub struct Sim {
     damage_voided: u64,
     /// Snapshots, layer deletions and rollbacks: their own generator.
     layer_rng: Rng,
+    /// Which of the flattens drawn are compactions instead: its own
+    /// generator, so that the other draws are what they were without.
+    compact_rng: Rng,
     /// Layer blocks read to rebuild a replica's layers.
     layer_copies: u64,
     /// Of a clone: copies rebased onto its source snapshot (rebuilt from
@@ -877,6 +889,7 @@ impl Sim {
             damaged: None,
             damage_voided: 0,
             layer_rng: Rng(seed ^ 0x1A7E_5EED),
+            compact_rng: Rng(seed ^ 0xC0_4AC7_5EED),
             layer_copies: 0,
             base_rebases: 0,
             base_detaches: 0,
@@ -1656,12 +1669,21 @@ impl Sim {
         } else if (42..50).contains(&roll) && !free.is_empty() {
             let lba = self.layer_rng.below(INITIAL_BLOCKS);
             let blocks = 1 + self.layer_rng.below(BLOCKS - lba);
-            let req = ClientReq::Flatten {
-                lba,
-                blocks,
-                rate: 0,
-            };
-            (ReqKind::Flatten, req, None, vec![], vec![])
+            if self.compact_rng.chance(333) {
+                let req = ClientReq::Compact {
+                    lba,
+                    blocks,
+                    rate: 0,
+                };
+                (ReqKind::Compact, req, None, vec![], vec![])
+            } else {
+                let req = ClientReq::Flatten {
+                    lba,
+                    blocks,
+                    rate: 0,
+                };
+                (ReqKind::Flatten, req, None, vec![], vec![])
+            }
         } else if roll < 50 || free.is_empty() {
             let layer = LayerId(1000 + self.m.asked.len() as u128);
             self.m.asked.push(layer);
@@ -2188,6 +2210,14 @@ impl Sim {
                             )));
                         }
                         self.m.flattens += 1;
+                    }
+                    ReqKind::Compact => {
+                        if data.as_deref() != Some(COMPACTED) {
+                            return Err(self.fail(format!(
+                                "a compaction answered with {data:?}, not what the primary's disk did"
+                            )));
+                        }
+                        self.m.compactions += 1;
                     }
                     ReqKind::Rollback => {
                         self.m.rollbacks += 1;
@@ -2969,6 +2999,7 @@ impl Sim {
             layer_deletions: self.m.deletions,
             rollbacks: self.m.rollbacks,
             flattens: self.m.flattens,
+            compactions: self.m.compactions,
             layer_copies: self.layer_copies,
             base_rebases: self.base_rebases,
             base_detaches: self.base_detaches,
@@ -3152,6 +3183,7 @@ pub struct Summary {
     pub layer_deletions: u64,
     pub rollbacks: u64,
     pub flattens: u64,
+    pub compactions: u64,
     pub layer_copies: u64,
     pub base_rebases: u64,
     pub base_detaches: u64,
@@ -3193,6 +3225,7 @@ impl Summary {
         self.no_space_replies += s.no_space_replies;
         self.rollbacks += s.rollbacks;
         self.flattens += s.flattens;
+        self.compactions += s.compactions;
         self.layer_copies += s.layer_copies;
         self.base_rebases += s.base_rebases;
         self.base_detaches += s.base_detaches;
@@ -3262,8 +3295,8 @@ fn seeds() {
         t.no_space_writes, t.no_space_replies
     );
     eprintln!(
-        "layers: {} snapshots, {} deletions, {} rollbacks and {} flattens acknowledged ({} snapshots and deletions asked again after NotPrimary), {} layer regions copied to rebuild replicas",
-        t.snapshots, t.layer_deletions, t.rollbacks, t.flattens, t.layer_retries, t.layer_copies
+        "layers: {} snapshots, {} deletions, {} rollbacks, {} flattens and {} compactions acknowledged ({} snapshots and deletions asked again after NotPrimary), {} layer regions copied to rebuild replicas",
+        t.snapshots, t.layer_deletions, t.rollbacks, t.flattens, t.compactions, t.layer_retries, t.layer_copies
     );
     eprintln!(
         "clones: {} copies rebuilt from the source snapshot, {} detached from it by a flatten",
@@ -3275,10 +3308,11 @@ fn seeds() {
                 && t.layer_deletions > 0
                 && t.rollbacks > 0
                 && t.flattens > 0
+                && t.compactions > 0
                 && t.layer_copies > 0
                 && t.base_rebases > 0
                 && t.base_detaches > 0),
-        "snapshots, deletions, rollbacks and flattens must be acknowledged and replicas' layers rebuilt"
+        "snapshots, deletions, rollbacks, flattens and compactions must be acknowledged and replicas' layers rebuilt"
     );
     assert!(
         n < 100 || t.repairs > 0,

@@ -110,15 +110,38 @@ impl Store {
         rate: Option<u64>,
         progress: &mut dyn FnMut(u64, u64),
     ) -> Result<CompactReport, StoreError> {
+        self.compact_range(id, codec, 0..u64::MAX, rate, progress)
+    }
+
+    /// [`Store::compact_volume`] of the extents whose first byte lies in
+    /// `range` (bytes of the volume), in the volume and in each of its
+    /// snapshots: consecutive ranges take every extent exactly once.
+    pub fn compact_range(
+        &self,
+        id: VolumeId,
+        codec: Codec,
+        range: std::ops::Range<u64>,
+        rate: Option<u64>,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<CompactReport, StoreError> {
         self.volume_state(id)?;
-        let layers = self.layers_of(id);
-        let total: u64 = layers.iter().map(|(_, n)| *n as u64).sum();
-        let pacer = crate::Pacer::new(rate);
         let es = self.layout.extent_size as u64;
+        let first = range.start.div_ceil(es);
+        let end = range.end.div_ceil(es);
+        let layers: Vec<(VolumeId, std::ops::Range<usize>)> = self
+            .layers_of(id)
+            .into_iter()
+            .map(|(layer, extents)| {
+                let n = extents as u64;
+                (layer, first.min(n) as usize..end.min(n) as usize)
+            })
+            .collect();
+        let total: u64 = layers.iter().map(|(_, r)| r.len() as u64).sum();
+        let pacer = crate::Pacer::new(rate);
         let mut report = CompactReport::default();
         let mut done = 0;
         for (layer, extents) in layers {
-            for logical in 0..extents {
+            for logical in extents {
                 match self.pack_extent(layer, logical as u32, codec) {
                     Ok(o) => report.count(o, es),
                     // A snapshot deleted meanwhile.

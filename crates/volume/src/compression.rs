@@ -91,26 +91,26 @@ impl VolumeService {
     /// Compresses every extent of volume `name` and of its snapshots now,
     /// with the volume's codec (hot data too: the background compactor
     /// only packs data not written for a while); `progress(done, total)`
-    /// in extents. Client I/O goes on meanwhile.
+    /// in extents (bytes for a replicated volume, compacted on every
+    /// replica: [`crate::ClusterVolumes::compact`]). Client I/O goes on
+    /// meanwhile.
     pub fn compact(
         &self,
         name: &str,
         progress: &mut dyn FnMut(u64, u64),
     ) -> Result<(String, CompactReport), VolumeError> {
         let record = self.record(name)?.record;
-        if self.cluster.is_some() || record.replicas.is_some() {
-            return Err(VolumeError::NotSupported(format!(
-                "volume {name:?} is replicated: compaction is not available for replicated volumes yet"
-            )));
-        }
         let (Some(text), Some(codec)) = (record.compression.clone(), record_codec(&record)) else {
             return Err(VolumeError::NotCompressed(name.to_string()));
         };
         self.require_compression()?;
         let started = std::time::Instant::now();
-        let report = self
-            .store
-            .compact_volume(record.id, codec, None, progress)?;
+        let report = match &self.cluster {
+            Some(cluster) => cluster.compact(&record, None, progress)?,
+            None => self
+                .store
+                .compact_volume(record.id, codec, None, progress)?,
+        };
         tracing::info!(
             volume = name,
             compression = %text,

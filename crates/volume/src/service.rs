@@ -336,6 +336,19 @@ pub trait ClusterVolumes: Send + Sync {
         rate: Option<u64>,
         progress: &mut dyn FnMut(u64, u64),
     ) -> Result<basalt_store::FlattenReport, VolumeError>;
+    /// Compresses the extents of `record`'s volume and of its snapshots
+    /// now, hot ones too, on every replica that holds its current content
+    /// (one being copied to gets what the copy writes, which its node's
+    /// compactor packs once cold), at most `rate` bytes per second on
+    /// each, with the codec each replica's node keeps it compressed with.
+    /// Reports what the primary's copy did; `progress(done, total)` in
+    /// bytes.
+    fn compact(
+        &self,
+        record: &VolumeRecord,
+        rate: Option<u64>,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<basalt_store::CompactReport, VolumeError>;
     /// Compares every in-sync replica's copy of `range` (bytes) with the
     /// primary's, region by region at the same point of the replication
     /// stream, at most `rate` bytes per second; copies that differ are
@@ -2257,6 +2270,15 @@ pub(crate) mod tests {
             _: Option<u64>,
             _: &mut dyn FnMut(u64, u64),
         ) -> Result<basalt_store::FlattenReport, VolumeError> {
+            Err(VolumeError::NotSupported("fake".into()))
+        }
+
+        fn compact(
+            &self,
+            _: &VolumeRecord,
+            _: Option<u64>,
+            _: &mut dyn FnMut(u64, u64),
+        ) -> Result<basalt_store::CompactReport, VolumeError> {
             Err(VolumeError::NotSupported("fake".into()))
         }
     }

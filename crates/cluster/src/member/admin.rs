@@ -211,6 +211,15 @@ impl ClusterVolumes for ClusterMember {
         self.inner.flatten(record, range, rate, progress)
     }
 
+    fn compact(
+        &self,
+        record: &VolumeRecord,
+        rate: Option<u64>,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<basalt_store::CompactReport, VolumeError> {
+        self.inner.compact(record, 0..u64::MAX, rate, progress)
+    }
+
     fn replicas(&self, record: &VolumeRecord) -> Vec<ReplicaStatus> {
         let rec = self.inner.records.read().get(&vol_of(record.id)).cloned();
         let Some(rec) = rec else {

@@ -28,16 +28,17 @@
 use super::{uuid_of, vol_of, Inner};
 use basalt_catalog::VolumeRecord;
 use basalt_replication::{encode_regions, ClientReq, DiskOp, Flattened, LayerId, VolumeId};
-use basalt_store::{FlattenReport, Pacer, StoreError, BLOCK_SIZE};
+use basalt_store::{CompactReport, FlattenReport, Pacer, StoreError, BLOCK_SIZE};
 use basalt_volume::{IoError, LayerRequest, VolumeError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// How long a layer operation waits for a volume just created to be placed.
 const PLACEMENT_WAIT: Duration = Duration::from_secs(10);
 
-/// The most one flatten request covers (fewer bytes at a low rate): it is
-/// done well within a request attempt, and progress moves.
-const FLATTEN_CHUNK: u64 = 64 << 20;
+/// The most one flatten or compaction request covers (fewer bytes at a
+/// low rate): it is done well within a request attempt, and progress
+/// moves.
+const RANGE_CHUNK: u64 = 64 << 20;
 
 /// How old a snapshot layer no catalog entry names must be before its
 /// volume's primary deletes it: far longer than a snapshot takes between
@@ -60,6 +61,39 @@ fn orphan_layers(
         })
         .map(|(l, _)| *l)
         .collect()
+}
+
+/// A compaction's report as a `Compact` request's answer carries it: four
+/// u64, little-endian (extents packed, their logical bytes, the bytes their
+/// runs store, extents left incompressible; `docs/peer-protocol.md`).
+fn encode_compacted(r: &CompactReport) -> Vec<u8> {
+    [
+        r.packed_extents,
+        r.packed_bytes,
+        r.stored_bytes,
+        r.incompressible_extents,
+    ]
+    .iter()
+    .flat_map(|v| v.to_le_bytes())
+    .collect()
+}
+
+/// Reads [`encode_compacted`]'s bytes back; None if they are not that.
+fn decode_compacted(data: &[u8]) -> Option<CompactReport> {
+    if data.len() != 32 {
+        return None;
+    }
+    let field = |i: usize| {
+        let mut b = [0u8; 8];
+        b.copy_from_slice(&data[i * 8..i * 8 + 8]);
+        u64::from_le_bytes(b)
+    };
+    Some(CompactReport {
+        packed_extents: field(0),
+        packed_bytes: field(1),
+        stored_bytes: field(2),
+        incompressible_extents: field(3),
+    })
 }
 
 fn layer_of(id: uuid::Uuid) -> LayerId {
@@ -127,13 +161,10 @@ impl Inner {
     }
 
     /// Flattens `range` (bytes) of clone `record` on its replicas: a
-    /// `ClientReq::Flatten` per chunk, each small enough to finish well
-    /// within a request attempt at `rate` (which each replica keeps, and
-    /// the chunks keep over the whole run); `progress(done, total)` in
-    /// bytes after each. Reports the primary's copies and whether its copy
-    /// was detached (by a chunk reaching the volume's end: the store
-    /// detaches a copy once a flatten reaching its end left nothing to
-    /// read through the source).
+    /// `ClientReq::Flatten` per chunk ([`Inner::in_chunks`]). Reports the
+    /// primary's copies and whether its copy was detached (by a chunk
+    /// reaching the volume's end: the store detaches a copy once a flatten
+    /// reaching its end left nothing to read through the source).
     pub(super) fn flatten(
         &self,
         record: &VolumeRecord,
@@ -141,6 +172,61 @@ impl Inner {
         rate: Option<u64>,
         progress: &mut dyn FnMut(u64, u64),
     ) -> Result<FlattenReport, VolumeError> {
+        let mut report = FlattenReport::default();
+        let what = "flattening";
+        let request = |lba, blocks, rate| ClientReq::Flatten { lba, blocks, rate };
+        self.in_chunks(record, range, rate, progress, what, request, &mut |data| {
+            let done = data.and_then(Flattened::decode)?;
+            report.copied_blocks += done.copied_blocks;
+            report.detached = done.detached;
+            Some(())
+        })?;
+        Ok(report)
+    }
+
+    /// Compacts `range` (bytes) of `record` and of its snapshots on its
+    /// replicas, each with the codec its node keeps the volume compressed
+    /// with: a `ClientReq::Compact` per chunk ([`Inner::in_chunks`]).
+    /// Reports what the primary's copy did.
+    pub(super) fn compact(
+        &self,
+        record: &VolumeRecord,
+        range: std::ops::Range<u64>,
+        rate: Option<u64>,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<CompactReport, VolumeError> {
+        let mut report = CompactReport::default();
+        let what = "compacting";
+        let request = |lba, blocks, rate| ClientReq::Compact { lba, blocks, rate };
+        self.in_chunks(record, range, rate, progress, what, request, &mut |data| {
+            let done = decode_compacted(data?)?;
+            report.packed_extents += done.packed_extents;
+            report.packed_bytes += done.packed_bytes;
+            report.stored_bytes += done.stored_bytes;
+            report.incompressible_extents += done.incompressible_extents;
+            Some(())
+        })?;
+        Ok(report)
+    }
+
+    /// Runs a background range operation over `range` (bytes) of
+    /// `record`'s volume on its replicas: `request(lba, blocks, rate)` per
+    /// chunk, each small enough to finish well within a request attempt at
+    /// `rate` (which each replica keeps, and the chunks keep over the whole
+    /// run); `answer` takes each chunk's `Ok` data (None: not what the
+    /// request answers, a node of an older version?), `progress(done,
+    /// total)` in bytes after each.
+    #[allow(clippy::too_many_arguments)]
+    fn in_chunks(
+        &self,
+        record: &VolumeRecord,
+        range: std::ops::Range<u64>,
+        rate: Option<u64>,
+        progress: &mut dyn FnMut(u64, u64),
+        what: &str,
+        request: impl Fn(u64, u64, u64) -> ClientReq,
+        answer: &mut dyn FnMut(Option<&[u8]>) -> Option<()>,
+    ) -> Result<(), VolumeError> {
         let vol = vol_of(record.id);
         let rec = self.records.read().get(&vol).cloned().ok_or_else(|| {
             VolumeError::Cluster(format!(
@@ -151,10 +237,9 @@ impl Inner {
         let size = record.size_bytes.max(rec.blocks * BLOCK_SIZE);
         let (start, end) = (range.start.min(size), range.end.min(size));
         let rate = rate.filter(|r| *r > 0);
-        let chunk = rate.map_or(FLATTEN_CHUNK, |r| {
-            (r.saturating_mul(2) / BLOCK_SIZE * BLOCK_SIZE).clamp(BLOCK_SIZE << 8, FLATTEN_CHUNK)
+        let chunk = rate.map_or(RANGE_CHUNK, |r| {
+            (r.saturating_mul(2) / BLOCK_SIZE * BLOCK_SIZE).clamp(BLOCK_SIZE << 8, RANGE_CHUNK)
         });
-        let mut report = FlattenReport::default();
         let pacer = Pacer::new(rate);
         let mut at = start;
         while at < end {
@@ -164,33 +249,26 @@ impl Inner {
                 ));
             }
             let len = chunk.min(end - at);
-            let req = ClientReq::Flatten {
-                lba: at / BLOCK_SIZE,
-                blocks: len.div_ceil(BLOCK_SIZE),
-                rate: rate.unwrap_or(0),
-            };
-            let answer = self.execute(vol, vec![req.clone()], None).pop();
-            let done = match answer {
-                Some(Ok(data)) => data.as_deref().and_then(Flattened::decode).ok_or_else(|| {
-                    VolumeError::Cluster(
-                        "the primary answered a flatten with something else (a node of an older version?)".into(),
-                    )
+            let req = request(at / BLOCK_SIZE, len.div_ceil(BLOCK_SIZE), rate.unwrap_or(0));
+            match self.execute(vol, vec![req], None).pop() {
+                Some(Ok(data)) => answer(data.as_deref()).ok_or_else(|| {
+                    VolumeError::Cluster(format!(
+                        "the primary answered {what} with something else (a node of an older version?)"
+                    ))
                 })?,
                 Some(Err(e)) => {
                     return Err(VolumeError::Cluster(format!(
-                        "flattening {} at offset {at}: {e}",
+                        "{what} {} at offset {at}: {e}",
                         record.name
                     )))
                 }
                 None => return Err(VolumeError::Cluster("no answer from the primary".into())),
             };
-            report.copied_blocks += done.copied_blocks;
-            report.detached = done.detached;
             at += len;
             progress(at - start, end - start);
             pacer.wait(at - start);
         }
-        Ok(report)
+        Ok(())
     }
 
     /// Asks the primary for snapshot `layer` once, never again: a layer id
@@ -371,6 +449,22 @@ impl Inner {
                     detached: report.detached,
                 };
                 Ok(Some(done.encode()))
+            }
+            // Packs with the codec this node keeps the volume compressed
+            // with (set from its record when the replica started): none
+            // yet, or a store formatted without packed extents, nothing
+            // to pack (an error would be retried for ever).
+            DiskOp::Compact { lba, blocks, rate } => {
+                let codec = self.store.compression(id);
+                let Some(codec) = codec.filter(|_| self.store.supports_compression()) else {
+                    return Ok(Some(encode_compacted(&CompactReport::default())));
+                };
+                let range = lba * BLOCK_SIZE..(lba + blocks) * BLOCK_SIZE;
+                let rate = (*rate > 0).then_some(*rate);
+                let report = self
+                    .store
+                    .compact_range(id, codec, range, rate, &mut |_, _| {})?;
+                Ok(Some(encode_compacted(&report)))
             }
             _ => Err(StoreError::Layers(format!("{op:?} is not a layer operation")).into()),
         }

@@ -286,7 +286,8 @@ impl Sim {
             | DiskOp::Rebase { .. }
             | DiskOp::Changed { .. }
             | DiskOp::ReadLayer { .. }
-            | DiskOp::Flatten { .. } => {
+            | DiskOp::Flatten { .. }
+            | DiskOp::Compact { .. } => {
                 self.fail(format!("n{node} got a layer operation: {op:?}"));
                 return;
             }

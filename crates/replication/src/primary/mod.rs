@@ -305,8 +305,8 @@ enum Kind {
     Compare,
     /// A snapshot.
     Layer,
-    /// A layer deletion or a flatten: on a replica it may take long (a
-    /// merge, a copy) beside later writes, so its stream entry never times
+    /// A layer deletion, a flatten or a compaction: on a replica it may
+    /// take long (a merge, a copy) beside later writes, so its stream entry never times
     /// its link out (later entries do, and a replica that died is marked
     /// faulty by the coordinator).
     Background,
@@ -766,6 +766,18 @@ impl Primary {
                     DiskOp::Flatten { lba, blocks, rate },
                 )
             }
+            // Streamed like a flatten: a replica being copied to gets
+            // what the copy writes, which its own compactor packs once
+            // cold.
+            ClientReq::Compact { lba, blocks, rate } => {
+                let blocks = blocks.min(self.cfg.volume_blocks.saturating_sub(lba));
+                (
+                    Kind::Background,
+                    Vec::new(),
+                    Some(ReplOp::Compact { lba, blocks, rate }),
+                    DiskOp::Compact { lba, blocks, rate },
+                )
+            }
             ClientReq::Snapshot { .. }
             | ClientReq::DeleteSnapshot { .. }
             | ClientReq::Rollback { .. } => return,
@@ -858,7 +870,7 @@ impl Primary {
             l.unflushed.insert(lseq, regions.to_vec());
         }
         let session = l.session;
-        let background = matches!(rop, ReplOp::DeleteLayer { .. } | ReplOp::Flatten { .. });
+        let background = rop.is_background();
         let msg = self.repl(session, lseq, vseq, c, floor, rop);
         if background {
             if let Some(l) = self.links.get_mut(&n) {
