@@ -460,6 +460,24 @@ fn compacting_a_replicated_volume_packs_every_replica_before_it_answers() {
     c.assert_replicas_equal(&holders, "rcold");
     let mut snap = connect(&c.nodes[holders[0]], "rcold@before");
     assert_same(&read(&mut snap, 0, DATA_LEN), &old, "the snapshot");
+    // Through a node holding no replica: read from the primary's copy, and
+    // read-only.
+    let mut snap = connect(&c.nodes[asker], "rcold@before");
+    assert_same(
+        &read(&mut snap, 0, DATA_LEN),
+        &old,
+        "the snapshot elsewhere",
+    );
+    assert!(
+        snap.is_read_only(),
+        "the snapshot's export is not read-only"
+    );
+    let one = WriteOp::Data {
+        offset: 0,
+        data: patch[..4096].to_vec(),
+    };
+    let refused = snap.write_pipelined(std::iter::once(Ok::<_, ClientError>(one)), 1);
+    assert!(refused.is_err(), "a write to a snapshot went through");
 }
 
 /// fio `verify=crc32c` through compressed volumes: 50%-compressible data

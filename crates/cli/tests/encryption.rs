@@ -329,6 +329,34 @@ fn replicated_encrypted_volumes_carry_ciphertext_and_fail_over() {
     let copy = c.wait_volume(via, "sec-copy", "placed and in sync", healthy);
     assert_eq!(copy["encrypted"], true, "{copy}");
     same_as(&c.nodes[other], "sec-copy", &file).ok();
+    // A node that holds no replica of a volume reads its snapshot from the
+    // primary's copy, as ciphertext, and decrypts it itself.
+    c.nodes[0]
+        .cli(&[
+            "volume",
+            "create",
+            "sec2",
+            "--size",
+            "32M",
+            "--replicas",
+            "2",
+            "--encrypted",
+        ])
+        .ok();
+    let v2 = c.wait_volume(0, "sec2", "placed and in sync", healthy);
+    let holders: Vec<usize> = node_names(&v2).iter().map(|n| node_index(n)).collect();
+    let outside = (0..3)
+        .find(|i| !holders.contains(i))
+        .expect("a node without a replica");
+    write_text(&c.nodes[outside], "sec2", &file);
+    c.nodes[outside]
+        .cli(&["snapshot", "create", "sec2", "s1"])
+        .ok();
+    let other_file = dir.path("other");
+    std::fs::write(&other_file, text(11)).unwrap();
+    write_text(&c.nodes[outside], "sec2", &other_file);
+    same_as(&c.nodes[outside], "sec2@s1", &file).ok();
+    same_as(&c.nodes[outside], "sec2", &other_file).ok();
     // Master key rotation is refused in a cluster, with one line.
     let line = c.nodes[0].cli(&["key", "rotate"]).cli_error(1);
     assert!(line.contains("single-node"), "{line}");

@@ -608,6 +608,15 @@ impl<E: ReplicaEnv> Replica<E> {
             }
             let r = match self.env.layer_op(self.vol, &op) {
                 Ok(data) => DiskResult::Done { data },
+                // A layer's block that fails its checksum, or a layer
+                // gone (deleted meanwhile): reading again gives the same,
+                // so the reader learns it (a client's read is answered
+                // Unreadable, a rebuild reads the region again later).
+                Err(e) if matches!(op, DiskOp::ReadLayer { .. }) => {
+                    tracing::warn!(volume = %uuid::Uuid::from_u128(self.vol.0), ?op, error = %e,
+                        "snapshot layer read failed");
+                    DiskResult::Corrupt
+                }
                 Err(e) => {
                     tracing::warn!(volume = %uuid::Uuid::from_u128(self.vol.0), ?op, error = %e,
                         "replica layer operation failed");

@@ -64,8 +64,9 @@ pub const MAGIC: [u8; 4] = *b"BSPW";
 /// Version 9 added the flattening of clones: `Repl` op 8 (`Flatten`) and
 /// `ClientReq` req 8 (`Flatten`). Version 10 added a full store: the
 /// `ReplNoSpace` kind (14) and the `NoSpace` client reply (4). Version 11
-/// added the compaction of replicated volumes: `Repl` op 9 (`Compact`) and
-/// `ClientReq` req 9 (`Compact`).
+/// added the compaction of replicated volumes (`Repl` op 9 and `ClientReq`
+/// req 9, `Compact`) and reads of a snapshot through the primary
+/// (`ClientReq` req 10, `ReadLayer`).
 pub const VERSION: u8 = 11;
 /// Bytes in a frame header.
 pub const HEADER_LEN: usize = 20;
@@ -332,7 +333,8 @@ fn check(frame: &Frame) -> Result<(u8, &[u8]), EncodeError> {
             | ClientReq::DeleteSnapshot { .. }
             | ClientReq::Rollback { .. }
             | ClientReq::Flatten { .. }
-            | ClientReq::Compact { .. } => (kind::CLIENT_REQ, &[]),
+            | ClientReq::Compact { .. }
+            | ClientReq::ReadLayer { .. } => (kind::CLIENT_REQ, &[]),
         },
         Msg::ClientReply { reply, .. } => match reply {
             ClientReply::Ok {
@@ -402,6 +404,7 @@ fn fields_len(frame: &Frame) -> usize {
                     | ClientReq::DeleteSnapshot { .. }
                     | ClientReq::Rollback { .. } => LAYER,
                     ClientReq::Flatten { .. } | ClientReq::Compact { .. } => 24,
+                    ClientReq::ReadLayer { .. } => LAYER + 16,
                 }
         }
         Msg::ClientReply { reply, .. } => {
@@ -660,6 +663,16 @@ fn write_fields(frame: &Frame, data: &[u8], out: &mut Vec<u8>) {
                 }
                 ClientReq::Flatten { lba, blocks, rate } => range_op(out, 8, *lba, *blocks, *rate),
                 ClientReq::Compact { lba, blocks, rate } => range_op(out, 9, *lba, *blocks, *rate),
+                ClientReq::ReadLayer {
+                    layer: l,
+                    lba,
+                    blocks,
+                } => {
+                    out.push(10);
+                    layer(out, l);
+                    u64le(out, *lba);
+                    u64le(out, *blocks);
+                }
             }
         }
         Msg::ClientReply { id, reply } => {
@@ -1171,6 +1184,11 @@ fn decode_payload(
                     blocks: r.u64("blocks")?,
                     rate: r.u64("rate")?,
                 },
+                10 => ClientReq::ReadLayer {
+                    layer: r.layer("layer")?,
+                    lba: r.u64("lba")?,
+                    blocks: r.u64("blocks")?,
+                },
                 3 => {
                     let lba = r.u64("lba")?;
                     let fua = r.bool("fua")?;
@@ -1321,6 +1339,14 @@ mod tests {
                     rate: 3,
                 }),
                 25 + 24,
+            ),
+            (
+                client(ClientReq::ReadLayer {
+                    layer: l,
+                    lba: 1,
+                    blocks: 2,
+                }),
+                25 + 32,
             ),
             (
                 Msg::ClientReply {

@@ -388,14 +388,14 @@ fn malformed_layer_fields_are_refused() {
     );
     let mut p = VOL.0.to_le_bytes().to_vec();
     p.extend_from_slice(&11u64.to_le_bytes());
-    p.push(10);
+    p.push(11);
     p.extend_from_slice(&LAYER.0.to_le_bytes());
     assert_eq!(
         decode(&rebuild(kind::CLIENT_REQ, &p)),
         Err(DecodeError::InvalidValue {
             kind: "ClientReq",
             field: "req",
-            value: 10
+            value: 11
         })
     );
     let mut p = VOL.0.to_le_bytes().to_vec();

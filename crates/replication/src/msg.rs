@@ -222,6 +222,17 @@ pub enum ClientReq {
         blocks: u64,
         rate: u64,
     },
+    /// Read `blocks` blocks at `lba` of snapshot layer `layer` on the
+    /// primary's copy (zeros beyond the layer's size): the export of a
+    /// snapshot through a node that holds no replica. Answered `Ok` with
+    /// the data, `NoSuchLayer` if the primary does not hold the layer,
+    /// `Unreadable` if its copy of it fails its checksum (layers are not
+    /// repaired from replicas) or is gone by the time it is read.
+    ReadLayer {
+        layer: LayerId,
+        lba: Lba,
+        blocks: u64,
+    },
 }
 
 /// What a flatten did on the primary's copy, carried as its `Ok` reply's
@@ -271,7 +282,8 @@ impl ClientReq {
             | ClientReq::DeleteSnapshot { .. }
             | ClientReq::Rollback { .. }
             | ClientReq::Flatten { .. }
-            | ClientReq::Compact { .. } => None,
+            | ClientReq::Compact { .. }
+            | ClientReq::ReadLayer { .. } => None,
         }
     }
 }

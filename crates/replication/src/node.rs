@@ -1804,6 +1804,78 @@ mod tests {
         }
     }
 
+    /// A snapshot read through the primary (`ClientReq::ReadLayer`, how a
+    /// node holding no replica exports a snapshot): `NoSuchLayer` for a
+    /// layer it does not hold; once it does, ordered after the snapshot and
+    /// answered with what its disk read, or `Unreadable` when its copy of
+    /// the layer fails its checksum (layers are not repaired from
+    /// replicas: the read must end, not wait for ever).
+    #[test]
+    fn snapshot_reads_are_answered_from_the_primarys_layer() {
+        let p = NodeId(0);
+        let rec = Membership::new(VolumeId(1), &[p], p, 1);
+        let mut node = Node::new(p, 0, VolumeId(1), small(16), Some(rec), 0);
+        lease(&mut node, 0, p, VolumeId(1));
+        node.handle(0, Input::Tick);
+        let layer = LayerId(9);
+        let read = ClientReq::ReadLayer {
+            layer,
+            lba: 2,
+            blocks: 3,
+        };
+        let a = client(&mut node, 1, 1, read.clone());
+        assert!(
+            matches!(replied(&a, 1), Some(ClientReply::NoSuchLayer { .. })),
+            "{a:?}"
+        );
+        assert!(disk_ops(&a).is_empty(), "{a:?}");
+        // The snapshot, then a read of it while it is being taken.
+        let mut pending = disk_ops(&client(&mut node, 2, 2, ClientReq::Snapshot { layer }));
+        let a = client(&mut node, 2, 3, read.clone());
+        assert!(replied(&a, 3).is_none(), "{a:?}");
+        pending.extend(disk_ops(&a));
+        let mut answer = None;
+        while let Some((id, op)) = pending.pop() {
+            let data = match op {
+                DiskOp::ReadLayer {
+                    layer: l,
+                    lba: 2,
+                    blocks: 3,
+                } if l == layer => Some(vec![5, 6, 7]),
+                DiskOp::ReadLayer { .. } => panic!("{op:?}"),
+                _ => None,
+            };
+            let a = node.handle(
+                3,
+                Input::Disk {
+                    id,
+                    result: DiskResult::Done { data },
+                },
+            );
+            answer = answer.or(replied(&a, 3));
+            pending.extend(disk_ops(&a));
+        }
+        assert!(
+            matches!(&answer, Some(ClientReply::Ok { data: Some(d), .. }) if d == &vec![5, 6, 7]),
+            "{answer:?}"
+        );
+        let a = client(&mut node, 4, 4, read);
+        let [(id, DiskOp::ReadLayer { .. })] = disk_ops(&a)[..] else {
+            panic!("{a:?}");
+        };
+        let a = node.handle(
+            5,
+            Input::Disk {
+                id,
+                result: DiskResult::Corrupt,
+            },
+        );
+        assert!(
+            matches!(replied(&a, 4), Some(ClientReply::Unreadable { .. })),
+            "{a:?}"
+        );
+    }
+
     /// A layer deletion, a flatten or a compaction may take seconds on a
     /// replica (a merge, a copy) while later writes go on: its entry
     /// unacknowledged past the ack timeout does not fail the link (found

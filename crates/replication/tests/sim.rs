@@ -471,6 +471,8 @@ enum ReqKind {
     Rollback,
     Flatten,
     Compact,
+    /// A read of an acknowledged snapshot's layer through the primary.
+    ReadLayer,
 }
 
 /// What a simulated disk answers a compaction with (a store's report, to
@@ -524,6 +526,7 @@ struct Model {
     rollbacks: u64,
     flattens: u64,
     compactions: u64,
+    snapshot_reads: u64,
     /// Snapshots and deletions asked again after a NotPrimary.
     retries: u64,
     /// Those waiting to be asked again, with when (20 ms later).
@@ -746,6 +749,8 @@ pub struct Sim {
     /// Which of the flattens drawn are compactions instead: its own
     /// generator, so that the other draws are what they were without.
     compact_rng: Rng,
+    /// Which layer requests are reads of a snapshot, and of what.
+    snap_read_rng: Rng,
     /// Layer blocks read to rebuild a replica's layers.
     layer_copies: u64,
     /// Of a clone: copies rebased onto its source snapshot (rebuilt from
@@ -890,6 +895,7 @@ impl Sim {
             damage_voided: 0,
             layer_rng: Rng(seed ^ 0x1A7E_5EED),
             compact_rng: Rng(seed ^ 0xC0_4AC7_5EED),
+            snap_read_rng: Rng(seed ^ 0x5EAD_1A7E),
             layer_copies: 0,
             base_rebases: 0,
             base_detaches: 0,
@@ -1663,7 +1669,18 @@ impl Sim {
             .filter(|l| !busy.contains(l))
             .collect();
         let roll = if self.m.rollback_due { 99 } else { roll };
-        let (kind, req, layer, blocks, floor) = if acked.is_empty() && self.m.rollback_due {
+        // One request in five reads a snapshot (its own generator: the
+        // rolls above stay what they were), within the initial size that
+        // every layer has.
+        let read = !self.m.rollback_due && !acked.is_empty() && self.snap_read_rng.chance(200);
+        let (kind, req, layer, blocks, floor) = if read {
+            let layer = acked[self.snap_read_rng.below(acked.len() as u64) as usize];
+            let lba = self.snap_read_rng.below(INITIAL_BLOCKS);
+            let blocks = 1 + self.snap_read_rng.below(INITIAL_BLOCKS - lba);
+            let req = ClientReq::ReadLayer { layer, lba, blocks };
+            let span = vec![(lba as usize, blocks as usize)];
+            (ReqKind::ReadLayer, req, Some(layer), span, vec![])
+        } else if acked.is_empty() && self.m.rollback_due {
             self.m.rollback_due = false;
             return;
         } else if (42..50).contains(&roll) && !free.is_empty() {
@@ -2218,6 +2235,23 @@ impl Sim {
                             )));
                         }
                         self.m.compactions += 1;
+                    }
+                    // A layer never changes once acknowledged: any primary
+                    // of any later epoch reads exactly its content.
+                    ReqKind::ReadLayer => {
+                        let (Some(layer), Some(&(lba, n))) = (req.layer, req.blocks.first()) else {
+                            return Ok(());
+                        };
+                        let want = self.m.snaps.get(&layer).map(|c| c[lba..lba + n].to_vec());
+                        let got = data.as_deref().map(dec);
+                        if want.is_none() || got != want {
+                            return Err(self.fail(format!(
+                                "a read of snapshot {layer:?} blocks {lba}..{} by n{} gave {got:?}, not {want:?}",
+                                lba + n,
+                                by.0
+                            )));
+                        }
+                        self.m.snapshot_reads += 1;
                     }
                     ReqKind::Rollback => {
                         self.m.rollbacks += 1;
@@ -3000,6 +3034,7 @@ impl Sim {
             rollbacks: self.m.rollbacks,
             flattens: self.m.flattens,
             compactions: self.m.compactions,
+            snapshot_reads: self.m.snapshot_reads,
             layer_copies: self.layer_copies,
             base_rebases: self.base_rebases,
             base_detaches: self.base_detaches,
@@ -3184,6 +3219,7 @@ pub struct Summary {
     pub rollbacks: u64,
     pub flattens: u64,
     pub compactions: u64,
+    pub snapshot_reads: u64,
     pub layer_copies: u64,
     pub base_rebases: u64,
     pub base_detaches: u64,
@@ -3226,6 +3262,7 @@ impl Summary {
         self.rollbacks += s.rollbacks;
         self.flattens += s.flattens;
         self.compactions += s.compactions;
+        self.snapshot_reads += s.snapshot_reads;
         self.layer_copies += s.layer_copies;
         self.base_rebases += s.base_rebases;
         self.base_detaches += s.base_detaches;
@@ -3295,8 +3332,8 @@ fn seeds() {
         t.no_space_writes, t.no_space_replies
     );
     eprintln!(
-        "layers: {} snapshots, {} deletions, {} rollbacks, {} flattens and {} compactions acknowledged ({} snapshots and deletions asked again after NotPrimary), {} layer regions copied to rebuild replicas",
-        t.snapshots, t.layer_deletions, t.rollbacks, t.flattens, t.compactions, t.layer_retries, t.layer_copies
+        "layers: {} snapshots, {} deletions, {} rollbacks, {} flattens, {} compactions and {} snapshot reads acknowledged ({} snapshots and deletions asked again after NotPrimary), {} layer regions copied to rebuild replicas",
+        t.snapshots, t.layer_deletions, t.rollbacks, t.flattens, t.compactions, t.snapshot_reads, t.layer_retries, t.layer_copies
     );
     eprintln!(
         "clones: {} copies rebuilt from the source snapshot, {} detached from it by a flatten",
@@ -3309,10 +3346,11 @@ fn seeds() {
                 && t.rollbacks > 0
                 && t.flattens > 0
                 && t.compactions > 0
+                && t.snapshot_reads > 0
                 && t.layer_copies > 0
                 && t.base_rebases > 0
                 && t.base_detaches > 0),
-        "snapshots, deletions, rollbacks, flattens and compactions must be acknowledged and replicas' layers rebuilt"
+        "snapshots, deletions, rollbacks, flattens, compactions and snapshot reads must be acknowledged and replicas' layers rebuilt"
     );
     assert!(
         n < 100 || t.repairs > 0,

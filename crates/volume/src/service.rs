@@ -238,6 +238,17 @@ pub trait ClusterVolumes: Send + Sync {
         record: &VolumeRecord,
         cipher: Option<Arc<basalt_crypt::BlockCipher>>,
     ) -> Result<Arc<dyn BlockIo>, VolumeError>;
+    /// Snapshot `snapshot` (its layer id; `size` bytes) of `record`'s
+    /// volume, read-only, read from the primary's copy: the export of a
+    /// snapshot through a node that holds no replica of it. With `cipher`
+    /// (an encrypted volume), its ciphertext is decrypted here.
+    fn open_snapshot(
+        &self,
+        record: &VolumeRecord,
+        snapshot: uuid::Uuid,
+        size: u64,
+        cipher: Option<Arc<basalt_crypt::BlockCipher>>,
+    ) -> Result<Arc<dyn BlockIo>, VolumeError>;
     /// Replicas of a volume created without an explicit count.
     fn default_replicas(&self) -> u32;
     /// The replicas of `record`'s volume as placed now (empty while not yet
@@ -1235,6 +1246,27 @@ impl VolumeService {
                     volume: volume.to_string(),
                     name: snapshot.to_string(),
                 })?;
+            if let Some(cluster) = self
+                .cluster
+                .as_ref()
+                .filter(|_| !self.store.snapshots().iter().any(|s| s.id == snap.id))
+            {
+                // No replica here: read through the volume's primary.
+                let cipher = match record.encrypted {
+                    true => Some(
+                        self.cluster_cipher(&record)?
+                            .ok_or(VolumeError::Locked(name.to_string()))?,
+                    ),
+                    false => None,
+                };
+                let io = cluster.open_snapshot(&record, snap.id, snap.size_bytes, cipher)?;
+                return Ok(VolumeHandle::clustered(
+                    io,
+                    snap.id,
+                    name.to_string(),
+                    self.stats_for(snap.id),
+                ));
+            }
             if self.cluster.is_some() && record.encrypted {
                 // This node's copy holds the cluster's ciphertext.
                 let cipher = self
@@ -2279,6 +2311,16 @@ pub(crate) mod tests {
             _: Option<u64>,
             _: &mut dyn FnMut(u64, u64),
         ) -> Result<basalt_store::CompactReport, VolumeError> {
+            Err(VolumeError::NotSupported("fake".into()))
+        }
+
+        fn open_snapshot(
+            &self,
+            _: &VolumeRecord,
+            _: uuid::Uuid,
+            _: u64,
+            _: Option<Arc<basalt_crypt::BlockCipher>>,
+        ) -> Result<Arc<dyn BlockIo>, VolumeError> {
             Err(VolumeError::NotSupported("fake".into()))
         }
     }

@@ -52,6 +52,22 @@ impl ClusterVolumes for ClusterMember {
         }))
     }
 
+    fn open_snapshot(
+        &self,
+        record: &VolumeRecord,
+        snapshot: uuid::Uuid,
+        size: u64,
+        cipher: Option<Arc<BlockCipher>>,
+    ) -> Result<Arc<dyn BlockIo>, VolumeError> {
+        Ok(Arc::new(super::snapshot_io::RemoteSnapshot {
+            inner: Arc::downgrade(&self.inner),
+            vol: vol_of(record.id),
+            layer: basalt_replication::LayerId(snapshot.as_u128()),
+            size,
+            cipher,
+        }))
+    }
+
     fn default_replicas(&self) -> u32 {
         let alive = self
             .inner

@@ -31,6 +31,7 @@ mod housekeeping;
 mod layers;
 mod lifecycle;
 mod routing;
+mod snapshot_io;
 mod volume_io;
 
 pub use config::{MemberConfig, Timing};

@@ -94,7 +94,7 @@ fn read_req(offset: u64, len: u64) -> ClientReq {
 }
 
 /// Copies a read's answer (whole blocks) into `buf`, after decryption.
-fn fill_read(
+pub(super) fn fill_read(
     cipher: Option<&BlockCipher>,
     vol: VolumeId,
     offset: u64,

@@ -691,6 +691,12 @@ impl Primary {
             self.on_layer_request(now, id, req, layer, out);
             return;
         }
+        if let ClientReq::ReadLayer { layer, .. } = req {
+            if !self.layers.contains(&layer) {
+                let (by, epoch) = (self.me, self.epoch);
+                return self.reply(id, ClientReply::NoSuchLayer { by, epoch }, out);
+            }
+        }
         let refusable = from_client && matches!(req, ClientReq::Write { .. } | ClientReq::Flush);
         if refusable && self.out_of_space() {
             // Nothing is done: no replica is changed.
@@ -776,6 +782,18 @@ impl Primary {
                     Vec::new(),
                     Some(ReplOp::Compact { lba, blocks, rate }),
                     DiskOp::Compact { lba, blocks, rate },
+                )
+            }
+            // A layer does not change: no replica is involved. The disk
+            // queue orders it after the snapshot that made the layer and
+            // after a deletion asked before it.
+            ClientReq::ReadLayer { layer, lba, blocks } => {
+                let blocks = blocks.min(self.cfg.volume_blocks.saturating_sub(lba));
+                (
+                    Kind::Read,
+                    Vec::new(),
+                    None,
+                    DiskOp::ReadLayer { layer, lba, blocks },
                 )
             }
             ClientReq::Snapshot { .. }

@@ -42,8 +42,19 @@ impl Primary {
     /// dropped and its region read again once the copy here is rewritten).
     pub(crate) fn on_disk_corrupt(&mut self, now: u64, tag: PrimTag, out: &mut Out) {
         let (op, lba, blocks) = match tag {
-            PrimTag::Op(v) => match self.ops.get(&v).and_then(|o| o.read) {
-                Some((lba, blocks)) => (Some(v), lba, blocks),
+            PrimTag::Op(v) => match self.ops.get_mut(&v) {
+                Some(o) => match o.read {
+                    Some((lba, blocks)) => (Some(v), lba, blocks),
+                    // A read of a snapshot layer (`ClientReq::ReadLayer`):
+                    // no replica is asked (repairs read heads).
+                    None => {
+                        if o.kind == Kind::Read {
+                            o.unreadable = true;
+                            o.local_done = true;
+                        }
+                        return;
+                    }
+                },
                 None => return,
             },
             PrimTag::ResyncRead {
