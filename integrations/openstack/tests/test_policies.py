@@ -7,7 +7,7 @@ from cinder import exception
 
 from basalt_cinder import driver as basalt_driver
 from basalt_cinder.client import BasaltError
-from conftest import BasaltManagerTestCase, GiB, admin, exists
+from conftest import BasaltManagerTestCase, GiB, admin, exists, has_pattern, write_pattern
 
 
 def ensure_type(name: str, **body: object) -> None:
@@ -52,6 +52,46 @@ class AdminTokenPolicyTest(BasaltManagerTestCase):
         bad = self.volume_type(extra_specs={"basalt:encrypted": "maybe"})
         self.assertRaises(exception.InvalidVolumeType, self.driver.create_volume,
                           self.new_volume(volume_type_id=bad.id))
+
+    def test_retype_to_a_basalt_type_of_other_encryption_rewrites_in_place(self) -> None:
+        # Basalt re-encrypts a single-node volume online through a retype
+        # to a Basalt type; the driver finishes it (the flatten) and no
+        # migration is needed. Both ways, data kept.
+        ensure_type("cinder-sealed", replicas=1, encrypted=True)
+        ensure_type("cinder-open", replicas=1)
+        sealed = self.volume_type(extra_specs={"basalt:type": "cinder-sealed"})
+        opened = self.volume_type(extra_specs={"basalt:type": "cinder-open"})
+        vol = self.create(volume_type_id=opened.id)
+        name = basalt_driver.volume_name(vol)
+        self.assertFalse(admin().get_volume(name)["encrypted"])
+        write_pattern(name, 0x5A, offset=4096, length=3 << 20)
+        done, _update = self.driver.retype(self.context, vol, {"id": sealed.id}, {}, {})
+        self.assertTrue(done)
+        info = admin().get_volume(name)
+        self.assertTrue(info["encrypted"])
+        self.assertFalse(info.get("reencrypting"))
+        self.assertTrue(has_pattern(name, 0x5A, offset=4096, length=3 << 20))
+        vol.volume_type_id = sealed.id
+        vol.save()
+        # Between two Cinder types whose Basalt types are both encrypted:
+        # nothing to rewrite (before, the driver asked for a migration).
+        sealed2 = self.volume_type(extra_specs={"basalt:type": "cinder-sealed",
+                                                "basalt:encrypted": "<is> True"})
+        done, _update = self.driver.retype(self.context, vol, {"id": sealed2.id}, {}, {})
+        self.assertTrue(done)
+        done, _update = self.driver.retype(self.context, vol, {"id": opened.id}, {}, {})
+        self.assertTrue(done)
+        info = admin().get_volume(name)
+        self.assertFalse(info["encrypted"])
+        self.assertFalse(info.get("reencrypting"))
+        self.assertTrue(has_pattern(name, 0x5A, offset=4096, length=3 << 20))
+        # basalt:encrypted alone, with no Basalt type that gives it: a
+        # migration still.
+        spec_only = self.volume_type(extra_specs={"basalt:encrypted": "<is> True"})
+        vol.volume_type_id = opened.id
+        vol.save()
+        done, _update = self.driver.retype(self.context, vol, {"id": spec_only.id}, {}, {})
+        self.assertFalse(done)
 
     def test_compression_extra_spec_sets_the_codec(self) -> None:
         zstd = self.volume_type(extra_specs={"basalt:compression": "zstd:3"})
