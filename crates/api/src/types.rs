@@ -561,6 +561,10 @@ impl VolumeWindow {
 /// `POST /api/v1/volumes/{name}/scrub`: the window to scrub.
 pub type ScrubVolume = VolumeWindow;
 
+/// `POST /api/v1/volumes/{name}/compact`: the window to compact (in the
+/// volume and in each of its snapshots), and how fast.
+pub type CompactVolume = VolumeWindow;
+
 /// `PUT /api/v1/volumes/{name}/qos`: the whole spec (an empty object
 /// removes every limit).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -5,9 +5,10 @@
 
 use crate::error::ApiError;
 use crate::types::{
-    AttachHost, AttachInitiator, AttachedHost, AttachedInitiator, CompactResult, CreateSnapshot,
-    CreateVolume, DifferingRegion, FlattenResult, FlattenVolume, ReplicaCompare, ResizeVolume,
-    Retype, Rollback, ScrubResult, ScrubVolume, SetQos, Snapshot, SnapshotList, Volume, VolumeList,
+    AttachHost, AttachInitiator, AttachedHost, AttachedInitiator, CompactResult, CompactVolume,
+    CreateSnapshot, CreateVolume, DifferingRegion, FlattenResult, FlattenVolume, ReplicaCompare,
+    ResizeVolume, Retype, Rollback, ScrubResult, ScrubVolume, SetQos, Snapshot, SnapshotList,
+    Volume, VolumeList,
 };
 use crate::{blocking, AppState, JsonBody};
 use axum::extract::{Extension, Path, RawQuery, State};
@@ -208,11 +209,13 @@ pub(crate) async fn compact_volume(
     State(app): State<AppState>,
     Extension(who): Extension<Principal>,
     Path(name): Path<String>,
+    JsonBody(req): JsonBody<CompactVolume>,
 ) -> Result<Json<CompactResult>, ApiError> {
     visible(&app, &who, &name).await?;
     let volume = name.clone();
+    let (range, rate) = req.range_and_rate();
     let (compression, report) =
-        blocking(move || app.service.compact(&name, &mut |_, _| {})).await?;
+        blocking(move || app.service.compact(&name, range, rate, &mut |_, _| {})).await?;
     Ok(Json(CompactResult {
         volume,
         compression,

@@ -23,6 +23,7 @@ mod store_cmd;
 mod subsystems;
 mod tenancy;
 mod transfer;
+mod windows;
 
 use clap::parser::ValueSource;
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};

@@ -418,7 +418,11 @@ fn compacting_a_replicated_volume_packs_every_replica_before_it_answers() {
     let packed = |i: usize| u64_of(&c.nodes[i].cli_json(&["status"]), "packed_bytes");
     assert_eq!((packed(holders[0]), packed(holders[1])), (0, 0));
 
-    let report = c.nodes[asker].cli_json(&["volume", "compact", "rcold"]);
+    let line = c.nodes[asker]
+        .cli(&["volume", "compact", "rcold", "--rate", "0"])
+        .cli_error(1);
+    assert!(line.contains("--rate"), "{line}");
+    let report = c.nodes[asker].cli_json(&["volume", "compact", "rcold", "--rate", "256M"]);
     // The volume's 8 MiB and the snapshot's own 2 MiB (the rest it shares
     // with the volume), on the primary's copy.
     assert!(

@@ -88,15 +88,17 @@ impl VolumeService {
         applied
     }
 
-    /// Compresses every extent of volume `name` and of its snapshots now,
-    /// with the volume's codec (hot data too: the background compactor
-    /// only packs data not written for a while); `progress(done, total)`
-    /// in extents (bytes for a replicated volume, compacted on every
-    /// replica: [`crate::ClusterVolumes::compact`]). Client I/O goes on
-    /// meanwhile.
+    /// Compresses the extents of volume `name` and of its snapshots whose
+    /// first byte lies in `range` now, with the volume's codec (hot data
+    /// too: the background compactor only packs data not written for a
+    /// while), at most `rate` bytes per second; `progress(done, total)` in
+    /// extents (bytes for a replicated volume, compacted on every replica:
+    /// [`crate::ClusterVolumes::compact`]). Client I/O goes on meanwhile.
     pub fn compact(
         &self,
         name: &str,
+        range: std::ops::Range<u64>,
+        rate: Option<u64>,
         progress: &mut dyn FnMut(u64, u64),
     ) -> Result<(String, CompactReport), VolumeError> {
         let record = self.record(name)?.record;
@@ -106,10 +108,10 @@ impl VolumeService {
         self.require_compression()?;
         let started = std::time::Instant::now();
         let report = match &self.cluster {
-            Some(cluster) => cluster.compact(&record, None, progress)?,
+            Some(cluster) => cluster.compact(&record, range, rate, progress)?,
             None => self
                 .store
-                .compact_volume(record.id, codec, None, progress)?,
+                .compact_range(record.id, codec, range, rate, progress)?,
         };
         tracing::info!(
             volume = name,

@@ -348,7 +348,7 @@ pub trait ClusterVolumes: Send + Sync {
         progress: &mut dyn FnMut(u64, u64),
     ) -> Result<basalt_store::FlattenReport, VolumeError>;
     /// Compresses the extents of `record`'s volume and of its snapshots
-    /// now, hot ones too, on every replica that holds its current content
+    /// whose first byte lies in `range` (bytes) now, hot ones too, on every replica that holds its current content
     /// (one being copied to gets what the copy writes, which its node's
     /// compactor packs once cold), at most `rate` bytes per second on
     /// each, with the codec each replica's node keeps it compressed with.
@@ -357,6 +357,7 @@ pub trait ClusterVolumes: Send + Sync {
     fn compact(
         &self,
         record: &VolumeRecord,
+        range: std::ops::Range<u64>,
         rate: Option<u64>,
         progress: &mut dyn FnMut(u64, u64),
     ) -> Result<basalt_store::CompactReport, VolumeError>;
@@ -2308,6 +2309,7 @@ pub(crate) mod tests {
         fn compact(
             &self,
             _: &VolumeRecord,
+            _: std::ops::Range<u64>,
             _: Option<u64>,
             _: &mut dyn FnMut(u64, u64),
         ) -> Result<basalt_store::CompactReport, VolumeError> {

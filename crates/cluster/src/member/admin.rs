@@ -230,10 +230,11 @@ impl ClusterVolumes for ClusterMember {
     fn compact(
         &self,
         record: &VolumeRecord,
+        range: std::ops::Range<u64>,
         rate: Option<u64>,
         progress: &mut dyn FnMut(u64, u64),
     ) -> Result<basalt_store::CompactReport, VolumeError> {
-        self.inner.compact(record, 0..u64::MAX, rate, progress)
+        self.inner.compact(record, range, rate, progress)
     }
 
     fn replicas(&self, record: &VolumeRecord) -> Vec<ReplicaStatus> {
