@@ -32,8 +32,11 @@ pub(super) struct RemoteSnapshot {
 
 impl RemoteSnapshot {
     /// The request reading `len` bytes at `offset` (whole blocks around
-    /// it), or why not.
-    fn read_req(&self, offset: u64, len: u64) -> Result<ClientReq, IoError> {
+    /// it), or why not: a write, or a range beyond the snapshot.
+    fn request(&self, write: bool, offset: u64, len: u64) -> Result<ClientReq, IoError> {
+        if write {
+            return Err(IoError::ReadOnly);
+        }
         if offset.checked_add(len).is_none_or(|end| end > self.size) {
             return Err(IoError::OutOfRange {
                 offset,
@@ -47,6 +50,27 @@ impl RemoteSnapshot {
             lba,
             blocks: (offset + len).div_ceil(BLOCK_SIZE) - lba,
         })
+    }
+
+    /// The requests of a batch whose ops are `(write, offset, len)`: the
+    /// indexes of the ops sent with their requests; `refuse(i, e)` for the
+    /// others.
+    fn requests(
+        &self,
+        ops: impl Iterator<Item = (bool, u64, u64)>,
+        refuse: &mut dyn FnMut(usize, IoError),
+    ) -> (Vec<usize>, Vec<ClientReq>) {
+        let (mut sent, mut reqs) = (Vec::new(), Vec::new());
+        for (i, (write, offset, len)) in ops.enumerate() {
+            match self.request(write, offset, len) {
+                Ok(req) => {
+                    sent.push(i);
+                    reqs.push(req);
+                }
+                Err(e) => refuse(i, e),
+            }
+        }
+        (sent, reqs)
     }
 }
 
@@ -66,20 +90,17 @@ impl BlockIo for RemoteSnapshot {
             }
             return;
         };
-        let mut sent = Vec::new();
-        let mut reqs = Vec::new();
-        for (i, op) in ops.iter_mut().enumerate() {
-            let req = match &op.kind {
-                DataKind::Write(_) => Err(IoError::ReadOnly),
-                DataKind::Read(b) => self.read_req(op.offset, b.len() as u64),
-            };
-            match req {
-                Ok(req) => {
-                    sent.push(i);
-                    reqs.push(req);
-                }
-                Err(e) => op.result = Err(e),
-            }
+        let shape: Vec<(bool, u64, u64)> = ops
+            .iter()
+            .map(|op| match &op.kind {
+                DataKind::Write(d) => (true, op.offset, d.len() as u64),
+                DataKind::Read(b) => (false, op.offset, b.len() as u64),
+            })
+            .collect();
+        let mut refused = Vec::new();
+        let (sent, reqs) = self.requests(shape.into_iter(), &mut |i, e| refused.push((i, e)));
+        for (i, e) in refused {
+            ops[i].result = Err(e);
         }
         if reqs.is_empty() {
             return;
@@ -102,20 +123,11 @@ impl BlockIo for RemoteSnapshot {
             done(ops);
             return;
         };
-        let mut sent = Vec::with_capacity(ops.len());
-        let mut reqs = Vec::with_capacity(ops.len());
-        for (i, op) in ops.iter_mut().enumerate() {
-            let req = match op.write {
-                true => Err(IoError::ReadOnly),
-                false => self.read_req(op.offset, op.buf.len() as u64),
-            };
-            match req {
-                Ok(req) => {
-                    sent.push(i);
-                    reqs.push(req);
-                }
-                Err(e) => op.result = Err(e),
-            }
+        let shape = ops.iter().map(|op| (op.write, op.offset, op.buf.len() as u64));
+        let mut refused = Vec::new();
+        let (sent, reqs) = self.requests(shape, &mut |i, e| refused.push((i, e)));
+        for (i, e) in refused {
+            ops[i].result = Err(e);
         }
         if reqs.is_empty() {
             done(ops);
