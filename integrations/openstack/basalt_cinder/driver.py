@@ -1090,13 +1090,14 @@ class BasaltVolumeDriver(driver.VolumeDriver):
         name = volume_name(volume)
         old_type, old_replicas, old_qos = self._type_policy(volume.volume_type_id)
         new_basalt_type, new_replicas, new_qos = self._type_policy(new_type.get("id"))
-        info = self._api.get_volume(name)
         changes_type = bool(new_basalt_type) and new_basalt_type != old_type
-        # As at create: encrypted if the Cinder type says so or its Basalt
-        # type is.
-        type_encrypted = bool(
-            changes_type and self._api.get_type(str(new_basalt_type)).get("encrypted")
-        )
+        with self._errors(volume=volume):
+            info = self._api.get_volume(name)
+            # As at create: encrypted if the Cinder type says so or its
+            # Basalt type is.
+            type_encrypted = bool(
+                changes_type and self._api.get_type(str(new_basalt_type)).get("encrypted")
+            )
         wanted_encrypted = self._type_encrypted(new_type.get("id")) or type_encrypted
         reencrypt = wanted_encrypted != bool(info.get("encrypted"))
         if reencrypt and (not changes_type or type_encrypted != wanted_encrypted
