@@ -87,6 +87,24 @@ impl VolumeService {
                 "{to_name} is both ends of the diff"
             )));
         }
+        if let Some(cluster) = &self.cluster {
+            // A node without a replica (or one still rebuilding the
+            // layers) has nothing to compare: say where to ask.
+            let held = self.store.snapshots();
+            let here = |id: VolumeId| id == record.id || held.iter().any(|s| s.id == id);
+            if !here(to_id) || from.as_ref().is_some_and(|(id, _)| !here(*id)) {
+                let nodes: Vec<String> = cluster
+                    .replicas(&record)
+                    .into_iter()
+                    .filter(|r| r.state == "in-sync")
+                    .map(|r| r.node)
+                    .collect();
+                return Err(VolumeError::NotSupported(format!(
+                    "this node holds no in-sync replica of {volume}: diff through a node that does ({})",
+                    nodes.join(", ")
+                )));
+            }
+        }
         let extents = self
             .store
             .changed_blocks(from.as_ref().map(|(id, _)| *id), to_id)?;
