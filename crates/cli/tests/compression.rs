@@ -483,7 +483,9 @@ fn compacting_a_replicated_volume_packs_every_replica_before_it_answers() {
     let refused = snap.write_pipelined(std::iter::once(Ok::<_, ClientError>(one)), 1);
     assert!(refused.is_err(), "a write to a snapshot went through");
     // A diff needs the layers here: one line naming where they are.
-    c.nodes[asker].cli(&["snapshot", "create", "rcold", "after"]).ok();
+    c.nodes[asker]
+        .cli(&["snapshot", "create", "rcold", "after"])
+        .ok();
     let line = c.nodes[asker]
         .cli(&["volume", "diff", "rcold@before", "rcold@after"])
         .cli_error(1);

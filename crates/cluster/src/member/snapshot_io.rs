@@ -123,7 +123,9 @@ impl BlockIo for RemoteSnapshot {
             done(ops);
             return;
         };
-        let shape = ops.iter().map(|op| (op.write, op.offset, op.buf.len() as u64));
+        let shape = ops
+            .iter()
+            .map(|op| (op.write, op.offset, op.buf.len() as u64));
         let mut refused = Vec::new();
         let (sent, reqs) = self.requests(shape, &mut |i, e| refused.push((i, e)));
         for (i, e) in refused {
