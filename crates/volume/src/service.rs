@@ -348,12 +348,12 @@ pub trait ClusterVolumes: Send + Sync {
         progress: &mut dyn FnMut(u64, u64),
     ) -> Result<basalt_store::FlattenReport, VolumeError>;
     /// Compresses the extents of `record`'s volume and of its snapshots
-    /// whose first byte lies in `range` (bytes) now, hot ones too, on every replica that holds its current content
-    /// (one being copied to gets what the copy writes, which its node's
-    /// compactor packs once cold), at most `rate` bytes per second on
-    /// each, with the codec each replica's node keeps it compressed with.
-    /// Reports what the primary's copy did; `progress(done, total)` in
-    /// bytes.
+    /// whose first byte lies in `range` (bytes) now, hot ones too, on
+    /// every replica that holds its current content (one being copied to
+    /// gets what the copy writes, which its node's compactor packs once
+    /// cold), at most `rate` bytes per second on each, with the codec each
+    /// replica's node keeps it compressed with. Reports what the primary's
+    /// copy did; `progress(done, total)` in bytes.
     fn compact(
         &self,
         record: &VolumeRecord,
