@@ -90,15 +90,12 @@ impl BlockIo for RemoteSnapshot {
             }
             return;
         };
-        let shape: Vec<(bool, u64, u64)> = ops
-            .iter()
-            .map(|op| match &op.kind {
-                DataKind::Write(d) => (true, op.offset, d.len() as u64),
-                DataKind::Read(b) => (false, op.offset, b.len() as u64),
-            })
-            .collect();
+        let shape = ops.iter().map(|op| match &op.kind {
+            DataKind::Write(d) => (true, op.offset, d.len() as u64),
+            DataKind::Read(b) => (false, op.offset, b.len() as u64),
+        });
         let mut refused = Vec::new();
-        let (sent, reqs) = self.requests(shape.into_iter(), &mut |i, e| refused.push((i, e)));
+        let (sent, reqs) = self.requests(shape, &mut |i, e| refused.push((i, e)));
         for (i, e) in refused {
             ops[i].result = Err(e);
         }
