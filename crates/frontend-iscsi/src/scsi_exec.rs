@@ -127,18 +127,22 @@ pub(crate) fn run(
             Err(err) => failed(&err, true),
         },
         Plan::CompareAndWrite { lba, blocks, fua } => {
+            // Atomic with every write on a replicated volume (from any
+            // node); on a single-node one, among compare-and-writes.
             let _one_at_a_time = unit.compare_and_write.lock();
             let offset = lba * block;
-            let mut medium = vec![0u8; blocks as usize * block as usize];
-            if let Err(err) = volume.read(offset, &mut medium) {
-                return failed(&err, false);
-            }
-            match lu::compare_and_write(data, &medium) {
-                Ok(write) => match volume.write(offset, write, fua) {
-                    Ok(()) => Response::good(),
-                    Err(err) => failed(&err, true),
-                },
-                Err(sense) => Response::check(sense),
+            let len = blocks as usize * block as usize;
+            let (Some(verify), Some(write)) = (data.get(..len), data.get(len..2 * len)) else {
+                return Response::check(sense::INTERNAL_TARGET_FAILURE);
+            };
+            match volume.compare_and_write(offset, verify, write, fua) {
+                Ok(None) => Response::good(),
+                // `medium` differs from `verify`: the sense names where.
+                Ok(Some(medium)) => Response::check(
+                    lu::miscompare(verify, &medium)
+                        .unwrap_or(sense::MISCOMPARE_DURING_VERIFY.with_information(0)),
+                ),
+                Err(err) => failed(&err, true),
             }
         }
         Plan::LbaStatus {

@@ -66,8 +66,9 @@ pub const MAGIC: [u8; 4] = *b"BSPW";
 /// `ReplNoSpace` kind (14) and the `NoSpace` client reply (4). Version 11
 /// added the compaction of replicated volumes (`Repl` op 9 and `ClientReq`
 /// req 9, `Compact`) and reads of a snapshot through the primary
-/// (`ClientReq` req 10, `ReadLayer`).
-pub const VERSION: u8 = 11;
+/// (`ClientReq` req 10, `ReadLayer`). Version 12 added compare-and-write
+/// (`ClientReq` req 11, `CompareWrite`).
+pub const VERSION: u8 = 12;
 /// Bytes in a frame header.
 pub const HEADER_LEN: usize = 20;
 /// The largest payload a decoder accepts (and an encoder produces).
@@ -335,6 +336,7 @@ fn check(frame: &Frame) -> Result<(u8, &[u8]), EncodeError> {
             | ClientReq::Flatten { .. }
             | ClientReq::Compact { .. }
             | ClientReq::ReadLayer { .. } => (kind::CLIENT_REQ, &[]),
+            ClientReq::CompareWrite { both, .. } => (kind::CLIENT_REQ, &both[..]),
         },
         Msg::ClientReply { reply, .. } => match reply {
             ClientReply::Ok {
@@ -405,6 +407,7 @@ fn fields_len(frame: &Frame) -> usize {
                     | ClientReq::Rollback { .. } => LAYER,
                     ClientReq::Flatten { .. } | ClientReq::Compact { .. } => 24,
                     ClientReq::ReadLayer { .. } => LAYER + 16,
+                    ClientReq::CompareWrite { .. } => 8 + 1 + 1 + 4,
                 }
         }
         Msg::ClientReply { reply, .. } => {
@@ -672,6 +675,18 @@ fn write_fields(frame: &Frame, data: &[u8], out: &mut Vec<u8>) {
                     layer(out, l);
                     u64le(out, *lba);
                     u64le(out, *blocks);
+                }
+                ClientReq::CompareWrite {
+                    lba,
+                    both,
+                    whole,
+                    fua,
+                } => {
+                    out.push(11);
+                    u64le(out, *lba);
+                    out.push(u8::from(*fua));
+                    out.push(u8::from(*whole));
+                    u32le(out, both.len() as u32);
                 }
             }
         }
@@ -1189,6 +1204,18 @@ fn decode_payload(
                     lba: r.u64("lba")?,
                     blocks: r.u64("blocks")?,
                 },
+                11 => {
+                    let lba = r.u64("lba")?;
+                    let fua = r.bool("fua")?;
+                    let whole = r.bool("whole")?;
+                    let both = r.payload("both")?;
+                    ClientReq::CompareWrite {
+                        lba,
+                        both,
+                        whole,
+                        fua,
+                    }
+                }
                 3 => {
                     let lba = r.u64("lba")?;
                     let fua = r.bool("fua")?;
@@ -1347,6 +1374,15 @@ mod tests {
                     blocks: 2,
                 }),
                 25 + 32,
+            ),
+            (
+                client(ClientReq::CompareWrite {
+                    lba: 1,
+                    both: Vec::new().into(),
+                    whole: true,
+                    fua: false,
+                }),
+                25 + 8 + 1 + 1 + 4,
             ),
             (
                 Msg::ClientReply {

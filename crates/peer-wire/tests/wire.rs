@@ -40,7 +40,7 @@ fn hello_literal() {
         proof: [0x33; 32],
     };
     let bytes = hex("
-        42 53 50 57  0b  01  00 00  4c 00 00 00  13 8a 7c 76  6f 06 ea 5d
+        42 53 50 57  0c  01  00 00  4c 00 00 00  13 8a 7c 76  ff 2a bf cb
         11 11 11 11 11 11 11 11 11 11 11 11 11 11 11 11  07 00 00 00  08 07 06 05 04 03 02 01
         22 22 22 22 22 22 22 22 22 22 22 22 22 22 22 22
         33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33 33");
@@ -67,7 +67,7 @@ fn repl_write_literal() {
         },
     };
     let bytes = hex("
-        42 53 50 57  0b  02  00 00  56 00 00 00  95 00 1d 92  4f dd c9 68
+        42 53 50 57  0c  02  00 00  56 00 00 00  95 00 1d 92  df f1 9c fe
         ff ee dd cc bb aa 99 88 77 66 55 44 33 22 11 00
         02 00 00 00 00 00 00 00  03 00 00 00 00 00 00 00
         04 00 00 00 00 00 00 00  05 00 00 00 00 00 00 00
@@ -103,7 +103,7 @@ fn repl_write_zeroes_literal() {
         },
     };
     let bytes = hex("
-        42 53 50 57  0b  02  00 00  52 00 00 00  b3 3f c9 60  cb 36 3d e0
+        42 53 50 57  0c  02  00 00  52 00 00 00  b3 3f c9 60  5b 1a 68 76
         ff ee dd cc bb aa 99 88 77 66 55 44 33 22 11 00
         02 00 00 00 00 00 00 00  03 00 00 00 00 00 00 00
         04 00 00 00 00 00 00 00  05 00 00 00 00 00 00 00
@@ -134,7 +134,7 @@ fn repl_started_literal() {
         },
     };
     let bytes = hex("
-        42 53 50 57  0b  09  00 00  60 00 00 00  e5 31 90 b2  ba 62 98 f8
+        42 53 50 57  0c  09  00 00  60 00 00 00  e5 31 90 b2  2a 4e cd 6e
         ff ee dd cc bb aa 99 88 77 66 55 44 33 22 11 00
         02 00 00 00 00 00 00 00  03 00 00 00 00 00 00 00
         01 00 00 00 00 00 00 00  20 00 00 00 00 00 00 00
@@ -206,22 +206,22 @@ fn repl_layer_ops_literal() {
     let cases = [
         (
             ReplOp::Snapshot { layer: LAYER },
-            "42 53 50 57  0b  02  00 00  51 00 00 00  4f 25 c7 bc  6a 7d 8f 1c",
+            "42 53 50 57  0c  02  00 00  51 00 00 00  4f 25 c7 bc  fa 51 da 8a",
             "05  10 0f 0e 0d 0c 0b 0a 09 08 07 06 05 04 03 02 01",
         ),
         (
             ReplOp::DeleteLayer { layer: LAYER },
-            "42 53 50 57  0b  02  00 00  51 00 00 00  ae 41 ea 5c  5d fb 91 0b",
+            "42 53 50 57  0c  02  00 00  51 00 00 00  ae 41 ea 5c  cd d7 c4 9d",
             "06  10 0f 0e 0d 0c 0b 0a 09 08 07 06 05 04 03 02 01",
         ),
         (
             ReplOp::Rebase { onto: Some(LAYER) },
-            "42 53 50 57  0b  02  00 00  52 00 00 00  47 8b e8 0a  be a1 4a be",
+            "42 53 50 57  0c  02  00 00  52 00 00 00  47 8b e8 0a  2e 8d 1f 28",
             "07  01  10 0f 0e 0d 0c 0b 0a 09 08 07 06 05 04 03 02 01",
         ),
         (
             ReplOp::Rebase { onto: None },
-            "42 53 50 57  0b  02  00 00  42 00 00 00  68 1a 6a 14  45 4d 39 3c",
+            "42 53 50 57  0c  02  00 00  42 00 00 00  68 1a 6a 14  d5 61 6c aa",
             "07  00",
         ),
         (
@@ -230,7 +230,7 @@ fn repl_layer_ops_literal() {
                 blocks: 0x4000,
                 rate: 0x0200_0000,
             },
-            "42 53 50 57  0b  02  00 00  59 00 00 00  2d 31 77 18  0e 02 70 ad",
+            "42 53 50 57  0c  02  00 00  59 00 00 00  2d 31 77 18  9e 2e 25 3b",
             "08  10 00 00 00 00 00 00 00  00 40 00 00 00 00 00 00  00 00 00 02 00 00 00 00",
         ),
     ];
@@ -252,17 +252,17 @@ fn client_layer_requests_and_no_such_layer_literal() {
     let cases = [
         (
             req(ClientReq::Snapshot { layer: LAYER }),
-            "42 53 50 57  0b  07  00 00  29 00 00 00  6a ca 97 83  7a 80 6b 32",
+            "42 53 50 57  0c  07  00 00  29 00 00 00  6a ca 97 83  ea ac 3e a4",
             "05  10 0f 0e 0d 0c 0b 0a 09 08 07 06 05 04 03 02 01",
         ),
         (
             req(ClientReq::DeleteSnapshot { layer: LAYER }),
-            "42 53 50 57  0b  07  00 00  29 00 00 00  8b ae ba 63  4d 06 75 25",
+            "42 53 50 57  0c  07  00 00  29 00 00 00  8b ae ba 63  dd 2a 20 b3",
             "06  10 0f 0e 0d 0c 0b 0a 09 08 07 06 05 04 03 02 01",
         ),
         (
             req(ClientReq::Rollback { layer: LAYER }),
-            "42 53 50 57  0b  07  00 00  29 00 00 00  d4 72 5e 3c  a0 7b 7f 28",
+            "42 53 50 57  0c  07  00 00  29 00 00 00  d4 72 5e 3c  30 57 2a be",
             "07  10 0f 0e 0d 0c 0b 0a 09 08 07 06 05 04 03 02 01",
         ),
         (
@@ -271,7 +271,7 @@ fn client_layer_requests_and_no_such_layer_literal() {
                 blocks: 0x4000,
                 rate: 0,
             }),
-            "42 53 50 57  0b  07  00 00  31 00 00 00  cb 09 ad db  38 ae 69 2b",
+            "42 53 50 57  0c  07  00 00  31 00 00 00  cb 09 ad db  a8 82 3c bd",
             "08  10 00 00 00 00 00 00 00  00 40 00 00 00 00 00 00  00 00 00 00 00 00 00 00",
         ),
         (
@@ -285,7 +285,7 @@ fn client_layer_requests_and_no_such_layer_literal() {
                     },
                 },
             },
-            "42 53 50 57  0b  08  00 00  25 00 00 00  95 66 a7 27  a5 f1 62 d6",
+            "42 53 50 57  0c  08  00 00  25 00 00 00  95 66 a7 27  35 dd 37 40",
             "03  07 00 00 00  02 00 00 00 00 00 00 00",
         ),
     ];
@@ -388,14 +388,14 @@ fn malformed_layer_fields_are_refused() {
     );
     let mut p = VOL.0.to_le_bytes().to_vec();
     p.extend_from_slice(&11u64.to_le_bytes());
-    p.push(11);
+    p.push(12);
     p.extend_from_slice(&LAYER.0.to_le_bytes());
     assert_eq!(
         decode(&rebuild(kind::CLIENT_REQ, &p)),
         Err(DecodeError::InvalidValue {
             kind: "ClientReq",
             field: "req",
-            value: 11
+            value: 12
         })
     );
     let mut p = VOL.0.to_le_bytes().to_vec();
@@ -428,7 +428,7 @@ fn client_write_of_zeros_literal() {
         },
     };
     let bytes = hex("
-        42 53 50 57  0b  07  00 00  26 00 00 00  0a 17 b7 81  8c db 14 57
+        42 53 50 57  0c  07  00 00  26 00 00 00  0a 17 b7 81  1c f7 41 c1
         ff ee dd cc bb aa 99 88 77 66 55 44 33 22 11 00
         0b 00 00 00 00 00 00 00  03  06 00 00 00 00 00 00 00  01  00 30 00 00");
     assert_literal(&frame, &bytes);
@@ -510,7 +510,7 @@ fn heartbeat_literal() {
         },
     };
     let bytes = hex("
-        42 53 50 57  0b  05  00 00  20 00 00 00  23 35 8e d5  90 4a 36 c5
+        42 53 50 57  0c  05  00 00  20 00 00 00  23 35 8e d5  00 66 63 53
         ff ee dd cc bb aa 99 88 77 66 55 44 33 22 11 00
         09 00 00 00 00 00 00 00  0a 00 00 00 00 00 00 00");
     assert_literal(&frame, &bytes);
@@ -533,9 +533,10 @@ fn typed_errors_name_the_problem() {
     // A version 1 peer (no zero forms), 2 (no failover watermarks), 3 (no
     // lease in heartbeat answers), 4 (no authentication), 5 (no read
     // repair), 6 (no replica compare, unordered repair reads) or 7 (no
-    // snapshot layers), 8 (no flattening), 9 (no full-store answers) or 10
-    // (no compaction) is refused, as is a future one.
-    for v in [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 12] {
+    // snapshot layers), 8 (no flattening), 9 (no full-store answers), 10
+    // (no compaction) or 11 (no compare-and-write) is refused, as is a
+    // future one.
+    for v in [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 13] {
         let mut b = good.clone();
         b[4] = v;
         assert_eq!(decode(&b), Err(DecodeError::UnsupportedVersion(v)));
@@ -673,6 +674,14 @@ fn client_req() -> impl Strategy<Value = ClientReq> {
         layer().prop_map(|layer| ClientReq::Rollback { layer }),
         (any::<u64>(), any::<u64>(), any::<u64>())
             .prop_map(|(lba, blocks, rate)| ClientReq::Flatten { lba, blocks, rate }),
+        (any::<u64>(), data(), any::<bool>(), any::<bool>()).prop_map(|(lba, both, whole, fua)| {
+            ClientReq::CompareWrite {
+                lba,
+                both: both.into(),
+                whole,
+                fua,
+            }
+        }),
     ]
 }
 

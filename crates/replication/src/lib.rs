@@ -26,8 +26,8 @@ mod uncertain;
 
 pub use coordinator::{Change, ChangeOutcome, Coordinator, CoordinatorBug};
 pub use msg::{
-    decode_regions, digest, encode_regions, Action, ClientReply, ClientReq, Compared, DiskOp,
-    DiskResult, Endpoint, Flattened, Input, IoId, Msg, Prior, ReplOp,
+    decode_regions, digest, encode_regions, Action, ClientReply, ClientReq, CompareWritten,
+    Compared, DiskOp, DiskResult, Endpoint, Flattened, Input, IoId, Msg, Prior, ReplOp,
 };
 pub use node::{Node, RoleKind, SavedLogs};
 pub use payload::Payload;

@@ -233,6 +233,102 @@ pub enum ClientReq {
         lba: Lba,
         blocks: u64,
     },
+    /// Compare and write, atomically: at one point of the write stream
+    /// (after every write sent before it, before every request sent after
+    /// it), each block's current content on the primary is compared with
+    /// its expected content, and the new content is written to the blocks
+    /// that match (`whole`: to none unless all match), as one write
+    /// replicated like a client's. `both` holds `n` expected blocks, then
+    /// the `n` blocks to write. Answered
+    /// `Ok` with a [`CompareWritten`] ([`CompareWritten::encode`]) as
+    /// `data` once its write (if any) is acknowledged by the ack rule.
+    ///
+    /// Asked again after a failover, blocks its first attempt wrote no
+    /// longer match (unless the new content equals the expected): a
+    /// client that needs to tell "written by me" from "changed by someone
+    /// else" compares what it reads with what it wrote.
+    CompareWrite {
+        lba: Lba,
+        both: Payload,
+        whole: bool,
+        fua: bool,
+    },
+}
+
+impl ClientReq {
+    /// A compare-and-write of `expect` with `data` (whole blocks, of equal
+    /// length) at `lba`.
+    pub fn compare_write(
+        lba: Lba,
+        expect: &[u8],
+        data: &[u8],
+        whole: bool,
+        fua: bool,
+    ) -> ClientReq {
+        let mut both = Vec::with_capacity(expect.len() + data.len());
+        both.extend_from_slice(expect);
+        both.extend_from_slice(data);
+        ClientReq::CompareWrite {
+            lba,
+            both: crate::payload::aligned(&both),
+            whole,
+            fua,
+        }
+    }
+}
+
+/// What a compare-and-write found and did, carried as its `Ok` reply's
+/// data.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CompareWritten {
+    /// Per block, whether its content matched the expected.
+    pub matched: Vec<bool>,
+    /// Whether the matching blocks were written (false for a `whole`
+    /// compare-and-write with a block that did not match, or none
+    /// matching).
+    pub written: bool,
+}
+
+impl CompareWritten {
+    /// `written` (one byte), the block count (u32, little-endian), then
+    /// `matched` as a bitmap (bit `i % 8` of byte `i / 8`).
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = vec![u8::from(self.written)];
+        out.extend_from_slice(&(self.matched.len() as u32).to_le_bytes());
+        out.extend_from_slice(&bitmap(&self.matched));
+        out
+    }
+
+    /// Reads [`CompareWritten::encode`]'s bytes back; None if they are not
+    /// that.
+    pub fn decode(data: &[u8]) -> Option<CompareWritten> {
+        let (&written, rest) = data.split_first()?;
+        let (n, bits) = rest.split_first_chunk::<4>()?;
+        let n = u32::from_le_bytes(*n) as usize;
+        if written > 1 || bits.len() != n.div_ceil(8) {
+            return None;
+        }
+        Some(CompareWritten {
+            matched: (0..n).map(|i| bit(bits, i)).collect(),
+            written: written == 1,
+        })
+    }
+}
+
+/// `flags` as a bitmap: bit `i % 8` of byte `i / 8` set for each true.
+fn bitmap(flags: &[bool]) -> Vec<u8> {
+    let mut out = vec![0u8; flags.len().div_ceil(8)];
+    for (i, f) in flags.iter().enumerate() {
+        if *f {
+            out[i / 8] |= 1 << (i % 8);
+        }
+    }
+    out
+}
+
+/// Bit `i` of a [`bitmap`] (false beyond its end).
+fn bit(bits: &[u8], i: usize) -> bool {
+    bits.get(i / 8).is_some_and(|b| b & (1 << (i % 8)) != 0)
 }
 
 /// What a flatten did on the primary's copy, carried as its `Ok` reply's
@@ -276,6 +372,9 @@ impl ClientReq {
             }
             ClientReq::Read { lba, blocks } | ClientReq::Compare { lba, blocks } => {
                 Some((*lba, *blocks))
+            }
+            ClientReq::CompareWrite { lba, both, .. } => {
+                Some((*lba, both.len() as u64 / 2 / block_len.max(1)))
             }
             ClientReq::Flush
             | ClientReq::Snapshot { .. }

@@ -1163,6 +1163,7 @@ fn fits(req: &ClientReq, blocks: u64, block_len: u64) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::msg::CompareWritten;
     use crate::msg::{DiskResult, Flattened, IoId, Prior, ReplOp};
     use crate::types::{ReplicaInfo, ReplicaState};
 
@@ -1801,6 +1802,144 @@ mod tests {
             } else {
                 assert!(!acked(&all, id), "write 3 acknowledged below min_in_sync");
             }
+        }
+    }
+
+    /// A compare-and-write reads only once the write before it is done
+    /// here (the disk queue orders them), holds the write after it until its own write is issued, and
+    /// writes exactly the blocks that match (one write from the first to
+    /// the last, the others as read), or none (`whole`, or no match).
+    #[test]
+    fn compare_and_write_is_ordered_between_the_writes_around_it() {
+        let p = NodeId(0);
+        let rec = Membership::new(VolumeId(1), &[p], p, 1);
+        let mut node = Node::new(p, 0, VolumeId(1), small(16), Some(rec), 0);
+        lease(&mut node, 0, p, VolumeId(1));
+        node.handle(0, Input::Tick);
+        let data = |d: &[u8]| crate::payload::aligned(d);
+        let w1 = ClientReq::Write {
+            lba: 4,
+            data: data(&[1, 1, 1]),
+            fua: false,
+        };
+        let [(w1_io, _)] = disk_ops(&client(&mut node, 1, 1, w1))[..] else {
+            panic!("the first write goes to the disk");
+        };
+        let cw = ClientReq::compare_write(4, &[1, 1, 1], &[9, 9, 9], true, false);
+        assert!(
+            disk_ops(&client(&mut node, 1, 2, cw)).is_empty(),
+            "read before the write it overlaps is done"
+        );
+        let w2 = ClientReq::Write {
+            lba: 5,
+            data: data(&[2]),
+            fua: false,
+        };
+        assert!(
+            disk_ops(&client(&mut node, 1, 3, w2)).is_empty(),
+            "held behind the compare"
+        );
+        let a = done(&mut node, 2, w1_io);
+        assert!(
+            matches!(replied(&a, 1), Some(ClientReply::Ok { .. })),
+            "{a:?}"
+        );
+        let [(read_io, DiskOp::Read { lba: 4, blocks: 3 })] = disk_ops(&a)[..] else {
+            panic!("{a:?}");
+        };
+        let a = node.handle(
+            3,
+            Input::Disk {
+                id: read_io,
+                result: DiskResult::Done {
+                    data: Some(vec![1, 1, 1]),
+                },
+            },
+        );
+        let ops = disk_ops(&a);
+        let writes: Vec<(u64, Vec<u8>)> = ops
+            .iter()
+            .filter_map(|(_, op)| match op {
+                DiskOp::Write { lba, data, .. } => Some((*lba, data.to_vec())),
+                _ => None,
+            })
+            .collect();
+        // The compare's write, then the held write (the disk queue may
+        // hold the second until the first is done).
+        assert_eq!(writes.first(), Some(&(4, vec![9, 9, 9])), "{a:?}");
+        let mut pending = ops;
+        let mut replies = Vec::new();
+        while let Some((id, op)) = pending.pop() {
+            let a = done(&mut node, 4, id);
+            if let DiskOp::Write { lba: 5, .. } = op {
+                assert!(
+                    replies.iter().any(|(i, _)| *i == 2),
+                    "the held write went first"
+                );
+            }
+            replies.extend(
+                [2, 3]
+                    .into_iter()
+                    .filter_map(|i| replied(&a, i).map(|r| (i, r))),
+            );
+            pending.extend(disk_ops(&a));
+        }
+        let outcome = |replies: &[(u64, ClientReply)], id| {
+            replies
+                .iter()
+                .find(|(i, _)| *i == id)
+                .map(|(_, r)| match r {
+                    ClientReply::Ok { data: Some(d), .. } => CompareWritten::decode(d),
+                    other => panic!("{other:?}"),
+                })
+        };
+        let all = CompareWritten {
+            matched: vec![true; 3],
+            written: true,
+        };
+        assert_eq!(outcome(&replies, 2), Some(Some(all)), "{replies:?}");
+        assert!(replies
+            .iter()
+            .any(|(i, r)| *i == 3 && matches!(r, ClientReply::Ok { .. })));
+
+        // Now 9 2 9 0: a whole compare of 9 9 9 0 writes nothing; a
+        // per-block one writes blocks 4, 6 and 7 (5 as read).
+        for (id, whole, want, written) in [
+            (4, true, None, false),
+            (5, false, Some((4, vec![5, 2, 5, 5])), true),
+        ] {
+            let cw = ClientReq::compare_write(4, &[9, 9, 9, 0], &[5, 5, 5, 5], whole, false);
+            let a = client(&mut node, 5, id, cw);
+            let [(read_io, DiskOp::Read { lba: 4, blocks: 4 })] = disk_ops(&a)[..] else {
+                panic!("{a:?}");
+            };
+            let a = node.handle(
+                6,
+                Input::Disk {
+                    id: read_io,
+                    result: DiskResult::Done {
+                        data: Some(vec![9, 2, 9, 0]),
+                    },
+                },
+            );
+            let ops = disk_ops(&a);
+            let write = ops.iter().find_map(|(_, op)| match op {
+                DiskOp::Write { lba, data, .. } => Some((*lba, data.to_vec())),
+                _ => None,
+            });
+            assert_eq!(write, want, "{a:?}");
+            let mut reply = replied(&a, id);
+            for (io, _) in ops {
+                reply = reply.or(replied(&done(&mut node, 7, io), id));
+            }
+            let Some(ClientReply::Ok { data: Some(d), .. }) = reply else {
+                panic!("{reply:?}");
+            };
+            let matched = vec![true, false, true, true];
+            assert_eq!(
+                CompareWritten::decode(&d),
+                Some(CompareWritten { matched, written })
+            );
         }
     }
 

@@ -40,9 +40,10 @@
 //! and writes travel as `WriteZeroes` as well as data.
 
 use basalt_replication::{
-    Action, CasError, Change, ChangeOutcome, ClientReply, ClientReq, Compared, Config, Coordinator,
-    CoordinatorBug, DiskOp, DiskResult, Endpoint, Flattened, Input, IoId, LayerId, Membership,
-    MetaStore, Msg, Node, NodeId, ReplOp, ReplicaInfo, ReplicaState, RoleKind, SavedLogs, VolumeId,
+    Action, CasError, Change, ChangeOutcome, ClientReply, ClientReq, CompareWritten, Compared,
+    Config, Coordinator, CoordinatorBug, DiskOp, DiskResult, Endpoint, Flattened, Input, IoId,
+    LayerId, Membership, MetaStore, Msg, Node, NodeId, ReplOp, ReplicaInfo, ReplicaState, RoleKind,
+    SavedLogs, VolumeId,
 };
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap};
@@ -473,6 +474,20 @@ enum ReqKind {
     Compact,
     /// A read of an acknowledged snapshot's layer through the primary.
     ReadLayer,
+    /// A compare-and-write (`blocks` as a write's, `caw` what it expects).
+    CompareWrite,
+}
+
+/// What a compare-and-write expects, per block of its `Req::blocks`.
+struct Caw {
+    /// The token it expects the block to hold.
+    expect: Vec<u64>,
+    /// The expected token is certainly the block's content when sent: the
+    /// block's last write, durable, nothing after it (not even one whose
+    /// outcome is unknown), so the compare must match.
+    certain: Vec<bool>,
+    /// Writes nothing unless every block matches.
+    whole: bool,
 }
 
 /// What a simulated disk answers a compaction with (a store's report, to
@@ -493,6 +508,8 @@ struct Req {
     issued: u64,
     /// Layer operations: the layer.
     layer: Option<LayerId>,
+    /// Compare-and-writes: what they expect.
+    caw: Option<Caw>,
 }
 
 #[derive(Default)]
@@ -534,6 +551,12 @@ struct Model {
     /// A rollback waits for every block to be unlocked: no write is sent
     /// meanwhile.
     rollback_due: bool,
+    /// Tokens of compare-and-writes answered as not writing them: no
+    /// replica may ever hold one.
+    refused: BTreeSet<u64>,
+    compare_writes: u64,
+    /// Blocks compare-and-writes wrote.
+    compare_writes_written: u64,
 }
 
 /// A deliberately broken protocol or control plane, to prove the checks
@@ -746,6 +769,8 @@ pub struct Sim {
     damage_voided: u64,
     /// Snapshots, layer deletions and rollbacks: their own generator.
     layer_rng: Rng,
+    /// Which writes are compare-and-writes, and what they expect.
+    caw_rng: Rng,
     /// Which of the flattens drawn are compactions instead: its own
     /// generator, so that the other draws are what they were without.
     compact_rng: Rng,
@@ -894,6 +919,7 @@ impl Sim {
             damaged: None,
             damage_voided: 0,
             layer_rng: Rng(seed ^ 0x1A7E_5EED),
+            caw_rng: Rng(seed ^ 0xCA5_3A7E),
             compact_rng: Rng(seed ^ 0xC0_4AC7_5EED),
             snap_read_rng: Rng(seed ^ 0x5EAD_1A7E),
             layer_copies: 0,
@@ -1537,6 +1563,20 @@ impl Sim {
             let fua = self.rng.chance(200);
             // One write in ten is zeros (a TRIM): token 0 on every block.
             let zeros = self.rng.chance(100);
+            // One in eight is a compare-and-write instead (its own
+            // generator; not on seeds with a bug switch or with silent
+            // damage, which keep their histories).
+            if !zeros && self.p.bug.is_none() && self.damaged.is_none() && self.caw_rng.chance(125)
+            {
+                let (req, msgreq) = self.compare_write(epoch, now, lba, range, fua);
+                self.m.outstanding.insert(id, req);
+                self.send(
+                    Endpoint::Client,
+                    Endpoint::Node(target),
+                    Msg::ClientReq { id, req: msgreq },
+                );
+                return;
+            }
             let mut blocks = Vec::new();
             let mut tokens = Vec::new();
             for b in range {
@@ -1563,6 +1603,7 @@ impl Sim {
                     covers: vec![],
                     issued: now,
                     layer: None,
+                    caw: None,
                 },
                 ClientReq::Write {
                     lba,
@@ -1588,6 +1629,7 @@ impl Sim {
                     covers,
                     issued: now,
                     layer: None,
+                    caw: None,
                 },
                 ClientReq::Flush,
             )
@@ -1625,6 +1667,7 @@ impl Sim {
                     covers: vec![],
                     issued: now,
                     layer: None,
+                    caw: None,
                 },
                 ClientReq::Read { lba, blocks: count },
             )
@@ -1635,6 +1678,59 @@ impl Sim {
             Endpoint::Node(target),
             Msg::ClientReq { id, req: msgreq },
         );
+    }
+
+    /// A compare-and-write of `range` (no block locked): each block
+    /// expects its last write (three in four) or an earlier one (or zeros),
+    /// and is to get a new token.
+    fn compare_write(
+        &mut self,
+        epoch: u64,
+        now: u64,
+        lba: u64,
+        range: std::ops::Range<usize>,
+        fua: bool,
+    ) -> (Req, ClientReq) {
+        let whole = self.caw_rng.chance(333);
+        let (mut blocks, mut tokens, mut expect, mut certain) = (vec![], vec![], vec![], vec![]);
+        let mut floor = Vec::new();
+        for b in range {
+            let writes = &self.m.writes[b];
+            let last = writes.len().checked_sub(1);
+            let pick = if self.caw_rng.chance(750) {
+                last
+            } else {
+                Some(self.caw_rng.below(writes.len() as u64 + 1) as usize)
+                    .filter(|i| *i < writes.len())
+            };
+            let e = pick.map_or(0, |i| writes[i]);
+            certain.push(last.is_some() && pick == last && self.m.durable[b] == last);
+            expect.push(e);
+            floor.push(self.m.durable[b]);
+            let t = self.m.token.len() as u64;
+            self.m.token.push((b, self.m.writes[b].len()));
+            blocks.push((b, self.m.writes[b].len()));
+            self.m.writes[b].push(t);
+            self.m.locked[b] = Some(epoch);
+            tokens.push(t);
+        }
+        let msgreq = ClientReq::compare_write(lba, &enc(&expect), &enc(&tokens), whole, fua);
+        let req = Req {
+            kind: ReqKind::CompareWrite,
+            epoch,
+            blocks,
+            fua,
+            floor,
+            covers: vec![],
+            issued: now,
+            layer: None,
+            caw: Some(Caw {
+                expect,
+                certain,
+                whole,
+            }),
+        };
+        (req, msgreq)
     }
 
     /// Sends a snapshot (42 in 100), a flatten of a random range (8), a
@@ -1751,6 +1847,7 @@ impl Sim {
             covers: vec![],
             issued: self.now,
             layer,
+            caw: None,
         };
         self.m.outstanding.insert(id, r);
         self.send(
@@ -1859,6 +1956,7 @@ impl Sim {
             covers: vec![],
             issued: self.now,
             layer: None,
+            caw: None,
         };
         self.m.outstanding.insert(id, req);
         self.send(
@@ -2109,7 +2207,12 @@ impl Sim {
             ClientReply::NoSpace { epoch, .. } => {
                 // Outcome unknown, like NotPrimary; only ever a write or a
                 // flush, of the request's epoch.
-                if epoch.0 != req.epoch || !matches!(req.kind, ReqKind::Write | ReqKind::Flush) {
+                if epoch.0 != req.epoch
+                    || !matches!(
+                        req.kind,
+                        ReqKind::Write | ReqKind::Flush | ReqKind::CompareWrite
+                    )
+                {
                     return Err(self.fail(format!(
                         "a {:?} request of epoch {} answered NoSpace in epoch {}",
                         req.kind, req.epoch, epoch.0
@@ -2129,13 +2232,27 @@ impl Sim {
                 // Only a read or compare, of the request's epoch: no
                 // in-sync replica gave a good copy of a block rotten on the
                 // primary.
-                if epoch.0 != req.epoch || !matches!(req.kind, ReqKind::Read | ReqKind::Compare) {
+                if epoch.0 != req.epoch
+                    || !matches!(
+                        req.kind,
+                        ReqKind::Read | ReqKind::Compare | ReqKind::CompareWrite
+                    )
+                {
                     return Err(self.fail(format!(
                         "a {:?} request of epoch {} answered Unreadable in epoch {}",
                         req.kind, req.epoch, epoch.0
                     )));
                 }
                 self.unreadable += 1;
+                // A compare-and-write answered so wrote nothing.
+                if req.kind == ReqKind::CompareWrite {
+                    for (b, i) in &req.blocks {
+                        self.m.refused.insert(self.m.writes[*b][*i]);
+                        if self.m.locked[*b] == Some(req.epoch) {
+                            self.m.locked[*b] = None;
+                        }
+                    }
+                }
             }
             ClientReply::Ok { by, epoch, data } => {
                 if epoch.0 != req.epoch {
@@ -2171,44 +2288,8 @@ impl Sim {
                 }
                 self.m.acks += 1;
                 match req.kind {
-                    ReqKind::Write => {
-                        if req.blocks.iter().any(|(b, _)| *b as u64 >= INITIAL_BLOCKS) {
-                            self.acks_beyond += 1;
-                        }
-                        // Invariant 8: an acknowledged write was applied by
-                        // at least `min_in_sync` replicas (the least any
-                        // record of the epoch asked for).
-                        let need = self
-                            .history
-                            .iter()
-                            .filter(|r| r.epoch == epoch)
-                            .map(|r| r.min_in_sync)
-                            .min()
-                            .unwrap_or(1);
-                        for (b, i) in &req.blocks {
-                            let t = self.m.writes[*b][*i];
-                            let held = self.applied.get(&t).map_or(0, BTreeSet::len);
-                            if t != 0 && held < need {
-                                return Err(self.fail(format!(
-                                    "write #{i} of block {b} acknowledged with {held} replicas applying it, min_in_sync {need}"
-                                )));
-                            }
-                        }
-                        for (b, i) in &req.blocks {
-                            if self.m.locked[*b] == Some(req.epoch) {
-                                self.m.locked[*b] = None;
-                            }
-                            if req.fua {
-                                let d = &mut self.m.durable[*b];
-                                *d = Some(d.map_or(*i, |x| x.max(*i)));
-                            } else {
-                                self.m.acked_volatile.push((req.epoch, *b, *i));
-                            }
-                        }
-                        if req.fua {
-                            self.m.durable_acks += 1;
-                        }
-                    }
+                    ReqKind::Write => self.write_acked(&req, epoch, &req.blocks)?,
+                    ReqKind::CompareWrite => self.compare_write_acked(&req, epoch, data)?,
                     ReqKind::Snapshot => self.snapshot_acked(by, &req)?,
                     ReqKind::DeleteSnapshot => {
                         if let Some(layer) = req.layer {
@@ -2325,6 +2406,101 @@ impl Sim {
         Ok(())
     }
 
+    /// Write `req` of `epoch` was acknowledged for `blocks`, its blocks (a
+    /// compare-and-write's: those it wrote).
+    fn write_acked(
+        &mut self,
+        req: &Req,
+        epoch: basalt_replication::Epoch,
+        blocks: &[(usize, usize)],
+    ) -> Result<(), String> {
+        if blocks.iter().any(|(b, _)| *b as u64 >= INITIAL_BLOCKS) {
+            self.acks_beyond += 1;
+        }
+        // Invariant 8: an acknowledged write was applied by
+        // at least `min_in_sync` replicas (the least any
+        // record of the epoch asked for).
+        let need = self
+            .history
+            .iter()
+            .filter(|r| r.epoch == epoch)
+            .map(|r| r.min_in_sync)
+            .min()
+            .unwrap_or(1);
+        for (b, i) in blocks {
+            let t = self.m.writes[*b][*i];
+            let held = self.applied.get(&t).map_or(0, BTreeSet::len);
+            if t != 0 && held < need {
+                return Err(self.fail(format!(
+                            "write #{i} of block {b} acknowledged with {held} replicas applying it, min_in_sync {need}"
+                        )));
+            }
+        }
+        for (b, i) in blocks {
+            if self.m.locked[*b] == Some(req.epoch) {
+                self.m.locked[*b] = None;
+            }
+            if req.fua {
+                let d = &mut self.m.durable[*b];
+                *d = Some(d.map_or(*i, |x| x.max(*i)));
+            } else {
+                self.m.acked_volatile.push((req.epoch, *b, *i));
+            }
+        }
+        if req.fua {
+            self.m.durable_acks += 1;
+        }
+        Ok(())
+    }
+
+    /// Compare-and-write `req` of `epoch` was answered `Ok` with `data`.
+    fn compare_write_acked(
+        &mut self,
+        req: &Req,
+        epoch: basalt_replication::Epoch,
+        data: Option<Vec<u8>>,
+    ) -> Result<(), String> {
+        let Some(caw) = &req.caw else {
+            return Ok(());
+        };
+        let outcome = CompareWritten::decode(data.as_deref().unwrap_or_default());
+        let Some(outcome) = outcome.filter(|o| o.matched.len() == req.blocks.len()) else {
+            return Err(self.fail(format!("a compare-and-write answered {data:?}")));
+        };
+        let all = outcome.matched.iter().all(|m| *m);
+        let any = outcome.matched.iter().any(|m| *m);
+        if outcome.written != if caw.whole { all } else { any } {
+            return Err(self.fail(format!(
+                "a compare-and-write (whole: {}) answered {outcome:?}",
+                caw.whole
+            )));
+        }
+        let mut written = Vec::new();
+        for (k, (b, i)) in req.blocks.iter().enumerate() {
+            let e = caw.expect[k];
+            if outcome.matched[k] {
+                // The block held `e` when compared: a value a read then
+                // could have returned.
+                self.check_value(*b, e, req.floor[k], "compare-and-write's match")?;
+            } else if caw.certain[k] {
+                return Err(self.fail(format!(
+                    "a compare-and-write found block {b} not matching its last write, durable before it was sent"
+                )));
+            }
+            if outcome.written && outcome.matched[k] {
+                written.push((*b, *i));
+            } else {
+                self.m.refused.insert(self.m.writes[*b][*i]);
+                if self.m.locked[*b] == Some(req.epoch) {
+                    self.m.locked[*b] = None;
+                }
+            }
+        }
+        self.m.compare_writes += 1;
+        self.m.compare_writes_written += written.len() as u64;
+        self.write_acked(req, epoch, &written)
+    }
+
     fn check_value(
         &self,
         b: usize,
@@ -2343,6 +2519,11 @@ impl Sim {
                 }
             }
             return Ok(());
+        }
+        if self.m.refused.contains(&t) {
+            return Err(self.fail(format!(
+                "{what}: block {b} holds token {t}, of a compare-and-write answered as not writing it"
+            )));
         }
         match self.m.token.get(t as usize) {
             Some((tb, i)) if *tb == b => {
@@ -3035,6 +3216,8 @@ impl Sim {
             flattens: self.m.flattens,
             compactions: self.m.compactions,
             snapshot_reads: self.m.snapshot_reads,
+            compare_writes: self.m.compare_writes,
+            compare_writes_written: self.m.compare_writes_written,
             layer_copies: self.layer_copies,
             base_rebases: self.base_rebases,
             base_detaches: self.base_detaches,
@@ -3220,6 +3403,8 @@ pub struct Summary {
     pub flattens: u64,
     pub compactions: u64,
     pub snapshot_reads: u64,
+    pub compare_writes: u64,
+    pub compare_writes_written: u64,
     pub layer_copies: u64,
     pub base_rebases: u64,
     pub base_detaches: u64,
@@ -3263,6 +3448,8 @@ impl Summary {
         self.flattens += s.flattens;
         self.compactions += s.compactions;
         self.snapshot_reads += s.snapshot_reads;
+        self.compare_writes += s.compare_writes;
+        self.compare_writes_written += s.compare_writes_written;
         self.layer_copies += s.layer_copies;
         self.base_rebases += s.base_rebases;
         self.base_detaches += s.base_detaches;
@@ -3334,6 +3521,14 @@ fn seeds() {
     eprintln!(
         "layers: {} snapshots, {} deletions, {} rollbacks, {} flattens, {} compactions and {} snapshot reads acknowledged ({} snapshots and deletions asked again after NotPrimary), {} layer regions copied to rebuild replicas",
         t.snapshots, t.layer_deletions, t.rollbacks, t.flattens, t.compactions, t.snapshot_reads, t.layer_retries, t.layer_copies
+    );
+    eprintln!(
+        "compare-and-writes: {} acknowledged, writing {} blocks",
+        t.compare_writes, t.compare_writes_written
+    );
+    assert!(
+        n < 100 || (t.compare_writes > 0 && t.compare_writes_written > 0),
+        "compare-and-writes must be acknowledged, and some must write"
     );
     eprintln!(
         "clones: {} copies rebuilt from the source snapshot, {} detached from it by a flatten",

@@ -123,11 +123,53 @@ pub trait BlockIo: Send + Sync {
     fn flush(&self) -> Result<(), IoError>;
     /// The range reads as zeros afterwards.
     fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> Result<(), IoError>;
+    /// Writes `data` at `offset` if the range holds `expect` (of the same
+    /// length), as SCSI's COMPARE AND WRITE: `Ok(None)` when written,
+    /// `Ok(Some(content))` with what the range held when it differs. By
+    /// default a read, a compare and a write, atomic only among callers
+    /// that serialise them; a data path that can make it atomic with every
+    /// write of the volume, from any node, does so.
+    fn compare_and_write(
+        &self,
+        offset: u64,
+        expect: &[u8],
+        data: &[u8],
+        fua: bool,
+    ) -> Result<Option<Vec<u8>>, IoError> {
+        unserialised_compare_and_write(
+            |buf| one_op(self, DataOp::read(offset, buf)),
+            |data| one_op(self, DataOp::write(offset, data, fua)),
+            expect,
+            data,
+        )
+    }
 }
 
-fn one(io: &dyn BlockIo, mut op: DataOp<'_>) -> Result<(), IoError> {
+/// [`BlockIo::compare_and_write`] as a read, a compare and a write.
+fn unserialised_compare_and_write(
+    read: impl FnOnce(&mut [u8]) -> Result<(), IoError>,
+    write: impl FnOnce(&[u8]) -> Result<(), IoError>,
+    expect: &[u8],
+    data: &[u8],
+) -> Result<Option<Vec<u8>>, IoError> {
+    if expect.len() != data.len() {
+        return Err(IoError::Failed);
+    }
+    let mut current = vec![0u8; expect.len()];
+    read(&mut current)?;
+    if current != expect {
+        return Ok(Some(current));
+    }
+    write(data).map(|()| None)
+}
+
+fn one_op<B: BlockIo + ?Sized>(io: &B, mut op: DataOp<'_>) -> Result<(), IoError> {
     io.submit(std::slice::from_mut(&mut op));
     op.result
+}
+
+fn one(io: &dyn BlockIo, op: DataOp<'_>) -> Result<(), IoError> {
+    one_op(io, op)
 }
 
 enum Backend {
@@ -276,6 +318,30 @@ impl VolumeHandle {
         self.timed(OpKind::Write, data.len() as u64, || match &self.0.backend {
             Backend::Local(l) => l.write(offset, data, fua),
             Backend::Cluster { io, .. } => one(io.as_ref(), DataOp::write(offset, data, fua)),
+        })
+    }
+
+    /// SCSI's COMPARE AND WRITE ([`BlockIo::compare_and_write`]): `data`
+    /// is written at `offset` if the range holds `expect`; otherwise
+    /// `Ok(Some(content))` returns what it held. Atomic with every write
+    /// of a replicated volume, from any node; on a single-node volume,
+    /// only among callers that serialise their compare-and-writes (the
+    /// iSCSI frontend holds a lock per logical unit).
+    pub fn compare_and_write(
+        &self,
+        offset: u64,
+        expect: &[u8],
+        data: &[u8],
+        fua: bool,
+    ) -> Result<Option<Vec<u8>>, IoError> {
+        self.timed(OpKind::Write, data.len() as u64, || match &self.0.backend {
+            Backend::Local(l) => unserialised_compare_and_write(
+                |buf| l.read(offset, buf),
+                |data| l.write(offset, data, fua),
+                expect,
+                data,
+            ),
+            Backend::Cluster { io, .. } => io.compare_and_write(offset, expect, data, fua),
         })
     }
 

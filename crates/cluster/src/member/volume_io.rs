@@ -9,16 +9,20 @@
 //! - an encrypted volume's data leaves this node only as ciphertext: writes
 //!   are sealed here, once for every attempt, and reads decrypted here;
 //! - a write that is not whole blocks is a read-modify-write of its blocks
-//!   under this open's lock (never two at once, so two partial writes to
-//!   one block cannot lose each other's bytes); `start` runs it on the
-//!   calling thread, so event loops send only whole blocks there;
+//!   that writes only if they still hold what was read (a
+//!   `ClientReq::CompareWrite`), and reads again otherwise: two partial
+//!   writes to one block, from any opens on any nodes, cannot lose each
+//!   other's bytes; `start` runs it on the calling thread, so event loops
+//!   send only whole blocks there;
+//! - a compare-and-write is the same read, compare and conditional write,
+//!   so it is atomic with every write of the volume, from any node;
 //! - a write's bytes are copied once on this node, into an aligned payload
 //!   that the local store writes with O_DIRECT as it is and every replica
 //!   link shares.
 
 use super::batches::ReqResult;
 use super::Inner;
-use basalt_replication::{payload, ClientReq, Payload, VolumeId};
+use basalt_replication::{payload, ClientReq, CompareWritten, Payload, VolumeId};
 use basalt_store::{DataKind, DataOp, IoError, BLOCK_SIZE};
 use basalt_volume::{submit_owned, BlockCipher, BlockIo, OnComplete, OwnedOp, WriteAck};
 use parking_lot::Mutex;
@@ -32,7 +36,8 @@ pub(super) struct ClusterVolume {
     /// this node and raised when a record shows the volume grown (read per
     /// request: an atomic, no lock).
     pub(super) size: Arc<AtomicU64>,
-    /// Serialises read-modify-write of partial blocks.
+    /// Serialises this open's read-modify-writes of partial blocks, so
+    /// that they do not make each other read again.
     pub(super) partial: Mutex<()>,
     /// An encrypted volume's cipher: writes leave this node as ciphertext
     /// (the peer link and every replica carry nothing else), reads are
@@ -109,6 +114,11 @@ pub(super) fn fill_read(
     Ok(())
 }
 
+/// Rounds of read and conditional write before a read-modify-write gives
+/// up: a round is lost only when another write changed the blocks between
+/// the two, so the next read nearly always settles it.
+const RMW_ROUNDS: usize = 64;
+
 fn whole_blocks(offset: u64, len: u64) -> bool {
     offset.is_multiple_of(BLOCK_SIZE) && len.is_multiple_of(BLOCK_SIZE)
 }
@@ -146,25 +156,64 @@ impl ClusterVolume {
         fua: bool,
     ) -> Result<(), IoError> {
         let _guard = self.partial.lock();
+        let at = (offset % BLOCK_SIZE) as usize;
+        self.read_modify_write(inner, offset, data.len() as u64, fua, |plain| {
+            let mut new = plain.to_vec();
+            new.get_mut(at..at + data.len())?.copy_from_slice(data);
+            Some(new)
+        })?
+        // Nothing written: the read was shorter than asked.
+        .map_or(Ok(()), |_| Err(IoError::Failed))
+    }
+
+    /// Reads the whole blocks around `len` bytes at `offset` and writes
+    /// what `update` makes of their plaintext if they still hold what was
+    /// read (a compare-and-write of the sealed blocks), reading again if
+    /// not. `update` returning None writes nothing: the blocks' plaintext
+    /// as read is returned instead.
+    fn read_modify_write(
+        &self,
+        inner: &Inner,
+        offset: u64,
+        len: u64,
+        fua: bool,
+        mut update: impl FnMut(&[u8]) -> Option<Vec<u8>>,
+    ) -> Result<Option<Vec<u8>>, IoError> {
         let first = offset / BLOCK_SIZE;
-        let len = data.len() as u64;
-        let read = inner.execute(self.vol, vec![read_req(offset, len)], None);
-        let mut buf = match read.into_iter().next() {
-            Some(Ok(Some(d))) => d,
-            Some(Err(e)) => return Err(e),
-            _ => return Err(IoError::Failed),
-        };
-        unsealed(self.cipher(), self.vol, first, &mut buf)?;
-        let at = (offset - first * BLOCK_SIZE) as usize;
-        buf.get_mut(at..at + data.len())
-            .ok_or(IoError::Failed)?
-            .copy_from_slice(data);
-        let req = self.write_req(first * BLOCK_SIZE, &buf, fua)?;
-        let w = inner.execute(self.vol, vec![req], None);
-        w.into_iter()
-            .next()
-            .unwrap_or(Err(IoError::Failed))
-            .map(|_| ())
+        let blocks = (offset + len).div_ceil(BLOCK_SIZE) - first;
+        let mut last_written: Option<Payload> = None;
+        for _ in 0..RMW_ROUNDS {
+            let read = inner.execute(self.vol, vec![read_req(offset, len)], None);
+            let on_disk = match read.into_iter().next() {
+                Some(Ok(Some(d))) if d.len() as u64 == blocks * BLOCK_SIZE => d,
+                Some(Err(e)) => return Err(e),
+                _ => return Err(IoError::Failed),
+            };
+            // A compare-and-write asked again after a failover finds its
+            // own first attempt's write: done.
+            if last_written.as_deref() == Some(&on_disk[..]) {
+                return Ok(None);
+            }
+            let mut plain = on_disk.clone();
+            unsealed(self.cipher(), self.vol, first, &mut plain)?;
+            let Some(new) = update(&plain) else {
+                return Ok(Some(plain));
+            };
+            let sealed_new = sealed(self.cipher(), self.vol, first, &new)?;
+            let req = ClientReq::compare_write(first, &on_disk, &sealed_new, true, fua);
+            let answer = inner.execute(self.vol, vec![req], None).into_iter().next();
+            let outcome = answer
+                .unwrap_or(Err(IoError::Failed))?
+                .as_deref()
+                .and_then(CompareWritten::decode)
+                .ok_or(IoError::Failed)?;
+            if outcome.written {
+                return Ok(None);
+            }
+            last_written = Some(sealed_new);
+        }
+        tracing::warn!(volume = ?self.vol, offset, len, "a read-modify-write lost {RMW_ROUNDS} rounds to other writes; it fails");
+        Err(IoError::Failed)
     }
 
     /// [`BlockIo::submit`]; `ack` is passed on to the batch when it is the
@@ -316,6 +365,37 @@ impl BlockIo for ClusterVolume {
             .next()
             .unwrap_or(Err(IoError::Failed))
             .map(|_| ())
+    }
+
+    fn compare_and_write(
+        &self,
+        offset: u64,
+        expect: &[u8],
+        data: &[u8],
+        fua: bool,
+    ) -> Result<Option<Vec<u8>>, IoError> {
+        let len = data.len() as u64;
+        if expect.len() != data.len() {
+            return Err(IoError::Failed);
+        }
+        self.check(offset, len)?;
+        let inner = self.inner.upgrade().ok_or_else(gone)?;
+        let at = (offset % BLOCK_SIZE) as usize;
+        let current = self.read_modify_write(&inner, offset, len, fua, |plain| {
+            let range = plain.get(at..at + data.len())?;
+            (range == expect).then(|| {
+                let mut new = plain.to_vec();
+                new[at..at + data.len()].copy_from_slice(data);
+                new
+            })
+        })?;
+        match current {
+            None => Ok(None),
+            Some(plain) => plain
+                .get(at..at + data.len())
+                .map(|range| Some(range.to_vec()))
+                .ok_or(IoError::Failed),
+        }
     }
 
     fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> Result<(), IoError> {

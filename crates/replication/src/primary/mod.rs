@@ -70,10 +70,12 @@ use crate::uncertain::Uncertain;
 use crate::Config;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
+mod compare_write;
 mod layers;
 mod repair;
 mod resync;
 
+use compare_write::PendingCompare;
 use layers::Build;
 use repair::Repair;
 use resync::Bucket;
@@ -291,6 +293,12 @@ fn copy_op(lba: u64, blocks: u64, data: Vec<u8>, zero: bool) -> ReplOp {
 
 /// Whether `data` is all zero bytes. OR-folds fixed-size chunks (which
 /// vectorizes) and stops at the first chunk that is not zero.
+/// Whether a request waits until no write is in flight on this node's
+/// disk: a snapshot, which must hold every write before it.
+fn barrier(req: &ClientReq) -> bool {
+    matches!(req, ClientReq::Snapshot { .. })
+}
+
 fn is_zero(data: &[u8]) -> bool {
     data.chunks(4096)
         .all(|c| c.iter().fold(0u8, |acc, b| acc | b) == 0)
@@ -344,6 +352,11 @@ struct Op {
     refusable: bool,
     /// A flatten: done here, it may detach this copy from its base.
     flatten: bool,
+    /// A compare-and-write's read: what to compare and write once done.
+    compare: Option<Box<PendingCompare>>,
+    /// The data its `Ok` carries instead of the disk's (a compare-and-write's
+    /// outcome, on the write it became).
+    answer: Option<Vec<u8>>,
 }
 
 /// What the primary wants done.
@@ -412,8 +425,12 @@ pub(crate) struct Primary {
     /// InSync since.
     short_of_space: BTreeSet<NodeId>,
     /// Client requests held, in order, behind a snapshot that waits for
-    /// the writes before it to complete here.
+    /// the writes before it to complete here, or behind a
+    /// compare-and-write's read.
     held: VecDeque<(u64, ClientReq)>,
+    /// The compare-and-write whose read is in flight (its vseq): every
+    /// later request waits until it is compared and its write streamed.
+    gate: Option<u64>,
 }
 
 impl Primary {
@@ -480,6 +497,7 @@ impl Primary {
             repairs: BTreeMap::new(),
             short_of_space: BTreeSet::new(),
             held: VecDeque::new(),
+            gate: None,
             next_repair: 1,
             unrepaired: BTreeMap::new(),
             layers: Vec::new(),
@@ -637,6 +655,7 @@ impl Primary {
 
     /// Replies NotPrimary to every pending client operation.
     pub(crate) fn abandon(&mut self, out: &mut Out) {
+        self.gate = None;
         for (id, _) in std::mem::take(&mut self.held) {
             self.reply(id, ClientReply::NotPrimary, out);
         }
@@ -652,8 +671,7 @@ impl Primary {
     }
 
     pub(crate) fn on_client(&mut self, now: u64, id: u64, req: ClientReq, out: &mut Out) {
-        let snapshot = matches!(req, ClientReq::Snapshot { .. });
-        if !self.held.is_empty() || (snapshot && self.writing()) {
+        if !self.held.is_empty() || self.gate.is_some() || (barrier(&req) && self.writing()) {
             self.held.push_back((id, req));
             return;
         }
@@ -670,7 +688,7 @@ impl Primary {
     /// Serves the held requests that may go now.
     fn release_held(&mut self, now: u64, out: &mut Out) {
         while let Some((_, req)) = self.held.front() {
-            if matches!(req, ClientReq::Snapshot { .. }) && self.writing() {
+            if self.gate.is_some() || (barrier(req) && self.writing()) {
                 return;
             }
             let Some((id, req)) = self.held.pop_front() else {
@@ -696,6 +714,9 @@ impl Primary {
                 let (by, epoch) = (self.me, self.epoch);
                 return self.reply(id, ClientReply::NoSuchLayer { by, epoch }, out);
             }
+        }
+        if let ClientReq::CompareWrite { .. } = req {
+            return self.start_compare(id, req, out);
         }
         let refusable = from_client && matches!(req, ClientReq::Write { .. } | ClientReq::Flush);
         if refusable && self.out_of_space() {
@@ -798,7 +819,8 @@ impl Primary {
             }
             ClientReq::Snapshot { .. }
             | ClientReq::DeleteSnapshot { .. }
-            | ClientReq::Rollback { .. } => return,
+            | ClientReq::Rollback { .. }
+            | ClientReq::CompareWrite { .. } => return,
         };
         let read = match &disk {
             DiskOp::Read { lba, blocks } => Some((*lba, *blocks)),
@@ -859,6 +881,8 @@ impl Primary {
                 refusable: false,
                 digests: BTreeMap::new(),
                 flatten: matches!(disk, DiskOp::Flatten { .. }),
+                compare: None,
+                answer: None,
             },
         );
         out.disk.push((disk, PrimTag::Op(vseq)));
@@ -1359,6 +1383,7 @@ impl Primary {
     }
 
     pub(crate) fn progress(&mut self, now: u64, lease_until: u64, out: &mut Out) {
+        self.finish_compare(now, out);
         self.release_held(now, out);
         self.resync_step(now, out);
         self.want_cas(now, out);
@@ -1447,7 +1472,8 @@ impl Primary {
         let mut done = Vec::new();
         let mut refused = Vec::new();
         for (v, op) in &self.ops {
-            if !op.local_done {
+            // A compare-and-write's read is answered by `finish_compare`.
+            if !op.local_done || op.compare.is_some() {
                 continue;
             }
             // The ack rule but for `min_in_sync`: every replica that counts
@@ -1501,7 +1527,7 @@ impl Primary {
                     ClientReply::Ok {
                         by: self.me,
                         epoch: self.epoch,
-                        data: op.data,
+                        data: op.answer.or(op.data),
                     }
                 };
                 out.sends.push((

@@ -81,17 +81,6 @@ pub fn verify_data(
     }
 }
 
-/// COMPARE AND WRITE: `data_out` is the verify data followed by the write
-/// data (equal halves). Returns the write data when the verify data equals
-/// `medium`, else the miscompare sense (offset into the verify data).
-pub fn compare_and_write<'a>(data_out: &'a [u8], medium: &[u8]) -> Result<&'a [u8], Sense> {
-    let (verify, write) = data_out.split_at(data_out.len() / 2);
-    match miscompare(verify, medium) {
-        Some(sense) => Err(sense),
-        None => Ok(write),
-    }
-}
-
 /// Whether WRITE SAME with the UNMAP bit may deallocate instead of
 /// writing: the block written must read back as it would after
 /// deallocation, which with LBPRZ means all zeroes (`block` is `None` for

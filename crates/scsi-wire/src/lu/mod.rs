@@ -55,7 +55,7 @@ mod tests;
 pub use alua::access_state;
 pub use block::DATA_OUT_REFUSED;
 pub use io::{
-    compare_and_write, finish_data_in, io_failure_sense, miscompare, report_luns, verify_data,
+    finish_data_in, io_failure_sense, miscompare, report_luns, verify_data,
     write_same_may_deallocate, IoFailure,
 };
 pub use state::{access_of, LuState, MAX_UNIT_ATTENTIONS};

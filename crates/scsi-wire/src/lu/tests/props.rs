@@ -37,22 +37,6 @@ fn miscompare_points_at_the_first_difference() {
 }
 
 #[test]
-fn compare_and_write_halves() {
-    let mut data_out = vec![b'A'; 1024];
-    data_out[512..].fill(b'B');
-    assert_eq!(
-        compare_and_write(&data_out, &[b'A'; 512]),
-        Ok(&[b'B'; 512][..])
-    );
-    let mut medium = [b'A'; 512];
-    medium[485] = b'C';
-    assert_eq!(
-        compare_and_write(&data_out, &medium),
-        Err(MISCOMPARE_DURING_VERIFY.with_information(485))
-    );
-}
-
-#[test]
 fn verify_data_modes() {
     let block = [7u8; 4];
     let medium = [7u8; 12];
