@@ -99,17 +99,15 @@ impl Primary {
             return;
         };
         let (id, by, epoch) = (op.client_id, self.me, self.epoch);
-        let current = match op.data {
-            Some(data) if !op.unreadable => data,
-            _ => return self.reply(id, ClientReply::Unreadable { by, epoch }, out),
-        };
         let block = self.cfg.block_len.max(1) as usize;
         let n = cw.blocks as usize;
+        let current = match op.data {
+            Some(data) if !op.unreadable && data.len() == n * block => data,
+            _ => return self.reply(id, ClientReply::Unreadable { by, epoch }, out),
+        };
         let (expect, new) = cw.both.split_at(n * block);
         let matched: Vec<bool> = (0..n)
-            .map(|i| {
-                current.get(i * block..(i + 1) * block) == Some(&expect[i * block..(i + 1) * block])
-            })
+            .map(|i| current[i * block..(i + 1) * block] == expect[i * block..(i + 1) * block])
             .collect();
         let first = matched.iter().position(|m| *m);
         let last = matched.iter().rposition(|m| *m);
@@ -117,13 +115,8 @@ impl Primary {
             (Some(_), Some(_)) => !cw.whole || matched.iter().all(|m| *m),
             _ => false,
         };
-        let answer = CompareWritten {
-            matched: matched.clone(),
-            written,
-        }
-        .encode();
         let (Some(first), Some(last), true) = (first, last, written) else {
-            let data = Some(answer);
+            let data = Some(CompareWritten { matched, written }.encode());
             return self.reply(id, ClientReply::Ok { by, epoch, data }, out);
         };
         let mut data = Vec::with_capacity((last - first + 1) * block);
@@ -131,6 +124,7 @@ impl Primary {
             let src = if matched[i] { new } else { current.as_slice() };
             data.extend_from_slice(&src[i * block..(i + 1) * block]);
         }
+        let answer = CompareWritten { matched, written }.encode();
         let write = ClientReq::Write {
             lba: cw.lba + first as u64,
             data: payload::aligned(&data),
