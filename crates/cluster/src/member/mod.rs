@@ -30,6 +30,7 @@ mod config;
 mod housekeeping;
 mod layers;
 mod lifecycle;
+mod rmw;
 mod routing;
 mod snapshot_io;
 mod volume_io;

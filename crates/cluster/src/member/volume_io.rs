@@ -9,11 +9,11 @@
 //! - an encrypted volume's data leaves this node only as ciphertext: writes
 //!   are sealed here, once for every attempt, and reads decrypted here;
 //! - a write that is not whole blocks is a read-modify-write of its blocks
-//!   that writes only if they still hold what was read (a
-//!   `ClientReq::CompareWrite`), and reads again otherwise: two partial
-//!   writes to one block, from any opens on any nodes, cannot lose each
-//!   other's bytes; `start` runs it on the calling thread, so event loops
-//!   send only whole blocks there;
+//!   that writes only if they still hold what was read (`rmw.rs`): two
+//!   partial writes to one block, from any opens on any nodes, cannot lose
+//!   each other's bytes; `start` runs it on the calling thread (event
+//!   loops hand unaligned requests to their offload pool: they never
+//!   come here from a loop);
 //! - a compare-and-write is the same read, compare and conditional write,
 //!   so it is atomic with every write of the volume, from any node;
 //! - a write's bytes are copied once on this node, into an aligned payload
@@ -21,8 +21,9 @@
 //!   link shares.
 
 use super::batches::ReqResult;
+use super::rmw::Rmw;
 use super::Inner;
-use basalt_replication::{payload, ClientReq, CompareWritten, Payload, VolumeId};
+use basalt_replication::{payload, ClientReq, Payload, VolumeId};
 use basalt_store::{DataKind, DataOp, IoError, BLOCK_SIZE};
 use basalt_volume::{submit_owned, BlockCipher, BlockIo, OnComplete, OwnedOp, WriteAck};
 use parking_lot::Mutex;
@@ -54,7 +55,7 @@ pub(super) fn gone() -> IoError {
 
 /// `data` (whole blocks from block `lba`) as it is sent: an aligned copy,
 /// encrypted for an encrypted volume.
-fn sealed(
+pub(super) fn sealed(
     cipher: Option<&BlockCipher>,
     vol: VolumeId,
     lba: u64,
@@ -73,7 +74,7 @@ fn sealed(
 
 /// Decrypts `data` (whole blocks from block `lba`) as read, for an
 /// encrypted volume; never-written (all-zero) blocks stay zeros.
-fn unsealed(
+pub(super) fn unsealed(
     cipher: Option<&BlockCipher>,
     vol: VolumeId,
     lba: u64,
@@ -90,7 +91,7 @@ fn unsealed(
 
 /// The request for a read of `len` bytes at `offset` (whole blocks around
 /// it).
-fn read_req(offset: u64, len: u64) -> ClientReq {
+pub(super) fn read_req(offset: u64, len: u64) -> ClientReq {
     let first = offset / BLOCK_SIZE;
     ClientReq::Read {
         lba: first,
@@ -113,11 +114,6 @@ pub(super) fn fill_read(
     buf.copy_from_slice(src);
     Ok(())
 }
-
-/// Rounds of read and conditional write before a read-modify-write gives
-/// up: a round is lost only when another write changed the blocks between
-/// the two, so the next read nearly always settles it.
-const RMW_ROUNDS: usize = 64;
 
 fn whole_blocks(offset: u64, len: u64) -> bool {
     offset.is_multiple_of(BLOCK_SIZE) && len.is_multiple_of(BLOCK_SIZE)
@@ -147,73 +143,34 @@ impl ClusterVolume {
         })
     }
 
-    /// Writes `data` at a byte offset that need not be block aligned.
+    fn rmw(&self, inner: Arc<Inner>) -> Rmw {
+        Rmw {
+            inner,
+            vol: self.vol,
+            cipher: self.cipher.clone(),
+        }
+    }
+
+    /// Writes `data` at a byte offset that need not be block aligned,
+    /// waiting for it.
     fn write_unaligned(
         &self,
-        inner: &Inner,
+        inner: &Arc<Inner>,
         offset: u64,
         data: &[u8],
         fua: bool,
     ) -> Result<(), IoError> {
         let _guard = self.partial.lock();
         let at = (offset % BLOCK_SIZE) as usize;
-        self.read_modify_write(inner, offset, data.len() as u64, fua, |plain| {
+        let mut patch = |plain: &[u8]| {
             let mut new = plain.to_vec();
             new.get_mut(at..at + data.len())?.copy_from_slice(data);
             Some(new)
-        })?
-        // Nothing written: the read was shorter than asked.
-        .map_or(Ok(()), |_| Err(IoError::Failed))
-    }
-
-    /// Reads the whole blocks around `len` bytes at `offset` and writes
-    /// what `update` makes of their plaintext if they still hold what was
-    /// read (a compare-and-write of the sealed blocks), reading again if
-    /// not. `update` returning None writes nothing: the blocks' plaintext
-    /// as read is returned instead.
-    fn read_modify_write(
-        &self,
-        inner: &Inner,
-        offset: u64,
-        len: u64,
-        fua: bool,
-        mut update: impl FnMut(&[u8]) -> Option<Vec<u8>>,
-    ) -> Result<Option<Vec<u8>>, IoError> {
-        let first = offset / BLOCK_SIZE;
-        let blocks = (offset + len).div_ceil(BLOCK_SIZE) - first;
-        let mut last_written: Option<Payload> = None;
-        for _ in 0..RMW_ROUNDS {
-            let read = inner.execute(self.vol, vec![read_req(offset, len)], None);
-            let on_disk = match read.into_iter().next() {
-                Some(Ok(Some(d))) if d.len() as u64 == blocks * BLOCK_SIZE => d,
-                Some(Err(e)) => return Err(e),
-                _ => return Err(IoError::Failed),
-            };
-            // A compare-and-write asked again after a failover finds its
-            // own first attempt's write: done.
-            if last_written.as_deref() == Some(&on_disk[..]) {
-                return Ok(None);
-            }
-            let mut plain = on_disk.clone();
-            unsealed(self.cipher(), self.vol, first, &mut plain)?;
-            let Some(new) = update(&plain) else {
-                return Ok(Some(plain));
-            };
-            let sealed_new = sealed(self.cipher(), self.vol, first, &new)?;
-            let req = ClientReq::compare_write(first, &on_disk, &sealed_new, true, fua);
-            let answer = inner.execute(self.vol, vec![req], None).into_iter().next();
-            let outcome = answer
-                .unwrap_or(Err(IoError::Failed))?
-                .as_deref()
-                .and_then(CompareWritten::decode)
-                .ok_or(IoError::Failed)?;
-            if outcome.written {
-                return Ok(None);
-            }
-            last_written = Some(sealed_new);
-        }
-        tracing::warn!(volume = ?self.vol, offset, len, "a read-modify-write lost {RMW_ROUNDS} rounds to other writes; it fails");
-        Err(IoError::Failed)
+        };
+        self.rmw(Arc::clone(inner))
+            .read_modify_write(offset, data.len() as u64, fua, &mut patch)?
+            // Nothing written: the read was shorter than asked.
+            .map_or(Ok(()), |_| Err(IoError::Failed))
     }
 
     /// [`BlockIo::submit`]; `ack` is passed on to the batch when it is the
@@ -381,14 +338,17 @@ impl BlockIo for ClusterVolume {
         self.check(offset, len)?;
         let inner = self.inner.upgrade().ok_or_else(gone)?;
         let at = (offset % BLOCK_SIZE) as usize;
-        let current = self.read_modify_write(&inner, offset, len, fua, |plain| {
+        let mut update = |plain: &[u8]| {
             let range = plain.get(at..at + data.len())?;
             (range == expect).then(|| {
                 let mut new = plain.to_vec();
                 new[at..at + data.len()].copy_from_slice(data);
                 new
             })
-        })?;
+        };
+        let current = self
+            .rmw(inner)
+            .read_modify_write(offset, len, fua, &mut update)?;
         match current {
             None => Ok(None),
             Some(plain) => plain
