@@ -11,16 +11,13 @@ mod common;
 
 use basalt_frontend_nbd::ServerLimits;
 use basalt_nbd_wire::*;
-use basalt_store::{DataOp, IoError, LocalVolume};
-use basalt_volume::{submit_owned, BlockIo, OnComplete, OwnedOp};
 use common::*;
 use rand::rngs::StdRng;
 use rand::{Rng as _, SeedableRng};
 use std::collections::HashMap;
 use std::io::Write;
 use std::net::SocketAddr;
-use std::sync::{mpsc, Arc};
-use std::time::Duration;
+use std::sync::Arc;
 
 /// Bytes of the volume each connection owns.
 const REGION: u64 = 256 * 1024;
@@ -208,59 +205,6 @@ fn many_connections_per_loop_answer_every_request_once() {
     stress(exports);
 }
 
-/// The data path of a replicated volume as the loops see it, over the
-/// local store: a batch the loop starts completes later on one of a few
-/// threads of its own, in any order (as a batch of a replicated volume
-/// completes on whichever peer reader brings its last acknowledgement).
-struct Relayed {
-    local: LocalVolume,
-    batches: parking_lot::Mutex<mpsc::Sender<(Vec<OwnedOp>, OnComplete)>>,
-}
-
-impl Relayed {
-    fn over(local: LocalVolume) -> Arc<dyn BlockIo> {
-        let (tx, rx) = mpsc::channel::<(Vec<OwnedOp>, OnComplete)>();
-        let rx = Arc::new(parking_lot::Mutex::new(rx));
-        for k in 0..3 {
-            let (rx, local) = (Arc::clone(&rx), local.clone());
-            std::thread::spawn(move || {
-                let mut rng = Rng::new(k);
-                loop {
-                    let Ok((mut ops, done)) = rx.lock().recv() else {
-                        return;
-                    };
-                    // An acknowledgement's round trip.
-                    std::thread::sleep(Duration::from_micros(rng.below(300)));
-                    submit_owned(&mut ops, |data| local.submit(data));
-                    done(ops);
-                }
-            });
-        }
-        Arc::new(Relayed {
-            local,
-            batches: parking_lot::Mutex::new(tx),
-        })
-    }
-}
-
-impl BlockIo for Relayed {
-    fn size(&self) -> u64 {
-        self.local.size()
-    }
-    fn submit(&self, ops: &mut [DataOp<'_>]) {
-        self.local.submit(ops)
-    }
-    fn start(&self, ops: Vec<OwnedOp>, done: OnComplete) {
-        let _ = self.batches.lock().send((ops, done));
-    }
-    fn flush(&self) -> Result<(), IoError> {
-        self.local.flush()
-    }
-    fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> Result<(), IoError> {
-        self.local.write_zeroes(offset, len, true, fua)
-    }
-}
-
 /// The same stress on a volume whose reads and writes complete on other
 /// threads than the loops' (a replicated volume's path): every request
 /// answered once, with the right data, and nothing held after.
@@ -269,7 +213,7 @@ fn many_connections_per_loop_on_a_relayed_volume_answer_every_request_once() {
     init_logging();
     let dir = tempfile::tempdir().expect("tempdir");
     let exports = StoreExports::file(dir.path(), 256 * MIB);
-    *exports.relay.lock() = Some(Box::new(Relayed::over));
+    *exports.relay.lock() = Some(Box::new(common::relayed::Relayed::over));
     stress(exports);
 }
 

@@ -1,10 +1,10 @@
-//! A connected I/O queue of a single-node volume on an event loop
-//! (`basalt_reactor`): its PDUs are received, its reads and writes staged,
-//! sent to the disk, completed and answered on the one loop thread that
-//! owns the queue, with no thread hand-off. The queue's thread hands it
-//! over after the Fabrics Connect (`queue::serve`); the admin queue, I/O
-//! queues of replicated volumes and any queue when the target runs
-//! without event loops stay on their threads.
+//! A connected I/O queue on an event loop (`basalt_reactor`): its PDUs
+//! are received, its reads and writes staged, sent to the disk (a
+//! single-node volume's) or to the volume's primary (a replicated one's),
+//! completed and answered on the one loop thread that owns the queue. The
+//! queue's thread hands it over after the Fabrics Connect
+//! (`queue::serve`); the admin queue, queues in authentication and any
+//! queue when the target runs without event loops stay on their threads.
 //!
 //! The cycle, driven by completions:
 //! 1. *Receive*: when the socket is readable (a poll on the loop's ring),
@@ -18,7 +18,11 @@
 //!    the data sent from its buffer, not copied) is queued; after each
 //!    round of completions everything queued is sent with non-blocking
 //!    vectored writes; what the socket does not take waits for
-//!    writability.
+//!    writability. A replicated volume's Write is completed by the thread
+//!    that brings its last acknowledgement, which sends the CapsuleResp
+//!    (encoded when the write started) itself when the socket is free
+//!    (`basalt_loop_io::ReplyGate`), rather than waking the loop to send
+//!    it.
 //!
 //! Invariants:
 //! - Every received command gets exactly one completion, sent only after
@@ -43,7 +47,8 @@ use crate::server::{Guards, Shared};
 use crate::transport::{Fatal, Part, Transport};
 use crate::ConnectionError;
 use basalt_loop_io::{
-    BlockIo, Completion, Fill, Finished, Outcome, RecvBuffer, ReplyQueue, SocketPolls, Work,
+    BlockIo, Completion, EarlyReply, Fill, Finished, Outcome, RecvBuffer, ReplyGate, ReplyQueue,
+    SocketPolls, Work,
 };
 use basalt_nvme_wire::command::{IoCommand, ReadWrite};
 use basalt_nvme_wire::digest::crc32c;
@@ -145,6 +150,16 @@ impl EventedQueue {
             Err(err) => return Err((err, ctrl)),
         };
         let fd = stream.as_raw_fd();
+        let mut block_io = block_io;
+        // A replicated volume's write is completed by the thread that
+        // brings its last acknowledgement, when the socket is free.
+        let replies = if block_io.volume().is_none() {
+            let gate = ReplyGate::new(fd);
+            block_io.set_reply_gate(Arc::clone(&gate));
+            ReplyQueue::gated(gate)
+        } else {
+            ReplyQueue::default()
+        };
         Ok(EventedQueue {
             shared: Arc::clone(shared),
             fd,
@@ -156,7 +171,7 @@ impl EventedQueue {
             block_io,
             recv: RecvBuffer::new(RECV_BUFFER, leftover),
             out: Vec::new(),
-            replies: ReplyQueue::default(),
+            replies,
             polls: SocketPolls::new(fd),
             reading: true,
             dead: false,
@@ -330,7 +345,7 @@ impl EventedQueue {
                         offset,
                         buf,
                         fua: rw.fua,
-                        early: None,
+                        early: self.early_completion(cid),
                     },
                     _ => Work::Read {
                         offset,
@@ -341,6 +356,25 @@ impl EventedQueue {
                 self.block_io.start(io, token, work, lone);
             }
         }
+    }
+
+    /// A Write's successful completion, encoded in advance for a
+    /// replicated volume: the thread that completes the write sends it
+    /// (`ReplyGate`). Its SQHD is the queue's as the write starts: no
+    /// greater than what later completions carry, which a host reads as
+    /// fewer free submission slots at most (hosts on TCP do not depend on
+    /// it; without SQ flow control it is 0xFFFF anyway).
+    fn early_completion(&mut self, cid: u16) -> Option<EarlyReply> {
+        if self.block_io.volume().is_some() {
+            return None;
+        }
+        let mut out = std::mem::take(&mut self.out);
+        let from = out.len();
+        self.transport.respond(&mut out, cid, Status::SUCCESS, 0);
+        let early = EarlyReply::new(&out[from..]);
+        out.truncate(from);
+        self.out = out;
+        early
     }
 
     // ----------------------------------------------------------- complete
@@ -365,6 +399,13 @@ impl EventedQueue {
     /// Completes every command the block I/O has finished.
     fn take_finished(&mut self) {
         while let Some(finished) = self.block_io.pop_finished() {
+            if finished.replied {
+                // Its completion went out from the thread that finished it.
+                if let Some(buf) = finished.buf {
+                    self.transport.pool.give(buf);
+                }
+                continue;
+            }
             self.complete(finished);
         }
     }

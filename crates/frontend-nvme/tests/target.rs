@@ -375,6 +375,17 @@ fn several_io_queues_on_a_file_store() {
     several_io_queues(file_target(dir.path(), &[("v", 64 * MIB)]));
 }
 
+/// The same on a replicated volume's kind of data path: writes completed
+/// (and their CapsuleResp sent) by the threads that finish them.
+#[test]
+fn several_io_queues_on_a_relayed_volume() {
+    let (server, subsystems) = target_with(&[("v", 64 * MIB)]);
+    subsystems
+        .relay_delay_us
+        .store(300, std::sync::atomic::Ordering::Relaxed);
+    several_io_queues(server);
+}
+
 fn several_io_queues(server: NvmeServer) {
     let addr = server.local_addr();
     let mut admin = Host::admin(addr, Digests::NONE, "v", 0);

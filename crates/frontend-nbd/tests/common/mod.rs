@@ -4,6 +4,8 @@
 
 #![allow(dead_code)]
 
+pub mod relayed;
+
 use basalt_frontend_nbd::{Exports, NbdServer, Scope};
 use basalt_nbd_wire::handshake::{opt, OPTION_HEADER_LEN};
 use basalt_nbd_wire::transmission::CHUNK_HEADER_LEN;

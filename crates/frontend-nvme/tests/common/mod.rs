@@ -16,6 +16,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 mod host;
+/// A stand-in for a replicated volume's data path (the NBD frontend's
+/// tests use it too).
+#[path = "../../../frontend-nbd/tests/common/relayed.rs"]
+pub mod relayed;
 pub use host::*;
 
 pub fn init_logging() {
@@ -36,6 +40,11 @@ pub struct StoreSubsystems {
     volumes: Mutex<BTreeMap<String, (VolumeId, Arc<VolumeStats>)>>,
     allowed: Vec<String>,
     path: Mutex<PathState>,
+    /// Opens get a replicated volume's kind of data path
+    /// ([`relayed::Relayed`]) over the store's volume, its batches
+    /// completing after up to this many µs (`u64::MAX`: the store's own
+    /// data path).
+    pub relay_delay_us: std::sync::atomic::AtomicU64,
 }
 
 impl StoreSubsystems {
@@ -68,6 +77,7 @@ impl StoreSubsystems {
             volumes: Mutex::new(BTreeMap::new()),
             allowed: allowed.iter().map(|s| s.to_string()).collect(),
             path: Mutex::new(PathState::Optimized),
+            relay_delay_us: std::sync::atomic::AtomicU64::new(u64::MAX),
         })
     }
 
@@ -124,6 +134,13 @@ impl Subsystems for StoreSubsystems {
             .store
             .volume(id)
             .map_err(|e| OpenError::Failed(e.to_string()))?;
+        let delay = self
+            .relay_delay_us
+            .load(std::sync::atomic::Ordering::Relaxed);
+        if delay != u64::MAX {
+            let io = relayed::Relayed::with_delay(local, delay);
+            return Ok(VolumeHandle::clustered(io, id, volume.to_owned(), stats));
+        }
         Ok(VolumeHandle::new(local, volume.to_owned(), stats))
     }
 
