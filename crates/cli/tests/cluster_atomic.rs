@@ -147,17 +147,13 @@ fn compare_and_write(lba: u64, blocks: u8) -> Vec<u8> {
     cdb
 }
 
-/// Increments per iSCSI session.
-const INCREMENTS: u64 = 100;
-
-#[test]
-fn compare_and_write_from_two_nodes_counts_every_increment_once() {
-    use initiator::{Command as Scsi, Initiator, LoginOptions};
-    let hosts = ["iqn.2026-11.io.test:host0", "iqn.2026-11.io.test:host1"];
-    let c = Cluster::start_with(3, &[], |_| {
-        hosts
+/// `n` nodes that let `initiators` log in over iSCSI, and an RF2 volume
+/// `ats` of 64 MiB on them, in sync (with its `volume show`).
+fn iscsi_cluster(n: usize, initiators: &[&str]) -> (Cluster, serde_json::Value) {
+    let c = Cluster::start_with(n, &[], |_| {
+        initiators
             .iter()
-            .flat_map(|h| ["--iscsi-allow-initiator".to_string(), h.to_string()])
+            .flat_map(|i| ["--iscsi-allow-initiator".to_string(), i.to_string()])
             .collect()
     });
     c.nodes[0]
@@ -166,12 +162,23 @@ fn compare_and_write_from_two_nodes_counts_every_increment_once() {
             "create",
             "ats",
             "--size",
-            "16M",
+            "64M",
             "--replicas",
             "2",
         ])
         .ok();
-    c.wait_volume(0, "ats", "placed and in sync", healthy);
+    let v = c.wait_volume(0, "ats", "placed and in sync", healthy);
+    (c, v)
+}
+
+/// Increments per iSCSI session.
+const INCREMENTS: u64 = 100;
+
+#[test]
+fn compare_and_write_from_two_nodes_counts_every_increment_once() {
+    use initiator::{Command as Scsi, Initiator, LoginOptions};
+    let hosts = ["iqn.2026-11.io.test:host0", "iqn.2026-11.io.test:host1"];
+    let (c, _) = iscsi_cluster(3, &hosts);
     let target = basalt_volume::iscsi_target_name("ats");
     let start = Arc::new(Barrier::new(2));
     let sessions: Vec<_> = (0..2)
@@ -228,24 +235,7 @@ fn compare_and_write_through_nodes_without_a_replica() {
         "iqn.2007-10.com.github:sahlberg:libiscsi:iscsi-test",
         "iqn.2007-10.com.github:sahlberg:libiscsi:iscsi-test-2",
     ];
-    let c = Cluster::start_with(4, &[], |_| {
-        initiators
-            .iter()
-            .flat_map(|i| ["--iscsi-allow-initiator".to_string(), i.to_string()])
-            .collect()
-    });
-    c.nodes[0]
-        .cli(&[
-            "volume",
-            "create",
-            "ats",
-            "--size",
-            "64M",
-            "--replicas",
-            "2",
-        ])
-        .ok();
-    let v = c.wait_volume(0, "ats", "placed and in sync", healthy);
+    let (c, v) = iscsi_cluster(4, &initiators);
     let holders: Vec<usize> = node_names(&v).iter().map(|n| node_index(n)).collect();
     let others: Vec<usize> = (0..4).filter(|i| !holders.contains(i)).collect();
     let url = |i: usize| {
@@ -278,21 +268,17 @@ fn compare_and_write_through_nodes_without_a_replica() {
         Duration::from_secs(300),
     );
     for out in [out, multipath] {
-        let log = format!("{}{}", out.stdout, out.stderr);
-        let summary = log
-            .lines()
-            .find(|l| l.trim_start().starts_with("tests "))
-            .unwrap_or_else(|| panic!("no run summary:\n{log}"));
-        let numbers: Vec<u64> = summary
-            .split_whitespace()
-            .filter_map(|w| w.parse().ok())
-            .collect();
-        let (ran, passed, failed) = (numbers[1], numbers[2], numbers[3]);
+        let run = iscsi_suite_run(&out);
         assert!(
-            ran > 0 && failed == 0 && passed == ran && !log.contains("[SKIPPED]"),
-            "{summary}\n{log}\n{}",
+            run.ran > 0
+                && run.failed == 0
+                && run.passed == run.ran
+                && !run.log.contains("[SKIPPED]"),
+            "{}\n{}\n{}",
+            run.summary,
+            run.log,
             c.logs()
         );
-        eprintln!("{summary}");
+        eprintln!("{}", run.summary);
     }
 }

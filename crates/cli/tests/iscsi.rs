@@ -72,16 +72,14 @@ fn libiscsi_conformance_suite_passes() {
         Command::new(suite).args(["-n", "-d", &url, &url]),
         Duration::from_secs(900),
     );
-    let log = format!("{}{}", out.stdout, out.stderr);
-    let summary = log
-        .lines()
-        .find(|l| l.trim_start().starts_with("tests "))
-        .unwrap_or_else(|| panic!("no run summary:\n{log}"));
-    let numbers: Vec<u64> = summary
-        .split_whitespace()
-        .filter_map(|w| w.parse().ok())
-        .collect();
-    let (total, ran, passed, failed) = (numbers[0], numbers[1], numbers[2], numbers[3]);
+    let SuiteRun {
+        total,
+        ran,
+        passed,
+        failed,
+        summary,
+        log,
+    } = iscsi_suite_run(&out);
     let failures: BTreeSet<&str> = log
         .lines()
         .filter_map(|l| l.strip_prefix("Suite "))

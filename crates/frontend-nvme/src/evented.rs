@@ -47,8 +47,8 @@ use crate::server::{Guards, Shared};
 use crate::transport::{Fatal, Part, Transport};
 use crate::ConnectionError;
 use basalt_loop_io::{
-    BlockIo, Completion, EarlyReply, Fill, Finished, Outcome, RecvBuffer, ReplyGate, ReplyQueue,
-    SocketPolls, Work,
+    BlockIo, Completion, EarlyReply, Fill, Finished, Outcome, RecvBuffer, ReplyQueue, SocketPolls,
+    Work,
 };
 use basalt_nvme_wire::command::{IoCommand, ReadWrite};
 use basalt_nvme_wire::digest::crc32c;
@@ -151,15 +151,7 @@ impl EventedQueue {
         };
         let fd = stream.as_raw_fd();
         let mut block_io = block_io;
-        // A replicated volume's write is completed by the thread that
-        // brings its last acknowledgement, when the socket is free.
-        let replies = if block_io.volume().is_none() {
-            let gate = ReplyGate::new(fd);
-            block_io.set_reply_gate(Arc::clone(&gate));
-            ReplyQueue::gated(gate)
-        } else {
-            ReplyQueue::default()
-        };
+        let replies = block_io.reply_queue(fd);
         Ok(EventedQueue {
             shared: Arc::clone(shared),
             fd,

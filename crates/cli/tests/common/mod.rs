@@ -1123,3 +1123,40 @@ pub fn map_bytes(map: &[(u64, u64, u64)], off: u64, len: u64, pred: impl Fn(u64)
         })
         .sum()
 }
+
+/// What a run of libiscsi's `iscsi-test-cu` printed: its summary line's
+/// tests (total, run, passed, failed), and everything it printed.
+pub struct SuiteRun {
+    pub total: u64,
+    pub ran: u64,
+    pub passed: u64,
+    pub failed: u64,
+    pub summary: String,
+    pub log: String,
+}
+
+/// Reads `iscsi-test-cu`'s output; panics (with the output) if it printed
+/// no run summary.
+pub fn iscsi_suite_run(out: &CmdOutput) -> SuiteRun {
+    let log = format!("{}{}", out.stdout, out.stderr);
+    let summary = log
+        .lines()
+        .find(|l| l.trim_start().starts_with("tests "))
+        .unwrap_or_else(|| panic!("no run summary:\n{log}"))
+        .to_string();
+    let n: Vec<u64> = summary
+        .split_whitespace()
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    let [total, ran, passed, failed, ..] = n[..] else {
+        panic!("a run summary without its counts: {summary}\n{log}");
+    };
+    SuiteRun {
+        total,
+        ran,
+        passed,
+        failed,
+        summary,
+        log,
+    }
+}

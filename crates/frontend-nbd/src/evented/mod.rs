@@ -45,9 +45,7 @@ use crate::transmission::{
     SessionEnd, MAX_BATCH_BYTES, MAX_BATCH_REQUESTS, MAX_DISCARDED_WRITE, RECV_BUFFER_BYTES,
 };
 use crate::{ConnectionError, MAX_PAYLOAD};
-use basalt_loop_io::{
-    BlockIo, BufferPool, Completion, ReplyGate, ReplyQueue, SocketPolls, MAX_SLOTS,
-};
+use basalt_loop_io::{BlockIo, BufferPool, Completion, ReplyQueue, SocketPolls, MAX_SLOTS};
 use basalt_nbd_wire::{parse_request, Command, NbdError, Request, WireError};
 use basalt_reactor::{Connection, Io, Payload};
 use basalt_store::AlignedBuf;
@@ -111,15 +109,7 @@ impl EventedConnection {
         let mut block_io = BlockIo::new(VolumeHandle::clone(&negotiated.handle));
         stream.set_nonblocking(true)?;
         let fd = stream.as_raw_fd();
-        // A replicated volume's write is answered by the thread that
-        // brings its last acknowledgement, when the socket is free.
-        let replies = if block_io.volume().is_none() {
-            let gate = ReplyGate::new(fd);
-            block_io.set_reply_gate(Arc::clone(&gate));
-            ReplyQueue::gated(gate)
-        } else {
-            ReplyQueue::default()
-        };
+        let replies = block_io.reply_queue(fd);
         Ok(EventedConnection {
             fd,
             stream,

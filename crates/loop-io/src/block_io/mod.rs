@@ -62,6 +62,7 @@
 mod remote;
 
 use crate::gate::{EarlyReply, ReplyGate};
+use crate::replies::ReplyQueue;
 use basalt_reactor::{Io, JobPanicked, Payload};
 use basalt_store::{
     fail_fua_writes, AlignedBuf, Contended, DataKind, DataOp, LocalVolume, StagedBatch,
@@ -268,11 +269,17 @@ impl<T: Send + 'static, C: Send + 'static> BlockIo<T, C> {
         }
     }
 
-    /// Lets a replicated volume's writes send their early replies
-    /// ([`Work::Write`]) through `gate`, from the thread that completes
-    /// them.
-    pub fn set_reply_gate(&mut self, gate: Arc<ReplyGate>) {
-        self.gate = Some(gate);
+    /// The reply queue of the connection on socket `fd`. A replicated
+    /// volume's writes are answered by the thread that brings their last
+    /// acknowledgement, when the socket is free: its queue is gated, and
+    /// the writes' early replies ([`Work::Write`]) go through that gate.
+    pub fn reply_queue(&mut self, fd: RawFd) -> ReplyQueue {
+        if self.volume.is_some() {
+            return ReplyQueue::default();
+        }
+        let gate = ReplyGate::new(fd);
+        self.gate = Some(Arc::clone(&gate));
+        ReplyQueue::gated(gate)
     }
 
     /// The volume on this node's store (`None`: a replicated volume).
