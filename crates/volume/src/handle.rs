@@ -137,8 +137,8 @@ pub trait BlockIo: Send + Sync {
         fua: bool,
     ) -> Result<Option<Vec<u8>>, IoError> {
         unserialised_compare_and_write(
-            |buf| one_op(self, DataOp::read(offset, buf)),
-            |data| one_op(self, DataOp::write(offset, data, fua)),
+            |buf| one(self, DataOp::read(offset, buf)),
+            |data| one(self, DataOp::write(offset, data, fua)),
             expect,
             data,
         )
@@ -163,13 +163,9 @@ fn unserialised_compare_and_write(
     write(data).map(|()| None)
 }
 
-fn one_op<B: BlockIo + ?Sized>(io: &B, mut op: DataOp<'_>) -> Result<(), IoError> {
+fn one<B: BlockIo + ?Sized>(io: &B, mut op: DataOp<'_>) -> Result<(), IoError> {
     io.submit(std::slice::from_mut(&mut op));
     op.result
-}
-
-fn one(io: &dyn BlockIo, op: DataOp<'_>) -> Result<(), IoError> {
-    one_op(io, op)
 }
 
 enum Backend {
