@@ -2244,7 +2244,7 @@ impl Sim {
                     )));
                 }
                 self.unreadable += 1;
-                // A compare-and-write answered so wrote nothing.
+                // A compare-and-write answered Unreadable wrote nothing.
                 if req.kind == ReqKind::CompareWrite {
                     for (b, i) in &req.blocks {
                         self.m.refused.insert(self.m.writes[*b][*i]);
