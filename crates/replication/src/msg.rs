@@ -239,9 +239,10 @@ pub enum ClientReq {
     /// its expected content, and the new content is written to the blocks
     /// that match (`whole`: to none unless all match), as one write
     /// replicated like a client's. `both` holds `n` expected blocks, then
-    /// the `n` blocks to write. Answered
-    /// `Ok` with a [`CompareWritten`] ([`CompareWritten::encode`]) as
-    /// `data` once its write (if any) is acknowledged by the ack rule.
+    /// the `n` blocks to write. Answered `Ok` with a [`CompareWritten`]
+    /// ([`CompareWritten::encode`]) as `data` once its write (if any) is
+    /// acknowledged by the ack rule; `Unreadable` (nothing written) if the
+    /// primary's copy fails its checksum and no replica gives a good one.
     ///
     /// Asked again after a failover, blocks its first attempt wrote no
     /// longer match (unless the new content equals the expected): a
