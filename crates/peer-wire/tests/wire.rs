@@ -437,6 +437,27 @@ fn client_write_of_zeros_literal() {
 }
 
 #[test]
+fn client_compare_write_literal() {
+    // One 4-byte block expected ("EEEE") and its new content ("NNNN"), as
+    // one bulk of both after the fields; written only if all match.
+    let frame = Frame::Msg {
+        vol: VOL,
+        msg: Msg::ClientReq {
+            id: 9,
+            req: ClientReq::compare_write(6, b"EEEE", b"NNNN", true, false),
+        },
+    };
+    let bytes = hex("
+        42 53 50 57  0c  07  00 00  2f 00 00 00  a3 a8 ef 92  dc f1 6a 6c
+        ff ee dd cc bb aa 99 88 77 66 55 44 33 22 11 00
+        09 00 00 00 00 00 00 00  0b  06 00 00 00 00 00 00 00  00  01  08 00 00 00
+        45 45 45 45 4e 4e 4e 4e");
+    assert_literal(&frame, &bytes);
+    let mut head = Vec::new();
+    assert_eq!(encode_split(&frame, &mut head), Ok(&b"EEEENNNN"[..]));
+}
+
+#[test]
 fn non_canonical_and_oversized_zero_writes_are_refused() {
     let rebuild = |kind: u8, payload: &[u8]| {
         let mut h = Vec::from(MAGIC);
